@@ -1,0 +1,77 @@
+package idem
+
+import (
+	"bytes"
+	"net/http"
+	"strconv"
+)
+
+// captureWriter holds a protected handler's response until its outcome is
+// recorded: the caller must never see a 201 for business writes that then
+// fail to commit (CONTRACT section 6). Flush is accepted and deferred: the
+// whole response is written, and flushed, once the outcome is recorded.
+// Unwrap exposes the client's writer to http.ResponseController for the
+// methods captureWriter does not implement (deadlines).
+type captureWriter struct {
+	w      http.ResponseWriter
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func newCaptureWriter(w http.ResponseWriter) *captureWriter {
+	return &captureWriter{w: w, header: http.Header{}}
+}
+
+func (c *captureWriter) Header() http.Header { return c.header }
+
+func (c *captureWriter) WriteHeader(status int) {
+	if c.status == 0 && status >= 200 {
+		c.status = status
+	}
+}
+
+func (c *captureWriter) Write(b []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	return c.body.Write(b)
+}
+
+// Flush is deferred until the outcome is recorded (see captureWriter).
+func (c *captureWriter) Flush() {}
+
+// Unwrap returns the client's writer (for http.ResponseController).
+func (c *captureWriter) Unwrap() http.ResponseWriter { return c.w }
+
+// statusCode is the handler's status; 200 when it wrote nothing at all, as
+// net/http would answer.
+func (c *captureWriter) statusCode() int {
+	if c.status == 0 {
+		return http.StatusOK
+	}
+	return c.status
+}
+
+// send writes the captured response to the client.
+func (c *captureWriter) send() {
+	h := c.w.Header()
+	for k, v := range c.header {
+		h[k] = v
+	}
+	writeResponse(c.w, c.statusCode(), c.body.Bytes())
+}
+
+// writeResponse sends status and body with an exact Content-Length where the
+// status allows a body (RFC 9110 section 8.6), then flushes.
+func writeResponse(w http.ResponseWriter, status int, body []byte) {
+	bodyAllowed := status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+	if bodyAllowed && w.Header().Get("Content-Length") == "" {
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	w.WriteHeader(status)
+	if bodyAllowed {
+		_, _ = w.Write(body)
+	}
+	_ = http.NewResponseController(w).Flush()
+}

@@ -1,0 +1,202 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// Execution describes the claim a protected handler runs under. Get it with
+// ExecutionFromContext.
+type Execution struct {
+	Scope string
+	Key   string
+	// FencingToken is this claim's token: greater than every earlier claim's
+	// for (Scope, Key). Downstream writes may be fenced with it.
+	FencingToken int64
+	// Attempt counts the claims of this key so far, this one included (1 on
+	// the first execution; more after a FAILED outcome or a takeover).
+	Attempt int
+}
+
+type executionKey struct{}
+
+// ExecutionFromContext returns the claim that the handler's context runs
+// under, and false outside a protected execution.
+func ExecutionFromContext(ctx context.Context) (Execution, bool) {
+	e, ok := ctx.Value(executionKey{}).(*execution)
+	if !ok {
+		return Execution{}, false
+	}
+	return e.info, true
+}
+
+// ErrTxDone is returned by the transaction source when the handler asks for
+// the business transaction after its execution ended.
+var ErrTxDone = errors.New("idem: the execution has ended; its transaction is closed")
+
+// execution is one owned run of a handler: its detached context, its lease
+// heartbeat and its lazily begun business transaction.
+type execution struct {
+	m      *Middleware
+	info   Execution
+	fence  idemdriver.FenceParams
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	parent context.Context // the request's context, for detached completion
+
+	mu    sync.Mutex
+	tx    idemdriver.Tx
+	ended bool
+}
+
+func newExecution(m *Middleware, parent context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) *execution {
+	e := &execution{
+		m:      m,
+		info:   Execution{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, Attempt: rec.Attempts},
+		fence:  idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, LeaseDuration: p.LeaseDuration},
+		parent: parent,
+	}
+	// Detached from the client: a hang-up does not stop the work; a lost
+	// lease does (CONTRACT section 4).
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
+	ctx = context.WithValue(ctx, executionKey{}, e)
+	e.ctx, e.cancel = idemdriver.WithTxSource(ctx, e), cancel
+	return e
+}
+
+// Tx implements idemdriver.TxSource: the business transaction begins on
+// first use, on the execution's context (so a lost lease aborts it).
+func (e *execution) Tx(context.Context) (idemdriver.Tx, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ended {
+		return nil, ErrTxDone
+	}
+	if e.tx == nil {
+		tx, err := e.m.cfg.Store.Begin(e.ctx)
+		if err != nil {
+			return nil, &StoreError{Op: "begin", Err: err}
+		}
+		e.tx = tx
+	}
+	return e.tx, nil
+}
+
+// endTx closes the transaction source and returns the transaction, if any.
+func (e *execution) endTx() idemdriver.Tx {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.ended = true
+	return e.tx
+}
+
+// detached returns a context for recording the outcome: not cancelled by
+// the client, bounded by CompleteTimeout.
+func (e *execution) detached() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(e.parent), e.m.cfg.CompleteTimeout)
+}
+
+// complete records SUCCEEDED, in the business transaction when the handler
+// used one (committing both together), else in one statement. It reports
+// false when the execution was fenced out.
+func (e *execution) complete(resp idemdriver.Response) (bool, error) {
+	ctx, cancel := e.detached()
+	defer cancel()
+	p := idemdriver.CompleteParams{FenceParams: e.fence, Response: resp}
+	tx := e.endTx()
+	if tx == nil {
+		ok, err := e.m.cfg.Store.Complete(ctx, p)
+		if err != nil {
+			return false, &StoreError{Op: "complete", Err: err}
+		}
+		return ok, nil
+	}
+	ok, err := tx.Complete(ctx, p)
+	if err != nil || !ok {
+		_ = tx.Rollback(ctx)
+		if err != nil {
+			return false, &StoreError{Op: "complete", Err: err}
+		}
+		return false, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, &StoreError{Op: "commit", Err: err}
+	}
+	return true, nil
+}
+
+// rollback aborts the business transaction, if one was begun.
+func (e *execution) rollback() {
+	if tx := e.endTx(); tx != nil {
+		ctx, cancel := e.detached()
+		defer cancel()
+		if err := tx.Rollback(ctx); err != nil {
+			e.m.cfg.Logger.Warn("idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+		}
+	}
+}
+
+// fail records FAILED so the next request runs again. When the store cannot
+// be reached the record stays PROCESSING until its lease runs out, after
+// which it is taken over: the same end, later.
+func (e *execution) fail() {
+	ctx, cancel := e.detached()
+	defer cancel()
+	if _, err := e.m.cfg.Store.Fail(ctx, e.fence); err != nil {
+		e.m.cfg.Logger.Warn("idem: recording FAILED", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+	}
+}
+
+type heartbeat struct {
+	stopc chan struct{}
+	done  chan struct{}
+}
+
+// startHeartbeat extends the lease every LeaseDuration/3 while the handler
+// runs. When the store says the lease is lost, or no renewal has succeeded
+// for a whole lease (the store unreachable), it cancels the handler's
+// context with cause ErrLeaseLost.
+func (e *execution) startHeartbeat() *heartbeat {
+	hb := &heartbeat{stopc: make(chan struct{}), done: make(chan struct{})}
+	lease := e.m.cfg.LeaseDuration
+	go func() {
+		defer close(hb.done)
+		t := time.NewTicker(lease / 3)
+		defer t.Stop()
+		lastOK := time.Now()
+		for {
+			select {
+			case <-hb.stopc:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(e.ctx, lease/3)
+			ok, err := e.m.cfg.Store.Heartbeat(ctx, e.fence)
+			cancel()
+			switch {
+			case err == nil && ok:
+				lastOK = time.Now()
+			case err == nil && !ok:
+				e.m.cfg.Logger.Warn("idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
+				e.cancel(ErrLeaseLost)
+				return
+			case time.Since(lastOK) >= lease:
+				e.m.cfg.Logger.Warn("idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+				e.cancel(ErrLeaseLost)
+				return
+			}
+		}
+	}()
+	return hb
+}
+
+// stop ends the heartbeat and waits for an in-flight renewal to return, so
+// it cannot race the completion.
+func (hb *heartbeat) stop() {
+	close(hb.stopc)
+	<-hb.done
+}

@@ -1,0 +1,176 @@
+// Package idemdriver is the seam between idem's core and a database.
+//
+// The core (package idem) decides what an HTTP request gets from the record a
+// driver returns; a driver owns its SQL, its embedded migrations and the
+// mapping of its database's error codes. The core never imports a concrete
+// driver and a driver never imports the core: both import this package.
+//
+// Every method that reads or compares time uses the database's clock. The
+// ClockOffset field of each parameter struct moves that clock: the driver adds
+// it to the database's "now" in the statement itself. Production code leaves
+// it at zero; tests move time forward with it instead of sleeping.
+//
+// A new database is "make the conformance suite pass": see package
+// idemdriver/idemdrivertest.
+package idemdriver
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// State is the state of one execution record, per CONTRACT section 3.
+type State string
+
+const (
+	// StateProcessing: a worker owns the record until LockedUntil.
+	StateProcessing State = "PROCESSING"
+	// StateSucceeded: the outcome is final and the stored response is replayed.
+	StateSucceeded State = "SUCCEEDED"
+	// StateFailed: the last execution ended with a retryable outcome; the next
+	// request with the same key claims the record again.
+	StateFailed State = "FAILED"
+)
+
+// ErrNotFound is returned by Driver.Get when no record exists for (scope, key).
+var ErrNotFound = errors.New("idemdriver: record not found")
+
+// ClaimParams are the inputs of the one atomic claim statement.
+type ClaimParams struct {
+	Scope string // tenant / account / principal owning the key
+	Key   string // the Idempotency-Key value, unquoted, 1-255 visible ASCII
+	// Method and Path are the request's method and route path; together with
+	// Fingerprint they must match the stored record for a replay.
+	Method string
+	Path   string
+	// Fingerprint is the request's SHA-256 fingerprint (32 bytes).
+	Fingerprint []byte
+	// LeaseDuration sets locked_until = database now + LeaseDuration on a claim.
+	LeaseDuration time.Duration
+	// Retention sets expires_at = database now + Retention on a new record.
+	Retention time.Duration
+	// ClockOffset is added to the database's clock (tests only; zero in production).
+	ClockOffset time.Duration
+}
+
+// ClaimResult is what the claim statement decided.
+type ClaimResult struct {
+	// Claimed is true when this call won the record: a new record, an expired
+	// one, a takeover of a PROCESSING record whose lease expired, or a re-claim
+	// of a FAILED record. The caller owns the execution under Record.FencingToken.
+	Claimed bool
+	// Record is the record as stored after the statement: the caller's own
+	// claim when Claimed, otherwise the row it lost to.
+	Record Record
+}
+
+// Record is one stored execution, per CONTRACT section 9.
+type Record struct {
+	Scope        string
+	Key          string
+	Method       string
+	Path         string
+	Fingerprint  []byte
+	State        State
+	FencingToken int64
+	// LeaseLeft is locked_until minus the database's now (ClockOffset
+	// included); zero or negative when the lease has run out or the record is
+	// not PROCESSING.
+	LeaseLeft time.Duration
+	// Response is the stored response of a SUCCEEDED record; nil otherwise.
+	Response    *Response
+	Attempts    int
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt *time.Time
+	ExpiresAt   time.Time
+	LockedUntil *time.Time
+}
+
+// Response is a stored response: what a replay sends back.
+type Response struct {
+	Status int
+	// Header holds the allow-listed response headers.
+	Header map[string][]string
+	// Body is the byte-exact response body. When BodyStored is false the body
+	// was larger than the configured maximum and was not kept; BodySize still
+	// says how large it was.
+	Body       []byte
+	BodyStored bool
+	BodySize   int64
+}
+
+// FenceParams name one owned execution: every write after the claim is a
+// compare-and-set on (Scope, Key, FencingToken) with state PROCESSING.
+type FenceParams struct {
+	Scope        string
+	Key          string
+	FencingToken int64
+	// LeaseDuration is the new lease length for Heartbeat; unused elsewhere.
+	LeaseDuration time.Duration
+	ClockOffset   time.Duration
+}
+
+// CompleteParams record a SUCCEEDED outcome.
+type CompleteParams struct {
+	FenceParams
+	Response Response
+}
+
+// Driver is one database's implementation of the claim protocol. All methods
+// are safe for concurrent use. Errors other than ErrNotFound mean the store
+// could not answer; the core answers 503 and never runs a handler unprotected.
+// Deadlocks, serialization failures and lost races are resolved inside the
+// driver (retried or answered from the winning row), never returned.
+type Driver interface {
+	// Claim runs the atomic claim of CONTRACT section 3 for (Scope, Key):
+	//   - no record, or expires_at <= now: write a new PROCESSING record
+	//     (attempts 1, created_at now, expires_at now+Retention), Claimed;
+	//   - method, path or fingerprint differ: return the record, not Claimed;
+	//   - FAILED, or PROCESSING with locked_until <= now: PROCESSING again,
+	//     attempts+1, Claimed;
+	//   - otherwise (SUCCEEDED, or PROCESSING under a live lease): return the
+	//     record, not Claimed.
+	// Each claim sets locked_until = now+LeaseDuration and a fencing token
+	// greater than any earlier one for (Scope, Key), expired records included.
+	// Exactly one of any number of concurrent callers is Claimed.
+	Claim(ctx context.Context, p ClaimParams) (ClaimResult, error)
+
+	// Heartbeat extends the lease to now+LeaseDuration if the caller still
+	// owns the record (same fencing token, PROCESSING). It reports false when
+	// ownership was lost.
+	Heartbeat(ctx context.Context, p FenceParams) (bool, error)
+
+	// Complete records SUCCEEDED with the response, fenced by the token. It
+	// reports false, writing nothing, when the caller no longer owns the record.
+	Complete(ctx context.Context, p CompleteParams) (bool, error)
+
+	// Fail records FAILED (retryable) and clears the lease, fenced by the
+	// token. It reports false when the caller no longer owns the record.
+	Fail(ctx context.Context, p FenceParams) (bool, error)
+
+	// Begin starts a business transaction on the store's database. The
+	// handler does its writes in it, and the completion is written in it.
+	Begin(ctx context.Context) (Tx, error)
+
+	// Get reads the record for (scope, key) without changing it, or returns
+	// ErrNotFound. LeaseLeft is measured against the database's clock.
+	Get(ctx context.Context, scope, key string) (Record, error)
+
+	// Migrate applies the driver's embedded schema migrations (idempotent).
+	Migrate(ctx context.Context) error
+}
+
+// Tx is a business transaction in which the completion rides.
+type Tx interface {
+	// Complete is Driver.Complete inside this transaction. When it reports
+	// false the caller must Rollback: the business writes must not commit.
+	Complete(ctx context.Context, p CompleteParams) (bool, error)
+	// Commit commits the business writes and the completion together.
+	Commit(ctx context.Context) error
+	// Rollback aborts the transaction; calling it after Commit is a no-op.
+	Rollback(ctx context.Context) error
+	// Native returns the driver's transaction value (pgx.Tx, *sql.Tx, ...).
+	Native() any
+}

@@ -1,0 +1,67 @@
+package idemdrivertest
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// Clock moves a driver's view of the database clock: every statement made
+// through ShiftedDriver adds the clock's offset to the database's own now,
+// so tests reach lease expiry and retention without sleeping.
+type Clock struct{ offset atomic.Int64 }
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
+
+// Offset returns how far the clock has been moved.
+func (c *Clock) Offset() time.Duration { return time.Duration(c.offset.Load()) }
+
+// ShiftedDriver wraps a real driver; each call carries the clock's offset.
+type ShiftedDriver struct {
+	idemdriver.Driver
+	Clock *Clock
+}
+
+// Shift returns d seen through clock c.
+func Shift(d idemdriver.Driver, c *Clock) *ShiftedDriver { return &ShiftedDriver{Driver: d, Clock: c} }
+
+func (s *ShiftedDriver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	p.ClockOffset += s.Clock.Offset()
+	return s.Driver.Claim(ctx, p)
+}
+
+func (s *ShiftedDriver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	p.ClockOffset += s.Clock.Offset()
+	return s.Driver.Heartbeat(ctx, p)
+}
+
+func (s *ShiftedDriver) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
+	p.ClockOffset += s.Clock.Offset()
+	return s.Driver.Complete(ctx, p)
+}
+
+func (s *ShiftedDriver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	p.ClockOffset += s.Clock.Offset()
+	return s.Driver.Fail(ctx, p)
+}
+
+func (s *ShiftedDriver) Begin(ctx context.Context) (idemdriver.Tx, error) {
+	tx, err := s.Driver.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return shiftedTx{Tx: tx, clock: s.Clock}, nil
+}
+
+type shiftedTx struct {
+	idemdriver.Tx
+	clock *Clock
+}
+
+func (t shiftedTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
+	p.ClockOffset += t.clock.Offset()
+	return t.Tx.Complete(ctx, p)
+}

@@ -1,0 +1,536 @@
+package idemdrivertest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// app is the protected handler of the middleware cases: it counts its runs,
+// can hold on a gate, answers a chosen status, and can write a business row
+// in the claim's transaction.
+type app struct {
+	runs      atomic.Int32
+	started   chan struct{} // receives once per run, when set
+	gate      chan struct{} // the handler waits for it to close, when set
+	status    func(run int32) int
+	biz       Business     // when set, each run inserts a row "<key>/<run>" in the claim's tx
+	panicOn   int32        // the run that panics, when non-zero
+	bigBody   int          // when non-zero, the body is this many bytes
+	rowPrefix string       // prefix of the business rows' ids
+	ctxErr    atomic.Value // string: the handler's context error (or cause) as it returned
+}
+
+func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	run := a.runs.Add(1)
+	if a.started != nil {
+		a.started <- struct{}{}
+	}
+	if a.gate != nil {
+		select {
+		case <-a.gate:
+		case <-r.Context().Done():
+			a.ctxErr.Store(fmt.Sprint(context.Cause(r.Context())))
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+	}
+	a.ctxErr.Store(fmt.Sprint(r.Context().Err()))
+	if run == a.panicOn {
+		panic("handler bug")
+	}
+	body, _ := io.ReadAll(r.Body)
+	status := http.StatusCreated
+	if a.status != nil {
+		status = a.status(run)
+	}
+	if a.biz != nil {
+		tx, err := idemdriver.TxFromContext(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if err := a.biz.Insert(r.Context(), tx, fmt.Sprintf("%s%s/%d", a.rowPrefix, r.Header.Get("Idempotency-Key"), run)); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Location", fmt.Sprintf("/v1/payments/pay_%d", run))
+	h.Set("Set-Cookie", "session=secret")
+	h.Set("X-Internal", "not replayed")
+	w.WriteHeader(status)
+	if a.bigBody > 0 {
+		_, _ = w.Write(bytes.Repeat([]byte("x"), a.bigBody))
+		return
+	}
+	fmt.Fprintf(w, `{"run":%d,"body":%q}`, run, body)
+}
+
+type server struct {
+	*httptest.Server
+	app *app
+}
+
+func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server {
+	t.Helper()
+	cfg.Store = store
+	m, err := idem.New(cfg)
+	require.NoError(t, err)
+	srv := httptest.NewServer(m.Handler(a))
+	t.Cleanup(srv.Close)
+	return &server{Server: srv, app: a}
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+	err    error
+}
+
+func (s *server) post(t *testing.T, key, body string, mutate ...func(*http.Request)) answer {
+	t.Helper()
+	return s.do(context.Background(), http.MethodPost, "/v1/payments", key, body, mutate...)
+}
+
+func (s *server) do(ctx context.Context, method, path, key, body string, mutate ...func(*http.Request)) answer {
+	req, err := http.NewRequestWithContext(ctx, method, s.URL+path, strings.NewReader(body))
+	if err != nil {
+		return answer{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	for _, f := range mutate {
+		f(req)
+	}
+	resp, err := s.Client().Do(req)
+	if err != nil {
+		return answer{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+}
+
+// requireProblem checks an RFC 9457 answer of the given kind.
+func requireProblem(t *testing.T, a answer, status int, slug string) {
+	t.Helper()
+	require.NoError(t, a.err)
+	require.Equal(t, status, a.status, "body: %s", a.body)
+	require.Equal(t, "application/problem+json", a.header.Get("Content-Type"))
+	var p map[string]any
+	require.NoError(t, json.Unmarshal(a.body, &p))
+	require.Equal(t, idem.ProblemTypeBase+slug, p["type"])
+	require.EqualValues(t, status, p["status"])
+	require.NotEmpty(t, p["title"])
+	require.NotEmpty(t, p["detail"])
+}
+
+func requireReplay(t *testing.T, first, again answer) {
+	t.Helper()
+	require.NoError(t, again.err)
+	require.Equal(t, first.status, again.status)
+	require.Equal(t, "true", again.header.Get(idem.HeaderReplayed))
+	require.True(t, bytes.Equal(first.body, again.body), "replay must be byte-exact: %q vs %q", first.body, again.body)
+	require.Equal(t, first.header.Get("Content-Type"), again.header.Get("Content-Type"))
+	require.Equal(t, first.header.Get("Location"), again.header.Get("Location"))
+	require.Empty(t, again.header.Get("Set-Cookie"), "Set-Cookie is never replayed")
+	require.Empty(t, again.header.Get("X-Internal"), "only allow-listed headers are replayed")
+}
+
+func retryAfter(t *testing.T, a answer) int {
+	t.Helper()
+	n, err := strconv.Atoi(a.header.Get("Retry-After"))
+	require.NoError(t, err, "Retry-After %q", a.header.Get("Retry-After"))
+	return n
+}
+
+func runMiddleware(t *testing.T, h Harness) {
+	t.Run("FirstRunThenReplay", func(t *testing.T) {
+		t.Parallel()
+		s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
+		first := s.post(t, "k1", `{"amount":100}`)
+		require.NoError(t, first.err)
+		require.Equal(t, http.StatusCreated, first.status)
+		require.Empty(t, first.header.Get(idem.HeaderReplayed))
+		require.Equal(t, "session=secret", first.header.Get("Set-Cookie"), "the first caller gets every header")
+		again := s.post(t, "k1", `{"amount":100}`)
+		requireReplay(t, first, again)
+		require.EqualValues(t, 1, s.app.runs.Load())
+	})
+
+	t.Run("KeyForms", func(t *testing.T) {
+		t.Parallel()
+		s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
+		first := s.post(t, `"abc-123"`, `{}`)
+		require.Equal(t, http.StatusCreated, first.status)
+		requireReplay(t, first, s.post(t, `abc-123`, `{}`))
+		requireReplay(t, first, s.post(t, `"abc-123";v=1`, `{}`))
+		require.EqualValues(t, 1, s.app.runs.Load())
+		// A quoted key may hold a comma: it is one sf-string, not a list.
+		require.Equal(t, http.StatusCreated, s.post(t, `"a,b"`, `{}`).status)
+	})
+
+	t.Run("InvalidKeys", func(t *testing.T) {
+		t.Parallel()
+		s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
+		requireProblem(t, s.post(t, "", `{}`), 400, "missing-key")
+		twoLines := func(r *http.Request) { r.Header.Add("Idempotency-Key", "k") }
+		requireProblem(t, s.post(t, "k", `{}`, twoLines), 400, "invalid-key")
+		for _, k := range []string{"k, k", "a,b", `"a", "b"`, `"k", k`, strings.Repeat("x", 256),
+			`"with space"`, `"`, `"unterminated`, "caf\u00e9", `""`, "tab\tkey"} {
+			requireProblem(t, s.post(t, k, `{}`), 400, "invalid-key")
+		}
+		require.Equal(t, http.StatusCreated, s.post(t, strings.Repeat("x", 255), `{}`).status)
+		require.EqualValues(t, 1, s.app.runs.Load())
+	})
+
+	t.Run("RequestTooLarge", func(t *testing.T) {
+		t.Parallel()
+		s := newServer(t, h.NewDriver(t), idem.Config{MaxRequestBytes: 16}, &app{})
+		requireProblem(t, s.post(t, "big", strings.Repeat("1", 17)), 413, "request-too-large")
+		require.Zero(t, s.app.runs.Load())
+		ok := s.post(t, "fits", strings.Repeat("1", 16))
+		require.Equal(t, http.StatusCreated, ok.status)
+		require.Contains(t, string(ok.body), strings.Repeat("1", 16), "the handler sees the whole body")
+	})
+
+	t.Run("JSONCanonicalFingerprint", func(t *testing.T) {
+		t.Parallel()
+		s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
+		first := s.post(t, "k", `{"amount":100,"currency":"JPY","meta":{"a":1,"b":[1,2]}}`)
+		require.Equal(t, http.StatusCreated, first.status)
+		requireReplay(t, first, s.post(t, "k", "{ \"meta\" : {\"b\":[1, 2],\"a\":1},\n\t\"currency\":\"JPY\", \"amount\": 1e2 }"))
+		requireProblem(t, s.post(t, "k", `{"amount":101,"currency":"JPY","meta":{"a":1,"b":[1,2]}}`), 422, "key-reused")
+		requireProblem(t, s.post(t, "k", `{"amount":100,"currency":"JPY","meta":{"a":1,"b":[2,1]}}`), 422, "key-reused")
+		require.EqualValues(t, 1, s.app.runs.Load())
+	})
+
+	t.Run("KeyReusedInEveryState", func(t *testing.T) {
+		t.Parallel()
+		a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1),
+			status: func(run int32) int {
+				if run == 2 {
+					return 500
+				}
+				return 201
+			}}
+		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+		otherBody := func(k string) { requireProblem(t, s.post(t, k, `{"amount":2}`), 422, "key-reused") }
+		otherPath := func(k string) {
+			requireProblem(t, s.do(context.Background(), "POST", "/v1/refunds", k, `{"amount":1}`), 422, "key-reused")
+		}
+		otherMethod := func(k string) {
+			requireProblem(t, s.do(context.Background(), "PATCH", "/v1/payments", k, `{"amount":1}`), 422, "key-reused")
+		}
+		// PROCESSING
+		done := make(chan answer)
+		go func() { done <- s.post(t, "p", `{"amount":1}`) }()
+		<-a.started
+		otherBody("p")
+		otherPath("p")
+		otherMethod("p")
+		close(a.gate)
+		require.Equal(t, 201, (<-done).status)
+		// SUCCEEDED
+		otherBody("p")
+		otherPath("p")
+		otherMethod("p")
+		// FAILED (run 2 answers 500)
+		a.started = nil
+		require.Equal(t, 500, s.post(t, "f", `{"amount":1}`).status)
+		otherBody("f")
+		otherPath("f")
+		otherMethod("f")
+		require.EqualValues(t, 2, a.runs.Load())
+	})
+
+	t.Run("InFlight409", func(t *testing.T) {
+		t.Parallel()
+		a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
+		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+		done := make(chan answer)
+		go func() { done <- s.post(t, "k", `{}`) }()
+		<-a.started
+		busy := s.post(t, "k", `{}`)
+		requireProblem(t, busy, 409, "request-in-flight")
+		ra := retryAfter(t, busy)
+		require.GreaterOrEqual(t, ra, 1)
+		require.LessOrEqual(t, ra, int(idem.DefaultLeaseDuration/time.Second))
+		close(a.gate)
+		first := <-done
+		require.Equal(t, 201, first.status)
+		requireReplay(t, first, s.post(t, "k", `{}`))
+		require.EqualValues(t, 1, a.runs.Load())
+	})
+
+	t.Run("ConcurrentDuplicates", func(t *testing.T) {
+		t.Parallel()
+		a := &app{gate: make(chan struct{})}
+		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+		answers := make(chan answer, racers)
+		var wg sync.WaitGroup
+		for i := 0; i < racers; i++ {
+			wg.Add(1)
+			go func() { defer wg.Done(); answers <- s.post(t, "hot", `{"amount":1}`) }()
+		}
+		// Every loser answers while the winner is held; then the winner runs.
+		var got []answer
+		for len(got) < racers-1 {
+			got = append(got, <-answers)
+		}
+		close(a.gate)
+		wg.Wait()
+		got = append(got, <-answers)
+		counts := map[int]int{}
+		for _, g := range got {
+			require.NoError(t, g.err)
+			counts[g.status]++
+			if g.status == 409 {
+				require.GreaterOrEqual(t, retryAfter(t, g), 1)
+			}
+		}
+		require.Equal(t, map[int]int{201: 1, 409: racers - 1}, counts)
+		require.EqualValues(t, 1, a.runs.Load(), "exactly one handler run")
+	})
+
+	t.Run("TakeoverAfterLeaseExpiry", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		biz := h.Business(t, d)
+		slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1), biz: biz, rowPrefix: "slow:"}
+		// Two servers on one database; the second sees the clock past the lease.
+		later := &Clock{}
+		later.Advance(idem.DefaultLeaseDuration + time.Second)
+		s1 := newServer(t, d, idem.Config{}, slow)
+		fast := &app{biz: biz, rowPrefix: "fast:"}
+		s2 := newServer(t, Shift(d, later), idem.Config{}, fast)
+		done := make(chan answer)
+		go func() { done <- s1.post(t, "k", `{}`) }()
+		<-slow.started
+		took := s2.post(t, "k", `{}`)
+		require.Equal(t, 201, took.status)
+		close(slow.gate)
+		requireProblem(t, <-done, 409, "request-in-flight") // fenced out: its outcome is not recorded
+		requireReplay(t, took, s1.post(t, "k", `{}`))
+		ctx := context.Background()
+		n, err := biz.Count(ctx, "slow:k/1")
+		require.NoError(t, err)
+		require.Zero(t, n, "the fenced-out run's business writes rolled back")
+		n, err = biz.Count(ctx, "fast:k/1")
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "the takeover's business writes committed with its completion")
+		rec, err := d.Get(ctx, "global", "k")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateSucceeded, rec.State)
+		require.Equal(t, 2, rec.Attempts)
+	})
+
+	t.Run("LostLeaseCancelsHandler", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		const shortLease = time.Second
+		slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)} // never opened: waits for its context
+		s1 := newServer(t, d, idem.Config{LeaseDuration: shortLease}, slow)
+		later := &Clock{}
+		later.Advance(time.Minute)
+		s2 := newServer(t, Shift(d, later), idem.Config{LeaseDuration: shortLease}, &app{})
+		done := make(chan answer)
+		go func() { done <- s1.post(t, "k", `{}`) }()
+		<-slow.started
+		require.Equal(t, 201, s2.post(t, "k", `{}`).status)
+		// s1's next heartbeat finds the token moved and cancels its handler.
+		requireProblem(t, <-done, 409, "request-in-flight")
+		require.Equal(t, idem.ErrLeaseLost.Error(), slow.ctxErr.Load())
+	})
+
+	t.Run("FailedOutcomesRunAgain", func(t *testing.T) {
+		t.Parallel()
+		for _, failing := range []int{500, 502, 503, 408, 425, 429} {
+			a := &app{status: func(run int32) int {
+				if run == 1 {
+					return failing
+				}
+				return 201
+			}}
+			s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+			require.Equal(t, failing, s.post(t, "k", `{}`).status)
+			second := s.post(t, "k", `{}`)
+			require.Equal(t, 201, second.status, "after %d the retry runs again", failing)
+			requireReplay(t, second, s.post(t, "k", `{}`))
+			require.EqualValues(t, 2, a.runs.Load())
+		}
+		for _, final := range []int{200, 202, 204, 400, 404, 409, 422} {
+			a := &app{status: func(int32) int { return final }}
+			s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+			first := s.post(t, "k", `{}`)
+			require.Equal(t, final, first.status)
+			requireReplay(t, first, s.post(t, "k", `{}`))
+			require.EqualValues(t, 1, a.runs.Load(), "%d is final", final)
+		}
+	})
+
+	t.Run("PanicReleasesClaim", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		a := &app{panicOn: 1}
+		s := newServer(t, d, idem.Config{}, a)
+		first := s.post(t, "k", `{}`)
+		require.Error(t, first.err, "net/http aborts the connection of a panicking handler")
+		rec, err := d.Get(context.Background(), "global", "k")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateFailed, rec.State)
+		retry := s.post(t, "k", `{}`)
+		require.Equal(t, 201, retry.status)
+		require.EqualValues(t, 2, a.runs.Load())
+	})
+
+	t.Run("ClientDisconnects", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
+		s := newServer(t, d, idem.Config{}, a)
+		ctx, hangUp := context.WithCancel(context.Background())
+		done := make(chan answer)
+		go func() { done <- s.do(ctx, "POST", "/v1/payments", "k", `{}`) }()
+		<-a.started
+		hangUp()
+		require.Error(t, (<-done).err)
+		close(a.gate) // the work goes on and is recorded
+		var rec idemdriver.Record
+		require.Eventually(t, func() bool {
+			var err error
+			rec, err = d.Get(context.Background(), "global", "k")
+			return err == nil && rec.State == idemdriver.StateSucceeded
+		}, 30*time.Second, 5*time.Millisecond)
+		require.Equal(t, "<nil>", a.ctxErr.Load(), "the handler's context is detached from the client's")
+		retry := s.post(t, "k", `{}`)
+		require.Equal(t, 201, retry.status)
+		require.Equal(t, "true", retry.header.Get(idem.HeaderReplayed))
+		require.Equal(t, rec.Response.Body, retry.body)
+		require.EqualValues(t, 1, a.runs.Load())
+	})
+
+	t.Run("StoreUnavailable", func(t *testing.T) {
+		t.Parallel()
+		a := &app{}
+		s := newServer(t, h.Unreachable(t), idem.Config{}, a)
+		got := s.post(t, "k", `{}`)
+		requireProblem(t, got, 503, "store-unavailable")
+		require.Equal(t, 1, retryAfter(t, got))
+		require.Zero(t, a.runs.Load(), "never run unprotected")
+	})
+
+	t.Run("UnprotectedRequestsPassThrough", func(t *testing.T) {
+		t.Parallel()
+		a := &app{}
+		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+		for i := 0; i < 2; i++ {
+			got := s.do(context.Background(), "GET", "/v1/payments", "k", "")
+			require.Equal(t, 201, got.status)
+			require.Empty(t, got.header.Get(idem.HeaderReplayed))
+		}
+		require.EqualValues(t, 2, a.runs.Load())
+		opt := &app{}
+		so := newServer(t, h.NewDriver(t), idem.Config{KeyOptional: true}, opt)
+		require.Equal(t, 201, so.post(t, "", `{}`).status)
+		require.Equal(t, 201, so.post(t, "", `{}`).status)
+		require.EqualValues(t, 2, opt.runs.Load())
+	})
+
+	t.Run("ResponseTooLargeToStore", func(t *testing.T) {
+		t.Parallel()
+		a := &app{bigBody: 4096}
+		s := newServer(t, h.NewDriver(t), idem.Config{MaxResponseBytes: 1024}, a)
+		first := s.post(t, "k", `{}`)
+		require.Equal(t, 201, first.status)
+		require.Len(t, first.body, 4096, "the first caller gets the whole response")
+		again := s.post(t, "k", `{}`)
+		requireProblem(t, again, 410, "response-not-stored")
+		require.Equal(t, "true", again.header.Get(idem.HeaderReplayed))
+		require.Equal(t, first.header.Get("Location"), again.header.Get("Location"))
+		require.EqualValues(t, 1, a.runs.Load(), "never run twice because of it")
+	})
+
+	t.Run("TransactionalCommitTogether", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		biz := h.Business(t, d)
+		a := &app{biz: biz, status: func(run int32) int {
+			if run == 1 {
+				return 503 // FAILED: its business row must roll back
+			}
+			return 201
+		}}
+		s := newServer(t, d, idem.Config{}, a)
+		require.Equal(t, 503, s.post(t, "k", `{}`).status)
+		ctx := context.Background()
+		n, err := biz.Count(ctx, "k/1")
+		require.NoError(t, err)
+		require.Zero(t, n)
+		first := s.post(t, "k", `{}`)
+		require.Equal(t, 201, first.status)
+		n, err = biz.Count(ctx, "k/2")
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		requireReplay(t, first, s.post(t, "k", `{}`))
+		require.EqualValues(t, 2, a.runs.Load())
+	})
+
+	t.Run("ExpiredKeyIsNew", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		a := &app{}
+		clock := &Clock{}
+		s := newServer(t, Shift(d, clock), idem.Config{}, a)
+		first := s.post(t, "k", `{"amount":1}`)
+		require.Equal(t, 201, first.status)
+		clock.Advance(idem.DefaultRetention + time.Second)
+		again := s.post(t, "k", `{"amount":2}`)
+		require.Equal(t, 201, again.status)
+		require.Empty(t, again.header.Get(idem.HeaderReplayed))
+		require.EqualValues(t, 2, a.runs.Load())
+	})
+
+	t.Run("ScopesNeverMeet", func(t *testing.T) {
+		t.Parallel()
+		a := &app{}
+		cfg := idem.Config{Scope: func(r *http.Request) (string, error) {
+			if m := r.Header.Get("X-Test-Merchant"); m != "" {
+				return m, nil
+			}
+			return "", fmt.Errorf("no merchant")
+		}}
+		s := newServer(t, h.NewDriver(t), cfg, a)
+		as := func(m string) func(*http.Request) {
+			return func(r *http.Request) { r.Header.Set("X-Test-Merchant", m) }
+		}
+		first := s.post(t, "k", `{}`, as("m1"))
+		require.Equal(t, 201, first.status)
+		other := s.post(t, "k", `{"different":true}`, as("m2"))
+		require.Equal(t, 201, other.status)
+		require.Empty(t, other.header.Get(idem.HeaderReplayed))
+		requireReplay(t, first, s.post(t, "k", `{}`, as("m1")))
+		requireProblem(t, s.post(t, "k", `{}`), 401, "missing-scope")
+		require.EqualValues(t, 2, a.runs.Load())
+	})
+}

@@ -1,0 +1,552 @@
+// Package idemdrivertest is the conformance suite every idem driver runs:
+// each row of the decision table (CONTRACT section 3), races of many
+// goroutines on one key counted by winners and handler runs, fencing,
+// transactional completion, expiry, scopes, and the HTTP middleware's cases
+// on the driver. A new database is "make this suite pass".
+//
+// Time moves through the drivers' clock-offset parameter (see Clock); no
+// test sleeps to reach a lease or retention boundary.
+package idemdrivertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// Harness tells the suite how to make databases for one driver.
+type Harness struct {
+	// NewDriver returns a migrated driver on a fresh, empty database that is
+	// dropped when t ends.
+	NewDriver func(t *testing.T) idemdriver.Driver
+	// Unreachable returns a driver whose database cannot be reached (a closed
+	// pool, a port nobody listens on).
+	Unreachable func(t *testing.T) idemdriver.Driver
+	// Business creates a business table beside d's records and returns hooks
+	// to write and count its rows.
+	Business func(t *testing.T, d idemdriver.Driver) Business
+	// SingleWriter is true for databases with one writer at a time (SQLite):
+	// a claim cannot run while a business transaction is open, so the suite
+	// does not open one across a takeover.
+	SingleWriter bool
+}
+
+// Business writes rows of a test business table inside a claim's transaction.
+type Business interface {
+	// Insert writes one row with id in tx (tx.Native() is the driver's type).
+	Insert(ctx context.Context, tx idemdriver.Tx, id string) error
+	// Count returns the committed rows with id.
+	Count(ctx context.Context, id string) (int, error)
+}
+
+const (
+	lease     = 30 * time.Second
+	retention = 24 * time.Hour
+	racers    = 64
+)
+
+// Run runs the whole suite against h.
+func Run(t *testing.T, h Harness) {
+	t.Run("Driver", func(t *testing.T) { runDriver(t, h) })
+	t.Run("Middleware", func(t *testing.T) { runMiddleware(t, h) })
+}
+
+func fingerprint(s string) []byte {
+	sum := sha256.Sum256([]byte(s))
+	return sum[:]
+}
+
+func params(scope, key, body string) idemdriver.ClaimParams {
+	return idemdriver.ClaimParams{
+		Scope: scope, Key: key, Method: "POST", Path: "/v1/payments",
+		Fingerprint: fingerprint(body), LeaseDuration: lease, Retention: retention,
+	}
+}
+
+func fence(rec idemdriver.Record) idemdriver.FenceParams {
+	return idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, LeaseDuration: lease}
+}
+
+func okResponse(body string) idemdriver.Response {
+	return idemdriver.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}},
+		Body: []byte(body), BodyStored: true, BodySize: int64(len(body))}
+}
+
+// setup brings (scope, key) into a state: "none", "PROCESSING" (live lease),
+// "EXPIRED_LEASE", "SUCCEEDED", "FAILED", "EXPIRED" (past retention).
+// It returns the shifted driver to use afterwards and the stored record.
+func setup(t *testing.T, d idemdriver.Driver, state string, p idemdriver.ClaimParams) (*ShiftedDriver, idemdriver.Record) {
+	t.Helper()
+	ctx := context.Background()
+	clock := &Clock{}
+	sd := Shift(d, clock)
+	if state == "none" {
+		return sd, idemdriver.Record{}
+	}
+	res, err := sd.Claim(ctx, p)
+	require.NoError(t, err)
+	require.True(t, res.Claimed)
+	switch state {
+	case "PROCESSING":
+	case "EXPIRED_LEASE":
+		clock.Advance(lease + time.Second)
+	case "SUCCEEDED":
+		ok, err := sd.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse(`{"id":"pay_1"}`)})
+		require.NoError(t, err)
+		require.True(t, ok)
+	case "FAILED":
+		ok, err := sd.Fail(ctx, fence(res.Record))
+		require.NoError(t, err)
+		require.True(t, ok)
+	case "EXPIRED":
+		ok, err := sd.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse(`{"id":"pay_1"}`)})
+		require.NoError(t, err)
+		require.True(t, ok)
+		clock.Advance(retention + time.Second)
+	default:
+		t.Fatalf("unknown state %q", state)
+	}
+	return sd, res.Record
+}
+
+func runDriver(t *testing.T, h Harness) {
+	t.Run("ClaimNew", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		res, err := d.Claim(context.Background(), params("acct_1", "k1", "a"))
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		rec := res.Record
+		require.Equal(t, idemdriver.StateProcessing, rec.State)
+		require.Equal(t, "acct_1", rec.Scope)
+		require.Equal(t, "k1", rec.Key)
+		require.Equal(t, "POST", rec.Method)
+		require.Equal(t, "/v1/payments", rec.Path)
+		require.Equal(t, fingerprint("a"), rec.Fingerprint)
+		require.Equal(t, 1, rec.Attempts)
+		require.Positive(t, rec.FencingToken)
+		require.Nil(t, rec.Response)
+		require.InDelta(t, lease.Seconds(), rec.LeaseLeft.Seconds(), 5)
+		require.NotNil(t, rec.LockedUntil)
+		require.WithinDuration(t, rec.CreatedAt.Add(retention), rec.ExpiresAt, time.Millisecond)
+		require.WithinDuration(t, rec.CreatedAt.Add(lease), *rec.LockedUntil, time.Millisecond)
+
+		got, err := d.Get(context.Background(), "acct_1", "k1")
+		require.NoError(t, err)
+		require.Equal(t, rec.FencingToken, got.FencingToken)
+		_, err = d.Get(context.Background(), "acct_1", "nope")
+		require.ErrorIs(t, err, idemdriver.ErrNotFound)
+	})
+
+	t.Run("MigrateTwice", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		require.NoError(t, d.Migrate(context.Background()))
+	})
+
+	// The decision table, row by row, at the driver: what the claim decides
+	// for each stored state with the same and with a different request.
+	t.Run("DecisionTable", func(t *testing.T) {
+		t.Parallel()
+		cases := []struct {
+			state       string
+			sameRequest bool
+			wantClaimed bool
+			wantState   idemdriver.State
+		}{
+			{"none", true, true, idemdriver.StateProcessing},
+			{"PROCESSING", true, false, idemdriver.StateProcessing},
+			{"PROCESSING", false, false, idemdriver.StateProcessing},
+			{"EXPIRED_LEASE", true, true, idemdriver.StateProcessing},
+			{"EXPIRED_LEASE", false, false, idemdriver.StateProcessing},
+			{"SUCCEEDED", true, false, idemdriver.StateSucceeded},
+			{"SUCCEEDED", false, false, idemdriver.StateSucceeded},
+			{"FAILED", true, true, idemdriver.StateProcessing},
+			{"FAILED", false, false, idemdriver.StateFailed},
+			{"EXPIRED", true, true, idemdriver.StateProcessing},
+			{"EXPIRED", false, true, idemdriver.StateProcessing},
+		}
+		d := h.NewDriver(t)
+		for i, tc := range cases {
+			t.Run(fmt.Sprintf("%s/same=%v", tc.state, tc.sameRequest), func(t *testing.T) {
+				ctx := context.Background()
+				key := fmt.Sprintf("dt-%d", i)
+				sd, before := setup(t, d, tc.state, params("acct", key, "body"))
+				body := "body"
+				if !tc.sameRequest {
+					body = "other body"
+				}
+				res, err := sd.Claim(ctx, params("acct", key, body))
+				require.NoError(t, err)
+				require.Equal(t, tc.wantClaimed, res.Claimed)
+				require.Equal(t, tc.wantState, res.Record.State)
+				if tc.wantClaimed {
+					require.Equal(t, fingerprint(body), res.Record.Fingerprint)
+					require.Greater(t, res.Record.FencingToken, before.FencingToken)
+				} else {
+					// The row it lost to, untouched: the core answers 422 from
+					// its fingerprint, 409 from its lease, or replays it.
+					require.Equal(t, before.FencingToken, res.Record.FencingToken)
+					require.Equal(t, fingerprint("body"), res.Record.Fingerprint)
+				}
+				if tc.state == "PROCESSING" {
+					require.Positive(t, res.Record.LeaseLeft)
+					require.LessOrEqual(t, res.Record.LeaseLeft, lease)
+				}
+				if tc.state == "SUCCEEDED" {
+					require.NotNil(t, res.Record.Response)
+					require.Equal(t, `{"id":"pay_1"}`, string(res.Record.Response.Body))
+				}
+				switch tc.state {
+				case "FAILED", "EXPIRED_LEASE":
+					if tc.wantClaimed {
+						require.Equal(t, 2, res.Record.Attempts)
+					}
+				case "EXPIRED":
+					require.Equal(t, 1, res.Record.Attempts, "an expired record starts over")
+					require.Nil(t, res.Record.Response)
+				}
+			})
+		}
+	})
+
+	t.Run("MethodOrPathDiffers", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		ctx := context.Background()
+		sd, before := setup(t, d, "FAILED", params("acct", "k", "body"))
+		p := params("acct", "k", "body")
+		p.Path = "/v1/refunds"
+		res, err := sd.Claim(ctx, p)
+		require.NoError(t, err)
+		require.False(t, res.Claimed)
+		require.Equal(t, "/v1/payments", res.Record.Path)
+		p = params("acct", "k", "body")
+		p.Method = "PATCH"
+		res, err = sd.Claim(ctx, p)
+		require.NoError(t, err)
+		require.False(t, res.Claimed)
+		require.Equal(t, before.FencingToken, res.Record.FencingToken)
+	})
+
+	t.Run("ReplayByteExact", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		ctx := context.Background()
+		res, err := d.Claim(ctx, params("acct", "bin", "b"))
+		require.NoError(t, err)
+		body := make([]byte, 0, 512)
+		for i := 0; i < 512; i++ {
+			body = append(body, byte(i))
+		}
+		resp := idemdriver.Response{Status: 202, Body: body, BodyStored: true, BodySize: int64(len(body)),
+			Header: map[string][]string{"Content-Type": {"application/octet-stream"}, "Link": {"<a>; rel=x", "<b>; rel=y"}}}
+		ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: resp})
+		require.NoError(t, err)
+		require.True(t, ok)
+		again, err := d.Claim(ctx, params("acct", "bin", "b"))
+		require.NoError(t, err)
+		require.False(t, again.Claimed)
+		require.Equal(t, idemdriver.StateSucceeded, again.Record.State)
+		require.Equal(t, resp.Status, again.Record.Response.Status)
+		require.True(t, bytes.Equal(body, again.Record.Response.Body))
+		require.Equal(t, resp.Header, again.Record.Response.Header)
+		require.NotNil(t, again.Record.CompletedAt)
+		require.Zero(t, again.Record.LeaseLeft)
+
+		// An empty body and a body that was not stored.
+		res, err = d.Claim(ctx, params("acct", "empty", "b"))
+		require.NoError(t, err)
+		ok, err = d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record),
+			Response: idemdriver.Response{Status: 204, BodyStored: true}})
+		require.NoError(t, err)
+		require.True(t, ok)
+		rec, err := d.Get(ctx, "acct", "empty")
+		require.NoError(t, err)
+		require.Equal(t, 204, rec.Response.Status)
+		require.Empty(t, rec.Response.Body)
+		require.True(t, rec.Response.BodyStored)
+
+		res, err = d.Claim(ctx, params("acct", "big", "b"))
+		require.NoError(t, err)
+		ok, err = d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record),
+			Response: idemdriver.Response{Status: 201, BodyStored: false, BodySize: 5 << 20}})
+		require.NoError(t, err)
+		require.True(t, ok)
+		rec, err = d.Get(ctx, "acct", "big")
+		require.NoError(t, err)
+		require.False(t, rec.Response.BodyStored)
+		require.Equal(t, int64(5<<20), rec.Response.BodySize)
+	})
+
+	t.Run("ScopesIndependent", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		ctx := context.Background()
+		a, err := d.Claim(ctx, params("merchant_a", "same-key", "a"))
+		require.NoError(t, err)
+		require.True(t, a.Claimed)
+		b, err := d.Claim(ctx, params("merchant_b", "same-key", "b"))
+		require.NoError(t, err)
+		require.True(t, b.Claimed, "another scope's key never meets this one")
+		ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(a.Record), Response: okResponse("A")})
+		require.NoError(t, err)
+		require.True(t, ok)
+		rb, err := d.Get(ctx, "merchant_b", "same-key")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateProcessing, rb.State)
+		// Keys are case-sensitive.
+		c, err := d.Claim(ctx, params("merchant_a", "SAME-KEY", "a"))
+		require.NoError(t, err)
+		require.True(t, c.Claimed)
+	})
+
+	t.Run("Fencing", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		ctx := context.Background()
+		sd, old := setup(t, d, "EXPIRED_LEASE", params("acct", "k", "body"))
+		// The owner died; a retry takes over.
+		take, err := sd.Claim(ctx, params("acct", "k", "body"))
+		require.NoError(t, err)
+		require.True(t, take.Claimed)
+		require.Greater(t, take.Record.FencingToken, old.FencingToken)
+
+		// The old owner wakes up: every write it attempts is refused.
+		ok, err := sd.Heartbeat(ctx, fence(old))
+		require.NoError(t, err)
+		require.False(t, ok)
+		ok, err = sd.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(old), Response: okResponse("stale")})
+		require.NoError(t, err)
+		require.False(t, ok)
+		ok, err = sd.Fail(ctx, fence(old))
+		require.NoError(t, err)
+		require.False(t, ok)
+		rec, err := d.Get(ctx, "acct", "k")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateProcessing, rec.State)
+		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
+
+		// The new owner's writes go through; a completed record refuses them all.
+		ok, err = sd.Heartbeat(ctx, fence(take.Record))
+		require.NoError(t, err)
+		require.True(t, ok)
+		ok, err = sd.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(take.Record), Response: okResponse("new")})
+		require.NoError(t, err)
+		require.True(t, ok)
+		ok, err = sd.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(take.Record), Response: okResponse("twice")})
+		require.NoError(t, err)
+		require.False(t, ok, "a completed record is final")
+		ok, err = sd.Fail(ctx, fence(take.Record))
+		require.NoError(t, err)
+		require.False(t, ok)
+		rec, err = d.Get(ctx, "acct", "k")
+		require.NoError(t, err)
+		require.Equal(t, "new", string(rec.Response.Body))
+	})
+
+	t.Run("HeartbeatExtendsLease", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		ctx := context.Background()
+		clock := &Clock{}
+		sd := Shift(d, clock)
+		res, err := sd.Claim(ctx, params("acct", "k", "body"))
+		require.NoError(t, err)
+		clock.Advance(lease - 5*time.Second)
+		ok, err := sd.Heartbeat(ctx, fence(res.Record))
+		require.NoError(t, err)
+		require.True(t, ok)
+		// Past the first lease, but within the renewed one: no takeover.
+		clock.Advance(10 * time.Second)
+		again, err := sd.Claim(ctx, params("acct", "k", "body"))
+		require.NoError(t, err)
+		require.False(t, again.Claimed)
+		require.InDelta(t, (lease - 10*time.Second).Seconds(), again.Record.LeaseLeft.Seconds(), 5)
+	})
+
+	t.Run("Transactional", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		biz := h.Business(t, d)
+		ctx := context.Background()
+
+		// Commit together: the business row and SUCCEEDED, or neither.
+		res, err := d.Claim(ctx, params("acct", "tx-ok", "b"))
+		require.NoError(t, err)
+		tx, err := d.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, biz.Insert(ctx, tx, "row-ok"))
+		ok, err := tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse("ok")})
+		require.NoError(t, err)
+		require.True(t, ok)
+		rec, err := d.Get(ctx, "acct", "tx-ok")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateProcessing, rec.State, "the completion is invisible before commit")
+		require.NoError(t, tx.Commit(ctx))
+		n, err := biz.Count(ctx, "row-ok")
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		rec, err = d.Get(ctx, "acct", "tx-ok")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateSucceeded, rec.State)
+
+		// Rolled back: neither.
+		res, err = d.Claim(ctx, params("acct", "tx-rb", "b"))
+		require.NoError(t, err)
+		tx, err = d.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, biz.Insert(ctx, tx, "row-rb"))
+		ok, err = tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse("rb")})
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.NoError(t, tx.Rollback(ctx))
+		n, err = biz.Count(ctx, "row-rb")
+		require.NoError(t, err)
+		require.Zero(t, n)
+		rec, err = d.Get(ctx, "acct", "tx-rb")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateProcessing, rec.State)
+
+		// Fenced out: a worker whose lease was taken over cannot complete in
+		// its transaction, and its business writes never commit. With a
+		// single-writer database the old owner's transaction can only begin
+		// after the takeover; elsewhere it is also open across it.
+		orders := []string{"begin-after-takeover"}
+		if !h.SingleWriter {
+			orders = append(orders, "begin-before-takeover")
+		}
+		for _, order := range orders {
+			clock := &Clock{}
+			sd := Shift(d, clock)
+			key, row := "tx-fenced-"+order, "row-fenced-"+order
+			old, err := sd.Claim(ctx, params("acct", key, "b"))
+			require.NoError(t, err)
+			var tx idemdriver.Tx
+			if order == "begin-before-takeover" {
+				tx, err = sd.Begin(ctx)
+				require.NoError(t, err)
+				require.NoError(t, biz.Insert(ctx, tx, row))
+			}
+			clock.Advance(lease + time.Second)
+			take, err := sd.Claim(ctx, params("acct", key, "b"))
+			require.NoError(t, err)
+			require.True(t, take.Claimed)
+			if tx == nil {
+				tx, err = sd.Begin(ctx)
+				require.NoError(t, err)
+				require.NoError(t, biz.Insert(ctx, tx, row))
+			}
+			ok, err = tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(old.Record), Response: okResponse("stale")})
+			require.NoError(t, err)
+			require.False(t, ok, order)
+			require.NoError(t, tx.Rollback(ctx))
+			n, err = biz.Count(ctx, row)
+			require.NoError(t, err)
+			require.Zero(t, n, "a fenced-out worker's business writes never commit (%s)", order)
+			rec, err = d.Get(ctx, "acct", key)
+			require.NoError(t, err)
+			require.Equal(t, take.Record.FencingToken, rec.FencingToken)
+		}
+	})
+
+	// Races: many goroutines, exactly one winner, no errors.
+	race := func(t *testing.T, sd idemdriver.Driver, p idemdriver.ClaimParams) (winners int, records []idemdriver.ClaimResult) {
+		t.Helper()
+		var (
+			wg    sync.WaitGroup
+			won   atomic.Int32
+			mu    sync.Mutex
+			errs  []error
+			start = make(chan struct{})
+		)
+		for i := 0; i < racers; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				res, err := sd.Claim(context.Background(), p)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, err)
+					return
+				}
+				if res.Claimed {
+					won.Add(1)
+				}
+				records = append(records, res)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		require.NoError(t, errors.Join(errs...))
+		return int(won.Load()), records
+	}
+
+	t.Run("ConcurrentClaim", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		winners, results := race(t, d, params("acct", "hot", "b"))
+		require.Equal(t, 1, winners)
+		for _, r := range results {
+			require.Equal(t, idemdriver.StateProcessing, r.Record.State)
+			if !r.Claimed {
+				require.Positive(t, r.Record.LeaseLeft, "losers see the winner's live lease")
+			}
+		}
+	})
+
+	t.Run("ConcurrentTakeover", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		sd, old := setup(t, d, "EXPIRED_LEASE", params("acct", "hot", "b"))
+		winners, results := race(t, sd, params("acct", "hot", "b"))
+		require.Equal(t, 1, winners)
+		for _, r := range results {
+			require.Greater(t, r.Record.FencingToken, old.FencingToken)
+		}
+	})
+
+	t.Run("ConcurrentReclaimAfterFailed", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		sd, _ := setup(t, d, "FAILED", params("acct", "hot", "b"))
+		winners, _ := race(t, sd, params("acct", "hot", "b"))
+		require.Equal(t, 1, winners)
+		rec, err := d.Get(context.Background(), "acct", "hot")
+		require.NoError(t, err)
+		require.Equal(t, 2, rec.Attempts)
+	})
+
+	t.Run("ConcurrentExpiredIsNew", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		sd, old := setup(t, d, "EXPIRED", params("acct", "hot", "b"))
+		winners, _ := race(t, sd, params("acct", "hot", "other payload, after expiry"))
+		require.Equal(t, 1, winners)
+		rec, err := d.Get(context.Background(), "acct", "hot")
+		require.NoError(t, err)
+		require.Equal(t, 1, rec.Attempts)
+		require.Greater(t, rec.FencingToken, old.FencingToken, "tokens never go back, even across expiry")
+	})
+
+	t.Run("Unreachable", func(t *testing.T) {
+		t.Parallel()
+		d := h.Unreachable(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := d.Claim(ctx, params("acct", "k", "b"))
+		require.Error(t, err)
+	})
+}

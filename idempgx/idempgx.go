@@ -1,0 +1,339 @@
+// Package idempgx is idem's PostgreSQL driver, on pgx v5 (pgxpool).
+//
+// The claim is one statement: an INSERT ... ON CONFLICT DO UPDATE ... WHERE
+// in a data-modifying CTE, unioned with a read of the row it lost to. Every
+// time is PostgreSQL's statement_timestamp(). pgx prepares and caches each
+// statement on each connection, so the request path parses no SQL twice.
+package idempgx
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// SchemaVersionTable is the table in which the migration tool keeps the
+// applied schema versions (in the connection's search_path schema).
+const SchemaVersionTable = "idem_schema_version"
+
+// Driver implements idemdriver.Driver on a pgx pool.
+type Driver struct {
+	pool *pgxpool.Pool
+}
+
+var _ idemdriver.Driver = (*Driver)(nil)
+
+// New returns a driver on pool. The idem_keys table lives in the pool's
+// search_path schema; call Migrate before use.
+func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
+
+// Pool returns the driver's pool, for the application's own queries.
+func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
+
+// Tx returns the claim's business transaction from a protected handler's
+// context, beginning it on first use. Do the business writes in it and leave
+// Commit and Rollback to idem: the completion is written in the same
+// transaction, fenced by the token, and committed with it (CONTRACT
+// section 6). It returns idemdriver.ErrNoExecution outside a protected handler.
+func Tx(ctx context.Context) (pgx.Tx, error) {
+	tx, err := idemdriver.TxFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	native, ok := tx.Native().(pgx.Tx)
+	if !ok {
+		return nil, fmt.Errorf("idempgx: the store is not PostgreSQL (transaction is %T)", tx.Native())
+	}
+	return native, nil
+}
+
+// now is the database clock moved by the @offset parameter (microseconds).
+const now = `(statement_timestamp() + @offset::bigint * interval '1 microsecond')`
+
+const columns = `scope, key, method, path, fingerprint, state, fencing_token, locked_until,
+	response_status, response_headers, response_body, response_body_stored, response_body_size,
+	created_at, updated_at, completed_at, expires_at, attempts,
+	(extract(epoch FROM locked_until - ` + now + `) * 1000000)::bigint`
+
+// The claim. The CTE inserts, or takes over a record that is expired,
+// FAILED, or PROCESSING past its lease with the same request; when it does
+// not, the second branch returns the row it lost to. That branch reads the
+// statement's snapshot, which misses a row committed while the INSERT waited
+// on it: then no row comes back and Claim runs the statement again.
+var claimSQL = `WITH claim AS (
+	INSERT INTO idem_keys AS k (scope, key, method, path, fingerprint, state, fencing_token,
+		locked_until, created_at, updated_at, expires_at, attempts)
+	VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
+		` + now + ` + @lease::bigint * interval '1 microsecond', ` + now + `, ` + now + `,
+		` + now + ` + @retention::bigint * interval '1 microsecond', 1)
+	ON CONFLICT (scope, key) DO UPDATE SET
+		method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint,
+		state = 'PROCESSING',
+		fencing_token = k.fencing_token + 1,
+		locked_until = excluded.locked_until,
+		response_status = NULL, response_headers = NULL, response_body = NULL,
+		response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
+		updated_at = excluded.updated_at,
+		created_at = CASE WHEN k.expires_at <= excluded.created_at THEN excluded.created_at ELSE k.created_at END,
+		expires_at = CASE WHEN k.expires_at <= excluded.created_at THEN excluded.expires_at ELSE k.expires_at END,
+		attempts = CASE WHEN k.expires_at <= excluded.created_at THEN 1 ELSE k.attempts + 1 END
+	WHERE k.expires_at <= excluded.created_at
+		OR (k.method = excluded.method AND k.path = excluded.path AND k.fingerprint = excluded.fingerprint
+			AND (k.state = 'FAILED' OR (k.state = 'PROCESSING' AND k.locked_until <= excluded.created_at)))
+	RETURNING ` + columns + `
+)
+SELECT true, * FROM claim
+UNION ALL
+SELECT false, ` + columns + ` FROM idem_keys
+WHERE scope = @scope AND key = @key AND NOT EXISTS (SELECT 1 FROM claim)`
+
+var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key = @key`
+
+const fenced = ` WHERE scope = @scope AND key = @key AND fencing_token = @token AND state = 'PROCESSING'`
+
+var heartbeatSQL = `UPDATE idem_keys SET locked_until = ` + now + ` + @lease::bigint * interval '1 microsecond',
+	updated_at = ` + now + fenced
+
+var completeSQL = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
+	response_status = @status, response_headers = @headers, response_body = @body,
+	response_body_stored = @stored, response_body_size = @size,
+	completed_at = ` + now + `, updated_at = ` + now + fenced
+
+var failSQL = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = ` + now + fenced
+
+// maxClaimTries bounds the re-runs of the claim statement after a lost race
+// it could not read (see claimSQL) or a serialization failure.
+const maxClaimTries = 5
+
+// Migrate applies the embedded migrations (goose) under a PostgreSQL
+// advisory lock on the search_path schema, so processes starting together
+// migrate once. It is safe to
+// call on every start.
+func (d *Driver) Migrate(ctx context.Context) error {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	// One advisory lock per schema: processes sharing a schema migrate one
+	// at a time; different schemas do not wait for each other.
+	var schema string
+	if err := d.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		return fmt.Errorf("idempgx: migrate: %w", err)
+	}
+	h := fnv.New64a()
+	h.Write([]byte("idem migrations " + schema))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64())), lock.WithLockTimeout(1, 300))
+	if err != nil {
+		return err
+	}
+	db := stdlib.OpenDBFromPool(d.pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, sub,
+		goose.WithTableName(SchemaVersionTable), goose.WithSessionLocker(locker))
+	if err != nil {
+		return fmt.Errorf("idempgx: migrations: %w", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("idempgx: migrate: %w", err)
+	}
+	return nil
+}
+
+// Claim implements idemdriver.Driver in one statement (see claimSQL).
+func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	args := pgx.NamedArgs{
+		"scope": p.Scope, "key": p.Key, "method": p.Method, "path": p.Path, "fingerprint": p.Fingerprint,
+		"lease": p.LeaseDuration.Microseconds(), "retention": p.Retention.Microseconds(),
+		"offset": p.ClockOffset.Microseconds(),
+	}
+	var lastErr error
+	for try := 0; try < maxClaimTries; try++ {
+		var res idemdriver.ClaimResult
+		rows, err := d.pool.Query(ctx, claimSQL, args)
+		if err != nil {
+			if retryable(err) {
+				lastErr = err
+				continue
+			}
+			return res, err
+		}
+		found := false
+		for rows.Next() {
+			res.Record, err = scanRecord(rows, &res.Claimed)
+			found = true
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+		switch {
+		case err != nil && retryable(err):
+			lastErr = err
+		case err != nil:
+			return res, err
+		case found:
+			return res, nil
+		default:
+			lastErr = errors.New("idempgx: claim lost a race to a row it could not read")
+		}
+	}
+	return idemdriver.ClaimResult{}, fmt.Errorf("idempgx: claim gave no answer after %d tries: %w", maxClaimTries, lastErr)
+}
+
+// retryable reports errors on which the statement is simply run again:
+// serialization failure and deadlock.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
+// Get implements idemdriver.Driver.
+func (d *Driver) Get(ctx context.Context, scope, key string) (idemdriver.Record, error) {
+	rows, err := d.pool.Query(ctx, getSQL, pgx.NamedArgs{"scope": scope, "key": key, "offset": 0})
+	if err != nil {
+		return idemdriver.Record{}, err
+	}
+	rec, err := pgx.CollectExactlyOneRow(rows, func(row pgx.CollectableRow) (idemdriver.Record, error) {
+		return scanRecord(row, nil)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return rec, idemdriver.ErrNotFound
+	}
+	return rec, err
+}
+
+// Heartbeat implements idemdriver.Driver.
+func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	args := fenceArgs(p)
+	args["lease"] = p.LeaseDuration.Microseconds()
+	return execFenced(ctx, d.pool, heartbeatSQL, args)
+}
+
+// Complete implements idemdriver.Driver.
+func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
+	return complete(ctx, d.pool, p)
+}
+
+// Fail implements idemdriver.Driver.
+func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	return execFenced(ctx, d.pool, failSQL, fenceArgs(p))
+}
+
+// Begin implements idemdriver.Driver (READ COMMITTED, the default).
+func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return businessTx{tx}, nil
+}
+
+type businessTx struct{ tx pgx.Tx }
+
+func (t businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
+	return complete(ctx, t.tx, p)
+}
+func (t businessTx) Commit(ctx context.Context) error { return t.tx.Commit(ctx) }
+func (t businessTx) Rollback(ctx context.Context) error {
+	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return err
+	}
+	return nil
+}
+func (t businessTx) Native() any { return t.tx }
+
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func fenceArgs(p idemdriver.FenceParams) pgx.NamedArgs {
+	return pgx.NamedArgs{"scope": p.Scope, "key": p.Key, "token": p.FencingToken, "offset": p.ClockOffset.Microseconds()}
+}
+
+func complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {
+	headers, err := idemdriver.EncodeHeader(p.Response.Header)
+	if err != nil {
+		return false, err
+	}
+	body := p.Response.Body
+	if !p.Response.BodyStored || body == nil {
+		body = []byte{}
+	}
+	args := fenceArgs(p.FenceParams)
+	args["status"], args["headers"], args["body"] = p.Response.Status, headers, body
+	args["stored"], args["size"] = p.Response.BodyStored, p.Response.BodySize
+	return execFenced(ctx, db, completeSQL, args)
+}
+
+// execFenced runs a compare-and-set on the fencing token; false means the
+// caller no longer owns the record.
+func execFenced(ctx context.Context, db execer, query string, args pgx.NamedArgs) (bool, error) {
+	tag, err := db.Exec(ctx, query, args)
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// scanRecord reads one row of columns, preceded by the claimed flag when
+// claimed is not nil.
+func scanRecord(row pgx.Row, claimed *bool) (idemdriver.Record, error) {
+	var (
+		rec                   idemdriver.Record
+		state                 string
+		status                *int32
+		bodySize, leaseLeftUS *int64
+		headers, body         []byte
+		stored                *bool
+	)
+	dest := []any{&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
+		&rec.LockedUntil, &status, &headers, &body, &stored, &bodySize,
+		&rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt, &rec.ExpiresAt, &rec.Attempts, &leaseLeftUS}
+	if claimed != nil {
+		dest = append([]any{claimed}, dest...)
+	}
+	if err := row.Scan(dest...); err != nil {
+		return rec, err
+	}
+	rec.State = idemdriver.State(state)
+	var left time.Duration
+	if leaseLeftUS != nil {
+		left = time.Duration(*leaseLeftUS) * time.Microsecond
+	}
+	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, left, leaseLeftUS != nil)
+	if rec.State == idemdriver.StateSucceeded && status != nil {
+		h, err := idemdriver.DecodeHeader(headers)
+		if err != nil {
+			return rec, err
+		}
+		if body == nil {
+			body = []byte{}
+		}
+		rec.Response = &idemdriver.Response{Status: int(*status), Header: h, Body: body,
+			BodyStored: stored != nil && *stored, BodySize: derefInt64(bodySize)}
+	}
+	return rec, nil
+}
+
+func derefInt64(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}

@@ -1,0 +1,351 @@
+// Package idemsqlite is idem's embedded SQLite driver: zero set-up, one
+// file, no cgo (modernc.org/sqlite).
+//
+// SQLite has one writer at a time. Every transaction this package begins
+// takes the write lock up front (BEGIN IMMEDIATE, through the _txlock=immediate
+// connection setting) and every connection waits up to BusyTimeout for it, so
+// concurrent requests queue instead of failing with SQLITE_BUSY; a BUSY that
+// still surfaces is retried, then reported as a store error (503), never a 500.
+// Times are integer microseconds since the Unix epoch from SQLite's clock
+// (unixepoch('subsec'), millisecond resolution), which on an embedded database
+// is the host's clock: every process sharing the file shares it.
+package idemsqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// BusyTimeout is how long a connection waits for SQLite's write lock before
+// giving up with SQLITE_BUSY.
+const BusyTimeout = 10 * time.Second
+
+// SchemaVersionTable is the table in which the migration tool keeps the
+// applied schema versions.
+const SchemaVersionTable = "idem_schema_version"
+
+// DSN returns the modernc.org/sqlite data source name idem needs for the
+// file at path: WAL journal, BusyTimeout, synchronous=FULL, and
+// BEGIN IMMEDIATE for every transaction.
+func DSN(path string) string {
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeout.Milliseconds()))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	q.Set("_txlock", "immediate")
+	return "file:" + path + "?" + q.Encode()
+}
+
+// Open opens (creating if needed) the SQLite database file at path with the
+// settings of DSN and returns a driver on it. Call Migrate before use. The
+// driver owns the *sql.DB: Close closes it.
+func Open(ctx context.Context, path string) (*Driver, error) {
+	db, err := sql.Open("sqlite", DSN(path))
+	if err != nil {
+		return nil, fmt.Errorf("idemsqlite: open %s: %w", path, err)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("idemsqlite: open %s: %w", path, err)
+	}
+	return &Driver{db: db}, nil
+}
+
+// Driver implements idemdriver.Driver on one SQLite database file.
+type Driver struct {
+	db *sql.DB
+}
+
+var _ idemdriver.Driver = (*Driver)(nil)
+
+// DB returns the database handle, for the application's own queries.
+func (d *Driver) DB() *sql.DB { return d.db }
+
+// Close closes the database.
+func (d *Driver) Close() error { return d.db.Close() }
+
+// Tx returns the claim's business transaction from a protected handler's
+// context, beginning it on first use (BEGIN IMMEDIATE). Do the business
+// writes in it and leave Commit and Rollback to idem: the completion is
+// written in the same transaction and committed with it (CONTRACT section 6).
+// It returns idemdriver.ErrNoExecution outside a protected handler.
+func Tx(ctx context.Context) (*sql.Tx, error) {
+	tx, err := idemdriver.TxFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	native, ok := tx.Native().(*sql.Tx)
+	if !ok {
+		return nil, fmt.Errorf("idemsqlite: the store is not SQLite (transaction is %T)", tx.Native())
+	}
+	return native, nil
+}
+
+// now is SQLite's clock in microseconds, moved by the @offset parameter.
+// SQLite keeps 'now' fixed within one statement, so every use agrees.
+const now = `(CAST(unixepoch('subsec') * 1000000 AS INTEGER) + @offset)`
+
+const columns = `scope, key, method, path, fingerprint, state, fencing_token, locked_until,
+	response_status, response_headers, response_body, response_body_stored, response_body_size,
+	created_at, updated_at, completed_at, expires_at, attempts, locked_until - ` + now
+
+// The claim: insert, or take over a record that is expired, FAILED, or
+// PROCESSING past its lease with the same request. excluded.created_at is
+// this statement's "now".
+var claimSQL = `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
+	locked_until, created_at, updated_at, expires_at, attempts)
+VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
+	` + now + ` + @lease, ` + now + `, ` + now + `, ` + now + ` + @retention, 1)
+ON CONFLICT (scope, key) DO UPDATE SET
+	method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint,
+	state = 'PROCESSING',
+	fencing_token = idem_keys.fencing_token + 1,
+	locked_until = excluded.locked_until,
+	response_status = NULL, response_headers = NULL, response_body = NULL,
+	response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
+	updated_at = excluded.updated_at,
+	created_at = CASE WHEN idem_keys.expires_at <= excluded.created_at THEN excluded.created_at ELSE idem_keys.created_at END,
+	expires_at = CASE WHEN idem_keys.expires_at <= excluded.created_at THEN excluded.expires_at ELSE idem_keys.expires_at END,
+	attempts = CASE WHEN idem_keys.expires_at <= excluded.created_at THEN 1 ELSE idem_keys.attempts + 1 END
+WHERE idem_keys.expires_at <= excluded.created_at
+	OR (idem_keys.method = excluded.method AND idem_keys.path = excluded.path
+		AND idem_keys.fingerprint = excluded.fingerprint
+		AND (idem_keys.state = 'FAILED'
+			OR (idem_keys.state = 'PROCESSING' AND idem_keys.locked_until <= excluded.created_at)))
+RETURNING ` + columns
+
+var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key = @key`
+
+const fenced = ` WHERE scope = @scope AND key = @key AND fencing_token = @token AND state = 'PROCESSING'`
+
+var heartbeatSQL = `UPDATE idem_keys SET locked_until = ` + now + ` + @lease, updated_at = ` + now + fenced
+
+var completeSQL = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
+	response_status = @status, response_headers = @headers, response_body = @body,
+	response_body_stored = @stored, response_body_size = @size,
+	completed_at = ` + now + `, updated_at = ` + now + fenced
+
+var failSQL = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = ` + now + fenced
+
+// Migrate applies the embedded migrations (goose), recording them in
+// SchemaVersionTable. It is safe to call on every start.
+func (d *Driver) Migrate(ctx context.Context) error {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	p, err := goose.NewProvider(goose.DialectSQLite3, d.db, sub, goose.WithTableName(SchemaVersionTable))
+	if err != nil {
+		return fmt.Errorf("idemsqlite: migrations: %w", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("idemsqlite: migrate: %w", err)
+	}
+	return nil
+}
+
+// Claim implements idemdriver.Driver: the upsert decides in one statement;
+// when it does not claim, the row it lost to is read in the same write
+// transaction (SQLite has no data-modifying CTE), so the answer is consistent.
+func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	var res idemdriver.ClaimResult
+	err := retryBusy(ctx, func() error {
+		tx, err := d.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+		args := []any{
+			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("method", p.Method),
+			sql.Named("path", p.Path), sql.Named("fingerprint", p.Fingerprint),
+			sql.Named("lease", p.LeaseDuration.Microseconds()), sql.Named("retention", p.Retention.Microseconds()),
+			sql.Named("offset", p.ClockOffset.Microseconds()),
+		}
+		res.Claimed = true
+		res.Record, err = scanRecord(tx.QueryRowContext(ctx, claimSQL, args...))
+		if errors.Is(err, sql.ErrNoRows) {
+			res.Claimed = false
+			res.Record, err = scanRecord(tx.QueryRowContext(ctx, getSQL, args[0], args[1], args[7]))
+		}
+		if err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
+	return res, err
+}
+
+// Get implements idemdriver.Driver.
+func (d *Driver) Get(ctx context.Context, scope, key string) (idemdriver.Record, error) {
+	rec, err := scanRecord(d.db.QueryRowContext(ctx, getSQL,
+		sql.Named("scope", scope), sql.Named("key", key), sql.Named("offset", 0)))
+	if errors.Is(err, sql.ErrNoRows) {
+		return rec, idemdriver.ErrNotFound
+	}
+	return rec, err
+}
+
+// Heartbeat implements idemdriver.Driver.
+func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	return execFenced(ctx, d.db, heartbeatSQL, p, sql.Named("lease", p.LeaseDuration.Microseconds()))
+}
+
+// Complete implements idemdriver.Driver.
+func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
+	return complete(ctx, d.db, p)
+}
+
+// Fail implements idemdriver.Driver.
+func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	return execFenced(ctx, d.db, failSQL, p)
+}
+
+// Begin implements idemdriver.Driver with BEGIN IMMEDIATE.
+func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
+	var tx *sql.Tx
+	err := retryBusy(ctx, func() (err error) {
+		tx, err = d.db.BeginTx(ctx, nil)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &businessTx{tx: tx}, nil
+}
+
+type businessTx struct{ tx *sql.Tx }
+
+func (t *businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
+	return complete(ctx, t.tx, p)
+}
+func (t *businessTx) Commit(context.Context) error { return t.tx.Commit() }
+func (t *businessTx) Rollback(context.Context) error {
+	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return err
+	}
+	return nil
+}
+func (t *businessTx) Native() any { return t.tx }
+
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {
+	headers, err := idemdriver.EncodeHeader(p.Response.Header)
+	if err != nil {
+		return false, err
+	}
+	body := p.Response.Body
+	if !p.Response.BodyStored || body == nil {
+		body = []byte{}
+	}
+	return execFenced(ctx, db, completeSQL, p.FenceParams,
+		sql.Named("status", p.Response.Status), sql.Named("headers", headers), sql.Named("body", body),
+		sql.Named("stored", p.Response.BodyStored), sql.Named("size", p.Response.BodySize))
+}
+
+// execFenced runs a compare-and-set on the fencing token; false means the
+// caller no longer owns the record.
+func execFenced(ctx context.Context, db execer, query string, p idemdriver.FenceParams, extra ...any) (bool, error) {
+	args := append([]any{sql.Named("scope", p.Scope), sql.Named("key", p.Key),
+		sql.Named("token", p.FencingToken), sql.Named("offset", p.ClockOffset.Microseconds())}, extra...)
+	var n int64
+	err := retryBusy(ctx, func() error {
+		res, err := db.ExecContext(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n == 1, err
+}
+
+// retryBusy retries f a few times when SQLite still answers SQLITE_BUSY or
+// SQLITE_LOCKED after its busy timeout.
+func retryBusy(ctx context.Context, f func() error) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if err = f(); !isBusy(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt+1) * 10 * time.Millisecond):
+		}
+	}
+	return err
+}
+
+func isBusy(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	code := se.Code() & 0xff
+	return code == sqlite3.SQLITE_BUSY || code == sqlite3.SQLITE_LOCKED
+}
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+func scanRecord(row rowScanner) (idemdriver.Record, error) {
+	var (
+		rec                                 idemdriver.Record
+		state                               string
+		lockedUntil, completedAt, leaseLeft sql.NullInt64
+		status, bodySize                    sql.NullInt64
+		headers, body                       []byte
+		stored                              sql.NullBool
+		createdAt, updatedAt, expiresAt     int64
+	)
+	err := row.Scan(&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
+		&lockedUntil, &status, &headers, &body, &stored, &bodySize,
+		&createdAt, &updatedAt, &completedAt, &expiresAt, &rec.Attempts, &leaseLeft)
+	if err != nil {
+		return rec, err
+	}
+	rec.State = idemdriver.State(state)
+	rec.CreatedAt, rec.UpdatedAt, rec.ExpiresAt = micros(createdAt), micros(updatedAt), micros(expiresAt)
+	rec.LockedUntil, rec.CompletedAt = nullMicros(lockedUntil), nullMicros(completedAt)
+	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
+	if rec.State == idemdriver.StateSucceeded && status.Valid {
+		h, err := idemdriver.DecodeHeader(headers)
+		if err != nil {
+			return rec, err
+		}
+		rec.Response = &idemdriver.Response{Status: int(status.Int64), Header: h, Body: body,
+			BodyStored: stored.Bool, BodySize: bodySize.Int64}
+		if rec.Response.Body == nil {
+			rec.Response.Body = []byte{}
+		}
+	}
+	return rec, nil
+}
+
+func micros(us int64) time.Time { return time.UnixMicro(us).UTC() }
+
+func nullMicros(v sql.NullInt64) *time.Time {
+	if !v.Valid {
+		return nil
+	}
+	t := micros(v.Int64)
+	return &t
+}

@@ -1,0 +1,53 @@
+package idemsqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemdrivertest"
+	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
+)
+
+func newDriver(t *testing.T) idemdriver.Driver {
+	t.Helper()
+	d, err := idemsqlite.Open(context.Background(), dbtest.SQLitePath(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(context.Background()))
+	return d
+}
+
+type business struct{ db *sql.DB }
+
+func (b business) Insert(ctx context.Context, tx idemdriver.Tx, id string) error {
+	_, err := tx.Native().(*sql.Tx).ExecContext(ctx, `INSERT INTO business_rows (id) VALUES (?)`, id)
+	return err
+}
+
+func (b business) Count(ctx context.Context, id string) (n int, err error) {
+	err = b.db.QueryRowContext(ctx, `SELECT count(*) FROM business_rows WHERE id = ?`, id).Scan(&n)
+	return n, err
+}
+
+func TestConformance(t *testing.T) {
+	idemdrivertest.Run(t, idemdrivertest.Harness{
+		NewDriver: newDriver,
+		Unreachable: func(t *testing.T) idemdriver.Driver {
+			d := newDriver(t).(*idemsqlite.Driver)
+			require.NoError(t, d.Close())
+			return d
+		},
+		Business: func(t *testing.T, d idemdriver.Driver) idemdrivertest.Business {
+			db := d.(*idemsqlite.Driver).DB()
+			_, err := db.Exec(`CREATE TABLE business_rows (id TEXT PRIMARY KEY)`)
+			require.NoError(t, err)
+			return business{db}
+		},
+		SingleWriter: true,
+	})
+}

@@ -1,0 +1,105 @@
+// Package dbtest gives each test its own database: a PostgreSQL schema, or a
+// SQLite file, dropped when the test ends, so tests run with t.Parallel().
+//
+// Server URLs come from the environment (TEST_DATABASE_URL for PostgreSQL).
+// A missing URL skips the test locally and fails it when CI is set: under CI
+// a database test never counts as passed without its database.
+package dbtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// EnvPostgres names the variable holding the PostgreSQL test server's URL,
+// for example postgres://postgres@127.0.0.1:5432/test?sslmode=disable.
+const EnvPostgres = "TEST_DATABASE_URL"
+
+// RequireURL returns the URL in the environment variable env. Without it the
+// test is skipped, or failed when the CI variable is set.
+func RequireURL(t testing.TB, env string) string {
+	t.Helper()
+	u := os.Getenv(env)
+	if u == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not set: database tests must run under CI", env)
+		}
+		t.Skipf("%s is not set; skipping (set it, or run scripts/test)", env)
+	}
+	return u
+}
+
+// Name returns a fresh identifier with prefix, safe as a schema or database name.
+func Name(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
+
+// PostgresURL creates a fresh schema on the TEST_DATABASE_URL server, drops
+// it when the test ends, and returns the server URL with the schema as its
+// search_path (for programs that take a URL), and the schema's name.
+func PostgresURL(t testing.TB) (url, schema string) {
+	t.Helper()
+	base := RequireURL(t, EnvPostgres)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatalf("dbtest: connect %s: %v", EnvPostgres, err)
+	}
+	defer conn.Close(ctx)
+	schema = Name("idemtest")
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("dbtest: create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), base)
+		if err != nil {
+			t.Errorf("dbtest: drop schema %s: %v", schema, err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("dbtest: drop schema %s: %v", schema, err)
+		}
+	})
+	sep := "?"
+	if strings.Contains(base, "?") {
+		sep = "&"
+	}
+	return base + sep + "search_path=" + schema, schema
+}
+
+// PostgresPool returns a pool on a fresh schema (see PostgresURL), closed
+// when the test ends.
+func PostgresPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	url, schema := PostgresURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("dbtest: pool: %v", err)
+	}
+	t.Cleanup(pool.Close) // registered after the schema drop, so it runs first
+	return pool
+}
+
+// SQLitePath returns the path of a fresh SQLite file in the test's temporary
+// directory (removed when the test ends).
+func SQLitePath(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(t.TempDir(), "idem.db")
+}

@@ -1,0 +1,256 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// Store is the database seam: a driver such as idempgx.New or idemsqlite.Open.
+type Store = idemdriver.Driver
+
+// Middleware protects handlers with the claim protocol of CONTRACT.md.
+// Create it with New; its Handler method is a func(http.Handler) http.Handler
+// for net/http, chi, gorilla/mux and anything that speaks http.Handler.
+type Middleware struct {
+	cfg     Config
+	methods map[string]bool
+	replay  map[string]bool // canonical header names kept for replay
+}
+
+// neverReplayed are the headers dropped from the replay allow-list whatever
+// it says (CONTRACT section 5): cookies, hop-by-hop headers (RFC 9110
+// section 7.6.1), Date and Content-Length (recomputed on replay).
+var neverReplayed = map[string]bool{
+	"Set-Cookie": true, "Date": true, "Content-Length": true, "Connection": true,
+	"Keep-Alive": true, "Proxy-Connection": true, "Transfer-Encoding": true,
+	"Te": true, "Trailer": true, "Upgrade": true, "Proxy-Authenticate": true,
+	HeaderReplayed: true,
+}
+
+// New validates cfg (after WithDefaults) and returns the middleware. The
+// error names every invalid field.
+func New(cfg Config) (*Middleware, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m := &Middleware{cfg: cfg, methods: map[string]bool{}, replay: map[string]bool{}}
+	for _, meth := range cfg.Methods {
+		m.methods[strings.ToUpper(meth)] = true
+	}
+	for _, h := range cfg.ReplayHeaders {
+		if k := http.CanonicalHeaderKey(h); !neverReplayed[k] {
+			m.replay[k] = true
+		}
+	}
+	return m, nil
+}
+
+// Handler wraps next: protected methods with a key go through the claim;
+// everything else reaches next untouched.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.serve(w, r, next)
+	})
+}
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if !m.methods[r.Method] {
+		next.ServeHTTP(w, r)
+		return
+	}
+	values := r.Header.Values(HeaderKey)
+	if len(values) == 0 && m.cfg.KeyOptional {
+		next.ServeHTTP(w, r)
+		return
+	}
+	key, err := ParseKey(values)
+	if err != nil {
+		kind := ErrInvalidKey
+		if errors.Is(err, ErrMissingKey) {
+			kind = ErrMissingKey
+			err = fmt.Errorf("this endpoint requires an %s header: a unique value per logical request, sent again unchanged on every retry", HeaderKey)
+		}
+		ProblemFor(kind, strings.TrimPrefix(err.Error(), "idem: ")).Write(w)
+		return
+	}
+	scope, err := m.cfg.Scope(r)
+	if err != nil {
+		ProblemFor(ErrMissingScope, err.Error()).Write(w)
+		return
+	}
+	body, err := readBody(r, m.cfg.MaxRequestBytes)
+	if errors.Is(err, ErrRequestTooLarge) {
+		ProblemFor(ErrRequestTooLarge, fmt.Sprintf("the request body exceeds %d bytes", m.cfg.MaxRequestBytes)).Write(w)
+		return
+	}
+	if err != nil {
+		// The client stopped sending mid-body: nothing was claimed.
+		Problem{Type: "about:blank", Title: "Bad Request", Status: http.StatusBadRequest,
+			Detail: "the request body could not be read: " + err.Error()}.Write(w)
+		return
+	}
+	params := idemdriver.ClaimParams{
+		Scope: scope, Key: key, Method: r.Method, Path: r.URL.EscapedPath(),
+		Fingerprint:   m.cfg.Fingerprint(r, body),
+		LeaseDuration: m.cfg.LeaseDuration, Retention: m.cfg.Retention,
+	}
+	res, err := m.cfg.Store.Claim(r.Context(), params)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client hung up before anything was claimed
+		}
+		m.storeUnavailable(w, &StoreError{Op: "claim", Err: err})
+		return
+	}
+	if !res.Claimed {
+		m.answer(w, res.Record, params)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	m.execute(w, r, next, res.Record, params)
+}
+
+// readBody reads at most limit bytes of r's body.
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	defer r.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(body)) > limit {
+		return nil, ErrRequestTooLarge
+	}
+	return body, nil
+}
+
+// answer responds to a request that did not win the claim, from the record
+// it lost to (CONTRACT section 3). The handler does not run.
+func (m *Middleware) answer(w http.ResponseWriter, rec idemdriver.Record, p idemdriver.ClaimParams) {
+	switch {
+	case rec.Method != p.Method || rec.Path != p.Path:
+		ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used for %s %s; a key names one request", HeaderKey, rec.Method, rec.Path)).Write(w)
+	case !bytes.Equal(rec.Fingerprint, p.Fingerprint):
+		ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used with a different request body or query; use a new key for a new request", HeaderKey)).Write(w)
+	case rec.State == idemdriver.StateSucceeded && rec.Response != nil:
+		m.replayResponse(w, rec.Response)
+	default:
+		// PROCESSING under a live lease; or a record that changed between the
+		// claim and its answer (the driver retries those): ask to come back.
+		pr := ProblemFor(ErrInFlight, "another request with this key is being processed; retry after the Retry-After delay to get its result")
+		pr.RetryAfter = rec.LeaseLeft
+		pr.Write(w)
+	}
+}
+
+// replayResponse sends a stored response byte-exact (CONTRACT section 5).
+func (m *Middleware) replayResponse(w http.ResponseWriter, resp *idemdriver.Response) {
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	h.Set(HeaderReplayed, "true")
+	if !resp.BodyStored {
+		h.Del("Content-Type")
+		h.Del("Content-Encoding")
+		pr := ProblemFor(ErrResponseNotStored, fmt.Sprintf(
+			"the request with this key succeeded with status %d, but its %d-byte response exceeded the replay limit and was not stored; it will not run again",
+			resp.Status, resp.BodySize))
+		pr.Extra = map[string]any{"original_status": resp.Status}
+		pr.Write(w)
+		return
+	}
+	writeResponse(w, resp.Status, resp.Body)
+}
+
+// leaseLost answers the caller of a fenced-out execution: its outcome was not
+// recorded (and, in transactional mode, its writes rolled back); the key's
+// new owner has the answer.
+func (m *Middleware) leaseLost(w http.ResponseWriter) {
+	pr := ProblemFor(ErrLeaseLost, "this request's lease ran out and another request took its key over; its result was not recorded; retry with the same key to get the new owner's result")
+	pr.RetryAfter = time.Second
+	pr.Write(w)
+}
+
+func (m *Middleware) storeUnavailable(w http.ResponseWriter, err error) {
+	m.cfg.Logger.Error("idem: store unavailable", "err", err)
+	pr := ProblemFor(ErrStoreUnavailable, "the idempotency store did not answer; the request was not processed, retry later with the same key")
+	pr.RetryAfter = m.cfg.StoreRetryAfter
+	pr.Write(w)
+}
+
+// storedResponse is what the completion records of a captured response.
+func (m *Middleware) storedResponse(c *captureWriter) idemdriver.Response {
+	resp := idemdriver.Response{Status: c.statusCode(), Header: map[string][]string{}, BodySize: int64(c.body.Len())}
+	for k, v := range c.header {
+		if m.replay[http.CanonicalHeaderKey(k)] {
+			resp.Header[http.CanonicalHeaderKey(k)] = append([]string(nil), v...)
+		}
+	}
+	if resp.BodySize <= m.cfg.MaxResponseBytes {
+		resp.Body, resp.BodyStored = c.body.Bytes(), true
+	}
+	return resp
+}
+
+// execute runs next as the owner of a claim and records its outcome.
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, rec idemdriver.Record, p idemdriver.ClaimParams) {
+	e := newExecution(m, r.Context(), rec, p)
+	defer e.cancel(nil)
+	hb := e.startHeartbeat()
+
+	cw := newCaptureWriter(w)
+	panicked, recovered := runHandler(next, cw, r.WithContext(e.ctx))
+	hb.stop()
+
+	if errors.Is(context.Cause(e.ctx), ErrLeaseLost) {
+		e.rollback()
+		m.leaseLost(w)
+		return
+	}
+	if panicked {
+		e.rollback()
+		e.fail()
+		panic(recovered)
+	}
+	if m.cfg.Outcome(cw.statusCode()) == Failed {
+		e.rollback()
+		e.fail()
+		cw.send()
+		return
+	}
+	ok, err := e.complete(m.storedResponse(cw))
+	switch {
+	case err != nil:
+		m.storeUnavailable(w, err)
+	case !ok:
+		m.cfg.Logger.Warn("idem: completion fenced out", "scope", p.Scope, "key", p.Key, "fencing_token", rec.FencingToken)
+		m.leaseLost(w)
+	default:
+		cw.send()
+	}
+}
+
+// runHandler calls next, recovering a panic so the claim can be released
+// before the panic is raised again.
+func runHandler(next http.Handler, w http.ResponseWriter, r *http.Request) (panicked bool, recovered any) {
+	panicked = true
+	defer func() {
+		if panicked {
+			recovered = recover()
+		}
+	}()
+	next.ServeHTTP(w, r)
+	return false, nil
+}

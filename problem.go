@@ -1,0 +1,89 @@
+package idem
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// ProblemTypeBase prefixes every problem type URI idem emits; the fragment
+// names the section of docs/problems.md that documents the kind.
+const ProblemTypeBase = "https://github.com/idemgo/idem/blob/main/docs/problems.md#"
+
+// Problem is an RFC 9457 problem details object, sent as
+// application/problem+json.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	// Instance is left empty by idem; handlers may set it.
+	Instance string `json:"instance,omitempty"`
+	// RetryAfter, when positive, is sent as the Retry-After header in whole
+	// seconds (RFC 9110 section 10.2.3), at least 1.
+	RetryAfter time.Duration `json:"-"`
+	// Extra members, merged into the JSON object (RFC 9457 section 3.2).
+	Extra map[string]any `json:"-"`
+}
+
+// problem kinds: one type URI each, documented in docs/problems.md.
+var problemKinds = map[error]struct {
+	slug   string
+	title  string
+	status int
+}{
+	ErrMissingKey:        {"missing-key", "Idempotency-Key header required", http.StatusBadRequest},
+	ErrInvalidKey:        {"invalid-key", "Invalid Idempotency-Key header", http.StatusBadRequest},
+	ErrMissingScope:      {"missing-scope", "No scope for this request", http.StatusUnauthorized},
+	ErrRequestTooLarge:   {"request-too-large", "Request body too large", http.StatusRequestEntityTooLarge},
+	ErrKeyReused:         {"key-reused", "Idempotency-Key reused with a different request", http.StatusUnprocessableEntity},
+	ErrInFlight:          {"request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict},
+	ErrLeaseLost:         {"request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict},
+	ErrResponseNotStored: {"response-not-stored", "The response for this Idempotency-Key was not stored", http.StatusGone},
+	ErrStoreUnavailable:  {"store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable},
+}
+
+// ProblemFor returns the problem details for one of idem's sentinel errors
+// (matched with errors.Is semantics on the sentinel itself) with detail as
+// its detail member. It returns a 500 problem for any other error.
+func ProblemFor(kind error, detail string) Problem {
+	if k, ok := problemKinds[kind]; ok {
+		return Problem{Type: ProblemTypeBase + k.slug, Title: k.title, Status: k.status, Detail: detail}
+	}
+	return Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError), Status: http.StatusInternalServerError, Detail: detail}
+}
+
+// Write sends p as application/problem+json with its status (and
+// Retry-After when set).
+func (p Problem) Write(w http.ResponseWriter) {
+	obj := map[string]any{}
+	for k, v := range p.Extra {
+		obj[k] = v
+	}
+	obj["type"], obj["title"], obj["status"] = p.Type, p.Title, p.Status
+	if p.Detail != "" {
+		obj["detail"] = p.Detail
+	}
+	if p.Instance != "" {
+		obj["instance"] = p.Instance
+	}
+	body, _ := json.Marshal(obj)
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	if p.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(p.RetryAfter), 10))
+	}
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// retryAfterSeconds rounds d up to whole seconds, at least 1.
+func retryAfterSeconds(d time.Duration) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	if s < 1 {
+		s = 1
+	}
+	return s
+}
