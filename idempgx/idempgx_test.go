@@ -2,6 +2,7 @@ package idempgx_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +34,15 @@ func (b business) Count(ctx context.Context, id string) (n int, err error) {
 	return n, err
 }
 
+// countingTracer counts the statements pgx sends.
+type countingTracer struct{ n atomic.Int64 }
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
 func TestConformance(t *testing.T) {
 	idemdrivertest.Run(t, idemdrivertest.Harness{
 		NewDriver: newDriver,
@@ -42,6 +52,22 @@ func TestConformance(t *testing.T) {
 			t.Cleanup(pool.Close)
 			return idempgx.New(pool)
 		},
+		NewCountingDriver: func(t *testing.T) (idemdriver.Driver, func() int64) {
+			url, _ := dbtest.PostgresURL(t)
+			cfg, err := pgxpool.ParseConfig(url)
+			require.NoError(t, err)
+			tracer := &countingTracer{}
+			cfg.ConnConfig.Tracer = tracer
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			d := idempgx.New(pool)
+			require.NoError(t, d.Migrate(context.Background()))
+			return d, tracer.n.Load
+		},
+		// One claim statement, one completion; in transactional mode the
+		// completion rides in the business transaction (BEGIN, COMMIT).
+		Budget: map[string]int{"first": 2, "first-transactional": 4, "replay": 1, "in-flight": 1, "key-reused": 1},
 		Business: func(t *testing.T, d idemdriver.Driver) idemdrivertest.Business {
 			pool := d.(*idempgx.Driver).Pool()
 			_, err := pool.Exec(context.Background(), `CREATE TABLE business_rows (id text PRIMARY KEY)`)

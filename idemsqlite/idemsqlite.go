@@ -12,6 +12,7 @@
 package idemsqlite
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"embed"
@@ -19,6 +20,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/pressly/goose/v3"
@@ -64,15 +66,43 @@ func Open(ctx context.Context, path string) (*Driver, error) {
 		db.Close()
 		return nil, fmt.Errorf("idemsqlite: open %s: %w", path, err)
 	}
-	return &Driver{db: db}, nil
+	return New(db), nil
 }
+
+// New returns a driver on db, which must have been opened with the settings
+// of DSN (BEGIN IMMEDIATE transactions and a busy timeout above all).
+// Statements are prepared on first use and kept for the driver's life.
+func New(db *sql.DB) *Driver { return &Driver{db: db} }
 
 // Driver implements idemdriver.Driver on one SQLite database file.
 type Driver struct {
-	db *sql.DB
+	db        *sql.DB
+	stmtsOnce sync.Once
+	stmtsErr  error
+	stmts     struct{ claimRead, claim, heartbeat, complete, fail *sql.Stmt }
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)
+
+// prepare prepares the request-path statements once. It runs after Migrate
+// (the statements name idem_keys).
+func (d *Driver) prepare(ctx context.Context) error {
+	d.stmtsOnce.Do(func() {
+		for _, s := range []struct {
+			dst   **sql.Stmt
+			query string
+		}{
+			{&d.stmts.claimRead, claimReadSQL}, {&d.stmts.claim, claimSQL}, {&d.stmts.heartbeat, heartbeatSQL},
+			{&d.stmts.complete, completeSQL}, {&d.stmts.fail, failSQL},
+		} {
+			if *s.dst, d.stmtsErr = d.db.PrepareContext(ctx, s.query); d.stmtsErr != nil {
+				d.stmtsErr = fmt.Errorf("idemsqlite: prepare (has Migrate run?): %w", d.stmtsErr)
+				return
+			}
+		}
+	})
+	return d.stmtsErr
+}
 
 // DB returns the database handle, for the application's own queries.
 func (d *Driver) DB() *sql.DB { return d.db }
@@ -132,6 +162,8 @@ RETURNING ` + columns
 
 var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key = @key`
 
+var claimReadSQL = `SELECT ` + columns + `, expires_at <= ` + now + ` FROM idem_keys WHERE scope = @scope AND key = @key`
+
 const fenced = ` WHERE scope = @scope AND key = @key AND fencing_token = @token AND state = 'PROCESSING'`
 
 var heartbeatSQL = `UPDATE idem_keys SET locked_until = ` + now + ` + @lease, updated_at = ` + now + fenced
@@ -160,41 +192,67 @@ func (d *Driver) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// Claim implements idemdriver.Driver: the upsert decides in one statement;
-// when it does not claim, the row it lost to is read in the same write
-// transaction (SQLite has no data-modifying CTE), so the answer is consistent.
+// Claim implements idemdriver.Driver. It reads first: a record that cannot be
+// claimed (SUCCEEDED, PROCESSING under a live lease, another request's key)
+// is answered from that read, which in WAL mode never waits for the single
+// writer, so a storm of duplicates does not queue behind the owner's
+// business transaction. Otherwise the upsert decides, atomically; when it
+// loses a race the record is read again. Statements: a replay, 409 or 422
+// is one read; a claim is one read and one upsert.
 func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
-	var res idemdriver.ClaimResult
-	err := retryBusy(ctx, func() error {
-		tx, err := d.db.BeginTx(ctx, nil)
-		if err != nil {
+	args := []any{
+		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("method", p.Method),
+		sql.Named("path", p.Path), sql.Named("fingerprint", p.Fingerprint),
+		sql.Named("lease", p.LeaseDuration.Microseconds()), sql.Named("retention", p.Retention.Microseconds()),
+		sql.Named("offset", p.ClockOffset.Microseconds()),
+	}
+	if err := d.prepare(ctx); err != nil {
+		return idemdriver.ClaimResult{}, err
+	}
+	for try := 0; try < maxClaimTries; try++ {
+		var expired bool
+		rec, err := scanRecord(d.stmts.claimRead.QueryRowContext(ctx, args...), &expired)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return idemdriver.ClaimResult{}, err
+		case !claimable(rec, expired, p):
+			return idemdriver.ClaimResult{Record: rec}, nil
+		}
+		err = retryBusy(ctx, func() error {
+			rec, err = scanRecord(d.stmts.claim.QueryRowContext(ctx, args...), nil)
 			return err
+		})
+		switch {
+		case err == nil:
+			return idemdriver.ClaimResult{Claimed: true, Record: rec}, nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return idemdriver.ClaimResult{}, err
 		}
-		defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-		args := []any{
-			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("method", p.Method),
-			sql.Named("path", p.Path), sql.Named("fingerprint", p.Fingerprint),
-			sql.Named("lease", p.LeaseDuration.Microseconds()), sql.Named("retention", p.Retention.Microseconds()),
-			sql.Named("offset", p.ClockOffset.Microseconds()),
-		}
-		res.Claimed = true
-		res.Record, err = scanRecord(tx.QueryRowContext(ctx, claimSQL, args...))
-		if errors.Is(err, sql.ErrNoRows) {
-			res.Claimed = false
-			res.Record, err = scanRecord(tx.QueryRowContext(ctx, getSQL, args[0], args[1], args[7]))
-		}
-		if err != nil {
-			return err
-		}
-		return tx.Commit()
-	})
-	return res, err
+		// Another claimant won between the read and the upsert: read its row.
+	}
+	return idemdriver.ClaimResult{}, fmt.Errorf("idemsqlite: claim gave no answer after %d tries", maxClaimTries)
+}
+
+// maxClaimTries bounds the read-then-upsert rounds of one Claim; each lost
+// round means another request changed the record in between.
+const maxClaimTries = 5
+
+// claimable mirrors the WHERE clause of claimSQL for a record just read.
+func claimable(rec idemdriver.Record, expired bool, p idemdriver.ClaimParams) bool {
+	if expired {
+		return true
+	}
+	if rec.Method != p.Method || rec.Path != p.Path || !bytes.Equal(rec.Fingerprint, p.Fingerprint) {
+		return false
+	}
+	return rec.State == idemdriver.StateFailed || (rec.State == idemdriver.StateProcessing && rec.LeaseLeft <= 0)
 }
 
 // Get implements idemdriver.Driver.
 func (d *Driver) Get(ctx context.Context, scope, key string) (idemdriver.Record, error) {
 	rec, err := scanRecord(d.db.QueryRowContext(ctx, getSQL,
-		sql.Named("scope", scope), sql.Named("key", key), sql.Named("offset", 0)))
+		sql.Named("scope", scope), sql.Named("key", key), sql.Named("offset", 0)), nil)
 	if errors.Is(err, sql.ErrNoRows) {
 		return rec, idemdriver.ErrNotFound
 	}
@@ -203,21 +261,35 @@ func (d *Driver) Get(ctx context.Context, scope, key string) (idemdriver.Record,
 
 // Heartbeat implements idemdriver.Driver.
 func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
-	return execFenced(ctx, d.db, heartbeatSQL, p, sql.Named("lease", p.LeaseDuration.Microseconds()))
+	if err := d.prepare(ctx); err != nil {
+		return false, err
+	}
+	return execFenced(ctx, d.stmts.heartbeat, p, sql.Named("lease", p.LeaseDuration.Microseconds()))
 }
 
 // Complete implements idemdriver.Driver.
 func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	return complete(ctx, d.db, p)
+	if err := d.prepare(ctx); err != nil {
+		return false, err
+	}
+	return complete(ctx, d.stmts.complete, p)
 }
 
 // Fail implements idemdriver.Driver.
 func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
-	return execFenced(ctx, d.db, failSQL, p)
+	if err := d.prepare(ctx); err != nil {
+		return false, err
+	}
+	return execFenced(ctx, d.stmts.fail, p)
 }
 
-// Begin implements idemdriver.Driver with BEGIN IMMEDIATE.
+// Begin implements idemdriver.Driver with BEGIN IMMEDIATE: the transaction
+// holds SQLite's write lock from its first statement, so it never fails
+// half-way with SQLITE_BUSY when it starts writing.
 func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
+	if err := d.prepare(ctx); err != nil {
+		return nil, err
+	}
 	var tx *sql.Tx
 	err := retryBusy(ctx, func() (err error) {
 		tx, err = d.db.BeginTx(ctx, nil)
@@ -226,13 +298,16 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &businessTx{tx: tx}, nil
+	return &businessTx{tx: tx, complete: d.stmts.complete}, nil
 }
 
-type businessTx struct{ tx *sql.Tx }
+type businessTx struct {
+	tx       *sql.Tx
+	complete *sql.Stmt
+}
 
 func (t *businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	return complete(ctx, t.tx, p)
+	return complete(ctx, t.tx.StmtContext(ctx, t.complete), p)
 }
 func (t *businessTx) Commit(context.Context) error { return t.tx.Commit() }
 func (t *businessTx) Rollback(context.Context) error {
@@ -243,11 +318,7 @@ func (t *businessTx) Rollback(context.Context) error {
 }
 func (t *businessTx) Native() any { return t.tx }
 
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
-func complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {
+func complete(ctx context.Context, stmt *sql.Stmt, p idemdriver.CompleteParams) (bool, error) {
 	headers, err := idemdriver.EncodeHeader(p.Response.Header)
 	if err != nil {
 		return false, err
@@ -256,19 +327,19 @@ func complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool
 	if !p.Response.BodyStored || body == nil {
 		body = []byte{}
 	}
-	return execFenced(ctx, db, completeSQL, p.FenceParams,
+	return execFenced(ctx, stmt, p.FenceParams,
 		sql.Named("status", p.Response.Status), sql.Named("headers", headers), sql.Named("body", body),
 		sql.Named("stored", p.Response.BodyStored), sql.Named("size", p.Response.BodySize))
 }
 
 // execFenced runs a compare-and-set on the fencing token; false means the
 // caller no longer owns the record.
-func execFenced(ctx context.Context, db execer, query string, p idemdriver.FenceParams, extra ...any) (bool, error) {
+func execFenced(ctx context.Context, stmt *sql.Stmt, p idemdriver.FenceParams, extra ...any) (bool, error) {
 	args := append([]any{sql.Named("scope", p.Scope), sql.Named("key", p.Key),
 		sql.Named("token", p.FencingToken), sql.Named("offset", p.ClockOffset.Microseconds())}, extra...)
 	var n int64
 	err := retryBusy(ctx, func() error {
-		res, err := db.ExecContext(ctx, query, args...)
+		res, err := stmt.ExecContext(ctx, args...)
 		if err != nil {
 			return err
 		}
@@ -304,9 +375,9 @@ func isBusy(err error) bool {
 	return code == sqlite3.SQLITE_BUSY || code == sqlite3.SQLITE_LOCKED
 }
 
-type rowScanner interface{ Scan(dest ...any) error }
-
-func scanRecord(row rowScanner) (idemdriver.Record, error) {
+// scanRecord reads one row of columns, followed by the expired flag when
+// expired is not nil.
+func scanRecord(row *sql.Row, expired *bool) (idemdriver.Record, error) {
 	var (
 		rec                                 idemdriver.Record
 		state                               string
@@ -316,10 +387,13 @@ func scanRecord(row rowScanner) (idemdriver.Record, error) {
 		stored                              sql.NullBool
 		createdAt, updatedAt, expiresAt     int64
 	)
-	err := row.Scan(&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
+	dest := []any{&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
 		&lockedUntil, &status, &headers, &body, &stored, &bodySize,
-		&createdAt, &updatedAt, &completedAt, &expiresAt, &rec.Attempts, &leaseLeft)
-	if err != nil {
+		&createdAt, &updatedAt, &completedAt, &expiresAt, &rec.Attempts, &leaseLeft}
+	if expired != nil {
+		dest = append(dest, expired)
+	}
+	if err := row.Scan(dest...); err != nil {
 		return rec, err
 	}
 	rec.State = idemdriver.State(state)
@@ -331,11 +405,11 @@ func scanRecord(row rowScanner) (idemdriver.Record, error) {
 		if err != nil {
 			return rec, err
 		}
+		if body == nil {
+			body = []byte{}
+		}
 		rec.Response = &idemdriver.Response{Status: int(status.Int64), Header: h, Body: body,
 			BodyStored: stored.Bool, BodySize: bodySize.Int64}
-		if rec.Response.Body == nil {
-			rec.Response.Body = []byte{}
-		}
 	}
 	return rec, nil
 }

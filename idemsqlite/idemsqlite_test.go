@@ -48,6 +48,16 @@ func TestConformance(t *testing.T) {
 			require.NoError(t, err)
 			return business{db}
 		},
+		NewCountingDriver: func(t *testing.T) (idemdriver.Driver, func() int64) {
+			db, n := openCounting(idemsqlite.DSN(dbtest.SQLitePath(t)))
+			t.Cleanup(func() { db.Close() })
+			d := idemsqlite.New(db)
+			require.NoError(t, d.Migrate(context.Background()))
+			return d, n.Load
+		},
+		// A claim reads first (a duplicate never waits for the writer), then
+		// upserts; a transactional completion adds BEGIN and COMMIT.
+		Budget:       map[string]int{"first": 3, "first-transactional": 5, "replay": 1, "in-flight": 1, "key-reused": 1},
 		SingleWriter: true,
 	})
 }

@@ -26,7 +26,7 @@ import (
 // in the claim's transaction.
 type app struct {
 	runs      atomic.Int32
-	started   chan struct{} // receives once per run, when set
+	started   chan struct{} // receives on the first run, when set
 	gate      chan struct{} // the handler waits for it to close, when set
 	status    func(run int32) int
 	biz       Business     // when set, each run inserts a row "<key>/<run>" in the claim's tx
@@ -34,12 +34,24 @@ type app struct {
 	bigBody   int          // when non-zero, the body is this many bytes
 	rowPrefix string       // prefix of the business rows' ids
 	ctxErr    atomic.Value // string: the handler's context error (or cause) as it returned
+	gateOnce  sync.Once
+}
+
+// release opens the gate (once; also when the test ends, so that a failed
+// test does not leave handlers waiting and the server's Close hanging).
+func (a *app) release() {
+	if a.gate != nil {
+		a.gateOnce.Do(func() { close(a.gate) })
+	}
 }
 
 func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	run := a.runs.Add(1)
 	if a.started != nil {
-		a.started <- struct{}{}
+		select { // only the first run is waited for; a second run must not hang the test
+		case a.started <- struct{}{}:
+		default:
+		}
 	}
 	if a.gate != nil {
 		select {
@@ -95,6 +107,10 @@ func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server 
 	require.NoError(t, err)
 	srv := httptest.NewServer(m.Handler(a))
 	t.Cleanup(srv.Close)
+	// A request that hangs (a second handler run held on a gate) fails the
+	// test instead of stalling the suite.
+	srv.Client().Timeout = 30 * time.Second
+	t.Cleanup(a.release) // runs before srv.Close
 	return &server{Server: srv, app: a}
 }
 
@@ -249,7 +265,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		otherBody("p")
 		otherPath("p")
 		otherMethod("p")
-		close(a.gate)
+		a.release()
 		require.Equal(t, 201, (<-done).status)
 		// SUCCEEDED
 		otherBody("p")
@@ -276,7 +292,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		ra := retryAfter(t, busy)
 		require.GreaterOrEqual(t, ra, 1)
 		require.LessOrEqual(t, ra, int(idem.DefaultLeaseDuration/time.Second))
-		close(a.gate)
+		a.release()
 		first := <-done
 		require.Equal(t, 201, first.status)
 		requireReplay(t, first, s.post(t, "k", `{}`))
@@ -295,10 +311,20 @@ func runMiddleware(t *testing.T, h Harness) {
 		}
 		// Every loser answers while the winner is held; then the winner runs.
 		var got []answer
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
 		for len(got) < racers-1 {
-			got = append(got, <-answers)
+			select {
+			case g := <-answers:
+				got = append(got, g)
+			case <-tick.C:
+				if n := a.runs.Load(); n > 1 {
+					a.release()
+					t.Fatalf("the handler ran %d times for one key", n)
+				}
+			}
 		}
-		close(a.gate)
+		a.release()
 		wg.Wait()
 		got = append(got, <-answers)
 		counts := map[int]int{}
@@ -329,7 +355,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		<-slow.started
 		took := s2.post(t, "k", `{}`)
 		require.Equal(t, 201, took.status)
-		close(slow.gate)
+		slow.release()
 		requireProblem(t, <-done, 409, "request-in-flight") // fenced out: its outcome is not recorded
 		requireReplay(t, took, s1.post(t, "k", `{}`))
 		ctx := context.Background()
@@ -415,7 +441,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		<-a.started
 		hangUp()
 		require.Error(t, (<-done).err)
-		close(a.gate) // the work goes on and is recorded
+		a.release() // the work goes on and is recorded
 		var rec idemdriver.Record
 		require.Eventually(t, func() bool {
 			var err error
@@ -509,6 +535,45 @@ func runMiddleware(t *testing.T, h Harness) {
 		require.Equal(t, 201, again.status)
 		require.Empty(t, again.header.Get(idem.HeaderReplayed))
 		require.EqualValues(t, 2, a.runs.Load())
+	})
+
+	t.Run("StatementBudget", func(t *testing.T) {
+		t.Parallel()
+		require.NotNil(t, h.NewCountingDriver, "the harness must count statements")
+		d, count := h.NewCountingDriver(t)
+		biz := h.Business(t, d)
+		plain, held := &app{}, &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
+		t.Cleanup(held.release)
+		txApp := &app{biz: biz}
+		serve := func(a *app, key, body string) *httptest.ResponseRecorder {
+			m, err := idem.New(idem.Config{Store: d})
+			require.NoError(t, err)
+			req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", key)
+			rec := httptest.NewRecorder()
+			m.Handler(a).ServeHTTP(rec, req)
+			return rec
+		}
+		cost := func(outcome string, wantStatus int, f func() *httptest.ResponseRecorder, business int64) {
+			t.Helper()
+			want, ok := h.Budget[outcome]
+			require.True(t, ok, "the harness gives no budget for %q", outcome)
+			before := count()
+			rec := f()
+			require.Equal(t, wantStatus, rec.Code, rec.Body.String())
+			require.EqualValues(t, want, count()-before-business, "statements for %s", outcome)
+		}
+		cost("first", 201, func() *httptest.ResponseRecorder { return serve(plain, "k", `{}`) }, 0)
+		cost("replay", 201, func() *httptest.ResponseRecorder { return serve(plain, "k", `{}`) }, 0)
+		cost("key-reused", 422, func() *httptest.ResponseRecorder { return serve(plain, "k", `{"x":1}`) }, 0)
+		cost("first-transactional", 201, func() *httptest.ResponseRecorder { return serve(txApp, "t", `{}`) }, 1)
+		done := make(chan struct{})
+		go func() { defer close(done); serve(held, "h", `{}`) }()
+		<-held.started
+		cost("in-flight", 409, func() *httptest.ResponseRecorder { return serve(plain, "h", `{}`) }, 0)
+		held.release()
+		<-done
 	})
 
 	t.Run("ScopesNeverMeet", func(t *testing.T) {

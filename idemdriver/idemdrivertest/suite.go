@@ -35,6 +35,15 @@ type Harness struct {
 	// Business creates a business table beside d's records and returns hooks
 	// to write and count its rows.
 	Business func(t *testing.T, d idemdriver.Driver) Business
+	// NewCountingDriver is NewDriver with a counter of the SQL statements
+	// the driver sends (BEGIN and COMMIT included).
+	NewCountingDriver func(t *testing.T) (idemdriver.Driver, func() int64)
+	// Budget gives the statements one request costs, per outcome: "first"
+	// (claim + completion), "first-transactional" (idem's statements around
+	// one business write: the write itself is not counted), "replay",
+	// "in-flight" and "key-reused". CONTRACT section 10 sets the targets;
+	// a driver states its real figures here and the suite holds it to them.
+	Budget map[string]int
 	// SingleWriter is true for databases with one writer at a time (SQLite):
 	// a claim cannot run while a business transaction is open, so the suite
 	// does not open one across a takeover.

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/internal/dbtest"
+)
+
+// testServer is the whole service on httptest, on a fresh database.
+type testServer struct {
+	t        *testing.T
+	url      string
+	store    Store
+	provider Provider
+}
+
+// newSQLiteStore opens a migrated Store on a fresh file in t's temp dir.
+func newSQLiteStore(t *testing.T) Store {
+	t.Helper()
+	s, err := openStore(context.Background(), "sqlite:"+filepath.Join(t.TempDir(), "paymentsd.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// newPGTestStore opens a migrated Store on a fresh schema of the
+// TEST_DATABASE_URL server, through the same URL path as --database-url
+// (search_path=<schema>). The schema is dropped when t ends.
+func newPGTestStore(t *testing.T) Store {
+	t.Helper()
+	url, _ := dbtest.PostgresURL(t)
+	s, err := openStore(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// startServer serves the API on store with provider (a FakeProvider with
+// no latency when nil).
+func startServer(t *testing.T, store Store, provider Provider) *testServer {
+	t.Helper()
+	if provider == nil {
+		provider = NewFakeProvider(0)
+	}
+	h, err := newHandler(handlerConfig{Store: store, Provider: provider, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close) // runs before the store's Close: registered later
+	return &testServer{t: t, url: srv.URL, store: store, provider: provider}
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// problem decodes an application/problem+json body.
+func (r response) problem(t *testing.T) map[string]any {
+	t.Helper()
+	require.Equal(t, "application/problem+json", r.header.Get("Content-Type"), "body: %s", r.body)
+	var p map[string]any
+	require.NoError(t, json.Unmarshal(r.body, &p))
+	require.EqualValues(t, r.status, p["status"])
+	require.NotEmpty(t, p["type"])
+	require.NotEmpty(t, p["title"])
+	require.NotEmpty(t, p["detail"])
+	return p
+}
+
+// json decodes an application/json body into v.
+func (r response) json(t *testing.T, v any) {
+	t.Helper()
+	require.Equal(t, "application/json", r.header.Get("Content-Type"), "body: %s", r.body)
+	require.NoError(t, json.Unmarshal(r.body, v), "body: %s", r.body)
+}
+
+// do sends a request; headers are name, value pairs.
+func (s *testServer) do(method, path, body string, headers ...string) response {
+	s.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, s.url+path, rd)
+	require.NoError(s.t, err)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(s.t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(s.t, err)
+	return response{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+// auth is the Authorization header of merchant.
+func auth(merchant string) string { return "Bearer " + APIKeyPrefix + merchant }
+
+// postJSON creates a payment as merchant with key.
+func (s *testServer) postJSON(merchant, key, body string) response {
+	s.t.Helper()
+	return s.do(http.MethodPost, "/v1/payments", body,
+		"Authorization", auth(merchant), "Idempotency-Key", key, "Content-Type", "application/json")
+}
+
+func (s *testServer) get(merchant, path string) response {
+	s.t.Helper()
+	return s.do(http.MethodGet, path, "", "Authorization", auth(merchant))
+}
+
+type balanceJSON struct {
+	Merchant string           `json:"merchant"`
+	Payments int64            `json:"payments"`
+	Totals   map[string]int64 `json:"totals"`
+}
+
+func (s *testServer) balance(merchant string) balanceJSON {
+	s.t.Helper()
+	r := s.get(merchant, "/v1/balance")
+	require.Equal(s.t, http.StatusOK, r.status, "body: %s", r.body)
+	var b balanceJSON
+	r.json(s.t, &b)
+	return b
+}
+
+// invalidParamNames lists the names in a problem's invalid-params member.
+func invalidParamNames(t *testing.T, p map[string]any) []string {
+	t.Helper()
+	list, ok := p["invalid-params"].([]any)
+	require.True(t, ok, "no invalid-params in %v", p)
+	var names []string
+	for _, item := range list {
+		m := item.(map[string]any)
+		require.NotEmpty(t, m["reason"])
+		names = append(names, m["name"].(string))
+	}
+	return names
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseDatabaseURL(t *testing.T) {
+	t.Parallel()
+	cases := []struct{ in, kind, target string }{
+		{"", "sqlite", "paymentsd.db"},
+		{"payments.db", "sqlite", "payments.db"},
+		{"/var/lib/paymentsd/p.db", "sqlite", "/var/lib/paymentsd/p.db"},
+		{"sqlite:p.db", "sqlite", "p.db"},
+		{"sqlite:///tmp/p.db", "sqlite", "/tmp/p.db"},
+		{"file:p.db", "sqlite", "p.db"},
+		{"file:///tmp/p.db", "sqlite", "/tmp/p.db"},
+		{"postgres://u@h:5432/db?sslmode=disable", "postgres", "postgres://u@h:5432/db?sslmode=disable"},
+		{"postgresql://u@h/db", "postgres", "postgresql://u@h/db"},
+	}
+	for _, tc := range cases {
+		kind, target, err := parseDatabaseURL(tc.in)
+		require.NoError(t, err, tc.in)
+		require.Equal(t, tc.kind, kind, tc.in)
+		require.Equal(t, tc.target, target, tc.in)
+	}
+	for _, bad := range []string{"mysql://root@h/db", "sqlite:", "file:p.db?mode=ro", "p.db#x", "p%41.db"} {
+		_, _, err := parseDatabaseURL(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	t.Parallel()
+	o, err := parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, options{addr: "127.0.0.1:8080", pspLatency: 300 * time.Millisecond, lease: 30 * time.Second,
+		shutdownTimeout: 15 * time.Second, logFormat: "json"}, o)
+
+	o, err = parseFlags([]string{"--addr", ":9", "--database-url", "x.db", "--psp-latency", "1s", "--lease", "5s", "--log-format", "text"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, ":9", o.addr)
+	require.Equal(t, "x.db", o.databaseURL)
+	require.Equal(t, time.Second, o.pspLatency)
+	require.Equal(t, 5*time.Second, o.lease)
+
+	for _, bad := range [][]string{{"--lease", "500ms"}, {"--psp-latency", "-1s"}, {"--log-format", "xml"}, {"extra"}, {"--nope"}} {
+		_, err := parseFlags(bad, io.Discard)
+		require.Error(t, err, "%v", bad)
+	}
+}
+
+func TestMerchantNames(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"a", "acme", "ACME_inc-2", strings.Repeat("x", 64)} {
+		got, err := parseAuthorization([]string{"Bearer sk_test_" + ok})
+		require.NoError(t, err, ok)
+		require.Equal(t, ok, got)
+	}
+	for _, bad := range []string{"", "a.b", "a b", "a/b", "ä", strings.Repeat("x", 65)} {
+		_, err := parseAuthorization([]string{"Bearer sk_test_" + bad})
+		require.Error(t, err, bad)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the server's logger and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRunServesAndShutsDown runs the command as main does, on SQLite, and
+// stops it by cancelling its context (as SIGINT/SIGTERM do).
+func TestRunServesAndShutsDown(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--addr", addr, "--database-url", filepath.Join(t.TempDir(), "p.db"), "--psp-latency", "0s"}, &logs)
+	}()
+
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 10*time.Second, 20*time.Millisecond)
+
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(paymentBody))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", auth("acme"))
+	req.Header.Set("Idempotency-Key", "run-1")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("run did not return after its context was cancelled")
+	}
+	out := logs.String()
+	require.Contains(t, out, `"msg":"request"`)
+	require.Contains(t, out, `"idempotency_key":"run-1"`)
+	require.Contains(t, out, `"merchant":"acme"`)
+	require.Contains(t, out, `"msg":"database closed"`)
+	require.NotContains(t, out, "sk_test_", "the API key is never logged")
+}

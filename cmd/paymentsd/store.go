@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// SchemaVersionTable is the table in which the demo's own migrations are
+// recorded, beside idem's idem_schema_version.
+const SchemaVersionTable = "paymentsd_schema_version"
+
+// DefaultSQLitePath is the database file used when --database-url is empty.
+const DefaultSQLitePath = "paymentsd.db"
+
+// ErrNotFound is returned by Store.Payment when the merchant has no payment
+// with that id.
+var ErrNotFound = errors.New("payment not found")
+
+// NewPayment is a validated payment about to be written.
+type NewPayment struct {
+	ID               string // pay_<uuid>
+	Merchant         string
+	Amount           int64
+	Currency         string
+	Customer         string
+	Description      string // empty when not given
+	Status           string
+	ProviderChargeID string
+}
+
+// Payment is a stored payment.
+type Payment struct {
+	NewPayment
+	CreatedAt time.Time // database clock, UTC
+}
+
+// Balance sums a merchant's ledger.
+type Balance struct {
+	Merchant string
+	Payments int64            // ledger entries (one per payment)
+	Totals   map[string]int64 // currency -> sum of amounts, minor units
+}
+
+// Store is the demo's storage: one implementation per database (sqliteStore,
+// postgresStore), both with the same tables (payments, ledger_entries) next
+// to idem's idem_keys in the same database.
+type Store interface {
+	// Idem returns the idempotency driver on the same database.
+	Idem() idem.Store
+	// Migrate applies idem's migrations, then the demo's (recorded in
+	// SchemaVersionTable). Safe on every start.
+	Migrate(ctx context.Context) error
+	// CreatePayment writes the payment and its ledger entry in the claim's
+	// transaction (taken from ctx, begun on first use): they commit together
+	// with idem's record of the response, or not at all.
+	CreatePayment(ctx context.Context, p NewPayment) (Payment, error)
+	// Payment returns the merchant's payment id, or ErrNotFound.
+	Payment(ctx context.Context, merchant, id string) (Payment, error)
+	// Payments returns at most limit of the merchant's payments, newest first.
+	Payments(ctx context.Context, merchant string, limit int) ([]Payment, error)
+	// Balance sums the merchant's ledger entries per currency.
+	Balance(ctx context.Context, merchant string) (Balance, error)
+	// Ping checks that the database answers.
+	Ping(ctx context.Context) error
+	// Close closes the database.
+	Close() error
+}
+
+// openStore opens the database named by databaseURL (see parseDatabaseURL)
+// and migrates it.
+func openStore(ctx context.Context, databaseURL string) (Store, error) {
+	kind, target, err := parseDatabaseURL(databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	var s Store
+	switch kind {
+	case "postgres":
+		s, err = openPostgres(ctx, target)
+	default:
+		s, err = openSQLite(ctx, target)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Migrate(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// parseDatabaseURL tells which database a --database-url names:
+//   - empty: SQLite, the file DefaultSQLitePath in the working directory;
+//   - postgres://... or postgresql://...: PostgreSQL, the URL as given
+//     (pgxpool syntax: search_path=... and other run-time parameters allowed);
+//   - sqlite:PATH, sqlite://PATH, file:PATH, file://PATH or a plain PATH:
+//     SQLite, the file at PATH. SQLite URLs take no query parameters: idem
+//     sets its own (WAL, busy timeout, BEGIN IMMEDIATE).
+//
+// It returns "postgres" or "sqlite" and the URL or path.
+func parseDatabaseURL(s string) (kind, target string, err error) {
+	switch {
+	case s == "":
+		return "sqlite", DefaultSQLitePath, nil
+	case strings.HasPrefix(s, "postgres://"), strings.HasPrefix(s, "postgresql://"):
+		return "postgres", s, nil
+	}
+	path := s
+	for _, prefix := range []string{"sqlite:", "file:"} {
+		if rest, ok := strings.CutPrefix(s, prefix); ok {
+			path = rest
+			if p, ok := strings.CutPrefix(rest, "//"); ok {
+				path = p
+			}
+			break
+		}
+	}
+	if i := strings.Index(s, "://"); i > 0 && path == s {
+		return "", "", fmt.Errorf("unsupported database URL scheme %q: use postgres://, postgresql://, sqlite:, file: or a file path", s[:i])
+	}
+	// idemsqlite.Open puts the path in a file: URI unescaped, so these
+	// characters would open another file.
+	if strings.ContainsAny(path, "?#%") {
+		return "", "", fmt.Errorf("SQLite database %q: query parameters, and '?', '#' or '%%' in the path, are not supported", s)
+	}
+	if path == "" {
+		return "", "", fmt.Errorf("SQLite database URL %q names no file", s)
+	}
+	return "sqlite", path, nil
+}

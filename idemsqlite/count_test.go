@@ -1,0 +1,122 @@
+package idemsqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"sync/atomic"
+
+	"modernc.org/sqlite"
+)
+
+// countingConnector opens modernc.org/sqlite connections that count every
+// statement they execute (BEGIN, COMMIT and ROLLBACK included), for the
+// statement budget of CONTRACT section 10.
+type countingConnector struct {
+	dsn string
+	n   *atomic.Int64
+}
+
+func (c countingConnector) Connect(context.Context) (driver.Conn, error) {
+	conn, err := (&sqlite.Driver{}).Open(c.dsn)
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{inner: conn, n: c.n}, nil
+}
+
+func (c countingConnector) Driver() driver.Driver { return &sqlite.Driver{} }
+
+// The interfaces modernc.org/sqlite's connection implements and idem uses.
+type sqliteConn interface {
+	driver.Conn
+	driver.ConnBeginTx
+	driver.ConnPrepareContext
+	driver.ExecerContext
+	driver.QueryerContext
+}
+
+type countingConn struct {
+	inner driver.Conn
+	n     *atomic.Int64
+}
+
+func (c *countingConn) conn() sqliteConn { return c.inner.(sqliteConn) }
+func (c *countingConn) Prepare(q string) (driver.Stmt, error) {
+	return c.PrepareContext(context.Background(), q)
+}
+func (c *countingConn) Close() error { return c.inner.Close() }
+func (c *countingConn) Begin() (driver.Tx, error) {
+	return c.BeginTx(context.Background(), driver.TxOptions{})
+}
+func (c *countingConn) ResetSession(ctx context.Context) error {
+	return c.inner.(driver.SessionResetter).ResetSession(ctx)
+}
+func (c *countingConn) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
+	s, err := c.conn().PrepareContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return &countingStmt{inner: s, n: c.n}, nil
+}
+func (c *countingConn) BeginTx(ctx context.Context, o driver.TxOptions) (driver.Tx, error) {
+	c.n.Add(1)
+	tx, err := c.conn().BeginTx(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return countingTx{inner: tx, n: c.n}, nil
+}
+func (c *countingConn) ExecContext(ctx context.Context, q string, a []driver.NamedValue) (driver.Result, error) {
+	c.n.Add(1)
+	return c.conn().ExecContext(ctx, q, a)
+}
+func (c *countingConn) QueryContext(ctx context.Context, q string, a []driver.NamedValue) (driver.Rows, error) {
+	c.n.Add(1)
+	return c.conn().QueryContext(ctx, q, a)
+}
+
+type countingTx struct {
+	inner driver.Tx
+	n     *atomic.Int64
+}
+
+func (t countingTx) Commit() error   { t.n.Add(1); return t.inner.Commit() }
+func (t countingTx) Rollback() error { t.n.Add(1); return t.inner.Rollback() }
+
+type sqliteStmt interface {
+	driver.Stmt
+	driver.StmtExecContext
+	driver.StmtQueryContext
+}
+
+type countingStmt struct {
+	inner driver.Stmt
+	n     *atomic.Int64
+}
+
+func (s *countingStmt) stmt() sqliteStmt { return s.inner.(sqliteStmt) }
+func (s *countingStmt) Close() error     { return s.inner.Close() }
+func (s *countingStmt) NumInput() int    { return s.inner.NumInput() }
+func (s *countingStmt) Exec(a []driver.Value) (driver.Result, error) {
+	s.n.Add(1)
+	return s.inner.Exec(a) //nolint:staticcheck // required by driver.Stmt
+}
+func (s *countingStmt) Query(a []driver.Value) (driver.Rows, error) {
+	s.n.Add(1)
+	return s.inner.Query(a) //nolint:staticcheck // required by driver.Stmt
+}
+func (s *countingStmt) ExecContext(ctx context.Context, a []driver.NamedValue) (driver.Result, error) {
+	s.n.Add(1)
+	return s.stmt().ExecContext(ctx, a)
+}
+func (s *countingStmt) QueryContext(ctx context.Context, a []driver.NamedValue) (driver.Rows, error) {
+	s.n.Add(1)
+	return s.stmt().QueryContext(ctx, a)
+}
+
+func openCounting(dsn string) (*sql.DB, *atomic.Int64) {
+	n := &atomic.Int64{}
+	return sql.OpenDB(countingConnector{dsn: dsn, n: n}), n
+}
