@@ -1,7 +1,8 @@
 // Package idempgx is idem's PostgreSQL driver, on pgx v5 (pgxpool).
 //
-// The claim is one statement: an INSERT ... ON CONFLICT DO UPDATE ... WHERE
-// in a data-modifying CTE, unioned with a read of the row it lost to. Every
+// The claim is one statement: a read of the record, and an
+// INSERT ... ON CONFLICT DO UPDATE ... WHERE in a data-modifying CTE that runs
+// only when the record read can be claimed (see claimSQL). Every
 // time is PostgreSQL's statement_timestamp(). pgx prepares and caches each
 // statement on each connection, so the request path parses no SQL twice.
 package idempgx
@@ -71,17 +72,27 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 	created_at, updated_at, completed_at, expires_at, attempts,
 	(extract(epoch FROM locked_until - ` + now + `) * 1000000)::bigint`
 
-// The claim. The CTE inserts, or takes over a record that is expired,
-// FAILED, or PROCESSING past its lease with the same request; when it does
-// not, the second branch returns the row it lost to. That branch reads the
-// statement's snapshot, which misses a row committed while the INSERT waited
-// on it: then no row comes back and Claim runs the statement again.
-var claimSQL = `WITH claim AS (
+// The claim, one statement. "cur" reads the record from the statement's
+// snapshot. When it exists and cannot be claimed (SUCCEEDED, PROCESSING under
+// a live lease, another request's key), the INSERT inserts nothing and that
+// row is the answer: a replay, 409 or 422 is a plain read, with no row lock,
+// no transaction id and no WAL flush. Otherwise the INSERT ... ON CONFLICT DO
+// UPDATE ... WHERE decides atomically against the latest committed version:
+// a new record, or a takeover of one that is expired, FAILED, or PROCESSING
+// past its lease with the same request. When it loses a race to a row the
+// snapshot cannot see, no row comes back and Claim runs the statement again.
+var claimSQL = `WITH cur AS (
+	SELECT ` + columns + `, expires_at <= ` + now + ` AS expired
+	FROM idem_keys WHERE scope = @scope AND key = @key
+), claim AS (
 	INSERT INTO idem_keys AS k (scope, key, method, path, fingerprint, state, fencing_token,
 		locked_until, created_at, updated_at, expires_at, attempts)
-	VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
+	SELECT @scope::text, @key::text, @method::text, @path::text, @fingerprint::bytea, 'PROCESSING', 1,
 		` + now + ` + @lease::bigint * interval '1 microsecond', ` + now + `, ` + now + `,
-		` + now + ` + @retention::bigint * interval '1 microsecond', 1)
+		` + now + ` + @retention::bigint * interval '1 microsecond', 1
+	WHERE NOT EXISTS (SELECT 1 FROM cur WHERE NOT (expired
+		OR (method = @method AND path = @path AND fingerprint = @fingerprint
+			AND (state = 'FAILED' OR (state = 'PROCESSING' AND locked_until <= ` + now + `)))))
 	ON CONFLICT (scope, key) DO UPDATE SET
 		method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint,
 		state = 'PROCESSING',
@@ -100,8 +111,7 @@ var claimSQL = `WITH claim AS (
 )
 SELECT true, * FROM claim
 UNION ALL
-SELECT false, ` + columns + ` FROM idem_keys
-WHERE scope = @scope AND key = @key AND NOT EXISTS (SELECT 1 FROM claim)`
+SELECT false, ` + columns + ` FROM cur WHERE NOT EXISTS (SELECT 1 FROM claim)`
 
 var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key = @key`
 

@@ -15,7 +15,7 @@ import (
 	"github.com/idemgo/idem/internal/dbtest"
 )
 
-func newDriver(t *testing.T) idemdriver.Driver {
+func newDriver(t testing.TB) idemdriver.Driver {
 	t.Helper()
 	d := idempgx.New(dbtest.PostgresPool(t))
 	require.NoError(t, d.Migrate(context.Background()))
@@ -45,7 +45,7 @@ func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQuer
 
 func TestConformance(t *testing.T) {
 	idemdrivertest.Run(t, idemdrivertest.Harness{
-		NewDriver: newDriver,
+		NewDriver: func(t *testing.T) idemdriver.Driver { return newDriver(t) },
 		Unreachable: func(t *testing.T) idemdriver.Driver {
 			pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=2")
 			require.NoError(t, err)
@@ -76,3 +76,5 @@ func TestConformance(t *testing.T) {
 		},
 	})
 }
+
+func BenchmarkDriver(b *testing.B) { idemdrivertest.Benchmark(b, newDriver) }

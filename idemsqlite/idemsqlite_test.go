@@ -13,7 +13,7 @@ import (
 	"github.com/idemgo/idem/internal/dbtest"
 )
 
-func newDriver(t *testing.T) idemdriver.Driver {
+func newDriver(t testing.TB) idemdriver.Driver {
 	t.Helper()
 	d, err := idemsqlite.Open(context.Background(), dbtest.SQLitePath(t))
 	require.NoError(t, err)
@@ -36,7 +36,7 @@ func (b business) Count(ctx context.Context, id string) (n int, err error) {
 
 func TestConformance(t *testing.T) {
 	idemdrivertest.Run(t, idemdrivertest.Harness{
-		NewDriver: newDriver,
+		NewDriver: func(t *testing.T) idemdriver.Driver { return newDriver(t) },
 		Unreachable: func(t *testing.T) idemdriver.Driver {
 			d := newDriver(t).(*idemsqlite.Driver)
 			require.NoError(t, d.Close())
@@ -61,3 +61,5 @@ func TestConformance(t *testing.T) {
 		SingleWriter: true,
 	})
 }
+
+func BenchmarkDriver(b *testing.B) { idemdrivertest.Benchmark(b, newDriver) }
