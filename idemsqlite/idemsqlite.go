@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,7 +43,7 @@ const BusyTimeout = 10 * time.Second
 const SchemaVersionTable = "idem_schema_version"
 
 // DSN returns the modernc.org/sqlite data source name idem needs for the
-// file at path: WAL journal, BusyTimeout, synchronous=FULL, and
+// file at path (any name: URI characters in it are escaped): WAL journal, BusyTimeout, synchronous=FULL, and
 // BEGIN IMMEDIATE for every transaction.
 func DSN(path string) string {
 	q := url.Values{}
@@ -51,8 +52,12 @@ func DSN(path string) string {
 	q.Add("_pragma", "synchronous(FULL)")
 	q.Add("_pragma", "foreign_keys(1)")
 	q.Set("_txlock", "immediate")
-	return "file:" + path + "?" + q.Encode()
+	return "file:" + uriPath.Replace(path) + "?" + q.Encode()
 }
+
+// uriPath escapes the characters that end or escape the path of an SQLite
+// URI filename (https://sqlite.org/uri.html), so any file name opens as is.
+var uriPath = strings.NewReplacer("%", "%25", "?", "%3F", "#", "%23")
 
 // Open opens (creating if needed) the SQLite database file at path with the
 // settings of DSN and returns a driver on it. Call Migrate before use. The

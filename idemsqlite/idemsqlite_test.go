@@ -3,6 +3,8 @@ package idemsqlite_test
 import (
 	"context"
 	"database/sql"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -63,3 +65,20 @@ func TestConformance(t *testing.T) {
 }
 
 func BenchmarkDriver(b *testing.B) { idemdrivertest.Benchmark(b, newDriver) }
+
+// Regression: a path with URI characters ('?', '#', '%') opened another file
+// and lost the pragmas after the '?'.
+func TestOpenPathWithURICharacters(t *testing.T) {
+	for _, name := range []string{"a?b.db", "c#d.db", "e%41.db", "plain.db"} {
+		path := filepath.Join(t.TempDir(), name)
+		d, err := idemsqlite.Open(context.Background(), path)
+		require.NoError(t, err)
+		require.NoError(t, d.Migrate(context.Background()))
+		var mode string
+		require.NoError(t, d.DB().QueryRow(`PRAGMA journal_mode`).Scan(&mode))
+		require.Equal(t, "wal", mode, name)
+		require.NoError(t, d.Close())
+		_, err = os.Stat(path)
+		require.NoError(t, err, "the file is created under its own name %q", name)
+	}
+}

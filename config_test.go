@@ -1,0 +1,65 @@
+package idem_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
+)
+
+func TestDefaultOutcome(t *testing.T) {
+	for status, want := range map[int]idem.Outcome{
+		200: idem.Succeeded, 201: idem.Succeeded, 204: idem.Succeeded, 302: idem.Succeeded,
+		400: idem.Succeeded, 402: idem.Succeeded, 404: idem.Succeeded, 409: idem.Succeeded, 422: idem.Succeeded,
+		408: idem.Failed, 425: idem.Failed, 429: idem.Failed,
+		500: idem.Failed, 502: idem.Failed, 503: idem.Failed, 504: idem.Failed,
+	} {
+		require.Equal(t, want, idem.DefaultOutcome(status), "status %d", status)
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c := idem.Config{}.WithDefaults()
+	require.Equal(t, 30*time.Second, c.LeaseDuration)
+	require.Equal(t, 24*time.Hour, c.Retention)
+	require.EqualValues(t, 1<<20, c.MaxRequestBytes)
+	require.EqualValues(t, 1<<20, c.MaxResponseBytes)
+	require.Equal(t, []string{http.MethodPost, http.MethodPatch}, c.Methods)
+	require.Equal(t, idem.DefaultReplayHeaders, c.ReplayHeaders)
+	scope, err := c.Scope(&http.Request{Header: http.Header{"X-Tenant": {"attacker"}}})
+	require.NoError(t, err)
+	require.Equal(t, "global", scope, "the default scope never reads a client header")
+}
+
+func TestNewValidates(t *testing.T) {
+	_, err := idem.New(idem.Config{})
+	require.ErrorContains(t, err, "Store is required")
+
+	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	for name, cfg := range map[string]idem.Config{
+		"lease below 1s":         {Store: d, LeaseDuration: 500 * time.Millisecond},
+		"retention below lease":  {Store: d, LeaseDuration: time.Minute, Retention: time.Second},
+		"negative request limit": {Store: d, MaxRequestBytes: -1},
+		"negative store retry":   {Store: d, StoreRetryAfter: -time.Second},
+	} {
+		_, err := idem.New(cfg)
+		require.Error(t, err, name)
+	}
+	_, err = idem.New(idem.Config{Store: d})
+	require.NoError(t, err)
+}
+
+func TestProblemFor(t *testing.T) {
+	p := idem.ProblemFor(idem.ErrInFlight, "busy")
+	require.Equal(t, idem.ProblemTypeBase+"request-in-flight", p.Type)
+	require.Equal(t, 409, p.Status)
+	require.Equal(t, "about:blank", idem.ProblemFor(nil, "x").Type)
+	require.Equal(t, 500, idem.ProblemFor(nil, "x").Status)
+}

@@ -1,0 +1,128 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemsqlite"
+)
+
+// post sends one JSON POST with an Idempotency-Key and prints what came back.
+func post(url, key, body string) {
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	fmt.Printf("%d replayed=%q %s\n", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), strings.TrimSpace(string(b)))
+}
+
+// Protect a handler: the first request runs it, a retry with the same key
+// gets the stored response, a reused key with another body gets 422.
+func Example() {
+	dir, _ := os.MkdirTemp("", "idem-example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	mw, err := idem.New(idem.Config{
+		Store: store,
+		// The tenant owns the key; here, one fixed merchant.
+		Scope: func(r *http.Request) (string, error) { return "merchant_42", nil },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	charges := 0
+	charge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		charges++
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"charge":%d}`, charges)
+	})
+	srv := httptest.NewServer(mw.Handler(charge))
+	defer srv.Close()
+
+	post(srv.URL, "order-1001", `{"amount":1000,"currency":"JPY"}`)
+	post(srv.URL, "order-1001", `{ "currency":"JPY", "amount":1000 }`) // same JSON, reordered
+	post(srv.URL, "order-1001", `{"amount":9999,"currency":"JPY"}`)
+	fmt.Println("charges:", charges)
+	// Output:
+	// 201 replayed="" {"charge":1}
+	// 201 replayed="true" {"charge":1}
+	// 422 replayed="" {"detail":"this Idempotency-Key was first used with a different request body or query; use a new key for a new request","status":422,"title":"Idempotency-Key reused with a different request","type":"https://github.com/idemgo/idem/blob/main/docs/problems.md#key-reused"}
+	// charges: 1
+}
+
+// Transactional mode: the handler writes its business rows in the claim's
+// transaction; idem writes the outcome in the same transaction and commits
+// both together.
+func Example_transactional() {
+	dir, _ := os.MkdirTemp("", "idem-example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := store.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {
+		log.Fatal(err)
+	}
+	mw, err := idem.New(idem.Config{Store: store})
+	if err != nil {
+		log.Fatal(err)
+	}
+	pay := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Call the payment provider first, then write: the transaction (and
+		// SQLite's write lock) begins on the first idemsqlite.Tx call.
+		tx, err := idemsqlite.Tx(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		res, err := tx.ExecContext(r.Context(), `INSERT INTO payments (amount) VALUES (1000)`)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		id, _ := res.LastInsertId()
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"payment":%d}`, id)
+		// No Commit here: idem commits the payment and its outcome together.
+	})
+	srv := httptest.NewServer(mw.Handler(pay))
+	defer srv.Close()
+
+	post(srv.URL, "pay-1", `{}`)
+	post(srv.URL, "pay-1", `{}`)
+	var n int
+	_ = store.DB().QueryRow(`SELECT count(*) FROM payments`).Scan(&n)
+	fmt.Println("payments:", n)
+	// Output:
+	// 201 replayed="" {"payment":1}
+	// 201 replayed="true" {"payment":1}
+	// payments: 1
+}

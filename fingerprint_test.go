@@ -1,0 +1,60 @@
+package idem_test
+
+import (
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+)
+
+func fp(method, target, contentType, body string) []byte {
+	r := httptest.NewRequest(method, target, strings.NewReader(body))
+	if contentType != "" {
+		r.Header.Set("Content-Type", contentType)
+	}
+	return idem.Fingerprint(r, []byte(body))
+}
+
+func TestFingerprint(t *testing.T) {
+	base := fp("POST", "/v1/payments?a=1&b=2", "application/json", `{"amount":100,"currency":"JPY"}`)
+	require.Len(t, base, 32, "SHA-256")
+
+	same := map[string][]byte{
+		"key order and whitespace (RFC 8785)": fp("POST", "/v1/payments?a=1&b=2", "application/json", "{ \"currency\": \"JPY\",\n \"amount\": 100 }"),
+		"number forms (RFC 8785 3.2.2.3)":     fp("POST", "/v1/payments?a=1&b=2", "application/json", `{"amount":1.00e2,"currency":"JPY"}`),
+		"query order":                         fp("POST", "/v1/payments?b=2&a=1", "application/json", `{"amount":100,"currency":"JPY"}`),
+		"media type parameters and case":      fp("POST", "/v1/payments?a=1&b=2", "Application/JSON; charset=utf-8", `{"amount":100,"currency":"JPY"}`),
+	}
+	for name, got := range same {
+		require.Equal(t, base, got, name)
+	}
+
+	differ := map[string][]byte{
+		"value":                   fp("POST", "/v1/payments?a=1&b=2", "application/json", `{"amount":101,"currency":"JPY"}`),
+		"method":                  fp("PATCH", "/v1/payments?a=1&b=2", "application/json", `{"amount":100,"currency":"JPY"}`),
+		"path":                    fp("POST", "/v1/refunds?a=1&b=2", "application/json", `{"amount":100,"currency":"JPY"}`),
+		"query value":             fp("POST", "/v1/payments?a=1&b=3", "application/json", `{"amount":100,"currency":"JPY"}`),
+		"no query":                fp("POST", "/v1/payments", "application/json", `{"amount":100,"currency":"JPY"}`),
+		"media type":              fp("POST", "/v1/payments?a=1&b=2", "text/plain", `{"amount":100,"currency":"JPY"}`),
+		"array order is semantic": fp("POST", "/v1/payments?a=1&b=2", "application/json", `{"amount":100,"currency":"JPY","x":[1,2]}`),
+	}
+	for name, got := range differ {
+		require.NotEqual(t, base, got, name)
+	}
+
+	// Non-JSON bodies are raw bytes: whitespace counts.
+	require.NotEqual(t,
+		fp("POST", "/v1/payments", "application/x-www-form-urlencoded", "amount=100&currency=JPY"),
+		fp("POST", "/v1/payments", "application/x-www-form-urlencoded", "currency=JPY&amount=100"))
+	// Invalid JSON falls back to raw bytes instead of failing.
+	require.Len(t, fp("POST", "/v1/payments", "application/json", `{"amount":`), 32)
+	// +json media types are canonicalized too.
+	require.Equal(t,
+		fp("POST", "/x", "application/merge-patch+json", `{"a":1,"b":2}`),
+		fp("POST", "/x", "application/merge-patch+json", `{"b":2, "a":1}`))
+	// Parts are length-prefixed: moving bytes between path and body changes the hash.
+	require.NotEqual(t, fp("POST", "/ab", "", "c"), fp("POST", "/a", "", "bc"))
+}
