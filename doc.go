@@ -1,0 +1,91 @@
+// Package idem gives HTTP APIs exactly-once side effects for retried POST
+// and PATCH requests, keyed by the Idempotency-Key header
+// (draft-ietf-httpapi-idempotency-key-header) and decided by a relational
+// database: PostgreSQL (idempgx), MySQL / MariaDB (idemmysql) or embedded
+// SQLite (idemsqlite).
+//
+// Idempotency is not response caching. A cache written after the handler
+// runs lets a retry that arrives while the first request is still running
+// run the payment again. idem instead gives one worker at a time the
+// ownership of an execution, decided by the database in one atomic
+// statement, and records the outcome durably, in the same transaction as the
+// business writes when the handler uses that transaction.
+//
+// # Using it
+//
+// Create a driver, migrate it, and wrap the handlers:
+//
+//	store, _ := idemsqlite.Open(ctx, "idem.db") // or idempgx.New(pool)
+//	_ = store.Migrate(ctx)
+//	mw, _ := idem.New(idem.Config{Store: store, Scope: merchantFromAuth})
+//	http.ListenAndServe(addr, mw.Handler(mux))
+//
+// Middleware.Handler is a func(http.Handler) http.Handler, so it drops into
+// net/http, chi, gorilla/mux and anything else that speaks http.Handler.
+//
+// # The request
+//
+// A protected request (POST or PATCH by default) carries its key as an RFC
+// 8941 sf-string ("abc") or bare (abc): 1 to 255 visible ASCII characters,
+// sent once. The Scope function names who owns the key (a tenant, an
+// account), so keys of different scopes never meet. The body, at most
+// MaxRequestBytes, is hashed into a SHA-256 fingerprint together with the
+// method, the path, the canonical query and the media type; JSON is
+// canonicalized first (RFC 8785), so key order and whitespace do not matter.
+//
+// # The state machine
+//
+// Each (scope, key) has one record in one of three states.
+//
+// No record, or an expired one (older than Retention, purged or not): the
+// claim inserts a PROCESSING record with a new fencing token and a lease,
+// locked_until = database now + LeaseDuration, and the handler runs.
+//
+// PROCESSING under a live lease: another worker owns the key. The answer is
+// 409 with the problem type request-in-flight and Retry-After set to the
+// whole seconds left on the lease. The handler does not run.
+//
+// PROCESSING past its lease: the owner died or stalled. The claim takes the
+// record over with the next fencing token and a new lease, and the handler
+// runs again. Downstream calls should carry a key derived from the scope and
+// key (CONTRACT section 7) so that the provider recognizes the re-execution.
+//
+// SUCCEEDED: the stored response (status, allow-listed headers, body) is
+// replayed byte for byte with Idempotent-Replayed: true.
+//
+// FAILED: the last run ended with a retryable outcome (5xx, 408, 425, 429, a
+// panic); the claim takes the record again and the handler runs.
+//
+// In every state, a request whose method, path or fingerprint differs from
+// the record's is answered 422 with the problem type key-reused.
+//
+// Exactly one of any number of concurrent claimants wins a claim, a takeover
+// or a re-claim; the others get the answer of the row they lost to.
+//
+// # Leases and fencing
+//
+// Every lease comparison uses the database's clock. While the handler runs,
+// the lease is renewed every LeaseDuration/3; a renewal, the completion and
+// the release are all compare-and-set on the fencing token, so a worker that
+// lost its lease cannot overwrite the new owner's record. When a renewal
+// finds the lease lost, the handler's context is cancelled with cause
+// ErrLeaseLost. The handler's context is detached from the client's: a
+// client that hangs up does not stop the work or its recording.
+//
+// # Outcomes and transactions
+//
+// The response is held until the outcome is recorded, so no caller sees a
+// success that was not recorded. By DefaultOutcome, 2xx and 4xx other than
+// 408, 425 and 429 are SUCCEEDED and replayed; the rest are FAILED and run
+// again. A handler that writes through the claim's transaction
+// (idempgx.Tx, idemsqlite.Tx, idemmysql.Tx) gets its writes and the
+// completion committed together; when the completion is fenced out, both
+// roll back and the caller gets 409.
+//
+// # Errors
+//
+// Every answer idem makes itself is RFC 9457 problem details with a stable
+// type URI (ProblemTypeBase + kind); docs/problems.md documents each kind.
+// When the store cannot be reached the answer is 503 store-unavailable with
+// Retry-After, and the handler never runs unprotected.
+package idem
