@@ -131,6 +131,13 @@ type Config struct {
 	// on a context detached from the client's. Default: 10 s.
 	CompleteTimeout time.Duration
 
+	// RelaySecret keys the derivation of the keys relayed to downstream
+	// providers (RelayKey, DeriveKey, RelayTransport). Every process serving
+	// the same API must use the same secret, and keep it for as long as keys
+	// are retained; changing it changes every relayed key. Default: none (a
+	// plain SHA-256 derivation).
+	RelaySecret []byte
+
 	// Logger receives store errors and lost leases. Default: slog.Default().
 	Logger *slog.Logger
 }

@@ -1,0 +1,86 @@
+package idem
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"net/http"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// ErrNoExecution is returned by RelayKey, and by the drivers' Tx functions,
+// outside a protected execution.
+var ErrNoExecution = idemdriver.ErrNoExecution
+
+// relayPrefix names the derivation, so a relayed key can be told apart and
+// the scheme can change without collisions.
+const relayPrefix = "idr1_"
+
+// DeriveKey returns the key to relay downstream for one step of the request
+// (scope, key) (CONTRACT section 7): "idr1_" followed by 64 hex characters
+// of HMAC-SHA-256(secret, scope, key, step), each part length-prefixed. It
+// is stable across retries, takeovers and processes that share the secret,
+// different for every step, and does not reveal the client's key. With an
+// empty secret it is a plain SHA-256 of the same parts: still stable, but a
+// party who can guess the scope and the key can compute it.
+func DeriveKey(secret []byte, scope, key, step string) string {
+	h := hmac.New(sha256.New, secret)
+	for _, part := range []string{scope, key, step} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write([]byte(part))
+	}
+	return relayPrefix + hex.EncodeToString(h.Sum(nil))
+}
+
+// RelayKey returns the key to send to a downstream provider for step (for
+// example "charge", "refund") from a protected handler's context, derived
+// with DeriveKey and Config.RelaySecret. The same request retried, taken
+// over after a crash, or run on another process gets the same key, so the
+// provider deduplicates a re-execution. It returns ErrNoExecution outside a
+// protected handler.
+func RelayKey(ctx context.Context, step string) (string, error) {
+	e, ok := ctx.Value(executionKey{}).(*execution)
+	if !ok {
+		return "", ErrNoExecution
+	}
+	return DeriveKey(e.m.cfg.RelaySecret, e.info.Scope, e.info.Key, step), nil
+}
+
+// RelayTransport is an http.RoundTripper for calls to downstream providers
+// made from protected handlers: on every request whose context comes from a
+// protected execution, it sets Idempotency-Key to RelayKey(ctx, step),
+// replacing any key the request had (so the client's raw key never leaves).
+// Requests made outside an execution pass through unchanged.
+type RelayTransport struct {
+	// Base sends the requests. Default: http.DefaultTransport.
+	Base http.RoundTripper
+	// Step names the step of a request. Default: the method, host and path
+	// ("POST psp.example/v1/charges"), so each endpoint gets its own key.
+	Step func(*http.Request) string
+}
+
+// RoundTrip implements http.RoundTripper. It does not modify req: a keyed
+// request is cloned.
+func (t *RelayTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	step := req.Method + " " + req.URL.Host + req.URL.Path
+	if t.Step != nil {
+		step = t.Step(req)
+	}
+	key, err := RelayKey(req.Context(), step)
+	if errors.Is(err, ErrNoExecution) {
+		return base.RoundTrip(req)
+	}
+	out := req.Clone(req.Context())
+	out.Header.Set(HeaderKey, key)
+	return base.RoundTrip(out)
+}
