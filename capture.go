@@ -14,7 +14,8 @@ import (
 // methods captureWriter does not implement (deadlines).
 type captureWriter struct {
 	w      http.ResponseWriter
-	header http.Header
+	header http.Header // what the handler sees
+	sent   http.Header // the headers as they were at WriteHeader
 	status int
 	body   bytes.Buffer
 }
@@ -25,15 +26,18 @@ func newCaptureWriter(w http.ResponseWriter) *captureWriter {
 
 func (c *captureWriter) Header() http.Header { return c.header }
 
+// WriteHeader records the status and, as net/http does, the headers as they
+// are now: later changes to Header() are not sent. 1xx statuses are ignored.
 func (c *captureWriter) WriteHeader(status int) {
 	if c.status == 0 && status >= 200 {
 		c.status = status
+		c.sent = c.header.Clone()
 	}
 }
 
 func (c *captureWriter) Write(b []byte) (int, error) {
 	if c.status == 0 {
-		c.status = http.StatusOK
+		c.WriteHeader(http.StatusOK)
 	}
 	return c.body.Write(b)
 }
@@ -53,10 +57,19 @@ func (c *captureWriter) statusCode() int {
 	return c.status
 }
 
+// sentHeader returns the response headers: as they were at WriteHeader, or
+// as they are now when the handler wrote nothing.
+func (c *captureWriter) sentHeader() http.Header {
+	if c.sent != nil {
+		return c.sent
+	}
+	return c.header
+}
+
 // send writes the captured response to the client.
 func (c *captureWriter) send() {
 	h := c.w.Header()
-	for k, v := range c.header {
+	for k, v := range c.sentHeader() {
 		h[k] = v
 	}
 	writeResponse(c.w, c.statusCode(), c.body.Bytes())

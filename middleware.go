@@ -193,7 +193,7 @@ func (m *Middleware) storeUnavailable(w http.ResponseWriter, err error) {
 // storedResponse is what the completion records of a captured response.
 func (m *Middleware) storedResponse(c *captureWriter) idemdriver.Response {
 	resp := idemdriver.Response{Status: c.statusCode(), Header: map[string][]string{}, BodySize: int64(c.body.Len())}
-	for k, v := range c.header {
+	for k, v := range c.sentHeader() {
 		if m.replay[http.CanonicalHeaderKey(k)] {
 			resp.Header[http.CanonicalHeaderKey(k)] = append([]string(nil), v...)
 		}
@@ -214,15 +214,18 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	panicked, recovered := runHandler(next, cw, r.WithContext(e.ctx))
 	hb.stop()
 
-	if errors.Is(context.Cause(e.ctx), ErrLeaseLost) {
+	lost := errors.Is(context.Cause(e.ctx), ErrLeaseLost)
+	if panicked {
+		e.rollback()
+		if !lost {
+			e.fail()
+		}
+		panic(recovered)
+	}
+	if lost {
 		e.rollback()
 		m.leaseLost(w)
 		return
-	}
-	if panicked {
-		e.rollback()
-		e.fail()
-		panic(recovered)
 	}
 	if m.cfg.Outcome(cw.statusCode()) == Failed {
 		e.rollback()

@@ -1,0 +1,48 @@
+package idem
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCaptureWriterHoldsResponseUntilSent(t *testing.T) {
+	rec := httptest.NewRecorder()
+	c := newCaptureWriter(rec)
+	var w http.ResponseWriter = c
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	w.Header().Set("X-Late", "ignored, as net/http ignores it") // after WriteHeader
+	_, _ = w.Write([]byte(`{"a":1}`))
+	http.NewResponseController(w).Flush() // deferred, not an error
+	w.WriteHeader(http.StatusTeapot)      // superfluous, ignored
+
+	require.Equal(t, 200, rec.Code, "nothing reaches the client before send")
+	require.Empty(t, rec.Body.Bytes())
+	require.False(t, rec.Flushed)
+
+	c.send()
+	require.Equal(t, http.StatusCreated, rec.Code)
+	require.Equal(t, `{"a":1}`, rec.Body.String())
+	require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+	require.Equal(t, "7", rec.Header().Get("Content-Length"))
+	require.Empty(t, rec.Header().Get("X-Late"))
+	require.True(t, rec.Flushed)
+}
+
+func TestCaptureWriterDefaults(t *testing.T) {
+	rec := httptest.NewRecorder()
+	c := newCaptureWriter(rec)
+	c.send() // a handler that wrote nothing answers 200, as net/http would
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Equal(t, rec, c.Unwrap())
+
+	rec = httptest.NewRecorder()
+	c = newCaptureWriter(rec)
+	c.WriteHeader(http.StatusNoContent)
+	c.send()
+	require.Equal(t, http.StatusNoContent, rec.Code)
+	require.Empty(t, rec.Header().Get("Content-Length"), "no Content-Length on 204")
+}
