@@ -62,9 +62,13 @@ func DefaultOutcome(status int) Outcome {
 	}
 }
 
-// ScopeFunc names who owns a request's key (tenant, account, principal).
-// Keys of different scopes never meet. An error answers 401 with the problem
-// type missing-scope and the handler does not run.
+// MaxScopeLength is the longest scope, in bytes, that every driver stores.
+const MaxScopeLength = 255
+
+// ScopeFunc names who owns a request's key (tenant, account, principal), in
+// at most MaxScopeLength bytes. Keys of different scopes never meet. An error
+// answers 401 with the problem type missing-scope; a longer scope is a server
+// fault, answered 500. Either way the handler does not run.
 type ScopeFunc func(r *http.Request) (string, error)
 
 // FingerprintFunc computes a request's fingerprint from the request and its

@@ -1,7 +1,10 @@
 package idem_test
 
 import (
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,4 +65,25 @@ func TestProblemFor(t *testing.T) {
 	require.Equal(t, 409, p.Status)
 	require.Equal(t, "about:blank", idem.ProblemFor(nil, "x").Type)
 	require.Equal(t, 500, idem.ProblemFor(nil, "x").Status)
+}
+
+// Regression: a scope longer than the drivers' column was answered 503
+// store-unavailable (an invitation to retry what can never succeed).
+func TestScopeTooLong(t *testing.T) {
+	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(t.Context()))
+	mw, err := idem.New(idem.Config{Store: d, Logger: slog.New(slog.DiscardHandler),
+		Scope: func(*http.Request) (string, error) { return strings.Repeat("s", idem.MaxScopeLength+1), nil }})
+	require.NoError(t, err)
+	ran := false
+	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
+	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
+	req.Header.Set(idem.HeaderKey, "k")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusInternalServerError, rec.Code)
+	require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
+	require.False(t, ran)
 }

@@ -87,6 +87,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		ProblemFor(ErrMissingScope, err.Error()).Write(w)
 		return
 	}
+	if len(scope) > MaxScopeLength {
+		// The server's Scope function is at fault, not the client: a 500
+		// that retries cannot cure, rather than a 503 that invites them.
+		m.cfg.Logger.Error("idem: Scope returned a scope longer than MaxScopeLength", "length", len(scope))
+		Problem{Type: "about:blank", Title: "Internal Server Error", Status: http.StatusInternalServerError,
+			Detail: "the server could not scope this request"}.Write(w)
+		return
+	}
 	body, err := readBody(r, m.cfg.MaxRequestBytes)
 	if errors.Is(err, ErrRequestTooLarge) {
 		ProblemFor(ErrRequestTooLarge, fmt.Sprintf("the request body exceeds %d bytes", m.cfg.MaxRequestBytes)).Write(w)
@@ -149,7 +157,7 @@ func (m *Middleware) answer(w http.ResponseWriter, rec idemdriver.Record, p idem
 		// PROCESSING under a live lease; or a record that changed between the
 		// claim and its answer (the driver retries those): ask to come back.
 		pr := ProblemFor(ErrInFlight, "another request with this key is being processed; retry after the Retry-After delay to get its result")
-		pr.RetryAfter = rec.LeaseLeft
+		pr.RetryAfter = max(rec.LeaseLeft, time.Second)
 		pr.Write(w)
 	}
 }

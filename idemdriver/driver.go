@@ -38,7 +38,7 @@ var ErrNotFound = errors.New("idemdriver: record not found")
 
 // ClaimParams are the inputs of the one atomic claim statement.
 type ClaimParams struct {
-	Scope string // tenant / account / principal owning the key
+	Scope string // tenant / account / principal owning the key, at most 255 bytes
 	Key   string // the Idempotency-Key value, unquoted, 1-255 visible ASCII
 	// Method and Path are the request's method and route path; together with
 	// Fingerprint they must match the stored record for a replay.
@@ -162,7 +162,12 @@ type Driver interface {
 	Migrate(ctx context.Context) error
 }
 
-// Tx is a business transaction in which the completion rides.
+// Tx is a business transaction in which the completion rides. Unlike the
+// Driver's own statements, its Complete cannot be retried after a deadlock
+// or serialization failure: the database has already aborted the whole
+// transaction, business writes included. Such an error reaches the core,
+// which answers 503; the record stays PROCESSING until its lease runs out,
+// and the retry then takes it over.
 type Tx interface {
 	// Complete is Driver.Complete inside this transaction. When it reports
 	// false the caller must Rollback: the business writes must not commit.

@@ -187,7 +187,8 @@ func (d *Driver) Migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p, err := goose.NewProvider(goose.DialectSQLite3, d.db, sub, goose.WithTableName(SchemaVersionTable))
+	p, err := goose.NewProvider(goose.DialectSQLite3, d.db, sub, goose.WithTableName(SchemaVersionTable),
+		goose.WithDisableGlobalRegistry(true)) // an application's own Go migrations are not ours
 	if err != nil {
 		return fmt.Errorf("idemsqlite: migrations: %w", err)
 	}

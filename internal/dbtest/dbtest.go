@@ -1,7 +1,9 @@
-// Package dbtest gives each test its own database: a PostgreSQL schema, or a
-// SQLite file, dropped when the test ends, so tests run with t.Parallel().
+// Package dbtest gives each test its own database: a PostgreSQL schema, a
+// MySQL/MariaDB database, or a SQLite file, dropped when the test ends, so
+// tests run with t.Parallel().
 //
-// Server URLs come from the environment (TEST_DATABASE_URL for PostgreSQL).
+// Server URLs come from the environment (TEST_DATABASE_URL for PostgreSQL,
+// TEST_MYSQL_URL for MySQL/MariaDB).
 // A missing URL skips the test locally and fails it when CI is set: under CI
 // a database test never counts as passed without its database.
 package dbtest
@@ -9,12 +11,17 @@ package dbtest
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -102,4 +109,90 @@ func PostgresPool(t testing.TB) *pgxpool.Pool {
 func SQLitePath(t testing.TB) string {
 	t.Helper()
 	return filepath.Join(t.TempDir(), "idem.db")
+}
+
+// EnvMySQL names the variable holding the MySQL/MariaDB test server's URL, in
+// the form idemmysql.Open takes, for example mysql://root@127.0.0.1:3306/test.
+const EnvMySQL = "TEST_MYSQL_URL"
+
+// MySQLURL creates a fresh database (idemtest_<random>) on the TEST_MYSQL_URL
+// server, drops it when the test ends, and returns the server URL with that
+// database as its path (query parameters kept), and the database's name.
+func MySQLURL(t testing.TB) (dbURL, database string) {
+	t.Helper()
+	base := RequireURL(t, EnvMySQL)
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatalf("dbtest: %s: %v", EnvMySQL, err)
+	}
+	admin := openMySQL(t, u, "")
+	defer admin.Close()
+	database = Name("idemtest")
+	ctx := context.Background()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+database); err != nil {
+		t.Fatalf("dbtest: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		admin := openMySQL(t, u, "")
+		defer admin.Close()
+		if _, err := admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+database); err != nil {
+			t.Errorf("dbtest: drop database %s: %v", database, err)
+		}
+	})
+	u.Path = "/" + database
+	return u.String(), database
+}
+
+// MySQLDSN returns a go-sql-driver/mysql data source name for a fresh
+// database (see MySQLURL), with parseTime=true and loc=UTC.
+func MySQLDSN(t testing.TB) string {
+	t.Helper()
+	dbURL, database := MySQLURL(t)
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	return mysqlConfig(t, u, database).FormatDSN()
+}
+
+// MySQLDB returns a *sql.DB on a fresh database (see MySQLDSN), closed when
+// the test ends.
+func MySQLDB(t testing.TB) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", MySQLDSN(t))
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	db.SetMaxOpenConns(16)
+	t.Cleanup(func() { db.Close() }) // registered after the database drop, so it runs first
+	return db
+}
+
+// mysqlConfig turns a mysql://user:pass@host:port/db?params URL into a
+// go-sql-driver configuration on database.
+func mysqlConfig(t testing.TB, u *url.URL, database string) *mysql.Config {
+	t.Helper()
+	port := u.Port()
+	if port == "" {
+		port = "3306"
+	}
+	cfg, err := mysql.ParseDSN("tcp(" + net.JoinHostPort(u.Hostname(), port) + ")/" + database + "?" + u.RawQuery)
+	if err != nil {
+		t.Fatalf("dbtest: %s: %v", EnvMySQL, err)
+	}
+	cfg.User = u.User.Username()
+	cfg.Passwd, _ = u.User.Password()
+	cfg.ParseTime, cfg.Loc = true, time.UTC
+	return cfg
+}
+
+// openMySQL opens a connection pool on database of the server at u
+// ("" for none), for administration.
+func openMySQL(t testing.TB, u *url.URL, database string) *sql.DB {
+	t.Helper()
+	c, err := mysql.NewConnector(mysqlConfig(t, u, database))
+	if err != nil {
+		t.Fatalf("dbtest: %s: %v", EnvMySQL, err)
+	}
+	return sql.OpenDB(c)
 }

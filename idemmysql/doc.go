@@ -1,0 +1,143 @@
+// Package idemmysql is idem's MySQL and MariaDB driver, on database/sql with
+// github.com/go-sql-driver/mysql. It supports MySQL 8.0+ and MariaDB 10.6+;
+// see "Tested on" below for what has actually run against a server.
+//
+// # Opening
+//
+// Open takes a URL of the form
+//
+//	mysql://user:password@host:port/dbname?param=value&...
+//
+// (ParseURL describes every part). New wraps a *sql.DB the application
+// already has; the driver does not depend on that pool's DSN settings (see
+// New). Call Migrate before use, on every start if you like: it is
+// idempotent and serialized across processes.
+//
+// # The claim
+//
+// MySQL has neither RETURNING nor a data-modifying CTE, so the claim of
+// CONTRACT section 3 cannot be one statement that both decides and reports.
+// This driver claims with an optimistic read followed by one atomic,
+// conditional write, each its own autocommit statement:
+//
+//  1. read: one SELECT returns the record (if any) together with the
+//     database's now (UTC_TIMESTAMP(6) + ClockOffset). From that row and that
+//     now, Go decides whether the record can be claimed: no record, expired,
+//     FAILED, or PROCESSING past its lease, with the same method, path and
+//     fingerprint for the last two. If it cannot (a replay, a live lease,
+//     another request), that row is the answer and the claim is over.
+//  2. write, when it can: an INSERT for a new key (the primary key lets
+//     exactly one concurrent INSERT through; the others fail with 1062), or,
+//     for an existing row, an UPDATE ... WHERE fencing_token = <the token
+//     read> AND <the claimable condition, against the same now>. Every claim
+//     increments the token, so the UPDATE is a compare-and-set on the row's
+//     version: InnoDB re-evaluates the WHERE clause on the latest committed
+//     row under its exclusive lock, and exactly one of any number of
+//     concurrent claimants matches. A heartbeat, completion or failure that
+//     slipped in between is caught by the same WHERE clause.
+//  3. lost race (1062, or the UPDATE matched no row): read again and answer
+//     from the row that won. Deadlock (1213), MariaDB's "record has changed
+//     since last read" (1020) and lock wait timeout (1205) are also answered
+//     this way, never returned as errors; classify is the one place that maps
+//     MySQL error numbers to these kinds. After a lock wait timeout the row is
+//     held by a transaction still in progress (typically a business
+//     transaction committing its completion), so when the fresh read still
+//     looks claimable the claim answers "not claimed" from it: the core then
+//     answers 409 request-in-flight.
+//
+// Because every statement is its own transaction, there is no snapshot to go
+// stale: the re-read after a lost INSERT starts a new read view, which holds
+// the winner's committed row whatever the session's isolation level. (Under
+// REPEATABLE READ, the server default, a SELECT inside a transaction that had
+// already read would miss it; TestRepeatableReadPool pins this.) Nothing
+// holds a row lock across round trips either, so claims deadlock only in
+// InnoDB's insert-queue case: when an INSERT of the key rolls back while
+// several others wait on it, the waiters deadlock and InnoDB picks victims
+// (TestDeadlockRace); the victims read again and answer from the winner's row.
+// The values of a won claim (token, times, attempts) follow from the row read
+// and the now read, which the compare-and-set pins, so no read-back is needed.
+//
+// # Statements per outcome (CONTRACT section 10)
+//
+//   - replay (SUCCEEDED), 409 (live lease), 422 (another request): 1 SELECT.
+//   - first execution of a new key: 2 (SELECT + INSERT), then 1 UPDATE for
+//     the completion (or the completion rides in the business transaction).
+//   - takeover of an expired lease, re-claim after FAILED, reuse of an expired
+//     key: 2 (SELECT + UPDATE).
+//   - a claimant that loses a race: one more SELECT after its failed write.
+//   - heartbeat, completion, failure: 1 UPDATE each.
+//   - transactional mode: the claim (2), then START TRANSACTION, the business
+//     writes, the completion UPDATE and COMMIT: 5 statements besides the
+//     business writes on Open's pool, whose sessions default to READ
+//     COMMITTED; 6 on a pool from New, where go-sql-driver sends SET
+//     TRANSACTION ISOLATION LEVEL READ COMMITTED before START TRANSACTION.
+//
+// The suite's statement budget test holds the driver to these figures (3 for
+// a first execution, 5 transactional, 1 for a replay, a 409 or a 422). The
+// first execution costs one statement more than CONTRACT section 10's "one
+// claim statement + one completion": MySQL cannot both decide and report in
+// one statement. The other shapes cost more for the common outcomes: a claim
+// transaction (START TRANSACTION, SELECT ... FOR UPDATE, INSERT or UPDATE,
+// COMMIT) is 4 round trips for every outcome, replays included, and
+// INSERT ... ON DUPLICATE KEY UPDATE needs a transaction and a read-back too.
+//
+// Every statement on the request path is a server-side prepared statement,
+// prepared on first use on each pooled connection (COM_STMT_PREPARE, once per
+// connection) and executed with one round trip after that. Preparing is lazy because
+// MySQL checks the table at prepare time and New runs before Migrate.
+//
+// # Time
+//
+// Every time is the database's: UTC_TIMESTAMP(6) plus ClockOffset
+// ("UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND"), stored in DATETIME(6)
+// columns, which carry no time zone, so neither the session's time_zone nor
+// the application host's clock or zone moves anything. Times travel between
+// Go and MySQL as integer microseconds since 1970-01-01 00:00:00 UTC
+// (TIMESTAMPDIFF / + INTERVAL), never as DATETIME values, so the pool's
+// parseTime and loc settings do not matter either. LeaseLeft is
+// TIMESTAMPDIFF(MICROSECOND, now, locked_until), computed by the database.
+// The claim decides against the now of its read and writes that same now
+// (created_at, locked_until = now + lease, expires_at = now + retention), so
+// a claim that waited on a row lock starts its lease a little in the past.
+//
+// # Fenced writes and affected rows
+//
+// Heartbeat, Complete and Fail are single UPDATEs fenced by
+// "WHERE scope = ? AND key = ? AND fencing_token = ? AND state = 'PROCESSING'";
+// one affected row means the caller still owns the record. MySQL counts a
+// row that an UPDATE leaves unchanged as not affected (unless the client sets
+// CLIENT_FOUND_ROWS), which would make a heartbeat that lands on the same
+// microsecond report a lost lease. Every fenced write therefore sets
+// updated_at = GREATEST(now, updated_at + 1 microsecond): updated_at never
+// goes back and always changes, so the count is right with either setting.
+//
+// # Limits
+//
+// scope, key and method are VARBINARY(255) (MaxScopeBytes, MaxKeyBytes,
+// MaxMethodBytes); path and fingerprint are BLOBs (65535 bytes). Claim checks
+// these bounds before it writes and returns an error wrapping ErrTooLong, so
+// nothing is ever truncated, even on a pool whose sql_mode is not strict.
+// Response bodies are LONGBLOB; the practical bound is the server's
+// max_allowed_packet (16 MiB by default on MariaDB 10.11, 64 MiB on MySQL 8):
+// keep idem's MaxResponseBytes (default 1 MiB) well below it, or raise it.
+//
+// # Migrations
+//
+// Migrate applies the embedded goose migrations (MySQL dialect), recording
+// them in the table idem_schema_version. Goose has no MySQL session locker,
+// so this package serializes migrations itself with GET_LOCK on goose's
+// dedicated connection, under a lock name derived from the database's name:
+// processes sharing a database migrate one at a time. MySQL commits each DDL
+// statement on its own, so a migration that fails part-way leaves its earlier
+// statements applied: Migrate then returns a *MigrateError that names the
+// failed version, the failing statement and the last version applied.
+//
+// # Tested on
+//
+// The conformance suite and this package's tests run against MariaDB 10.11
+// (10.11.19).
+// The SQL sticks to syntax that MySQL 8.0 documents as well (no RETURNING,
+// no SET STATEMENT, no MariaDB-only functions), but it has not been run
+// against a MySQL 8 server here. Error 1020 (MariaDB 11.6+ with
+// innodb_snapshot_isolation) is handled but has not been provoked.
+package idemmysql

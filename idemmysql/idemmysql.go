@@ -1,0 +1,736 @@
+package idemmysql
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// Column bounds of the idem_keys table. Claim refuses longer values with an
+// error wrapping ErrTooLong instead of letting MySQL truncate them.
+const (
+	MaxScopeBytes       = 255   // VARBINARY(255), part of the primary key
+	MaxKeyBytes         = 255   // VARBINARY(255), part of the primary key
+	MaxMethodBytes      = 255   // VARBINARY(255)
+	MaxPathBytes        = 65535 // BLOB
+	MaxFingerprintBytes = 65535 // BLOB
+)
+
+// Pool settings of the *sql.DB that Open creates. Change them with DB().
+const (
+	// DefaultMaxOpenConns bounds the connections Open's pool keeps to the
+	// server (MySQL serves each with a thread; an unbounded burst of claims
+	// must not become a burst of connections).
+	DefaultMaxOpenConns = 16
+	// DefaultConnMaxLifetime recycles Open's connections, below the server's
+	// usual wait_timeout and the idle timeouts of proxies.
+	DefaultConnMaxLifetime = 5 * time.Minute
+	// DefaultDialTimeout applies when the URL sets no timeout parameter.
+	DefaultDialTimeout = 10 * time.Second
+)
+
+// Driver implements idemdriver.Driver on a MySQL or MariaDB database.
+type Driver struct {
+	db    *sql.DB
+	owned bool // Open created db, so Close closes it
+	// beginOpts begin business transactions: READ COMMITTED, or nil when
+	// Open made that the sessions' default.
+	beginOpts *sql.TxOptions
+
+	stmts [numStmts]preparedStmt
+
+	// resolved counts the lost races and lock conflicts that Claim resolved
+	// by reading again, by kind (tests and benchmarks read it).
+	resolved [numKinds]atomic.Int64
+	// beforeWrite, when set, runs between a claim's read and its write
+	// (tests use it to line racers up).
+	beforeWrite func()
+}
+
+var _ idemdriver.Driver = (*Driver)(nil)
+
+// ParseURL converts a URL of the form
+//
+//	mysql://user:password@host:port/dbname?param=value&...
+//
+// into the go-sql-driver/mysql configuration that Open uses. The scheme is
+// mysql (mariadb is accepted as a synonym); user and password are
+// percent-decoded; the port defaults to 3306; dbname, the database holding
+// idem_keys, is required. Connections are TCP only: for a Unix socket, build
+// a *sql.DB yourself and use New.
+//
+// Query parameters are go-sql-driver DSN parameters (tls, timeout,
+// readTimeout, writeTimeout, charset, collation, maxAllowedPacket, ...); any
+// other name is a session system variable set on every new connection
+// (SET name = value; the value is SQL, so quote strings:
+// time_zone=%27%2B00%3A00%27 for '+00:00').
+//
+// On top of what the URL says, ParseURL sets parseTime=true and loc=UTC (for
+// the application's own queries; the driver depends on neither), a dial
+// timeout of DefaultDialTimeout when timeout is absent, and these session
+// variables unless the URL sets them:
+//   - time_zone = '+00:00', so NOW() and TIMESTAMP columns in the
+//     application's queries agree with UTC;
+//   - sql_mode = the server's sql_mode plus STRICT_TRANS_TABLES, so a value
+//     too long for its column is an error, never a silent truncation.
+//
+// The claim does not depend on the isolation level (see the package
+// documentation); Open sets READ COMMITTED for business transactions. It
+// does not set clientFoundRows either: the driver counts affected rows
+// correctly with or without it.
+func ParseURL(rawURL string) (*mysql.Config, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("idemmysql: URL: %w", err)
+	}
+	if u.Scheme != "mysql" && u.Scheme != "mariadb" {
+		return nil, fmt.Errorf("idemmysql: URL scheme %q: want mysql://user:password@host:port/dbname", u.Scheme)
+	}
+	if u.Opaque != "" || u.Hostname() == "" {
+		return nil, errors.New("idemmysql: URL has no host: want mysql://user:password@host:port/dbname")
+	}
+	database, err := url.PathUnescape(u.EscapedPath())
+	if err != nil {
+		return nil, fmt.Errorf("idemmysql: URL path: %w", err)
+	}
+	if len(database) < 2 || database[0] != '/' || strings.Contains(database[1:], "/") {
+		return nil, fmt.Errorf("idemmysql: URL path %q: want one database name, as in mysql://host:3306/dbname", database)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "3306"
+	}
+	// go-sql-driver parses its own parameters; credentials are set apart so
+	// that any character may appear in them.
+	cfg, err := mysql.ParseDSN("tcp(" + net.JoinHostPort(u.Hostname(), port) + ")/" + database[1:] + "?" + u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("idemmysql: URL parameters: %w", err)
+	}
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	cfg.ParseTime = true
+	cfg.Loc = time.UTC
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultDialTimeout
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	if _, ok := cfg.Params["time_zone"]; !ok {
+		cfg.Params["time_zone"] = "'+00:00'"
+	}
+	if _, ok := cfg.Params["sql_mode"]; !ok {
+		cfg.Params["sql_mode"] = "CONCAT_WS(',', NULLIF(@@sql_mode, ''), 'STRICT_TRANS_TABLES')"
+	}
+	return cfg, nil
+}
+
+// Open connects to the database named by url (see ParseURL for its form and
+// the settings it adds), checks the connection, and returns a driver that
+// owns the pool: Close closes it. The pool keeps at most
+// DefaultMaxOpenConns connections, recycled after DefaultConnMaxLifetime.
+// Call Migrate before use.
+//
+// Unless the URL sets transaction_isolation or tx_isolation itself, Open also
+// makes READ COMMITTED the sessions' default isolation level, under the
+// variable's name on the server at hand (transaction_isolation on MySQL 8 and
+// MariaDB 11.1+, tx_isolation on older MariaDB), so that Begin need not send
+// SET TRANSACTION before each business transaction.
+func Open(ctx context.Context, url string) (*Driver, error) { return open(ctx, url, nil) }
+
+// open is Open with a hook that wraps the connector (tests count statements).
+func open(ctx context.Context, url string, wrap func(driver.Connector) driver.Connector) (*Driver, error) {
+	cfg, err := ParseURL(url)
+	if err != nil {
+		return nil, err
+	}
+	_, ownIsolation := cfg.Params["transaction_isolation"]
+	if _, ok := cfg.Params["tx_isolation"]; ok {
+		ownIsolation = true
+	}
+	if ownIsolation {
+		return openPool(ctx, cfg, "", wrap)
+	}
+	d, err := openPool(ctx, cfg, "transaction_isolation", wrap)
+	if classify(err) == kindUnknownVariable {
+		// MariaDB before 11.1 knows the variable as tx_isolation only.
+		d, err = openPool(ctx, cfg, "tx_isolation", wrap)
+	}
+	return d, err
+}
+
+// openPool opens and pings a pool on cfg whose sessions set the isolation
+// variable isolation (if not "") to READ COMMITTED.
+func openPool(ctx context.Context, cfg *mysql.Config, isolation string, wrap func(driver.Connector) driver.Connector) (*Driver, error) {
+	cfg = cfg.Clone()
+	if isolation != "" {
+		cfg.Params[isolation] = "'READ-COMMITTED'"
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("idemmysql: open: %w", err)
+	}
+	var dc driver.Connector = connector
+	if wrap != nil {
+		dc = wrap(dc)
+	}
+	db := sql.OpenDB(dc)
+	db.SetMaxOpenConns(DefaultMaxOpenConns)
+	db.SetMaxIdleConns(DefaultMaxOpenConns)
+	db.SetConnMaxLifetime(DefaultConnMaxLifetime)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("idemmysql: open %s@%s/%s: %w", cfg.User, cfg.Addr, cfg.DBName, err)
+	}
+	d := New(db)
+	d.owned = true
+	if isolation != "" {
+		d.beginOpts = nil // READ COMMITTED is the sessions' default already
+	}
+	return d, nil
+}
+
+// New returns a driver on an existing pool; idem_keys lives in the pool's
+// default database. Call Migrate before use. Close releases the driver's
+// prepared statements but leaves db open.
+//
+// The driver works whatever db's DSN says about parseTime, loc, time_zone,
+// clientFoundRows and the isolation level: times cross as integers, every
+// claim statement is its own transaction, business transactions set READ
+// COMMITTED themselves (one SET TRANSACTION statement each), and fenced
+// writes always change their row. It needs autocommit on (the server's and
+// go-sql-driver's default) and a default database. A strict sql_mode is
+// recommended for the application's sake; idem's own writes are
+// bounds-checked in Go.
+func New(db *sql.DB) *Driver {
+	return &Driver{db: db, beginOpts: &sql.TxOptions{Isolation: sql.LevelReadCommitted}}
+}
+
+// DB returns the driver's pool, for the application's own queries.
+func (d *Driver) DB() *sql.DB { return d.db }
+
+// Close closes the driver's prepared statements and, when Open created the
+// pool, the pool.
+func (d *Driver) Close() error {
+	var errs []error
+	for i := range d.stmts {
+		errs = append(errs, d.stmts[i].close())
+	}
+	if d.owned {
+		errs = append(errs, d.db.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Tx returns the claim's business transaction from a protected handler's
+// context, beginning it on first use (READ COMMITTED, see Driver.Begin). Do
+// the business writes in it and leave Commit and Rollback to idem: the
+// completion is written in the same transaction, fenced by the token, and
+// committed with it (CONTRACT section 6). It returns
+// idemdriver.ErrNoExecution outside a protected handler.
+func Tx(ctx context.Context) (*sql.Tx, error) {
+	tx, err := idemdriver.TxFromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	native, ok := tx.Native().(*sql.Tx)
+	if !ok {
+		return nil, fmt.Errorf("idemmysql: the store is not MySQL (transaction is %T)", tx.Native())
+	}
+	return native, nil
+}
+
+// SQL building blocks. Times cross between Go and MySQL as microseconds
+// since the epoch; DATETIME(6) arithmetic on them is exact.
+const (
+	epoch = `TIMESTAMP'1970-01-01 00:00:00'`
+	// now is the database clock moved by a ClockOffset parameter (µs).
+	now = `(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`
+	// at is the DATETIME(6) of a microseconds-since-epoch parameter.
+	at = `(` + epoch + ` + INTERVAL ? MICROSECOND)`
+	// touch moves updated_at to now, or 1 µs past its old value when that is
+	// later, so that a fenced write always changes its row (see "Fenced
+	// writes" in the package documentation).
+	touch  = `updated_at = GREATEST(` + now + `, updated_at + INTERVAL 1 MICROSECOND)`
+	fenced = " WHERE scope = ? AND `key` = ? AND fencing_token = ? AND state = 'PROCESSING'"
+)
+
+func micros(col string) string { return `TIMESTAMPDIFF(MICROSECOND, ` + epoch + `, ` + col + `)` }
+
+type stmtID int
+
+const (
+	stRead stmtID = iota
+	stInsert
+	stTakeover
+	stHeartbeat
+	stComplete
+	stFail
+	numStmts
+)
+
+var queries = [numStmts]string{
+	// The record, if any, and the database's now. Args: offset, scope, key.
+	stRead: `SELECT ` + micros(`n.now`) + `,
+	k.scope, k.` + "`key`" + `, k.method, k.path, k.fingerprint, k.state, k.fencing_token,
+	` + micros(`k.locked_until`) + `, k.response_status, k.response_headers, k.response_body,
+	k.response_body_stored, k.response_body_size,
+	` + micros(`k.created_at`) + `, ` + micros(`k.updated_at`) + `, ` + micros(`k.completed_at`) + `,
+	` + micros(`k.expires_at`) + `, k.attempts,
+	TIMESTAMPDIFF(MICROSECOND, n.now, k.locked_until)
+FROM (SELECT UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND AS now) AS n
+LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
+
+	// A new key. Args: scope, key, method, path, fingerprint, locked_until,
+	// created_at, updated_at, expires_at (µs).
+	stInsert: "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, state, fencing_token,\n" +
+		"	locked_until, created_at, updated_at, expires_at, attempts)\n" +
+		"VALUES (?, ?, ?, ?, ?, 'PROCESSING', 1, " + at + ", " + at + ", " + at + ", " + at + ", 1)",
+
+	// The compare-and-set on a claimable row: the token pins the version
+	// that was read, and the claimable condition is checked again against
+	// the same now. Args: method, path, fingerprint, locked_until,
+	// updated_at, created_at, expires_at (µs), attempts, scope, key, token,
+	// now, now (µs).
+	stTakeover: `UPDATE idem_keys SET method = ?, path = ?, fingerprint = ?, state = 'PROCESSING',
+	fencing_token = fencing_token + 1, locked_until = ` + at + `,
+	response_status = NULL, response_headers = NULL, response_body = NULL,
+	response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
+	updated_at = ` + at + `, created_at = ` + at + `, expires_at = ` + at + `, attempts = ?
+WHERE scope = ? AND ` + "`key`" + ` = ? AND fencing_token = ?
+	AND (expires_at <= ` + at + ` OR state = 'FAILED' OR (state = 'PROCESSING' AND locked_until <= ` + at + `))`,
+
+	// Args: offset, lease, offset, scope, key, token.
+	stHeartbeat: `UPDATE idem_keys SET locked_until = ` + now + ` + INTERVAL ? MICROSECOND, ` + touch + fenced,
+
+	// Args: status, headers, body, stored, size, offset, offset, scope, key, token.
+	stComplete: `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
+	response_status = ?, response_headers = ?, response_body = ?,
+	response_body_stored = ?, response_body_size = ?,
+	completed_at = ` + now + `, ` + touch + fenced,
+
+	// Args: offset, scope, key, token.
+	stFail: `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, ` + touch + fenced,
+}
+
+// preparedStmt is one statement, prepared on first use (MySQL checks the
+// table at prepare time, and New runs before Migrate). database/sql then
+// prepares it again on each pooled connection the first time it runs there.
+type preparedStmt struct {
+	mu   sync.Mutex
+	stmt atomic.Pointer[sql.Stmt]
+}
+
+func (d *Driver) stmt(ctx context.Context, id stmtID) (*sql.Stmt, error) {
+	ps := &d.stmts[id]
+	if s := ps.stmt.Load(); s != nil {
+		return s, nil
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if s := ps.stmt.Load(); s != nil {
+		return s, nil
+	}
+	s, err := d.db.PrepareContext(ctx, queries[id])
+	if err != nil {
+		return nil, err
+	}
+	ps.stmt.Store(s)
+	return s, nil
+}
+
+func (ps *preparedStmt) close() error {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	s := ps.stmt.Swap(nil)
+	if s == nil {
+		return nil
+	}
+	return s.Close()
+}
+
+// maxClaimTries bounds the rounds of read and write of one claim. Each
+// round that does not answer means another claimant won in between (or
+// InnoDB chose this one as a deadlock victim), so a few rounds suffice.
+const maxClaimTries = 8
+
+// ErrTooLong is wrapped by the error Claim returns for a scope, key, method,
+// path or fingerprint longer than its column (see MaxScopeBytes and the
+// others). Nothing is written.
+var ErrTooLong = errors.New("idemmysql: value longer than its column")
+
+func checkBounds(p idemdriver.ClaimParams) error {
+	for _, f := range []struct {
+		name string
+		n    int
+		max  int
+	}{
+		{"scope", len(p.Scope), MaxScopeBytes}, {"key", len(p.Key), MaxKeyBytes},
+		{"method", len(p.Method), MaxMethodBytes}, {"path", len(p.Path), MaxPathBytes},
+		{"fingerprint", len(p.Fingerprint), MaxFingerprintBytes},
+	} {
+		if f.n > f.max {
+			return fmt.Errorf("%w: %s is %d bytes, the column holds %d", ErrTooLong, f.name, f.n, f.max)
+		}
+	}
+	return nil
+}
+
+// snapshot is what the claim's read returned: the database's now and the
+// record, if there is one.
+type snapshot struct {
+	nowUS       int64
+	found       bool
+	rec         idemdriver.Record
+	lockedUS    sql.NullInt64
+	expiresUS   int64
+	createdUS   int64
+	fingerprint []byte
+}
+
+// Claim implements idemdriver.Driver: a read, then an INSERT or a
+// compare-and-set UPDATE when the record is claimable, each one autocommit
+// statement; a lost race reads again (see the package documentation).
+func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	if err := checkBounds(p); err != nil {
+		return idemdriver.ClaimResult{}, err
+	}
+	offset := p.ClockOffset.Microseconds()
+	var (
+		lastErr    error
+		lockWaited bool
+	)
+	for try := 0; try < maxClaimTries; try++ {
+		snap, err := d.read(ctx, p.Scope, p.Key, offset)
+		if err != nil {
+			if k := classify(err); k != kindOther && ctx.Err() == nil {
+				d.resolved[k].Add(1)
+				lastErr = err
+				continue
+			}
+			return idemdriver.ClaimResult{}, err
+		}
+		claimable, expired := decide(snap, p)
+		if snap.found && (!claimable || lockWaited) {
+			// The row it lost to: a replay, a live lease, another request; or
+			// a row that a transaction still holds (see lockWaited below).
+			return idemdriver.ClaimResult{Record: snap.rec}, nil
+		}
+		if d.beforeWrite != nil {
+			d.beforeWrite()
+		}
+		var won bool
+		var res idemdriver.ClaimResult
+		if !snap.found {
+			// (After a lock wait too: with no committed row there is nothing
+			// to answer from. idem's own INSERTs commit at once, so only a
+			// transaction of someone else's can hold an uncommitted key.)
+			res, err = d.insert(ctx, p, snap.nowUS)
+			won = err == nil
+		} else {
+			res, won, err = d.takeover(ctx, p, snap, expired)
+			if err == nil && !won {
+				d.resolved[kindRaced].Add(1)
+			}
+		}
+		if won {
+			return res, nil
+		}
+		if err == nil {
+			lastErr = errors.New("idemmysql: the compare-and-set lost to a concurrent write")
+			continue
+		}
+		k := classify(err)
+		if k == kindOther || ctx.Err() != nil {
+			return idemdriver.ClaimResult{}, err
+		}
+		d.resolved[k].Add(1)
+		lastErr = err
+		switch k {
+		case kindLockWait:
+			// A transaction held the row past innodb_lock_wait_timeout. If it
+			// still looks claimable on the next read, that transaction has
+			// not committed yet: answer from the row instead of waiting again.
+			lockWaited = true
+		case kindDeadlock, kindChanged:
+			if err := sleepJitter(ctx); err != nil {
+				return idemdriver.ClaimResult{}, err
+			}
+		}
+	}
+	return idemdriver.ClaimResult{}, fmt.Errorf("idemmysql: claim gave no answer after %d tries: %w", maxClaimTries, lastErr)
+}
+
+// decide reports whether the snapshot's record may be claimed by p, and
+// whether that is because it expired. A missing record is claimable.
+func decide(s snapshot, p idemdriver.ClaimParams) (claimable, expired bool) {
+	if !s.found {
+		return true, false
+	}
+	if s.expiresUS <= s.nowUS {
+		return true, true
+	}
+	r := s.rec
+	if r.Method != p.Method || r.Path != p.Path || !bytes.Equal(s.fingerprint, p.Fingerprint) {
+		return false, false
+	}
+	switch r.State {
+	case idemdriver.StateFailed:
+		return true, false
+	case idemdriver.StateProcessing:
+		return s.lockedUS.Valid && s.lockedUS.Int64 <= s.nowUS, false
+	}
+	return false, false
+}
+
+func (d *Driver) read(ctx context.Context, scope, key string, offset int64) (snapshot, error) {
+	s, err := d.stmt(ctx, stRead)
+	if err != nil {
+		return snapshot{}, err
+	}
+	return scanSnapshot(s.QueryRowContext(ctx, offset, scope, key))
+}
+
+func (d *Driver) insert(ctx context.Context, p idemdriver.ClaimParams, nowUS int64) (idemdriver.ClaimResult, error) {
+	s, err := d.stmt(ctx, stInsert)
+	if err != nil {
+		return idemdriver.ClaimResult{}, err
+	}
+	lockedUS := nowUS + p.LeaseDuration.Microseconds()
+	expiresUS := nowUS + p.Retention.Microseconds()
+	if _, err := s.ExecContext(ctx, p.Scope, p.Key, p.Method, p.Path, p.Fingerprint,
+		lockedUS, nowUS, nowUS, expiresUS); err != nil {
+		return idemdriver.ClaimResult{}, err
+	}
+	return claimed(p, 1, 1, nowUS, nowUS, expiresUS, lockedUS), nil
+}
+
+func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap snapshot, expired bool) (idemdriver.ClaimResult, bool, error) {
+	s, err := d.stmt(ctx, stTakeover)
+	if err != nil {
+		return idemdriver.ClaimResult{}, false, err
+	}
+	createdUS, expiresUS, attempts := snap.createdUS, snap.expiresUS, snap.rec.Attempts+1
+	if expired {
+		createdUS, expiresUS, attempts = snap.nowUS, snap.nowUS+p.Retention.Microseconds(), 1
+	}
+	lockedUS := snap.nowUS + p.LeaseDuration.Microseconds()
+	res, err := s.ExecContext(ctx, p.Method, p.Path, p.Fingerprint, lockedUS,
+		snap.nowUS, createdUS, expiresUS, attempts,
+		p.Scope, p.Key, snap.rec.FencingToken, snap.nowUS, snap.nowUS)
+	if err != nil {
+		return idemdriver.ClaimResult{}, false, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n != 1 {
+		return idemdriver.ClaimResult{}, false, err
+	}
+	return claimed(p, snap.rec.FencingToken+1, attempts, createdUS, snap.nowUS, expiresUS, lockedUS), true, nil
+}
+
+// claimed is the record a won claim wrote.
+func claimed(p idemdriver.ClaimParams, token int64, attempts int, createdUS, updatedUS, expiresUS, lockedUS int64) idemdriver.ClaimResult {
+	locked := usTime(lockedUS)
+	return idemdriver.ClaimResult{Claimed: true, Record: idemdriver.Record{
+		Scope: p.Scope, Key: p.Key, Method: p.Method, Path: p.Path,
+		Fingerprint: bytes.Clone(p.Fingerprint), State: idemdriver.StateProcessing,
+		FencingToken: token, LeaseLeft: idemdriver.LeaseLeft(idemdriver.StateProcessing, p.LeaseDuration, true),
+		Attempts: attempts, CreatedAt: usTime(createdUS), UpdatedAt: usTime(updatedUS),
+		ExpiresAt: usTime(expiresUS), LockedUntil: &locked,
+	}}
+}
+
+// sleepJitter waits 1 to 5 ms before a deadlock victim tries again.
+func sleepJitter(ctx context.Context) error {
+	t := time.NewTimer(time.Millisecond + rand.N(4*time.Millisecond))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Get implements idemdriver.Driver.
+func (d *Driver) Get(ctx context.Context, scope, key string) (idemdriver.Record, error) {
+	snap, err := d.read(ctx, scope, key, 0)
+	if err != nil {
+		return idemdriver.Record{}, err
+	}
+	if !snap.found {
+		return idemdriver.Record{}, idemdriver.ErrNotFound
+	}
+	return snap.rec, nil
+}
+
+// Heartbeat implements idemdriver.Driver.
+func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	s, err := d.stmt(ctx, stHeartbeat)
+	if err != nil {
+		return false, err
+	}
+	off := p.ClockOffset.Microseconds()
+	return execFenced(ctx, s, true, off, p.LeaseDuration.Microseconds(), off, p.Scope, p.Key, p.FencingToken)
+}
+
+// Complete implements idemdriver.Driver.
+func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
+	s, err := d.stmt(ctx, stComplete)
+	if err != nil {
+		return false, err
+	}
+	return complete(ctx, s, true, p)
+}
+
+// Fail implements idemdriver.Driver.
+func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	s, err := d.stmt(ctx, stFail)
+	if err != nil {
+		return false, err
+	}
+	return execFenced(ctx, s, true, p.ClockOffset.Microseconds(), p.Scope, p.Key, p.FencingToken)
+}
+
+// Begin implements idemdriver.Driver: a transaction at READ COMMITTED, the
+// level of idem's PostgreSQL driver, rather than MySQL's default REPEATABLE
+// READ (whose gap locks make concurrent business inserts deadlock more
+// often). On a pool from New, or when Open's URL sets an isolation level of
+// its own, it sends SET TRANSACTION ISOLATION LEVEL READ COMMITTED before
+// START TRANSACTION; otherwise READ COMMITTED is already the session's
+// default (see Open). The fenced completion inside is correct at any level:
+// an UPDATE always reads the latest committed row.
+func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
+	tx, err := d.db.BeginTx(ctx, d.beginOpts)
+	if err != nil {
+		return nil, err
+	}
+	return &businessTx{d: d, tx: tx}, nil
+}
+
+type businessTx struct {
+	d  *Driver
+	tx *sql.Tx
+}
+
+// Complete writes the completion in the business transaction. It is not
+// retried on a deadlock: InnoDB has rolled the whole transaction back, the
+// business writes with it, and the error reaches the core (503; the record
+// stays PROCESSING until its lease runs out).
+func (t *businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
+	s, err := t.d.stmt(ctx, stComplete)
+	if err != nil {
+		return false, err
+	}
+	return complete(ctx, t.tx.StmtContext(ctx, s), false, p)
+}
+func (t *businessTx) Commit(context.Context) error { return t.tx.Commit() }
+func (t *businessTx) Rollback(context.Context) error {
+	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return err
+	}
+	return nil
+}
+func (t *businessTx) Native() any { return t.tx }
+
+func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.CompleteParams) (bool, error) {
+	headers, err := idemdriver.EncodeHeader(p.Response.Header)
+	if err != nil {
+		return false, err
+	}
+	body := p.Response.Body
+	if !p.Response.BodyStored || body == nil {
+		body = []byte{}
+	}
+	off := p.ClockOffset.Microseconds()
+	return execFenced(ctx, s, retry, p.Response.Status, headers, body, p.Response.BodyStored, p.Response.BodySize,
+		off, off, p.Scope, p.Key, p.FencingToken)
+}
+
+// execFenced runs a compare-and-set on the fencing token; false means the
+// caller no longer owns the record. Outside a transaction (retry), a
+// deadlock or a changed-record error runs the statement again.
+func execFenced(ctx context.Context, s *sql.Stmt, retry bool, args ...any) (bool, error) {
+	for try := 1; ; try++ {
+		res, err := s.ExecContext(ctx, args...)
+		if err != nil {
+			k := classify(err)
+			if retry && (k == kindDeadlock || k == kindChanged) && try < maxClaimTries && ctx.Err() == nil {
+				if err := sleepJitter(ctx); err != nil {
+					return false, err
+				}
+				continue
+			}
+			return false, err
+		}
+		n, err := res.RowsAffected()
+		return n == 1, err
+	}
+}
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+func scanSnapshot(row rowScanner) (snapshot, error) {
+	var (
+		s                                             snapshot
+		scope, key, method, path, state               sql.NullString
+		token, status, bodySize, createdAt, updatedAt sql.NullInt64
+		completedAt, expiresAt, attempts, leaseLeft   sql.NullInt64
+		headers, body                                 []byte
+		stored                                        sql.NullBool
+	)
+	err := row.Scan(&s.nowUS, &scope, &key, &method, &path, &s.fingerprint, &state, &token,
+		&s.lockedUS, &status, &headers, &body, &stored, &bodySize,
+		&createdAt, &updatedAt, &completedAt, &expiresAt, &attempts, &leaseLeft)
+	if err != nil || !token.Valid {
+		return s, err // no record when the fencing token (NOT NULL) is NULL
+	}
+	s.found = true
+	s.expiresUS, s.createdUS = expiresAt.Int64, createdAt.Int64
+	rec := idemdriver.Record{
+		Scope: scope.String, Key: key.String, Method: method.String, Path: path.String,
+		Fingerprint: s.fingerprint, State: idemdriver.State(state.String), FencingToken: token.Int64,
+		Attempts: int(attempts.Int64), CreatedAt: usTime(createdAt.Int64), UpdatedAt: usTime(updatedAt.Int64),
+		ExpiresAt: usTime(expiresAt.Int64), CompletedAt: nullTime(completedAt), LockedUntil: nullTime(s.lockedUS),
+	}
+	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
+	if rec.State == idemdriver.StateSucceeded && status.Valid {
+		h, err := idemdriver.DecodeHeader(headers)
+		if err != nil {
+			return s, err
+		}
+		if body == nil {
+			body = []byte{}
+		}
+		rec.Response = &idemdriver.Response{Status: int(status.Int64), Header: h, Body: body,
+			BodyStored: stored.Bool, BodySize: bodySize.Int64}
+	}
+	s.rec = rec
+	return s, nil
+}
+
+func usTime(us int64) time.Time { return time.UnixMicro(us).UTC() }
+
+func nullTime(v sql.NullInt64) *time.Time {
+	if !v.Valid {
+		return nil
+	}
+	t := usTime(v.Int64)
+	return &t
+}

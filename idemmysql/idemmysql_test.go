@@ -1,0 +1,85 @@
+package idemmysql_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemdrivertest"
+	"github.com/idemgo/idem/idemmysql"
+	"github.com/idemgo/idem/internal/dbtest"
+)
+
+// open returns a migrated driver on a fresh database, opened from the
+// database's URL with extra query parameters appended.
+func open(t testing.TB, params string) *idemmysql.Driver {
+	t.Helper()
+	url, _ := dbtest.MySQLURL(t)
+	if params != "" {
+		url += sep(url) + params
+	}
+	d, err := idemmysql.Open(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(context.Background()))
+	return d
+}
+
+func sep(url string) string {
+	for _, c := range url {
+		if c == '?' {
+			return "&"
+		}
+	}
+	return "?"
+}
+
+func newDriver(t testing.TB) idemdriver.Driver { return open(t, "") }
+
+type business struct{ db *sql.DB }
+
+func (b business) Insert(ctx context.Context, tx idemdriver.Tx, id string) error {
+	_, err := tx.Native().(*sql.Tx).ExecContext(ctx, `INSERT INTO business_rows (id) VALUES (?)`, id)
+	return err
+}
+
+func (b business) Count(ctx context.Context, id string) (n int, err error) {
+	err = b.db.QueryRowContext(ctx, `SELECT count(*) FROM business_rows WHERE id = ?`, id).Scan(&n)
+	return n, err
+}
+
+func TestConformance(t *testing.T) {
+	idemdrivertest.Run(t, idemdrivertest.Harness{
+		NewDriver: func(t *testing.T) idemdriver.Driver { return newDriver(t) },
+		Unreachable: func(t *testing.T) idemdriver.Driver {
+			db, err := sql.Open("mysql", "root@tcp(127.0.0.1:1)/none?timeout=2s")
+			require.NoError(t, err)
+			t.Cleanup(func() { db.Close() })
+			return idemmysql.New(db)
+		},
+		Business: func(t *testing.T, d idemdriver.Driver) idemdrivertest.Business {
+			db := d.(*idemmysql.Driver).DB()
+			_, err := db.Exec(`CREATE TABLE business_rows (id VARCHAR(255) PRIMARY KEY) ENGINE = InnoDB`)
+			require.NoError(t, err)
+			return business{db}
+		},
+		NewCountingDriver: func(t *testing.T) (idemdriver.Driver, func() int64) {
+			wrap, n := counting()
+			url, _ := dbtest.MySQLURL(t)
+			d, err := idemmysql.OpenWrapped(context.Background(), url, wrap)
+			require.NoError(t, err)
+			t.Cleanup(func() { d.Close() })
+			require.NoError(t, d.Migrate(context.Background()))
+			return d, n.Load
+		},
+		// MySQL has no RETURNING: a first execution reads, then inserts,
+		// then completes. Replays, 409 and 422 are answered by the read.
+		// A transactional completion adds START TRANSACTION and COMMIT
+		// (Open's sessions default to READ COMMITTED, so no SET TRANSACTION).
+		Budget:       map[string]int{"first": 3, "first-transactional": 5, "replay": 1, "in-flight": 1, "key-reused": 1},
+		SingleWriter: false,
+	})
+}

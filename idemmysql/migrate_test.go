@@ -1,0 +1,118 @@
+package idemmysql_test
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/idemmysql"
+	"github.com/idemgo/idem/internal/dbtest"
+)
+
+// brokenSet is the embedded migrations plus a version 2 whose second
+// statement fails: its first statement commits on its own (MySQL has no
+// transactional DDL) and its third never runs.
+func brokenSet(t *testing.T) fstest.MapFS {
+	t.Helper()
+	first, err := fs.ReadFile(idemmysql.EmbeddedMigrations(), "00001_idem_keys.sql")
+	require.NoError(t, err)
+	return fstest.MapFS{
+		"00001_idem_keys.sql": {Data: first},
+		"00002_broken.sql": {Data: []byte(`-- +goose Up
+CREATE TABLE half_applied (id INT PRIMARY KEY);
+CREATE TABLE broken (;
+CREATE TABLE never_applied (id INT PRIMARY KEY);
+
+-- +goose Down
+DROP TABLE never_applied;
+DROP TABLE half_applied;
+`)},
+	}
+}
+
+func tableExists(t *testing.T, d *idemmysql.Driver, name string) bool {
+	t.Helper()
+	var n int
+	require.NoError(t, d.DB().QueryRow(`SELECT COUNT(*) FROM information_schema.TABLES
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?`, name).Scan(&n))
+	return n == 1
+}
+
+func TestMigrateFailsHalfway(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := dbtest.MySQLURL(t)
+	d, err := idemmysql.Open(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+
+	err = idemmysql.MigrateFS(d, ctx, brokenSet(t))
+	var me *idemmysql.MigrateError
+	require.True(t, errors.As(err, &me), "%v", err)
+	require.EqualValues(t, 2, me.Version)
+	require.Equal(t, "00002_broken.sql", me.Source)
+	require.Equal(t, 2, me.Statement)
+	require.Contains(t, me.SQL, "CREATE TABLE broken (")
+	require.EqualValues(t, 1, me.LastApplied)
+	msg := err.Error()
+	t.Log(msg)
+	require.Contains(t, msg, "migration 2 (00002_broken.sql) failed at its statement 2")
+	require.Contains(t, msg, "last version applied: 1")
+	require.Contains(t, msg, "statement 1 of version 2 ran and stays applied")
+	require.Contains(t, msg, "Error 1064", "the database's own error is kept")
+
+	require.True(t, tableExists(t, d, "idem_keys"))
+	require.True(t, tableExists(t, d, "half_applied"), "MySQL committed the first statement of version 2")
+	require.False(t, tableExists(t, d, "never_applied"))
+	var version int64
+	require.NoError(t, d.DB().QueryRow(`SELECT MAX(version_id) FROM `+idemmysql.SchemaVersionTable+` WHERE is_applied`).Scan(&version))
+	require.EqualValues(t, 1, version, "version 2 is not recorded")
+
+	// Repaired by hand, the set migrates.
+	_, err = d.DB().Exec(`DROP TABLE half_applied`)
+	require.NoError(t, err)
+	fixed := brokenSet(t)
+	fixed["00002_broken.sql"] = &fstest.MapFile{Data: []byte("-- +goose Up\nCREATE TABLE half_applied (id INT PRIMARY KEY);\n")}
+	require.NoError(t, idemmysql.MigrateFS(d, ctx, fixed))
+	require.True(t, tableExists(t, d, "half_applied"))
+}
+
+// Processes starting together on one database migrate one at a time
+// (GET_LOCK on the database's name): all succeed and version 1 is applied once.
+func TestMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := dbtest.MySQLURL(t)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	drivers := make([]*idemmysql.Driver, 6)
+	for i := range drivers {
+		d, err := idemmysql.Open(ctx, url)
+		require.NoError(t, err)
+		t.Cleanup(func() { d.Close() })
+		drivers[i] = d
+	}
+	for _, d := range drivers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := d.Migrate(ctx)
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	var n int
+	require.NoError(t, drivers[0].DB().QueryRow(`SELECT COUNT(*) FROM `+idemmysql.SchemaVersionTable+` WHERE version_id = 1`).Scan(&n))
+	require.Equal(t, 1, n)
+}
