@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/idemgo/idem/idemdriver"
 )
 
 // Defaults of Config, per CONTRACT sections 2, 4 and 5.
@@ -101,7 +103,11 @@ type Config struct {
 	LeaseDuration time.Duration
 
 	// Retention is how long a key is remembered after its first request
-	// (expires_at = created_at + Retention). Default: 24 h.
+	// (expires_at = created_at + Retention); past it, the key names a new
+	// request, whether its record is purged yet or not. For a retention per
+	// route, give each route group its own Middleware (docs/retention.md).
+	// At most the store's MaxRetention where it has one
+	// (idemdriver.RetentionLimiter). Default: 24 h.
 	Retention time.Duration
 
 	// MaxRequestBytes bounds the request body read for the fingerprint; a
@@ -197,6 +203,9 @@ func (c Config) validate() error {
 	}
 	if c.Retention < c.LeaseDuration {
 		errs = append(errs, fmt.Errorf("Retention %s is shorter than LeaseDuration %s", c.Retention, c.LeaseDuration))
+	}
+	if rl, ok := c.Store.(idemdriver.RetentionLimiter); ok && c.Retention > rl.MaxRetention() {
+		errs = append(errs, fmt.Errorf("Retention %s exceeds the store's MaxRetention %s", c.Retention, rl.MaxRetention()))
 	}
 	if c.MaxRequestBytes < 0 || c.MaxResponseBytes < 0 {
 		errs = append(errs, errors.New("MaxRequestBytes and MaxResponseBytes must not be negative"))

@@ -26,16 +26,22 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 )
 
-//go:embed migrations/*.sql
+//go:embed migrations/*.sql migrations_partitioned/*.sql
 var migrations embed.FS
 
 // SchemaVersionTable is the table in which the migration tool keeps the
 // applied schema versions (in the connection's search_path schema).
 const SchemaVersionTable = "idem_schema_version"
 
-// Driver implements idemdriver.Driver on a pgx pool.
+// Driver implements idemdriver.Driver on a pgx pool, on a plain idem_keys
+// table (New) or one range partitioned by expires_at (NewPartitioned). It
+// also implements the optional interfaces of retention and operations:
+// idemdriver.Purger, MaintenanceLocker, Inspector, Migrator and Partitioner
+// (see retention.go and partitioned.go).
 type Driver struct {
 	pool *pgxpool.Pool
+	// part is nil on a plain table.
+	part *PartitionConfig
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)
@@ -133,36 +139,59 @@ const maxClaimTries = 5
 
 // Migrate applies the embedded migrations (goose) under a PostgreSQL
 // advisory lock on the search_path schema, so processes starting together
-// migrate once. It is safe to
-// call on every start.
+// migrate once. It is safe to call on every start. A partitioned driver
+// (NewPartitioned) applies its own migrations, recorded in
+// PartitionedSchemaVersionTable, and then creates the partitions of today
+// through today + DaysAhead (EnsurePartitions).
 func (d *Driver) Migrate(ctx context.Context) error {
-	sub, err := fs.Sub(migrations, "migrations")
+	p, closeDB, err := d.provider(ctx)
 	if err != nil {
 		return err
+	}
+	defer closeDB()
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("idempgx: migrate: %w", err)
+	}
+	if d.part != nil {
+		if _, err := d.EnsurePartitions(ctx, idemdriver.PartitionParams{}); err != nil {
+			return fmt.Errorf("idempgx: migrate: %w", err)
+		}
+	}
+	return nil
+}
+
+// provider returns the goose provider of the driver's migrations (plain or
+// partitioned) and a function that closes its *sql.DB.
+func (d *Driver) provider(ctx context.Context) (*goose.Provider, func(), error) {
+	dir, table := "migrations", SchemaVersionTable
+	if d.part != nil {
+		dir, table = "migrations_partitioned", PartitionedSchemaVersionTable
+	}
+	sub, err := fs.Sub(migrations, dir)
+	if err != nil {
+		return nil, nil, err
 	}
 	// One advisory lock per schema: processes sharing a schema migrate one
 	// at a time; different schemas do not wait for each other.
 	var schema string
 	if err := d.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
-		return fmt.Errorf("idempgx: migrate: %w", err)
+		return nil, nil, fmt.Errorf("idempgx: migrate: %w", err)
 	}
 	h := fnv.New64a()
 	h.Write([]byte("idem migrations " + schema))
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64())), lock.WithLockTimeout(1, 300))
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	db := stdlib.OpenDBFromPool(d.pool)
-	defer db.Close()
 	p, err := goose.NewProvider(goose.DialectPostgres, db, sub,
-		goose.WithTableName(SchemaVersionTable), goose.WithSessionLocker(locker))
+		goose.WithTableName(table), goose.WithSessionLocker(locker),
+		goose.WithDisableGlobalRegistry(true)) // an application's own Go migrations are not ours
 	if err != nil {
-		return fmt.Errorf("idempgx: migrations: %w", err)
+		db.Close()
+		return nil, nil, fmt.Errorf("idempgx: migrations: %w", err)
 	}
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("idempgx: migrate: %w", err)
-	}
-	return nil
+	return p, func() { db.Close() }, nil
 }
 
 // Claim implements idemdriver.Driver in one statement (see claimSQL).
@@ -171,6 +200,9 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		"scope": p.Scope, "key": p.Key, "method": p.Method, "path": p.Path, "fingerprint": p.Fingerprint,
 		"lease": p.LeaseDuration.Microseconds(), "retention": p.Retention.Microseconds(),
 		"offset": p.ClockOffset.Microseconds(),
+	}
+	if d.part != nil {
+		return d.claimPartitioned(ctx, args)
 	}
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
@@ -293,17 +325,30 @@ func complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool
 
 // execFenced runs a compare-and-set on the fencing token; false means the
 // caller no longer owns the record.
+//
+// On a partitioned table, a claim that re-claims an expired record moves its
+// row to another partition; a fenced write that waited on that row then fails
+// with a serialization failure (40001, "tuple to be updated was already moved
+// to another partition"). Outside a transaction the write is run again, and
+// finds the new owner's token: false. Inside the business transaction the
+// error is returned (the transaction is aborted) and the core rolls back.
 func execFenced(ctx context.Context, db execer, query string, args pgx.NamedArgs) (bool, error) {
-	tag, err := db.Exec(ctx, query, args)
-	if err != nil {
-		return false, err
+	_, inTx := db.(pgx.Tx)
+	for try := 0; ; try++ {
+		tag, err := db.Exec(ctx, query, args)
+		if err != nil {
+			if !inTx && try < 2 && retryable(err) {
+				continue
+			}
+			return false, err
+		}
+		return tag.RowsAffected() == 1, nil
 	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // scanRecord reads one row of columns, preceded by the claimed flag when
-// claimed is not nil.
-func scanRecord(row pgx.Row, claimed *bool) (idemdriver.Record, error) {
+// claimed is not nil and followed by extra.
+func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, error) {
 	var (
 		rec                   idemdriver.Record
 		state                 string
@@ -318,6 +363,7 @@ func scanRecord(row pgx.Row, claimed *bool) (idemdriver.Record, error) {
 	if claimed != nil {
 		dest = append([]any{claimed}, dest...)
 	}
+	dest = append(dest, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return rec, err
 	}

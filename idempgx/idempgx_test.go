@@ -43,6 +43,27 @@ func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx
 }
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// The partitioned claim is a batch: each of its statements counts.
+func (c *countingTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.n.Add(1)
+}
+func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// secondDriver opens another pool on d's schema, as another process would.
+func secondDriver(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
+	pd := d.(*idempgx.Driver)
+	pool, err := pgxpool.NewWithConfig(context.Background(), pd.Pool().Config())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	if pd.Partitioned() {
+		return idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
+	}
+	return idempgx.New(pool)
+}
+
 func TestConformance(t *testing.T) {
 	idemdrivertest.Run(t, idemdrivertest.Harness{
 		NewDriver: func(t *testing.T) idemdriver.Driver { return newDriver(t) },
@@ -67,14 +88,18 @@ func TestConformance(t *testing.T) {
 		},
 		// One claim statement, one completion; in transactional mode the
 		// completion rides in the business transaction (BEGIN, COMMIT).
-		Budget: map[string]int{"first": 2, "first-transactional": 4, "replay": 1, "in-flight": 1, "key-reused": 1},
-		Business: func(t *testing.T, d idemdriver.Driver) idemdrivertest.Business {
-			pool := d.(*idempgx.Driver).Pool()
-			_, err := pool.Exec(context.Background(), `CREATE TABLE business_rows (id text PRIMARY KEY)`)
-			require.NoError(t, err)
-			return business{pool}
-		},
+		Budget:       map[string]int{"first": 2, "first-transactional": 4, "replay": 1, "in-flight": 1, "key-reused": 1},
+		Business:     newBusiness,
+		Maintenance:  true,
+		SecondDriver: secondDriver,
 	})
+}
+
+func newBusiness(t *testing.T, d idemdriver.Driver) idemdrivertest.Business {
+	pool := d.(*idempgx.Driver).Pool()
+	_, err := pool.Exec(context.Background(), `CREATE TABLE business_rows (id text PRIMARY KEY)`)
+	require.NoError(t, err)
+	return business{pool}
 }
 
 func BenchmarkDriver(b *testing.B) { idemdrivertest.Benchmark(b, newDriver) }

@@ -183,19 +183,28 @@ var failSQL = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updat
 // Migrate applies the embedded migrations (goose), recording them in
 // SchemaVersionTable. It is safe to call on every start.
 func (d *Driver) Migrate(ctx context.Context) error {
-	sub, err := fs.Sub(migrations, "migrations")
+	p, err := d.provider()
 	if err != nil {
 		return err
-	}
-	p, err := goose.NewProvider(goose.DialectSQLite3, d.db, sub, goose.WithTableName(SchemaVersionTable),
-		goose.WithDisableGlobalRegistry(true)) // an application's own Go migrations are not ours
-	if err != nil {
-		return fmt.Errorf("idemsqlite: migrations: %w", err)
 	}
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("idemsqlite: migrate: %w", err)
 	}
 	return nil
+}
+
+// provider returns the goose provider of the embedded migrations.
+func (d *Driver) provider() (*goose.Provider, error) {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	p, err := goose.NewProvider(goose.DialectSQLite3, d.db, sub, goose.WithTableName(SchemaVersionTable),
+		goose.WithDisableGlobalRegistry(true)) // an application's own Go migrations are not ours
+	if err != nil {
+		return nil, fmt.Errorf("idemsqlite: migrations: %w", err)
+	}
+	return p, nil
 }
 
 // Claim implements idemdriver.Driver. It reads first: a record that cannot be
@@ -382,8 +391,8 @@ func isBusy(err error) bool {
 }
 
 // scanRecord reads one row of columns, followed by the expired flag when
-// expired is not nil.
-func scanRecord(row *sql.Row, expired *bool) (idemdriver.Record, error) {
+// expired is not nil, then by extra.
+func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any) (idemdriver.Record, error) {
 	var (
 		rec                                 idemdriver.Record
 		state                               string
@@ -399,6 +408,7 @@ func scanRecord(row *sql.Row, expired *bool) (idemdriver.Record, error) {
 	if expired != nil {
 		dest = append(dest, expired)
 	}
+	dest = append(dest, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return rec, err
 	}

@@ -61,6 +61,16 @@ func TestConformance(t *testing.T) {
 		// upserts; a transactional completion adds BEGIN and COMMIT.
 		Budget:       map[string]int{"first": 3, "first-transactional": 5, "replay": 1, "in-flight": 1, "key-reused": 1},
 		SingleWriter: true,
+		Maintenance:  true,
+		SecondDriver: func(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
+			var file string
+			err := d.(*idemsqlite.Driver).DB().QueryRow(`SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file)
+			require.NoError(t, err)
+			other, err := idemsqlite.Open(context.Background(), file)
+			require.NoError(t, err)
+			t.Cleanup(func() { other.Close() })
+			return other
+		},
 	})
 }
 

@@ -48,6 +48,22 @@ type Harness struct {
 	// a claim cannot run while a business transaction is open, so the suite
 	// does not open one across a takeover.
 	SingleWriter bool
+
+	// Maintenance declares that the driver implements the optional
+	// interfaces of retention and operations: idemdriver.Purger,
+	// MaintenanceLocker, Inspector and Migrator. Their cases run whenever the
+	// driver implements them; with Maintenance true, a driver that lacks one
+	// fails instead of skipping.
+	Maintenance bool
+	// Partitioned declares that NewDriver returns a partitioned store
+	// (idemdriver.Partitioner reporting Partitioned, and RetentionLimiter):
+	// the partition cases must run, and fail if it is not.
+	Partitioned bool
+	// SecondDriver returns another driver on the same database as d, through
+	// a pool (or connection) of its own, as another process would have: the
+	// cases where two processes meet (two maintainers) use it. Required when
+	// Maintenance is true.
+	SecondDriver func(t *testing.T, d idemdriver.Driver) idemdriver.Driver
 }
 
 // Business writes rows of a test business table inside a claim's transaction.
@@ -68,6 +84,7 @@ const (
 func Run(t *testing.T, h Harness) {
 	t.Run("Driver", func(t *testing.T) { runDriver(t, h) })
 	t.Run("Middleware", func(t *testing.T) { runMiddleware(t, h) })
+	t.Run("Retention", func(t *testing.T) { runRetention(t, h) })
 }
 
 func fingerprint(s string) []byte {

@@ -1,0 +1,427 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// globals are the flags every command takes.
+type globals struct {
+	databaseURL string
+	json        bool
+	partitioned bool
+	timeout     time.Duration
+}
+
+// run runs the command line args (without the program name), writing
+// results to stdout and errors to stderr, and returns the exit status: 0, 1
+// when the command failed, 2 for a usage error.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	g := &globals{}
+	root := newRoot(g, stdout)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "idem:", err)
+	var ue usageError
+	if errors.As(err, &ue) || cmd == nil || !cmd.Runnable() || isFlagError(err) {
+		return 2
+	}
+	return 1
+}
+
+// usageError marks an error in the command line itself.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+func isFlagError(err error) bool {
+	var fe flagError
+	return errors.As(err, &fe)
+}
+
+type flagError struct{ error }
+
+func newRoot(g *globals, stdout io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "idem",
+		Short: "Operate an idem store: migrations, retention, and the story of a key",
+		Long: `idem operates the store of github.com/idemgo/idem: its migrations, the
+retention of its records (purge, partitions), and what an operator needs to
+see at 3 a.m. without writing SQL (inspect, stuck, stats).
+
+Every time is the database's clock. Output is a table, or JSON with --json.
+
+The database comes from --database-url (or IDEM_DATABASE_URL):
+  postgres://... or postgresql://...  PostgreSQL (add search_path=... for a schema);
+                                      a partitioned idem_keys is detected
+  mysql://user:pass@host:port/db      MySQL / MariaDB
+  sqlite:PATH, file:PATH or PATH      the SQLite file at PATH`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if g.databaseURL == "" {
+				g.databaseURL = os.Getenv("IDEM_DATABASE_URL")
+			}
+			return nil
+		},
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return flagError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.databaseURL, "database-url", "", "the database (default: $IDEM_DATABASE_URL); see above")
+	pf.BoolVar(&g.json, "json", false, "print JSON instead of a table")
+	pf.BoolVar(&g.partitioned, "partitioned", false,
+		"PostgreSQL: use the partitioned table (daily partitions by expires_at); needed only for 'migrate up' on a new database")
+	pf.DurationVar(&g.timeout, "timeout", 10*time.Minute, "give up after this long")
+
+	root.AddCommand(migrateCmd(g, stdout), purgeCmd(g, stdout), partitionsCmd(g, stdout),
+		inspectCmd(g, stdout), stuckCmd(g, stdout), statsCmd(g, stdout))
+	return root
+}
+
+// withStore opens the store for one command and closes it afterwards.
+func withStore(cmd *cobra.Command, g *globals, f func(ctx context.Context, s *store) error) error {
+	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
+	defer cancel()
+	s, err := openStore(ctx, g.databaseURL, g.partitioned)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	return f(ctx, s)
+}
+
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("%s takes no arguments, got %q", cmd.CommandPath(), args)}
+	}
+	return nil
+}
+
+func migrateCmd(g *globals, out io.Writer) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply, roll back or list the store's schema migrations",
+		Args:  noArgs,
+	}
+	status := func(ctx context.Context, s *store) error {
+		m, err := capability[idemdriver.Migrator](s, "migration status")
+		if err != nil {
+			return err
+		}
+		list, err := m.MigrationStatus(ctx)
+		if err != nil {
+			return err
+		}
+		return printMigrations(out, g.json, s, list)
+	}
+	c.AddCommand(&cobra.Command{
+		Use:   "up",
+		Short: "Apply every pending migration (with --partitioned on PostgreSQL: the partitioned table and its partitions ahead)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				if err := s.driver.Migrate(ctx); err != nil {
+					return err
+				}
+				if _, ok := s.driver.(idemdriver.Migrator); !ok {
+					return printLine(out, g.json, "migrated", map[string]any{"migrated": true})
+				}
+				return status(ctx, s)
+			})
+		},
+	}, &cobra.Command{
+		Use:   "down",
+		Short: "Roll back the most recent migration (rolling back the first drops idem_keys and every record)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				m, err := capability[idemdriver.Migrator](s, "migrate down")
+				if err != nil {
+					return err
+				}
+				done, err := m.MigrateDown(ctx)
+				if err != nil {
+					return err
+				}
+				return printLine(out, g.json, fmt.Sprintf("rolled back %d %s", done.Version, done.Name),
+					map[string]any{"rolled_back": map[string]any{"version": done.Version, "name": done.Name}})
+			})
+		},
+	}, &cobra.Command{
+		Use:   "status",
+		Short: "List the migrations and whether each is applied",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withStore(cmd, g, status)
+		},
+	})
+	return c
+}
+
+func purgeCmd(g *globals, out io.Writer) *cobra.Command {
+	var (
+		olderThan  time.Duration
+		batch      int
+		maxBatches int
+		dryRun     bool
+	)
+	c := &cobra.Command{
+		Use:   "purge",
+		Short: "Delete expired records in bounded batches",
+		Long: `Delete expired records in batches of --batch, each batch its own short
+transaction that waits for no request (PostgreSQL: FOR UPDATE SKIP LOCKED;
+SQLite: one DELETE ... LIMIT statement), until none is left or --max-batches.
+
+--older-than D selects the records whose expires_at is more than D in the
+past, by the database's clock: expires_at <= now - D. The default, 0,
+selects every expired record. A PROCESSING record whose lease is still live
+is never deleted, expired or not.
+
+An expired record is answered as a new request whether it is purged or not:
+purging frees space, it does not change what clients get. Purging while an
+idem.Maintainer runs is safe. On a partitioned PostgreSQL table prefer
+` + "`idem partitions drop`" + `, which removes whole days without a DELETE.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if olderThan < 0 || batch <= 0 || maxBatches < 0 {
+				return usageError{errors.New("--older-than must not be negative, --batch must be positive, --max-batches not negative")}
+			}
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				p, err := capability[idemdriver.Purger](s, "purge")
+				if err != nil {
+					return err
+				}
+				params := idemdriver.PurgeParams{Limit: batch, OlderThan: olderThan}
+				if dryRun {
+					n, err := p.CountExpired(ctx, params)
+					if err != nil {
+						return err
+					}
+					return printPurge(out, g.json, purgeResult{DryRun: true, OlderThan: olderThan, Batch: batch, Purged: n})
+				}
+				res := purgeResult{OlderThan: olderThan, Batch: batch}
+				start := time.Now()
+				for maxBatches == 0 || res.Batches < maxBatches {
+					n, err := p.PurgeExpired(ctx, params)
+					if err != nil {
+						printPurge(out, g.json, res) //nolint:errcheck // the error below matters more
+						return fmt.Errorf("after %d records: %w", res.Purged, err)
+					}
+					res.Batches++
+					res.Purged += n
+					if n < int64(batch) {
+						break
+					}
+				}
+				res.Duration = time.Since(start)
+				return printPurge(out, g.json, res)
+			})
+		},
+	}
+	f := c.Flags()
+	f.DurationVar(&olderThan, "older-than", 0, "purge records whose expires_at is more than this in the past (0: every expired record)")
+	f.IntVar(&batch, "batch", 1000, "records per DELETE (one short transaction each)")
+	f.IntVar(&maxBatches, "max-batches", 0, "stop after this many batches (0: until no expired record is left)")
+	f.BoolVar(&dryRun, "dry-run", false, "count the records that would be purged; delete nothing")
+	return c
+}
+
+func partitionsCmd(g *globals, out io.Writer) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "partitions",
+		Short: "Create, drop or list the daily partitions (PostgreSQL partitioned mode)",
+		Long: `In partitioned mode (idempgx.NewPartitioned; ` + "`idem migrate up --partitioned`" + `),
+idem_keys is range partitioned by expires_at, one partition per UTC day
+(idem_keys_pYYYYMMDD). Partitions are created ahead and dropped once every
+record in them has expired; an idem.Maintainer does both every cycle.`,
+		Args: noArgs,
+	}
+	var daysAhead int
+	ensure := &cobra.Command{
+		Use:   "ensure",
+		Short: "Create the missing partitions of today through today + --days-ahead (UTC days)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				p, err := s.partitioner()
+				if err != nil {
+					return err
+				}
+				created, err := p.EnsurePartitions(ctx, idemdriver.PartitionParams{DaysAhead: daysAhead})
+				if err != nil {
+					return err
+				}
+				return printPartitions(out, g.json, "created", created)
+			})
+		},
+	}
+	ensure.Flags().IntVar(&daysAhead, "days-ahead", 0, "days past today to cover (0: the driver's default, 7)")
+	var (
+		olderThan time.Duration
+		dryRun    bool
+	)
+	drop := &cobra.Command{
+		Use:   "drop",
+		Short: "Drop the partitions whose whole range has expired",
+		Long: `Drop the partitions whose whole range of expires_at lies more than
+--older-than in the past (its end <= now - D, by the database's clock; 0:
+every partition whose records have all expired). A partition that still
+holds a PROCESSING record under a live lease is kept for a later run. Each
+drop is DETACH PARTITION ... CONCURRENTLY then DROP TABLE: no DELETE, no
+vacuum, and claims are not blocked.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if olderThan < 0 {
+				return usageError{errors.New("--older-than must not be negative")}
+			}
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				p, err := s.partitioner()
+				if err != nil {
+					return err
+				}
+				dropped, err := p.DropPartitions(ctx, idemdriver.PartitionParams{OlderThan: olderThan, DryRun: dryRun})
+				if err != nil {
+					return err
+				}
+				verb := "dropped"
+				if dryRun {
+					verb = "would drop"
+				}
+				return printPartitions(out, g.json, verb, dropped)
+			})
+		},
+	}
+	drop.Flags().DurationVar(&olderThan, "older-than", 0, "drop only partitions whose end is more than this in the past")
+	drop.Flags().BoolVar(&dryRun, "dry-run", false, "list the partitions that would be dropped; drop nothing")
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the partitions, oldest first",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				p, err := s.partitioner()
+				if err != nil {
+					return err
+				}
+				parts, err := p.Partitions(ctx)
+				if err != nil {
+					return err
+				}
+				return printPartitions(out, g.json, "", parts)
+			})
+		},
+	}
+	c.AddCommand(ensure, drop, list)
+	return c
+}
+
+func inspectCmd(g *globals, out io.Writer) *cobra.Command {
+	var scope, key string
+	c := &cobra.Command{
+		Use:   "inspect --scope S --key K",
+		Short: "Show one key's record: its state, lease, fencing token, response and what its next request gets",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if key == "" {
+				return usageError{errors.New("--key is required (and --scope, unless the scope is the default \"global\")")}
+			}
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				insp, err := capability[idemdriver.Inspector](s, "inspect")
+				if err != nil {
+					return err
+				}
+				rec, err := s.driver.Get(ctx, scope, key)
+				if errors.Is(err, idemdriver.ErrNotFound) {
+					return fmt.Errorf("no record for scope %q and key %q (never seen, or purged after it expired)", scope, key)
+				}
+				if err != nil {
+					return err
+				}
+				now, err := insp.Now(ctx, 0)
+				if err != nil {
+					return err
+				}
+				return printRecord(out, g.json, rec, now)
+			})
+		},
+	}
+	c.Flags().StringVar(&scope, "scope", "global", "the key's scope (tenant, account)")
+	c.Flags().StringVar(&key, "key", "", "the Idempotency-Key, unquoted")
+	return c
+}
+
+func stuckCmd(g *globals, out io.Writer) *cobra.Command {
+	var limit int
+	c := &cobra.Command{
+		Use:   "stuck",
+		Short: "List PROCESSING records past their lease (owner died or stalled), longest overdue first",
+		Long: `List the PROCESSING records whose lease ran out (locked_until <= now, by
+the database's clock): their worker died or stalled before recording an
+outcome. The next request with such a key takes it over and runs again, with
+the next fencing token.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if limit <= 0 {
+				return usageError{errors.New("--limit must be positive")}
+			}
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				insp, err := capability[idemdriver.Inspector](s, "stuck")
+				if err != nil {
+					return err
+				}
+				recs, err := insp.Stuck(ctx, idemdriver.StuckParams{Limit: limit})
+				if err != nil {
+					return err
+				}
+				return printStuck(out, g.json, recs)
+			})
+		},
+	}
+	c.Flags().IntVar(&limit, "limit", 50, "list at most this many")
+	return c
+}
+
+func statsCmd(g *globals, out io.Writer) *cobra.Command {
+	var top int
+	c := &cobra.Command{
+		Use:   "stats",
+		Short: "Count the records by state and by scope; the oldest record; expired and stuck counts",
+		Long: `Count the records by state and by scope (the --top largest scopes), and
+give the oldest record's age, the expired records not purged yet and the
+PROCESSING records past their lease. Counts are exact: this reads the whole
+table, so on a large store run it on a replica or at a quiet hour.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if top < 0 {
+				return usageError{errors.New("--top must not be negative")}
+			}
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				insp, err := capability[idemdriver.Inspector](s, "stats")
+				if err != nil {
+					return err
+				}
+				st, err := insp.Stats(ctx, idemdriver.StatsParams{TopScopes: top})
+				if err != nil {
+					return err
+				}
+				return printStats(out, g.json, st)
+			})
+		},
+	}
+	c.Flags().IntVar(&top, "top", 10, "list this many scopes, largest first")
+	return c
+}

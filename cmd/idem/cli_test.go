@@ -1,0 +1,288 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idempgx"
+	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
+)
+
+// cli runs the command line in-process against url.
+type cli struct {
+	t   *testing.T
+	url string
+}
+
+func (c cli) run(args ...string) (stdout, stderr string, code int) {
+	c.t.Helper()
+	var out, errb bytes.Buffer
+	code = run(context.Background(), append([]string{"--database-url", c.url}, args...), &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+// ok runs a command that must succeed and returns its stdout.
+func (c cli) ok(args ...string) string {
+	c.t.Helper()
+	out, errOut, code := c.run(args...)
+	require.Zero(c.t, code, "idem %v: %s", args, errOut)
+	return out
+}
+
+// json runs a command with --json and decodes its output.
+func (c cli) json(args ...string) map[string]any {
+	c.t.Helper()
+	var v map[string]any
+	out := c.ok(append(args, "--json")...)
+	require.NoError(c.t, json.Unmarshal([]byte(out), &v), out)
+	return v
+}
+
+func fp(s string) []byte { sum := sha256.Sum256([]byte(s)); return sum[:] }
+
+// seed writes, with the database clock moved, the records of the tests:
+// acct_1/paid SUCCEEDED, acct_1/busy PROCESSING under its lease, acct_1/failed
+// FAILED, acct_2/dead PROCESSING whose lease ran out 9m30s ago, acct_2/old
+// SUCCEEDED and expired an hour ago.
+func seed(t *testing.T, d idemdriver.Driver) {
+	t.Helper()
+	ctx := context.Background()
+	if p, ok := d.(idemdriver.Partitioner); ok && p.Partitioned() {
+		_, err := p.EnsurePartitions(ctx, idemdriver.PartitionParams{DaysAhead: 3, ClockOffset: -48 * time.Hour})
+		require.NoError(t, err)
+	}
+	claim := func(scope, key string, offset, lease time.Duration) idemdriver.Record {
+		res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: scope, Key: key, Method: "POST", Path: "/v1/payments",
+			Fingerprint: fp(key), LeaseDuration: lease, Retention: 24 * time.Hour, ClockOffset: offset})
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		return res.Record
+	}
+	complete := func(rec idemdriver.Record, offset time.Duration, body string) {
+		ok, err := d.Complete(ctx, idemdriver.CompleteParams{
+			FenceParams: idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, ClockOffset: offset},
+			Response: idemdriver.Response{Status: 201, Header: map[string][]string{
+				"Content-Type": {"application/json"}, "Location": {"/v1/payments/pay_1"}},
+				Body: []byte(body), BodyStored: true, BodySize: int64(len(body))}})
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	complete(claim("acct_1", "paid", 0, 30*time.Second), 0, `{"id":"pay_1","amount":1000,"currency":"JPY","customer":"cus_42","status":"succeeded"}`)
+	claim("acct_1", "busy", 0, 30*time.Second)
+	failed := claim("acct_1", "failed", 0, 30*time.Second)
+	ok, err := d.Fail(ctx, idemdriver.FenceParams{Scope: "acct_1", Key: "failed", FencingToken: failed.FencingToken})
+	require.NoError(t, err)
+	require.True(t, ok)
+	claim("acct_2", "dead", -10*time.Minute, 30*time.Second)
+	complete(claim("acct_2", "old", -25*time.Hour, 30*time.Second), -25*time.Hour, `{"id":"pay_0"}`)
+}
+
+type backend struct {
+	name        string
+	partitioned bool
+	// setup returns the --database-url and a driver on the same database.
+	setup func(t *testing.T, partitioned bool) (string, idemdriver.Driver)
+}
+
+func sqliteBackend(t *testing.T, _ bool) (string, idemdriver.Driver) {
+	path := dbtest.SQLitePath(t)
+	d, err := idemsqlite.Open(context.Background(), path)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return "sqlite:" + path, d
+}
+
+func postgresBackend(t *testing.T, partitioned bool) (string, idemdriver.Driver) {
+	url, _ := dbtest.PostgresURL(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	if partitioned {
+		return url, idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
+	}
+	return url, idempgx.New(pool)
+}
+
+var backends = []backend{
+	{"SQLite", false, sqliteBackend},
+	{"PostgreSQL", false, postgresBackend},
+	{"PostgreSQLPartitioned", true, postgresBackend},
+}
+
+func TestCommands(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			url, d := b.setup(t, b.partitioned)
+			c := cli{t: t, url: url}
+
+			// migrate
+			up := []string{"migrate", "up"}
+			if b.partitioned {
+				up = append(up, "--partitioned")
+			}
+			out := c.ok(up...)
+			require.Contains(t, out, "VERSION")
+			require.Contains(t, out, "00001_idem_keys.sql")
+			require.Contains(t, out, "applied")
+			require.NotContains(t, out, "pending")
+			st := c.json("migrate", "status")
+			require.Equal(t, b.partitioned, st["partitioned"])
+			for _, m := range st["migrations"].([]any) {
+				require.Equal(t, true, m.(map[string]any)["applied"])
+			}
+			seed(t, d)
+
+			// inspect: one key's story
+			out = c.ok("inspect", "--scope", "acct_1", "--key", "paid")
+			for _, want := range []string{"state", "SUCCEEDED", "replay of the stored 201 response",
+				"fingerprint", hex.EncodeToString(fp("paid")), "fencing token", "Content-Type: application/json",
+				`"{\"id\":\"pay_1\",\"amount\":1000,`, "more bytes)", "expires in 23h59m", "now (database)"} {
+				require.Contains(t, out, want)
+			}
+			rec := c.json("inspect", "--scope", "acct_1", "--key", "paid")
+			require.Equal(t, "SUCCEEDED", rec["state"])
+			require.EqualValues(t, 1, rec["fencing_token"])
+			require.EqualValues(t, 1, rec["attempts"])
+			require.Equal(t, hex.EncodeToString(fp("paid")), rec["fingerprint"])
+			resp := rec["response"].(map[string]any)
+			require.EqualValues(t, 201, resp["status"])
+			require.EqualValues(t, len(`{"id":"pay_1","amount":1000,"currency":"JPY","customer":"cus_42","status":"succeeded"}`), resp["body_size"])
+			require.Len(t, resp["body_head"], bodyPreview)
+			require.InDelta(t, 24*3600, rec["expires_in_seconds"], 60)
+
+			out = c.ok("inspect", "--scope", "acct_1", "--key", "busy")
+			require.Contains(t, out, "409 request-in-flight, Retry-After")
+			require.Contains(t, out, "s left")
+			busy := c.json("inspect", "--scope", "acct_1", "--key", "busy")
+			require.InDelta(t, 30, busy["lease_left_seconds"], 10)
+			require.Nil(t, busy["response"])
+			require.Contains(t, c.ok("inspect", "--scope", "acct_2", "--key", "dead"), "takes over with the next fencing token")
+			require.Contains(t, c.ok("inspect", "--scope", "acct_1", "--key", "failed"), "runs again")
+			require.Contains(t, c.ok("inspect", "--scope", "acct_2", "--key", "old"), "runs as a new request: the record expired")
+			_, errOut, code := c.run("inspect", "--scope", "acct_1", "--key", "nope")
+			require.Equal(t, 1, code)
+			require.Contains(t, errOut, `no record for scope "acct_1" and key "nope"`)
+			_, _, code = c.run("inspect", "--scope", "acct_1")
+			require.Equal(t, 2, code, "--key is required")
+
+			// stuck
+			out = c.ok("stuck")
+			require.Contains(t, out, "LEASE RAN OUT")
+			require.Regexp(t, `acct_2\s+dead\s+9m\d+s ago\s+1\s+1\s+POST /v1/payments`, out)
+			stuck := c.json("stuck")["stuck"].([]any)
+			require.Len(t, stuck, 1)
+			s0 := stuck[0].(map[string]any)
+			require.Equal(t, "dead", s0["key"])
+			require.InDelta(t, 570, s0["overdue_seconds"], 30)
+
+			// stats
+			out = c.ok("stats", "--top", "1")
+			require.Regexp(t, `records\s+5\n`, out)
+			require.Regexp(t, `SUCCEEDED\s+2\n`, out)
+			require.Regexp(t, `expired, not purged\s+1\n`, out)
+			require.Regexp(t, `stuck \(PROCESSING past lease\)\s+1\n`, out)
+			require.Regexp(t, `oldest record\s+\S+ \S+ \(25h0m\d+s ago\)`, out)
+			require.Regexp(t, `SCOPE\s+RECORDS\nacct_1\s+3\n$`, out)
+			stats := c.json("stats")
+			require.EqualValues(t, 5, stats["total"])
+			require.Equal(t, map[string]any{"PROCESSING": 2.0, "SUCCEEDED": 2.0, "FAILED": 1.0}, stats["by_state"])
+			require.Len(t, stats["top_scopes"], 2)
+			require.EqualValues(t, 1, stats["expired_not_purged"])
+
+			// purge
+			require.Contains(t, c.ok("purge", "--dry-run"), "would purge 1 records (every expired record)")
+			require.EqualValues(t, 0, c.json("purge", "--dry-run", "--older-than", "2h")["would_purge"])
+			require.Contains(t, c.ok("purge", "--older-than", "2h"), "purged 0 records in 1 batches of at most 1000 (records expired more than 2h0m0s ago)")
+			p := c.json("purge", "--batch", "10")
+			require.EqualValues(t, 1, p["purged"])
+			require.EqualValues(t, 1, p["batches"])
+			_, errOut, code = c.run("inspect", "--scope", "acct_2", "--key", "old")
+			require.Equal(t, 1, code, errOut)
+			_, _, code = c.run("purge", "--batch", "0")
+			require.Equal(t, 2, code)
+
+			// partitions
+			if !b.partitioned {
+				_, errOut, code := c.run("partitions", "list")
+				require.Equal(t, 1, code)
+				if b.name == "SQLite" {
+					require.Contains(t, errOut, "partitions are PostgreSQL's partitioned mode")
+				} else {
+					require.Contains(t, errOut, "idem_keys is not partitioned")
+				}
+			} else {
+				now := time.Now().UTC()
+				out = c.ok("partitions", "list")
+				require.Contains(t, out, "PARTITION")
+				require.Contains(t, out, idempgx.PartitionPrefix+now.Format("20060102"))
+				created := c.json("partitions", "ensure", "--days-ahead", "10")["created"].([]any)
+				require.Len(t, created, 3, "days 8 to 10 ahead")
+				require.Equal(t, "created 0 partitions\n", c.ok("partitions", "ensure", "--days-ahead", "10"))
+				twoDaysAgo := idempgx.PartitionPrefix + now.AddDate(0, 0, -2).Format("20060102")
+				out = c.ok("partitions", "drop", "--dry-run")
+				require.Contains(t, out, "would drop")
+				require.Contains(t, out, twoDaysAgo)
+				require.Contains(t, c.ok("partitions", "list"), twoDaysAgo, "a dry run drops nothing")
+				dropped := c.json("partitions", "drop")["dropped"].([]any)
+				require.NotEmpty(t, dropped)
+				require.Equal(t, twoDaysAgo, dropped[0].(map[string]any)["name"])
+				require.NotContains(t, c.ok("partitions", "list"), twoDaysAgo)
+				_, errOut, code := c.run("migrate", "up", "--partitioned")
+				require.Zero(t, code, errOut)
+			}
+
+			// migrate down, one step
+			out = c.ok("migrate", "down")
+			require.Contains(t, out, "rolled back")
+			st = c.json("migrate", "status")
+			list := st["migrations"].([]any)
+			require.Equal(t, false, list[len(list)-1].(map[string]any)["applied"])
+		})
+	}
+}
+
+func TestPartitionedFlagOnPlainTable(t *testing.T) {
+	t.Parallel()
+	url, _ := postgresBackend(t, false)
+	c := cli{t: t, url: url}
+	c.ok("migrate", "up")
+	_, errOut, code := c.run("migrate", "up", "--partitioned")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "idem_keys exists and is not partitioned")
+}
+
+func TestDatabaseURLs(t *testing.T) {
+	for _, tc := range []struct{ in, kind, target string }{
+		{"postgres://u@h/db", "postgres", "postgres://u@h/db"},
+		{"postgresql://u@h/db?search_path=s", "postgres", "postgresql://u@h/db?search_path=s"},
+		{"mysql://root@127.0.0.1:3306/test", "mysql", "mysql://root@127.0.0.1:3306/test"},
+		{"sqlite:/tmp/a.db", "sqlite", "/tmp/a.db"},
+		{"sqlite:///tmp/a.db", "sqlite", "/tmp/a.db"},
+		{"file:idem.db", "sqlite", "idem.db"},
+		{"idem.db", "sqlite", "idem.db"},
+	} {
+		kind, target, err := parseDatabaseURL(tc.in)
+		require.NoError(t, err, tc.in)
+		require.Equal(t, tc.kind, kind, tc.in)
+		require.Equal(t, tc.target, target, tc.in)
+	}
+	for _, bad := range []string{"", "redis://x", "sqlite:"} {
+		_, _, err := parseDatabaseURL(bad)
+		require.Error(t, err, bad)
+	}
+	var out, errb bytes.Buffer
+	require.Equal(t, 1, run(context.Background(), []string{"stats"}, &out, &errb))
+	require.True(t, strings.Contains(errb.String(), "--database-url"), errb.String())
+}

@@ -1,0 +1,329 @@
+package main
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// bodyPreview is how many leading bytes of a stored response body inspect shows.
+const bodyPreview = 64
+
+func writeJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func table(out io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(out, 0, 0, 2, ' ', 0) }
+
+func printLine(out io.Writer, asJSON bool, line string, v any) error {
+	if asJSON {
+		return writeJSON(out, v)
+	}
+	_, err := fmt.Fprintln(out, line)
+	return err
+}
+
+// ts formats a database time for tables: UTC, milliseconds.
+func ts(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") }
+
+func tsPtr(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return ts(*t)
+}
+
+// dur formats a duration for tables, cut to what an operator reads (whole
+// seconds past a minute: "expires in 23h59m59s" never shows as 24h).
+func dur(d time.Duration) string {
+	switch a := d.Abs(); {
+	case a >= time.Minute:
+		return d.Truncate(time.Second).String()
+	case a >= time.Second:
+		return d.Round(10 * time.Millisecond).String()
+	default:
+		return d.Round(time.Millisecond).String()
+	}
+}
+
+func printMigrations(out io.Writer, asJSON bool, s *store, list []idemdriver.Migration) error {
+	if asJSON {
+		type migration struct {
+			Version   int64      `json:"version"`
+			Name      string     `json:"name"`
+			Applied   bool       `json:"applied"`
+			AppliedAt *time.Time `json:"applied_at"`
+		}
+		ms := []migration{}
+		for _, m := range list {
+			ms = append(ms, migration{m.Version, m.Name, m.Applied, m.AppliedAt})
+		}
+		return writeJSON(out, map[string]any{"database": s.kind, "partitioned": s.partitioned, "migrations": ms})
+	}
+	w := table(out)
+	fmt.Fprintln(w, "VERSION\tNAME\tSTATE\tAPPLIED AT")
+	for _, m := range list {
+		state := "pending"
+		if m.Applied {
+			state = "applied"
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", m.Version, m.Name, state, tsPtr(m.AppliedAt))
+	}
+	return w.Flush()
+}
+
+type purgeResult struct {
+	DryRun    bool
+	OlderThan time.Duration
+	Batch     int
+	Batches   int
+	Purged    int64
+	Duration  time.Duration
+}
+
+func printPurge(out io.Writer, asJSON bool, r purgeResult) error {
+	if asJSON {
+		v := map[string]any{"dry_run": r.DryRun, "older_than": r.OlderThan.String(),
+			"older_than_seconds": r.OlderThan.Seconds(), "batch": r.Batch}
+		if r.DryRun {
+			v["would_purge"] = r.Purged
+		} else {
+			v["purged"], v["batches"], v["duration_seconds"] = r.Purged, r.Batches, r.Duration.Seconds()
+		}
+		return writeJSON(out, v)
+	}
+	what := "every expired record"
+	if r.OlderThan > 0 {
+		what = "records expired more than " + r.OlderThan.String() + " ago"
+	}
+	if r.DryRun {
+		_, err := fmt.Fprintf(out, "would purge %d records (%s)\n", r.Purged, what)
+		return err
+	}
+	_, err := fmt.Fprintf(out, "purged %d records in %d batches of at most %d (%s) in %s\n",
+		r.Purged, r.Batches, r.Batch, what, dur(r.Duration))
+	return err
+}
+
+func printPartitions(out io.Writer, asJSON bool, verb string, parts []idemdriver.Partition) error {
+	if asJSON {
+		type partition struct {
+			Name string    `json:"name"`
+			From time.Time `json:"from"`
+			To   time.Time `json:"to"`
+			Rows int64     `json:"rows_estimate"`
+		}
+		ps := []partition{}
+		for _, p := range parts {
+			ps = append(ps, partition{p.Name, p.From, p.To, p.Rows})
+		}
+		key := "partitions"
+		if verb != "" {
+			key = strings.ReplaceAll(verb, " ", "_")
+		}
+		return writeJSON(out, map[string]any{key: ps})
+	}
+	if verb != "" {
+		fmt.Fprintf(out, "%s %d partitions\n", verb, len(parts))
+		if len(parts) == 0 {
+			return nil
+		}
+	}
+	w := table(out)
+	fmt.Fprintln(w, "PARTITION\tEXPIRES FROM\tEXPIRES BEFORE\tROWS (ESTIMATE)")
+	for _, p := range parts {
+		rows := strconv.FormatInt(p.Rows, 10)
+		if p.Rows < 0 {
+			rows = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", p.Name, p.From.Format(time.DateOnly), p.To.Format(time.DateOnly), rows)
+	}
+	return w.Flush()
+}
+
+// nextRequest says what a request with the record's key gets now, per
+// CONTRACT section 3 (assuming the same method, path and body: a different
+// one gets 422 in every state but expiry).
+func nextRequest(rec idemdriver.Record, now time.Time) string {
+	switch {
+	case !rec.ExpiresAt.After(now):
+		return "runs as a new request: the record expired " + dur(now.Sub(rec.ExpiresAt)) + " ago"
+	case rec.State == idemdriver.StateSucceeded && rec.Response != nil && !rec.Response.BodyStored:
+		return "410 response-not-stored: it succeeded, but its response was too large to keep"
+	case rec.State == idemdriver.StateSucceeded:
+		status := 0
+		if rec.Response != nil {
+			status = rec.Response.Status
+		}
+		return fmt.Sprintf("replay of the stored %d response (Idempotent-Replayed: true)", status)
+	case rec.State == idemdriver.StateFailed:
+		return "runs again: the last attempt ended with a retryable outcome"
+	case rec.LeaseLeft > 0:
+		return fmt.Sprintf("409 request-in-flight, Retry-After %d: the owner's lease runs %s more",
+			int64((rec.LeaseLeft+time.Second-1)/time.Second), dur(rec.LeaseLeft))
+	default:
+		overdue := "-"
+		if rec.LockedUntil != nil {
+			overdue = dur(now.Sub(*rec.LockedUntil))
+		}
+		return "takes over with the next fencing token: the owner's lease ran out " + overdue + " ago"
+	}
+}
+
+func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Time) error {
+	if asJSON {
+		v := map[string]any{
+			"scope": rec.Scope, "key": rec.Key, "state": rec.State, "method": rec.Method, "path": rec.Path,
+			"fingerprint": hex.EncodeToString(rec.Fingerprint), "fencing_token": rec.FencingToken,
+			"attempts": rec.Attempts, "lease_left_seconds": rec.LeaseLeft.Seconds(), "locked_until": rec.LockedUntil,
+			"created_at": rec.CreatedAt, "updated_at": rec.UpdatedAt, "completed_at": rec.CompletedAt,
+			"expires_at": rec.ExpiresAt, "expires_in_seconds": rec.ExpiresAt.Sub(now).Seconds(),
+			"now": now, "next_request": nextRequest(rec, now), "response": nil,
+		}
+		if r := rec.Response; r != nil {
+			head := r.Body[:min(len(r.Body), bodyPreview)]
+			v["response"] = map[string]any{"status": r.Status, "headers": r.Header, "body_size": r.BodySize,
+				"body_stored": r.BodyStored, "body_head": string(head), "body_head_hex": hex.EncodeToString(head)}
+		}
+		return writeJSON(out, v)
+	}
+	w := table(out)
+	row := func(k, v string) { fmt.Fprintf(w, "%s\t%s\n", k, v) }
+	row("scope", rec.Scope)
+	row("key", rec.Key)
+	row("state", string(rec.State))
+	row("next request", nextRequest(rec, now))
+	row("method", rec.Method)
+	row("path", rec.Path)
+	row("fingerprint", hex.EncodeToString(rec.Fingerprint))
+	row("fencing token", strconv.FormatInt(rec.FencingToken, 10))
+	row("attempts", strconv.Itoa(rec.Attempts))
+	lease := "-"
+	if rec.State == idemdriver.StateProcessing && rec.LockedUntil != nil {
+		if left := rec.LockedUntil.Sub(now); left > 0 {
+			lease = dur(left) + " left"
+		} else {
+			lease = "expired " + dur(-left) + " ago"
+		}
+	}
+	row("lease", lease)
+	row("locked until", tsPtr(rec.LockedUntil))
+	row("created at", ts(rec.CreatedAt)+" ("+dur(now.Sub(rec.CreatedAt))+" ago)")
+	row("updated at", ts(rec.UpdatedAt))
+	row("completed at", tsPtr(rec.CompletedAt))
+	expires := "expires in " + dur(rec.ExpiresAt.Sub(now))
+	if !rec.ExpiresAt.After(now) {
+		expires = "expired " + dur(now.Sub(rec.ExpiresAt)) + " ago"
+	}
+	row("expires at", ts(rec.ExpiresAt)+" ("+expires+")")
+	if r := rec.Response; r != nil {
+		stored := "stored"
+		if !r.BodyStored {
+			stored = "not stored: larger than MaxResponseBytes"
+		}
+		row("response", fmt.Sprintf("%d, body %d bytes (%s)", r.Status, r.BodySize, stored))
+		names := make([]string, 0, len(r.Header))
+		for k := range r.Header {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		for _, k := range names {
+			for _, v := range r.Header[k] {
+				row("  header", k+": "+v)
+			}
+		}
+		if r.BodyStored {
+			head := r.Body[:min(len(r.Body), bodyPreview)]
+			more := ""
+			if len(r.Body) > len(head) {
+				more = fmt.Sprintf(" ... (%d more bytes)", len(r.Body)-len(head))
+			}
+			row("  body", strconv.Quote(string(head))+more)
+		}
+	} else {
+		row("response", "-")
+	}
+	row("now (database)", ts(now))
+	return w.Flush()
+}
+
+func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error {
+	if asJSON {
+		type stuck struct {
+			Scope          string     `json:"scope"`
+			Key            string     `json:"key"`
+			OverdueSeconds float64    `json:"overdue_seconds"`
+			Attempts       int        `json:"attempts"`
+			FencingToken   int64      `json:"fencing_token"`
+			Method         string     `json:"method"`
+			Path           string     `json:"path"`
+			LockedUntil    *time.Time `json:"locked_until"`
+			CreatedAt      time.Time  `json:"created_at"`
+		}
+		list := []stuck{}
+		for _, r := range recs {
+			list = append(list, stuck{r.Scope, r.Key, r.Overdue.Seconds(), r.Attempts, r.FencingToken,
+				r.Method, r.Path, r.LockedUntil, r.CreatedAt})
+		}
+		return writeJSON(out, map[string]any{"stuck": list})
+	}
+	if len(recs) == 0 {
+		_, err := fmt.Fprintln(out, "no PROCESSING record is past its lease")
+		return err
+	}
+	w := table(out)
+	fmt.Fprintln(w, "SCOPE\tKEY\tLEASE RAN OUT\tATTEMPTS\tFENCING TOKEN\tREQUEST\tCREATED AT")
+	for _, r := range recs {
+		fmt.Fprintf(w, "%s\t%s\t%s ago\t%d\t%d\t%s %s\t%s\n", r.Scope, r.Key, dur(r.Overdue), r.Attempts,
+			r.FencingToken, r.Method, r.Path, ts(r.CreatedAt))
+	}
+	return w.Flush()
+}
+
+func printStats(out io.Writer, asJSON bool, st idemdriver.Stats) error {
+	if asJSON {
+		scopes := []map[string]any{}
+		for _, sc := range st.TopScopes {
+			scopes = append(scopes, map[string]any{"scope": sc.Scope, "records": sc.Count})
+		}
+		v := map[string]any{"now": st.Now, "total": st.Total, "by_state": st.ByState, "top_scopes": scopes,
+			"oldest_created_at": st.Oldest, "expired_not_purged": st.Expired, "stuck": st.Stuck}
+		return writeJSON(out, v)
+	}
+	w := table(out)
+	fmt.Fprintf(w, "records\t%d\n", st.Total)
+	for _, s := range []idemdriver.State{idemdriver.StateProcessing, idemdriver.StateSucceeded, idemdriver.StateFailed} {
+		fmt.Fprintf(w, "  %s\t%d\n", s, st.ByState[s])
+	}
+	fmt.Fprintf(w, "expired, not purged\t%d\n", st.Expired)
+	fmt.Fprintf(w, "stuck (PROCESSING past lease)\t%d\n", st.Stuck)
+	oldest := "-"
+	if st.Oldest != nil {
+		oldest = ts(*st.Oldest) + " (" + dur(st.Now.Sub(*st.Oldest)) + " ago)"
+	}
+	fmt.Fprintf(w, "oldest record\t%s\n", oldest)
+	fmt.Fprintf(w, "now (database)\t%s\n", ts(st.Now))
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if len(st.TopScopes) == 0 {
+		return nil
+	}
+	fmt.Fprintln(out)
+	w = table(out)
+	fmt.Fprintln(w, "SCOPE\tRECORDS")
+	for _, sc := range st.TopScopes {
+		fmt.Fprintf(w, "%s\t%d\n", sc.Scope, sc.Count)
+	}
+	return w.Flush()
+}

@@ -1,0 +1,68 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemsqlite"
+)
+
+// A Maintainer purges expired records in the background, in batches, in the
+// one process of many that holds the store's maintenance lock. Here the
+// maintainer looks at the store a day later (ClockOffset, a test knob), when
+// the first request's key has expired.
+func ExampleMaintainer() {
+	dir, _ := os.MkdirTemp("", "idem-example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	mw, _ := idem.New(idem.Config{Store: store}) // Retention: 24 h
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", "order-1001")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	resp.Body.Close()
+
+	cycles := make(chan idem.MaintenanceCycle, 1)
+	m, err := idem.NewMaintainer(store, idem.MaintainerConfig{
+		Interval:    time.Minute,
+		ClockOffset: 25 * time.Hour, // a day later
+		OnCycle: func(c idem.MaintenanceCycle) {
+			select {
+			case cycles <- c:
+			default:
+			}
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := m.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	c := <-cycles // the first cycle starts at once
+	m.Stop()
+	fmt.Printf("leader=%v purged=%d batches=%d err=%v\n", c.Leader, c.Purged, c.Batches, c.Err)
+	// Output: leader=true purged=1 batches=1 err=<nil>
+}

@@ -1,0 +1,250 @@
+package idemdriver
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// The optional interfaces below are what retention and the operator's tools
+// (idem.Maintainer, cmd/idem) need from a driver beyond the claim protocol.
+// A driver implements them on the same value as Driver; the core and the CLI
+// find them with a type assertion, so a driver without them still serves
+// requests. The conformance suite (idemdrivertest) runs their cases when a
+// driver implements them, and fails a driver whose harness declares them
+// (Harness.Maintenance, Harness.Partitioned) but lacks one.
+//
+// As everywhere in this package, every "now" is the database's clock plus
+// the parameters' ClockOffset (tests only; zero in production).
+
+// ErrLockHeld is returned by MaintenanceLocker.TryLockMaintenance when
+// another process (or another lock value in this one) holds the
+// maintenance lock.
+var ErrLockHeld = errors.New("idemdriver: the maintenance lock is held by another process")
+
+// ErrLockLost is returned by MaintenanceLock methods once the lock is no
+// longer held: the lock's session died (PostgreSQL) or its lease ran out and
+// another process took it (SQLite). The holder must stop maintaining and try
+// to lock again.
+var ErrLockLost = errors.New("idemdriver: the maintenance lock was lost")
+
+// ErrNotPartitioned is returned by the Partitioner methods of a store whose
+// idem_keys table is not partitioned.
+var ErrNotPartitioned = errors.New("idemdriver: idem_keys is not partitioned")
+
+// PurgeParams select the records a purge removes.
+type PurgeParams struct {
+	// Limit is the most records one PurgeExpired call deletes (one batch,
+	// one short transaction). Must be positive. CountExpired ignores it.
+	Limit int
+	// OlderThan is the grace period past expiry: a record is purged when
+	// expires_at <= now - OlderThan. Zero purges every expired record;
+	// negative values are treated as zero.
+	OlderThan time.Duration
+	// ClockOffset is added to the database's clock (tests only).
+	ClockOffset time.Duration
+}
+
+// Purger deletes expired records (CONTRACT section 9: expires_at =
+// created_at + retention) in bounded batches.
+type Purger interface {
+	// PurgeExpired deletes at most p.Limit records whose expires_at <=
+	// now - p.OlderThan, in one short transaction that waits for no row lock
+	// (rows locked by a concurrent claim are skipped, and left for a later
+	// batch). It never deletes a PROCESSING record whose lease is still
+	// live (locked_until > now), even when it has expired. It returns how
+	// many records it deleted; fewer than p.Limit means that nothing more was
+	// purgeable when it ran.
+	PurgeExpired(ctx context.Context, p PurgeParams) (int64, error)
+
+	// CountExpired counts the records that PurgeExpired would delete, over
+	// all batches (p.Limit is ignored), for a dry run. On a large table it
+	// scans the expires_at index range it counts.
+	CountExpired(ctx context.Context, p PurgeParams) (int64, error)
+}
+
+// LockParams configure one attempt to take the maintenance lock.
+type LockParams struct {
+	// Holder names the process asking, for operators (host:pid or any
+	// string); stored where the lock is a row (SQLite), ignored elsewhere.
+	Holder string
+	// TTL is how long a lease-based lock (SQLite) stays held without a
+	// Refresh, so a process that dies without releasing it is replaced after
+	// at most TTL. Session-based locks (PostgreSQL advisory locks, released
+	// when the session ends) ignore it. Must be positive for lease-based locks.
+	TTL time.Duration
+	// ClockOffset is added to the database's clock (tests only).
+	ClockOffset time.Duration
+}
+
+// MaintenanceLocker elects the one maintainer among all processes that
+// share a database: at most one MaintenanceLock is held at a time per
+// idem_keys table.
+type MaintenanceLocker interface {
+	// TryLockMaintenance takes the maintenance lock without waiting. It
+	// returns ErrLockHeld when another holder has it, or another error when
+	// the database could not answer.
+	TryLockMaintenance(ctx context.Context, p LockParams) (MaintenanceLock, error)
+}
+
+// MaintenanceLock is the held maintenance lock. Its methods are not safe
+// for concurrent use: one maintainer loop owns it.
+type MaintenanceLock interface {
+	// PurgeExpired is Purger.PurgeExpired run under the lock: it deletes
+	// nothing and returns ErrLockLost when the lock is no longer held at the
+	// moment it runs (PostgreSQL: it runs on the session that holds the
+	// advisory lock; SQLite: the DELETE is fenced by the lease row in the
+	// same statement).
+	PurgeExpired(ctx context.Context, p PurgeParams) (int64, error)
+	// Refresh confirms that the lock is still held, extending a lease-based
+	// lock by its TTL. It returns ErrLockLost when the lock is gone.
+	Refresh(ctx context.Context) error
+	// Release gives the lock up (idempotent) and frees its resources (the
+	// dedicated connection on PostgreSQL). Another process may take the lock
+	// right after.
+	Release(ctx context.Context) error
+}
+
+// StatsParams shape a Stats call.
+type StatsParams struct {
+	// TopScopes is how many scopes, largest first, Stats.TopScopes lists.
+	// Zero lists none.
+	TopScopes int
+	// ClockOffset is added to the database's clock (tests only).
+	ClockOffset time.Duration
+}
+
+// ScopeCount is the number of records of one scope.
+type ScopeCount struct {
+	Scope string
+	Count int64
+}
+
+// Stats summarizes the stored records, measured against the database's
+// clock (Now). Every count is exact, so Stats reads the whole table: an
+// operator's command, not a request-path call.
+type Stats struct {
+	// Now is the database's clock when the counts were taken.
+	Now time.Time
+	// Total is the number of stored records, expired ones included.
+	Total int64
+	// ByState counts the records per state (every state present, zero or not).
+	ByState map[State]int64
+	// TopScopes lists the StatsParams.TopScopes scopes with the most
+	// records, largest first (ties by scope name).
+	TopScopes []ScopeCount
+	// Oldest is the smallest created_at, nil when there is no record.
+	Oldest *time.Time
+	// Expired counts the records past expires_at that are not purged yet.
+	Expired int64
+	// Stuck counts the PROCESSING records past their lease (locked_until <= Now).
+	Stuck int64
+}
+
+// StuckParams shape a Stuck call.
+type StuckParams struct {
+	// Limit is the most records returned, longest overdue first. Must be positive.
+	Limit int
+	// ClockOffset is added to the database's clock (tests only).
+	ClockOffset time.Duration
+}
+
+// StuckRecord is a PROCESSING record whose lease ran out: its owner died or
+// stalled, and the next request with its key will take it over.
+type StuckRecord struct {
+	Record
+	// Overdue is now - locked_until: how long ago the lease ran out (>= 0).
+	Overdue time.Duration
+}
+
+// Inspector reads what operators need to see: the database's clock,
+// summary counts and stuck executions. Every method only reads.
+type Inspector interface {
+	// Now returns the database's clock plus offset.
+	Now(ctx context.Context, offset time.Duration) (time.Time, error)
+	// Stats counts the records (see Stats).
+	Stats(ctx context.Context, p StatsParams) (Stats, error)
+	// Stuck lists the PROCESSING records with locked_until <= now, longest
+	// overdue first, at most p.Limit. It uses the index on locked_until of
+	// PROCESSING records.
+	Stuck(ctx context.Context, p StuckParams) ([]StuckRecord, error)
+}
+
+// Migration is one embedded schema migration and whether it is applied.
+type Migration struct {
+	Version int64
+	// Name is the migration's file name (for example 00001_idem_keys.sql).
+	Name    string
+	Applied bool
+	// AppliedAt is when it was applied (the migration tool's record, in
+	// the database's clock), nil when pending.
+	AppliedAt *time.Time
+}
+
+// Migrator is the rest of the migration life cycle; Driver.Migrate applies
+// every pending migration.
+type Migrator interface {
+	// MigrationStatus lists the embedded migrations, oldest first, with
+	// whether each is applied.
+	MigrationStatus(ctx context.Context) ([]Migration, error)
+	// MigrateDown rolls back the most recent applied migration and returns
+	// it. Rolling back the first one drops idem_keys and every record in it.
+	// It returns an error when no migration is applied.
+	MigrateDown(ctx context.Context) (Migration, error)
+}
+
+// Partition is one range partition of a partitioned idem_keys table.
+type Partition struct {
+	// Name is the partition's table name (idem_keys_pYYYYMMDD).
+	Name string
+	// From and To bound the expires_at values it holds: From <= expires_at < To (UTC days).
+	From, To time.Time
+	// Rows is the planner's estimate of its rows (pg_class.reltuples; -1 when
+	// never analyzed), not an exact count.
+	Rows int64
+}
+
+// PartitionParams shape partition maintenance.
+type PartitionParams struct {
+	// DaysAhead is how many days past today EnsurePartitions covers:
+	// partitions for today through today+DaysAhead (UTC) exist afterwards.
+	// Zero means the driver's configured default.
+	DaysAhead int
+	// OlderThan is the grace past a partition's end: DropPartitions drops a
+	// partition only when To <= now - OlderThan. Zero drops every partition
+	// whose whole range has expired.
+	OlderThan time.Duration
+	// DryRun makes DropPartitions report what it would drop without dropping.
+	DryRun bool
+	// ClockOffset is added to the database's clock (tests only).
+	ClockOffset time.Duration
+}
+
+// Partitioner maintains the partitions of a store whose records are range
+// partitioned by expires_at (idempgx.NewPartitioned). Dropping a partition
+// removes its expired records without a DELETE: no dead tuples, no vacuum,
+// a few kilobytes of WAL.
+type Partitioner interface {
+	// Partitioned reports whether the store uses partitions. When false,
+	// the other methods return ErrNotPartitioned.
+	Partitioned() bool
+	// EnsurePartitions creates the missing partitions for today through
+	// today + p.DaysAhead (UTC days of expires_at) and returns the ones it
+	// created. Idempotent; safe to run from many processes at once.
+	EnsurePartitions(ctx context.Context, p PartitionParams) ([]Partition, error)
+	// DropPartitions drops the partitions whose whole range has expired
+	// (To <= now - p.OlderThan) and that hold no PROCESSING record under a
+	// live lease, and returns them (or, with p.DryRun, the ones it would drop).
+	DropPartitions(ctx context.Context, p PartitionParams) ([]Partition, error)
+	// Partitions lists the partitions, oldest first.
+	Partitions(ctx context.Context) ([]Partition, error)
+}
+
+// RetentionLimiter is implemented by stores that cannot keep records past a
+// bound: a partitioned store accepts a claim only when the partition of its
+// expires_at exists. idem.New rejects a Config whose Retention exceeds
+// MaxRetention.
+type RetentionLimiter interface {
+	// MaxRetention is the longest Retention a claim may ask for.
+	MaxRetention() time.Duration
+}

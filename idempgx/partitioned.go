@@ -1,0 +1,435 @@
+package idempgx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// PartitionedSchemaVersionTable is the table in which a partitioned driver's
+// migrations are recorded (a plain driver uses SchemaVersionTable).
+const PartitionedSchemaVersionTable = "idem_schema_version_partitioned"
+
+// DefaultDaysAhead is PartitionConfig.DaysAhead's default.
+const DefaultDaysAhead = 7
+
+// PartitionPrefix starts the name of every partition this package creates:
+// idem_keys_pYYYYMMDD holds the records whose expires_at falls on that UTC
+// day. Partitions named otherwise are left alone.
+const PartitionPrefix = "idem_keys_p"
+
+// Lock timeouts of partition DDL. Attaching an empty partition takes SHARE
+// UPDATE EXCLUSIVE on idem_keys, which claims and completions (ROW EXCLUSIVE)
+// do not conflict with; detaching CONCURRENTLY waits for the transactions
+// that may still read the partition. Neither blocks the request path, but a
+// DDL that waits too long gives up and is retried on the next run.
+const (
+	attachLockTimeout = 5 * time.Second
+	detachLockTimeout = time.Minute
+)
+
+// PartitionConfig configures a partitioned driver.
+type PartitionConfig struct {
+	// DaysAhead is how many UTC days past today the partitions are created
+	// by Migrate, EnsurePartitions (when its own DaysAhead is zero) and the
+	// maintainer. A claim's record goes to the partition of its expires_at,
+	// so the longest Retention it accepts is DaysAhead-1 days (MaxRetention):
+	// one day of slack if partition maintenance stops for a day. Default:
+	// DefaultDaysAhead (7 days: Retention up to 6 days).
+	DaysAhead int
+}
+
+// NewPartitioned returns a driver on pool whose idem_keys table is range
+// partitioned by expires_at, one partition per UTC day, created ahead by
+// EnsurePartitions and dropped by DropPartitions once all their rows have
+// expired (no DELETE, no vacuum). Migrate creates the partitioned table and
+// today's through today+DaysAhead's partitions. A plain idem_keys table
+// (New) cannot be migrated into a partitioned one in place: see
+// docs/retention.md.
+//
+// PostgreSQL cannot enforce the uniqueness of (scope, key) across the
+// partitions of a table partitioned by time, so the claim runs in one round
+// trip of four statements, BEGIN; pg_advisory_xact_lock(hash of scope and
+// key); the claim (a read across the partitions, then an UPDATE or INSERT);
+// COMMIT: claims of one key are serialized whatever partition their
+// expires_at falls in, and a retry that lands on the other side of midnight
+// finds the first request's record.
+func NewPartitioned(pool *pgxpool.Pool, cfg PartitionConfig) *Driver {
+	if cfg.DaysAhead <= 0 {
+		cfg.DaysAhead = DefaultDaysAhead
+	}
+	return &Driver{pool: pool, part: &cfg}
+}
+
+// IsPartitioned reports whether idem_keys in pool's search_path schema
+// exists and is partitioned (created by NewPartitioned's Migrate). Use it to
+// choose between New and NewPartitioned for an existing database.
+func IsPartitioned(ctx context.Context, pool *pgxpool.Pool) (exists, partitioned bool, err error) {
+	var kind *string
+	err = pool.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass('idem_keys'))`).Scan(&kind)
+	if err != nil || kind == nil {
+		return false, false, err
+	}
+	return true, *kind == "p", nil
+}
+
+// Partitioned implements idemdriver.Partitioner.
+func (d *Driver) Partitioned() bool { return d.part != nil }
+
+// MaxRetention implements idemdriver.RetentionLimiter: DaysAhead-1 days on a
+// partitioned driver; no bound (the largest Duration) on a plain one.
+func (d *Driver) MaxRetention() time.Duration {
+	if d.part == nil {
+		return time.Duration(1<<63 - 1)
+	}
+	return time.Duration(d.part.DaysAhead-1) * 24 * time.Hour
+}
+
+// nowTx is the partitioned claim's clock: the start of its transaction
+// (taken at BEGIN, before it waits for the key's lock), moved by @offset.
+// A claim that waited for the lock thus decides with the time it arrived,
+// which can only make a lease or a record look younger than it is (a 409
+// rather than a takeover), never older.
+const nowTx = `(transaction_timestamp() + @offset::bigint * interval '1 microsecond')`
+
+var columnsTx = strings.ReplaceAll(columns, now, nowTx)
+
+// lockKeySQL takes the claim's lock: keys hold no space (visible ASCII), so
+// "key scope" names one (scope, key) unambiguously.
+const lockKeySQL = `SELECT pg_advisory_xact_lock(hashtextextended(@key::text || ' ' || @scope::text, 0))`
+
+// claimPartitionedSQL runs under lockKeySQL, so no other claim of (scope,
+// key) runs concurrently: "cur" reads the record across every partition; the
+// UPDATE takes it when it can be claimed (moving it to another partition when
+// an expired record starts over with a new expires_at); the INSERT writes a
+// new record when there is none. Heartbeats, completions and failures of the
+// record's owner do not take the lock; the UPDATE re-checks its condition on
+// the latest version of the row (READ COMMITTED), so one that commits in
+// between is seen.
+var claimPartitionedSQL = `WITH cur AS (
+	SELECT ` + columnsTx + `, expires_at <= ` + nowTx + ` AS expired
+	FROM idem_keys WHERE scope = @scope AND key = @key
+), upd AS (
+	UPDATE idem_keys AS k SET
+		method = @method, path = @path, fingerprint = @fingerprint, state = 'PROCESSING',
+		fencing_token = k.fencing_token + 1,
+		locked_until = ` + nowTx + ` + @lease::bigint * interval '1 microsecond',
+		response_status = NULL, response_headers = NULL, response_body = NULL,
+		response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
+		updated_at = ` + nowTx + `,
+		created_at = CASE WHEN k.expires_at <= ` + nowTx + ` THEN ` + nowTx + ` ELSE k.created_at END,
+		expires_at = CASE WHEN k.expires_at <= ` + nowTx + `
+			THEN ` + nowTx + ` + @retention::bigint * interval '1 microsecond' ELSE k.expires_at END,
+		attempts = CASE WHEN k.expires_at <= ` + nowTx + ` THEN 1 ELSE k.attempts + 1 END
+	WHERE k.scope = @scope AND k.key = @key AND (k.expires_at <= ` + nowTx + `
+		OR (k.method = @method AND k.path = @path AND k.fingerprint = @fingerprint
+			AND (k.state = 'FAILED' OR (k.state = 'PROCESSING' AND k.locked_until <= ` + nowTx + `))))
+	RETURNING ` + columnsTx + `
+), ins AS (
+	INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
+		locked_until, created_at, updated_at, expires_at, attempts)
+	SELECT @scope::text, @key::text, @method::text, @path::text, @fingerprint::bytea, 'PROCESSING', 1,
+		` + nowTx + ` + @lease::bigint * interval '1 microsecond', ` + nowTx + `, ` + nowTx + `,
+		` + nowTx + ` + @retention::bigint * interval '1 microsecond', 1
+	WHERE NOT EXISTS (SELECT 1 FROM cur)
+	RETURNING ` + columnsTx + `
+)
+SELECT true, * FROM upd
+UNION ALL
+SELECT true, * FROM ins
+UNION ALL
+SELECT false, ` + columnsTx + ` FROM cur WHERE NOT EXISTS (SELECT 1 FROM upd)`
+
+// ErrNoPartition is wrapped by the error of a claim whose expires_at has no
+// partition: partition maintenance has not run (EnsurePartitions, an
+// idem.Maintainer, or `idem partitions ensure`), or Retention exceeds
+// MaxRetention.
+var ErrNoPartition = errors.New("idempgx: no partition of idem_keys for this expires_at")
+
+// errClaimRaced: the claim statement returned no row (see claimBatch).
+var errClaimRaced = errors.New("idempgx: the record changed during the claim")
+
+// claimPartitioned sends BEGIN, the key's lock, the claim and COMMIT in one
+// round trip (a pgx batch).
+func (d *Driver) claimPartitioned(ctx context.Context, args pgx.NamedArgs) (idemdriver.ClaimResult, error) {
+	var lastErr error
+	for try := 0; try < maxClaimTries; try++ {
+		res, err := d.claimBatch(ctx, args)
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+			return res, nil
+		case retryable(err), errors.Is(err, errClaimRaced):
+			lastErr = err
+			continue
+		case errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition"):
+			return res, fmt.Errorf("%w (run `idem partitions ensure` or an idem.Maintainer; Retention at most %s): %v",
+				ErrNoPartition, d.MaxRetention(), err)
+		default:
+			return res, err
+		}
+	}
+	return idemdriver.ClaimResult{}, fmt.Errorf("idempgx: claim gave no answer after %d tries: %w", maxClaimTries, lastErr)
+}
+
+func (d *Driver) claimBatch(ctx context.Context, args pgx.NamedArgs) (res idemdriver.ClaimResult, err error) {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(lockKeySQL, pgx.NamedArgs{"scope": args["scope"], "key": args["key"]})
+	b.Queue(claimPartitionedSQL, args)
+	b.Queue("COMMIT")
+	br := d.pool.SendBatch(ctx, b)
+	// A failed statement leaves the transaction aborted and COMMIT skipped:
+	// the pool then discards the connection (its transaction status is not
+	// idle), which rolls the transaction back.
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if _, err = br.Exec(); err != nil {
+		return res, err
+	}
+	if _, err = br.Exec(); err != nil {
+		return res, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return res, err
+	}
+	found := false
+	for rows.Next() {
+		if found {
+			rows.Close()
+			return res, errors.New("idempgx: more than one record for one (scope, key) in the partitioned table")
+		}
+		res.Record, err = scanRecord(rows, &res.Claimed)
+		found = true
+	}
+	rows.Close()
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil {
+		return res, err
+	}
+	if _, err = br.Exec(); err != nil {
+		return res, err
+	}
+	if !found {
+		// Under the lock the claim always answers; no row means the record
+		// changed between "cur" and the UPDATE (a heartbeat): ask again.
+		return res, errClaimRaced
+	}
+	return res, nil
+}
+
+// partitionName returns the name of the partition of the UTC day of t.
+func partitionName(day time.Time) string { return PartitionPrefix + day.UTC().Format("20060102") }
+
+// parsePartition reads the day of a partition name; ok is false for names
+// this package did not create.
+func parsePartition(name string) (idemdriver.Partition, bool) {
+	day, err := time.Parse("20060102", strings.TrimPrefix(name, PartitionPrefix))
+	if err != nil || !strings.HasPrefix(name, PartitionPrefix) {
+		return idemdriver.Partition{}, false
+	}
+	return idemdriver.Partition{Name: name, From: day, To: day.AddDate(0, 0, 1)}, true
+}
+
+func (d *Driver) dbNow(ctx context.Context, offset time.Duration) (time.Time, error) {
+	var t time.Time
+	err := d.pool.QueryRow(ctx, `SELECT statement_timestamp() + $1::bigint * interval '1 microsecond'`,
+		offset.Microseconds()).Scan(&t)
+	return t.UTC(), err
+}
+
+// EnsurePartitions implements idemdriver.Partitioner. Each missing
+// partition is created as a table of its own (CREATE TABLE ... LIKE) and then
+// attached (ALTER TABLE idem_keys ATTACH PARTITION), which takes only a SHARE
+// UPDATE EXCLUSIVE lock on idem_keys: claims keep running meanwhile
+// (CREATE TABLE ... PARTITION OF would take ACCESS EXCLUSIVE). Concurrent
+// callers are serialized by a transaction-scoped advisory lock.
+func (d *Driver) EnsurePartitions(ctx context.Context, p idemdriver.PartitionParams) ([]idemdriver.Partition, error) {
+	if d.part == nil {
+		return nil, idemdriver.ErrNotPartitioned
+	}
+	ahead := p.DaysAhead
+	if ahead <= 0 {
+		ahead = d.part.DaysAhead
+	}
+	now, err := d.dbNow(ctx, p.ClockOffset)
+	if err != nil {
+		return nil, err
+	}
+	today := now.Truncate(24 * time.Hour)
+	var created []idemdriver.Partition
+	for i := 0; i <= ahead; i++ {
+		part, _ := parsePartition(partitionName(today.AddDate(0, 0, i)))
+		ok, err := d.createPartition(ctx, part)
+		if err != nil {
+			return created, fmt.Errorf("idempgx: create partition %s: %w", part.Name, err)
+		}
+		if ok {
+			created = append(created, part)
+		}
+	}
+	return created, nil
+}
+
+// createPartition creates and attaches part unless it exists; it reports
+// whether it created it.
+func (d *Driver) createPartition(ctx context.Context, part idemdriver.Partition) (bool, error) {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('idem partitions ' || current_schema(), 0))`); err != nil {
+		return false, err
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, part.Name).Scan(&exists); err != nil || exists {
+		return false, err
+	}
+	ident := pgx.Identifier{part.Name}.Sanitize()
+	for _, stmt := range []string{
+		fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, attachLockTimeout.Milliseconds()),
+		`CREATE TABLE ` + ident + ` (LIKE idem_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
+		`ALTER TABLE idem_keys ATTACH PARTITION ` + ident + ` FOR VALUES FROM ('` +
+			part.From.Format(time.RFC3339) + `') TO ('` + part.To.Format(time.RFC3339) + `')`,
+	} {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return false, err
+		}
+	}
+	return true, tx.Commit(ctx)
+}
+
+// Partitions implements idemdriver.Partitioner.
+func (d *Driver) Partitions(ctx context.Context) ([]idemdriver.Partition, error) {
+	if d.part == nil {
+		return nil, idemdriver.ErrNotPartitioned
+	}
+	parts, _, err := d.partitions(ctx)
+	return parts, err
+}
+
+// partitions lists this package's partitions, oldest first, and the names of
+// those whose DETACH CONCURRENTLY was interrupted (pending).
+func (d *Driver) partitions(ctx context.Context) ([]idemdriver.Partition, map[string]bool, error) {
+	rows, err := d.pool.Query(ctx, `SELECT c.relname::text, c.reltuples::bigint, i.inhdetachpending
+		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = to_regclass('idem_keys')`)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	var parts []idemdriver.Partition
+	pending := map[string]bool{}
+	for rows.Next() {
+		var (
+			name string
+			n    int64
+			pend bool
+		)
+		if err := rows.Scan(&name, &n, &pend); err != nil {
+			return nil, nil, err
+		}
+		part, ok := parsePartition(name)
+		if !ok {
+			continue
+		}
+		part.Rows = n
+		parts = append(parts, part)
+		pending[name] = pend
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	sort.Slice(parts, func(i, j int) bool { return parts[i].From.Before(parts[j].From) })
+	return parts, pending, nil
+}
+
+// DropPartitions implements idemdriver.Partitioner. A partition is dropped
+// when its whole range has expired (To <= now - OlderThan): no claim can put
+// a row into it any more (a new record's expires_at is in the future, and a
+// re-claimed expired record moves to the partition of its new expires_at).
+// It is skipped, and dropped on a later run, while it holds a PROCESSING
+// record under a live lease. Each drop is ALTER TABLE idem_keys DETACH
+// PARTITION ... CONCURRENTLY (SHARE UPDATE EXCLUSIVE on idem_keys; it waits
+// for the transactions that may read the partition, and blocks none), then
+// DROP TABLE of the detached table, on one connection holding a session
+// advisory lock that serializes droppers. A detach that was interrupted is
+// finished (DETACH PARTITION ... FINALIZE) before the drop.
+func (d *Driver) DropPartitions(ctx context.Context, p idemdriver.PartitionParams) ([]idemdriver.Partition, error) {
+	if d.part == nil {
+		return nil, idemdriver.ErrNotPartitioned
+	}
+	now, err := d.dbNow(ctx, p.ClockOffset)
+	if err != nil {
+		return nil, err
+	}
+	parts, pending, err := d.partitions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cutoff := now.Add(-max(p.OlderThan, 0))
+	var doomed []idemdriver.Partition
+	for _, part := range parts {
+		if part.To.After(cutoff) {
+			continue
+		}
+		var live bool
+		err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{part.Name}.Sanitize()+`
+			WHERE state = 'PROCESSING' AND locked_until > $1)`, now).Scan(&live)
+		if err != nil {
+			return nil, fmt.Errorf("idempgx: partition %s: %w", part.Name, err)
+		}
+		if !live {
+			doomed = append(doomed, part)
+		}
+	}
+	if p.DryRun || len(doomed) == 0 {
+		return doomed, nil
+	}
+	pc, err := d.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The session lock and settings below must not go back to the pool:
+	// the connection is closed afterwards, which releases them.
+	c := pc.Hijack()
+	defer c.Close(context.WithoutCancel(ctx)) //nolint:errcheck
+	if _, err := c.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('idem partitions ' || current_schema(), 0))`); err != nil {
+		return nil, err
+	}
+	if _, err := c.Exec(ctx, fmt.Sprintf(`SET lock_timeout = '%dms'`, detachLockTimeout.Milliseconds())); err != nil {
+		return nil, err
+	}
+	var dropped []idemdriver.Partition
+	for _, part := range doomed {
+		ident := pgx.Identifier{part.Name}.Sanitize()
+		detach := `ALTER TABLE idem_keys DETACH PARTITION ` + ident + ` CONCURRENTLY`
+		if pending[part.Name] {
+			detach = `ALTER TABLE idem_keys DETACH PARTITION ` + ident + ` FINALIZE`
+		}
+		if _, err := c.Exec(ctx, detach); err != nil {
+			return dropped, fmt.Errorf("idempgx: detach partition %s: %w", part.Name, err)
+		}
+		if _, err := c.Exec(ctx, `DROP TABLE `+ident); err != nil {
+			return dropped, fmt.Errorf("idempgx: drop partition %s: %w", part.Name, err)
+		}
+		dropped = append(dropped, part)
+	}
+	return dropped, nil
+}

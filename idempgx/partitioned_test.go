@@ -1,0 +1,306 @@
+package idempgx_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemdrivertest"
+	"github.com/idemgo/idem/idempgx"
+	"github.com/idemgo/idem/internal/dbtest"
+)
+
+func newPartitioned(t testing.TB) *idempgx.Driver {
+	t.Helper()
+	d := idempgx.NewPartitioned(dbtest.PostgresPool(t), idempgx.PartitionConfig{})
+	require.NoError(t, d.Migrate(context.Background()))
+	return d
+}
+
+// The partitioned driver passes the whole suite, with its own statement
+// budget: a claim is one round trip of four statements (BEGIN, the key's
+// advisory lock, the claim, COMMIT), whatever its outcome.
+func TestConformancePartitioned(t *testing.T) {
+	idemdrivertest.Run(t, idemdrivertest.Harness{
+		NewDriver: func(t *testing.T) idemdriver.Driver { return newPartitioned(t) },
+		Unreachable: func(t *testing.T) idemdriver.Driver {
+			pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=2")
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			return idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
+		},
+		NewCountingDriver: func(t *testing.T) (idemdriver.Driver, func() int64) {
+			url, _ := dbtest.PostgresURL(t)
+			cfg, err := pgxpool.ParseConfig(url)
+			require.NoError(t, err)
+			tracer := &countingTracer{}
+			cfg.ConnConfig.Tracer = tracer
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			d := idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
+			require.NoError(t, d.Migrate(context.Background()))
+			return d, tracer.n.Load
+		},
+		Budget:       map[string]int{"first": 5, "first-transactional": 7, "replay": 4, "in-flight": 4, "key-reused": 4},
+		Business:     newBusiness,
+		Maintenance:  true,
+		Partitioned:  true,
+		SecondDriver: secondDriver,
+	})
+}
+
+func BenchmarkDriverPartitioned(b *testing.B) {
+	idemdrivertest.Benchmark(b, func(tb testing.TB) idemdriver.Driver { return newPartitioned(tb) })
+}
+
+// PostgreSQL does not keep (scope, key) unique across partitions: the
+// primary key must include expires_at. Two rows of one key, one each side of
+// a partition boundary, insert without complaint. The claim's advisory lock
+// is what keeps one record per key.
+func TestPartitionedPrimaryKeyDoesNotSpanPartitions(t *testing.T) {
+	t.Parallel()
+	d := newPartitioned(t)
+	ctx := context.Background()
+	for _, expires := range []string{"1 day", "2 days"} {
+		_, err := d.Pool().Exec(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state,
+			fencing_token, created_at, updated_at, expires_at, attempts)
+			VALUES ('s', 'k', 'POST', '/', '\x00', 'SUCCEEDED', 1, now(), now(),
+				date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '`+expires+`', 1)`)
+		require.NoError(t, err)
+	}
+	var n int
+	require.NoError(t, d.Pool().QueryRow(ctx, `SELECT count(DISTINCT tableoid) FROM idem_keys WHERE key = 'k'`).Scan(&n))
+	require.Equal(t, 2, n, "two partitions, one key, no error")
+}
+
+// 64 claimants held on the key's advisory lock (taken here first), half
+// with the clock 100 ms before midnight and half 100 ms after, so their
+// records would land in two partitions; released together, exactly one wins
+// and one record exists. Each claimant is sent only after the previous one
+// waits, so the i-th waiter is the i-th claimant, and its transaction's start
+// (pg_stat_activity.xact_start, the claim's clock) plus its offset proves
+// which side of midnight it decided on; the test requires at least a quarter
+// on each side.
+func TestPartitionedClaimsStraddlingMidnightUnderTheLock(t *testing.T) {
+	t.Parallel()
+	url, schema := dbtest.PostgresURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = "idem-straddle-" + schema
+	cfg.MaxConns = 70
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	d := idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
+	ctx := context.Background()
+	require.NoError(t, d.Migrate(ctx))
+
+	const scope, key, n = "acct", "straddle", 64
+	// Open every connection first, so that no claimant waits for a dial.
+	var warm []*pgxpool.Conn
+	for i := 0; i < n+2; i++ {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		warm = append(warm, c)
+	}
+	for _, c := range warm {
+		c.Release()
+	}
+	now, err := d.Now(ctx, 0)
+	require.NoError(t, err)
+	midnight := now.Truncate(24 * time.Hour).Add(24 * time.Hour)
+	// The holder of the key's lock: the same hash as the claim's.
+	holder, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	_, err = holder.Exec(ctx, `BEGIN`)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1::text || ' ' || $2::text, 0))`, key, scope)
+	require.NoError(t, err)
+
+	waiting := func() int {
+		var w int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock' AND wait_event = 'advisory'`,
+			cfg.ConnConfig.RuntimeParams["application_name"]).Scan(&w))
+		return w
+	}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		results []idemdriver.ClaimResult
+		errs    []error
+		offsets []time.Duration
+	)
+	for i := 0; i < n; i++ {
+		side := -100 * time.Millisecond
+		if i%2 == 1 {
+			side = 100 * time.Millisecond
+		}
+		dbNow, err := d.Now(ctx, 0)
+		require.NoError(t, err)
+		off := midnight.Add(side).Sub(dbNow)
+		offsets = append(offsets, off)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: scope, Key: key, Method: "POST", Path: "/v1/payments",
+				Fingerprint: []byte("fp"), LeaseDuration: 30 * time.Second, Retention: 24 * time.Hour, ClockOffset: off})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			results = append(results, res)
+		}()
+		require.Eventually(t, func() bool { return waiting() == i+1 }, 10*time.Second, time.Millisecond)
+	}
+	rows, err := pool.Query(ctx, `SELECT xact_start FROM pg_stat_activity
+		WHERE application_name = $1 AND wait_event = 'advisory' ORDER BY xact_start`,
+		cfg.ConnConfig.RuntimeParams["application_name"])
+	require.NoError(t, err)
+	var starts []time.Time
+	for rows.Next() {
+		var s time.Time
+		require.NoError(t, rows.Scan(&s))
+		starts = append(starts, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, starts, n)
+	require.True(t, sort.SliceIsSorted(starts, func(i, j int) bool { return starts[i].Before(starts[j]) }))
+	// Which side each claimant decided on is observed, not assumed: a
+	// claimant whose goroutine was scheduled late may have crossed over.
+	days := map[string]int{}
+	before := 0
+	for i, s := range starts {
+		seen := s.Add(offsets[i])
+		if seen.Before(midnight) {
+			before++
+		}
+		days[seen.Add(24*time.Hour).Format("2006-01-02")]++ // its record's expires_at day: its partition
+	}
+	t.Logf("%d claimants decide before midnight, %d after; their records' partitions: %v", before, n-before, days)
+	require.GreaterOrEqual(t, before, n/4, "claimants before midnight")
+	require.GreaterOrEqual(t, n-before, n/4, "claimants after midnight")
+	require.Len(t, days, 2, "the claimants' records would fall into two partitions")
+
+	_, err = holder.Exec(ctx, `COMMIT`) // release the lock
+	require.NoError(t, err)
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	winners := 0
+	for _, r := range results {
+		if r.Claimed {
+			winners++
+		}
+	}
+	require.Equal(t, 1, winners)
+	var count int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idem_keys WHERE scope = $1 AND key = $2`, scope, key).Scan(&count))
+	require.Equal(t, 1, count, "one record across the partitions")
+}
+
+// An expired record re-claimed moves to the partition of its new expires_at.
+func TestPartitionedExpiredRecordMovesPartition(t *testing.T) {
+	t.Parallel()
+	d := newPartitioned(t)
+	ctx := context.Background()
+	p := idemdriver.ClaimParams{Scope: "acct", Key: "k", Method: "POST", Path: "/", Fingerprint: []byte("a"),
+		LeaseDuration: 30 * time.Second, Retention: 24 * time.Hour}
+	first, err := d.Claim(ctx, p)
+	require.NoError(t, err)
+	partition := func() string {
+		var name string
+		require.NoError(t, d.Pool().QueryRow(ctx, `SELECT tableoid::regclass::text FROM idem_keys WHERE key = 'k'`).Scan(&name))
+		return name
+	}
+	before := partition()
+	p.ClockOffset = 48 * time.Hour
+	p.Fingerprint = []byte("b")
+	again, err := d.Claim(ctx, p)
+	require.NoError(t, err)
+	require.True(t, again.Claimed)
+	require.Greater(t, again.Record.FencingToken, first.Record.FencingToken)
+	require.NotEqual(t, before, partition())
+	// The old owner's fenced writes find the new token: refused, no error.
+	ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: idemdriver.FenceParams{
+		Scope: "acct", Key: "k", FencingToken: first.Record.FencingToken}})
+	require.NoError(t, err)
+	require.False(t, ok)
+}
+
+func TestPartitionedMissingPartition(t *testing.T) {
+	t.Parallel()
+	d := newPartitioned(t)
+	_, err := d.Claim(context.Background(), idemdriver.ClaimParams{Scope: "a", Key: "k", Method: "POST", Path: "/",
+		Fingerprint: []byte("a"), LeaseDuration: time.Second, Retention: 30 * 24 * time.Hour})
+	require.ErrorIs(t, err, idempgx.ErrNoPartition)
+	require.Equal(t, 6*24*time.Hour, d.MaxRetention())
+}
+
+// The purge skips rows a transaction holds (FOR UPDATE SKIP LOCKED): it
+// neither waits for them nor deletes them.
+func TestPurgeSkipsLockedRows(t *testing.T) {
+	t.Parallel()
+	d := newDriver(t).(*idempgx.Driver)
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		_, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "s", Key: fmt.Sprint("k", i), Method: "POST", Path: "/",
+			Fingerprint: []byte("a"), LeaseDuration: time.Second, Retention: time.Hour, ClockOffset: -2 * time.Hour})
+		require.NoError(t, err)
+	}
+	tx, err := d.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `SELECT 1 FROM idem_keys WHERE key = 'k1' FOR UPDATE`)
+	require.NoError(t, err)
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := d.PurgeExpired(qctx, idemdriver.PurgeParams{Limit: 10})
+	require.NoError(t, err, "does not wait for the locked row")
+	require.EqualValues(t, 2, n)
+	require.NoError(t, tx.Rollback(ctx))
+	n, err = d.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 10})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+}
+
+// The maintenance lock dies with its connection: when the leader's session
+// is terminated, its lock methods report ErrLockLost and another process
+// takes the lock.
+func TestMaintenanceLockDiesWithItsConnection(t *testing.T) {
+	t.Parallel()
+	d := newDriver(t).(*idempgx.Driver)
+	other := secondDriver(t, d).(*idempgx.Driver)
+	ctx := context.Background()
+	l, err := d.TryLockMaintenance(ctx, idemdriver.LockParams{})
+	require.NoError(t, err)
+	_, err = other.TryLockMaintenance(ctx, idemdriver.LockParams{})
+	require.ErrorIs(t, err, idemdriver.ErrLockHeld)
+	var killed bool
+	require.NoError(t, d.Pool().QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
+		WHERE locktype = 'advisory' AND granted
+		AND ((classid::bigint << 32) | objid::bigint) = hashtextextended('idem maintenance ' || current_schema(), 0)`).Scan(&killed))
+	require.True(t, killed)
+	require.ErrorIs(t, l.Refresh(ctx), idemdriver.ErrLockLost)
+	_, err = l.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 1})
+	require.ErrorIs(t, err, idemdriver.ErrLockLost)
+	var l2 idemdriver.MaintenanceLock
+	require.Eventually(t, func() bool {
+		l2, err = other.TryLockMaintenance(ctx, idemdriver.LockParams{})
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, l2.Release(ctx))
+	require.NoError(t, l.Release(ctx))
+}

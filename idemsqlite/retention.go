@@ -1,0 +1,300 @@
+package idemsqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path"
+	"time"
+
+	"github.com/pressly/goose/v3"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+var (
+	_ idemdriver.Purger            = (*Driver)(nil)
+	_ idemdriver.MaintenanceLocker = (*Driver)(nil)
+	_ idemdriver.Inspector         = (*Driver)(nil)
+	_ idemdriver.Migrator          = (*Driver)(nil)
+)
+
+// purgeable is the condition of a record a purge may delete: expired for
+// longer than @older, and not a PROCESSING record under a live lease.
+const purgeable = `expires_at <= ` + now + ` - @older
+	AND NOT (state = 'PROCESSING' AND locked_until > ` + now + `)`
+
+// purgeSQL deletes one batch of at most @limit records, oldest expiry first,
+// found through the expires_at index. It is one autocommit statement: SQLite's
+// write lock is held for that statement only, so requests queue behind one
+// short batch at most.
+var purgeSQL = `DELETE FROM idem_keys WHERE rowid IN (
+	SELECT rowid FROM idem_keys WHERE ` + purgeable + ` ORDER BY expires_at LIMIT @limit)`
+
+// purgeLockedSQL is purgeSQL fenced by the maintenance lease in the same
+// statement: it deletes nothing unless the lease of @token is still live.
+var purgeLockedSQL = purgeSQL + `
+	AND EXISTS (SELECT 1 FROM idem_maintenance_lock
+		WHERE name = 'maintainer' AND token = @token AND locked_until > ` + now + `)`
+
+var countExpiredSQL = `SELECT count(*) FROM idem_keys WHERE ` + purgeable
+
+func purgeArgs(p idemdriver.PurgeParams) []any {
+	return []any{sql.Named("limit", p.Limit), sql.Named("older", max(p.OlderThan, 0).Microseconds()),
+		sql.Named("offset", p.ClockOffset.Microseconds())}
+}
+
+// PurgeExpired implements idemdriver.Purger with one DELETE ... WHERE rowid
+// IN (SELECT rowid ... LIMIT n), its own short transaction.
+func (d *Driver) PurgeExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
+	return d.purge(ctx, purgeSQL, p)
+}
+
+func (d *Driver) purge(ctx context.Context, query string, p idemdriver.PurgeParams, extra ...any) (int64, error) {
+	if p.Limit <= 0 {
+		return 0, fmt.Errorf("idemsqlite: purge: Limit %d must be positive", p.Limit)
+	}
+	var n int64
+	err := retryBusy(ctx, func() error {
+		res, err := d.db.ExecContext(ctx, query, append(purgeArgs(p), extra...)...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("idemsqlite: purge: %w", err)
+	}
+	return n, nil
+}
+
+// CountExpired implements idemdriver.Purger.
+func (d *Driver) CountExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
+	var n int64
+	err := d.db.QueryRowContext(ctx, countExpiredSQL, purgeArgs(p)...).Scan(&n)
+	return n, err
+}
+
+// The lease row of the maintenance lock (migration 00002). A free or
+// lapsed lease (locked_until <= now) is taken, and its token incremented, by
+// one atomic upsert.
+var (
+	lockTakeSQL = `INSERT INTO idem_maintenance_lock (name, holder, token, locked_until)
+VALUES ('maintainer', @holder, 1, ` + now + ` + @ttl)
+ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,
+	token = idem_maintenance_lock.token + 1, locked_until = excluded.locked_until
+WHERE idem_maintenance_lock.locked_until <= ` + now + `
+RETURNING token`
+	lockRefreshSQL = `UPDATE idem_maintenance_lock SET locked_until = ` + now + ` + @ttl
+WHERE name = 'maintainer' AND token = @token AND locked_until > ` + now
+	lockReleaseSQL = `UPDATE idem_maintenance_lock SET locked_until = 0 WHERE name = 'maintainer' AND token = @token`
+)
+
+// TryLockMaintenance implements idemdriver.MaintenanceLocker with a lease
+// row in idem_maintenance_lock, read and written with SQLite's clock (which
+// is the host's: every process sharing the file shares it). The lease lasts
+// p.TTL from each Refresh; a holder that dies without Release is replaced
+// once its lease has run out. Every purge of the lock is fenced by the
+// lease's token in the DELETE itself, so a holder whose lease lapsed (a
+// stalled process) deletes nothing, even if it has not noticed yet.
+func (d *Driver) TryLockMaintenance(ctx context.Context, p idemdriver.LockParams) (idemdriver.MaintenanceLock, error) {
+	if p.TTL <= 0 {
+		return nil, fmt.Errorf("idemsqlite: maintenance lock: TTL %s must be positive", p.TTL)
+	}
+	l := &sqliteLock{d: d, ttl: p.TTL, offset: p.ClockOffset}
+	err := retryBusy(ctx, func() error {
+		return d.db.QueryRowContext(ctx, lockTakeSQL, sql.Named("holder", p.Holder),
+			sql.Named("ttl", p.TTL.Microseconds()), l.offsetArg()).Scan(&l.token)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, idemdriver.ErrLockHeld
+	}
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// sqliteLock is a held lease of the maintenance lock.
+type sqliteLock struct {
+	d        *Driver
+	token    int64
+	ttl      time.Duration
+	offset   time.Duration
+	released bool
+}
+
+func (l *sqliteLock) offsetArg() any { return sql.Named("offset", l.offset.Microseconds()) }
+
+func (l *sqliteLock) PurgeExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
+	if l.released {
+		return 0, idemdriver.ErrLockLost
+	}
+	n, err := l.d.purge(ctx, purgeLockedSQL, p, sql.Named("token", l.token))
+	if err != nil || n > 0 {
+		return n, err
+	}
+	// Nothing deleted: nothing to purge, or the lease is gone.
+	return 0, l.Refresh(ctx)
+}
+
+func (l *sqliteLock) Refresh(ctx context.Context) error {
+	if l.released {
+		return idemdriver.ErrLockLost
+	}
+	var n int64
+	err := retryBusy(ctx, func() error {
+		res, err := l.d.db.ExecContext(ctx, lockRefreshSQL, sql.Named("ttl", l.ttl.Microseconds()),
+			sql.Named("token", l.token), l.offsetArg())
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return idemdriver.ErrLockLost
+	}
+	return nil
+}
+
+func (l *sqliteLock) Release(ctx context.Context) error {
+	if l.released {
+		return nil
+	}
+	l.released = true
+	return retryBusy(ctx, func() error {
+		_, err := l.d.db.ExecContext(ctx, lockReleaseSQL, sql.Named("token", l.token))
+		return err
+	})
+}
+
+// Now implements idemdriver.Inspector: SQLite's clock (unixepoch('subsec'),
+// millisecond resolution) plus offset.
+func (d *Driver) Now(ctx context.Context, offset time.Duration) (time.Time, error) {
+	var us int64
+	err := d.db.QueryRowContext(ctx, `SELECT `+now, sql.Named("offset", offset.Microseconds())).Scan(&us)
+	return micros(us), err
+}
+
+// Stats implements idemdriver.Inspector: two aggregate reads in one read
+// transaction (a WAL snapshot, which does not take the write lock).
+func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdriver.Stats, error) {
+	st := idemdriver.Stats{ByState: map[idemdriver.State]int64{}}
+	// A read-only *sql.Tx still sends BEGIN IMMEDIATE under _txlock; a
+	// dedicated connection with a plain BEGIN keeps Stats off the write lock.
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return st, err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `BEGIN DEFERRED`); err != nil {
+		return st, err
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`) //nolint:errcheck // read only
+	var (
+		nowUS, processing, succeeded, failed int64
+		oldest                               sql.NullInt64
+	)
+	err = conn.QueryRowContext(ctx, `SELECT `+now+`, count(*),
+		count(*) FILTER (WHERE state = 'PROCESSING'), count(*) FILTER (WHERE state = 'SUCCEEDED'),
+		count(*) FILTER (WHERE state = 'FAILED'), min(created_at),
+		count(*) FILTER (WHERE expires_at <= `+now+`),
+		count(*) FILTER (WHERE state = 'PROCESSING' AND locked_until <= `+now+`)
+		FROM idem_keys`, sql.Named("offset", p.ClockOffset.Microseconds())).
+		Scan(&nowUS, &st.Total, &processing, &succeeded, &failed, &oldest, &st.Expired, &st.Stuck)
+	if err != nil {
+		return st, err
+	}
+	st.Now, st.Oldest = micros(nowUS), nullMicros(oldest)
+	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
+	if p.TopScopes > 0 {
+		rows, err := conn.QueryContext(ctx, `SELECT scope, count(*) FROM idem_keys GROUP BY scope
+			ORDER BY count(*) DESC, scope LIMIT ?`, p.TopScopes)
+		if err != nil {
+			return st, err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var sc idemdriver.ScopeCount
+			if err := rows.Scan(&sc.Scope, &sc.Count); err != nil {
+				return st, err
+			}
+			st.TopScopes = append(st.TopScopes, sc)
+		}
+		if err := rows.Err(); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+var stuckSQL = `SELECT ` + columns + `, ` + now + ` - locked_until
+	FROM idem_keys WHERE state = 'PROCESSING' AND locked_until <= ` + now + `
+	ORDER BY locked_until LIMIT @limit`
+
+// Stuck implements idemdriver.Inspector with a range read of the partial
+// index on locked_until of PROCESSING records.
+func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdriver.StuckRecord, error) {
+	if p.Limit <= 0 {
+		return nil, fmt.Errorf("idemsqlite: stuck: Limit %d must be positive", p.Limit)
+	}
+	rows, err := d.db.QueryContext(ctx, stuckSQL, sql.Named("limit", p.Limit), sql.Named("offset", p.ClockOffset.Microseconds()))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []idemdriver.StuckRecord
+	for rows.Next() {
+		var overdueUS int64
+		rec, err := scanRecord(rows, nil, &overdueUS)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, idemdriver.StuckRecord{Record: rec, Overdue: time.Duration(overdueUS) * time.Microsecond})
+	}
+	return out, rows.Err()
+}
+
+// MigrationStatus implements idemdriver.Migrator.
+func (d *Driver) MigrationStatus(ctx context.Context) ([]idemdriver.Migration, error) {
+	p, err := d.provider()
+	if err != nil {
+		return nil, err
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idemsqlite: migration status: %w", err)
+	}
+	out := make([]idemdriver.Migration, 0, len(st))
+	for _, s := range st {
+		m := idemdriver.Migration{Version: s.Source.Version, Name: path.Base(s.Source.Path), Applied: s.State == goose.StateApplied}
+		if m.Applied && !s.AppliedAt.IsZero() {
+			t := s.AppliedAt.UTC()
+			m.AppliedAt = &t
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// MigrateDown implements idemdriver.Migrator.
+func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) {
+	p, err := d.provider()
+	if err != nil {
+		return idemdriver.Migration{}, err
+	}
+	res, err := p.Down(ctx)
+	if err != nil {
+		if errors.Is(err, goose.ErrNoNextVersion) || errors.Is(err, goose.ErrNoCurrentVersion) {
+			return idemdriver.Migration{}, errors.New("idemsqlite: migrate down: no migration is applied")
+		}
+		return idemdriver.Migration{}, fmt.Errorf("idemsqlite: migrate down: %w", err)
+	}
+	return idemdriver.Migration{Version: res.Source.Version, Name: path.Base(res.Source.Path)}, nil
+}

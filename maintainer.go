@@ -1,0 +1,392 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// Defaults of MaintainerConfig.
+const (
+	DefaultMaintainInterval = time.Minute
+	DefaultPurgeBatch       = 1000
+	DefaultMaxBatches       = 1000
+	// DefaultLockTTLMin is the least default LockTTL (see MaintainerConfig.LockTTL).
+	DefaultLockTTLMin = 30 * time.Second
+)
+
+// ErrMaintenanceUnsupported is returned by NewMaintainer for a store that
+// does not implement the driver interfaces the maintainer needs.
+var ErrMaintenanceUnsupported = errors.New("idem: the store does not support maintenance")
+
+// MaintainerConfig configures a Maintainer. The zero value of every field
+// means its documented default.
+type MaintainerConfig struct {
+	// Interval is the time between two maintenance cycles, and between two
+	// attempts of a standby process to become the maintainer. Default: 1 min.
+	Interval time.Duration
+
+	// Batch is the most records one purge statement deletes (one short
+	// transaction). Default: 1000.
+	Batch int
+
+	// MaxBatches bounds the batches of one cycle; a cycle also ends at the
+	// first batch that deletes fewer than Batch records. Default: 1000 (so
+	// at most a million records per cycle with the default Batch).
+	MaxBatches int
+
+	// BatchPause is a pause between two batches of a cycle, which leaves
+	// room to autovacuum and replicas under a large backlog. Default: none.
+	BatchPause time.Duration
+
+	// OlderThan is the grace past expiry: a record is purged when
+	// expires_at <= now - OlderThan (database clock); on a partitioned store
+	// a partition is dropped when its end <= now - OlderThan. Default: 0,
+	// every expired record. Expired records are answered as new requests
+	// whether purged or not (CONTRACT section 3); the grace only keeps them
+	// around for inspection.
+	OlderThan time.Duration
+
+	// LockTTL is how long the maintenance lock outlives a maintainer that
+	// died without releasing it, where the lock is a lease (SQLite); the
+	// holder renews it every cycle and between batches. Ignored where the
+	// lock dies with its session (PostgreSQL). Default: 3 × Interval, at
+	// least 30 s.
+	LockTTL time.Duration
+
+	// DaysAhead is how many days of partitions ahead of today each cycle
+	// ensures, on a partitioned store. Default: the store's own (see
+	// idempgx.PartitionConfig).
+	DaysAhead int
+
+	// Holder names this process in the lock, for operators. Default:
+	// "hostname:pid".
+	Holder string
+
+	// OnCycle, when set, is called after every cycle, leader or standby,
+	// from the maintainer's goroutine: hook metrics here. It must not block
+	// for long. Default: none (Stats gives the running totals).
+	OnCycle func(MaintenanceCycle)
+
+	// Logger receives leadership changes, each cycle's work (Info when it
+	// removed something, Debug otherwise) and errors (Warn). Default:
+	// slog.Default().
+	Logger *slog.Logger
+
+	// ClockOffset is added to the database's clock in every maintenance
+	// statement. Tests only; zero in production.
+	ClockOffset time.Duration
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c MaintainerConfig) WithDefaults() MaintainerConfig {
+	if c.Interval == 0 {
+		c.Interval = DefaultMaintainInterval
+	}
+	if c.Batch == 0 {
+		c.Batch = DefaultPurgeBatch
+	}
+	if c.MaxBatches == 0 {
+		c.MaxBatches = DefaultMaxBatches
+	}
+	if c.LockTTL == 0 {
+		c.LockTTL = max(3*c.Interval, DefaultLockTTLMin)
+	}
+	if c.Holder == "" {
+		host, _ := os.Hostname()
+		c.Holder = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c MaintainerConfig) validate() error {
+	var errs []error
+	if c.Interval <= 0 {
+		errs = append(errs, fmt.Errorf("Interval %s must be positive", c.Interval))
+	}
+	if c.Batch <= 0 || c.MaxBatches <= 0 {
+		errs = append(errs, errors.New("Batch and MaxBatches must be positive"))
+	}
+	if c.LockTTL <= 0 || c.BatchPause < 0 || c.OlderThan < 0 {
+		errs = append(errs, errors.New("LockTTL must be positive; BatchPause and OlderThan not negative"))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("idem: invalid MaintainerConfig: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// MaintenanceCycle reports one cycle of a Maintainer.
+type MaintenanceCycle struct {
+	// Leader is true when this process held the maintenance lock for the
+	// cycle (and did the work); false on a standby.
+	Leader bool
+	// Purged is the number of records deleted; Batches the statements that
+	// deleted them.
+	Purged  int64
+	Batches int
+	// PartitionsCreated and PartitionsDropped name the partitions created
+	// and dropped (partitioned stores).
+	PartitionsCreated []string
+	PartitionsDropped []string
+	// Duration is the cycle's wall time.
+	Duration time.Duration
+	// Err is the cycle's error, if any: the lock could not be taken or was
+	// lost, or a statement failed. The next cycle starts afresh.
+	Err error
+}
+
+// MaintainerStats are a Maintainer's running totals since Start.
+type MaintainerStats struct {
+	// Leader is true while this process holds the maintenance lock.
+	Leader bool
+	// Cycles counts every cycle; LeaderCycles those this process led.
+	Cycles, LeaderCycles int64
+	// Purged counts the records deleted, in Batches statements.
+	Purged, Batches int64
+	// PartitionsCreated and PartitionsDropped count partitions.
+	PartitionsCreated, PartitionsDropped int64
+	// Errors counts the cycles that ended with an error.
+	Errors int64
+}
+
+// Maintainer removes expired records in the background: every Interval, the
+// one process of many that holds the store's maintenance lock (elected by the
+// database: see idemdriver.MaintenanceLocker) deletes expired records in
+// batches of Batch, each its own short transaction, or, on a partitioned
+// store, creates the partitions ahead and drops the fully expired ones. The
+// other processes stand by and take over within one Interval when the
+// leader stops (or, where the lock is a lease, within LockTTL when it dies).
+//
+// Create it with NewMaintainer, run it with Start, end it with Stop.
+type Maintainer struct {
+	cfg     MaintainerConfig
+	locker  idemdriver.MaintenanceLocker
+	parts   idemdriver.Partitioner // nil unless the store is partitioned
+	lock    idemdriver.MaintenanceLock
+	refresh time.Time // when the lock was last confirmed
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	leader                                                        atomic.Bool
+	cycles, leaderCycles, purged, batches, created, dropped, errs atomic.Int64
+}
+
+// NewMaintainer returns a maintainer of store's records. The store must
+// implement idemdriver.MaintenanceLocker (idempgx and idemsqlite do); a
+// partitioned store (idemdriver.Partitioner reporting Partitioned) is
+// maintained by partitions instead of batched deletes. It returns
+// ErrMaintenanceUnsupported (wrapped) for other stores, and an error naming
+// every invalid field of cfg.
+func NewMaintainer(store Store, cfg MaintainerConfig) (*Maintainer, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	locker, ok := store.(idemdriver.MaintenanceLocker)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T does not implement idemdriver.MaintenanceLocker", ErrMaintenanceUnsupported, store)
+	}
+	m := &Maintainer{cfg: cfg, locker: locker}
+	if p, ok := store.(idemdriver.Partitioner); ok && p.Partitioned() {
+		m.parts = p
+	}
+	return m, nil
+}
+
+// Start runs the maintainer in a goroutine until ctx is done or Stop is
+// called. The first cycle starts at once. It returns an error when the
+// maintainer is already running.
+func (m *Maintainer) Start(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.done != nil {
+		return errors.New("idem: Maintainer already started")
+	}
+	ctx, m.cancel = context.WithCancel(ctx)
+	m.done = make(chan struct{})
+	go m.run(ctx, m.done)
+	return nil
+}
+
+// Stop ends the maintainer, waits for its current statement to return, and
+// releases the maintenance lock so that a standby takes over at its next
+// attempt. It may be called more than once, and before Start.
+func (m *Maintainer) Stop() {
+	m.mu.Lock()
+	cancel, done := m.cancel, m.done
+	m.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	<-done
+}
+
+// Stats returns the running totals.
+func (m *Maintainer) Stats() MaintainerStats {
+	return MaintainerStats{
+		Leader: m.leader.Load(), Cycles: m.cycles.Load(), LeaderCycles: m.leaderCycles.Load(),
+		Purged: m.purged.Load(), Batches: m.batches.Load(),
+		PartitionsCreated: m.created.Load(), PartitionsDropped: m.dropped.Load(), Errors: m.errs.Load(),
+	}
+}
+
+func (m *Maintainer) run(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	defer m.unlock("stopped")
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c := m.cycle(ctx)
+		if ctx.Err() != nil && c.Err != nil {
+			return // stopped mid-cycle: not an error worth reporting
+		}
+		m.report(c)
+		t.Reset(m.cfg.Interval)
+	}
+}
+
+// unlock releases the lock, if held.
+func (m *Maintainer) unlock(why string) {
+	if m.lock == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := m.lock.Release(ctx); err != nil {
+		m.cfg.Logger.Warn("idem: maintainer: releasing the maintenance lock", "err", err)
+	}
+	m.lock = nil
+	m.leader.Store(false)
+	m.cfg.Logger.Info("idem: maintainer: no longer the maintainer", "holder", m.cfg.Holder, "reason", why)
+}
+
+// lead takes the lock, or confirms (and renews) it; false when another
+// process maintains.
+func (m *Maintainer) lead(ctx context.Context) (bool, error) {
+	if m.lock != nil {
+		if err := m.lock.Refresh(ctx); err != nil {
+			m.unlock("lock lost: " + err.Error())
+			return false, err
+		}
+		m.refresh = time.Now()
+		return true, nil
+	}
+	l, err := m.locker.TryLockMaintenance(ctx, idemdriver.LockParams{
+		Holder: m.cfg.Holder, TTL: m.cfg.LockTTL, ClockOffset: m.cfg.ClockOffset})
+	if errors.Is(err, idemdriver.ErrLockHeld) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	m.lock, m.refresh = l, time.Now()
+	m.leader.Store(true)
+	m.cfg.Logger.Info("idem: maintainer: this process is now the maintainer", "holder", m.cfg.Holder)
+	return true, nil
+}
+
+func (m *Maintainer) cycle(ctx context.Context) (c MaintenanceCycle) {
+	start := time.Now()
+	defer func() { c.Duration = time.Since(start) }()
+	lead, err := m.lead(ctx)
+	if err != nil || !lead {
+		c.Err = err
+		return c
+	}
+	c.Leader = true
+	if m.parts != nil {
+		c.Err = m.partitions(ctx, &c)
+		return c
+	}
+	for c.Batches < m.cfg.MaxBatches {
+		if time.Since(m.refresh) > m.cfg.LockTTL/3 {
+			if _, err := m.lead(ctx); err != nil || m.lock == nil {
+				c.Err = err
+				return c
+			}
+		}
+		n, err := m.lock.PurgeExpired(ctx, idemdriver.PurgeParams{
+			Limit: m.cfg.Batch, OlderThan: m.cfg.OlderThan, ClockOffset: m.cfg.ClockOffset})
+		if err != nil {
+			if errors.Is(err, idemdriver.ErrLockLost) {
+				m.unlock("lock lost during a purge")
+			}
+			c.Err = err
+			return c
+		}
+		c.Batches++
+		c.Purged += n
+		if n < int64(m.cfg.Batch) {
+			return c
+		}
+		if m.cfg.BatchPause > 0 {
+			select {
+			case <-ctx.Done():
+				c.Err = ctx.Err()
+				return c
+			case <-time.After(m.cfg.BatchPause):
+			}
+		}
+	}
+	return c
+}
+
+func (m *Maintainer) partitions(ctx context.Context, c *MaintenanceCycle) error {
+	p := idemdriver.PartitionParams{DaysAhead: m.cfg.DaysAhead, OlderThan: m.cfg.OlderThan, ClockOffset: m.cfg.ClockOffset}
+	created, err := m.parts.EnsurePartitions(ctx, p)
+	for _, part := range created {
+		c.PartitionsCreated = append(c.PartitionsCreated, part.Name)
+	}
+	if err != nil {
+		return err
+	}
+	dropped, err := m.parts.DropPartitions(ctx, p)
+	for _, part := range dropped {
+		c.PartitionsDropped = append(c.PartitionsDropped, part.Name)
+	}
+	return err
+}
+
+func (m *Maintainer) report(c MaintenanceCycle) {
+	m.cycles.Add(1)
+	if c.Leader {
+		m.leaderCycles.Add(1)
+	}
+	m.purged.Add(c.Purged)
+	m.batches.Add(int64(c.Batches))
+	m.created.Add(int64(len(c.PartitionsCreated)))
+	m.dropped.Add(int64(len(c.PartitionsDropped)))
+	log := m.cfg.Logger
+	switch {
+	case c.Err != nil:
+		m.errs.Add(1)
+		log.Warn("idem: maintainer: cycle failed", "leader", c.Leader, "purged", c.Purged, "err", c.Err)
+	case c.Purged > 0 || len(c.PartitionsCreated) > 0 || len(c.PartitionsDropped) > 0:
+		log.Info("idem: maintainer: cycle", "purged", c.Purged, "batches", c.Batches,
+			"partitions_created", c.PartitionsCreated, "partitions_dropped", c.PartitionsDropped, "duration", c.Duration)
+	default:
+		log.Debug("idem: maintainer: cycle", "leader", c.Leader, "duration", c.Duration)
+	}
+	if m.cfg.OnCycle != nil {
+		m.cfg.OnCycle(c)
+	}
+}

@@ -1,0 +1,71 @@
+package idem_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
+)
+
+// bareStore is a driver without the optional maintenance interfaces.
+type bareStore struct{ idemdriver.Driver }
+
+func TestNewMaintainerRefusesWhatItCannotDo(t *testing.T) {
+	_, err := idem.NewMaintainer(bareStore{}, idem.MaintainerConfig{})
+	require.ErrorIs(t, err, idem.ErrMaintenanceUnsupported)
+
+	store, err := idemsqlite.Open(context.Background(), dbtest.SQLitePath(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	_, err = idem.NewMaintainer(store, idem.MaintainerConfig{Interval: -time.Second, Batch: -1})
+	require.ErrorContains(t, err, "Interval")
+	require.ErrorContains(t, err, "Batch")
+
+	cfg := idem.MaintainerConfig{}.WithDefaults()
+	require.Equal(t, idem.DefaultMaintainInterval, cfg.Interval)
+	require.Equal(t, idem.DefaultPurgeBatch, cfg.Batch)
+	require.Equal(t, 3*time.Minute, cfg.LockTTL)
+	require.NotEmpty(t, cfg.Holder)
+}
+
+func TestMaintainerStartStop(t *testing.T) {
+	store, err := idemsqlite.Open(context.Background(), dbtest.SQLitePath(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	require.NoError(t, store.Migrate(context.Background()))
+	m, err := idem.NewMaintainer(store, idem.MaintainerConfig{Interval: time.Millisecond})
+	require.NoError(t, err)
+	m.Stop() // before Start: a no-op
+	require.NoError(t, m.Start(context.Background()))
+	require.Error(t, m.Start(context.Background()), "already started")
+	require.Eventually(t, func() bool { return m.Stats().LeaderCycles >= 3 }, 10*time.Second, time.Millisecond)
+	require.True(t, m.Stats().Leader)
+	m.Stop()
+	m.Stop()
+	st := m.Stats()
+	require.False(t, st.Leader, "Stop releases the lock")
+	require.Zero(t, st.Errors)
+	// The lock is free again: another maintainer leads at once.
+	other, err := idem.NewMaintainer(store, idem.MaintainerConfig{Interval: time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, other.Start(context.Background()))
+	defer other.Stop()
+	require.Eventually(t, func() bool { return other.Stats().Leader }, 10*time.Second, time.Millisecond)
+}
+
+func TestConfigRetentionBoundByStore(t *testing.T) {
+	_, err := idem.New(idem.Config{Store: limited{}, Retention: 48 * time.Hour})
+	require.ErrorContains(t, err, "exceeds the store's MaxRetention 24h0m0s")
+	_, err = idem.New(idem.Config{Store: limited{}, Retention: 24 * time.Hour})
+	require.NoError(t, err)
+}
+
+type limited struct{ idemdriver.Driver }
+
+func (limited) MaxRetention() time.Duration { return 24 * time.Hour }
