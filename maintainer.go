@@ -185,7 +185,7 @@ type Maintainer struct {
 }
 
 // NewMaintainer returns a maintainer of store's records. The store must
-// implement idemdriver.MaintenanceLocker (idempgx and idemsqlite do); a
+// implement idemdriver.MaintenanceLocker (idempgx, idemsqlite and idemmysql do); a
 // partitioned store (idemdriver.Partitioner reporting Partitioned) is
 // maintained by partitions instead of batched deletes. It returns
 // ErrMaintenanceUnsupported (wrapped) for other stores, and an error naming
@@ -327,7 +327,12 @@ func (m *Maintainer) cycle(ctx context.Context) (c MaintenanceCycle) {
 		n, err := m.lock.PurgeExpired(ctx, idemdriver.PurgeParams{
 			Limit: m.cfg.Batch, OlderThan: m.cfg.OlderThan, ClockOffset: m.cfg.ClockOffset})
 		if err != nil {
-			if errors.Is(err, idemdriver.ErrLockLost) {
+			switch {
+			case ctx.Err() != nil:
+				// Stop cancelled the batch (the driver may have closed the
+				// lock's connection to do it): a stop, not a lost election.
+				m.unlock("stopped")
+			case errors.Is(err, idemdriver.ErrLockLost):
 				m.unlock("lock lost during a purge")
 			}
 			c.Err = err

@@ -127,10 +127,90 @@
 // them in the table idem_schema_version. Goose has no MySQL session locker,
 // so this package serializes migrations itself with GET_LOCK on goose's
 // dedicated connection, under a lock name derived from the database's name:
-// processes sharing a database migrate one at a time. MySQL commits each DDL
+// processes sharing a database migrate one at a time. (Goose creates its
+// version table outside that lock; Migrate creates it first, under the lock,
+// so that processes migrating a new database together do not race there.)
+// MySQL commits each DDL
 // statement on its own, so a migration that fails part-way leaves its earlier
 // statements applied: Migrate then returns a *MigrateError that names the
 // failed version, the failing statement and the last version applied.
+//
+// # Retention and maintenance
+//
+// The driver implements idemdriver.Purger, MaintenanceLocker, Inspector and
+// Migrator, so idem.Maintainer and every command of cmd/idem but
+// `partitions` (PostgreSQL's partitioned mode) work on MySQL. Every "now" is
+// UTC_TIMESTAMP(6) plus the parameters' ClockOffset, as on the request path.
+//
+// A purge batch (PurgeExpired, and the maintenance lock's PurgeExpired) is
+// one short READ COMMITTED transaction:
+//
+//	START TRANSACTION;
+//	SELECT scope, `key` FROM idem_keys
+//	 WHERE expires_at <= now - OlderThan
+//	   AND NOT (state = 'PROCESSING' AND locked_until > now)
+//	 ORDER BY expires_at LIMIT batch FOR UPDATE SKIP LOCKED;
+//	DELETE FROM idem_keys WHERE (scope, `key`) IN ((X'..', X'..'), ...);
+//	COMMIT;
+//
+// The SELECT walks the expires_at index from the oldest record and locks
+// the rows it returns, skipping those that another transaction holds (a
+// claim, a completion in a business transaction): the purge waits for no
+// request, and a request waits for the purge at most until its batch
+// commits. READ COMMITTED (as for business transactions, see Begin) matters:
+// the locking read takes no gap locks, so new claims, whose expires_at
+// lies past the range read, are never blocked by it (TestPurgeBlocksNoClaim
+// shows that REPEATABLE READ would block them); and a row re-claimed
+// meanwhile is checked on its latest version and left alone. MySQL's
+// DELETE has no SKIP LOCKED and cannot take its rows from a locking
+// subquery on its own table, hence the second statement, which deletes
+// the locked rows through the primary key, at most 1000 keys per DELETE
+// (written as hexadecimal literals: one round trip, no placeholder limit).
+//
+// The maintenance lock is a named lock, GET_LOCK('idem_maintenance.<database>', 0)
+// (a SHA-256 of the name when it is long or has capitals: lock names hold 64
+// characters and MySQL 8 compares them case-insensitively), on a connection
+// taken out of the pool for the lock's life. The lock's purge batches run
+// on that connection, so a batch runs only while its session holds the
+// lock, and a batch whose session dies rolls back. The server releases the
+// lock when Release asks, or when the session ends for any reason (process
+// killed, network lost, KILL: TestMaintenanceLockDiesWithItsConnection).
+// Release runs RELEASE_LOCK, then closes the connection instead of returning
+// it to the pool, where its session would keep the lock. A lock has no TTL
+// (LockParams.TTL is ignored); mind the server's wait_timeout (8 hours by
+// default) only if a maintainer's Interval is longer. The lock takes one of
+// the pool's connections (DefaultMaxOpenConns on Open's pool).
+//
+// Statements per maintenance operation (counted on the wire by
+// TestMaintenanceStatementBudget; on a pool from New, add one SET
+// TRANSACTION before each START TRANSACTION):
+//
+//   - a purge batch: 4 (START TRANSACTION, SELECT ... FOR UPDATE SKIP
+//     LOCKED, DELETE, COMMIT), one DELETE more per further 1000 records of
+//     the batch; 3 when nothing is purgeable (no DELETE).
+//   - CountExpired (purge --dry-run): 1 SELECT COUNT(*).
+//   - TryLockMaintenance: 2 (SELECT DATABASE(), SELECT GET_LOCK).
+//   - Refresh: 1 (SELECT IS_USED_LOCK(name) = CONNECTION_ID()).
+//   - Release: 1 (SELECT RELEASE_LOCK), then the connection is closed.
+//   - idem.Maintainer, per Interval: the leader's first cycle takes the lock
+//     (2) and later cycles refresh it (1), then it purges batches until one
+//     comes back short (4 each, 3 for an empty one); so a quiet leader costs
+//     4 statements per Interval. A standby costs 2 per Interval (its failed
+//     TryLockMaintenance).
+//
+// The Inspector: Now is 1 SELECT; Stats reads one snapshot, SET
+// TRANSACTION ISOLATION LEVEL REPEATABLE READ, START TRANSACTION READ ONLY,
+// an aggregate SELECT (a full scan), the top scopes' GROUP BY (another),
+// ROLLBACK; Stuck is 1 SELECT, a range of the index on (state,
+// locked_until), longest overdue first.
+//
+// Migrator runs goose's Status and Down with the provider and GET_LOCK of
+// Migrate. goose's own MySQL store scans the applied time (a DATETIME
+// written by CURRENT_TIMESTAMP in the session's time zone) into a
+// time.Time, which fails without parseTime; this driver reads it as
+// microseconds, converted from the session's time zone to UTC. Rolling back
+// 00001_idem_keys.sql drops idem_keys with every record (no undo: MySQL
+// commits DDL at once).
 //
 // # Tested on
 //

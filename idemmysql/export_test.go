@@ -35,3 +35,6 @@ func EmbeddedMigrations() fs.FS {
 
 // OpenWrapped is Open with the connector wrapped by wrap.
 var OpenWrapped = open
+
+// MaintenanceLockName is the GET_LOCK name of a database's maintenance lock.
+var MaintenanceLockName = maintenanceLockName

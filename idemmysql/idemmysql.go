@@ -273,6 +273,19 @@ const (
 
 func micros(col string) string { return `TIMESTAMPDIFF(MICROSECOND, ` + epoch + `, ` + col + `)` }
 
+// nowTable is a one-row table n whose column now is the database clock
+// moved by a ClockOffset parameter (µs): one now for a whole statement.
+const nowTable = `(SELECT UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND AS now) AS n`
+
+// recordColumns are the columns that scanSnapshot reads after the database's
+// now: the record of idem_keys AS k, then its lease left against n.now.
+var recordColumns = `k.scope, k.` + "`key`" + `, k.method, k.path, k.fingerprint, k.state, k.fencing_token,
+	` + micros(`k.locked_until`) + `, k.response_status, k.response_headers, k.response_body,
+	k.response_body_stored, k.response_body_size,
+	` + micros(`k.created_at`) + `, ` + micros(`k.updated_at`) + `, ` + micros(`k.completed_at`) + `,
+	` + micros(`k.expires_at`) + `, k.attempts,
+	TIMESTAMPDIFF(MICROSECOND, n.now, k.locked_until)`
+
 type stmtID int
 
 const (
@@ -282,19 +295,14 @@ const (
 	stHeartbeat
 	stComplete
 	stFail
+	stPurgeSelect
 	numStmts
 )
 
 var queries = [numStmts]string{
 	// The record, if any, and the database's now. Args: offset, scope, key.
-	stRead: `SELECT ` + micros(`n.now`) + `,
-	k.scope, k.` + "`key`" + `, k.method, k.path, k.fingerprint, k.state, k.fencing_token,
-	` + micros(`k.locked_until`) + `, k.response_status, k.response_headers, k.response_body,
-	k.response_body_stored, k.response_body_size,
-	` + micros(`k.created_at`) + `, ` + micros(`k.updated_at`) + `, ` + micros(`k.completed_at`) + `,
-	` + micros(`k.expires_at`) + `, k.attempts,
-	TIMESTAMPDIFF(MICROSECOND, n.now, k.locked_until)
-FROM (SELECT UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND AS now) AS n
+	stRead: `SELECT ` + micros(`n.now`) + `, ` + recordColumns + `
+FROM ` + nowTable + `
 LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
 
 	// A new key. Args: scope, key, method, path, fingerprint, locked_until,
@@ -327,6 +335,9 @@ WHERE scope = ? AND ` + "`key`" + ` = ? AND fencing_token = ?
 
 	// Args: offset, scope, key, token.
 	stFail: `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, ` + touch + fenced,
+
+	// One purge batch's records, locked (see purgeSelectSQL). Args: see purgeArgs.
+	stPurgeSelect: purgeSelectSQL,
 }
 
 // preparedStmt is one statement, prepared on first use (MySQL checks the

@@ -3,8 +3,10 @@ package idemmysql_test
 import (
 	"context"
 	"database/sql"
+	"sync"
 	"testing"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/idemdriver"
@@ -25,7 +27,28 @@ func open(t testing.TB, params string) *idemmysql.Driver {
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
 	require.NoError(t, d.Migrate(context.Background()))
+	urls.Store(d, url)
 	return d
+}
+
+// urls maps the drivers of open to their database's URL, for secondDriver.
+var urls sync.Map
+
+// secondDriver returns a driver on d's database through a pool of its own,
+// as another process would have. Unlike d's pool (Open's), it is a plain
+// go-sql-driver pool given to New: no parseTime, no session settings.
+func secondDriver(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
+	t.Helper()
+	url, ok := urls.Load(d)
+	require.True(t, ok, "secondDriver needs a driver from open")
+	cfg, err := idemmysql.ParseURL(url.(string))
+	require.NoError(t, err)
+	cfg.ParseTime, cfg.Params = false, nil
+	c, err := mysql.NewConnector(cfg)
+	require.NoError(t, err)
+	db := sql.OpenDB(c)
+	t.Cleanup(func() { db.Close() })
+	return idemmysql.New(db)
 }
 
 func sep(url string) string {
@@ -81,5 +104,7 @@ func TestConformance(t *testing.T) {
 		// (Open's sessions default to READ COMMITTED, so no SET TRANSACTION).
 		Budget:       map[string]int{"first": 3, "first-transactional": 5, "replay": 1, "in-flight": 1, "key-reused": 1},
 		SingleWriter: false,
+		Maintenance:  true,
+		SecondDriver: secondDriver,
 	})
 }

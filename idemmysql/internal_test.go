@@ -3,6 +3,7 @@ package idemmysql
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -76,4 +77,144 @@ func TestStatementsUsePrimaryKey(t *testing.T) {
 func claimParams(scope, key string) idemdriver.ClaimParams {
 	return idemdriver.ClaimParams{Scope: scope, Key: key, Method: "POST", Path: "/",
 		Fingerprint: []byte("f"), LeaseDuration: time.Minute, Retention: time.Hour}
+}
+
+func TestMaintenanceLockName(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "idem_maintenance.payments", maintenanceLockName("payments"))
+	require.NotEqual(t, maintenanceLockName("payments"), migrateLockName("payments"))
+	long := maintenanceLockName(strings.Repeat("d", 64))
+	require.LessOrEqual(t, len(long), 64, "MySQL lock names hold 64 characters")
+	require.NotEqual(t, long, maintenanceLockName(strings.Repeat("d", 63)+"e"))
+	// MySQL 8 compares lock names case-insensitively; database names are
+	// case-sensitive, so two databases must not share a lock.
+	require.NotEqual(t, strings.ToLower(maintenanceLockName("Payments")), strings.ToLower(maintenanceLockName("payments")))
+}
+
+// explain returns EXPLAIN's rows for query, by column name.
+func explain(t *testing.T, db *sql.DB, query string, args ...any) []map[string]string {
+	t.Helper()
+	rows, err := db.Query("EXPLAIN "+query, args...)
+	require.NoError(t, err)
+	defer rows.Close()
+	cols, err := rows.Columns()
+	require.NoError(t, err)
+	var out []map[string]string
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		require.NoError(t, rows.Scan(ptrs...))
+		row := map[string]string{}
+		for i, c := range cols {
+			row[c] = vals[i].String
+		}
+		out = append(out, row)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// The maintenance statements read index ranges: the purge walks
+// idem_keys_expires_at, its DELETE the primary key, Stuck
+// idem_keys_processing. On a table where most records are live.
+func TestMaintenanceStatementsUseIndexes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := dbtest.MySQLURL(t)
+	d, err := Open(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(ctx))
+	var keys [][2][]byte
+	for i := 0; i < 300; i++ {
+		p := claimParams(fmt.Sprint("acct", i%5), fmt.Sprint("k", i))
+		if i%10 == 0 {
+			p.ClockOffset = -2 * time.Hour // expired, and stuck
+		}
+		res, err := d.Claim(ctx, p)
+		require.NoError(t, err)
+		if i%10 != 0 {
+			ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: idemdriver.FenceParams{
+				Scope: p.Scope, Key: p.Key, FencingToken: res.Record.FencingToken}})
+			require.NoError(t, err)
+			require.True(t, ok)
+		} else {
+			keys = append(keys, [2][]byte{[]byte(p.Scope), []byte(p.Key)})
+		}
+	}
+	_, err = d.DB().ExecContext(ctx, `ANALYZE TABLE idem_keys`)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name, query, index string
+		args               []any
+	}{
+		{"purge", queries[stPurgeSelect], "idem_keys_expires_at", append(purgeArgs(idemdriver.PurgeParams{}), 1000)},
+		{"purge delete", deleteKeysSQL(keys), "PRIMARY", nil},
+		{"stuck", stuckSQL, "idem_keys_processing", []any{int64(0), 50}},
+	} {
+		found := false
+		for _, row := range explain(t, d.DB(), tc.query, tc.args...) {
+			if row["table"] == "k" || row["table"] == "idem_keys" {
+				found = true
+				require.Equal(t, tc.index, row["key"], "%s: %v", tc.name, row)
+				require.Equal(t, "range", row["type"], "%s: %v", tc.name, row)
+			}
+		}
+		require.True(t, found, tc.name)
+	}
+}
+
+// The purge's locking read takes no gap locks (READ COMMITTED): while a
+// batch holds its rows, new keys are claimed and live records completed
+// without waiting. Under REPEATABLE READ, the next-key lock past the
+// scanned range would block every INSERT of a later expires_at.
+func TestPurgeBlocksNoClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := dbtest.MySQLURL(t)
+	d, err := Open(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(ctx))
+	for i := 0; i < 3; i++ {
+		p := claimParams("acct", fmt.Sprint("old", i))
+		p.ClockOffset = -2 * time.Hour
+		_, err := d.Claim(ctx, p)
+		require.NoError(t, err)
+	}
+	// A record that expires after the new keys will: they are inserted in
+	// the index gap between the range the batch read and this record.
+	lp := claimParams("acct", "live")
+	lp.Retention = 48 * time.Hour
+	live, err := d.Claim(ctx, lp)
+	require.NoError(t, err)
+
+	// A batch's first statements, held open.
+	tx, err := d.db.BeginTx(ctx, d.beginOpts)
+	require.NoError(t, err)
+	defer tx.Rollback() //nolint:errcheck
+	rows, err := tx.QueryContext(ctx, queries[stPurgeSelect], append(purgeArgs(idemdriver.PurgeParams{}), 1000)...)
+	require.NoError(t, err)
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, 3, n)
+
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for i := 0; i < 5; i++ {
+		res, err := d.Claim(qctx, claimParams("acct", fmt.Sprint("new", i)))
+		require.NoError(t, err, "a new key is claimed while a batch holds its rows")
+		require.True(t, res.Claimed)
+	}
+	ok, err := d.Complete(qctx, idemdriver.CompleteParams{FenceParams: idemdriver.FenceParams{
+		Scope: "acct", Key: "live", FencingToken: live.Record.FencingToken}})
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, tx.Rollback())
 }

@@ -11,10 +11,12 @@ import (
 	"io/fs"
 	"log/slog"
 	"path"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 )
 
 //go:embed migrations/*.sql
@@ -38,6 +40,16 @@ func (d *Driver) Migrate(ctx context.Context) error {
 		return err
 	}
 	return d.migrate(ctx, sub)
+}
+
+// embeddedProvider is the goose provider of the embedded migrations, for
+// status and down.
+func (d *Driver) embeddedProvider(ctx context.Context) (*goose.Provider, error) {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	return d.provider(ctx, sub, nil)
 }
 
 // MigrateError reports a migration that failed. MySQL has no transactional
@@ -81,21 +93,10 @@ func (e *MigrateError) Unwrap() error { return e.Err }
 
 // migrate runs the migrations of fsys (tests pass broken sets).
 func (d *Driver) migrate(ctx context.Context, fsys fs.FS) error {
-	var database sql.NullString
-	if err := d.db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&database); err != nil {
-		return fmt.Errorf("idemmysql: migrate: %w", err)
-	}
-	if !database.Valid || database.String == "" {
-		return errors.New("idemmysql: migrate: the connection has no default database (name one in the URL's path)")
-	}
 	log := &statementLog{}
-	p, err := goose.NewProvider(goose.DialectMySQL, d.db, fsys,
-		goose.WithTableName(SchemaVersionTable),
-		goose.WithSessionLocker(getLock{name: migrateLockName(database.String)}),
-		goose.WithDisableGlobalRegistry(true),
-		goose.WithVerbose(true), goose.WithSlog(slog.New(log)))
+	p, err := d.provider(ctx, fsys, log)
 	if err != nil {
-		return fmt.Errorf("idemmysql: migrations: %w", err)
+		return err
 	}
 	if _, err := p.Up(ctx); err != nil {
 		var partial *goose.PartialError
@@ -114,11 +115,135 @@ func (d *Driver) migrate(ctx context.Context, fsys fs.FS) error {
 	return nil
 }
 
+// provider returns the goose provider of fsys on d's database: the version
+// table SchemaVersionTable (through versionStore), serialized across
+// processes by GET_LOCK on the database's name, goose's statements logged
+// to log (nil: not logged).
+func (d *Driver) provider(ctx context.Context, fsys fs.FS, log *statementLog) (*goose.Provider, error) {
+	var database sql.NullString
+	if err := d.db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&database); err != nil {
+		return nil, fmt.Errorf("idemmysql: migrate: %w", err)
+	}
+	if !database.Valid || database.String == "" {
+		return nil, errors.New("idemmysql: migrate: the connection has no default database (name one in the URL's path)")
+	}
+	store, err := newVersionStore()
+	if err != nil {
+		return nil, fmt.Errorf("idemmysql: migrations: %w", err)
+	}
+	lock := getLock{name: migrateLockName(database.String)}
+	if err := d.ensureVersionTable(ctx, store, lock); err != nil {
+		return nil, err
+	}
+	opts := []goose.ProviderOption{
+		goose.WithStore(store),
+		goose.WithSessionLocker(lock),
+		goose.WithDisableGlobalRegistry(true),
+	}
+	if log != nil {
+		opts = append(opts, goose.WithVerbose(true), goose.WithSlog(slog.New(log)))
+	}
+	p, err := goose.NewProvider(goose.DialectCustom, d.db, fsys, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("idemmysql: migrations: %w", err)
+	}
+	return p, nil
+}
+
+// ensureVersionTable creates goose's version table and its version 0 row,
+// under the migration lock, unless the table exists. Goose creates the
+// table on first use outside its session locker (in Provider.HasPending,
+// which Up runs first), so processes migrating a new database together
+// would race there: one can see the table before the row of version 0 is
+// committed, and fail with "missing zero version migration" (it made
+// TestMigrateConcurrently fail about one run in ten). Here the table
+// appears with its row under the lock, which every caller takes first.
+func (d *Driver) ensureVersionTable(ctx context.Context, store versionStore, lock getLock) (err error) {
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("idemmysql: migrate: %w", err)
+	}
+	defer conn.Close()
+	if err := lock.SessionLock(ctx, conn); err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, lock.SessionUnlock(context.WithoutCancel(ctx), conn)) }()
+	exists, err := store.TableExists(ctx, conn)
+	if err != nil || exists {
+		return wrapVersionTable(err)
+	}
+	// Two statements: MySQL commits CREATE TABLE on its own anyway.
+	if err := store.CreateVersionTable(ctx, conn); err != nil {
+		return wrapVersionTable(err)
+	}
+	return wrapVersionTable(store.Insert(ctx, conn, database.InsertRequest{Version: 0}))
+}
+
+func wrapVersionTable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("idemmysql: migrate: version table %s: %w", SchemaVersionTable, err)
+}
+
+// versionStore is goose's MySQL version store, except for GetMigration
+// (used by Status): goose scans the DATETIME column tstamp into a
+// time.Time, which fails on a pool without parseTime (New accepts any
+// pool), and reads it in the pool's loc. This one reads tstamp as
+// microseconds since the epoch, converted from the session's time zone (the
+// zone goose's CURRENT_TIMESTAMP default wrote it in: +00:00 on Open's
+// sessions) to UTC.
+type versionStore struct{ database.StoreExtender }
+
+func newVersionStore() (versionStore, error) {
+	s, err := database.NewStore(database.DialectMySQL, SchemaVersionTable)
+	if err != nil {
+		return versionStore{}, err
+	}
+	ext, ok := s.(database.StoreExtender)
+	if !ok {
+		return versionStore{}, fmt.Errorf("goose's MySQL store %T does not implement database.StoreExtender", s)
+	}
+	return versionStore{ext}, nil
+}
+
+// GetMigration implements database.Store: the version's latest record.
+// When the session's time zone is a named zone and the server has no time
+// zone tables, CONVERT_TZ gives NULL and tstamp is taken as UTC.
+func (s versionStore) GetMigration(ctx context.Context, db database.DBTxConn, version int64) (*database.GetMigrationResult, error) {
+	var (
+		us      sql.NullInt64
+		applied bool
+	)
+	err := db.QueryRowContext(ctx, `SELECT `+micros(`COALESCE(CONVERT_TZ(tstamp, @@session.time_zone, '+00:00'), tstamp)`)+`,
+	is_applied FROM `+SchemaVersionTable+` WHERE version_id = ? ORDER BY id DESC LIMIT 1`, version).Scan(&us, &applied)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %d", database.ErrVersionNotFound, version)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("failed to get migration %d: %w", version, err)
+	}
+	res := &database.GetMigrationResult{IsApplied: applied}
+	if us.Valid {
+		res.Timestamp = usTime(us.Int64)
+	}
+	return res, nil
+}
+
 // migrateLockName is the GET_LOCK name serializing migrations of database.
-// MySQL lock names are server-wide and at most 64 characters.
-func migrateLockName(database string) string {
-	const prefix = "idem_migrations."
-	if len(prefix)+len(database) <= 64 {
+func migrateLockName(database string) string { return lockName("idem_migrations.", database) }
+
+// maintenanceLockName is the GET_LOCK name of database's maintenance lock
+// (see Driver.TryLockMaintenance).
+func maintenanceLockName(database string) string { return lockName("idem_maintenance.", database) }
+
+// lockName names a lock on database. MySQL lock names are server-wide, at
+// most 64 characters, and compared case-insensitively (MySQL 8; MariaDB
+// 10.11 compares them as written), while database names are case-sensitive
+// on most systems: a name too long, or with capitals, is replaced by the
+// first 128 bits of its SHA-256 in hex.
+func lockName(prefix, database string) string {
+	if len(prefix)+len(database) <= 64 && strings.ToLower(database) == database {
 		return prefix + database
 	}
 	sum := sha256.Sum256([]byte(database))

@@ -118,11 +118,7 @@ func migrateCmd(g *globals, out io.Writer) *cobra.Command {
 		Args:  noArgs,
 	}
 	status := func(ctx context.Context, s *store) error {
-		m, err := capability[idemdriver.Migrator](s, "migration status")
-		if err != nil {
-			return err
-		}
-		list, err := m.MigrationStatus(ctx)
+		list, err := s.driver.MigrationStatus(ctx)
 		if err != nil {
 			return err
 		}
@@ -137,9 +133,6 @@ func migrateCmd(g *globals, out io.Writer) *cobra.Command {
 				if err := s.driver.Migrate(ctx); err != nil {
 					return err
 				}
-				if _, ok := s.driver.(idemdriver.Migrator); !ok {
-					return printLine(out, g.json, "migrated", map[string]any{"migrated": true})
-				}
 				return status(ctx, s)
 			})
 		},
@@ -149,11 +142,7 @@ func migrateCmd(g *globals, out io.Writer) *cobra.Command {
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				m, err := capability[idemdriver.Migrator](s, "migrate down")
-				if err != nil {
-					return err
-				}
-				done, err := m.MigrateDown(ctx)
+				done, err := s.driver.MigrateDown(ctx)
 				if err != nil {
 					return err
 				}
@@ -183,8 +172,9 @@ func purgeCmd(g *globals, out io.Writer) *cobra.Command {
 		Use:   "purge",
 		Short: "Delete expired records in bounded batches",
 		Long: `Delete expired records in batches of --batch, each batch its own short
-transaction that waits for no request (PostgreSQL: FOR UPDATE SKIP LOCKED;
-SQLite: one DELETE ... LIMIT statement), until none is left or --max-batches.
+transaction that waits for no request (PostgreSQL and MySQL: FOR UPDATE SKIP
+LOCKED; SQLite: one DELETE ... LIMIT statement), until none is left or
+--max-batches.
 
 --older-than D selects the records whose expires_at is more than D in the
 past, by the database's clock: expires_at <= now - D. The default, 0,
@@ -201,13 +191,9 @@ idem.Maintainer runs is safe. On a partitioned PostgreSQL table prefer
 				return usageError{errors.New("--older-than must not be negative, --batch must be positive, --max-batches not negative")}
 			}
 			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				p, err := capability[idemdriver.Purger](s, "purge")
-				if err != nil {
-					return err
-				}
 				params := idemdriver.PurgeParams{Limit: batch, OlderThan: olderThan}
 				if dryRun {
-					n, err := p.CountExpired(ctx, params)
+					n, err := s.driver.CountExpired(ctx, params)
 					if err != nil {
 						return err
 					}
@@ -216,7 +202,7 @@ idem.Maintainer runs is safe. On a partitioned PostgreSQL table prefer
 				res := purgeResult{OlderThan: olderThan, Batch: batch}
 				start := time.Now()
 				for maxBatches == 0 || res.Batches < maxBatches {
-					n, err := p.PurgeExpired(ctx, params)
+					n, err := s.driver.PurgeExpired(ctx, params)
 					if err != nil {
 						printPurge(out, g.json, res) //nolint:errcheck // the error below matters more
 						return fmt.Errorf("after %d records: %w", res.Purged, err)
@@ -234,7 +220,7 @@ idem.Maintainer runs is safe. On a partitioned PostgreSQL table prefer
 	}
 	f := c.Flags()
 	f.DurationVar(&olderThan, "older-than", 0, "purge records whose expires_at is more than this in the past (0: every expired record)")
-	f.IntVar(&batch, "batch", 1000, "records per DELETE (one short transaction each)")
+	f.IntVar(&batch, "batch", 1000, "records per batch (one short transaction each)")
 	f.IntVar(&maxBatches, "max-batches", 0, "stop after this many batches (0: until no expired record is left)")
 	f.BoolVar(&dryRun, "dry-run", false, "count the records that would be purged; delete nothing")
 	return c
@@ -340,10 +326,6 @@ func inspectCmd(g *globals, out io.Writer) *cobra.Command {
 				return usageError{errors.New("--key is required (and --scope, unless the scope is the default \"global\")")}
 			}
 			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				insp, err := capability[idemdriver.Inspector](s, "inspect")
-				if err != nil {
-					return err
-				}
 				rec, err := s.driver.Get(ctx, scope, key)
 				if errors.Is(err, idemdriver.ErrNotFound) {
 					return fmt.Errorf("no record for scope %q and key %q (never seen, or purged after it expired)", scope, key)
@@ -351,7 +333,7 @@ func inspectCmd(g *globals, out io.Writer) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				now, err := insp.Now(ctx, 0)
+				now, err := s.driver.Now(ctx, 0)
 				if err != nil {
 					return err
 				}
@@ -379,11 +361,7 @@ the next fencing token.`,
 				return usageError{errors.New("--limit must be positive")}
 			}
 			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				insp, err := capability[idemdriver.Inspector](s, "stuck")
-				if err != nil {
-					return err
-				}
-				recs, err := insp.Stuck(ctx, idemdriver.StuckParams{Limit: limit})
+				recs, err := s.driver.Stuck(ctx, idemdriver.StuckParams{Limit: limit})
 				if err != nil {
 					return err
 				}
@@ -410,11 +388,7 @@ table, so on a large store run it on a replica or at a quiet hour.`,
 				return usageError{errors.New("--top must not be negative")}
 			}
 			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				insp, err := capability[idemdriver.Inspector](s, "stats")
-				if err != nil {
-					return err
-				}
-				st, err := insp.Stats(ctx, idemdriver.StatsParams{TopScopes: top})
+				st, err := s.driver.Stats(ctx, idemdriver.StatsParams{TopScopes: top})
 				if err != nil {
 					return err
 				}

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemmysql"
 	"github.com/idemgo/idem/idempgx"
 	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dbtest"
@@ -88,6 +90,18 @@ func seed(t *testing.T, d idemdriver.Driver) {
 	complete(claim("acct_2", "old", -25*time.Hour, 30*time.Second), -25*time.Hour, `{"id":"pay_0"}`)
 }
 
+// expire writes n records of scope that expired an hour ago.
+func expire(t *testing.T, d idemdriver.Driver, scope string, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		res, err := d.Claim(context.Background(), idemdriver.ClaimParams{Scope: scope, Key: fmt.Sprint("exp-", i),
+			Method: "POST", Path: "/v1/payments", Fingerprint: fp("b"), LeaseDuration: time.Second,
+			Retention: 24 * time.Hour, ClockOffset: -25 * time.Hour})
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+	}
+}
+
 type backend struct {
 	name        string
 	partitioned bool
@@ -114,10 +128,19 @@ func postgresBackend(t *testing.T, partitioned bool) (string, idemdriver.Driver)
 	return url, idempgx.New(pool)
 }
 
+func mysqlBackend(t *testing.T, _ bool) (string, idemdriver.Driver) {
+	url, _ := dbtest.MySQLURL(t)
+	d, err := idemmysql.Open(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return url, d
+}
+
 var backends = []backend{
 	{"SQLite", false, sqliteBackend},
 	{"PostgreSQL", false, postgresBackend},
 	{"PostgreSQLPartitioned", true, postgresBackend},
+	{"MySQL", false, mysqlBackend},
 }
 
 func TestCommands(t *testing.T) {
@@ -137,6 +160,8 @@ func TestCommands(t *testing.T) {
 			require.Contains(t, out, "00001_idem_keys.sql")
 			require.Contains(t, out, "applied")
 			require.NotContains(t, out, "pending")
+			out = c.ok("migrate", "status")
+			require.Regexp(t, `1\s+00001_idem_keys.sql\s+applied\s+\d{4}-`, out)
 			st := c.json("migrate", "status")
 			require.Equal(t, b.partitioned, st["partitioned"])
 			for _, m := range st["migrations"].([]any) {
@@ -212,12 +237,19 @@ func TestCommands(t *testing.T) {
 			require.Equal(t, 1, code, errOut)
 			_, _, code = c.run("purge", "--batch", "0")
 			require.Equal(t, 2, code)
+			// Several batches, and --max-batches.
+			expire(t, d, "acct_3", 5)
+			require.Contains(t, c.ok("purge", "--batch", "2", "--max-batches", "1"), "purged 2 records in 1 batches of at most 2 (every expired record)")
+			p = c.json("purge", "--batch", "2")
+			require.EqualValues(t, 3, p["purged"])
+			require.EqualValues(t, 2, p["batches"], "a short batch ends the purge")
+			require.EqualValues(t, 0, c.json("purge", "--dry-run")["would_purge"])
 
 			// partitions
 			if !b.partitioned {
 				_, errOut, code := c.run("partitions", "list")
 				require.Equal(t, 1, code)
-				if b.name == "SQLite" {
+				if b.name == "SQLite" || b.name == "MySQL" {
 					require.Contains(t, errOut, "partitions are PostgreSQL's partitioned mode")
 				} else {
 					require.Contains(t, errOut, "idem_keys is not partitioned")
@@ -248,7 +280,18 @@ func TestCommands(t *testing.T) {
 			require.Contains(t, out, "rolled back")
 			st = c.json("migrate", "status")
 			list := st["migrations"].([]any)
-			require.Equal(t, false, list[len(list)-1].(map[string]any)["applied"])
+			last := list[len(list)-1].(map[string]any)
+			require.Equal(t, false, last["applied"])
+			require.Nil(t, last["applied_at"])
+			require.Contains(t, c.ok("migrate", "status"), "pending")
+			// and up again, then down, with --json
+			st = c.json(up...)
+			for _, m := range st["migrations"].([]any) {
+				require.Equal(t, true, m.(map[string]any)["applied"])
+			}
+			down := c.json("migrate", "down")["rolled_back"].(map[string]any)
+			require.Equal(t, last["version"], down["version"])
+			require.Equal(t, last["name"], down["name"])
 		})
 	}
 }
@@ -261,6 +304,23 @@ func TestPartitionedFlagOnPlainTable(t *testing.T) {
 	_, errOut, code := c.run("migrate", "up", "--partitioned")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "idem_keys exists and is not partitioned")
+}
+
+// MySQL stores are not partitioned: the partitioned mode and the
+// partition commands are refused with a clear error.
+func TestMySQLHasNoPartitions(t *testing.T) {
+	t.Parallel()
+	url, _ := mysqlBackend(t, false)
+	c := cli{t: t, url: url}
+	_, errOut, code := c.run("migrate", "up", "--partitioned")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "--partitioned is PostgreSQL's partitioned mode; MySQL stores are not partitioned")
+	require.Equal(t, "mysql", c.json("migrate", "up")["database"])
+	for _, args := range [][]string{{"partitions", "ensure"}, {"partitions", "drop", "--dry-run"}, {"partitions", "list", "--json"}} {
+		_, errOut, code := c.run(args...)
+		require.Equal(t, 1, code, args)
+		require.Contains(t, errOut, "partitions are PostgreSQL's partitioned mode; this mysql store has none", args)
+	}
 }
 
 func TestDatabaseURLs(t *testing.T) {

@@ -14,9 +14,20 @@ import (
 	"github.com/idemgo/idem/idemsqlite"
 )
 
+// operated is what the command line needs of a store: the claim protocol
+// (Get, Migrate) and the optional interfaces of retention and operations.
+// Every driver that openStore opens implements them all; only the
+// Partitioner depends on the table (see partitioner).
+type operated interface {
+	idemdriver.Driver
+	idemdriver.Purger
+	idemdriver.Inspector
+	idemdriver.Migrator
+}
+
 // store is an opened database and what kind it is.
 type store struct {
-	driver idemdriver.Driver
+	driver operated
 	// kind is "postgres", "sqlite" or "mysql".
 	kind string
 	// partitioned is true for a PostgreSQL store in partitioned mode.
@@ -113,16 +124,6 @@ func openStore(ctx context.Context, url string, partitioned bool) (*store, error
 		}
 		return &store{driver: d, kind: kind, close: func() { d.Close() }}, nil
 	}
-}
-
-// capability returns the store's driver as T, or an error naming what the
-// command needs that this driver lacks.
-func capability[T any](s *store, what string) (T, error) {
-	v, ok := s.driver.(T)
-	if !ok {
-		return v, fmt.Errorf("the %s driver does not support %s yet", s.kind, what)
-	}
-	return v, nil
 }
 
 // partitioner returns the store's Partitioner, or a clear error where there

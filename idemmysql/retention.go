@@ -1,0 +1,402 @@
+package idemmysql
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/pressly/goose/v3"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+var (
+	_ idemdriver.Purger            = (*Driver)(nil)
+	_ idemdriver.MaintenanceLocker = (*Driver)(nil)
+	_ idemdriver.Inspector         = (*Driver)(nil)
+	_ idemdriver.Migrator          = (*Driver)(nil)
+)
+
+// purgeable is the condition of a record that a purge may delete: expired
+// for longer than OlderThan, and not a PROCESSING record under a live lease.
+// Args: offset, older, offset (µs; see purgeArgs). UTC_TIMESTAMP is
+// evaluated once per statement, so both nows are the same.
+const purgeable = `expires_at <= ` + now + ` - INTERVAL ? MICROSECOND
+	AND NOT (state = 'PROCESSING' AND locked_until > ` + now + `)`
+
+// purgeSelectSQL selects and locks one batch: it walks the expires_at index
+// from the oldest record and locks at most limit rows, skipping the rows that
+// another transaction holds (FOR UPDATE SKIP LOCKED, MySQL 8.0.1+ and
+// MariaDB 10.6+): the purge never waits for a request, and a request waits
+// for the purge at most until its batch commits. Under READ COMMITTED a
+// locking read evaluates the condition on the row's latest committed version
+// and takes no gap locks, so a record re-claimed meanwhile is left alone and
+// new claims are never blocked by the range scanned. Args: purgeArgs, limit.
+var purgeSelectSQL = "SELECT scope, `key` FROM idem_keys WHERE " + purgeable + `
+ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`
+
+var countExpiredSQL = `SELECT COUNT(*) FROM idem_keys WHERE ` + purgeable
+
+func purgeArgs(p idemdriver.PurgeParams) []any {
+	off := p.ClockOffset.Microseconds()
+	return []any{off, max(p.OlderThan, 0).Microseconds(), off}
+}
+
+// purgeDeleteRows bounds the keys named by one DELETE of a purge batch: a
+// batch of more records is deleted by several DELETEs in its transaction.
+// 1000 keys of the longest size (2 x 255 bytes) make a statement of about
+// 1 MiB, well within max_allowed_packet.
+const purgeDeleteRows = 1000
+
+// txBeginner is a *sql.DB or a *sql.Conn.
+type txBeginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// PurgeExpired implements idemdriver.Purger. One batch is one short
+// READ COMMITTED transaction on a pool connection: START TRANSACTION; a
+// SELECT ... FOR UPDATE SKIP LOCKED of at most p.Limit expired records
+// (purgeSelectSQL); a DELETE of those records by primary key (one per
+// purgeDeleteRows; none when nothing was selected); COMMIT. MySQL's DELETE
+// has neither SKIP LOCKED nor a way to take its rows from a locking
+// subquery on the same table, hence the two statements.
+func (d *Driver) PurgeExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
+	return d.purge(ctx, d.db, p)
+}
+
+func (d *Driver) purge(ctx context.Context, db txBeginner, p idemdriver.PurgeParams) (int64, error) {
+	if p.Limit <= 0 {
+		return 0, fmt.Errorf("idemmysql: purge: Limit %d must be positive", p.Limit)
+	}
+	n, err := d.purgeBatch(ctx, db, p)
+	if err != nil {
+		return 0, fmt.Errorf("idemmysql: purge: %w", err)
+	}
+	return n, nil
+}
+
+func (d *Driver) purgeBatch(ctx context.Context, db txBeginner, p idemdriver.PurgeParams) (int64, error) {
+	sel, err := d.stmt(ctx, stPurgeSelect)
+	if err != nil {
+		return 0, err
+	}
+	// READ COMMITTED (see Begin): no gap locks on the expires_at range.
+	tx, err := db.BeginTx(ctx, d.beginOpts)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	rows, err := tx.StmtContext(ctx, sel).QueryContext(ctx, append(purgeArgs(p), p.Limit)...)
+	if err != nil {
+		return 0, err
+	}
+	var keys [][2][]byte
+	for rows.Next() {
+		var k [2][]byte
+		if err := rows.Scan(&k[0], &k[1]); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		keys = append(keys, k)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	var n int64
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), purgeDeleteRows)]
+		keys = keys[len(chunk):]
+		res, err := tx.ExecContext(ctx, deleteKeysSQL(chunk))
+		if err != nil {
+			return 0, err
+		}
+		m, err := res.RowsAffected()
+		if err != nil {
+			return 0, err
+		}
+		n += m
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// deleteKeysSQL deletes the records of keys, which the transaction has
+// locked, through the primary key. The keys are written as hexadecimal
+// literals (X'...'), which carry bytes and nothing else: the statement is
+// sent as text in one round trip, without a prepared statement per batch
+// size or the 65,535-placeholder limit.
+func deleteKeysSQL(keys [][2][]byte) string {
+	var b strings.Builder
+	b.WriteString("DELETE FROM idem_keys WHERE (scope, `key`) IN (")
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(X'")
+		b.WriteString(hex.EncodeToString(k[0]))
+		b.WriteString("',X'")
+		b.WriteString(hex.EncodeToString(k[1]))
+		b.WriteString("')")
+	}
+	b.WriteByte(')')
+	return b.String()
+}
+
+// CountExpired implements idemdriver.Purger with one SELECT COUNT(*) of
+// the purgeable records.
+func (d *Driver) CountExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
+	var n int64
+	if err := d.db.QueryRowContext(ctx, countExpiredSQL, purgeArgs(p)...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("idemmysql: count expired: %w", err)
+	}
+	return n, nil
+}
+
+// TryLockMaintenance implements idemdriver.MaintenanceLocker with a named
+// lock, GET_LOCK(name, 0), taken on a connection set apart from the pool
+// for the lock's life. The name is idem_maintenance.<database> (see
+// maintenanceLockName): one maintainer per database. MySQL releases the lock
+// when Release asks, or when that connection's session ends for any reason
+// (the process died, the network dropped, KILL). The lock's PurgeExpired
+// runs on that same connection, so a purge runs only while its session
+// holds the lock; a batch whose session dies rolls back. p is not used:
+// the lock has no TTL. The connection stays out of the pool (one of
+// DefaultMaxOpenConns on Open's pool) until Release.
+func (d *Driver) TryLockMaintenance(ctx context.Context, _ idemdriver.LockParams) (idemdriver.MaintenanceLock, error) {
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idemmysql: maintenance lock: %w", err)
+	}
+	var database sql.NullString
+	if err := conn.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&database); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("idemmysql: maintenance lock: %w", err)
+	}
+	if !database.Valid || database.String == "" {
+		conn.Close()
+		return nil, errors.New("idemmysql: maintenance lock: the connection has no default database")
+	}
+	l := &mysqlLock{d: d, conn: conn, name: maintenanceLockName(database.String)}
+	var got sql.NullInt64
+	err = conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 0)`, l.name).Scan(&got)
+	switch {
+	case err == nil && got.Valid && got.Int64 == 0:
+		conn.Close() // holds no lock: back to the pool
+		return nil, idemdriver.ErrLockHeld
+	case err != nil || !got.Valid:
+		// Whether the lock was taken is unknown: end the session, and
+		// with it any lock it has.
+		l.discard()
+		return nil, fmt.Errorf("idemmysql: maintenance lock %q: GET_LOCK gave no answer: %v", l.name, err)
+	}
+	return l, nil
+}
+
+// mysqlLock is a held named lock and the connection whose session holds it.
+type mysqlLock struct {
+	d    *Driver
+	conn *sql.Conn // nil once released or lost
+	name string
+}
+
+// discard closes the lock's connection instead of returning it to the pool
+// (a pooled session would keep the lock): a connection that reports
+// driver.ErrBadConn is closed by database/sql. Its session ends, and the
+// server releases its lock.
+func (l *mysqlLock) discard() {
+	conn := l.conn
+	l.conn = nil
+	conn.Raw(func(any) error { return driver.ErrBadConn }) //nolint:errcheck // the point
+	conn.Close()                                           //nolint:errcheck // already closed by Raw
+}
+
+func (l *mysqlLock) PurgeExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
+	if l.conn == nil {
+		return 0, idemdriver.ErrLockLost
+	}
+	n, err := l.d.purge(ctx, l.conn, p)
+	if err != nil && p.Limit > 0 {
+		// Was it the session? Then the lock went with it (and the batch
+		// rolled back).
+		if lost := l.Refresh(ctx); lost != nil {
+			return 0, fmt.Errorf("%w: %v", lost, err)
+		}
+	}
+	return n, err
+}
+
+// Refresh confirms, on the lock's own session, that the lock is held by
+// that session: SELECT IS_USED_LOCK(name) = CONNECTION_ID(). When it
+// cannot (the session is gone, or the statement failed), it ends the
+// session so that the lock is certainly free, and returns ErrLockLost.
+func (l *mysqlLock) Refresh(ctx context.Context) error {
+	if l.conn == nil {
+		return idemdriver.ErrLockLost
+	}
+	var held sql.NullBool
+	err := l.conn.QueryRowContext(ctx, `SELECT IS_USED_LOCK(?) = CONNECTION_ID()`, l.name).Scan(&held)
+	switch {
+	case err != nil:
+		l.discard()
+		return fmt.Errorf("%w: %v", idemdriver.ErrLockLost, err)
+	case !held.Valid || !held.Bool:
+		l.discard()
+		return idemdriver.ErrLockLost
+	}
+	return nil
+}
+
+// Release gives the lock up with RELEASE_LOCK, so that another process may
+// take it at once, then closes the connection. It never fails: if
+// RELEASE_LOCK could not run, closing the session releases the lock.
+func (l *mysqlLock) Release(ctx context.Context) error {
+	if l.conn == nil {
+		return nil
+	}
+	var released sql.NullInt64
+	_ = l.conn.QueryRowContext(ctx, `SELECT RELEASE_LOCK(?)`, l.name).Scan(&released)
+	l.discard()
+	return nil
+}
+
+// Now implements idemdriver.Inspector: UTC_TIMESTAMP(6) plus offset.
+func (d *Driver) Now(ctx context.Context, offset time.Duration) (time.Time, error) {
+	var us int64
+	if err := d.db.QueryRowContext(ctx, `SELECT `+micros(now), offset.Microseconds()).Scan(&us); err != nil {
+		return time.Time{}, err
+	}
+	return usTime(us), nil
+}
+
+// statsSQL counts in one pass (a full scan of idem_keys). Args: offset x 3.
+var statsSQL = `SELECT ` + micros(now) + `, COUNT(*),
+	COUNT(CASE WHEN state = 'PROCESSING' THEN 1 END), COUNT(CASE WHEN state = 'SUCCEEDED' THEN 1 END),
+	COUNT(CASE WHEN state = 'FAILED' THEN 1 END), ` + micros(`MIN(created_at)`) + `,
+	COUNT(CASE WHEN expires_at <= ` + now + ` THEN 1 END),
+	COUNT(CASE WHEN state = 'PROCESSING' AND locked_until <= ` + now + ` THEN 1 END)
+FROM idem_keys`
+
+// Stats implements idemdriver.Inspector: two aggregate reads (a full scan
+// of idem_keys each) in one REPEATABLE READ, read-only transaction, so that
+// both read one snapshot and the totals and the top scopes agree.
+func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdriver.Stats, error) {
+	st := idemdriver.Stats{ByState: map[idemdriver.State]int64{}}
+	tx, err := d.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return st, err
+	}
+	defer tx.Rollback() //nolint:errcheck // read only
+	var (
+		nowUS, processing, succeeded, failed int64
+		oldest                               sql.NullInt64
+	)
+	off := p.ClockOffset.Microseconds()
+	err = tx.QueryRowContext(ctx, statsSQL, off, off, off).
+		Scan(&nowUS, &st.Total, &processing, &succeeded, &failed, &oldest, &st.Expired, &st.Stuck)
+	if err != nil {
+		return st, err
+	}
+	st.Now, st.Oldest = usTime(nowUS), nullTime(oldest)
+	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
+	if p.TopScopes > 0 {
+		rows, err := tx.QueryContext(ctx, `SELECT scope, COUNT(*) FROM idem_keys GROUP BY scope
+			ORDER BY COUNT(*) DESC, scope LIMIT ?`, p.TopScopes)
+		if err != nil {
+			return st, err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var sc idemdriver.ScopeCount
+			if err := rows.Scan(&sc.Scope, &sc.Count); err != nil {
+				return st, err
+			}
+			st.TopScopes = append(st.TopScopes, sc)
+		}
+		if err := rows.Err(); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+// stuckSQL reads a range of the index idem_keys_processing (state,
+// locked_until). Args: offset, limit.
+var stuckSQL = `SELECT ` + micros(`n.now`) + `, ` + recordColumns + `
+FROM ` + nowTable + `
+JOIN idem_keys AS k ON k.state = 'PROCESSING' AND k.locked_until <= n.now
+ORDER BY k.locked_until LIMIT ?`
+
+// Stuck implements idemdriver.Inspector with a range read of the index on
+// (state, locked_until).
+func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdriver.StuckRecord, error) {
+	if p.Limit <= 0 {
+		return nil, fmt.Errorf("idemmysql: stuck: Limit %d must be positive", p.Limit)
+	}
+	rows, err := d.db.QueryContext(ctx, stuckSQL, p.ClockOffset.Microseconds(), p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []idemdriver.StuckRecord
+	for rows.Next() {
+		s, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, idemdriver.StuckRecord{Record: s.rec,
+			Overdue: time.Duration(s.nowUS-s.lockedUS.Int64) * time.Microsecond})
+	}
+	return out, rows.Err()
+}
+
+// MigrationStatus implements idemdriver.Migrator: goose's status of the
+// embedded migrations, read under the migration lock (so it waits for a
+// migration in progress). AppliedAt is goose's record of the time, in
+// UTC (see versionStore).
+func (d *Driver) MigrationStatus(ctx context.Context) ([]idemdriver.Migration, error) {
+	p, err := d.embeddedProvider(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idemmysql: migration status: %w", err)
+	}
+	out := make([]idemdriver.Migration, 0, len(st))
+	for _, s := range st {
+		m := idemdriver.Migration{Version: s.Source.Version, Name: path.Base(s.Source.Path), Applied: s.State == goose.StateApplied}
+		if m.Applied && !s.AppliedAt.IsZero() {
+			t := s.AppliedAt.UTC()
+			m.AppliedAt = &t
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// MigrateDown implements idemdriver.Migrator, under the migration lock.
+// Rolling back 00001_idem_keys.sql drops idem_keys (DROP TABLE commits at
+// once: there is no undo).
+func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) {
+	p, err := d.embeddedProvider(ctx)
+	if err != nil {
+		return idemdriver.Migration{}, err
+	}
+	res, err := p.Down(ctx)
+	if err != nil {
+		if errors.Is(err, goose.ErrNoNextVersion) || errors.Is(err, goose.ErrNoCurrentVersion) {
+			return idemdriver.Migration{}, errors.New("idemmysql: migrate down: no migration is applied")
+		}
+		return idemdriver.Migration{}, fmt.Errorf("idemmysql: migrate down: %w", err)
+	}
+	return idemdriver.Migration{Version: res.Source.Version, Name: path.Base(res.Source.Path)}, nil
+}
