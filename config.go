@@ -18,6 +18,7 @@ const (
 	DefaultMaxResponseBytes = 1 << 20 // 1 MiB
 	DefaultStoreRetryAfter  = 1 * time.Second
 	DefaultCompleteTimeout  = 10 * time.Second
+	DefaultClaimTimeout     = 10 * time.Second
 )
 
 // DefaultMethods are the methods protected when Config.Methods is empty.
@@ -30,6 +31,9 @@ var DefaultMethods = []string{http.MethodPost, http.MethodPatch}
 var DefaultReplayHeaders = []string{
 	"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
 	"Location", "ETag", "Last-Modified", "Link", "Cache-Control",
+	// Required by RFC 9110 with the statuses they accompany (405 and 401),
+	// which the default outcome policy records and replays.
+	"Allow", "WWW-Authenticate",
 }
 
 // Outcome is how a finished execution is recorded.
@@ -137,6 +141,11 @@ type Config struct {
 	// Default: 1 s.
 	StoreRetryAfter time.Duration
 
+	// ClaimTimeout bounds the claim statement (a store that hangs, a lock
+	// held by someone else): past it the request is answered 503
+	// store-unavailable and the handler does not run. Default: 10 s.
+	ClaimTimeout time.Duration
+
 	// CompleteTimeout bounds the statements that record an outcome, which run
 	// on a context detached from the client's. Default: 10 s.
 	CompleteTimeout time.Duration
@@ -184,6 +193,9 @@ func (c Config) WithDefaults() Config {
 	if c.StoreRetryAfter == 0 {
 		c.StoreRetryAfter = DefaultStoreRetryAfter
 	}
+	if c.ClaimTimeout == 0 {
+		c.ClaimTimeout = DefaultClaimTimeout
+	}
 	if c.CompleteTimeout == 0 {
 		c.CompleteTimeout = DefaultCompleteTimeout
 	}
@@ -210,8 +222,8 @@ func (c Config) validate() error {
 	if c.MaxRequestBytes < 0 || c.MaxResponseBytes < 0 {
 		errs = append(errs, errors.New("MaxRequestBytes and MaxResponseBytes must not be negative"))
 	}
-	if c.StoreRetryAfter < 0 || c.CompleteTimeout < 0 {
-		errs = append(errs, errors.New("StoreRetryAfter and CompleteTimeout must not be negative"))
+	if c.StoreRetryAfter < 0 || c.CompleteTimeout < 0 || c.ClaimTimeout < 0 {
+		errs = append(errs, errors.New("StoreRetryAfter, ClaimTimeout and CompleteTimeout must not be negative"))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("idem: invalid Config: %w", errors.Join(errs...))

@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -30,6 +31,7 @@ func TestConfigDefaults(t *testing.T) {
 	c := idem.Config{}.WithDefaults()
 	require.Equal(t, 30*time.Second, c.LeaseDuration)
 	require.Equal(t, 24*time.Hour, c.Retention)
+	require.Equal(t, 10*time.Second, c.ClaimTimeout)
 	require.EqualValues(t, 1<<20, c.MaxRequestBytes)
 	require.EqualValues(t, 1<<20, c.MaxResponseBytes)
 	require.Equal(t, []string{http.MethodPost, http.MethodPatch}, c.Methods)
@@ -85,5 +87,62 @@ func TestScopeTooLong(t *testing.T) {
 	h.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusInternalServerError, rec.Code)
 	require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
+	require.False(t, ran)
+}
+
+// Regression: a heartbeat that could not reach the store for a whole lease
+// answered 409 "another request took its key over" although nobody had.
+func TestStoreLostDuringHandler(t *testing.T) {
+	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
+	require.NoError(t, err)
+	require.NoError(t, d.Migrate(t.Context()))
+	mw, err := idem.New(idem.Config{Store: d, LeaseDuration: time.Second, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	started := make(chan struct{})
+	var cause error
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-r.Context().Done() // cancelled once the lease could not be renewed
+		cause = context.Cause(r.Context())
+	}))
+	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
+	req.Header.Set(idem.HeaderKey, "k")
+	rec := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() { defer close(done); h.ServeHTTP(rec, req) }()
+	<-started
+	require.NoError(t, d.Close()) // the store goes away mid-handler
+	<-done
+	require.ErrorIs(t, cause, idem.ErrStoreUnavailable)
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), "store-unavailable")
+	require.Equal(t, "1", rec.Header().Get("Retry-After"))
+}
+
+// Regression: a claim that waited on a lock held elsewhere hung the request
+// for as long as the lock was held.
+func TestClaimTimeout(t *testing.T) {
+	path := dbtest.SQLitePath(t)
+	d, err := idemsqlite.Open(t.Context(), path)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(t.Context()))
+	// Another process holds SQLite's write lock.
+	other, err := idemsqlite.Open(t.Context(), path)
+	require.NoError(t, err)
+	t.Cleanup(func() { other.Close() })
+	tx, err := other.DB().BeginTx(t.Context(), nil) // BEGIN IMMEDIATE
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+
+	mw, err := idem.New(idem.Config{Store: d, ClaimTimeout: 200 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	ran := false
+	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
+	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
+	req.Header.Set(idem.HeaderKey, "k")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
 	require.False(t, ran)
 }

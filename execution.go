@@ -116,6 +116,18 @@ func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 		return ok, nil
 	}
 	ok, err := tx.Complete(ctx, p)
+	if errors.Is(err, idemdriver.ErrTxDone) {
+		// The handler ended the transaction itself, against the contract:
+		// its writes are committed (or gone) already. Record the outcome on
+		// its own, so the next request replays instead of running again.
+		e.m.cfg.Logger.Error("idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
+			"scope", e.fence.Scope, "key", e.fence.Key)
+		ok, err = e.m.cfg.Store.Complete(ctx, p)
+		if err != nil {
+			return false, &StoreError{Op: "complete", Err: err}
+		}
+		return ok, nil
+	}
 	if err != nil || !ok {
 		_ = tx.Rollback(ctx)
 		if err != nil {
@@ -157,9 +169,9 @@ type heartbeat struct {
 }
 
 // startHeartbeat extends the lease every LeaseDuration/3 while the handler
-// runs. When the store says the lease is lost, or no renewal has succeeded
-// for a whole lease (the store unreachable), it cancels the handler's
-// context with cause ErrLeaseLost.
+// runs. When the store says the lease is lost, it cancels the handler's
+// context with cause ErrLeaseLost; when no renewal has succeeded for a whole
+// lease (the store unreachable), with a *StoreError (ErrStoreUnavailable).
 func (e *execution) startHeartbeat() *heartbeat {
 	hb := &heartbeat{stopc: make(chan struct{}), done: make(chan struct{})}
 	lease := e.m.cfg.LeaseDuration
@@ -186,7 +198,7 @@ func (e *execution) startHeartbeat() *heartbeat {
 				return
 			case time.Since(lastOK) >= lease:
 				e.m.cfg.Logger.Warn("idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
-				e.cancel(ErrLeaseLost)
+				e.cancel(&StoreError{Op: "heartbeat", Err: err})
 				return
 			}
 		}

@@ -1,10 +1,16 @@
 package idem
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
+	"io"
+	"math"
+	"math/big"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/gowebpki/jcs"
@@ -15,8 +21,13 @@ import (
 // string (url.Values.Encode: keys sorted), the media type (lower-cased,
 // without parameters) and the body. A JSON body (application/json or any
 // +json type) is first canonicalized per RFC 8785, so key order and
-// whitespace do not change the fingerprint; a JSON body that does not parse,
-// and every other body, is hashed as raw bytes. Each part is length-prefixed,
+// whitespace do not change the fingerprint. RFC 8785 writes numbers as
+// IEEE 754 doubles (section 3.2.2.3), which would make 9007199254740993 and
+// 9007199254740992 one number: a JSON body with a number whose value is not
+// that of its double's shortest decimal form (0.1 is; 9007199254740993 is
+// not) is hashed as raw bytes instead, so two different amounts never share
+// a fingerprint. A JSON body that does not parse, and every other
+// body, is hashed as raw bytes. Each part is length-prefixed,
 // so no two different requests share an encoding.
 func Fingerprint(r *http.Request, body []byte) []byte {
 	h := sha256.New()
@@ -34,7 +45,7 @@ func Fingerprint(r *http.Request, body []byte) []byte {
 			mediaType = strings.ToLower(strings.TrimSpace(ct))
 		}
 	}
-	if isJSON(mediaType) {
+	if isJSON(mediaType) && numbersExact(body) {
 		if canon, err := jcs.Transform(body); err == nil {
 			body = canon
 		}
@@ -45,6 +56,41 @@ func Fingerprint(r *http.Request, body []byte) []byte {
 	part([]byte(mediaType))
 	part(body)
 	return h.Sum(nil)
+}
+
+// numbersExact reports whether body is JSON whose every number equals the
+// shortest decimal form of its float64, so RFC 8785 canonicalization maps
+// no two different numbers to one.
+func numbersExact(body []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return true
+		}
+		if err != nil {
+			return false
+		}
+		n, ok := tok.(json.Number)
+		if !ok {
+			continue
+		}
+		exact, ok := new(big.Rat).SetString(string(n))
+		if !ok {
+			return false
+		}
+		f, err := strconv.ParseFloat(string(n), 64)
+		if err != nil || math.IsInf(f, 0) {
+			return false
+		}
+		// The number must be the value of its double's shortest decimal
+		// form (what RFC 8785 writes): then no other number shares it.
+		shortest, _ := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64))
+		if shortest.Cmp(exact) != 0 {
+			return false
+		}
+	}
 }
 
 func isJSON(mediaType string) bool {

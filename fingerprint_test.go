@@ -55,6 +55,21 @@ func TestFingerprint(t *testing.T) {
 	require.Equal(t,
 		fp("POST", "/x", "application/merge-patch+json", `{"a":1,"b":2}`),
 		fp("POST", "/x", "application/merge-patch+json", `{"b":2, "a":1}`))
+	// Regression: RFC 8785 writes numbers as doubles, so a changed amount
+	// beyond 2^53 was replayed instead of answered 422.
+	big := fp("POST", "/x", "application/json", `{"amount":9007199254740992}`)
+	require.NotEqual(t, big, fp("POST", "/x", "application/json", `{"amount":9007199254740993}`))
+	require.NotEqual(t, big, fp("POST", "/x", "application/json", `{"amount":9007199254740992.4}`))
+	require.NotEqual(t,
+		fp("POST", "/x", "application/json", `{"a":0.1000000000000000055511151231257827}`),
+		fp("POST", "/x", "application/json", `{"a":0.1}`), "0.1 is not a double: hashed raw")
+	require.Equal(t, big, fp("POST", "/x", "application/json", `{ "amount": 9007199254740992 }`),
+		"exact numbers are still canonicalized")
+	require.Equal(t,
+		fp("POST", "/x", "application/json", `{"a":0.1,"b":19.99,"c":-0.0}`),
+		fp("POST", "/x", "application/json", `{"c":0, "b":1999e-2, "a":0.10}`), "decimals are canonicalized")
+	require.Equal(t, fp("POST", "/x", "application/json", `{"a":1e400}`), fp("POST", "/x", "application/json", `{"a":1e400}`))
+	require.NotEqual(t, fp("POST", "/x", "application/json", `{"a":1e400}`), fp("POST", "/x", "application/json", `{"a":2e400}`))
 	// Parts are length-prefixed: moving bytes between path and body changes the hash.
 	require.NotEqual(t, fp("POST", "/ab", "", "c"), fp("POST", "/a", "", "bc"))
 }

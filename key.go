@@ -45,7 +45,7 @@ func ParseKey(values []string) (string, error) {
 	if v[0] == '"' {
 		item, err := httpsfv.UnmarshalItem([]string{v})
 		if err != nil {
-			return "", fmt.Errorf("%w: not one RFC 8941 sf-string (a list of keys is not a key): %v", ErrInvalidKey, err)
+			return "", fmt.Errorf("%w: a value starting with '\"' must be one RFC 8941 sf-string, such as \"abc\" (%v)", ErrInvalidKey, err)
 		}
 		s, ok := item.Value.(string)
 		if !ok {
@@ -63,7 +63,7 @@ func ParseKey(values []string) (string, error) {
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x21 || c > 0x7e {
-			return "", fmt.Errorf("%w: byte %d of the key is 0x%02x; only visible ASCII (0x21-0x7E) is allowed", ErrInvalidKey, i, c)
+			return "", fmt.Errorf("%w: character %d of the key is byte 0x%02x; only visible ASCII (0x21-0x7E) is allowed", ErrInvalidKey, i+1, c)
 		}
 	}
 	return key, nil

@@ -111,7 +111,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		Fingerprint:   m.cfg.Fingerprint(r, body),
 		LeaseDuration: m.cfg.LeaseDuration, Retention: m.cfg.Retention,
 	}
-	res, err := m.cfg.Store.Claim(r.Context(), params)
+	claimCtx, cancel := context.WithTimeout(r.Context(), m.cfg.ClaimTimeout)
+	res, err := m.cfg.Store.Claim(claimCtx, params)
+	cancel()
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client hung up before anything was claimed
@@ -222,17 +224,25 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	panicked, recovered := runHandler(next, cw, r.WithContext(e.ctx))
 	hb.stop()
 
-	lost := errors.Is(context.Cause(e.ctx), ErrLeaseLost)
+	cause := context.Cause(e.ctx)
+	lost, unreachable := errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrStoreUnavailable)
 	if panicked {
 		e.rollback()
-		if !lost {
+		if !lost && !unreachable {
 			e.fail()
 		}
 		panic(recovered)
 	}
-	if lost {
+	switch {
+	case lost:
 		e.rollback()
 		m.leaseLost(w)
+		return
+	case unreachable:
+		// The lease could not be renewed: the outcome cannot be recorded as
+		// ours. The record stays PROCESSING until its lease runs out.
+		e.rollback()
+		m.storeUnavailable(w, cause)
 		return
 	}
 	if m.cfg.Outcome(cw.statusCode()) == Failed {

@@ -9,6 +9,10 @@ import (
 // belong to a handler that idem is running under a claim.
 var ErrNoExecution = errors.New("idem: no idempotent execution in this context (is the handler behind idem's middleware, with an Idempotency-Key?)")
 
+// ErrTxDone is wrapped by Tx.Complete when the handler committed or rolled
+// back the claim's transaction itself: the completion could not ride in it.
+var ErrTxDone = errors.New("idem: the claim's transaction was already committed or rolled back by the handler")
+
 // TxSource hands a protected handler the claim's business transaction. The
 // core puts one in the handler's context; driver packages turn it into their
 // native transaction type (idempgx.Tx returns a pgx.Tx, idemsqlite.Tx a *sql.Tx).

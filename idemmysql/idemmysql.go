@@ -649,7 +649,11 @@ func (t *businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) 
 	if err != nil {
 		return false, err
 	}
-	return complete(ctx, t.tx.StmtContext(ctx, s), false, p)
+	ok, err := complete(ctx, t.tx.StmtContext(ctx, s), false, p)
+	if errors.Is(err, sql.ErrTxDone) {
+		err = fmt.Errorf("%w: %w", idemdriver.ErrTxDone, err)
+	}
+	return ok, err
 }
 func (t *businessTx) Commit(context.Context) error { return t.tx.Commit() }
 func (t *businessTx) Rollback(context.Context) error {

@@ -173,12 +173,15 @@ func (d *Driver) provider(ctx context.Context) (*goose.Provider, func(), error) 
 	}
 	// One advisory lock per schema: processes sharing a schema migrate one
 	// at a time; different schemas do not wait for each other.
-	var schema string
+	var schema *string
 	if err := d.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
 		return nil, nil, fmt.Errorf("idempgx: migrate: %w", err)
 	}
+	if schema == nil {
+		return nil, nil, errors.New("idempgx: migrate: no schema of the connection's search_path exists; create it first (CREATE SCHEMA ...) or fix search_path")
+	}
 	h := fnv.New64a()
-	h.Write([]byte("idem migrations " + schema))
+	h.Write([]byte("idem migrations " + *schema))
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64())), lock.WithLockTimeout(1, 300))
 	if err != nil {
 		return nil, nil, err
@@ -289,7 +292,11 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 type businessTx struct{ tx pgx.Tx }
 
 func (t businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	return complete(ctx, t.tx, p)
+	ok, err := complete(ctx, t.tx, p)
+	if errors.Is(err, pgx.ErrTxClosed) {
+		err = fmt.Errorf("%w: %w", idemdriver.ErrTxDone, err)
+	}
+	return ok, err
 }
 func (t businessTx) Commit(ctx context.Context) error { return t.tx.Commit(ctx) }
 func (t businessTx) Rollback(ctx context.Context) error {

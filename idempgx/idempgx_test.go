@@ -103,3 +103,17 @@ func newBusiness(t *testing.T, d idemdriver.Driver) idemdrivertest.Business {
 }
 
 func BenchmarkDriver(b *testing.B) { idemdrivertest.Benchmark(b, newDriver) }
+
+// Regression: a search_path naming no existing schema failed with "cannot
+// scan NULL into *string".
+func TestMigrateMissingSchema(t *testing.T) {
+	url, _ := dbtest.PostgresURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = "no_such_schema_here"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	err = idempgx.New(pool).Migrate(context.Background())
+	require.ErrorContains(t, err, "no schema of the connection's search_path exists")
+}

@@ -322,7 +322,11 @@ type businessTx struct {
 }
 
 func (t *businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	return complete(ctx, t.tx.StmtContext(ctx, t.complete), p)
+	ok, err := complete(ctx, t.tx.StmtContext(ctx, t.complete), p)
+	if errors.Is(err, sql.ErrTxDone) {
+		err = fmt.Errorf("%w: %w", idemdriver.ErrTxDone, err)
+	}
+	return ok, err
 }
 func (t *businessTx) Commit(context.Context) error { return t.tx.Commit() }
 func (t *businessTx) Rollback(context.Context) error {

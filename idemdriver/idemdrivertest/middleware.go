@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -520,6 +521,45 @@ func runMiddleware(t *testing.T, h Harness) {
 		require.Equal(t, 1, n)
 		requireReplay(t, first, s.post(t, "k", `{}`))
 		require.EqualValues(t, 2, a.runs.Load())
+	})
+
+	// Regression: a handler that committed the claim's transaction itself got
+	// 503 while its writes were committed, and the record stayed PROCESSING,
+	// so the retry after the lease charged again.
+	t.Run("HandlerCommitsItself", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		biz := h.Business(t, d)
+		var runs atomic.Int32
+		m, err := idem.New(idem.Config{Store: d, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			tx, err := idemdriver.TxFromContext(r.Context())
+			if err == nil {
+				err = biz.Insert(r.Context(), tx, "self-commit")
+			}
+			if err == nil {
+				err = tx.Commit(r.Context()) // against the contract
+			}
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		})))
+		t.Cleanup(srv.Close)
+		s := &server{Server: srv}
+		first := s.post(t, "k", `{}`)
+		require.Equal(t, 201, first.status, "%s", first.body)
+		rec, err := d.Get(context.Background(), "global", "k")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateSucceeded, rec.State)
+		requireReplay(t, first, s.post(t, "k", `{}`))
+		n, err := biz.Count(context.Background(), "self-commit")
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.EqualValues(t, 1, runs.Load())
 	})
 
 	t.Run("ExpiredKeyIsNew", func(t *testing.T) {
