@@ -155,12 +155,25 @@ func (e *execution) rollback() {
 // fail records FAILED so the next request runs again. When the store cannot
 // be reached the record stays PROCESSING until its lease runs out, after
 // which it is taken over: the same end, later.
-func (e *execution) fail() {
+//
+// It reports false only when the store says another worker owns the key
+// (fenced out); a store error counts as still owned.
+func (e *execution) fail() bool {
 	ctx, cancel := e.detached()
 	defer cancel()
-	if _, err := e.m.cfg.Store.Fail(ctx, e.fence); err != nil {
+	owned, err := e.m.cfg.Store.Fail(ctx, e.fence)
+	if err != nil {
 		e.m.cfg.Logger.Warn("idem: recording FAILED", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+		return true
 	}
+	return owned
+}
+
+// txOpen reports whether the handler's business transaction is open.
+func (e *execution) txOpen() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.tx != nil && !e.ended
 }
 
 type heartbeat struct {
@@ -175,6 +188,8 @@ type heartbeat struct {
 func (e *execution) startHeartbeat() *heartbeat {
 	hb := &heartbeat{stopc: make(chan struct{}), done: make(chan struct{})}
 	lease := e.m.cfg.LeaseDuration
+	sw, ok := e.m.cfg.Store.(idemdriver.SingleWriter)
+	singleWriter := ok && sw.SingleWriter()
 	go func() {
 		defer close(hb.done)
 		t := time.NewTicker(lease / 3)
@@ -185,6 +200,18 @@ func (e *execution) startHeartbeat() *heartbeat {
 			case <-hb.stopc:
 				return
 			case <-t.C:
+			}
+			select { // a tick and a stop both ready: stop wins
+			case <-hb.stopc:
+				return
+			default:
+			}
+			if singleWriter && e.txOpen() {
+				// The business transaction holds the database's only write
+				// lock: no one can claim the key until it ends, and a renewal
+				// would only wait for that lock, behind our own transaction.
+				lastOK = time.Now()
+				continue
 			}
 			ctx, cancel := context.WithTimeout(e.ctx, lease/3)
 			ok, err := e.m.cfg.Store.Heartbeat(ctx, e.fence)

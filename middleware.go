@@ -111,13 +111,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		Fingerprint:   m.cfg.Fingerprint(r, body),
 		LeaseDuration: m.cfg.LeaseDuration, Retention: m.cfg.Retention,
 	}
-	claimCtx, cancel := context.WithTimeout(r.Context(), m.cfg.ClaimTimeout)
+	// Detached from the client: a hang-up must not cancel a claim that the
+	// database may already have committed, which would leave the key
+	// PROCESSING with nobody running it for a whole lease.
+	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.ClaimTimeout)
 	res, err := m.cfg.Store.Claim(claimCtx, params)
 	cancel()
 	if err != nil {
-		if r.Context().Err() != nil {
-			return // the client hung up before anything was claimed
-		}
 		m.storeUnavailable(w, &StoreError{Op: "claim", Err: err})
 		return
 	}
@@ -247,7 +247,10 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	}
 	if m.cfg.Outcome(cw.statusCode()) == Failed {
 		e.rollback()
-		e.fail()
+		if !e.fail() {
+			m.leaseLost(w) // another worker owns the key now: its answer counts
+			return
+		}
 		cw.send()
 		return
 	}

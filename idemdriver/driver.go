@@ -162,6 +162,14 @@ type Driver interface {
 	Migrate(ctx context.Context) error
 }
 
+// SingleWriter is implemented by drivers whose database has one writer at a
+// time (SQLite). While a claim's business transaction is open it holds that
+// write lock, so no other claim can take the key over, and the core does not
+// renew the lease (a renewal would wait behind the transaction itself).
+type SingleWriter interface {
+	SingleWriter() bool
+}
+
 // Tx is a business transaction in which the completion rides. Unlike the
 // Driver's own statements, its Complete cannot be retried after a deadlock
 // or serialization failure: the database has already aborted the whole

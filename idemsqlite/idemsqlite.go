@@ -109,6 +109,9 @@ func (d *Driver) prepare(ctx context.Context) error {
 	return d.stmtsErr
 }
 
+// SingleWriter implements idemdriver.SingleWriter: SQLite has one writer.
+func (d *Driver) SingleWriter() bool { return true }
+
 // DB returns the database handle, for the application's own queries.
 func (d *Driver) DB() *sql.DB { return d.db }
 

@@ -372,6 +372,26 @@ func runMiddleware(t *testing.T, h Harness) {
 		require.Equal(t, 2, rec.Attempts)
 	})
 
+	// Regression: a fenced-out worker whose handler failed sent its 5xx,
+	// although another worker owned the key (and had answered).
+	t.Run("FencedOutFailure", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1), status: func(int32) int { return 500 }}
+		later := &Clock{}
+		later.Advance(idem.DefaultLeaseDuration + time.Second)
+		s1 := newServer(t, d, idem.Config{}, slow)
+		s2 := newServer(t, Shift(d, later), idem.Config{}, &app{})
+		done := make(chan answer)
+		go func() { done <- s1.post(t, "k", `{}`) }()
+		<-slow.started
+		took := s2.post(t, "k", `{}`)
+		require.Equal(t, 201, took.status)
+		slow.release()
+		requireProblem(t, <-done, 409, "request-in-flight")
+		requireReplay(t, took, s1.post(t, "k", `{}`))
+	})
+
 	t.Run("LostLeaseCancelsHandler", func(t *testing.T) {
 		t.Parallel()
 		d := h.NewDriver(t)

@@ -1,0 +1,83 @@
+package idem_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
+)
+
+func openSQLite(t *testing.T) *idemsqlite.Driver {
+	t.Helper()
+	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(t.Context()))
+	return d
+}
+
+// Regression: a client that hung up during the claim cancelled a claim the
+// database could already have committed; the key then stayed PROCESSING,
+// run by nobody, for a whole lease.
+func TestClientGoneBeforeClaim(t *testing.T) {
+	d := openSQLite(t)
+	mw, err := idem.New(idem.Config{Store: d})
+	require.NoError(t, err)
+	runs := 0
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		w.WriteHeader(http.StatusCreated)
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // gone before idem even claimed
+	req := httptest.NewRequestWithContext(ctx, "POST", "/x", strings.NewReader("{}"))
+	req.Header.Set(idem.HeaderKey, "k")
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	rec, err := d.Get(context.Background(), "global", "k")
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.StateSucceeded, rec.State, "the work is done and recorded; the retry replays")
+	require.Equal(t, 1, runs)
+}
+
+// Regression: on SQLite the lease renewal waited for the write lock held by
+// the handler's own business transaction, so a handler holding its
+// transaction past a renewal tick was answered 503 and rolled back.
+func TestSQLiteRenewalDoesNotWaitForOwnTransaction(t *testing.T) {
+	d := openSQLite(t)
+	_, err := d.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY)`)
+	require.NoError(t, err)
+	mw, err := idem.New(idem.Config{Store: d, LeaseDuration: time.Second, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, err := idemsqlite.Tx(r.Context())
+		if err == nil {
+			_, err = tx.ExecContext(r.Context(), `INSERT INTO payments DEFAULT VALUES`)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		// A slow handler holds its transaction across several renewal
+		// ticks (every LeaseDuration/3).
+		time.Sleep(1500 * time.Millisecond)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
+	req.Header.Set(idem.HeaderKey, "k")
+	rr := httptest.NewRecorder()
+	h.ServeHTTP(rr, req)
+	require.Equal(t, http.StatusCreated, rr.Code, rr.Body.String())
+	var n int
+	require.NoError(t, d.DB().QueryRow(`SELECT count(*) FROM payments`).Scan(&n))
+	require.Equal(t, 1, n)
+}
