@@ -32,35 +32,53 @@ type handlerConfig struct {
 	Logger   *slog.Logger
 	// Lease is idem's LeaseDuration; zero means idem's default (30 s).
 	Lease time.Duration
+	// RelaySecret is idem's Config.RelaySecret: it keys the derivation of
+	// the Idempotency-Key relayed to the provider. Empty: plain SHA-256.
+	RelaySecret []byte
+	// WriteMode says where the payment's rows are written; empty means
+	// WriteInClaim.
+	WriteMode WriteMode
+	// Faults are the injected crashes and stalls; nil injects none.
+	Faults *faults
 }
 
 // api serves the payments API.
 type api struct {
-	store    Store
-	provider Provider
-	log      *slog.Logger
+	store     Store
+	provider  Provider
+	log       *slog.Logger
+	writeMode WriteMode
+	faults    *faults
 }
 
 // newHandler returns the service's whole HTTP handler:
 //
 //	logRequests
 //	  GET /healthz                      (no authentication)
-//	  everything else: authenticate -> idem -> routes below
+//	  everything else: authenticate -> fault injection -> keepClaiming -> idem -> routes below
 //	    POST /v1/payments               (Idempotency-Key required)
 //	    GET  /v1/payments/{id}
 //	    GET  /v1/payments?limit=N
 //	    GET  /v1/balance
 func newHandler(cfg handlerConfig) (http.Handler, error) {
+	store := cfg.Store.Idem()
+	if cfg.Faults != nil && cfg.Faults.stallAfterCharge > 0 {
+		store = &stallingStore{Store: store, faults: cfg.Faults}
+	}
 	mw, err := idem.New(idem.Config{
-		Store:         cfg.Store.Idem(),
+		Store:         store,
 		Scope:         scopeFromMerchant,
 		LeaseDuration: cfg.Lease,
+		RelaySecret:   cfg.RelaySecret,
 		Logger:        cfg.Logger,
 	})
 	if err != nil {
 		return nil, err
 	}
-	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger}
+	if cfg.WriteMode == "" {
+		cfg.WriteMode = WriteInClaim
+	}
+	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults}
 
 	routes := http.NewServeMux()
 	routes.HandleFunc("POST /v1/payments", a.createPayment)
@@ -77,7 +95,7 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	root := http.NewServeMux()
 	root.HandleFunc("GET /healthz", a.health)
 	root.Handle("/healthz", methodNotAllowed("GET, HEAD"))
-	root.Handle("/", authenticate(mw.Handler(routes)))
+	root.Handle("/", authenticate(cfg.Faults.wrap(keepClaiming(mw.Handler(routes)))))
 	return logRequests(cfg.Logger, root), nil
 }
 
@@ -129,25 +147,38 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	a.faults.maybeCrash(ctx, crashBeforeCharge)
+
 	// Charge first, then write: the claim's transaction (and with SQLite the
 	// database's one write lock) is only taken once the slow call is over.
-	relay, _ := relayKey(ctx, "charge")
+	// The provider gets idem's relayed key, the same on every execution of
+	// this (merchant, Idempotency-Key): a retry, or a takeover after a crash,
+	// asks for the same charge, and the provider answers with the first one.
+	relay, err := idem.RelayKey(ctx, RelayStep)
+	if err != nil {
+		a.log.ErrorContext(ctx, "no relay key", "err", err)
+		writeProblem(w, problemInternal, http.StatusInternalServerError, "the payment could not be keyed for the provider")
+		return
+	}
+	exec, _ := idem.ExecutionFromContext(ctx)
 	charge, err := a.provider.Charge(ctx, ChargeRequest{
 		IdempotencyKey: relay, Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
 		Customer: in.Customer, Description: in.Description,
 	})
 	if err != nil {
-		a.log.WarnContext(ctx, "payment provider failed", "merchant", merchant, "err", err)
-		writeProblem(w, problemProviderError, http.StatusBadGateway,
-			"the payment provider did not confirm the charge; retry with the same Idempotency-Key")
+		a.providerFailed(w, r, relay, err)
 		return
 	}
+	a.log.InfoContext(ctx, "charged", "merchant", merchant, "charge", charge.ID, "provider_replayed", charge.Replayed,
+		"relay_key", relay, "attempt", exec.Attempt, "fencing_token", exec.FencingToken)
+	a.faults.maybeCrash(ctx, crashAfterCharge, "charge", charge.ID)
+	a.faults.stall(ctx)
 
 	p, err := a.store.CreatePayment(ctx, NewPayment{
 		ID: newID("pay"), Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
 		Customer: in.Customer, Description: in.Description, Status: "succeeded",
 		ProviderChargeID: charge.ID,
-	})
+	}, a.writeMode)
 	if err != nil {
 		// Answered 5xx: idem rolls the transaction back and records FAILED,
 		// so a retry charges again with the same relay key (the provider
@@ -155,8 +186,39 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		a.storeFailed(w, r, "recording the payment", err)
 		return
 	}
+	if p.Merchant != merchant || p.Amount != in.Amount || p.Currency != in.Currency {
+		// The charge is recorded for another payment: the provider answered
+		// another request's charge. Never book it twice.
+		a.log.ErrorContext(ctx, "the provider's charge is recorded for another payment", "charge", charge.ID, "payment", p.ID)
+		writeProblem(w, problemInternal, http.StatusInternalServerError, "the provider's charge is already recorded for another payment")
+		return
+	}
+	a.faults.maybeCrash(ctx, crashAfterWrite, "charge", charge.ID, "payment", p.ID, "write_mode", string(a.writeMode))
 	w.Header().Set("Location", "/v1/payments/"+p.ID)
 	writeJSON(w, http.StatusCreated, toJSON(p))
+}
+
+// providerFailed answers a charge the provider did not confirm: 504 when its
+// answer did not come in time (the outcome is unknown), 502 otherwise. idem
+// records both as FAILED, so a retry with the same key asks the provider
+// again, with the same relayed key: it charges at most once.
+func (a *api) providerFailed(w http.ResponseWriter, r *http.Request, relay string, err error) {
+	merchant, _ := merchantFrom(r.Context())
+	a.log.WarnContext(r.Context(), "payment provider failed", "merchant", merchant, "relay_key", relay, "err", err)
+	if errors.Is(err, ErrProviderTimeout) {
+		p := problem(problemProviderTimeout, http.StatusGatewayTimeout,
+			"the payment provider did not answer in time; the charge may have been made: retry with the same Idempotency-Key, the provider will not charge twice")
+		p.RetryAfter = time.Second
+		p.Write(w)
+		return
+	}
+	// Retry-After: 1, whatever the provider said: its own Retry-After for a
+	// key in flight is the lease left there (30 s for a fresh claim), while
+	// its charge usually completes far sooner.
+	p := problem(problemProviderError, http.StatusBadGateway,
+		"the payment provider did not confirm the charge; retry with the same Idempotency-Key")
+	p.RetryAfter = time.Second
+	p.Write(w)
 }
 
 // getPayment is GET /v1/payments/{id}.
@@ -260,6 +322,21 @@ func (a *api) storeFailed(w http.ResponseWriter, r *http.Request, what string, e
 		return
 	}
 	writeProblem(w, problemInternal, http.StatusInternalServerError, "the service failed while "+what)
+}
+
+// keepClaiming detaches the request's context from the client's connection
+// before idem claims the key. idem runs its claim statement on the request's
+// context: when the client hangs up during that statement, the database may
+// commit the claim (PROCESSING) while the driver reports the cancellation,
+// and idem then returns without running the handler, so the key stays
+// claimed by nobody until its lease runs out, answering 409 to every retry
+// meanwhile. Detached, the claim completes and the payment runs (its
+// handler's context is detached from the client's by idem anyway), and the
+// client's retry gets its result.
+func keepClaiming(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
+	})
 }
 
 func methodNotAllowed(allow string) http.Handler {

@@ -375,12 +375,13 @@ func TestProviderErrorIsRetried(t *testing.T) {
 	require.Empty(t, r.header.Get(idem.HeaderReplayed))
 	require.EqualValues(t, 1, s.balance("acme").Payments)
 
-	// Both attempts asked the provider with one relay key, not the raw key.
+	// Both attempts asked the provider with one relay key, not the raw key:
+	// idem's derivation from (merchant, Idempotency-Key, "charge").
 	var relays []string
 	provider.relays.Range(func(k, _ any) bool { relays = append(relays, k.(string)); return true })
 	require.Len(t, relays, 1)
 	require.NotContains(t, relays[0], "psp-1")
-	require.True(t, strings.HasPrefix(relays[0], "idem_"))
+	require.Equal(t, idem.DeriveKey(nil, "acme", "psp-1", RelayStep), relays[0])
 }
 
 // failingWrites is a Store whose CreatePayment writes, then fails: the
@@ -390,8 +391,8 @@ type failingWrites struct {
 	fail atomic.Bool
 }
 
-func (s *failingWrites) CreatePayment(ctx context.Context, p NewPayment) (Payment, error) {
-	got, err := s.Store.CreatePayment(ctx, p)
+func (s *failingWrites) CreatePayment(ctx context.Context, p NewPayment, mode WriteMode) (Payment, error) {
+	got, err := s.Store.CreatePayment(ctx, p, mode)
 	if err == nil && s.fail.Load() {
 		return Payment{}, errors.New("disk on fire")
 	}

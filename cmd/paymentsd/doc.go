@@ -4,15 +4,20 @@
 //
 // Usage:
 //
-//	paymentsd [--addr 127.0.0.1:8080] [--database-url URL] [--psp-latency 300ms]
-//	          [--lease 30s] [--shutdown-timeout 15s] [--log-format json|text]
+//	paymentsd [--addr 127.0.0.1:8080] [--database-url URL]
+//	          [--psp-url URL] [--psp-timeout 5s] [--psp-latency 300ms]
+//	          [--relay-secret S] [--lease 30s] [--write-mode claim|separate]
+//	          [--shutdown-timeout 15s] [--log-format json|text]
+//	          [--crash-<point> P] [--stall-after-charge D]
 //
 // --database-url selects the database: empty (an SQLite file paymentsd.db in
 // the working directory), sqlite:PATH, file:PATH or a plain PATH (SQLite,
-// through idemsqlite), or postgres://... / postgresql://... (PostgreSQL,
+// through idemsqlite), postgres://... / postgresql://... (PostgreSQL,
 // through pgxpool and idempgx; search_path=SCHEMA in the URL picks the
-// schema). At start-up paymentsd applies idem's migrations, then its own
-// (tables payments and ledger_entries, versions in paymentsd_schema_version).
+// schema), or mysql://user:password@host:port/dbname (MySQL or MariaDB,
+// through idemmysql.Open). At start-up paymentsd applies idem's migrations,
+// then its own (tables payments and ledger_entries, versions in
+// paymentsd_schema_version).
 //
 // # Requests
 //
@@ -38,10 +43,30 @@
 // A POST charges the provider first and only then asks idem for the claim's
 // transaction (begun on first use), writes the payment and its ledger entry
 // in it, and answers 201; idem records the response in the same
-// transaction. A provider error answers 502 and a database error 500 or 503:
-// idem records those as FAILED, so a retry with the same key runs again, and
-// the provider is asked with the same derived key (see relayKey), so it does
-// not charge twice.
+// transaction. A provider error answers 502, a provider timeout 504 and a
+// database error 500 or 503: idem records those as FAILED, so a retry with
+// the same key runs again, and the provider is asked with the same relayed
+// key (idem.RelayKey(ctx, "charge"), keyed by --relay-secret or
+// $PAYMENTSD_RELAY_SECRET), so it does not charge twice.
+//
+// # The provider
+//
+// Without --psp-url the provider is an in-process fake (--psp-latency per
+// charge). With --psp-url it is an HTTP service such as cmd/fakepsp:
+// POST {psp-url}/v1/charges, "Authorization: Bearer sk_test_<merchant>",
+// Idempotency-Key: the relayed key; --psp-timeout bounds each charge.
+//
+// # Fault injection
+//
+// --crash-<point> P kills the process with SIGKILL, with probability P, when
+// a POST /v1/payments reaches point: before-claim, before-charge,
+// after-charge, after-write, after-commit or on-replay.
+// --stall-after-charge D pauses a request and the process's lease renewal
+// for D after each charge: a slow owner that resumes after its lease
+// expired. --write-mode separate commits the payment's rows before idem
+// records the outcome, for comparison with the default (claim).
+// docs/crash-semantics.md describes what each crash does to the client and
+// the ledger, and how to reproduce them by hand.
 //
 // Errors are RFC 9457 problem details (application/problem+json); the kinds
 // the demo sends are documented in README.md beside this file, idem's own

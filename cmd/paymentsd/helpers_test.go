@@ -151,3 +151,7 @@ func invalidParamNames(t *testing.T, p map[string]any) []string {
 	}
 	return names
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func stringsReader(s string) io.Reader { return strings.NewReader(s) }

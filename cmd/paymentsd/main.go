@@ -12,9 +12,14 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
+
+// EnvRelaySecret names the environment variable read for the relay secret
+// when --relay-secret is not given (prefer it: a flag shows in ps).
+const EnvRelaySecret = "PAYMENTSD_RELAY_SECRET"
 
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stderr); err != nil {
@@ -27,25 +32,56 @@ func main() {
 type options struct {
 	addr            string
 	databaseURL     string
+	pspURL          string
 	pspLatency      time.Duration
+	pspTimeout      time.Duration
+	relaySecret     string
 	lease           time.Duration
+	writeMode       WriteMode
 	shutdownTimeout time.Duration
 	logFormat       string
+
+	// crash maps each crash point to its --crash-<point> probability.
+	crash            map[string]float64
+	stallAfterCharge time.Duration
 }
 
-func parseFlags(args []string, output io.Writer) (options, error) {
-	var o options
+// parseFlags reads the command line; getenv supplies EnvRelaySecret when
+// --relay-secret is absent.
+func parseFlags(args []string, output io.Writer, getenv func(string) string) (options, error) {
+	o := options{crash: map[string]float64{}}
 	fs := flag.NewFlagSet("paymentsd", flag.ContinueOnError)
 	fs.SetOutput(output)
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "address to listen on")
 	fs.StringVar(&o.databaseURL, "database-url", "",
-		"database: postgres://... or postgresql://... for PostgreSQL; sqlite:PATH, file:PATH or a PATH for SQLite (default: SQLite file "+DefaultSQLitePath+" in the working directory)")
-	fs.DurationVar(&o.pspLatency, "psp-latency", 300*time.Millisecond, "how long the fake payment provider takes per charge")
-	fs.DurationVar(&o.lease, "lease", 30*time.Second, "idem lease: how long a request owns its Idempotency-Key before another may take it over")
+		"database: postgres://... or postgresql://... for PostgreSQL; mysql://user:password@host:port/dbname for MySQL or MariaDB; sqlite:PATH, file:PATH or a PATH for SQLite (default: SQLite file "+DefaultSQLitePath+" in the working directory)")
+	fs.StringVar(&o.pspURL, "psp-url", "", "payment provider's base URL, e.g. http://127.0.0.1:8090 (cmd/fakepsp); default: an in-process fake provider")
+	fs.DurationVar(&o.pspLatency, "psp-latency", 300*time.Millisecond, "how long the in-process fake provider takes per charge (without --psp-url)")
+	fs.DurationVar(&o.pspTimeout, "psp-timeout", 5*time.Second, "how long to wait for the provider's answer to a charge (with --psp-url); then 504, and a retry asks again with the same relayed key")
+	fs.StringVar(&o.relaySecret, "relay-secret", "", "secret keying the Idempotency-Key relayed to the provider (idem Config.RelaySecret); default $"+EnvRelaySecret+", else none (plain SHA-256 derivation)")
+	fs.DurationVar(&o.lease, "lease", 30*time.Second, "idem lease: how long a request owns its Idempotency-Key before another may take it over (at least 1s)")
+	mode := fs.String("write-mode", string(WriteInClaim), "where a payment's rows are written: claim (in the claim's transaction, committed with idem's record) or separate (committed on their own first; for comparison)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long to wait for in-flight requests on SIGINT/SIGTERM")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
+	crash := make([]float64, len(crashPoints))
+	for i, point := range crashPoints {
+		fs.Float64Var(&crash[i], "crash-"+point, 0, "fault injection: probability (0 to 1) of killing the process (SIGKILL) at the crash point "+point+" of a POST /v1/payments")
+	}
+	fs.DurationVar(&o.stallAfterCharge, "stall-after-charge", 0, "fault injection: after each charge, pause the request and lease renewal for this long, then write (a slow, not dead, owner)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	for i, point := range crashPoints {
+		if err := parseRate("crash-"+point, crash[i]); err != nil {
+			return o, err
+		}
+		if crash[i] > 0 {
+			o.crash[point] = crash[i]
+		}
+	}
+	o.writeMode = WriteMode(*mode)
+	if o.relaySecret == "" && getenv != nil {
+		o.relaySecret = getenv(EnvRelaySecret)
 	}
 	switch {
 	case fs.NArg() > 0:
@@ -56,6 +92,18 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		return o, errors.New("--psp-latency must not be negative")
 	case o.lease < time.Second:
 		return o, errors.New("--lease must be at least 1s")
+	case o.pspTimeout <= 0:
+		return o, errors.New("--psp-timeout must be positive")
+	case o.writeMode != WriteInClaim && o.writeMode != WriteSeparate:
+		return o, fmt.Errorf("--write-mode must be claim or separate, not %q", o.writeMode)
+	case o.stallAfterCharge < 0:
+		return o, errors.New("--stall-after-charge must not be negative")
+	}
+	if o.pspURL != "" {
+		u, err := url.Parse(o.pspURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			return o, fmt.Errorf("--psp-url must be an http:// or https:// base URL, not %q", o.pspURL)
+		}
 	}
 	return o, nil
 }
@@ -64,7 +112,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 // arrives, then shuts down cleanly: stop accepting, wait for in-flight
 // requests (at most --shutdown-timeout), close the database.
 func run(ctx context.Context, args []string, stderr io.Writer) error {
-	o, err := parseFlags(args, stderr)
+	o, err := parseFlags(args, stderr, os.Getenv)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}
@@ -91,8 +139,19 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Info("database closed")
 	}()
 
+	var provider Provider = NewFakeProvider(o.pspLatency)
+	psp := "in-process fake, latency " + o.pspLatency.String()
+	if o.pspURL != "" {
+		provider = NewHTTPProvider(o.pspURL, o.pspTimeout)
+		psp = o.pspURL + ", timeout " + o.pspTimeout.String()
+	}
+	var flt *faults
+	if len(o.crash) > 0 || o.stallAfterCharge > 0 {
+		flt = &faults{crash: o.crash, stallAfterCharge: o.stallAfterCharge, log: log}
+	}
 	handler, err := newHandler(handlerConfig{
-		Store: store, Provider: NewFakeProvider(o.pspLatency), Logger: log, Lease: o.lease,
+		Store: store, Provider: provider, Logger: log, Lease: o.lease,
+		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt,
 	})
 	if err != nil {
 		return err
@@ -110,8 +169,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("listening", "addr", ln.Addr().String(), "database", describeDatabase(o.databaseURL),
-		"psp_latency", o.pspLatency.String(), "lease", o.lease.String())
+	attrs := []any{"addr", ln.Addr().String(), "database", describeDatabase(o.databaseURL),
+		"psp", psp, "lease", o.lease.String(), "write_mode", string(o.writeMode), "relay_secret", o.relaySecret != ""}
+	if flt.enabled() {
+		attrs = append(attrs, "faults", describeFaults(o))
+	}
+	log.Info("listening", attrs...)
 
 	select {
 	case err := <-served:
@@ -131,17 +194,31 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	return nil
 }
 
+// describeFaults lists the injected faults for the log.
+func describeFaults(o options) string {
+	var parts []string
+	for _, point := range crashPoints {
+		if p := o.crash[point]; p > 0 {
+			parts = append(parts, fmt.Sprintf("crash-%s=%g", point, p))
+		}
+	}
+	if o.stallAfterCharge > 0 {
+		parts = append(parts, "stall-after-charge="+o.stallAfterCharge.String())
+	}
+	return strings.Join(parts, " ")
+}
+
 // describeDatabase names the database for the log, without credentials.
 func describeDatabase(databaseURL string) string {
 	kind, target, err := parseDatabaseURL(databaseURL)
 	if err != nil {
 		return "?"
 	}
-	if kind == "postgres" {
+	if kind == "postgres" || kind == "mysql" {
 		if u, err := url.Parse(target); err == nil {
 			return u.Redacted()
 		}
-		return "postgres"
+		return kind
 	}
 	return "sqlite:" + target
 }

@@ -27,6 +27,8 @@ func TestParseDatabaseURL(t *testing.T) {
 		{"file:///tmp/p.db", "sqlite", "/tmp/p.db"},
 		{"postgres://u@h:5432/db?sslmode=disable", "postgres", "postgres://u@h:5432/db?sslmode=disable"},
 		{"postgresql://u@h/db", "postgres", "postgresql://u@h/db"},
+		{"mysql://root@h:3306/db", "mysql", "mysql://root@h:3306/db"},
+		{"mariadb://root@h/db", "mysql", "mariadb://root@h/db"},
 	}
 	for _, tc := range cases {
 		kind, target, err := parseDatabaseURL(tc.in)
@@ -34,7 +36,7 @@ func TestParseDatabaseURL(t *testing.T) {
 		require.Equal(t, tc.kind, kind, tc.in)
 		require.Equal(t, tc.target, target, tc.in)
 	}
-	for _, bad := range []string{"mysql://root@h/db", "sqlite:", "file:p.db?mode=ro", "p.db#x", "p%41.db"} {
+	for _, bad := range []string{"sqlserver://h/db", "sqlite:", "file:p.db?mode=ro", "p.db#x", "p%41.db"} {
 		_, _, err := parseDatabaseURL(bad)
 		require.Error(t, err, bad)
 	}
@@ -42,20 +44,41 @@ func TestParseDatabaseURL(t *testing.T) {
 
 func TestParseFlags(t *testing.T) {
 	t.Parallel()
-	o, err := parseFlags(nil, io.Discard)
+	o, err := parseFlags(nil, io.Discard, nil)
 	require.NoError(t, err)
-	require.Equal(t, options{addr: "127.0.0.1:8080", pspLatency: 300 * time.Millisecond, lease: 30 * time.Second,
-		shutdownTimeout: 15 * time.Second, logFormat: "json"}, o)
+	require.Equal(t, options{addr: "127.0.0.1:8080", pspLatency: 300 * time.Millisecond, pspTimeout: 5 * time.Second,
+		lease: 30 * time.Second, writeMode: WriteInClaim, shutdownTimeout: 15 * time.Second, logFormat: "json",
+		crash: map[string]float64{}}, o)
 
-	o, err = parseFlags([]string{"--addr", ":9", "--database-url", "x.db", "--psp-latency", "1s", "--lease", "5s", "--log-format", "text"}, io.Discard)
+	o, err = parseFlags([]string{"--addr", ":9", "--database-url", "x.db", "--psp-latency", "1s", "--lease", "5s", "--log-format", "text",
+		"--psp-url", "http://127.0.0.1:8090", "--psp-timeout", "2s", "--write-mode", "separate",
+		"--crash-after-charge", "1", "--crash-on-replay", "0.25", "--stall-after-charge", "3s"}, io.Discard, nil)
 	require.NoError(t, err)
 	require.Equal(t, ":9", o.addr)
 	require.Equal(t, "x.db", o.databaseURL)
 	require.Equal(t, time.Second, o.pspLatency)
 	require.Equal(t, 5*time.Second, o.lease)
+	require.Equal(t, "http://127.0.0.1:8090", o.pspURL)
+	require.Equal(t, 2*time.Second, o.pspTimeout)
+	require.Equal(t, WriteSeparate, o.writeMode)
+	require.Equal(t, map[string]float64{crashAfterCharge: 1, crashOnReplay: 0.25}, o.crash)
+	require.Equal(t, 3*time.Second, o.stallAfterCharge)
+	require.Equal(t, "crash-after-charge=1 crash-on-replay=0.25 stall-after-charge=3s", describeFaults(o))
 
-	for _, bad := range [][]string{{"--lease", "500ms"}, {"--psp-latency", "-1s"}, {"--log-format", "xml"}, {"extra"}, {"--nope"}} {
-		_, err := parseFlags(bad, io.Discard)
+	// The relay secret: the flag, else the environment.
+	env := func(name string) string { return map[string]string{EnvRelaySecret: "from-env"}[name] }
+	o, err = parseFlags(nil, io.Discard, env)
+	require.NoError(t, err)
+	require.Equal(t, "from-env", o.relaySecret)
+	o, err = parseFlags([]string{"--relay-secret", "from-flag"}, io.Discard, env)
+	require.NoError(t, err)
+	require.Equal(t, "from-flag", o.relaySecret)
+
+	for _, bad := range [][]string{{"--lease", "500ms"}, {"--psp-latency", "-1s"}, {"--log-format", "xml"}, {"extra"}, {"--nope"},
+		{"--psp-timeout", "0s"}, {"--write-mode", "both"}, {"--crash-after-charge", "1.5"}, {"--crash-before-claim", "-0.1"},
+		{"--crash-after-commit", "NaN"}, {"--stall-after-charge", "-1s"}, {"--psp-url", "127.0.0.1:8090"},
+		{"--psp-url", "ftp://h"}, {"--psp-url", "http://h?x=1"}} {
+		_, err := parseFlags(bad, io.Discard, nil)
 		require.Error(t, err, "%v", bad)
 	}
 }

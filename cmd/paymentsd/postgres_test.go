@@ -52,3 +52,18 @@ func TestPostgresPaymentFlow(t *testing.T) {
 	require.EqualValues(t, 3, s2.balance("acme").Payments)
 	require.Equal(t, 1, provider.Charges())
 }
+
+func TestChargeRecordedOncePostgres(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []WriteMode{WriteInClaim, WriteSeparate} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			testChargeRecordedOnce(t, newPGTestStore(t), mode)
+		})
+	}
+}
+
+func TestStalledOwnerIsFencedOutPostgres(t *testing.T) {
+	t.Parallel()
+	testStalledOwnerIsFencedOut(t, newPGTestStore(t), WriteInClaim)
+}

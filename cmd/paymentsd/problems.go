@@ -20,6 +20,7 @@ const (
 	problemNotFound         = "not-found"
 	problemMethodNotAllowed = "method-not-allowed"
 	problemProviderError    = "provider-error"
+	problemProviderTimeout  = "provider-timeout"
 	problemUnavailable      = "unavailable"
 	problemInternal         = "internal-error"
 )
@@ -31,6 +32,7 @@ var problemTitles = map[string]string{
 	problemNotFound:         "Not found",
 	problemMethodNotAllowed: "Method not allowed",
 	problemProviderError:    "The payment provider failed",
+	problemProviderTimeout:  "The payment provider did not answer in time",
 	problemUnavailable:      "Service unavailable",
 	problemInternal:         "Internal error",
 }

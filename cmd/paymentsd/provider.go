@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,12 +19,18 @@ import (
 	"github.com/idemgo/idem"
 )
 
+// RelayStep names the provider call in the relayed key:
+// idem.RelayKey(ctx, RelayStep) = idem.DeriveKey(--relay-secret, merchant,
+// Idempotency-Key, RelayStep).
+const RelayStep = "charge"
+
 // ChargeRequest is one charge sent to the payment provider.
 type ChargeRequest struct {
-	// IdempotencyKey is the key the provider deduplicates on: derived from
-	// the claim's scope and Idempotency-Key (see relayKey), so a re-execution
-	// after a failure or a takeover asks for the same charge again, and the
-	// client's raw key never leaves this service (CONTRACT section 7).
+	// IdempotencyKey is the key the provider deduplicates on:
+	// idem.RelayKey(ctx, RelayStep), derived from the claim's scope (the
+	// merchant) and Idempotency-Key, so a re-execution after a failure, a
+	// crash or a takeover asks for the same charge again, and the client's
+	// raw key never leaves this service (CONTRACT section 7).
 	IdempotencyKey string
 	Merchant       string
 	Amount         int64  // minor units, > 0
@@ -31,24 +42,61 @@ type ChargeRequest struct {
 // Charge is the provider's answer to a successful ChargeRequest.
 type Charge struct {
 	ID string // ch_<uuid>
+	// Replayed is true when the provider answered with a charge it had
+	// already made for this IdempotencyKey.
+	Replayed bool
 }
 
 // Provider charges customers through a payment service provider (PSP).
 // Charge must respect ctx: idem cancels it when the execution loses its lease.
 // An error means no charge is known to have been made; the API answers 502
-// and idem records the attempt as FAILED, so a retry with the same
-// Idempotency-Key runs again (with the same ChargeRequest.IdempotencyKey).
+// (504 for ErrProviderTimeout) and idem records the attempt as FAILED, so a
+// retry with the same Idempotency-Key runs again, with the same
+// ChargeRequest.IdempotencyKey.
 type Provider interface {
 	Charge(ctx context.Context, req ChargeRequest) (Charge, error)
 }
 
-// ErrProviderUnavailable is the fake provider's error when it is configured
-// to fail.
+// ErrProviderUnavailable is the error of a charge the provider did not
+// confirm: it refused it, failed, or could not be reached.
 var ErrProviderUnavailable = errors.New("payment provider unavailable")
+
+// ErrProviderTimeout is the error of a charge whose answer did not arrive in
+// time: the outcome is unknown (the provider may have charged). Only a retry
+// with the same IdempotencyKey can tell, and it cannot charge twice.
+var ErrProviderTimeout = errors.New("payment provider timed out")
+
+// ProviderError is a provider's non-success answer. It wraps
+// ErrProviderUnavailable.
+type ProviderError struct {
+	Status int    // the provider's HTTP status
+	Type   string // its problem type, when it sent problem details
+	Detail string
+	// RetryAfter is the provider's Retry-After, zero when absent.
+	RetryAfter time.Duration
+}
+
+func (e *ProviderError) Error() string {
+	s := fmt.Sprintf("payment provider answered %d", e.Status)
+	if e.Type != "" {
+		s += " " + e.Type
+	}
+	if e.Detail != "" {
+		s += ": " + e.Detail
+	}
+	if e.RetryAfter > 0 {
+		s += fmt.Sprintf(" (Retry-After %s)", e.RetryAfter)
+	}
+	return s
+}
+
+// Unwrap returns ErrProviderUnavailable.
+func (e *ProviderError) Unwrap() error { return ErrProviderUnavailable }
 
 // FakeProvider is an in-process Provider: it waits Latency (or until ctx is
 // done), then returns a new charge id. Like a real PSP it deduplicates on
-// ChargeRequest.IdempotencyKey: the same key returns the same charge.
+// ChargeRequest.IdempotencyKey: the same key returns the same charge. It
+// forgets everything when the process exits; cmd/fakepsp (--psp-url) does not.
 type FakeProvider struct {
 	// Latency is how long every charge takes. Zero answers at once.
 	Latency time.Duration
@@ -81,6 +129,7 @@ func (p *FakeProvider) Charge(ctx context.Context, req ChargeRequest) (Charge, e
 	defer p.mu.Unlock()
 	if req.IdempotencyKey != "" {
 		if ch, ok := p.charges[req.IdempotencyKey]; ok {
+			ch.Replayed = true
 			return ch, nil
 		}
 	}
@@ -106,19 +155,95 @@ func (p *FakeProvider) Charges() int {
 	return len(p.charges)
 }
 
-// relayKey derives the provider's idempotency key for one step of a
-// protected execution from (scope, Idempotency-Key, step): stable across
-// retries and takeovers of the same key, different for every scope and step,
-// and not the client's raw key (CONTRACT section 7). The second result is
-// false outside a protected execution.
-func relayKey(ctx context.Context, step string) (string, bool) {
-	e, ok := idem.ExecutionFromContext(ctx)
-	if !ok {
-		return "", false
+// maxProviderResponse bounds the provider's answer read by HTTPProvider.
+const maxProviderResponse = 1 << 20
+
+// HTTPProvider charges through the HTTP API that cmd/fakepsp serves (shaped
+// like Stripe's): POST {BaseURL}/v1/charges with a JSON body {amount,
+// currency, customer, description}, "Authorization: Bearer
+// sk_test_<merchant>" (each merchant of paymentsd has its own account at the
+// provider) and "Idempotency-Key: <ChargeRequest.IdempotencyKey>". 200 or 201
+// with {"id":"ch_..."} is a charge (Idempotent-Replayed: true marks the
+// provider's replay of an earlier one); any other answer is a
+// *ProviderError; no answer within Client.Timeout is ErrProviderTimeout.
+type HTTPProvider struct {
+	// BaseURL is the provider's root, for example http://127.0.0.1:8090.
+	BaseURL string
+	// Client sends the requests; its Timeout bounds each charge (--psp-timeout).
+	Client *http.Client
+}
+
+// NewHTTPProvider returns an HTTPProvider on baseURL whose charges time out
+// after timeout. It follows no redirects.
+func NewHTTPProvider(baseURL string, timeout time.Duration) *HTTPProvider {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	return &HTTPProvider{
+		BaseURL: strings.TrimRight(baseURL, "/"),
+		Client: &http.Client{
+			Transport:     tr,
+			Timeout:       timeout,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
 	}
-	h := sha256.New()
-	for _, part := range []string{"paymentsd", e.Scope, e.Key, step} {
-		fmt.Fprintf(h, "%d:%s", len(part), part)
+}
+
+// Charge implements Provider. It refuses to send a charge without an
+// IdempotencyKey: a charge that cannot be deduplicated cannot be retried.
+func (p *HTTPProvider) Charge(ctx context.Context, cr ChargeRequest) (Charge, error) {
+	if cr.IdempotencyKey == "" {
+		return Charge{}, errors.New("charge: no idempotency key to relay")
 	}
-	return "idem_" + hex.EncodeToString(h.Sum(nil)), true
+	body := map[string]any{"amount": cr.Amount, "currency": cr.Currency, "customer": cr.Customer}
+	if cr.Description != "" {
+		body["description"] = cr.Description
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return Charge{}, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.BaseURL+"/v1/charges", bytes.NewReader(b))
+	if err != nil {
+		return Charge{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+APIKeyPrefix+cr.Merchant)
+	req.Header.Set(idem.HeaderKey, cr.IdempotencyKey)
+	resp, err := p.Client.Do(req)
+	if err != nil {
+		return Charge{}, transportError(err)
+	}
+	defer resp.Body.Close()
+	b, err = io.ReadAll(io.LimitReader(resp.Body, maxProviderResponse))
+	if err != nil {
+		return Charge{}, transportError(err)
+	}
+	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
+		pe := &ProviderError{Status: resp.StatusCode}
+		var prob struct{ Type, Detail string }
+		if json.Unmarshal(b, &prob) == nil {
+			pe.Type, pe.Detail = prob.Type, prob.Detail
+		}
+		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+			pe.RetryAfter = time.Duration(s) * time.Second
+		}
+		return Charge{}, pe
+	}
+	var ch struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(b, &ch); err != nil || !strings.HasPrefix(ch.ID, "ch_") {
+		return Charge{}, fmt.Errorf("%w: answered %d without a charge id", ErrProviderUnavailable, resp.StatusCode)
+	}
+	return Charge{ID: ch.ID, Replayed: resp.Header.Get(idem.HeaderReplayed) == "true"}, nil
+}
+
+// transportError classifies an error of sending a charge or reading its
+// answer: a timeout leaves the outcome unknown (ErrProviderTimeout).
+func transportError(err error) error {
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("%w: %v", ErrProviderTimeout, err)
+	}
+	return fmt.Errorf("%w: %v", ErrProviderUnavailable, err)
 }

@@ -46,8 +46,25 @@ type Balance struct {
 	Totals   map[string]int64 // currency -> sum of amounts, minor units
 }
 
+// WriteMode says where POST /v1/payments writes its rows (--write-mode).
+type WriteMode string
+
+const (
+	// WriteInClaim writes the rows in the claim's transaction: they commit
+	// with idem's record of the outcome, atomically (CONTRACT section 6).
+	// The default.
+	WriteInClaim WriteMode = "claim"
+	// WriteSeparate commits the rows in a transaction of their own; idem
+	// then records the outcome in a statement of its own. A crash between
+	// the two leaves committed rows under a PROCESSING key, which the
+	// takeover runs again: only the uniqueness of the provider's charge id
+	// keeps the ledger from counting the payment twice. For comparison
+	// (docs/crash-semantics.md).
+	WriteSeparate WriteMode = "separate"
+)
+
 // Store is the demo's storage: one implementation per database (sqliteStore,
-// postgresStore), both with the same tables (payments, ledger_entries) next
+// postgresStore, mysqlStore), all with the same tables (payments, ledger_entries) next
 // to idem's idem_keys in the same database.
 type Store interface {
 	// Idem returns the idempotency driver on the same database.
@@ -55,10 +72,14 @@ type Store interface {
 	// Migrate applies idem's migrations, then the demo's (recorded in
 	// SchemaVersionTable). Safe on every start.
 	Migrate(ctx context.Context) error
-	// CreatePayment writes the payment and its ledger entry in the claim's
-	// transaction (taken from ctx, begun on first use): they commit together
-	// with idem's record of the response, or not at all.
-	CreatePayment(ctx context.Context, p NewPayment) (Payment, error)
+	// CreatePayment writes the payment and its ledger entry. In WriteInClaim
+	// mode they are written in the claim's transaction (taken from ctx, begun
+	// on first use) and commit together with idem's record of the response,
+	// or not at all; in WriteSeparate mode they are committed in a
+	// transaction of their own before it returns. Either way the write is
+	// idempotent on ProviderChargeID: when a payment already records that
+	// charge, nothing is written and that payment is returned.
+	CreatePayment(ctx context.Context, p NewPayment, mode WriteMode) (Payment, error)
 	// Payment returns the merchant's payment id, or ErrNotFound.
 	Payment(ctx context.Context, merchant, id string) (Payment, error)
 	// Payments returns at most limit of the merchant's payments, newest first.
@@ -82,6 +103,8 @@ func openStore(ctx context.Context, databaseURL string) (Store, error) {
 	switch kind {
 	case "postgres":
 		s, err = openPostgres(ctx, target)
+	case "mysql":
+		s, err = openMySQL(ctx, target)
 	default:
 		s, err = openSQLite(ctx, target)
 	}
@@ -99,17 +122,21 @@ func openStore(ctx context.Context, databaseURL string) (Store, error) {
 //   - empty: SQLite, the file DefaultSQLitePath in the working directory;
 //   - postgres://... or postgresql://...: PostgreSQL, the URL as given
 //     (pgxpool syntax: search_path=... and other run-time parameters allowed);
+//   - mysql://... or mariadb://...: MySQL or MariaDB, the URL as given
+//     (idemmysql.ParseURL's form: mysql://user:password@host:port/dbname?params);
 //   - sqlite:PATH, sqlite://PATH, file:PATH, file://PATH or a plain PATH:
 //     SQLite, the file at PATH. SQLite URLs take no query parameters: idem
 //     sets its own (WAL, busy timeout, BEGIN IMMEDIATE).
 //
-// It returns "postgres" or "sqlite" and the URL or path.
+// It returns "postgres", "mysql" or "sqlite" and the URL or path.
 func parseDatabaseURL(s string) (kind, target string, err error) {
 	switch {
 	case s == "":
 		return "sqlite", DefaultSQLitePath, nil
 	case strings.HasPrefix(s, "postgres://"), strings.HasPrefix(s, "postgresql://"):
 		return "postgres", s, nil
+	case strings.HasPrefix(s, "mysql://"), strings.HasPrefix(s, "mariadb://"):
+		return "mysql", s, nil
 	}
 	path := s
 	for _, prefix := range []string{"sqlite:", "file:"} {
@@ -122,7 +149,7 @@ func parseDatabaseURL(s string) (kind, target string, err error) {
 		}
 	}
 	if i := strings.Index(s, "://"); i > 0 && path == s {
-		return "", "", fmt.Errorf("unsupported database URL scheme %q: use postgres://, postgresql://, sqlite:, file: or a file path", s[:i])
+		return "", "", fmt.Errorf("unsupported database URL scheme %q: use postgres://, postgresql://, mysql://, mariadb://, sqlite:, file: or a file path", s[:i])
 	}
 	// idemsqlite.Open puts the path in a file: URI unescaped, so these
 	// characters would open another file.

@@ -91,18 +91,43 @@ func (s *postgresStore) Migrate(ctx context.Context) error {
 	return nil
 }
 
-func (s *postgresStore) CreatePayment(ctx context.Context, p NewPayment) (Payment, error) {
+func (s *postgresStore) CreatePayment(ctx context.Context, p NewPayment, mode WriteMode) (Payment, error) {
+	if mode == WriteSeparate {
+		tx, err := s.pool.Begin(ctx)
+		if err != nil {
+			return Payment{}, err
+		}
+		defer tx.Rollback(ctx)
+		got, err := insertPostgresPayment(ctx, tx, p)
+		if err != nil {
+			return Payment{}, err
+		}
+		return got, tx.Commit(ctx)
+	}
 	tx, err := idempgx.Tx(ctx)
 	if err != nil {
 		return Payment{}, err
 	}
+	return insertPostgresPayment(ctx, tx, p)
+}
+
+// insertPostgresPayment writes p and its ledger entry in tx, unless a payment
+// already records p's charge: then it returns that payment and writes nothing.
+func insertPostgresPayment(ctx context.Context, tx pgx.Tx, p NewPayment) (Payment, error) {
 	var createdAt time.Time
-	err = tx.QueryRow(ctx, `INSERT INTO payments
+	err := tx.QueryRow(ctx, `INSERT INTO payments
 		(id, merchant, amount, currency, customer, description, status, provider_charge_id)
 		VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7, $8)
+		ON CONFLICT (provider_charge_id) DO NOTHING
 		RETURNING created_at`,
 		p.ID, p.Merchant, p.Amount, p.Currency, p.Customer, p.Description, p.Status, p.ProviderChargeID,
 	).Scan(&createdAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Another execution recorded this charge (READ COMMITTED: the
+		// statement below sees its committed row).
+		return scanPostgresPayment(tx.QueryRow(ctx,
+			`SELECT `+postgresPaymentColumns+` FROM payments WHERE provider_charge_id = $1`, p.ProviderChargeID))
+	}
 	if err != nil {
 		return Payment{}, fmt.Errorf("insert payment: %w", err)
 	}

@@ -60,18 +60,42 @@ func (s *sqliteStore) Migrate(ctx context.Context) error {
 // sqliteNow is SQLite's clock in integer microseconds.
 const sqliteNow = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
 
-func (s *sqliteStore) CreatePayment(ctx context.Context, p NewPayment) (Payment, error) {
+func (s *sqliteStore) CreatePayment(ctx context.Context, p NewPayment, mode WriteMode) (Payment, error) {
+	if mode == WriteSeparate {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return Payment{}, err
+		}
+		defer tx.Rollback()
+		got, err := insertSQLitePayment(ctx, tx, p)
+		if err != nil {
+			return Payment{}, err
+		}
+		return got, tx.Commit()
+	}
 	tx, err := idemsqlite.Tx(ctx)
 	if err != nil {
 		return Payment{}, err
 	}
+	return insertSQLitePayment(ctx, tx, p)
+}
+
+// insertSQLitePayment writes p and its ledger entry in tx, unless a payment
+// already records p's charge: then it returns that payment and writes nothing.
+func insertSQLitePayment(ctx context.Context, tx *sql.Tx, p NewPayment) (Payment, error) {
 	var createdAt int64
-	err = tx.QueryRowContext(ctx, `INSERT INTO payments
+	err := tx.QueryRowContext(ctx, `INSERT INTO payments
 		(id, merchant, amount, currency, customer, description, status, provider_charge_id, created_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, `+sqliteNow+`)
+		ON CONFLICT (provider_charge_id) DO NOTHING
 		RETURNING created_at`,
 		p.ID, p.Merchant, p.Amount, p.Currency, p.Customer, nullString(p.Description), p.Status, p.ProviderChargeID,
 	).Scan(&createdAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		// Another execution recorded this charge.
+		return scanSQLitePayment(tx.QueryRowContext(ctx,
+			`SELECT `+sqlitePaymentColumns+` FROM payments WHERE provider_charge_id = ?`, p.ProviderChargeID))
+	}
 	if err != nil {
 		return Payment{}, fmt.Errorf("insert payment: %w", err)
 	}

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemgo/idem"
+)
+
+// healthTimeout bounds the database ping of GET /healthz.
+const healthTimeout = 2 * time.Second
+
+// handlerConfig is what newHandler wires together.
+type handlerConfig struct {
+	Store  Store
+	Logger *slog.Logger
+	// Lease is idem's LeaseDuration; zero means idem's default (30 s).
+	Lease time.Duration
+	// Latency is how long each charge takes before it is made.
+	Latency time.Duration
+	// FailRate is the probability that a charge fails with 503 without
+	// charging (recorded FAILED by idem: a retry with the key runs again).
+	FailRate float64
+	// TimeoutRate is the probability that a new charge, once made and
+	// recorded, has its answer withheld for Hang (or until the client hangs
+	// up): the client's "outcome unknown". A retry with the key gets idem's
+	// replay of the charge, never withheld.
+	TimeoutRate float64
+	// Hang is how long a withheld answer is held before it is sent anyway.
+	Hang time.Duration
+	// Roll returns a number in [0, 1) for the injections; default rand.Float64.
+	Roll func() float64
+}
+
+type api struct {
+	store Store
+	log   *slog.Logger
+	cfg   handlerConfig
+}
+
+// newHandler returns fakepsp's whole HTTP handler:
+//
+//	logRequests
+//	  GET /healthz                      (no authentication)
+//	  GET /v1/charges/stats             (no authentication: a test-mode view)
+//	  everything else: authenticate -> withhold -> keepClaiming -> idem -> routes below
+//	    POST /v1/charges                (Idempotency-Key required)
+//	    GET  /v1/charges/{id}
+func newHandler(cfg handlerConfig) (http.Handler, error) {
+	if cfg.Roll == nil {
+		cfg.Roll = rand.Float64
+	}
+	mw, err := idem.New(idem.Config{
+		Store:         cfg.Store.Idem(),
+		Scope:         scopeFromMerchant,
+		LeaseDuration: cfg.Lease,
+		Logger:        cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a := &api{store: cfg.Store, log: cfg.Logger, cfg: cfg}
+
+	routes := http.NewServeMux()
+	routes.HandleFunc("POST /v1/charges", a.createCharge)
+	routes.HandleFunc("GET /v1/charges/{id}", a.getCharge)
+	routes.HandleFunc("/", notFound)
+
+	root := http.NewServeMux()
+	root.HandleFunc("GET /healthz", a.health)
+	root.HandleFunc("GET /v1/charges/stats", a.stats)
+	root.Handle("/", authenticate(a.withhold(keepClaiming(mw.Handler(routes)))))
+	return logRequests(cfg.Logger, root), nil
+}
+
+// chargeJSON is a charge as the API shows it.
+type chargeJSON struct {
+	ID          string  `json:"id"`
+	Merchant    string  `json:"merchant"`
+	Amount      int64   `json:"amount"`
+	Currency    string  `json:"currency"`
+	Customer    string  `json:"customer"`
+	Description *string `json:"description"`
+	CreatedAt   string  `json:"created_at"`
+}
+
+func toJSON(c Charge) chargeJSON {
+	j := chargeJSON{ID: c.ID, Merchant: c.Merchant, Amount: c.Amount, Currency: c.Currency, Customer: c.Customer,
+		CreatedAt: c.CreatedAt.UTC().Format(time.RFC3339Nano)}
+	if c.Description != "" {
+		j.Description = &c.Description
+	}
+	return j
+}
+
+// createCharge is POST /v1/charges, run under idem's claim: once per
+// (merchant, Idempotency-Key); its answer is recorded with the charge, in
+// the same transaction, and replayed.
+func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	merchant, _ := merchantFrom(ctx)
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		writeProblem(w, problemInvalidRequest, http.StatusBadRequest, "the request body could not be read")
+		return
+	}
+	in, err := parseChargeInput(r.Header.Get("Content-Type"), body)
+	var ie *inputError
+	switch {
+	case errors.Is(err, errUnsupportedMedia):
+		writeProblem(w, problemUnsupportedMedia, http.StatusUnsupportedMediaType, err.Error())
+		return
+	case errors.As(err, &ie) && ie.params != nil:
+		p := problem(problemInvalidRequest, http.StatusBadRequest, ie.Error())
+		p.Extra = map[string]any{"invalid-params": ie.params}
+		p.Write(w)
+		return
+	case err != nil:
+		writeProblem(w, problemInvalidRequest, http.StatusBadRequest, err.Error())
+		return
+	}
+
+	if a.cfg.Latency > 0 {
+		t := time.NewTimer(a.cfg.Latency)
+		select {
+		case <-ctx.Done(): // idem's lease was lost
+			t.Stop()
+			writeProblem(w, problemUnavailable, http.StatusServiceUnavailable, "the charge was interrupted")
+			return
+		case <-t.C:
+		}
+	}
+	if a.cfg.FailRate > 0 && a.cfg.Roll() < a.cfg.FailRate {
+		a.log.WarnContext(ctx, "fault injected: failing the charge without charging", "merchant", merchant)
+		p := problem(problemUnavailable, http.StatusServiceUnavailable, "the card network did not answer; nothing was charged; retry with the same Idempotency-Key")
+		p.RetryAfter = time.Second
+		p.Write(w)
+		return
+	}
+	c, err := a.store.CreateCharge(ctx, NewCharge{
+		ID: "ch_" + newUUID(), Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
+		Customer: in.Customer, Description: in.Description,
+	})
+	if err != nil {
+		a.log.ErrorContext(ctx, "recording the charge", "err", err)
+		p := problem(problemUnavailable, http.StatusServiceUnavailable, "the charge could not be recorded; nothing was charged; retry with the same Idempotency-Key")
+		p.RetryAfter = time.Second
+		p.Write(w)
+		return
+	}
+	exec, _ := idem.ExecutionFromContext(ctx)
+	a.log.InfoContext(ctx, "charged", "merchant", merchant, "charge", c.ID, "amount", c.Amount, "currency", c.Currency,
+		"idempotency_key", exec.Key, "attempt", exec.Attempt)
+	w.Header().Set("Location", "/v1/charges/"+c.ID)
+	writeJSON(w, http.StatusCreated, toJSON(c))
+}
+
+// getCharge is GET /v1/charges/{id}: one of the merchant's charges.
+func (a *api) getCharge(w http.ResponseWriter, r *http.Request) {
+	merchant, _ := merchantFrom(r.Context())
+	c, err := a.store.Charge(r.Context(), merchant, r.PathValue("id"))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		writeProblem(w, problemNotFound, http.StatusNotFound, fmt.Sprintf("no charge %q", r.PathValue("id")))
+	case err != nil:
+		a.log.ErrorContext(r.Context(), "reading a charge", "err", err)
+		writeProblem(w, problemInternal, http.StatusInternalServerError, "the charge could not be read")
+	default:
+		writeJSON(w, http.StatusOK, toJSON(c))
+	}
+}
+
+// stats is GET /v1/charges/stats: the distinct charges made, per merchant
+// and in total, e.g.
+// {"merchants":{"acme":{"charges":3,"amount":{"JPY":3000}}},"charges":3}.
+func (a *api) stats(w http.ResponseWriter, r *http.Request) {
+	st, err := a.store.Stats(r.Context())
+	if err != nil {
+		a.log.ErrorContext(r.Context(), "counting charges", "err", err)
+		writeProblem(w, problemInternal, http.StatusInternalServerError, "the charges could not be counted")
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// health is GET /healthz: 200 when the database answers a ping.
+func (a *api) health(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
+	defer cancel()
+	if err := a.store.Ping(ctx); err != nil {
+		writeProblem(w, problemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func notFound(w http.ResponseWriter, r *http.Request) {
+	writeProblem(w, problemNotFound, http.StatusNotFound, fmt.Sprintf("no resource at %s %s", r.Method, r.URL.Path))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		writeProblem(w, problemInternal, http.StatusInternalServerError, "the response could not be encoded")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+func newUUID() string {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return uuid.NewString()
+	}
+	return id.String()
+}

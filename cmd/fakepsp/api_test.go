@@ -1,0 +1,282 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/dbtest"
+)
+
+const chargeBody = `{"amount":1000,"currency":"jpy","customer":"cus_42","description":"Order #1"}`
+
+type testPSP struct {
+	t   *testing.T
+	url string
+}
+
+func newSQLiteStore(t *testing.T) Store {
+	t.Helper()
+	s, err := openStore(context.Background(), filepath.Join(t.TempDir(), "fakepsp.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func startPSP(t *testing.T, cfg handlerConfig) *testPSP {
+	t.Helper()
+	if cfg.Store == nil {
+		cfg.Store = newSQLiteStore(t)
+	}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	h, err := newHandler(cfg)
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &testPSP{t: t, url: srv.URL}
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (p *testPSP) do(client *http.Client, method, path, body string, headers ...string) (response, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, p.url+path, rd)
+	require.NoError(p.t, err)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return response{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return response{status: resp.StatusCode, header: resp.Header, body: b}, err
+}
+
+func (p *testPSP) charge(merchant, key, contentType, body string) response {
+	p.t.Helper()
+	r, err := p.do(http.DefaultClient, http.MethodPost, "/v1/charges", body,
+		"Authorization", "Bearer sk_test_"+merchant, "Idempotency-Key", key, "Content-Type", contentType)
+	require.NoError(p.t, err)
+	return r
+}
+
+func (p *testPSP) stats() Stats {
+	p.t.Helper()
+	r, err := p.do(http.DefaultClient, http.MethodGet, "/v1/charges/stats", "")
+	require.NoError(p.t, err)
+	require.Equal(p.t, http.StatusOK, r.status, "body: %s", r.body)
+	var st Stats
+	require.NoError(p.t, json.Unmarshal(r.body, &st))
+	return st
+}
+
+func TestChargeAndReplay(t *testing.T) {
+	t.Parallel()
+	p := startPSP(t, handlerConfig{})
+
+	first := p.charge("acme", "k-1", "application/json", chargeBody)
+	require.Equal(t, http.StatusCreated, first.status, "body: %s", first.body)
+	var c chargeJSON
+	require.NoError(t, json.Unmarshal(first.body, &c))
+	require.True(t, strings.HasPrefix(c.ID, "ch_"), c.ID)
+	require.Equal(t, "/v1/charges/"+c.ID, first.header.Get("Location"))
+	require.Equal(t, chargeJSON{ID: c.ID, Merchant: "acme", Amount: 1000, Currency: "JPY", Customer: "cus_42",
+		Description: c.Description, CreatedAt: c.CreatedAt}, c)
+	require.Equal(t, "Order #1", *c.Description)
+
+	// The same key: idem's replay, byte for byte; no second charge.
+	again := p.charge("acme", "k-1", "application/json", `{"customer":"cus_42","amount":1000,"description":"Order #1","currency":"jpy"}`)
+	require.Equal(t, http.StatusCreated, again.status)
+	require.Equal(t, "true", again.header.Get(idem.HeaderReplayed))
+	require.Equal(t, first.body, again.body)
+
+	// A form body; another merchant with the same key is another charge.
+	form := p.charge("acme", "k-2", "application/x-www-form-urlencoded", "amount=500&currency=usd&customer=cus_7")
+	require.Equal(t, http.StatusCreated, form.status, "body: %s", form.body)
+	require.Contains(t, string(form.body), `"description":null`)
+	other := p.charge("globex", "k-1", "application/json", chargeBody)
+	require.Equal(t, http.StatusCreated, other.status)
+	require.Empty(t, other.header.Get(idem.HeaderReplayed))
+
+	st := p.stats()
+	require.EqualValues(t, 3, st.Charges)
+	require.Equal(t, &MerchantStats{Charges: 2, Amount: map[string]int64{"JPY": 1000, "USD": 500}}, st.Merchants["acme"])
+	require.Equal(t, &MerchantStats{Charges: 1, Amount: map[string]int64{"JPY": 1000}}, st.Merchants["globex"])
+
+	// The merchant reads its charge; another merchant does not find it.
+	r, err := p.do(http.DefaultClient, http.MethodGet, "/v1/charges/"+c.ID, "", "Authorization", "Bearer sk_test_acme")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, r.status)
+	require.JSONEq(t, string(first.body), string(r.body))
+	r, err = p.do(http.DefaultClient, http.MethodGet, "/v1/charges/"+c.ID, "", "Authorization", "Bearer sk_test_globex")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusNotFound, r.status)
+
+	// The same key with another body: idem's 422; nothing charged.
+	reused := p.charge("acme", "k-1", "application/json", `{"amount":1,"currency":"JPY","customer":"x"}`)
+	require.Equal(t, http.StatusUnprocessableEntity, reused.status)
+	require.EqualValues(t, 3, p.stats().Charges)
+}
+
+func TestChargeRequirements(t *testing.T) {
+	t.Parallel()
+	p := startPSP(t, handlerConfig{})
+
+	r, err := p.do(http.DefaultClient, http.MethodPost, "/v1/charges", chargeBody,
+		"Authorization", "Bearer sk_test_acme", "Content-Type", "application/json")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, r.status, "Idempotency-Key is required")
+	require.Contains(t, string(r.body), idem.ProblemTypeBase+"missing-key")
+
+	for _, authz := range []string{"", "Basic x", "Bearer sk_live_acme", "Bearer sk_test_", "Bearer sk_test_a.b"} {
+		headers := []string{"Idempotency-Key", "k", "Content-Type", "application/json"}
+		if authz != "" {
+			headers = append(headers, "Authorization", authz)
+		}
+		r, err := p.do(http.DefaultClient, http.MethodPost, "/v1/charges", chargeBody, headers...)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusUnauthorized, r.status, "%q", authz)
+	}
+
+	n := 0
+	for body, field := range map[string]string{
+		`{"amount":12.5,"currency":"JPY","customer":"c"}`:                 "amount",
+		`{"amount":"100","currency":"JPY","customer":"c"}`:                "amount",
+		`{"amount":0,"currency":"JPY","customer":"c"}`:                    "amount",
+		`{"amount":1,"currency":"JPYY","customer":"c"}`:                   "currency",
+		`{"amount":1,"currency":"JPY","customer":""}`:                     "customer",
+		`{"amount":1,"currency":"JPY","customer":5}`:                      "customer",
+		`{"amount":1,"currency":"JPY","customer":"c","tip":1}`:            "tip",
+		`{"amount":1,"currency":"JPY"}`:                                   "customer",
+		`{"amount":1,"currency":"JPY","customer":"c","description":true}`: "description",
+	} {
+		n++
+		r := p.charge("acme", "v-"+strconv.Itoa(n), "application/json", body)
+		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", body, r.body)
+		require.Contains(t, string(r.body), `"name":"`+field+`"`, body)
+	}
+	r = p.charge("acme", "media", "text/plain", chargeBody)
+	require.Equal(t, http.StatusUnsupportedMediaType, r.status)
+	require.EqualValues(t, 0, p.stats().Charges)
+}
+
+// sequence returns a Roll function answering rolls in order, then 0.99.
+func sequence(rolls ...float64) func() float64 {
+	var mu sync.Mutex
+	return func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(rolls) == 0 {
+			return 0.99
+		}
+		r := rolls[0]
+		rolls = rolls[1:]
+		return r
+	}
+}
+
+func TestFailRate(t *testing.T) {
+	t.Parallel()
+	p := startPSP(t, handlerConfig{FailRate: 0.5, Roll: sequence(0.1)})
+	r := p.charge("acme", "f-1", "application/json", chargeBody)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "body: %s", r.body)
+	require.Equal(t, "1", r.header.Get("Retry-After"))
+	require.EqualValues(t, 0, p.stats().Charges, "nothing charged")
+
+	// idem recorded FAILED: the same key runs again, and charges.
+	r = p.charge("acme", "f-1", "application/json", chargeBody)
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+	require.Empty(t, r.header.Get(idem.HeaderReplayed))
+	require.EqualValues(t, 1, p.stats().Charges)
+}
+
+// TestTimeoutRate: the charge is made and recorded, its answer withheld
+// past the client's timeout; the retry with the same key gets the replay.
+func TestTimeoutRate(t *testing.T) {
+	t.Parallel()
+	p := startPSP(t, handlerConfig{TimeoutRate: 1, Hang: time.Minute})
+	client := &http.Client{Timeout: 300 * time.Millisecond}
+	headers := []string{"Authorization", "Bearer sk_test_acme", "Idempotency-Key", "t-1", "Content-Type", "application/json"}
+	_, err := p.do(client, http.MethodPost, "/v1/charges", chargeBody, headers...)
+	require.Error(t, err, "the answer is withheld past the client's timeout")
+	require.EqualValues(t, 1, p.stats().Charges, "yet the charge was made")
+
+	r, err := p.do(client, http.MethodPost, "/v1/charges", chargeBody, headers...)
+	require.NoError(t, err, "a replay is never withheld")
+	require.Equal(t, http.StatusCreated, r.status)
+	require.Equal(t, "true", r.header.Get(idem.HeaderReplayed))
+	require.EqualValues(t, 1, p.stats().Charges)
+
+	// Once --hang is over, a withheld answer is sent after all.
+	late := startPSP(t, handlerConfig{TimeoutRate: 1, Hang: 100 * time.Millisecond})
+	r, err = late.do(http.DefaultClient, http.MethodPost, "/v1/charges", chargeBody, headers...)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, r.status)
+}
+
+func TestLatency(t *testing.T) {
+	t.Parallel()
+	p := startPSP(t, handlerConfig{Latency: 300 * time.Millisecond})
+	const racers = 5
+	answers := make(chan response, racers)
+	for range racers {
+		go func() { answers <- p.charge("acme", "l-1", "application/json", chargeBody) }()
+	}
+	var fresh, inFlight int
+	for range racers {
+		r := <-answers
+		switch {
+		case r.status == http.StatusCreated && r.header.Get(idem.HeaderReplayed) == "":
+			fresh++
+		case r.status == http.StatusConflict:
+			inFlight++
+		default:
+			require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+		}
+	}
+	require.Equal(t, 1, fresh)
+	require.Positive(t, inFlight, "while a charge takes its latency, its key is idem's 409")
+	require.EqualValues(t, 1, p.stats().Charges)
+}
+
+func TestPostgres(t *testing.T) {
+	t.Parallel()
+	url, _ := dbtest.PostgresURL(t)
+	store, err := openStore(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	p := startPSP(t, handlerConfig{Store: store, TimeoutRate: 0.5, Hang: time.Minute, Roll: sequence(0.1)})
+
+	client := &http.Client{Timeout: 300 * time.Millisecond}
+	headers := []string{"Authorization", "Bearer sk_test_acme", "Idempotency-Key", "pg-1", "Content-Type", "application/json"}
+	_, err = p.do(client, http.MethodPost, "/v1/charges", chargeBody, headers...)
+	require.Error(t, err)
+	r, err := p.do(client, http.MethodPost, "/v1/charges", chargeBody, headers...)
+	require.NoError(t, err)
+	require.Equal(t, "true", r.header.Get(idem.HeaderReplayed))
+	require.Equal(t, http.StatusCreated, p.charge("acme", "pg-2", "application/x-www-form-urlencoded", "amount=7&currency=EUR&customer=c").status)
+	st := p.stats()
+	require.EqualValues(t, 2, st.Charges)
+	require.Equal(t, map[string]int64{"JPY": 1000, "EUR": 7}, st.Merchants["acme"].Amount)
+}

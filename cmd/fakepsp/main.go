@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "fakepsp:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the command-line flags.
+type options struct {
+	addr            string
+	databaseURL     string
+	lease           time.Duration
+	latency         time.Duration
+	failRate        float64
+	timeoutRate     float64
+	hang            time.Duration
+	shutdownTimeout time.Duration
+	logFormat       string
+}
+
+func parseFlags(args []string, output io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("fakepsp", flag.ContinueOnError)
+	fs.SetOutput(output)
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8090", "address to listen on")
+	fs.StringVar(&o.databaseURL, "database-url", "",
+		"database: postgres://... or postgresql://... for PostgreSQL; sqlite:PATH, file:PATH or a PATH for SQLite (default: SQLite file "+DefaultSQLitePath+" in the working directory)")
+	fs.DurationVar(&o.lease, "lease", 30*time.Second, "idem lease of a charge's Idempotency-Key (at least 1s)")
+	fs.DurationVar(&o.latency, "latency", 0, "how long each charge takes before it is made")
+	fs.Float64Var(&o.failRate, "fail-rate", 0, "fault injection: probability (0 to 1) that a charge answers 503 without charging")
+	fs.Float64Var(&o.timeoutRate, "timeout-rate", 0, "fault injection: probability (0 to 1) that a new charge is made and recorded, then its answer withheld for --hang or until the client hangs up")
+	fs.DurationVar(&o.hang, "hang", time.Minute, "how long a withheld answer (--timeout-rate) is held before it is sent anyway")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long to wait for in-flight requests on SIGINT/SIGTERM")
+	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	case o.logFormat != "json" && o.logFormat != "text":
+		return o, fmt.Errorf("--log-format must be json or text, not %q", o.logFormat)
+	case o.lease < time.Second:
+		return o, errors.New("--lease must be at least 1s")
+	case o.latency < 0 || o.hang < 0:
+		return o, errors.New("--latency and --hang must not be negative")
+	case !(o.failRate >= 0 && o.failRate <= 1) || !(o.timeoutRate >= 0 && o.timeoutRate <= 1):
+		return o, errors.New("--fail-rate and --timeout-rate must be probabilities from 0 to 1")
+	}
+	return o, nil
+}
+
+// run starts the provider and blocks until ctx is done or SIGINT/SIGTERM
+// arrives, then shuts down: stop accepting, wait for in-flight requests (at
+// most --shutdown-timeout), close the database.
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var h slog.Handler = slog.NewJSONHandler(stderr, nil)
+	if o.logFormat == "text" {
+		h = slog.NewTextHandler(stderr, nil)
+	}
+	log := slog.New(h)
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	store, err := openStore(ctx, o.databaseURL)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := store.Close(); err != nil {
+			log.Warn("closing the database", "err", err)
+		}
+		log.Info("database closed")
+	}()
+
+	handler, err := newHandler(handlerConfig{
+		Store: store, Logger: log, Lease: o.lease, Latency: o.latency,
+		FailRate: o.failRate, TimeoutRate: o.timeoutRate, Hang: o.hang,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(h, slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.Info("listening", "addr", ln.Addr().String(), "database", describeDatabase(o.databaseURL),
+		"lease", o.lease.String(), "latency", o.latency.String(),
+		"fail_rate", o.failRate, "timeout_rate", o.timeoutRate, "hang", o.hang.String())
+
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	stop()
+	log.Info("shutting down", "timeout", o.shutdownTimeout.String())
+	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("shutdown timed out; closing connections", "err", err)
+		_ = srv.Close()
+	}
+	return nil
+}
+
+// describeDatabase names the database for the log, without credentials.
+func describeDatabase(databaseURL string) string {
+	kind, target, err := parseDatabaseURL(databaseURL)
+	if err != nil {
+		return "?"
+	}
+	if kind == "postgres" {
+		if u, err := url.Parse(target); err == nil {
+			return u.Redacted()
+		}
+		return "postgres"
+	}
+	return "sqlite:" + target
+}

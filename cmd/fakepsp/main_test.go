@@ -1,0 +1,119 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseFlags(t *testing.T) {
+	t.Parallel()
+	o, err := parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, options{addr: "127.0.0.1:8090", lease: 30 * time.Second, hang: time.Minute,
+		shutdownTimeout: 15 * time.Second, logFormat: "json"}, o)
+	o, err = parseFlags([]string{"--latency", "20ms", "--fail-rate", "0.1", "--timeout-rate", "1", "--hang", "5s", "--lease", "2s"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 20*time.Millisecond, o.latency)
+	require.Equal(t, 0.1, o.failRate)
+	require.Equal(t, 1.0, o.timeoutRate)
+	require.Equal(t, 5*time.Second, o.hang)
+	require.Equal(t, 2*time.Second, o.lease)
+	for _, bad := range [][]string{{"--fail-rate", "2"}, {"--timeout-rate", "-1"}, {"--lease", "10ms"}, {"--latency", "-1s"}, {"x"}} {
+		_, err := parseFlags(bad, io.Discard)
+		require.Error(t, err, "%v", bad)
+	}
+}
+
+func TestParseDatabaseURL(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string][2]string{
+		"":                    {"sqlite", "fakepsp.db"},
+		"x.db":                {"sqlite", "x.db"},
+		"sqlite:///tmp/x.db":  {"sqlite", "/tmp/x.db"},
+		"file:x.db":           {"sqlite", "x.db"},
+		"postgres://u@h/db":   {"postgres", "postgres://u@h/db"},
+		"postgresql://u@h/db": {"postgres", "postgresql://u@h/db"},
+	} {
+		kind, target, err := parseDatabaseURL(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, [2]string{kind, target}, in)
+	}
+	for _, bad := range []string{"mysql://h/db", "sqlite:", "x.db?mode=ro"} {
+		_, _, err := parseDatabaseURL(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestRunServesAndShutsDown(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--addr", addr, "--database-url", filepath.Join(t.TempDir(), "f.db")}, &logs)
+	}()
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 10*time.Second, 20*time.Millisecond)
+
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/charges", strings.NewReader(chargeBody))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer sk_test_acme")
+	req.Header.Set("Idempotency-Key", "run-1")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("run did not return after its context was cancelled")
+	}
+	out := logs.String()
+	require.Contains(t, out, `"msg":"charged"`)
+	require.Contains(t, out, `"idempotency_key":"run-1"`)
+	require.Contains(t, out, `"msg":"database closed"`)
+	require.NotContains(t, out, "sk_test_")
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// SchemaVersionTable records fakepsp's own migrations, beside idem's
+// idem_schema_version.
+const SchemaVersionTable = "fakepsp_schema_version"
+
+// DefaultSQLitePath is the database file used when --database-url is empty.
+const DefaultSQLitePath = "fakepsp.db"
+
+// ErrNotFound is returned by Store.Charge when the merchant has no charge
+// with that id.
+var ErrNotFound = errors.New("charge not found")
+
+// NewCharge is a validated charge about to be written.
+type NewCharge struct {
+	ID          string // ch_<uuid>
+	Merchant    string
+	Amount      int64
+	Currency    string
+	Customer    string
+	Description string // empty when not given
+}
+
+// Charge is a stored charge.
+type Charge struct {
+	NewCharge
+	CreatedAt time.Time // database clock, UTC
+}
+
+// MerchantStats counts one merchant's charges.
+type MerchantStats struct {
+	Charges int64            `json:"charges"`
+	Amount  map[string]int64 `json:"amount"` // currency -> sum, minor units
+}
+
+// Stats counts the distinct charges made, per merchant and in total: a
+// replayed charge is not a new one.
+type Stats struct {
+	Merchants map[string]*MerchantStats `json:"merchants"`
+	Charges   int64                     `json:"charges"`
+}
+
+// Store is fakepsp's storage: the charges table next to idem's idem_keys in
+// the same database (sqliteStore, postgresStore).
+type Store interface {
+	// Idem returns the idempotency driver on the same database.
+	Idem() idem.Store
+	// Migrate applies idem's migrations, then fakepsp's. Safe on every start.
+	Migrate(ctx context.Context) error
+	// CreateCharge writes the charge in the claim's transaction (taken from
+	// ctx): it commits together with idem's record of the response, so a
+	// charge exists if and only if its key replays it.
+	CreateCharge(ctx context.Context, c NewCharge) (Charge, error)
+	// Charge returns the merchant's charge id, or ErrNotFound.
+	Charge(ctx context.Context, merchant, id string) (Charge, error)
+	// Stats counts the charges.
+	Stats(ctx context.Context) (Stats, error)
+	// Ping checks that the database answers.
+	Ping(ctx context.Context) error
+	// Close closes the database.
+	Close() error
+}
+
+// openStore opens the database named by databaseURL (see parseDatabaseURL)
+// and migrates it.
+func openStore(ctx context.Context, databaseURL string) (Store, error) {
+	kind, target, err := parseDatabaseURL(databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	var s Store
+	switch kind {
+	case "postgres":
+		s, err = openPostgres(ctx, target)
+	default:
+		s, err = openSQLite(ctx, target)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Migrate(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// parseDatabaseURL tells which database a --database-url names, as
+// paymentsd does: empty is the SQLite file DefaultSQLitePath;
+// postgres://... or postgresql://... is PostgreSQL (pgxpool syntax,
+// search_path=... picks the schema); sqlite:PATH, file:PATH or a plain PATH
+// is an SQLite file. It returns "postgres" or "sqlite" and the URL or path.
+func parseDatabaseURL(s string) (kind, target string, err error) {
+	switch {
+	case s == "":
+		return "sqlite", DefaultSQLitePath, nil
+	case strings.HasPrefix(s, "postgres://"), strings.HasPrefix(s, "postgresql://"):
+		return "postgres", s, nil
+	}
+	path := s
+	for _, prefix := range []string{"sqlite:", "file:"} {
+		if rest, ok := strings.CutPrefix(s, prefix); ok {
+			path = strings.TrimPrefix(rest, "//")
+			break
+		}
+	}
+	if i := strings.Index(s, "://"); i > 0 && path == s {
+		return "", "", fmt.Errorf("unsupported database URL scheme %q: use postgres://, postgresql://, sqlite:, file: or a file path", s[:i])
+	}
+	if strings.ContainsAny(path, "?#%") {
+		return "", "", fmt.Errorf("SQLite database %q: query parameters, and '?', '#' or '%%' in the path, are not supported", s)
+	}
+	if path == "" {
+		return "", "", fmt.Errorf("SQLite database URL %q names no file", s)
+	}
+	return "sqlite", path, nil
+}
+
+// addStat adds count charges of amount in currency to merchant's stats.
+func (s *Stats) addStat(merchant, currency string, count, amount int64) {
+	m := s.Merchants[merchant]
+	if m == nil {
+		m = &MerchantStats{Amount: map[string]int64{}}
+		s.Merchants[merchant] = m
+	}
+	m.Charges += count
+	m.Amount[currency] += amount
+	s.Charges += count
+}

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// Crash points of a POST /v1/payments, in the order a request passes them.
+// The flag --crash-<point> P makes the process kill itself (SIGKILL: no
+// deferred function runs, no connection is closed cleanly, no transaction is
+// committed or rolled back by the process) with probability P when a request
+// reaches the point. docs/crash-semantics.md says what the client and the
+// ledger see for each, and names the tests.
+const (
+	// crashBeforeClaim: the request arrived, idem has not claimed its key.
+	crashBeforeClaim = "before-claim"
+	// crashBeforeCharge: the key is claimed (PROCESSING), the provider not called.
+	crashBeforeCharge = "before-charge"
+	// crashAfterCharge: the provider charged; nothing is written yet.
+	crashAfterCharge = "after-charge"
+	// crashAfterWrite: the payment and ledger rows are written: not committed
+	// in --write-mode claim (they ride in the claim's transaction), committed
+	// in --write-mode separate (idem has not recorded the outcome yet).
+	crashAfterWrite = "after-write"
+	// crashAfterCommit: idem recorded the outcome (and, in claim mode,
+	// committed the rows with it); the response has not left.
+	crashAfterCommit = "after-commit"
+	// crashOnReplay: a replay of a recorded response is about to be sent.
+	crashOnReplay = "on-replay"
+)
+
+// crashPoints lists the crash points in request order.
+var crashPoints = []string{crashBeforeClaim, crashBeforeCharge, crashAfterCharge, crashAfterWrite, crashAfterCommit, crashOnReplay}
+
+// faults injects the crashes and stalls of the fault-injection flags. The
+// zero value (and nil) injects nothing.
+type faults struct {
+	// crash maps a crash point to the probability of crashing there.
+	crash map[string]float64
+	// stallAfterCharge is --stall-after-charge.
+	stallAfterCharge time.Duration
+	log              *slog.Logger
+	// roll returns a number in [0, 1); default rand.Float64.
+	roll func() float64
+	// kill ends the process; default killProcess (SIGKILL to itself).
+	kill func()
+
+	// frozenUntil is the end of the current stall (Unix nanoseconds): until
+	// then the process renews no lease, as a paused process would not.
+	frozenUntil atomic.Int64
+}
+
+// enabled reports whether any fault is configured.
+func (f *faults) enabled() bool {
+	if f == nil {
+		return false
+	}
+	for _, p := range f.crash {
+		if p > 0 {
+			return true
+		}
+	}
+	return f.stallAfterCharge > 0
+}
+
+// maybeCrash kills the process with the probability configured for point.
+func (f *faults) maybeCrash(ctx context.Context, point string, attrs ...any) {
+	if f == nil || f.crash[point] <= 0 {
+		return
+	}
+	roll := rand.Float64
+	if f.roll != nil {
+		roll = f.roll
+	}
+	if roll() >= f.crash[point] {
+		return
+	}
+	if e, ok := idem.ExecutionFromContext(ctx); ok {
+		attrs = append(attrs, "merchant", e.Scope, "idempotency_key", e.Key, "fencing_token", e.FencingToken)
+	}
+	// Written synchronously to stderr before the process dies.
+	f.log.ErrorContext(ctx, "fault injected: crashing now (SIGKILL)", append([]any{"point", point}, attrs...)...)
+	kill := killProcess
+	if f.kill != nil {
+		kill = f.kill
+	}
+	kill()
+}
+
+// stall plays a process that stops for --stall-after-charge (a long GC
+// pause, a frozen VM, SIGSTOP) and then resumes as if nothing happened: it
+// sleeps without watching ctx, and for as long the process renews no lease
+// (see stallingStore), so the lease can run out and another worker can take
+// the key over. The caller then goes on to write, and idem's fencing decides.
+func (f *faults) stall(ctx context.Context) {
+	if f == nil || f.stallAfterCharge <= 0 {
+		return
+	}
+	until := time.Now().Add(f.stallAfterCharge)
+	f.frozenUntil.Store(until.UnixNano())
+	attrs := []any{"for", f.stallAfterCharge.String()}
+	if e, ok := idem.ExecutionFromContext(ctx); ok {
+		attrs = append(attrs, "merchant", e.Scope, "idempotency_key", e.Key, "fencing_token", e.FencingToken)
+	}
+	f.log.WarnContext(ctx, "fault injected: stalling after the charge, renewing no lease", attrs...)
+	time.Sleep(time.Until(until))
+	f.log.WarnContext(ctx, "fault injected: stall over; resuming", attrs...)
+}
+
+// waitUnfrozen blocks while a stall is in progress, ignoring every context
+// (a stopped process does not notice cancellations either).
+func (f *faults) waitUnfrozen() {
+	for {
+		d := time.Until(time.Unix(0, f.frozenUntil.Load()))
+		if d <= 0 {
+			return
+		}
+		time.Sleep(d)
+	}
+}
+
+// stallingStore is idem's store with lease renewals that wait out a stall
+// (faults.stall): the whole process is paused, the heartbeat included, as a
+// real pause would. Without it, idem's heartbeat would keep renewing the
+// lease of a stalled handler, and no other worker could ever take over.
+type stallingStore struct {
+	idem.Store
+	faults *faults
+}
+
+// Heartbeat waits for the stall to end, then renews with the time budget the
+// core gave it: as if the renewal had started after the pause.
+func (s *stallingStore) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	budget := time.Duration(-1)
+	if d, ok := ctx.Deadline(); ok {
+		budget = time.Until(d)
+	}
+	if time.Until(time.Unix(0, s.faults.frozenUntil.Load())) > 0 {
+		s.faults.waitUnfrozen()
+		if budget > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), budget)
+			defer cancel()
+		}
+	}
+	return s.Store.Heartbeat(ctx, p)
+}
+
+// wrap returns next with the crash points that surround idem: before-claim
+// (on arrival), after-commit and on-replay (when idem starts to send a
+// response it recorded, or a replay). Only POST /v1/payments is affected.
+func (f *faults) wrap(next http.Handler) http.Handler {
+	if f == nil || f.crash[crashBeforeClaim] <= 0 && f.crash[crashAfterCommit] <= 0 && f.crash[crashOnReplay] <= 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/payments" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		key := r.Header.Get(idem.HeaderKey)
+		merchant, _ := merchantFrom(r.Context())
+		f.maybeCrash(r.Context(), crashBeforeClaim, "merchant", merchant, "idempotency_key", key)
+		next.ServeHTTP(&crashWriter{ResponseWriter: w, f: f, r: r, key: key, merchant: merchant}, r)
+	})
+}
+
+// crashWriter crashes when idem starts a response: a replay (on-replay), or
+// a fresh 2xx, which idem sends only once its outcome is recorded
+// (after-commit). Nothing has been written to the connection yet.
+type crashWriter struct {
+	http.ResponseWriter
+	f             *faults
+	r             *http.Request
+	key, merchant string
+	started       bool
+}
+
+func (c *crashWriter) start(status int) {
+	if c.started {
+		return
+	}
+	c.started = true
+	attrs := []any{"merchant", c.merchant, "idempotency_key", c.key, "status", status}
+	switch {
+	case c.Header().Get(idem.HeaderReplayed) == "true":
+		c.f.maybeCrash(c.r.Context(), crashOnReplay, attrs...)
+	case status >= 200 && status < 300:
+		c.f.maybeCrash(c.r.Context(), crashAfterCommit, attrs...)
+	}
+}
+
+func (c *crashWriter) WriteHeader(status int) {
+	c.start(status)
+	c.ResponseWriter.WriteHeader(status)
+}
+
+func (c *crashWriter) Write(b []byte) (int, error) {
+	c.start(http.StatusOK)
+	return c.ResponseWriter.Write(b)
+}
+
+// Unwrap keeps http.ResponseController working through the wrapper.
+func (c *crashWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// parseRate reads a probability from 0 to 1.
+func parseRate(name string, p float64) error {
+	if p < 0 || p > 1 || p != p {
+		return fmt.Errorf("--%s must be a probability from 0 to 1, not %v", name, p)
+	}
+	return nil
+}

@@ -1,0 +1,258 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+)
+
+// body is a payment of amount JPY.
+func body(amount int64) string {
+	return fmt.Sprintf(`{"amount":%d,"currency":"JPY","customer":"cus_42"}`, amount)
+}
+
+// TestCrashAfterChargeTakeover: paymentsd dies (SIGKILL) after the provider
+// charged and before the payment was written. Restarted, it answers a retry
+// 409 while the dead owner's lease runs, then takes the key over; the
+// provider recognizes the relayed key and returns the original charge: one
+// charge, one payment, one ledger entry.
+func TestCrashAfterChargeTakeover(t *testing.T) {
+	t.Parallel()
+	forEachTarget(t, func(t *testing.T, tgt target) {
+		const (
+			merchant = "acme"
+			key      = "order-crash-1"
+			amount   = 1000
+			lease    = 3 // seconds
+		)
+		w := newWorld(t, tgt)
+		db := tgt.newDB(t)
+		ins := inspect(t, db)
+		pd := w.paymentsd("paymentsd", db, "--lease", fmt.Sprintf("%ds", lease), "--crash-after-charge", "1")
+
+		r, err := pay(context.Background(), pd.url(), merchant, key, body(amount))
+		requireNoAnswer(t, r, err)
+		requireCrashed(t, pd, "after-charge")
+
+		// The provider charged; the ledger holds nothing; the key is still
+		// PROCESSING under the dead process's lease.
+		require.EqualValues(t, 1, chargesOf(t, w.psp, merchant))
+		require.Empty(t, ins.ledger(t, merchant))
+		rec := ins.record(t, merchant, key)
+		require.Equal(t, record{found: true, state: "PROCESSING", fencingToken: 1, attempts: 1}, rec)
+
+		pd.restart(w.paymentsdArgs(db, "--lease", fmt.Sprintf("%ds", lease))...)
+		first, err := pay(context.Background(), pd.url(), merchant, key, body(amount))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusConflict, first.status, "a retry before the lease ends: %s", first)
+		require.Equal(t, idem.ProblemTypeBase+"request-in-flight", first.problemType())
+		require.GreaterOrEqual(t, first.retryAfter(), 1)
+		require.LessOrEqual(t, first.retryAfter(), lease, "Retry-After is at most the lease left")
+
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		attempts, err := payUntilDone(ctx, pd.url(), merchant, key, body(amount))
+		require.NoError(t, err)
+		for _, a := range attempts[:len(attempts)-1] {
+			require.NoError(t, a.err)
+			require.Equal(t, http.StatusConflict, a.resp.status, "only 409s until the takeover: %s", a.resp)
+			require.LessOrEqual(t, a.resp.retryAfter(), lease)
+		}
+		done := attempts[len(attempts)-1].resp
+		require.False(t, done.replayed(), "the takeover ran the handler again")
+
+		// Both executions relayed the same key, derived by idem from
+		// (merchant, key, "charge") with the relay secret; the provider
+		// replayed its charge to the second.
+		require.Equal(t, []pspRequest{{201, false}, {201, true}}, pspRequests(t, w.psp, relayKey(merchant, key), 2))
+		w.requireOneCharge(pd, ins, merchant, amount)
+		require.Equal(t, record{found: true, state: "SUCCEEDED", fencingToken: 2, attempts: 2}, ins.record(t, merchant, key))
+
+		again, err := pay(context.Background(), pd.url(), merchant, key, body(amount))
+		require.NoError(t, err)
+		require.True(t, again.replayed())
+		require.Equal(t, done.body, again.body)
+	})
+}
+
+// TestStalledOwnerFencedOut: replica A stalls after the charge for longer
+// than its lease, with its lease renewal paused (--stall-after-charge: a
+// stop-the-world pause); replica B, on the same database and provider,
+// takes the key over and records the payment. When A resumes and writes,
+// idem's fencing token refuses its completion: its caller gets 409 and its
+// writes roll back. One charge, one payment.
+func TestStalledOwnerFencedOut(t *testing.T) {
+	t.Parallel()
+	forEachTarget(t, func(t *testing.T, tgt target) {
+		const (
+			merchant = "acme"
+			key      = "order-stall-1"
+			amount   = 2000
+		)
+		w := newWorld(t, tgt)
+		db := tgt.newDB(t)
+		ins := inspect(t, db)
+		a := w.paymentsd("paymentsd-a", db, "--lease", "2s", "--stall-after-charge", "8s")
+		b := w.paymentsd("paymentsd-b", db, "--lease", "2s")
+
+		answerA := make(chan attempt, 1)
+		go func() {
+			r, err := pay(context.Background(), a.url(), merchant, key, body(amount))
+			answerA <- attempt{resp: r, err: err, at: time.Now()}
+		}()
+		require.Eventually(t, func() bool { return a.logged("fault injected: stalling after the charge, renewing no lease") == 1 },
+			30*time.Second, 10*time.Millisecond)
+
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		attempts, err := payUntilDone(ctx, b.url(), merchant, key, body(amount))
+		require.NoError(t, err)
+		done := attempts[len(attempts)-1].resp
+		require.False(t, done.replayed(), "B took the key over and ran the handler")
+		require.Greater(t, len(attempts), 1, "B waited for A's lease to run out")
+		require.Equal(t, http.StatusConflict, attempts[0].resp.status)
+		select {
+		case <-answerA:
+			t.Fatal("A answered before B had taken over: the stall was too short for this machine")
+		default:
+		}
+
+		ra := <-answerA
+		require.NoError(t, ra.err)
+		requireNotRecorded(t, a, ra.resp)
+		require.True(t, a.running(), "A is slow, not dead")
+
+		require.Equal(t, []pspRequest{{201, false}, {201, true}}, pspRequests(t, w.psp, relayKey(merchant, key), 2))
+		w.requireOneCharge(b, ins, merchant, amount)
+		require.Equal(t, record{found: true, state: "SUCCEEDED", fencingToken: 2, attempts: 2}, ins.record(t, merchant, key))
+		again, err := pay(context.Background(), a.url(), merchant, key, body(amount))
+		require.NoError(t, err)
+		require.True(t, again.replayed())
+		require.Equal(t, done.body, again.body, "the key's result is B's, on A too")
+	})
+}
+
+// TestFrozenOwnerFencedOut is the stalled owner with a real pause: replica A
+// is stopped with SIGSTOP while its charge is in flight at the provider (the
+// provider takes 1.5 s), so nothing of it runs, its heartbeat included. B
+// takes the key over once A's lease has run out and records the payment;
+// A, continued with SIGCONT, is fenced out. One charge, one payment.
+func TestFrozenOwnerFencedOut(t *testing.T) {
+	t.Parallel()
+	forEachTarget(t, func(t *testing.T, tgt target) {
+		const (
+			merchant = "acme"
+			key      = "order-frozen-1"
+			amount   = 3000
+		)
+		w := newWorld(t, tgt, "--latency", "1500ms")
+		db := tgt.newDB(t)
+		ins := inspect(t, db)
+		a := w.paymentsd("paymentsd-a", db, "--lease", "2s")
+		b := w.paymentsd("paymentsd-b", db, "--lease", "2s")
+
+		answerA := make(chan attempt, 1)
+		go func() {
+			r, err := pay(context.Background(), a.url(), merchant, key, body(amount))
+			answerA <- attempt{resp: r, err: err, at: time.Now()}
+		}()
+		// A has claimed the key: freeze it.
+		require.Eventually(t, func() bool { return ins.record(t, merchant, key).found }, 30*time.Second, 5*time.Millisecond)
+		a.signal(syscall.SIGSTOP)
+
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		attempts, err := payUntilDone(ctx, b.url(), merchant, key, body(amount))
+		require.NoError(t, err)
+		done := attempts[len(attempts)-1].resp
+		require.False(t, done.replayed(), "B took the key over")
+		require.Equal(t, http.StatusConflict, attempts[0].resp.status, "A's lease held at first: %s", attempts[0].resp)
+
+		a.signal(syscall.SIGCONT)
+		ra := <-answerA
+		require.NoError(t, ra.err)
+		requireNotRecorded(t, a, ra.resp)
+
+		w.requireOneCharge(b, ins, merchant, amount)
+		rec := ins.record(t, merchant, key)
+		require.Equal(t, "SUCCEEDED", rec.state)
+		require.GreaterOrEqual(t, rec.fencingToken, int64(2))
+		for _, r := range pspRequests(t, w.psp, relayKey(merchant, key), 1) {
+			require.Contains(t, []int{201, 409}, r.status, "every charge request carried the relayed key")
+		}
+	})
+}
+
+// requireNotRecorded checks the answer of a stalled or frozen owner whose
+// key was taken over: its outcome was not recorded. Normally that is 409
+// request-in-flight (its renewal found the lease lost, or its completion was
+// refused by the fencing token). When its first renewal after the pause
+// fails outright instead of finding the lease lost (on SQLite it waits
+// behind its own transaction's write lock; under load it can outlast its
+// lease/3 budget), idem gives up on the store and answers 503
+// store-unavailable; accepted only with idem's log line saying so. Either
+// way the caller is told to retry, and gets the new owner's result.
+func requireNotRecorded(t *testing.T, owner *proc, r response) {
+	t.Helper()
+	switch r.status {
+	case http.StatusConflict:
+		require.Equal(t, idem.ProblemTypeBase+"request-in-flight", r.problemType(), "%s", r)
+		require.Positive(t, owner.waitLogged(t, 1, "idem: lease lost")+owner.logged("idem: completion fenced out"),
+			"idem fenced %s out", owner.name)
+	case http.StatusServiceUnavailable:
+		require.Equal(t, idem.ProblemTypeBase+"store-unavailable", r.problemType(), "%s", r)
+		require.Equal(t, 1, owner.waitLogged(t, 1, "idem: lease not renewed for a whole lease; giving up"), "why %s answered 503", owner.name)
+	default:
+		t.Fatalf("%s's outcome must not be recorded: %s", owner.name, r)
+	}
+}
+
+// TestProviderTimeoutRetried: the provider charges and records, but its
+// answer never comes in time (fakepsp --timeout-rate 1). paymentsd answers
+// 504; idem records FAILED (retryable); the retry reaches the provider with
+// the same relayed key and gets the charge's replay: exactly one charge.
+func TestProviderTimeoutRetried(t *testing.T) {
+	t.Parallel()
+	forEachTarget(t, func(t *testing.T, tgt target) {
+		const (
+			merchant = "acme"
+			key      = "order-timeout-1"
+			amount   = 4000
+		)
+		w := newWorld(t, tgt, "--timeout-rate", "1", "--hang", "10m")
+		db := tgt.newDB(t)
+		ins := inspect(t, db)
+		pd := w.paymentsd("paymentsd", db, "--psp-timeout", "1s")
+
+		r, err := pay(context.Background(), pd.url(), merchant, key, body(amount))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusGatewayTimeout, r.status, "%s", r)
+		require.Equal(t, "https://github.com/idemgo/idem/blob/main/cmd/paymentsd/README.md#provider-timeout", r.problemType())
+		require.Equal(t, 1, r.retryAfter())
+
+		require.EqualValues(t, 1, chargesOf(t, w.psp, merchant), "the provider charged, though nobody heard")
+		require.Empty(t, ins.ledger(t, merchant))
+		require.Equal(t, record{found: true, state: "FAILED", fencingToken: 1, attempts: 1}, ins.record(t, merchant, key))
+
+		r, err = pay(context.Background(), pd.url(), merchant, key, body(amount))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, r.status, "%s", r)
+		require.False(t, r.replayed(), "FAILED runs again")
+
+		// The withheld first answer is logged with status 0 (the client hung
+		// up), the retry got the replay.
+		reqs := pspRequests(t, w.psp, relayKey(merchant, key), 2)
+		require.Len(t, reqs, 2)
+		require.Equal(t, pspRequest{201, true}, reqs[1])
+		require.Equal(t, 1, w.psp.waitLogged(t, 1, "fault injected: charged and recorded; withholding the answer"))
+		w.requireOneCharge(pd, ins, merchant, amount)
+		require.Equal(t, record{found: true, state: "SUCCEEDED", fencingToken: 2, attempts: 2}, ins.record(t, merchant, key))
+	})
+}
