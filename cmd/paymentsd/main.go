@@ -44,6 +44,10 @@ type options struct {
 	// crash maps each crash point to its --crash-<point> probability.
 	crash            map[string]float64
 	stallAfterCharge time.Duration
+
+	// naive replaces idem with the naive Redis cache, for comparison
+	// (naive.go).
+	naive naiveOptions
 }
 
 // parseFlags reads the command line; getenv supplies EnvRelaySecret when
@@ -68,6 +72,7 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 		fs.Float64Var(&crash[i], "crash-"+point, 0, "fault injection: probability (0 to 1) of killing the process (SIGKILL) at the crash point "+point+" of a POST /v1/payments")
 	}
 	fs.DurationVar(&o.stallAfterCharge, "stall-after-charge", 0, "fault injection: after each charge, pause the request and lease renewal for this long, then write (a slow, not dead, owner)")
+	registerNaiveFlags(fs, &o.naive)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -98,6 +103,9 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 		return o, fmt.Errorf("--write-mode must be claim or separate, not %q", o.writeMode)
 	case o.stallAfterCharge < 0:
 		return o, errors.New("--stall-after-charge must not be negative")
+	}
+	if err := o.naive.validate(); err != nil {
+		return o, err
 	}
 	if o.pspURL != "" {
 		u, err := url.Parse(o.pspURL)
@@ -149,11 +157,22 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if len(o.crash) > 0 || o.stallAfterCharge > 0 {
 		flt = &faults{crash: o.crash, stallAfterCharge: o.stallAfterCharge, log: log}
 	}
-	handler, err := newHandler(handlerConfig{
+	hcfg := handlerConfig{
 		Store: store, Provider: provider, Logger: log, Lease: o.lease,
 		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt,
-	})
-	if err != nil {
+	}
+	var handler http.Handler
+	if o.naive.enabled {
+		cache, err := openRedisCache(ctx, o.naive.url())
+		if err != nil {
+			return err
+		}
+		defer cache.Close()
+		handler, err = newNaiveHandler(hcfg, cache, o.naive.cacheTTL())
+		if err != nil {
+			return err
+		}
+	} else if handler, err = newHandler(hcfg); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", o.addr)
@@ -173,6 +192,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		"psp", psp, "lease", o.lease.String(), "write_mode", string(o.writeMode), "relay_secret", o.relaySecret != ""}
 	if flt.enabled() {
 		attrs = append(attrs, "faults", describeFaults(o))
+	}
+	if o.naive.enabled {
+		attrs = append(attrs, "mode", o.naive.describe())
 	}
 	log.Info("listening", attrs...)
 

@@ -1,0 +1,500 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Bounds of the fleet's loops.
+const (
+	healthTimeout   = 30 * time.Second // for one start to answer GET /healthz
+	startTries      = 50               // starts of one generation while its address is still taken
+	maxRestarts     = 10000            // restarts of one server in a run
+	stopGracePeriod = 15 * time.Second // SIGTERM, then SIGKILL
+)
+
+// fleet is the paymentsd processes idemstorm started, all on one database.
+type fleet struct {
+	bin     string
+	args    []string // every server's arguments but --addr
+	dir     string   // temporary directory (binary, SQLite file, logs), "" when none
+	logDir  string
+	servers []*server
+	rnd     *lockedRand
+	stderr  io.Writer
+
+	kills    atomic.Int64 // SIGKILLs sent by --chaos
+	exits    atomic.Int64 // exits not caused by idemstorm (self-inflicted crashes)
+	restarts atomic.Int64
+
+	mu   sync.Mutex
+	errs []string // restarts that failed
+}
+
+// server is one paymentsd process on a fixed address, restarted there.
+type server struct {
+	name    string
+	addr    string
+	logPath string
+
+	mu          sync.Mutex
+	cmd         *exec.Cmd
+	exited      chan struct{}
+	up          bool // answered GET /healthz and not known dead
+	killedByUs  bool // the current generation got our SIGKILL
+	stopping    bool
+	generations int
+}
+
+// healthClient checks GET /healthz.
+var healthClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+// startFleet builds (or takes) the paymentsd binary and starts o.servers
+// processes on o.databaseURL (a new SQLite file when empty; o.databaseURL
+// is set to it). cleanup stops them and removes the temporary directory,
+// keeping the logs (and the SQLite file) when failed.
+func startFleet(ctx context.Context, o *options, stderr io.Writer) (*fleet, func(failed bool), error) {
+	dir, err := os.MkdirTemp("", "idemstorm-")
+	if err != nil {
+		return nil, nil, err
+	}
+	f := &fleet{dir: dir, logDir: o.logDir, rnd: newLockedRand(uint64(time.Now().UnixNano())), stderr: stderr}
+	if f.logDir == "" {
+		f.logDir = filepath.Join(dir, "logs")
+	}
+	built := ""
+	cleanup := func(failed bool) {
+		f.stop()
+		if failed && o.logDir == "" {
+			if built != "" {
+				os.Remove(built)
+			}
+			fmt.Fprintf(stderr, "idemstorm: paymentsd logs kept in %s\n", f.logDir)
+			return
+		}
+		os.RemoveAll(dir)
+	}
+	fail := func(err error) (*fleet, func(bool), error) {
+		cleanup(false) // the error carries the log's tail
+		return nil, nil, err
+	}
+	if err := os.MkdirAll(f.logDir, 0o755); err != nil {
+		return fail(err)
+	}
+	f.bin = o.paymentsdBin
+	if f.bin == "" {
+		if f.bin, err = buildPaymentsd(ctx, dir, stderr); err != nil {
+			return fail(err)
+		}
+		built = f.bin
+	}
+	if o.databaseURL == "" {
+		o.databaseURL = "sqlite:" + filepath.Join(dir, "storm.db")
+	}
+	f.args = []string{"--database-url", o.databaseURL, "--log-format", "json"}
+	if o.lease > 0 {
+		f.args = append(f.args, "--lease", o.lease.String())
+	}
+	if o.pspURL != "" {
+		f.args = append(f.args, "--psp-url", o.pspURL)
+	}
+	if o.naive {
+		f.args = append(f.args, "--naive")
+		if o.redisURL != "" {
+			f.args = append(f.args, "--redis-url", o.redisURL)
+		}
+	}
+	f.args = append(f.args, o.paymentsdArgs...) // last: a flag given twice takes the last value
+	for i := range o.servers {
+		s := &server{name: fmt.Sprintf("paymentsd-%d", i+1), logPath: filepath.Join(f.logDir, fmt.Sprintf("paymentsd-%d.log", i+1))}
+		f.servers = append(f.servers, s)
+		var err error
+		for range 5 { // a free port may be taken before we bind it
+			if s.addr, err = freeAddr(); err != nil {
+				break
+			}
+			if err = f.start(s); err == nil || !strings.Contains(tail(s.logPath, 4096), "address already in use") {
+				break
+			}
+		}
+		if err != nil {
+			return fail(fmt.Errorf("%s did not start: %w\n%s", s.name, err, tail(s.logPath, 4096)))
+		}
+	}
+	return f, cleanup, nil
+}
+
+// buildPaymentsd builds ./cmd/paymentsd of the idem module into dir, without
+// -race (the storm measures the service, not its race detector; e2e builds
+// it with -race).
+func buildPaymentsd(ctx context.Context, dir string, stderr io.Writer) (string, error) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		return "", fmt.Errorf("no go command to build paymentsd (give --paymentsd-bin): %w", err)
+	}
+	out := filepath.Join(dir, "paymentsd")
+	fmt.Fprintln(stderr, "idemstorm: building paymentsd")
+	cmd := exec.CommandContext(ctx, goTool, "build", "-o", out, "github.com/idemgo/idem/cmd/paymentsd")
+	var b bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &b, &b
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go build paymentsd (run idemstorm inside the idem module, or give --paymentsd-bin): %v\n%s", err, b.String())
+	}
+	return out, nil
+}
+
+// freeAddr returns a loopback address with a port free right now.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func (f *fleet) urls() []string {
+	var out []string
+	for _, s := range f.servers {
+		out = append(out, "http://"+s.addr)
+	}
+	return out
+}
+
+// start launches a new generation of s and waits until it is healthy.
+func (f *fleet) start(s *server) error {
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.generations++
+	fmt.Fprintf(logf, "--- idemstorm: %s generation %d on %s ---\n", s.name, s.generations, s.addr)
+	s.mu.Unlock()
+	cmd := exec.Command(f.bin, append([]string{"--addr", s.addr}, f.args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = childProcAttr()
+	if err := startCmd(cmd); err != nil {
+		logf.Close()
+		return err
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		s.mu.Lock()
+		if s.cmd == cmd {
+			s.up = false
+		}
+		s.mu.Unlock()
+		close(exited)
+	}()
+	s.mu.Lock()
+	s.cmd, s.exited, s.killedByUs, s.up = cmd, exited, false, false
+	s.mu.Unlock()
+	if err := waitHealthy("http://"+s.addr, exited, healthTimeout); err != nil {
+		_ = cmd.Process.Kill()
+		<-exited
+		if lf, ferr := os.OpenFile(s.logPath, os.O_WRONLY|os.O_APPEND, 0o644); ferr == nil {
+			fmt.Fprintf(lf, "--- idemstorm: %s did not start: %v ---\n", s.name, err)
+			lf.Close()
+		}
+		return err
+	}
+	s.mu.Lock()
+	s.up = true
+	s.mu.Unlock()
+	return nil
+}
+
+// spawner starts the child processes from one goroutine locked to its OS
+// thread for the life of idemstorm: the parent-death signal of
+// childProcAttr is sent when the thread that forked the child ends, not the
+// process (go.dev/issue/27505), and a thread the runtime may retire would
+// kill a healthy server at random.
+var spawner struct {
+	once sync.Once
+	reqs chan spawnRequest
+}
+
+type spawnRequest struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// startCmd runs cmd.Start on the spawner's thread.
+func startCmd(cmd *exec.Cmd) error {
+	spawner.once.Do(func() {
+		spawner.reqs = make(chan spawnRequest)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
+			for r := range spawner.reqs {
+				r.done <- r.cmd.Start()
+			}
+		}()
+	})
+	done := make(chan error, 1)
+	spawner.reqs <- spawnRequest{cmd: cmd, done: done}
+	return <-done
+}
+
+// waitHealthy polls GET /healthz until it answers 200.
+func waitHealthy(base string, exited <-chan struct{}, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			return errors.New("exited before it was healthy")
+		default:
+		}
+		if resp, err := healthClient.Get(base + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("not healthy after %s", timeout)
+}
+
+// restart starts a new generation of s on its address, retrying while the
+// old socket is still taken.
+func (f *fleet) restart(s *server) error {
+	var err error
+	for range startTries {
+		if err = f.start(s); err == nil {
+			f.restarts.Add(1)
+			return nil
+		}
+		if !strings.Contains(tail(s.logPath, 4096), "address already in use") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+// supervise restarts every server that dies, and with chaos kills a random
+// healthy one every killEvery on average, until ctx ends. A server that
+// cannot be restarted (maxStartFailures in a row) is fatal: onFatal is
+// called, and its watch ends.
+func (f *fleet) supervise(ctx context.Context, chaos bool, killEvery time.Duration, onFatal func(error)) {
+	var wg sync.WaitGroup
+	for _, s := range f.servers {
+		wg.Go(func() { f.watch(ctx, s, onFatal) })
+	}
+	if chaos {
+		wg.Go(func() { f.chaos(ctx, killEvery) })
+	}
+	wg.Wait()
+}
+
+// maxStartFailures bounds the failed restarts in a row of one server.
+const maxStartFailures = 10
+
+// watch restarts s whenever it exits, until ctx ends.
+func (f *fleet) watch(ctx context.Context, s *server, onFatal func(error)) {
+	failures := 0
+	for range maxRestarts {
+		s.mu.Lock()
+		exited := s.exited
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-exited:
+		}
+		s.mu.Lock()
+		stopping := s.stopping
+		s.mu.Unlock()
+		if stopping {
+			return
+		}
+		if failures == 0 {
+			f.noteDeath(s)
+		}
+		if err := f.restart(s); err != nil {
+			failures++
+			f.addErr(fmt.Sprintf("%s: restart failed: %v", s.name, err))
+			if failures >= maxStartFailures {
+				onFatal(fmt.Errorf("%s could not be restarted %d times in a row: %w\n%s", s.name, failures, err, tail(s.logPath, 4096)))
+				return
+			}
+			if !sleepCtx(ctx, time.Second) {
+				return
+			}
+			continue
+		}
+		failures = 0
+	}
+}
+
+// noteDeath counts the exit of s's current generation when idemstorm did
+// not cause it.
+func (f *fleet) noteDeath(s *server) {
+	s.mu.Lock()
+	byUs := s.killedByUs
+	s.mu.Unlock()
+	if !byUs {
+		f.exits.Add(1)
+	}
+}
+
+// chaos SIGKILLs a random healthy server at random moments until ctx ends.
+func (f *fleet) chaos(ctx context.Context, every time.Duration) {
+	for {
+		if !sleepCtx(ctx, f.rnd.duration(every/2, every*3/2)) {
+			return
+		}
+		var up []*server
+		for _, s := range f.servers {
+			s.mu.Lock()
+			if s.up {
+				up = append(up, s)
+			}
+			s.mu.Unlock()
+		}
+		if len(up) == 0 {
+			continue
+		}
+		s := up[f.rnd.intN(len(up))]
+		s.mu.Lock()
+		if s.up {
+			s.killedByUs, s.up = true, false
+			_ = s.cmd.Process.Signal(syscall.SIGKILL)
+			f.kills.Add(1)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// waitAllHealthy restarts the servers that are down and waits until every
+// one answers GET /healthz.
+func (f *fleet) waitAllHealthy(ctx context.Context, timeout time.Duration) error {
+	for _, s := range f.servers {
+		s.mu.Lock()
+		exited := s.exited
+		s.mu.Unlock()
+		select {
+		case <-exited:
+			f.noteDeath(s)
+			if err := f.restart(s); err != nil {
+				return fmt.Errorf("%s did not restart: %w\n%s", s.name, err, tail(s.logPath, 4096))
+			}
+			continue
+		default:
+		}
+		if err := waitHealthy("http://"+s.addr, exited, timeout); err != nil {
+			return fmt.Errorf("%s: %w\n%s", s.name, err, tail(s.logPath, 4096))
+		}
+	}
+	return ctx.Err()
+}
+
+// stop ends every server: SIGTERM, then SIGKILL after stopGracePeriod.
+func (f *fleet) stop() {
+	var wg sync.WaitGroup
+	for _, s := range f.servers {
+		s.mu.Lock()
+		s.stopping = true
+		cmd, exited := s.cmd, s.exited
+		s.mu.Unlock()
+		if cmd == nil {
+			continue
+		}
+		wg.Go(func() {
+			select {
+			case <-exited:
+				return
+			default:
+			}
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(stopGracePeriod):
+				_ = cmd.Process.Kill()
+				<-exited
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (f *fleet) addErr(s string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.errs = append(f.errs, s)
+}
+
+// ServersSummary is the fleet's part of the report.
+type ServersSummary struct {
+	Count int `json:"count"`
+	// Kills counts --chaos SIGKILLs; Crashes the exits idemstorm did not
+	// cause (paymentsd's --crash-* fault injection); InjectedCrashes the
+	// "fault injected" lines in the logs; Restarts every restart.
+	Kills           int64    `json:"kills"`
+	Crashes         int64    `json:"crashes"`
+	InjectedCrashes int      `json:"injected_crashes"`
+	Restarts        int64    `json:"restarts"`
+	Generations     []int    `json:"generations"`
+	Errors          []string `json:"errors,omitempty"`
+	Args            []string `json:"args"`
+}
+
+func (f *fleet) summary() *ServersSummary {
+	sum := &ServersSummary{Count: len(f.servers), Kills: f.kills.Load(), Crashes: f.exits.Load(),
+		Restarts: f.restarts.Load(), Args: redactArgs(f.args)}
+	for _, s := range f.servers {
+		s.mu.Lock()
+		sum.Generations = append(sum.Generations, s.generations)
+		s.mu.Unlock()
+		if b, err := os.ReadFile(s.logPath); err == nil {
+			sum.InjectedCrashes += bytes.Count(b, []byte("fault injected: crashing now"))
+		}
+	}
+	f.mu.Lock()
+	sum.Errors = append(sum.Errors, f.errs...)
+	f.mu.Unlock()
+	return sum
+}
+
+// redactArgs hides passwords in URL arguments.
+func redactArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = redactURL(a)
+	}
+	return out
+}
+
+// tail returns the last n bytes of the file at path.
+func tail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := max(st.Size()-n, 0)
+	b := make([]byte, st.Size()-off)
+	_, _ = f.ReadAt(b, off)
+	return string(b)
+}

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/internal/dbtest"
+)
+
+// The paymentsd binary under test, built once per test binary.
+var build struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if build.dir != "" {
+		os.RemoveAll(build.dir)
+	}
+	os.Exit(code)
+}
+
+// paymentsdBin builds cmd/paymentsd on first use. It is built without
+// -race, whatever this test binary: the storm tests measure paymentsd's
+// exactly-once behaviour under load and SIGKILL, and a race-instrumented
+// server is several times slower, which on CI's two cores would stretch the
+// short storms past their budget (e2e/ runs paymentsd with -race, on fewer
+// requests, and fails on any race it reports). idemstorm itself (the
+// client, the chaos and the reconciliation) runs in this test binary, with
+// -race under scripts/test.
+func paymentsdBin(t *testing.T) string {
+	t.Helper()
+	build.once.Do(func() {
+		build.dir, build.err = os.MkdirTemp("", "idemstorm-test-bin-")
+		if build.err != nil {
+			return
+		}
+		build.bin = filepath.Join(build.dir, "paymentsd")
+		cmd := exec.Command("go", "build", "-o", build.bin, "github.com/idemgo/idem/cmd/paymentsd")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			build.err = fmt.Errorf("go build paymentsd: %v\n%s", err, out)
+		}
+	})
+	if build.err != nil {
+		t.Fatal(build.err)
+	}
+	return build.bin
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// runStorm runs idemstorm in-process with flags (and paymentsd's flags
+// after --), and returns its exit status, its JSON report and its output.
+func runStorm(t *testing.T, flags []string, paymentsdFlags ...string) (int, *Report, string) {
+	t.Helper()
+	reportPath := filepath.Join(t.TempDir(), "report.json")
+	args := append([]string{"--report", reportPath, "--progress=false", "--log-dir", t.TempDir()}, flags...)
+	if len(paymentsdFlags) > 0 {
+		args = append(append(args, "--"), paymentsdFlags...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var stdout, stderr syncBuffer
+	code := run(ctx, args, &stdout, &stderr)
+	out := stdout.String() + stderr.String()
+	t.Logf("idemstorm %s\n%s", strings.Join(args, " "), out)
+	var rep *Report
+	if b, err := os.ReadFile(reportPath); err == nil {
+		rep = &Report{}
+		require.NoError(t, json.Unmarshal(b, rep))
+	}
+	return code, rep, out
+}
+
+// requireExactlyOnce checks a report that says every logical payment
+// succeeded exactly once.
+func requireExactlyOnce(t *testing.T, code int, rep *Report, payments int) {
+	t.Helper()
+	require.NotNil(t, rep, "no report")
+	require.Equal(t, exitOK, code, "%v", rep.Verdict.Failures)
+	require.True(t, rep.Verdict.OK)
+	rec := rep.Reconciliation
+	require.True(t, rec.Exact)
+	require.Equal(t, payments, rec.Found)
+	require.EqualValues(t, payments, rec.LedgerPayments)
+	require.Zero(t, rec.DoublePayments)
+	require.Zero(t, rec.Lost)
+	require.Zero(t, rec.Unfinished)
+	require.Zero(t, rec.DivergentAnswers)
+	require.NotNil(t, rep.Records)
+	require.Equal(t, payments, rep.Records.ByState["SUCCEEDED"])
+	require.Zero(t, rep.Records.Stuck)
+	require.Positive(t, rep.Load.Replays, "duplicates were answered with replays")
+}
+
+// shortStorm is the CI storm: 200 logical payments, 4 copies each, over two
+// servers on one database, with random client timeouts and cancellations,
+// a SIGKILL about every 700 ms, and paymentsd killing itself after 2% of
+// its charges.
+func shortStorm(t *testing.T, databaseURL string) {
+	const payments = 200
+	code, rep, _ := runStorm(t, []string{
+		"--paymentsd-bin", paymentsdBin(t), "--database-url", databaseURL,
+		"--payments", fmt.Sprint(payments), "--duplicates", "4", "--servers", "2",
+		"--chaos", "--kill-every", "700ms", "--lease", "2s", "--deadline", "100s",
+	}, "--psp-latency", "20ms", "--crash-after-charge", "0.02")
+	requireExactlyOnce(t, code, rep, payments)
+	require.Positive(t, rep.Servers.Kills, "chaos killed servers")
+	require.Equal(t, rep.Servers.Kills+rep.Servers.Crashes, rep.Servers.Restarts, "every death was restarted")
+	require.Positive(t, rep.Load.ClientTimeouts+rep.Load.Cancellations, "some sends were cut short")
+}
+
+func TestStormSQLiteChaos(t *testing.T) {
+	t.Parallel()
+	shortStorm(t, "sqlite:"+filepath.Join(t.TempDir(), "storm.db"))
+}
+
+func TestStormPostgresChaos(t *testing.T) {
+	t.Parallel()
+	url, _ := dbtest.PostgresURL(t)
+	shortStorm(t, url)
+}
+
+// TestStormAgainstRunningServer storms a paymentsd started outside
+// idemstorm (--url), and checks idem's records through --database-url.
+func TestStormAgainstRunningServer(t *testing.T) {
+	t.Parallel()
+	db := "sqlite:" + filepath.Join(t.TempDir(), "p.db")
+	addr, err := freeAddr()
+	require.NoError(t, err)
+	cmd := exec.Command(paymentsdBin(t), "--addr", addr, "--database-url", db, "--psp-latency", "10ms", "--lease", "2s")
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	require.NoError(t, waitHealthy("http://"+addr, exited, 30*time.Second), "%s", logs.String())
+
+	code, rep, out := runStorm(t, []string{"--url", "http://" + addr, "--database-url", db,
+		"--payments", "30", "--merchants", "5", "--duplicates", "3"})
+	requireExactlyOnce(t, code, rep, 30)
+	require.Nil(t, rep.Servers)
+	require.Len(t, rep.Reconciliation.Merchants, 5)
+	require.Contains(t, out, "verdict")
+	require.Contains(t, out, "OK: every logical payment succeeded exactly once")
+}
+
+// TestStormReportsFailedStart: a paymentsd that cannot start is an error
+// (exit 2), not a verdict.
+func TestStormReportsFailedStart(t *testing.T) {
+	t.Parallel()
+	code, rep, out := runStorm(t, []string{"--paymentsd-bin", paymentsdBin(t), "--payments", "1"}, "--no-such-flag")
+	require.Equal(t, exitError, code)
+	require.Nil(t, rep)
+	require.Contains(t, out, "did not start")
+}

@@ -1,0 +1,344 @@
+package main
+
+// The "before" picture: --naive replaces idem's middleware with the
+// idempotency middleware of the common blog article, a response cache in
+// Redis:
+//
+//	GET key -> hit: replay the stored response
+//	        -> miss: run the handler, then SET key response EX ttl
+//
+// It takes no lock at all; that is the point. cmd/idemstorm runs the same
+// storm against it and against idem and counts the double charges
+// (README.md, "The storm: the Redis cache and idem, side by side").
+//
+// Its failure modes (the storm and naive_test.go reproduce the first five):
+//
+//   - Concurrent duplicates: a retry that arrives while the first request
+//     is still running finds no entry (nothing is stored until the handler
+//     is done) and runs the payment again: a second charge and a second
+//     payment. Four concurrent duplicates of a 200 ms charge make four.
+//   - A client that times out and retries during the charge: the same.
+//   - A process that dies between the charge and the SET (SIGKILL, OOM,
+//     deploy): nothing was stored, the retry charges again. The provider
+//     cannot deduplicate, because the handler never saw the client's key
+//     and sends a new one on every execution (it could forward the raw key,
+//     which would leak the client's key to a third party and still double
+//     the ledger on a crash after the charge).
+//   - No fingerprint: the same key with another body replays the first
+//     body's response (idem answers 422 key-reused).
+//   - Fails open: when Redis does not answer, the request runs unprotected
+//     (what such middleware does so as "not to take the API down"); idem
+//     fails closed with 503.
+//   - The entry lives for a TTL in memory that Redis may evict (maxmemory
+//     policies): after that, or after a Redis restart without persistence,
+//     a retry runs again.
+//   - The payment rows commit in a transaction of their own
+//     (WriteSeparate) and the cached response is written after the commit,
+//     in another system: there is no atomic "rows and outcome".
+//
+// Keys are per merchant (scope + Idempotency-Key), which is kinder than the
+// article, whose cache key is the header alone: there, two merchants that
+// pick the same key get each other's responses.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem"
+)
+
+// DefaultRedisURL is --redis-url's default.
+const DefaultRedisURL = "redis://127.0.0.1:6379/0"
+
+// DefaultNaiveTTL is --naive-ttl's default: how long the naive cache keeps a
+// response (the article's 24 hours).
+const DefaultNaiveTTL = 24 * time.Hour
+
+// naiveKeyPrefix starts every Redis key the naive middleware writes.
+const naiveKeyPrefix = "paymentsd:naive:"
+
+// naiveOptions are the flags of the naive mode. The zero value is the
+// default: off, DefaultRedisURL, DefaultNaiveTTL.
+type naiveOptions struct {
+	enabled  bool
+	redisURL string        // "" means DefaultRedisURL
+	ttl      time.Duration // 0 means DefaultNaiveTTL
+}
+
+// registerNaiveFlags adds --naive, --redis-url and --naive-ttl to fs.
+func registerNaiveFlags(fs *flag.FlagSet, o *naiveOptions) {
+	fs.BoolVar(&o.enabled, "naive", false,
+		"for comparison only: replace idem with the naive Redis response cache (GET key, run, SET key; no lock), which double-charges concurrent retries (see naive.go); --lease, --relay-secret and --write-mode do not apply")
+	fs.StringVar(&o.redisURL, "redis-url", "", "the Redis server of --naive, redis://[user:password@]host:port/db (default "+DefaultRedisURL+")")
+	fs.DurationVar(&o.ttl, "naive-ttl", 0, "how long --naive keeps a response in Redis (default "+DefaultNaiveTTL.String()+")")
+}
+
+// url returns the Redis URL, DefaultRedisURL when none was given.
+func (o naiveOptions) url() string {
+	if o.redisURL == "" {
+		return DefaultRedisURL
+	}
+	return o.redisURL
+}
+
+// cacheTTL returns the TTL, DefaultNaiveTTL when none was given.
+func (o naiveOptions) cacheTTL() time.Duration {
+	if o.ttl == 0 {
+		return DefaultNaiveTTL
+	}
+	return o.ttl
+}
+
+// validate checks the naive options once parsed.
+func (o naiveOptions) validate() error {
+	if o.ttl != 0 && o.ttl < time.Second {
+		return errors.New("--naive-ttl must be at least 1s")
+	}
+	if _, err := redis.ParseURL(o.url()); err != nil {
+		return fmt.Errorf("--redis-url: %w", err)
+	}
+	return nil
+}
+
+// describe names the naive mode for the log, without credentials.
+func (o naiveOptions) describe() string {
+	opt, err := redis.ParseURL(o.url())
+	if err != nil {
+		return "naive"
+	}
+	return fmt.Sprintf("naive (Redis %s db %d, TTL %s)", opt.Addr, opt.DB, o.cacheTTL())
+}
+
+// responseCache is what the naive middleware needs of Redis.
+type responseCache interface {
+	// Get returns the stored value of key; found is false on a miss.
+	Get(ctx context.Context, key string) (value []byte, found bool, err error)
+	// Set stores value under key for ttl.
+	Set(ctx context.Context, key string, value []byte, ttl time.Duration) error
+}
+
+// redisCache is the responseCache on a Redis server (go-redis).
+type redisCache struct{ client *redis.Client }
+
+// openRedisCache connects to the Redis server at url and checks that it
+// answers (PING).
+func openRedisCache(ctx context.Context, url string) (*redisCache, error) {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	c := redis.NewClient(opt)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Ping(pctx).Err(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("redis %s: %w", opt.Addr, err)
+	}
+	return &redisCache{client: c}, nil
+}
+
+func (c *redisCache) Get(ctx context.Context, key string) ([]byte, bool, error) {
+	b, err := c.client.Get(ctx, key).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return b, true, nil
+}
+
+func (c *redisCache) Set(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	return c.client.Set(ctx, key, value, ttl).Err()
+}
+
+func (c *redisCache) Close() error { return c.client.Close() }
+
+// cachedResponse is a response as the naive middleware stores it.
+type cachedResponse struct {
+	Status int         `json:"status"`
+	Header http.Header `json:"header"`
+	Body   []byte      `json:"body"`
+}
+
+// naiveReplayedHeaders are the response headers the naive cache keeps.
+var naiveReplayedHeaders = []string{"Content-Type", "Location"}
+
+// naiveCache is the article's middleware: on a protected request (POST or
+// PATCH with an Idempotency-Key) it replays the cached response of
+// (merchant, key) when there is one; otherwise it runs next and caches its
+// response when it is not a 5xx. A cache error on GET runs next anyway
+// (fail open); one on SET is logged and ignored.
+func naiveCache(cache responseCache, ttl time.Duration, log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get(idem.HeaderKey)
+		if (r.Method != http.MethodPost && r.Method != http.MethodPatch) || key == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		merchant, _ := merchantFrom(r.Context())
+		cacheKey := naiveKeyPrefix + merchant + ":" + key
+		b, found, err := cache.Get(r.Context(), cacheKey)
+		if err != nil {
+			log.WarnContext(r.Context(), "naive cache: GET failed; running the request unprotected", "err", err)
+		}
+		var cached cachedResponse
+		if found && json.Unmarshal(b, &cached) == nil {
+			for k, v := range cached.Header {
+				w.Header()[k] = v
+			}
+			w.Header().Set(idem.HeaderReplayed, "true")
+			w.WriteHeader(cached.Status)
+			_, _ = w.Write(cached.Body)
+			return
+		}
+		rec := &teeRecorder{ResponseWriter: w}
+		next.ServeHTTP(rec, r)
+		if rec.status == 0 || rec.status >= 500 {
+			return
+		}
+		stored := cachedResponse{Status: rec.status, Header: http.Header{}, Body: rec.body.Bytes()}
+		for _, h := range naiveReplayedHeaders {
+			if v := rec.Header().Values(h); len(v) > 0 {
+				stored.Header[h] = v
+			}
+		}
+		value, err := json.Marshal(stored)
+		if err == nil {
+			// Not the request's context: the client may have gone.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+			err = cache.Set(ctx, cacheKey, value, ttl)
+			cancel()
+		}
+		if err != nil {
+			log.WarnContext(r.Context(), "naive cache: SET failed; a retry will run again", "err", err)
+		}
+	})
+}
+
+// teeRecorder passes a response through and keeps a copy.
+type teeRecorder struct {
+	http.ResponseWriter
+	status int
+	body   bytes.Buffer
+}
+
+func (t *teeRecorder) WriteHeader(status int) {
+	if t.status == 0 {
+		t.status = status
+	}
+	t.ResponseWriter.WriteHeader(status)
+}
+
+func (t *teeRecorder) Write(b []byte) (int, error) {
+	if t.status == 0 {
+		t.status = http.StatusOK
+	}
+	t.body.Write(b)
+	return t.ResponseWriter.Write(b)
+}
+
+func (t *teeRecorder) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+// newNaiveHandler is newHandler with the naive cache in idem's place:
+//
+//	logRequests
+//	  GET /healthz                      (no authentication)
+//	  everything else: authenticate -> fault injection -> naiveCache -> routes below
+//	    POST /v1/payments               (createPaymentNaive)
+//	    GET  /v1/payments/{id}, GET /v1/payments?limit=N, GET /v1/balance (as in newHandler)
+//
+// cfg.Lease, cfg.RelaySecret and cfg.WriteMode are ignored: there is no
+// claim, no relayed key, and the rows always commit on their own.
+func newNaiveHandler(cfg handlerConfig, cache responseCache, ttl time.Duration) (http.Handler, error) {
+	if cache == nil {
+		return nil, errors.New("naive mode needs a cache")
+	}
+	if ttl <= 0 {
+		ttl = DefaultNaiveTTL
+	}
+	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: WriteSeparate, faults: cfg.Faults}
+
+	routes := http.NewServeMux()
+	routes.HandleFunc("POST /v1/payments", a.createPaymentNaive)
+	routes.HandleFunc("GET /v1/payments", a.listPayments)
+	routes.HandleFunc("GET /v1/payments/{id}", a.getPayment)
+	routes.HandleFunc("GET /v1/balance", a.balance)
+	routes.Handle("/v1/payments", methodNotAllowed("GET, HEAD, POST"))
+	routes.Handle("/v1/payments/{id}", methodNotAllowed("GET, HEAD"))
+	routes.Handle("/v1/balance", methodNotAllowed("GET, HEAD"))
+	routes.HandleFunc("/", notFound)
+
+	root := http.NewServeMux()
+	root.HandleFunc("GET /healthz", a.health)
+	root.Handle("/healthz", methodNotAllowed("GET, HEAD"))
+	root.Handle("/", authenticate(cfg.Faults.wrap(naiveCache(cache, ttl, cfg.Logger, routes))))
+	return logRequests(cfg.Logger, root), nil
+}
+
+// createPaymentNaive is POST /v1/payments as the article writes it: charge,
+// write the payment in a plain transaction, answer 201. It runs on every
+// request the cache misses. The crash points before-charge, after-charge
+// and after-write apply as in createPayment.
+func (a *api) createPaymentNaive(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	merchant, _ := merchantFrom(ctx)
+	if r.Header.Get(idem.HeaderKey) == "" {
+		writeProblem(w, problemInvalidRequest, http.StatusBadRequest, "send an Idempotency-Key header")
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, idem.DefaultMaxRequestBytes+1))
+	if err != nil {
+		writeProblem(w, problemInvalidRequest, http.StatusBadRequest, "the request body could not be read")
+		return
+	}
+	in, err := parsePaymentInput(r.Header.Get("Content-Type"), body)
+	var ie *inputError
+	switch {
+	case errors.Is(err, errUnsupportedMedia):
+		writeProblem(w, problemUnsupportedMedia, http.StatusUnsupportedMediaType, err.Error())
+		return
+	case errors.As(err, &ie) && ie.params != nil:
+		writeInvalidParams(w, ie.params)
+		return
+	case err != nil:
+		writeProblem(w, problemInvalidRequest, http.StatusBadRequest, err.Error())
+		return
+	}
+
+	a.faults.maybeCrash(ctx, crashBeforeCharge)
+	// No relayed key: each execution asks for a new charge.
+	providerKey := newID("naive")
+	charge, err := a.provider.Charge(ctx, ChargeRequest{
+		IdempotencyKey: providerKey, Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
+		Customer: in.Customer, Description: in.Description,
+	})
+	if err != nil {
+		a.providerFailed(w, r, providerKey, err)
+		return
+	}
+	a.faults.maybeCrash(ctx, crashAfterCharge, "charge", charge.ID)
+	a.faults.stall(ctx)
+	p, err := a.store.CreatePayment(ctx, NewPayment{
+		ID: newID("pay"), Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
+		Customer: in.Customer, Description: in.Description, Status: "succeeded",
+		ProviderChargeID: charge.ID,
+	}, WriteSeparate)
+	if err != nil {
+		a.storeFailed(w, r, "recording the payment", err)
+		return
+	}
+	a.faults.maybeCrash(ctx, crashAfterWrite, "charge", charge.ID, "payment", p.ID, "write_mode", string(WriteSeparate))
+	w.Header().Set("Location", "/v1/payments/"+p.ID)
+	writeJSON(w, http.StatusCreated, toJSON(p))
+}
