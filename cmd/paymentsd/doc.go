@@ -9,6 +9,7 @@
 //	          [--relay-secret S] [--lease 30s] [--write-mode claim|separate]
 //	          [--shutdown-timeout 15s] [--log-format json|text]
 //	          [--crash-<point> P] [--stall-after-charge D]
+//	          [--naive [--redis-url URL] [--naive-ttl 24h]]
 //
 // --database-url selects the database: empty (an SQLite file paymentsd.db in
 // the working directory), sqlite:PATH, file:PATH or a plain PATH (SQLite,
@@ -67,6 +68,12 @@
 // records the outcome, for comparison with the default (claim).
 // docs/crash-semantics.md describes what each crash does to the client and
 // the ledger, and how to reproduce them by hand.
+//
+// --naive, for comparison only, replaces idem with the common Redis response
+// cache (GET the key, else run and SET the response; no lock) on the Redis
+// server of --redis-url, keeping responses for --naive-ttl; it double-charges
+// concurrent retries, which cmd/idemstorm measures (naive.go lists its
+// failure modes).
 //
 // Errors are RFC 9457 problem details (application/problem+json); the kinds
 // the demo sends are documented in README.md beside this file, idem's own
