@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -70,9 +71,19 @@ func logRequests(log *slog.Logger, next http.Handler) http.Handler {
 			slog.Int("status", rec.status),
 			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
 			slog.Int64("bytes", rec.bytes),
-			slog.String("idempotency_key", r.Header.Get(idem.HeaderKey)),
+			slog.String("idempotency_key", loggedKey(r)),
 			slog.Bool("replayed", rec.Header().Get(idem.HeaderReplayed) == "true"),
 			slog.String("merchant", info.merchant),
 		)
 	})
+}
+
+// loggedKey is the request's key as idem stores it (unquoted, so that
+// `idem inspect --key` finds it), or the raw header when it does not parse.
+func loggedKey(r *http.Request) string {
+	values := r.Header.Values(idem.HeaderKey)
+	if key, err := idem.ParseKey(values); err == nil {
+		return key
+	}
+	return strings.Join(values, ", ")
 }

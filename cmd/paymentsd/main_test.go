@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
 )
 
 func TestParseDatabaseURL(t *testing.T) {
@@ -163,4 +166,14 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	require.Contains(t, out, `"merchant":"acme"`)
 	require.Contains(t, out, `"msg":"database closed"`)
 	require.NotContains(t, out, "sk_test_", "the API key is never logged")
+}
+
+// Regression: the log showed the raw header ("\"q1\"") while idem stores
+// and `idem inspect --key` wants the key itself (q1).
+func TestLoggedKeyIsTheStoredKey(t *testing.T) {
+	for header, want := range map[string]string{`"q1"`: "q1", `q1`: "q1", `"p1";x=1`: "p1", `a, b`: "a, b"} {
+		r := httptest.NewRequest("POST", "/v1/payments", nil)
+		r.Header.Set(idem.HeaderKey, header)
+		require.Equal(t, want, loggedKey(r), header)
+	}
 }
