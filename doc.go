@@ -69,7 +69,10 @@
 // the release are all compare-and-set on the fencing token, so a worker that
 // lost its lease cannot overwrite the new owner's record. When a renewal
 // finds the lease lost, the handler's context is cancelled with cause
-// ErrLeaseLost. The handler's context is detached from the client's: a
+// ErrLeaseLost (the caller gets 409); when no renewal reaches the store for
+// a whole lease, with a *StoreError (the caller gets 503). On a
+// single-writer store (SQLite) the lease is not renewed while the handler's
+// business transaction holds the write lock: nobody can claim meanwhile. The handler's context is detached from the client's: a
 // client that hangs up does not stop the work or its recording.
 //
 // # Outcomes and transactions

@@ -34,9 +34,10 @@ func ExecutionFromContext(ctx context.Context) (Execution, bool) {
 	return e.info, true
 }
 
-// ErrTxDone is returned by the transaction source when the handler asks for
-// the business transaction after its execution ended.
-var ErrTxDone = errors.New("idem: the execution has ended; its transaction is closed")
+// ErrExecutionEnded is returned by the drivers' Tx functions when a handler
+// asks for the business transaction after its execution ended (from a
+// goroutine that outlived the handler, for example).
+var ErrExecutionEnded = errors.New("idem: the execution has ended; its transaction is closed")
 
 // execution is one owned run of a handler: its detached context, its lease
 // heartbeat and its lazily begun business transaction.
@@ -74,7 +75,7 @@ func (e *execution) Tx(context.Context) (idemdriver.Tx, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.ended {
-		return nil, ErrTxDone
+		return nil, ErrExecutionEnded
 	}
 	if e.tx == nil {
 		tx, err := e.m.cfg.Store.Begin(e.ctx)

@@ -81,3 +81,56 @@ func TestSQLiteRenewalDoesNotWaitForOwnTransaction(t *testing.T) {
 	require.NoError(t, d.DB().QueryRow(`SELECT count(*) FROM payments`).Scan(&n))
 	require.Equal(t, 1, n)
 }
+
+// A context kept past the handler cannot open the claim's transaction.
+func TestTxAfterExecutionEnded(t *testing.T) {
+	d := openSQLite(t)
+	mw, err := idem.New(idem.Config{Store: d})
+	require.NoError(t, err)
+	var kept context.Context
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		kept = r.Context()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
+	req.Header.Set(idem.HeaderKey, "k")
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	_, err = idemsqlite.Tx(kept)
+	require.ErrorIs(t, err, idem.ErrExecutionEnded)
+}
+
+// CONTRACT section 5: Set-Cookie, hop-by-hop headers, Date and
+// Content-Length are never replayed, whatever the allow-list says; section 2:
+// the protected methods are configurable, the others pass through.
+func TestReplayAllowListAndMethods(t *testing.T) {
+	d := openSQLite(t)
+	mw, err := idem.New(idem.Config{Store: d, Methods: []string{"PUT"},
+		ReplayHeaders: []string{"Set-Cookie", "Date", "Connection", "X-Order"}})
+	require.NoError(t, err)
+	runs := 0
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		w.Header().Set("Set-Cookie", "s=1")
+		w.Header().Set("Date", "Mon, 30 Nov 2026 09:00:00 GMT")
+		w.Header().Set("X-Order", "o-1")
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send := func(method string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, "/x", strings.NewReader("{}"))
+		req.Header.Set(idem.HeaderKey, "k")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	send("PUT")
+	again := send("PUT")
+	require.Equal(t, "true", again.Header().Get(idem.HeaderReplayed))
+	require.Equal(t, "o-1", again.Header().Get("X-Order"))
+	require.Empty(t, again.Header().Get("Set-Cookie"))
+	require.Empty(t, again.Header().Get("Date"))
+	require.Equal(t, 1, runs)
+	// POST is not protected in this configuration: it runs every time.
+	send("POST")
+	send("POST")
+	require.Equal(t, 3, runs)
+}
