@@ -3,11 +3,10 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/dburl"
 )
 
 // SchemaVersionTable records fakepsp's own migrations, beside idem's
@@ -101,29 +100,14 @@ func openStore(ctx context.Context, databaseURL string) (Store, error) {
 // search_path=... picks the schema); sqlite:PATH, file:PATH or a plain PATH
 // is an SQLite file. It returns "postgres" or "sqlite" and the URL or path.
 func parseDatabaseURL(s string) (kind, target string, err error) {
-	switch {
-	case s == "":
+	if s == "" {
 		return "sqlite", DefaultSQLitePath, nil
-	case strings.HasPrefix(s, "postgres://"), strings.HasPrefix(s, "postgresql://"):
-		return "postgres", s, nil
 	}
-	path := s
-	for _, prefix := range []string{"sqlite:", "file:"} {
-		if rest, ok := strings.CutPrefix(s, prefix); ok {
-			path = strings.TrimPrefix(rest, "//")
-			break
-		}
+	kind, target, err = dburl.Parse(s)
+	if err == nil && kind == dburl.MySQL {
+		return "", "", errors.New("fakepsp keeps its charges in SQLite or PostgreSQL: a mysql:// URL is not supported")
 	}
-	if i := strings.Index(s, "://"); i > 0 && path == s {
-		return "", "", fmt.Errorf("unsupported database URL scheme %q: use postgres://, postgresql://, sqlite:, file: or a file path", s[:i])
-	}
-	if strings.ContainsAny(path, "?#%") {
-		return "", "", fmt.Errorf("SQLite database %q: query parameters, and '?', '#' or '%%' in the path, are not supported", s)
-	}
-	if path == "" {
-		return "", "", fmt.Errorf("SQLite database URL %q names no file", s)
-	}
-	return "sqlite", path, nil
+	return kind, target, err
 }
 
 // addStat adds count charges of amount in currency to merchant's stats.

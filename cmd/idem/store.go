@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/idemgo/idem/idemmysql"
 	"github.com/idemgo/idem/idempgx"
 	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dburl"
 )
 
 // operated is what the command line needs of a store: the claim protocol
@@ -44,31 +44,10 @@ type store struct {
 //
 // It returns "postgres", "mysql" or "sqlite" and the URL or path.
 func parseDatabaseURL(s string) (kind, target string, err error) {
-	switch {
-	case s == "":
+	if s == "" {
 		return "", "", errors.New("no database: give --database-url (or set IDEM_DATABASE_URL)")
-	case strings.HasPrefix(s, "postgres://"), strings.HasPrefix(s, "postgresql://"):
-		return "postgres", s, nil
-	case strings.HasPrefix(s, "mysql://"):
-		return "mysql", s, nil
 	}
-	path := s
-	for _, prefix := range []string{"sqlite:", "file:"} {
-		if rest, ok := strings.CutPrefix(s, prefix); ok {
-			path = rest
-			if p, ok := strings.CutPrefix(rest, "//"); ok {
-				path = p
-			}
-			break
-		}
-	}
-	if i := strings.Index(s, "://"); i > 0 && path == s {
-		return "", "", fmt.Errorf("unknown database URL scheme %q: use postgres://, postgresql://, mysql://, sqlite:PATH, file:PATH or a file path", s[:i])
-	}
-	if path == "" {
-		return "", "", fmt.Errorf("database URL %q names no SQLite file", s)
-	}
-	return "sqlite", path, nil
+	return dburl.Parse(s)
 }
 
 // openStore opens the database that url names. On PostgreSQL an existing

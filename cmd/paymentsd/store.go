@@ -3,11 +3,10 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/dburl"
 )
 
 // SchemaVersionTable is the table in which the demo's own migrations are
@@ -130,34 +129,8 @@ func openStore(ctx context.Context, databaseURL string) (Store, error) {
 //
 // It returns "postgres", "mysql" or "sqlite" and the URL or path.
 func parseDatabaseURL(s string) (kind, target string, err error) {
-	switch {
-	case s == "":
+	if s == "" {
 		return "sqlite", DefaultSQLitePath, nil
-	case strings.HasPrefix(s, "postgres://"), strings.HasPrefix(s, "postgresql://"):
-		return "postgres", s, nil
-	case strings.HasPrefix(s, "mysql://"), strings.HasPrefix(s, "mariadb://"):
-		return "mysql", s, nil
 	}
-	path := s
-	for _, prefix := range []string{"sqlite:", "file:"} {
-		if rest, ok := strings.CutPrefix(s, prefix); ok {
-			path = rest
-			if p, ok := strings.CutPrefix(rest, "//"); ok {
-				path = p
-			}
-			break
-		}
-	}
-	if i := strings.Index(s, "://"); i > 0 && path == s {
-		return "", "", fmt.Errorf("unsupported database URL scheme %q: use postgres://, postgresql://, mysql://, mariadb://, sqlite:, file: or a file path", s[:i])
-	}
-	// idemsqlite.Open puts the path in a file: URI unescaped, so these
-	// characters would open another file.
-	if strings.ContainsAny(path, "?#%") {
-		return "", "", fmt.Errorf("SQLite database %q: query parameters, and '?', '#' or '%%' in the path, are not supported", s)
-	}
-	if path == "" {
-		return "", "", fmt.Errorf("SQLite database URL %q names no file", s)
-	}
-	return "sqlite", path, nil
+	return dburl.Parse(s)
 }
