@@ -252,13 +252,17 @@ func startCmd(cmd *exec.Cmd) error {
 	return <-done
 }
 
-// waitHealthy polls GET /healthz until it answers 200.
+// errExited is waitHealthy's error when the process exits first.
+var errExited = errors.New("exited before it was healthy")
+
+// waitHealthy polls GET /healthz until it answers 200; errExited when
+// exited closes first.
 func waitHealthy(base string, exited <-chan struct{}, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		select {
 		case <-exited:
-			return errors.New("exited before it was healthy")
+			return errExited
 		default:
 		}
 		if resp, err := healthClient.Get(base + "/healthz"); err == nil {
@@ -384,23 +388,41 @@ func (f *fleet) chaos(ctx context.Context, every time.Duration) {
 }
 
 // waitAllHealthy restarts the servers that are down and waits until every
-// one answers GET /healthz.
+// one answers GET /healthz, all within timeout. A server may die while it
+// is being waited for (the last SIGKILL of --chaos lands just before chaos
+// stops, or a handler still running for a request the client gave up on
+// reaches paymentsd's --crash-after-charge): it is restarted too, as the
+// watchers would have done.
 func (f *fleet) waitAllHealthy(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
 	for _, s := range f.servers {
-		s.mu.Lock()
-		exited := s.exited
-		s.mu.Unlock()
-		select {
-		case <-exited:
-			f.noteDeath(s)
-			if err := f.restart(s); err != nil {
-				return fmt.Errorf("%s did not restart: %w\n%s", s.name, err, tail(s.logPath, 4096))
+		for {
+			if err := ctx.Err(); err != nil {
+				return err
 			}
-			continue
-		default:
-		}
-		if err := waitHealthy("http://"+s.addr, exited, timeout); err != nil {
-			return fmt.Errorf("%s: %w\n%s", s.name, err, tail(s.logPath, 4096))
+			left := time.Until(deadline)
+			if left <= 0 {
+				return fmt.Errorf("%s: not healthy after %s\n%s", s.name, timeout, tail(s.logPath, 4096))
+			}
+			s.mu.Lock()
+			exited := s.exited
+			s.mu.Unlock()
+			select {
+			case <-exited:
+				f.noteDeath(s)
+				if err := f.restart(s); err != nil {
+					return fmt.Errorf("%s did not restart: %w\n%s", s.name, err, tail(s.logPath, 4096))
+				}
+				continue // check the new generation like any other
+			default:
+			}
+			err := waitHealthy("http://"+s.addr, exited, left)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, errExited) {
+				return fmt.Errorf("%s: %w\n%s", s.name, err, tail(s.logPath, 4096))
+			}
 		}
 	}
 	return ctx.Err()
