@@ -79,16 +79,26 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 	(extract(epoch FROM locked_until - ` + now + `) * 1000000)::bigint`
 
 // The claim, one statement. "cur" reads the record from the statement's
-// snapshot. When it exists and cannot be claimed (SUCCEEDED, PROCESSING under
-// a live lease, another request's key), the INSERT inserts nothing and that
-// row is the answer: a replay, 409 or 422 is a plain read, with no row lock,
-// no transaction id and no WAL flush. Otherwise the INSERT ... ON CONFLICT DO
-// UPDATE ... WHERE decides atomically against the latest committed version:
-// a new record, or a takeover of one that is expired, FAILED, or PROCESSING
-// past its lease with the same request. When it loses a race to a row the
-// snapshot cannot see, no row comes back and Claim runs the statement again.
+// snapshot, and whether this request may claim it. When it exists and cannot
+// be claimed (SUCCEEDED, PROCESSING under a live lease, another request's
+// key), the INSERT inserts nothing and that row is the answer: a replay, 409
+// or 422 is a plain read, with no row lock, no transaction id and no WAL
+// flush. Otherwise the INSERT ... ON CONFLICT DO UPDATE ... WHERE decides
+// atomically against the latest committed version: a new record, or a
+// takeover of one that is expired, FAILED, or PROCESSING past its lease with
+// the same request.
+//
+// When that INSERT loses a race, the winner's row is one the statement's
+// snapshot cannot see: ON CONFLICT checks the latest version, but "cur"
+// still shows the row as it was, claimable. That stale row must not be the
+// answer (it would give 422 with the expired record's old payload, or 409
+// on a lease that has run out), so no row comes back, and Claim runs the
+// statement again with a new snapshot, which sees the winner.
 var claimSQL = `WITH cur AS (
-	SELECT ` + columns + `, expires_at <= ` + now + ` AS expired
+	SELECT ` + columns + `,
+		expires_at <= ` + now + `
+		OR (method = @method AND path = @path AND fingerprint = @fingerprint
+			AND (state = 'FAILED' OR (state = 'PROCESSING' AND locked_until <= ` + now + `))) AS claimable
 	FROM idem_keys WHERE scope = @scope AND key = @key
 ), claim AS (
 	INSERT INTO idem_keys AS k (scope, key, method, path, fingerprint, state, fencing_token,
@@ -96,9 +106,7 @@ var claimSQL = `WITH cur AS (
 	SELECT @scope::text, @key::text, @method::text, @path::text, @fingerprint::bytea, 'PROCESSING', 1,
 		` + now + ` + @lease::bigint * interval '1 microsecond', ` + now + `, ` + now + `,
 		` + now + ` + @retention::bigint * interval '1 microsecond', 1
-	WHERE NOT EXISTS (SELECT 1 FROM cur WHERE NOT (expired
-		OR (method = @method AND path = @path AND fingerprint = @fingerprint
-			AND (state = 'FAILED' OR (state = 'PROCESSING' AND locked_until <= ` + now + `)))))
+	WHERE NOT EXISTS (SELECT 1 FROM cur WHERE NOT claimable)
 	ON CONFLICT (scope, key) DO UPDATE SET
 		method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint,
 		state = 'PROCESSING',
@@ -117,7 +125,7 @@ var claimSQL = `WITH cur AS (
 )
 SELECT true, * FROM claim
 UNION ALL
-SELECT false, ` + columns + ` FROM cur WHERE NOT EXISTS (SELECT 1 FROM claim)`
+SELECT false, ` + columns + ` FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM claim)`
 
 var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key = @key`
 
