@@ -20,6 +20,11 @@ type Execution struct {
 	// Attempt counts the claims of this key so far, this one included (1 on
 	// the first execution; more after a FAILED outcome or a takeover).
 	Attempt int
+	// Created is the record's created_at on the database clock (microsecond
+	// precision): when this life of the key began. Takeovers and re-claims
+	// keep it; a key reused after its record expired starts a new life. It
+	// is part of the relayed key (DeriveKey).
+	Created time.Time
 }
 
 type executionKey struct{}
@@ -57,7 +62,7 @@ type execution struct {
 func newExecution(m *Middleware, parent context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) *execution {
 	e := &execution{
 		m:      m,
-		info:   Execution{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, Attempt: rec.Attempts},
+		info:   Execution{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, Attempt: rec.Attempts, Created: rec.CreatedAt},
 		fence:  idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, LeaseDuration: p.LeaseDuration},
 		parent: parent,
 	}

@@ -8,6 +8,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/idemgo/idem/idemdriver"
 )
@@ -22,15 +24,26 @@ const relayPrefix = "idr1_"
 
 // DeriveKey returns the key to relay downstream for one step of the request
 // (scope, key) (CONTRACT section 7): "idr1_" followed by 64 hex characters
-// of HMAC-SHA-256(secret, scope, key, step), each part length-prefixed. It
-// is stable across retries, takeovers and processes that share the secret,
-// different for every step, and does not reveal the client's key. With an
-// empty secret it is a plain SHA-256 of the same parts: still stable, but a
-// party who can guess the scope and the key can compute it.
-func DeriveKey(secret []byte, scope, key, step string) string {
+// of HMAC-SHA-256(secret, scope, key, created, step), each part
+// length-prefixed, created as Unix microseconds.
+//
+// created is the record's created_at (Execution.Created): when this life of
+// the key began. Retries, takeovers and re-claims after FAILED keep it, so
+// they relay the same key and the provider deduplicates a re-execution. A
+// key reused after its record expired is a new request (CONTRACT section 3)
+// with a new created_at, so it relays a new key: a provider that keeps keys
+// longer than idem's Retention does not answer the new payment with the old
+// charge. (The other way round, a provider must keep keys at least as long
+// as Retention, or a re-execution late in the record's life charges again.)
+//
+// The result is stable across processes that share the secret, different for
+// every step, and does not reveal the client's key. With an empty secret it
+// is a plain SHA-256 of the same parts: still stable, but a party who can
+// guess the scope, the key and the time can compute it.
+func DeriveKey(secret []byte, scope, key string, created time.Time, step string) string {
 	h := hmac.New(sha256.New, secret)
-	for _, part := range []string{scope, key, step} {
-		var n [8]byte
+	var n [8]byte
+	for _, part := range []string{scope, key, strconv.FormatInt(created.UnixMicro(), 10), step} {
 		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
 		h.Write(n[:])
 		h.Write([]byte(part))
@@ -42,14 +55,15 @@ func DeriveKey(secret []byte, scope, key, step string) string {
 // example "charge", "refund") from a protected handler's context, derived
 // with DeriveKey and Config.RelaySecret. The same request retried, taken
 // over after a crash, or run on another process gets the same key, so the
-// provider deduplicates a re-execution. It returns ErrNoExecution outside a
+// provider deduplicates a re-execution; the same key reused after its
+// record expired gets another. It returns ErrNoExecution outside a
 // protected handler.
 func RelayKey(ctx context.Context, step string) (string, error) {
 	e, ok := ctx.Value(executionKey{}).(*execution)
 	if !ok {
 		return "", ErrNoExecution
 	}
-	return DeriveKey(e.m.cfg.RelaySecret, e.info.Scope, e.info.Key, step), nil
+	return DeriveKey(e.m.cfg.RelaySecret, e.info.Scope, e.info.Key, e.info.Created, step), nil
 }
 
 // RelayTransport is an http.RoundTripper for calls to downstream providers

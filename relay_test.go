@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -16,16 +17,20 @@ import (
 )
 
 func TestDeriveKey(t *testing.T) {
-	k := idem.DeriveKey(nil, "acme", "order-1", "charge")
+	created := time.Date(2026, 11, 30, 9, 0, 0, 123456000, time.UTC)
+	k := idem.DeriveKey(nil, "acme", "order-1", created, "charge")
 	require.Regexp(t, `^idr1_[0-9a-f]{64}$`, k)
-	require.Equal(t, k, idem.DeriveKey(nil, "acme", "order-1", "charge"), "stable")
+	require.Equal(t, k, idem.DeriveKey(nil, "acme", "order-1", created, "charge"), "stable")
+	require.Equal(t, k, idem.DeriveKey(nil, "acme", "order-1", created.In(time.FixedZone("JST", 9*3600)), "charge"),
+		"the same instant in another zone")
 	require.NotContains(t, k, "order-1")
 	for _, other := range []string{
-		idem.DeriveKey(nil, "globex", "order-1", "charge"),
-		idem.DeriveKey(nil, "acme", "order-2", "charge"),
-		idem.DeriveKey(nil, "acme", "order-1", "refund"),
-		idem.DeriveKey([]byte("secret"), "acme", "order-1", "charge"),
-		idem.DeriveKey(nil, "acmeo", "rder-1", "charge"), // parts are length-prefixed
+		idem.DeriveKey(nil, "globex", "order-1", created, "charge"),
+		idem.DeriveKey(nil, "acme", "order-2", created, "charge"),
+		idem.DeriveKey(nil, "acme", "order-1", created, "refund"),
+		idem.DeriveKey(nil, "acme", "order-1", created.Add(time.Microsecond), "charge"), // another life of the key
+		idem.DeriveKey([]byte("secret"), "acme", "order-1", created, "charge"),
+		idem.DeriveKey(nil, "acmeo", "rder-1", created, "charge"), // parts are length-prefixed
 	} {
 		require.NotEqual(t, k, other)
 	}
@@ -86,7 +91,9 @@ func TestRelayTransport(t *testing.T) {
 	require.Equal(t, seen[0], seen[1], "a re-execution relays the same key")
 	require.NotEqual(t, seen[0], seen[2], "another scope relays another key")
 	step := "POST " + strings.TrimPrefix(provider.URL, "http://") + "/v1/charges"
-	require.Equal(t, idem.DeriveKey([]byte("s3cret"), "acme", "order-1", step), seen[0])
+	rec, err := store.Get(t.Context(), "acme", "order-1")
+	require.NoError(t, err)
+	require.Equal(t, idem.DeriveKey([]byte("s3cret"), "acme", "order-1", rec.CreatedAt, step), seen[0])
 	for _, k := range seen {
 		require.NotEqual(t, "order-1", k, "the raw client key never leaves")
 	}

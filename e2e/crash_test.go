@@ -69,9 +69,9 @@ func TestCrashAfterChargeTakeover(t *testing.T) {
 		require.False(t, done.replayed(), "the takeover ran the handler again")
 
 		// Both executions relayed the same key, derived by idem from
-		// (merchant, key, "charge") with the relay secret; the provider
+		// (merchant, key, created_at, "charge") with the relay secret; the provider
 		// replayed its charge to the second.
-		require.Equal(t, []pspRequest{{201, false}, {201, true}}, pspRequests(t, w.psp, relayKey(merchant, key), 2))
+		require.Equal(t, []pspRequest{{201, false}, {201, true}}, pspRequests(t, w.psp, ins.relayKey(t, merchant, key), 2))
 		w.requireOneCharge(pd, ins, merchant, amount)
 		require.Equal(t, record{found: true, state: "SUCCEEDED", fencingToken: 2, attempts: 2}, ins.record(t, merchant, key))
 
@@ -129,7 +129,7 @@ func TestStalledOwnerFencedOut(t *testing.T) {
 		requireNotRecorded(t, a, ra.resp)
 		require.True(t, a.running(), "A is slow, not dead")
 
-		require.Equal(t, []pspRequest{{201, false}, {201, true}}, pspRequests(t, w.psp, relayKey(merchant, key), 2))
+		require.Equal(t, []pspRequest{{201, false}, {201, true}}, pspRequests(t, w.psp, ins.relayKey(t, merchant, key), 2))
 		w.requireOneCharge(b, ins, merchant, amount)
 		require.Equal(t, record{found: true, state: "SUCCEEDED", fencingToken: 2, attempts: 2}, ins.record(t, merchant, key))
 		again, err := pay(context.Background(), a.url(), merchant, key, body(amount))
@@ -184,7 +184,7 @@ func TestFrozenOwnerFencedOut(t *testing.T) {
 		rec := ins.record(t, merchant, key)
 		require.Equal(t, "SUCCEEDED", rec.state)
 		require.GreaterOrEqual(t, rec.fencingToken, int64(2))
-		for _, r := range pspRequests(t, w.psp, relayKey(merchant, key), 1) {
+		for _, r := range pspRequests(t, w.psp, ins.relayKey(t, merchant, key), 1) {
 			require.Contains(t, []int{201, 409}, r.status, "every charge request carried the relayed key")
 		}
 	})
@@ -248,7 +248,7 @@ func TestProviderTimeoutRetried(t *testing.T) {
 
 		// The withheld first answer is logged with status 0 (the client hung
 		// up), the retry got the replay.
-		reqs := pspRequests(t, w.psp, relayKey(merchant, key), 2)
+		reqs := pspRequests(t, w.psp, ins.relayKey(t, merchant, key), 2)
 		require.Len(t, reqs, 2)
 		require.Equal(t, pspRequest{201, true}, reqs[1])
 		require.Equal(t, 1, w.psp.waitLogged(t, 1, "fault injected: charged and recorded; withholding the answer"))

@@ -694,6 +694,23 @@ func (i *inspector) record(t *testing.T, scope, key string) record {
 	return r
 }
 
+// createdAt is the created_at of idem's record of (scope, key), read in
+// each database's own representation: timestamptz, DATETIME(6) in UTC, or
+// SQLite's INTEGER microseconds.
+func (i *inspector) createdAt(t *testing.T, scope, key string) time.Time {
+	t.Helper()
+	q := `SELECT created_at FROM idem_keys WHERE scope = ? AND key = ?`
+	switch {
+	case i.pg:
+		q = `SELECT (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint FROM idem_keys WHERE scope = ? AND key = ?`
+	case i.mysql:
+		q = `SELECT TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', created_at) FROM idem_keys WHERE scope = ? AND key = ?`
+	}
+	var us int64
+	require.NoError(t, i.db.QueryRow(i.query(q), scope, key).Scan(&us))
+	return time.UnixMicro(us)
+}
+
 // ledgerRow is one payment with its ledger entries counted.
 type ledgerRow struct {
 	id, chargeID string

@@ -116,7 +116,7 @@ func testCrashPoint(t *testing.T, w *world, mode string, tc crashCase) {
 	}
 	final := ins.record(t, merchant, key)
 	require.Equal(t, record{found: true, state: "SUCCEEDED", fencingToken: tc.finalToken, attempts: int(tc.finalToken)}, final)
-	reqs := pspRequests(t, w.psp, relayKey(merchant, key), tc.providerCalls)
+	reqs := pspRequests(t, w.psp, ins.relayKey(t, merchant, key), tc.providerCalls)
 	require.Len(t, reqs, tc.providerCalls, "charge requests at the provider")
 	for i, r := range reqs {
 		require.Equal(t, pspRequest{201, i > 0}, r, "the first charges, the others are the provider's replays")

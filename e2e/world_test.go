@@ -18,9 +18,11 @@ const relaySecret = "e2e-relay-secret"
 const relayStep = "charge"
 
 // relayKey is the key paymentsd must relay to the provider for (merchant,
-// key): the core's derivation, computed independently of paymentsd.
-func relayKey(merchant, key string) string {
-	return idem.DeriveKey([]byte(relaySecret), merchant, key, relayStep)
+// key): the core's derivation, computed independently of paymentsd from the
+// record's created_at as the database holds it.
+func (i *inspector) relayKey(t *testing.T, merchant, key string) string {
+	t.Helper()
+	return idem.DeriveKey([]byte(relaySecret), merchant, key, i.createdAt(t, merchant, key), relayStep)
 }
 
 // world is one provider (fakepsp, on its own database) and the paymentsd

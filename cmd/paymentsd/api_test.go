@@ -362,7 +362,8 @@ func TestProviderErrorIsRetried(t *testing.T) {
 	t.Parallel()
 	provider := &flakyProvider{next: NewFakeProvider(0)}
 	provider.failures.Store(1)
-	s := startServer(t, newSQLiteStore(t), provider)
+	store := newSQLiteStore(t)
+	s := startServer(t, store, provider)
 
 	r := s.postJSON("acme", "psp-1", paymentBody)
 	require.Equal(t, http.StatusBadGateway, r.status)
@@ -376,12 +377,15 @@ func TestProviderErrorIsRetried(t *testing.T) {
 	require.EqualValues(t, 1, s.balance("acme").Payments)
 
 	// Both attempts asked the provider with one relay key, not the raw key:
-	// idem's derivation from (merchant, Idempotency-Key, "charge").
+	// idem's derivation from (merchant, Idempotency-Key, the record's
+	// created_at, "charge").
 	var relays []string
 	provider.relays.Range(func(k, _ any) bool { relays = append(relays, k.(string)); return true })
 	require.Len(t, relays, 1)
 	require.NotContains(t, relays[0], "psp-1")
-	require.Equal(t, idem.DeriveKey(nil, "acme", "psp-1", RelayStep), relays[0])
+	rec, err := store.Idem().Get(t.Context(), "acme", "psp-1")
+	require.NoError(t, err)
+	require.Equal(t, idem.DeriveKey(nil, "acme", "psp-1", rec.CreatedAt, RelayStep), relays[0])
 }
 
 // failingWrites is a Store whose CreatePayment writes, then fails: the

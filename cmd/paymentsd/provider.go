@@ -21,14 +21,14 @@ import (
 
 // RelayStep names the provider call in the relayed key:
 // idem.RelayKey(ctx, RelayStep) = idem.DeriveKey(--relay-secret, merchant,
-// Idempotency-Key, RelayStep).
+// Idempotency-Key, the record's created_at, RelayStep).
 const RelayStep = "charge"
 
 // ChargeRequest is one charge sent to the payment provider.
 type ChargeRequest struct {
 	// IdempotencyKey is the key the provider deduplicates on:
 	// idem.RelayKey(ctx, RelayStep), derived from the claim's scope (the
-	// merchant) and Idempotency-Key, so a re-execution after a failure, a
+	// merchant), Idempotency-Key and record's created_at, so a re-execution after a failure, a
 	// crash or a takeover asks for the same charge again, and the client's
 	// raw key never leaves this service (CONTRACT section 7).
 	IdempotencyKey string

@@ -163,7 +163,9 @@ func TestProviderTimeoutIsRetried(t *testing.T) {
 	require.EqualValues(t, 1, made.Load())
 
 	require.Len(t, psp.requests, 2)
-	want := idem.DeriveKey([]byte("s3cret"), "acme", "t-1", RelayStep)
+	rec, err := store.Idem().Get(t.Context(), "acme", "t-1")
+	require.NoError(t, err)
+	want := idem.DeriveKey([]byte("s3cret"), "acme", "t-1", rec.CreatedAt, RelayStep)
 	for _, req := range psp.requests {
 		require.Equal(t, want, req.Header.Get(idem.HeaderKey))
 	}

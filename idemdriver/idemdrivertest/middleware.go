@@ -597,6 +597,54 @@ func runMiddleware(t *testing.T, h Harness) {
 		require.EqualValues(t, 2, a.runs.Load())
 	})
 
+	// The relayed key (CONTRACT section 7) is one for every execution of one
+	// life of the key (the first run, the re-claim after FAILED) and a new
+	// one when the key is reused after its record expired: a provider that
+	// keeps keys longer than idem must not answer the new request with the
+	// old charge.
+	t.Run("RelayKeyPerLife", func(t *testing.T) {
+		t.Parallel()
+		clock := &Clock{}
+		secret := []byte("relay-secret")
+		m, err := idem.New(idem.Config{Store: Shift(h.NewDriver(t), clock), RelaySecret: secret})
+		require.NoError(t, err)
+		var (
+			mu      sync.Mutex
+			relayed []string
+			derived []string
+		)
+		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			k, err := idem.RelayKey(r.Context(), "charge")
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			ex, _ := idem.ExecutionFromContext(r.Context())
+			mu.Lock()
+			relayed = append(relayed, k)
+			derived = append(derived, idem.DeriveKey(secret, ex.Scope, ex.Key, ex.Created, "charge"))
+			run := len(relayed)
+			mu.Unlock()
+			if run == 1 {
+				w.WriteHeader(http.StatusBadGateway) // FAILED: the retry runs again
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		})))
+		t.Cleanup(srv.Close)
+		s := &server{Server: srv, app: &app{}}
+		require.Equal(t, http.StatusBadGateway, s.post(t, "k", `{"amount":1}`).status)
+		require.Equal(t, http.StatusCreated, s.post(t, "k", `{"amount":1}`).status)
+		require.Equal(t, "true", s.post(t, "k", `{"amount":1}`).header.Get(idem.HeaderReplayed))
+		clock.Advance(idem.DefaultRetention + time.Second)
+		require.Equal(t, http.StatusCreated, s.post(t, "k", `{"amount":1}`).status)
+
+		require.Len(t, relayed, 3)
+		require.Equal(t, derived, relayed, "RelayKey is DeriveKey of the execution")
+		require.Equal(t, relayed[0], relayed[1], "the re-claim after FAILED relays the first run's key")
+		require.NotEqual(t, relayed[1], relayed[2], "the key reused after expiry relays a new key")
+	})
+
 	t.Run("StatementBudget", func(t *testing.T) {
 		t.Parallel()
 		require.NotNil(t, h.NewCountingDriver, "the harness must count statements")

@@ -237,10 +237,15 @@ func runDriver(t *testing.T, h Harness) {
 				case "FAILED", "EXPIRED_LEASE":
 					if tc.wantClaimed {
 						require.Equal(t, 2, res.Record.Attempts)
+						// The same life of the key: the relayed key derived
+						// from CreatedAt must not change (CONTRACT section 7).
+						require.True(t, before.CreatedAt.Equal(res.Record.CreatedAt),
+							"a takeover or re-claim keeps created_at: %s, then %s", before.CreatedAt, res.Record.CreatedAt)
 					}
 				case "EXPIRED":
 					require.Equal(t, 1, res.Record.Attempts, "an expired record starts over")
 					require.Nil(t, res.Record.Response)
+					require.True(t, res.Record.CreatedAt.After(before.CreatedAt), "an expired record starts a new life")
 				}
 			})
 		}
