@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,9 +10,8 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/service"
 )
 
 // healthTimeout bounds the database ping of GET /healthz.
@@ -49,10 +47,10 @@ type api struct {
 
 // newHandler returns fakepsp's whole HTTP handler:
 //
-//	logRequests
+//	service.LogRequests (status 0 when no answer was sent) -> logWithheld
 //	  GET /healthz                      (no authentication)
 //	  GET /v1/charges/stats             (no authentication: a test-mode view)
-//	  everything else: authenticate -> withhold -> keepClaiming -> idem -> routes below
+//	  everything else: svc.Authenticate -> withhold -> service.KeepClaiming -> idem -> routes below
 //	    POST /v1/charges                (Idempotency-Key required)
 //	    GET  /v1/charges/{id}
 func newHandler(cfg handlerConfig) (http.Handler, error) {
@@ -61,7 +59,7 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	}
 	mw, err := idem.New(idem.Config{
 		Store:         cfg.Store.Idem(),
-		Scope:         scopeFromMerchant,
+		Scope:         service.Scope,
 		LeaseDuration: cfg.Lease,
 		Logger:        cfg.Logger,
 	})
@@ -78,8 +76,8 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	root := http.NewServeMux()
 	root.HandleFunc("GET /healthz", a.health)
 	root.HandleFunc("GET /v1/charges/stats", a.stats)
-	root.Handle("/", authenticate(a.withhold(keepClaiming(mw.Handler(routes)))))
-	return logRequests(cfg.Logger, root), nil
+	root.Handle("/", svc.Authenticate(a.withhold(service.KeepClaiming(mw.Handler(routes)))))
+	return service.LogRequests(cfg.Logger, 0, logWithheld(root)), nil
 }
 
 // chargeJSON is a charge as the API shows it.
@@ -107,25 +105,25 @@ func toJSON(c Charge) chargeJSON {
 // the same transaction, and replayed.
 func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	merchant, _ := merchantFrom(ctx)
+	merchant, _ := service.Merchant(ctx)
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		writeProblem(w, problemInvalidRequest, http.StatusBadRequest, "the request body could not be read")
+		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, "the request body could not be read")
 		return
 	}
 	in, err := parseChargeInput(r.Header.Get("Content-Type"), body)
 	var ie *inputError
 	switch {
 	case errors.Is(err, errUnsupportedMedia):
-		writeProblem(w, problemUnsupportedMedia, http.StatusUnsupportedMediaType, err.Error())
+		svc.WriteProblem(w, service.ProblemUnsupportedMedia, http.StatusUnsupportedMediaType, err.Error())
 		return
 	case errors.As(err, &ie) && ie.params != nil:
-		p := problem(problemInvalidRequest, http.StatusBadRequest, ie.Error())
+		p := svc.Problem(service.ProblemInvalidRequest, http.StatusBadRequest, ie.Error())
 		p.Extra = map[string]any{"invalid-params": ie.params}
 		p.Write(w)
 		return
 	case err != nil:
-		writeProblem(w, problemInvalidRequest, http.StatusBadRequest, err.Error())
+		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, err.Error())
 		return
 	}
 
@@ -134,25 +132,25 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-ctx.Done(): // idem's lease was lost
 			t.Stop()
-			writeProblem(w, problemUnavailable, http.StatusServiceUnavailable, "the charge was interrupted")
+			svc.WriteProblem(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the charge was interrupted")
 			return
 		case <-t.C:
 		}
 	}
 	if a.cfg.FailRate > 0 && a.cfg.Roll() < a.cfg.FailRate {
 		a.log.WarnContext(ctx, "fault injected: failing the charge without charging", "merchant", merchant)
-		p := problem(problemUnavailable, http.StatusServiceUnavailable, "the card network did not answer; nothing was charged; retry with the same Idempotency-Key")
+		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the card network did not answer; nothing was charged; retry with the same Idempotency-Key")
 		p.RetryAfter = time.Second
 		p.Write(w)
 		return
 	}
 	c, err := a.store.CreateCharge(ctx, NewCharge{
-		ID: "ch_" + newUUID(), Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
+		ID: service.NewID("ch"), Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
 		Customer: in.Customer, Description: in.Description,
 	})
 	if err != nil {
 		a.log.ErrorContext(ctx, "recording the charge", "err", err)
-		p := problem(problemUnavailable, http.StatusServiceUnavailable, "the charge could not be recorded; nothing was charged; retry with the same Idempotency-Key")
+		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the charge could not be recorded; nothing was charged; retry with the same Idempotency-Key")
 		p.RetryAfter = time.Second
 		p.Write(w)
 		return
@@ -161,21 +159,21 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 	a.log.InfoContext(ctx, "charged", "merchant", merchant, "charge", c.ID, "amount", c.Amount, "currency", c.Currency,
 		"idempotency_key", exec.Key, "attempt", exec.Attempt)
 	w.Header().Set("Location", "/v1/charges/"+c.ID)
-	writeJSON(w, http.StatusCreated, toJSON(c))
+	svc.WriteJSON(w, http.StatusCreated, toJSON(c))
 }
 
 // getCharge is GET /v1/charges/{id}: one of the merchant's charges.
 func (a *api) getCharge(w http.ResponseWriter, r *http.Request) {
-	merchant, _ := merchantFrom(r.Context())
+	merchant, _ := service.Merchant(r.Context())
 	c, err := a.store.Charge(r.Context(), merchant, r.PathValue("id"))
 	switch {
 	case errors.Is(err, ErrNotFound):
-		writeProblem(w, problemNotFound, http.StatusNotFound, fmt.Sprintf("no charge %q", r.PathValue("id")))
+		svc.WriteProblem(w, service.ProblemNotFound, http.StatusNotFound, fmt.Sprintf("no charge %q", r.PathValue("id")))
 	case err != nil:
 		a.log.ErrorContext(r.Context(), "reading a charge", "err", err)
-		writeProblem(w, problemInternal, http.StatusInternalServerError, "the charge could not be read")
+		svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the charge could not be read")
 	default:
-		writeJSON(w, http.StatusOK, toJSON(c))
+		svc.WriteJSON(w, http.StatusOK, toJSON(c))
 	}
 }
 
@@ -186,10 +184,10 @@ func (a *api) stats(w http.ResponseWriter, r *http.Request) {
 	st, err := a.store.Stats(r.Context())
 	if err != nil {
 		a.log.ErrorContext(r.Context(), "counting charges", "err", err)
-		writeProblem(w, problemInternal, http.StatusInternalServerError, "the charges could not be counted")
+		svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the charges could not be counted")
 		return
 	}
-	writeJSON(w, http.StatusOK, st)
+	svc.WriteJSON(w, http.StatusOK, st)
 }
 
 // health is GET /healthz: 200 when the database answers a ping.
@@ -197,31 +195,12 @@ func (a *api) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
 	defer cancel()
 	if err := a.store.Ping(ctx); err != nil {
-		writeProblem(w, problemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
+		svc.WriteProblem(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	svc.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 func notFound(w http.ResponseWriter, r *http.Request) {
-	writeProblem(w, problemNotFound, http.StatusNotFound, fmt.Sprintf("no resource at %s %s", r.Method, r.URL.Path))
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	body, err := json.Marshal(v)
-	if err != nil {
-		writeProblem(w, problemInternal, http.StatusInternalServerError, "the response could not be encoded")
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
-}
-
-func newUUID() string {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return uuid.NewString()
-	}
-	return id.String()
+	svc.WriteProblem(w, service.ProblemNotFound, http.StatusNotFound, fmt.Sprintf("no resource at %s %s", r.Method, r.URL.Path))
 }

@@ -35,7 +35,7 @@ func (d slowClaimDriver) Claim(ctx context.Context, p idemdriver.ClaimParams) (i
 }
 
 // TestClientHangUpDuringClaim: the client hangs up while idem's claim
-// statement runs. keepClaiming detaches the claim from the client, so the
+// statement runs. service.KeepClaiming detaches the claim from the client, so the
 // charge is made and recorded, and the retry gets it at once; without it,
 // the key would stay claimed by nobody, answering 409 for a whole lease.
 func TestClientHangUpDuringClaim(t *testing.T) {

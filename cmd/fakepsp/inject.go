@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/service"
 )
 
 // withhold plays the "outcome unknown" failure (--timeout-rate): with
@@ -28,11 +30,11 @@ func (a *api) withhold(next http.Handler) http.Handler {
 		next.ServeHTTP(buf, r)
 		fresh := buf.status >= 200 && buf.status < 300 && buf.header.Get(idem.HeaderReplayed) == ""
 		if fresh && a.cfg.Roll() < a.cfg.TimeoutRate {
-			merchant, _ := merchantFrom(r.Context())
+			merchant, _ := service.Merchant(r.Context())
 			a.log.WarnContext(r.Context(), "fault injected: charged and recorded; withholding the answer",
 				"merchant", merchant, "idempotency_key", r.Header.Get(idem.HeaderKey), "for", a.cfg.Hang.String())
-			if info := requestInfoFrom(r.Context()); info != nil {
-				info.withheld = true
+			if withheld, ok := r.Context().Value(withheldKey{}).(*bool); ok {
+				*withheld = true
 			}
 			t := time.NewTimer(a.cfg.Hang)
 			select {
@@ -82,18 +84,16 @@ func (b *bufferedResponse) sendTo(w http.ResponseWriter) {
 	_, _ = w.Write(b.body.Bytes())
 }
 
-// keepClaiming detaches the request's context from the client's connection
-// before idem claims the key. idem runs its claim statement on the request's
-// context: when the client hangs up during that statement, the database may
-// commit the claim (PROCESSING) while the driver reports the cancellation,
-// and idem then returns without running the handler, so the key stays
-// claimed by nobody until its lease runs out (30 s by default), answering
-// 409 to every retry meanwhile. paymentsd, killed while charging, is such a
-// client. Detached, the claim completes and the charge runs, as a provider's
-// should once the request has arrived whole. The handler's own context is
-// detached by idem anyway.
-func keepClaiming(next http.Handler) http.Handler {
+type withheldKey struct{}
+
+// logWithheld adds "withheld" to every request's log line (it goes inside
+// service.LogRequests): whether withhold held the answer back.
+func logWithheld(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
+		withheld := false
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), withheldKey{}, &withheld)))
+		if info := service.RequestInfoFrom(r.Context()); info != nil {
+			info.Attrs = append(info.Attrs, slog.Bool("withheld", withheld))
+		}
 	})
 }

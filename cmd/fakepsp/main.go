@@ -6,14 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
-	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/idemgo/idem/internal/service"
 )
 
 func main() {
@@ -79,11 +77,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var h slog.Handler = slog.NewJSONHandler(stderr, nil)
-	if o.logFormat == "text" {
-		h = slog.NewTextHandler(stderr, nil)
-	}
-	log := slog.New(h)
+	log := service.NewLogger(stderr, o.logFormat)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -92,12 +86,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err := store.Close(); err != nil {
-			log.Warn("closing the database", "err", err)
-		}
-		log.Info("database closed")
-	}()
+	defer service.CloseDatabase(log, store)
 
 	handler, err := newHandler(handlerConfig{
 		Store: store, Logger: log, Lease: o.lease, Latency: o.latency,
@@ -106,50 +95,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", o.addr)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       time.Minute,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(h, slog.LevelWarn),
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	log.Info("listening", "addr", ln.Addr().String(), "database", describeDatabase(o.databaseURL),
+	kind, target, _ := parseDatabaseURL(o.databaseURL) // openStore took it
+	srv := service.Server{Addr: o.addr, Handler: handler, Log: log, ShutdownTimeout: o.shutdownTimeout, Stop: stop}
+	return srv.Serve(ctx, "database", service.DescribeDatabase(kind, target),
 		"lease", o.lease.String(), "latency", o.latency.String(),
 		"fail_rate", o.failRate, "timeout_rate", o.timeoutRate, "hang", o.hang.String())
-
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
-	}
-	stop()
-	log.Info("shutting down", "timeout", o.shutdownTimeout.String())
-	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("shutdown timed out; closing connections", "err", err)
-		_ = srv.Close()
-	}
-	return nil
-}
-
-// describeDatabase names the database for the log, without credentials.
-func describeDatabase(databaseURL string) string {
-	kind, target, err := parseDatabaseURL(databaseURL)
-	if err != nil {
-		return "?"
-	}
-	if kind == "postgres" {
-		if u, err := url.Parse(target); err == nil {
-			return u.Redacted()
-		}
-		return "postgres"
-	}
-	return "sqlite:" + target
 }

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -54,23 +52,6 @@ func TestParseDatabaseURL(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestRunServesAndShutsDown(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -80,10 +61,12 @@ func TestRunServesAndShutsDown(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var logs syncBuffer
+	logs, err := os.Create(filepath.Join(t.TempDir(), "log")) // safe for concurrent writes
+	require.NoError(t, err)
+	defer logs.Close()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"--addr", addr, "--database-url", filepath.Join(t.TempDir(), "f.db")}, &logs)
+		done <- run(ctx, []string{"--addr", addr, "--database-url", filepath.Join(t.TempDir(), "f.db")}, logs)
 	}()
 	require.Eventually(t, func() bool {
 		resp, err := http.Get("http://" + addr + "/healthz")
@@ -94,15 +77,8 @@ func TestRunServesAndShutsDown(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	}, 10*time.Second, 20*time.Millisecond)
 
-	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/charges", strings.NewReader(chargeBody))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer sk_test_acme")
-	req.Header.Set("Idempotency-Key", "run-1")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	p := &testPSP{t: t, url: "http://" + addr}
+	require.Equal(t, http.StatusCreated, p.charge("acme", "run-1", "application/json", chargeBody).status)
 
 	cancel()
 	select {
@@ -111,7 +87,9 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("run did not return after its context was cancelled")
 	}
-	out := logs.String()
+	b, err := os.ReadFile(logs.Name())
+	require.NoError(t, err)
+	out := string(b)
 	require.Contains(t, out, `"msg":"charged"`)
 	require.Contains(t, out, `"idempotency_key":"run-1"`)
 	require.Contains(t, out, `"msg":"database closed"`)

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"embed"
 	"errors"
 	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/dburl"
+	"github.com/idemgo/idem/internal/service"
 )
 
 // SchemaVersionTable records fakepsp's own migrations, beside idem's
@@ -50,12 +52,11 @@ type Stats struct {
 }
 
 // Store is fakepsp's storage: the charges table next to idem's idem_keys in
-// the same database (sqliteStore, postgresStore).
+// the same database (sqliteStore, postgresStore). openStore returns it
+// migrated.
 type Store interface {
 	// Idem returns the idempotency driver on the same database.
 	Idem() idem.Store
-	// Migrate applies idem's migrations, then fakepsp's. Safe on every start.
-	Migrate(ctx context.Context) error
 	// CreateCharge writes the charge in the claim's transaction (taken from
 	// ctx): it commits together with idem's record of the response, so a
 	// charge exists if and only if its key replays it.
@@ -70,28 +71,28 @@ type Store interface {
 	Close() error
 }
 
+//go:embed migrations/*/*.sql
+var migrations embed.FS
+
+// schema is fakepsp's table: migrations/<kind>/*.sql, applied by goose
+// after idem's and recorded in SchemaVersionTable.
+var schema = service.Schema{Service: "fakepsp", VersionTable: SchemaVersionTable, Migrations: migrations}
+
 // openStore opens the database named by databaseURL (see parseDatabaseURL)
-// and migrates it.
+// and migrates it: idem's migrations, then fakepsp's (service.Open).
 func openStore(ctx context.Context, databaseURL string) (Store, error) {
 	kind, target, err := parseDatabaseURL(databaseURL)
 	if err != nil {
 		return nil, err
 	}
-	var s Store
-	switch kind {
-	case "postgres":
-		s, err = openPostgres(ctx, target)
-	default:
-		s, err = openSQLite(ctx, target)
-	}
+	db, err := service.Open(ctx, kind, target, schema)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.Migrate(ctx); err != nil {
-		s.Close()
-		return nil, err
+	if kind == dburl.Postgres {
+		return &postgresStore{db}, nil
 	}
-	return s, nil
+	return &sqliteStore{db}, nil
 }
 
 // parseDatabaseURL tells which database a --database-url names, as
@@ -100,24 +101,33 @@ func openStore(ctx context.Context, databaseURL string) (Store, error) {
 // search_path=... picks the schema); sqlite:PATH, file:PATH or a plain PATH
 // is an SQLite file. It returns "postgres" or "sqlite" and the URL or path.
 func parseDatabaseURL(s string) (kind, target string, err error) {
-	if s == "" {
-		return "sqlite", DefaultSQLitePath, nil
-	}
-	kind, target, err = dburl.Parse(s)
+	kind, target, err = service.ParseDatabaseURL(s, DefaultSQLitePath)
 	if err == nil && kind == dburl.MySQL {
 		return "", "", errors.New("fakepsp keeps its charges in SQLite or PostgreSQL: a mysql:// URL is not supported")
 	}
 	return kind, target, err
 }
 
-// addStat adds count charges of amount in currency to merchant's stats.
-func (s *Stats) addStat(merchant, currency string, count, amount int64) {
-	m := s.Merchants[merchant]
-	if m == nil {
-		m = &MerchantStats{Amount: map[string]int64{}}
-		s.Merchants[merchant] = m
+// readStats reads the stats from rows of (merchant, currency, count,
+// amount), one per merchant and currency.
+func readStats(rows service.Rows) (Stats, error) {
+	st := Stats{Merchants: map[string]*MerchantStats{}}
+	for rows.Next() {
+		var (
+			merchant, currency string
+			count, amount      int64
+		)
+		if err := rows.Scan(&merchant, &currency, &count, &amount); err != nil {
+			return Stats{}, err
+		}
+		m := st.Merchants[merchant]
+		if m == nil {
+			m = &MerchantStats{Amount: map[string]int64{}}
+			st.Merchants[merchant] = m
+		}
+		m.Charges += count
+		m.Amount[currency] += amount
+		st.Charges += count
 	}
-	m.Charges += count
-	m.Amount[currency] += amount
-	s.Charges += count
+	return st, rows.Err()
 }

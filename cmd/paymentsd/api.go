@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,9 +10,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/service"
 )
 
 // List limits of GET /v1/payments.
@@ -53,9 +51,9 @@ type api struct {
 
 // newHandler returns the service's whole HTTP handler:
 //
-//	logRequests
+//	service.LogRequests
 //	  GET /healthz                      (no authentication)
-//	  everything else: authenticate -> fault injection -> keepClaiming -> idem -> routes below
+//	  everything else: svc.Authenticate -> fault injection -> service.KeepClaiming -> idem -> routes below
 //	    POST /v1/payments               (Idempotency-Key required)
 //	    GET  /v1/payments/{id}
 //	    GET  /v1/payments?limit=N
@@ -67,7 +65,7 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	}
 	mw, err := idem.New(idem.Config{
 		Store:         store,
-		Scope:         scopeFromMerchant,
+		Scope:         service.Scope,
 		LeaseDuration: cfg.Lease,
 		RelaySecret:   cfg.RelaySecret,
 		Logger:        cfg.Logger,
@@ -79,9 +77,14 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		cfg.WriteMode = WriteInClaim
 	}
 	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults}
+	return a.serve(cfg.Faults.wrap(service.KeepClaiming(mw.Handler(a.routes(a.createPayment))))), nil
+}
 
+// routes returns the authenticated routes, with create as POST
+// /v1/payments.
+func (a *api) routes(create http.HandlerFunc) *http.ServeMux {
 	routes := http.NewServeMux()
-	routes.HandleFunc("POST /v1/payments", a.createPayment)
+	routes.HandleFunc("POST /v1/payments", create)
 	routes.HandleFunc("GET /v1/payments", a.listPayments)
 	routes.HandleFunc("GET /v1/payments/{id}", a.getPayment)
 	routes.HandleFunc("GET /v1/balance", a.balance)
@@ -91,12 +94,17 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	routes.Handle("/v1/payments/{id}", methodNotAllowed("GET, HEAD"))
 	routes.Handle("/v1/balance", methodNotAllowed("GET, HEAD"))
 	routes.HandleFunc("/", notFound)
+	return routes
+}
 
+// serve returns the whole handler: the request log, GET /healthz, and
+// everything else authenticated, then handled by protected.
+func (a *api) serve(protected http.Handler) http.Handler {
 	root := http.NewServeMux()
 	root.HandleFunc("GET /healthz", a.health)
 	root.Handle("/healthz", methodNotAllowed("GET, HEAD"))
-	root.Handle("/", authenticate(cfg.Faults.wrap(keepClaiming(mw.Handler(routes)))))
-	return logRequests(cfg.Logger, root), nil
+	root.Handle("/", svc.Authenticate(protected))
+	return service.LogRequests(a.log, http.StatusOK, root)
 }
 
 // paymentJSON is a payment as the API shows it.
@@ -125,25 +133,11 @@ func toJSON(p Payment) paymentJSON {
 // (merchant, Idempotency-Key), its answer recorded and replayed.
 func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	merchant, _ := merchantFrom(ctx)
+	merchant, _ := service.Merchant(ctx)
 	// idem has read the body already (at most its MaxRequestBytes) and
 	// hands it on in full.
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		writeProblem(w, problemInvalidRequest, http.StatusBadRequest, "the request body could not be read")
-		return
-	}
-	in, err := parsePaymentInput(r.Header.Get("Content-Type"), body)
-	var ie *inputError
-	switch {
-	case errors.Is(err, errUnsupportedMedia):
-		writeProblem(w, problemUnsupportedMedia, http.StatusUnsupportedMediaType, err.Error())
-		return
-	case errors.As(err, &ie) && ie.params != nil:
-		writeInvalidParams(w, ie.params)
-		return
-	case err != nil:
-		writeProblem(w, problemInvalidRequest, http.StatusBadRequest, err.Error())
+	in, ok := readPayment(w, r, r.Body)
+	if !ok {
 		return
 	}
 
@@ -157,14 +151,11 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	relay, err := idem.RelayKey(ctx, RelayStep)
 	if err != nil {
 		a.log.ErrorContext(ctx, "no relay key", "err", err)
-		writeProblem(w, problemInternal, http.StatusInternalServerError, "the payment could not be keyed for the provider")
+		svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the payment could not be keyed for the provider")
 		return
 	}
 	exec, _ := idem.ExecutionFromContext(ctx)
-	charge, err := a.provider.Charge(ctx, ChargeRequest{
-		IdempotencyKey: relay, Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
-		Customer: in.Customer, Description: in.Description,
-	})
+	charge, err := a.provider.Charge(ctx, in.chargeRequest(relay, merchant))
 	if err != nil {
 		a.providerFailed(w, r, relay, err)
 		return
@@ -174,11 +165,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	a.faults.maybeCrash(ctx, crashAfterCharge, "charge", charge.ID)
 	a.faults.stall(ctx)
 
-	p, err := a.store.CreatePayment(ctx, NewPayment{
-		ID: newID("pay"), Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
-		Customer: in.Customer, Description: in.Description, Status: "succeeded",
-		ProviderChargeID: charge.ID,
-	}, a.writeMode)
+	p, err := a.store.CreatePayment(ctx, in.payment(merchant, charge.ID), a.writeMode)
 	if err != nil {
 		// Answered 5xx: idem rolls the transaction back and records FAILED,
 		// so a retry charges again with the same relay key (the provider
@@ -190,12 +177,48 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		// The charge is recorded for another payment: the provider answered
 		// another request's charge. Never book it twice.
 		a.log.ErrorContext(ctx, "the provider's charge is recorded for another payment", "charge", charge.ID, "payment", p.ID)
-		writeProblem(w, problemInternal, http.StatusInternalServerError, "the provider's charge is already recorded for another payment")
+		svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the provider's charge is already recorded for another payment")
 		return
 	}
 	a.faults.maybeCrash(ctx, crashAfterWrite, "charge", charge.ID, "payment", p.ID, "write_mode", string(a.writeMode))
 	w.Header().Set("Location", "/v1/payments/"+p.ID)
-	writeJSON(w, http.StatusCreated, toJSON(p))
+	svc.WriteJSON(w, http.StatusCreated, toJSON(p))
+}
+
+// readPayment reads body (all or part of r's) and validates it as a
+// payment. When it is not valid it answers: 415 unsupported-media-type, or
+// 400 invalid-request (with invalid-params when fields are wrong), and
+// returns false.
+func readPayment(w http.ResponseWriter, r *http.Request, body io.Reader) (paymentInput, bool) {
+	b, err := io.ReadAll(body)
+	if err != nil {
+		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, "the request body could not be read")
+		return paymentInput{}, false
+	}
+	in, err := parsePaymentInput(r.Header.Get("Content-Type"), b)
+	var ie *inputError
+	switch {
+	case errors.Is(err, errUnsupportedMedia):
+		svc.WriteProblem(w, service.ProblemUnsupportedMedia, http.StatusUnsupportedMediaType, err.Error())
+	case errors.As(err, &ie) && ie.params != nil:
+		writeInvalidParams(w, ie.params)
+	case err != nil:
+		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, err.Error())
+	}
+	return in, err == nil
+}
+
+// chargeRequest is the provider's charge for in, keyed with key.
+func (in paymentInput) chargeRequest(key, merchant string) ChargeRequest {
+	return ChargeRequest{IdempotencyKey: key, Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
+		Customer: in.Customer, Description: in.Description}
+}
+
+// payment is the new succeeded payment of in, recording the provider's
+// charge.
+func (in paymentInput) payment(merchant, chargeID string) NewPayment {
+	return NewPayment{ID: service.NewID("pay"), Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
+		Customer: in.Customer, Description: in.Description, Status: "succeeded", ProviderChargeID: chargeID}
 }
 
 // providerFailed answers a charge the provider did not confirm: 504 when its
@@ -203,10 +226,10 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 // records both as FAILED, so a retry with the same key asks the provider
 // again, with the same relayed key: it charges at most once.
 func (a *api) providerFailed(w http.ResponseWriter, r *http.Request, relay string, err error) {
-	merchant, _ := merchantFrom(r.Context())
+	merchant, _ := service.Merchant(r.Context())
 	a.log.WarnContext(r.Context(), "payment provider failed", "merchant", merchant, "relay_key", relay, "err", err)
 	if errors.Is(err, ErrProviderTimeout) {
-		p := problem(problemProviderTimeout, http.StatusGatewayTimeout,
+		p := svc.Problem(problemProviderTimeout, http.StatusGatewayTimeout,
 			"the payment provider did not answer in time; the charge may have been made: retry with the same Idempotency-Key, the provider will not charge twice")
 		p.RetryAfter = time.Second
 		p.Write(w)
@@ -215,7 +238,7 @@ func (a *api) providerFailed(w http.ResponseWriter, r *http.Request, relay strin
 	// Retry-After: 1, whatever the provider said: its own Retry-After for a
 	// key in flight is the lease left there (30 s for a fresh claim), while
 	// its charge usually completes far sooner.
-	p := problem(problemProviderError, http.StatusBadGateway,
+	p := svc.Problem(problemProviderError, http.StatusBadGateway,
 		"the payment provider did not confirm the charge; retry with the same Idempotency-Key")
 	p.RetryAfter = time.Second
 	p.Write(w)
@@ -223,23 +246,23 @@ func (a *api) providerFailed(w http.ResponseWriter, r *http.Request, relay strin
 
 // getPayment is GET /v1/payments/{id}.
 func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
-	merchant, _ := merchantFrom(r.Context())
+	merchant, _ := service.Merchant(r.Context())
 	id := r.PathValue("id")
 	p, err := a.store.Payment(r.Context(), merchant, id)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		// Another merchant's payment is not found either.
-		writeProblem(w, problemNotFound, http.StatusNotFound, fmt.Sprintf("no payment %q", id))
+		svc.WriteProblem(w, service.ProblemNotFound, http.StatusNotFound, fmt.Sprintf("no payment %q", id))
 	case err != nil:
 		a.storeFailed(w, r, "reading a payment", err)
 	default:
-		writeJSON(w, http.StatusOK, toJSON(p))
+		svc.WriteJSON(w, http.StatusOK, toJSON(p))
 	}
 }
 
 // listPayments is GET /v1/payments?limit=N: the merchant's newest payments.
 func (a *api) listPayments(w http.ResponseWriter, r *http.Request) {
-	merchant, _ := merchantFrom(r.Context())
+	merchant, _ := service.Merchant(r.Context())
 	limit, reason := parseLimit(r.URL.Query()["limit"])
 	if reason != "" {
 		writeInvalidParams(w, []invalidParam{{Name: "limit", Reason: reason}})
@@ -258,7 +281,7 @@ func (a *api) listPayments(w http.ResponseWriter, r *http.Request) {
 	for i, p := range payments {
 		data[i] = toJSON(p)
 	}
-	writeJSON(w, http.StatusOK, struct {
+	svc.WriteJSON(w, http.StatusOK, struct {
 		Data    []paymentJSON `json:"data"`
 		HasMore bool          `json:"has_more"`
 	}{data, hasMore})
@@ -283,13 +306,13 @@ func parseLimit(values []string) (int, string) {
 
 // balance is GET /v1/balance: the merchant's ledger summed per currency.
 func (a *api) balance(w http.ResponseWriter, r *http.Request) {
-	merchant, _ := merchantFrom(r.Context())
+	merchant, _ := service.Merchant(r.Context())
 	b, err := a.store.Balance(r.Context(), merchant)
 	if err != nil {
 		a.storeFailed(w, r, "computing the balance", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct {
+	svc.WriteJSON(w, http.StatusOK, struct {
 		Merchant string           `json:"merchant"`
 		Payments int64            `json:"payments"`
 		Totals   map[string]int64 `json:"totals"`
@@ -302,12 +325,12 @@ func (a *api) health(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	if err := a.store.Ping(ctx); err != nil {
 		a.log.WarnContext(ctx, "health check: database ping failed", "err", err)
-		p := problem(problemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
+		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
 		p.RetryAfter = time.Second
 		p.Write(w)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	svc.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 // storeFailed answers a database error: 503 when idem could not begin the
@@ -316,58 +339,22 @@ func (a *api) health(w http.ResponseWriter, r *http.Request) {
 func (a *api) storeFailed(w http.ResponseWriter, r *http.Request, what string, err error) {
 	a.log.ErrorContext(r.Context(), "database error", "op", what, "err", err)
 	if errors.Is(err, idem.ErrStoreUnavailable) {
-		p := problem(problemUnavailable, http.StatusServiceUnavailable, "the database did not answer while "+what+"; retry later")
+		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database did not answer while "+what+"; retry later")
 		p.RetryAfter = time.Second
 		p.Write(w)
 		return
 	}
-	writeProblem(w, problemInternal, http.StatusInternalServerError, "the service failed while "+what)
-}
-
-// keepClaiming detaches the request's context from the client's connection
-// before idem claims the key. idem runs its claim statement on the request's
-// context: when the client hangs up during that statement, the database may
-// commit the claim (PROCESSING) while the driver reports the cancellation,
-// and idem then returns without running the handler, so the key stays
-// claimed by nobody until its lease runs out, answering 409 to every retry
-// meanwhile. Detached, the claim completes and the payment runs (its
-// handler's context is detached from the client's by idem anyway), and the
-// client's retry gets its result.
-func keepClaiming(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
-	})
+	svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the service failed while "+what)
 }
 
 func methodNotAllowed(allow string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", allow)
-		writeProblem(w, problemMethodNotAllowed, http.StatusMethodNotAllowed,
+		svc.WriteProblem(w, problemMethodNotAllowed, http.StatusMethodNotAllowed,
 			fmt.Sprintf("%s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, allow))
 	})
 }
 
 func notFound(w http.ResponseWriter, r *http.Request) {
-	writeProblem(w, problemNotFound, http.StatusNotFound, fmt.Sprintf("no resource at %s", r.URL.Path))
-}
-
-// writeJSON sends v as application/json with status.
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	body, err := json.Marshal(v)
-	if err != nil {
-		writeProblem(w, problemInternal, http.StatusInternalServerError, "the response could not be encoded")
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
-}
-
-// newID returns prefix_<uuid>, with a version 7 (time-ordered) UUID.
-func newID(prefix string) string {
-	id, err := uuid.NewV7()
-	if err != nil {
-		id = uuid.New()
-	}
-	return prefix + "_" + id.String()
+	svc.WriteProblem(w, service.ProblemNotFound, http.StatusNotFound, fmt.Sprintf("no resource at %s", r.URL.Path))
 }

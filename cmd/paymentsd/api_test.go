@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/service"
 )
 
 const paymentBody = `{"amount":1000,"currency":"JPY","customer":"cus_42","description":"Order #1"}`
@@ -133,7 +134,7 @@ func TestValidation(t *testing.T) {
 			r := s.postJSON("acme", fmt.Sprintf("invalid-%d", i), tc.body)
 			require.Equal(t, http.StatusBadRequest, r.status, "body: %s", r.body)
 			p := r.problem(t)
-			require.Equal(t, ProblemTypeBase+problemInvalidRequest, p["type"])
+			require.Equal(t, ProblemTypeBase+service.ProblemInvalidRequest, p["type"])
 			if tc.fields == nil {
 				require.NotContains(t, p, "invalid-params")
 				return
@@ -165,7 +166,7 @@ func TestUnsupportedMediaType(t *testing.T) {
 		}
 		r := s.do(http.MethodPost, "/v1/payments", paymentBody, headers...)
 		require.Equal(t, http.StatusUnsupportedMediaType, r.status, "Content-Type %q: %s", ct, r.body)
-		require.Equal(t, ProblemTypeBase+problemUnsupportedMedia, r.problem(t)["type"])
+		require.Equal(t, ProblemTypeBase+service.ProblemUnsupportedMedia, r.problem(t)["type"])
 	}
 }
 
@@ -207,18 +208,18 @@ func TestUnauthorized(t *testing.T) {
 			}
 			r := s.do(rq.method, rq.path, paymentBody, headers...)
 			require.Equal(t, http.StatusUnauthorized, r.status, "%s, %s %s: %s", name, rq.method, rq.path, r.body)
-			require.Equal(t, ProblemTypeBase+problemUnauthorized, r.problem(t)["type"])
+			require.Equal(t, ProblemTypeBase+service.ProblemUnauthorized, r.problem(t)["type"])
 			require.True(t, strings.HasPrefix(r.header.Get("WWW-Authenticate"), "Bearer "))
 		}
 	}
 	// The longest merchant and the case-insensitive scheme pass.
 	long := strings.Repeat("m", 64)
-	r := s.do(http.MethodGet, "/v1/balance", "", "Authorization", "bearer "+APIKeyPrefix+long)
+	r := s.do(http.MethodGet, "/v1/balance", "", "Authorization", "bearer "+service.APIKeyPrefix+long)
 	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
 
 	// Unauthenticated requests never reached the store.
 	var n int
-	require.NoError(t, s.store.(*sqliteStore).db.QueryRow(`SELECT COUNT(*) FROM idem_keys`).Scan(&n))
+	require.NoError(t, s.store.(*sqlStore).SQL.QueryRow(`SELECT COUNT(*) FROM idem_keys`).Scan(&n))
 	require.Zero(t, n)
 }
 
@@ -279,7 +280,7 @@ func TestGetAndListPayments(t *testing.T) {
 	// Another merchant's payment is not found; neither is a made-up id.
 	r := s.get("globex", "/v1/payments/"+ids[0])
 	require.Equal(t, http.StatusNotFound, r.status)
-	require.Equal(t, ProblemTypeBase+problemNotFound, r.problem(t)["type"])
+	require.Equal(t, ProblemTypeBase+service.ProblemNotFound, r.problem(t)["type"])
 	require.Equal(t, http.StatusNotFound, s.get("acme", "/v1/payments/pay_nope").status)
 
 	type list struct {
@@ -435,7 +436,12 @@ func TestHealthz(t *testing.T) {
 	require.NoError(t, store.Close())
 	r = s.do(http.MethodGet, "/healthz", "")
 	require.Equal(t, http.StatusServiceUnavailable, r.status)
-	require.Equal(t, ProblemTypeBase+problemUnavailable, r.problem(t)["type"])
+	require.Equal(t, ProblemTypeBase+service.ProblemUnavailable, r.problem(t)["type"])
+}
+
+func TestSQLitePaymentFlow(t *testing.T) {
+	t.Parallel()
+	testPaymentFlow(t, newSQLiteStore(t))
 }
 
 func TestConcurrentIdenticalPostsSQLite(t *testing.T) {
@@ -500,4 +506,40 @@ func testConcurrentIdenticalPosts(t *testing.T, store Store) {
 	require.Equal(t, http.StatusCreated, r.status)
 	require.Equal(t, "true", r.header.Get(idem.HeaderReplayed))
 	require.Equal(t, original, r.body)
+}
+
+// testPaymentFlow runs the API's main paths on store (a fresh database):
+// payment, replay, reuse with another body, balance, reads, and a failed
+// write that rolls back and is retried with one charge.
+func testPaymentFlow(t *testing.T, store Store) {
+	s := startServer(t, store, nil)
+
+	first := s.postJSON("acme", "flow-1", paymentBody)
+	require.Equal(t, http.StatusCreated, first.status, "body: %s", first.body)
+	second := s.postJSON("acme", "flow-1", paymentBody)
+	require.Equal(t, "true", second.header.Get(idem.HeaderReplayed))
+	require.Equal(t, first.body, second.body)
+	require.Equal(t, http.StatusUnprocessableEntity, s.postJSON("acme", "flow-1", `{"amount":2,"currency":"USD","customer":"x"}`).status)
+
+	require.Equal(t, http.StatusCreated, s.postJSON("acme", "flow-2", `{"amount":5,"currency":"usd","customer":"x"}`).status)
+	require.Equal(t, balanceJSON{Merchant: "acme", Payments: 2, Totals: map[string]int64{"JPY": 1000, "USD": 5}}, s.balance("acme"))
+	require.Equal(t, balanceJSON{Merchant: "ACME", Payments: 0, Totals: map[string]int64{}}, s.balance("ACME"), "merchants compare byte by byte")
+
+	got := s.get("acme", first.header.Get("Location"))
+	require.Equal(t, http.StatusOK, got.status)
+	require.JSONEq(t, string(first.body), string(got.body))
+	require.Equal(t, http.StatusNotFound, s.get("globex", first.header.Get("Location")).status)
+	require.Contains(t, string(s.get("acme", "/v1/payments?limit=1").body), `"has_more":true`)
+
+	// A failed write rolls back, and the retry charges once.
+	failing := &failingWrites{Store: store}
+	failing.fail.Store(true)
+	provider := NewFakeProvider(0)
+	s2 := startServer(t, failing, provider)
+	require.Equal(t, http.StatusInternalServerError, s2.postJSON("acme", "flow-3", paymentBody).status)
+	require.EqualValues(t, 2, s2.balance("acme").Payments)
+	failing.fail.Store(false)
+	require.Equal(t, http.StatusCreated, s2.postJSON("acme", "flow-3", paymentBody).status)
+	require.EqualValues(t, 3, s2.balance("acme").Payments)
+	require.Equal(t, 1, provider.Charges())
 }

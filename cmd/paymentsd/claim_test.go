@@ -33,7 +33,7 @@ func (d slowClaimDriver) Claim(ctx context.Context, p idemdriver.ClaimParams) (i
 }
 
 // TestClientHangUpDuringClaim: the client hangs up while idem's claim
-// statement runs. keepClaiming detaches the claim from the client, so the
+// statement runs. service.KeepClaiming detaches the claim from the client, so the
 // payment is made, and the retry gets it at once instead of 409 for a whole
 // lease from a key claimed by nobody.
 func TestClientHangUpDuringClaim(t *testing.T) {

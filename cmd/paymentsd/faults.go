@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/service"
 )
 
 // Crash points of a POST /v1/payments, in the order a request passes them.
@@ -167,7 +168,7 @@ func (f *faults) wrap(next http.Handler) http.Handler {
 			return
 		}
 		key := r.Header.Get(idem.HeaderKey)
-		merchant, _ := merchantFrom(r.Context())
+		merchant, _ := service.Merchant(r.Context())
 		f.maybeCrash(r.Context(), crashBeforeClaim, "merchant", merchant, "idempotency_key", key)
 		next.ServeHTTP(&crashWriter{ResponseWriter: w, f: f, r: r, key: key, merchant: merchant}, r)
 	})

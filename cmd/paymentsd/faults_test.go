@@ -127,8 +127,8 @@ func testStalledOwnerIsFencedOut(t *testing.T, store Store, mode WriteMode) {
 		return &testServer{t: t, url: srv.URL, store: store}
 	}
 	newReplica := func(f *faults) *testServer { return newReplicaLogging(discardLogger(), f) }
-	var logA syncBuffer
-	logger := slog.New(slog.NewJSONHandler(&logA, nil))
+	logA, readLogA := tempLog(t)
+	logger := slog.New(slog.NewJSONHandler(logA, nil))
 	a := newReplicaLogging(logger, &faults{stallAfterCharge: 4 * time.Second, log: logger})
 	b := newReplica(nil)
 
@@ -163,7 +163,7 @@ func testStalledOwnerIsFencedOut(t *testing.T, store Store, mode WriteMode) {
 		require.Equal(t, idem.ProblemTypeBase+"request-in-flight", ra.problem(t)["type"])
 	case http.StatusServiceUnavailable:
 		require.Equal(t, idem.ProblemTypeBase+"store-unavailable", ra.problem(t)["type"])
-		require.Contains(t, logA.String(), "idem: lease not renewed for a whole lease; giving up")
+		require.Contains(t, readLogA(), "idem: lease not renewed for a whole lease; giving up")
 	default:
 		t.Fatalf("the stalled owner's outcome must not be recorded: %d %s", ra.status, ra.body)
 	}

@@ -5,16 +5,20 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/internal/service"
 )
 
 // testServer is the whole service on httptest, on a fresh database.
@@ -109,7 +113,7 @@ func (s *testServer) do(method, path, body string, headers ...string) response {
 }
 
 // auth is the Authorization header of merchant.
-func auth(merchant string) string { return "Bearer " + APIKeyPrefix + merchant }
+func auth(merchant string) string { return "Bearer " + service.APIKeyPrefix + merchant }
 
 // postJSON creates a payment as merchant with key.
 func (s *testServer) postJSON(merchant, key, body string) response {
@@ -155,3 +159,64 @@ func invalidParamNames(t *testing.T, p map[string]any) []string {
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 func stringsReader(s string) io.Reader { return strings.NewReader(s) }
+
+// startRun runs the command as main does, with args and --addr on a free
+// port, its log in a file, and waits until its /healthz answers 200. stop
+// cancels run's context (as SIGINT/SIGTERM do), requires run to return nil
+// within 20 s, and returns the log.
+func startRun(t *testing.T, args ...string) (s *testServer, stop func() string) {
+	t.Helper()
+	addr := freeTestAddr(t)
+	logFile, logs := tempLog(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, append([]string{"--addr", addr}, args...), logFile) }()
+
+	s = &testServer{t: t, url: "http://" + addr}
+	healthy := func() bool {
+		resp, err := http.Get(s.url + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+	if !assert.Eventually(t, healthy, 30*time.Second, 20*time.Millisecond) {
+		t.Fatalf("run is not healthy; its log:\n%s", logs())
+	}
+	return s, func() string {
+		t.Helper()
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(20 * time.Second):
+			t.Fatal("run did not return after its context was cancelled")
+		}
+		return logs()
+	}
+}
+
+// tempLog returns a new file in t's temporary directory to log to (any
+// number of goroutines may write to it), and a function that reads it.
+func tempLog(t *testing.T) (w *os.File, read func() string) {
+	t.Helper()
+	w, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	require.NoError(t, err)
+	t.Cleanup(func() { w.Close() })
+	return w, func() string {
+		b, err := os.ReadFile(w.Name())
+		require.NoError(t, err)
+		return string(b)
+	}
+}
+
+// freeTestAddr returns a loopback address with a free port.
+func freeTestAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}

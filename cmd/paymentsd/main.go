@@ -6,8 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -15,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idemgo/idem/internal/service"
 )
 
 // EnvRelaySecret names the environment variable read for the relay secret
@@ -127,11 +127,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var h slog.Handler = slog.NewJSONHandler(stderr, nil)
-	if o.logFormat == "text" {
-		h = slog.NewTextHandler(stderr, nil)
-	}
-	log := slog.New(h)
+	log := service.NewLogger(stderr, o.logFormat)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -140,12 +136,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err := store.Close(); err != nil {
-			log.Warn("closing the database", "err", err)
-		}
-		log.Info("database closed")
-	}()
+	defer service.CloseDatabase(log, store)
 
 	var provider Provider = NewFakeProvider(o.pspLatency)
 	psp := "in-process fake, latency " + o.pspLatency.String()
@@ -175,20 +166,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	} else if handler, err = newHandler(hcfg); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", o.addr)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       time.Minute,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(h, slog.LevelWarn),
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	attrs := []any{"addr", ln.Addr().String(), "database", describeDatabase(o.databaseURL),
+	kind, target, _ := parseDatabaseURL(o.databaseURL) // openStore took it
+	attrs := []any{"database", service.DescribeDatabase(kind, target),
 		"psp", psp, "lease", o.lease.String(), "write_mode", string(o.writeMode), "relay_secret", o.relaySecret != ""}
 	if flt.enabled() {
 		attrs = append(attrs, "faults", describeFaults(o))
@@ -196,24 +175,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if o.naive.enabled {
 		attrs = append(attrs, "mode", o.naive.describe())
 	}
-	log.Info("listening", attrs...)
-
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
-	}
-	stop() // a second signal kills the process the default way
-	log.Info("shutting down", "timeout", o.shutdownTimeout.String())
-	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		// Requests still running lose their connection; their claims stay
-		// PROCESSING until the lease runs out and a retry takes them over.
-		log.Warn("shutdown timed out; closing connections", "err", err)
-		_ = srv.Close()
-	}
-	return nil
+	srv := service.Server{Addr: o.addr, Handler: handler, Log: log, ShutdownTimeout: o.shutdownTimeout, Stop: stop}
+	return srv.Serve(ctx, attrs...)
 }
 
 // describeFaults lists the injected faults for the log.
@@ -228,19 +191,4 @@ func describeFaults(o options) string {
 		parts = append(parts, "stall-after-charge="+o.stallAfterCharge.String())
 	}
 	return strings.Join(parts, " ")
-}
-
-// describeDatabase names the database for the log, without credentials.
-func describeDatabase(databaseURL string) string {
-	kind, target, err := parseDatabaseURL(databaseURL)
-	if err != nil {
-		return "?"
-	}
-	if kind == "postgres" || kind == "mysql" {
-		if u, err := url.Parse(target); err == nil {
-			return u.Redacted()
-		}
-		return kind
-	}
-	return "sqlite:" + target
 }

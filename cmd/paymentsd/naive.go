@@ -55,6 +55,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/service"
 )
 
 // DefaultRedisURL is --redis-url's default.
@@ -186,7 +187,7 @@ func naiveCache(cache responseCache, ttl time.Duration, log *slog.Logger, next h
 			next.ServeHTTP(w, r)
 			return
 		}
-		merchant, _ := merchantFrom(r.Context())
+		merchant, _ := service.Merchant(r.Context())
 		cacheKey := naiveKeyPrefix + merchant + ":" + key
 		b, found, err := cache.Get(r.Context(), cacheKey)
 		if err != nil {
@@ -252,9 +253,9 @@ func (t *teeRecorder) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
 // newNaiveHandler is newHandler with the naive cache in idem's place:
 //
-//	logRequests
+//	service.LogRequests
 //	  GET /healthz                      (no authentication)
-//	  everything else: authenticate -> fault injection -> naiveCache -> routes below
+//	  everything else: svc.Authenticate -> fault injection -> naiveCache -> routes below
 //	    POST /v1/payments               (createPaymentNaive)
 //	    GET  /v1/payments/{id}, GET /v1/payments?limit=N, GET /v1/balance (as in newHandler)
 //
@@ -269,21 +270,7 @@ func newNaiveHandler(cfg handlerConfig, cache responseCache, ttl time.Duration) 
 	}
 	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: WriteSeparate, faults: cfg.Faults}
 
-	routes := http.NewServeMux()
-	routes.HandleFunc("POST /v1/payments", a.createPaymentNaive)
-	routes.HandleFunc("GET /v1/payments", a.listPayments)
-	routes.HandleFunc("GET /v1/payments/{id}", a.getPayment)
-	routes.HandleFunc("GET /v1/balance", a.balance)
-	routes.Handle("/v1/payments", methodNotAllowed("GET, HEAD, POST"))
-	routes.Handle("/v1/payments/{id}", methodNotAllowed("GET, HEAD"))
-	routes.Handle("/v1/balance", methodNotAllowed("GET, HEAD"))
-	routes.HandleFunc("/", notFound)
-
-	root := http.NewServeMux()
-	root.HandleFunc("GET /healthz", a.health)
-	root.Handle("/healthz", methodNotAllowed("GET, HEAD"))
-	root.Handle("/", authenticate(cfg.Faults.wrap(naiveCache(cache, ttl, cfg.Logger, routes))))
-	return logRequests(cfg.Logger, root), nil
+	return a.serve(cfg.Faults.wrap(naiveCache(cache, ttl, cfg.Logger, a.routes(a.createPaymentNaive)))), nil
 }
 
 // createPaymentNaive is POST /v1/payments as the article writes it: charge,
@@ -292,53 +279,32 @@ func newNaiveHandler(cfg handlerConfig, cache responseCache, ttl time.Duration) 
 // and after-write apply as in createPayment.
 func (a *api) createPaymentNaive(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	merchant, _ := merchantFrom(ctx)
+	merchant, _ := service.Merchant(ctx)
 	if r.Header.Get(idem.HeaderKey) == "" {
-		writeProblem(w, problemInvalidRequest, http.StatusBadRequest, "send an Idempotency-Key header")
+		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, "send an Idempotency-Key header")
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, idem.DefaultMaxRequestBytes+1))
-	if err != nil {
-		writeProblem(w, problemInvalidRequest, http.StatusBadRequest, "the request body could not be read")
-		return
-	}
-	in, err := parsePaymentInput(r.Header.Get("Content-Type"), body)
-	var ie *inputError
-	switch {
-	case errors.Is(err, errUnsupportedMedia):
-		writeProblem(w, problemUnsupportedMedia, http.StatusUnsupportedMediaType, err.Error())
-		return
-	case errors.As(err, &ie) && ie.params != nil:
-		writeInvalidParams(w, ie.params)
-		return
-	case err != nil:
-		writeProblem(w, problemInvalidRequest, http.StatusBadRequest, err.Error())
+	in, ok := readPayment(w, r, io.LimitReader(r.Body, idem.DefaultMaxRequestBytes+1))
+	if !ok {
 		return
 	}
 
 	a.faults.maybeCrash(ctx, crashBeforeCharge)
 	// No relayed key: each execution asks for a new charge.
-	providerKey := newID("naive")
-	charge, err := a.provider.Charge(ctx, ChargeRequest{
-		IdempotencyKey: providerKey, Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
-		Customer: in.Customer, Description: in.Description,
-	})
+	providerKey := service.NewID("naive")
+	charge, err := a.provider.Charge(ctx, in.chargeRequest(providerKey, merchant))
 	if err != nil {
 		a.providerFailed(w, r, providerKey, err)
 		return
 	}
 	a.faults.maybeCrash(ctx, crashAfterCharge, "charge", charge.ID)
 	a.faults.stall(ctx)
-	p, err := a.store.CreatePayment(ctx, NewPayment{
-		ID: newID("pay"), Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
-		Customer: in.Customer, Description: in.Description, Status: "succeeded",
-		ProviderChargeID: charge.ID,
-	}, WriteSeparate)
+	p, err := a.store.CreatePayment(ctx, in.payment(merchant, charge.ID), WriteSeparate)
 	if err != nil {
 		a.storeFailed(w, r, "recording the payment", err)
 		return
 	}
 	a.faults.maybeCrash(ctx, crashAfterWrite, "charge", charge.ID, "payment", p.ID, "write_mode", string(WriteSeparate))
 	w.Header().Set("Location", "/v1/payments/"+p.ID)
-	writeJSON(w, http.StatusCreated, toJSON(p))
+	svc.WriteJSON(w, http.StatusCreated, toJSON(p))
 }

@@ -6,11 +6,9 @@ import (
 	"errors"
 	"flag"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -246,63 +244,17 @@ func TestNaiveFlags(t *testing.T) {
 func TestRunNaive(t *testing.T) {
 	t.Parallel()
 	redisURL := dbtest.RequireURL(t, EnvRedis)
-	addr := freeTestAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	db := filepath.Join(t.TempDir(), "naive.db")
-	var logs syncWriter
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"--addr", addr, "--database-url", db, "--naive", "--redis-url", redisURL,
-			"--naive-ttl", "1m", "--psp-latency", "0s"}, &logs)
-	}()
-	s := &testServer{t: t, url: "http://" + addr}
-	require.Eventually(t, func() bool {
-		resp, err := http.Get(s.url + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, 30*time.Second, 20*time.Millisecond, "%s", logs.String())
+	s, stop := startRun(t, "--database-url", filepath.Join(t.TempDir(), "naive.db"), "--naive", "--redis-url", redisURL,
+		"--naive-ttl", "1m", "--psp-latency", "0s")
 	merchant := dbtest.Name("naive")
 	first := s.postJSON(merchant, "k1", `{"amount":5,"currency":"EUR","customer":"c"}`)
 	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
 	again := s.postJSON(merchant, "k1", `{"amount":5,"currency":"EUR","customer":"c"}`)
 	require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
-	cancel()
-	require.NoError(t, <-done)
-	require.Contains(t, logs.String(), `"mode":"naive (Redis`)
+	require.Contains(t, stop(), `"mode":"naive (Redis`)
 
 	// No Redis there: paymentsd does not start.
 	err := run(context.Background(), []string{"--addr", freeTestAddr(t), "--database-url", filepath.Join(t.TempDir(), "n.db"),
 		"--naive", "--redis-url", "redis://" + freeTestAddr(t) + "/0"}, io.Discard)
 	require.ErrorContains(t, err, "redis")
-}
-
-// freeTestAddr returns a loopback address with a free port.
-func freeTestAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// syncWriter is a strings.Builder safe for concurrent writes.
-type syncWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }

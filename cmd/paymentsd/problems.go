@@ -3,7 +3,7 @@ package main
 import (
 	"net/http"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/service"
 )
 
 // ProblemTypeBase prefixes the type URI of every problem the demo itself
@@ -12,29 +12,24 @@ import (
 // key-reused, request-in-flight, ...) keep idem's type URIs.
 const ProblemTypeBase = "https://github.com/idemgo/idem/blob/main/cmd/paymentsd/README.md#"
 
-// Problem kinds the demo sends, one type URI each (RFC 9457 section 3.1.1).
+// Problem kinds of the demo's own, beside service's (unauthorized,
+// invalid-request, unsupported-media-type, not-found, unavailable,
+// internal-error), one type URI each (RFC 9457 section 3.1.1).
 const (
-	problemUnauthorized     = "unauthorized"
-	problemInvalidRequest   = "invalid-request"
-	problemUnsupportedMedia = "unsupported-media-type"
-	problemNotFound         = "not-found"
 	problemMethodNotAllowed = "method-not-allowed"
 	problemProviderError    = "provider-error"
 	problemProviderTimeout  = "provider-timeout"
-	problemUnavailable      = "unavailable"
-	problemInternal         = "internal-error"
 )
 
-var problemTitles = map[string]string{
-	problemUnauthorized:     "Missing or invalid API key",
-	problemInvalidRequest:   "The request is not valid",
-	problemUnsupportedMedia: "Unsupported request body media type",
-	problemNotFound:         "Not found",
-	problemMethodNotAllowed: "Method not allowed",
-	problemProviderError:    "The payment provider failed",
-	problemProviderTimeout:  "The payment provider did not answer in time",
-	problemUnavailable:      "Service unavailable",
-	problemInternal:         "Internal error",
+// svc writes the demo's answers and authenticates its requests.
+var svc = &service.API{
+	Name:            "paymentsd",
+	ProblemTypeBase: ProblemTypeBase,
+	ProblemTitles: map[string]string{
+		problemMethodNotAllowed: "Method not allowed",
+		problemProviderError:    "The payment provider failed",
+		problemProviderTimeout:  "The payment provider did not answer in time",
+	},
 }
 
 // invalidParam names one invalid field of a request and why (the
@@ -45,23 +40,13 @@ type invalidParam struct {
 	Reason string `json:"reason"`
 }
 
-// problem returns the problem details of one of the demo's kinds.
-func problem(kind string, status int, detail string) idem.Problem {
-	return idem.Problem{Type: ProblemTypeBase + kind, Title: problemTitles[kind], Status: status, Detail: detail}
-}
-
-// writeProblem sends the problem of kind as application/problem+json.
-func writeProblem(w http.ResponseWriter, kind string, status int, detail string) {
-	problem(kind, status, detail).Write(w)
-}
-
 // writeInvalidParams sends 400 invalid-request listing every invalid field.
 func writeInvalidParams(w http.ResponseWriter, params []invalidParam) {
 	detail := params[0].Name + ": " + params[0].Reason
 	if len(params) > 1 {
 		detail += " (and more: see invalid-params)"
 	}
-	p := problem(problemInvalidRequest, http.StatusBadRequest, detail)
+	p := svc.Problem(service.ProblemInvalidRequest, http.StatusBadRequest, detail)
 	p.Extra = map[string]any{"invalid-params": params}
 	p.Write(w)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/service"
 )
 
 // RelayStep names the provider call in the relayed key:
@@ -207,7 +208,7 @@ func (p *HTTPProvider) Charge(ctx context.Context, cr ChargeRequest) (Charge, er
 		return Charge{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+APIKeyPrefix+cr.Merchant)
+	req.Header.Set("Authorization", "Bearer "+service.APIKeyPrefix+cr.Merchant)
 	req.Header.Set(idem.HeaderKey, cr.IdempotencyKey)
 	resp, err := p.Client.Do(req)
 	if err != nil {

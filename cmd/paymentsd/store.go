@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"embed"
 	"errors"
 	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/dburl"
+	"github.com/idemgo/idem/internal/service"
 )
 
 // SchemaVersionTable is the table in which the demo's own migrations are
@@ -62,15 +64,12 @@ const (
 	WriteSeparate WriteMode = "separate"
 )
 
-// Store is the demo's storage: one implementation per database (sqliteStore,
-// postgresStore, mysqlStore), all with the same tables (payments, ledger_entries) next
-// to idem's idem_keys in the same database.
+// Store is the demo's storage: one implementation per database (onSQLite,
+// onMySQL, postgresStore), all with the same tables (payments, ledger_entries) next
+// to idem's idem_keys in the same database. openStore returns it migrated.
 type Store interface {
 	// Idem returns the idempotency driver on the same database.
 	Idem() idem.Store
-	// Migrate applies idem's migrations, then the demo's (recorded in
-	// SchemaVersionTable). Safe on every start.
-	Migrate(ctx context.Context) error
 	// CreatePayment writes the payment and its ledger entry. In WriteInClaim
 	// mode they are written in the claim's transaction (taken from ctx, begun
 	// on first use) and commit together with idem's record of the response,
@@ -91,30 +90,50 @@ type Store interface {
 	Close() error
 }
 
+//go:embed migrations/*/*.sql
+var migrations embed.FS
+
+// schema is the demo's tables: migrations/<kind>/*.sql, applied by goose
+// after idem's and recorded in SchemaVersionTable.
+var schema = service.Schema{Service: "paymentsd", VersionTable: SchemaVersionTable, Migrations: migrations}
+
 // openStore opens the database named by databaseURL (see parseDatabaseURL)
-// and migrates it.
+// and migrates it: idem's migrations, then the demo's (service.Open).
 func openStore(ctx context.Context, databaseURL string) (Store, error) {
 	kind, target, err := parseDatabaseURL(databaseURL)
 	if err != nil {
 		return nil, err
 	}
-	var s Store
-	switch kind {
-	case "postgres":
-		s, err = openPostgres(ctx, target)
-	case "mysql":
-		s, err = openMySQL(ctx, target)
-	default:
-		s, err = openSQLite(ctx, target)
-	}
+	db, err := service.Open(ctx, kind, target, schema)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.Migrate(ctx); err != nil {
-		s.Close()
-		return nil, err
+	switch kind {
+	case dburl.Postgres:
+		return &postgresStore{db}, nil
+	case dburl.MySQL:
+		return onMySQL(db), nil
+	default:
+		return onSQLite(db), nil
 	}
-	return s, nil
+}
+
+// sumBalance reads merchant's balance from rows of (currency, count,
+// total), one per currency.
+func sumBalance(merchant string, rows service.Rows) (Balance, error) {
+	b := Balance{Merchant: merchant, Totals: map[string]int64{}}
+	for rows.Next() {
+		var (
+			currency     string
+			count, total int64
+		)
+		if err := rows.Scan(&currency, &count, &total); err != nil {
+			return Balance{}, err
+		}
+		b.Payments += count
+		b.Totals[currency] = total
+	}
+	return b, rows.Err()
 }
 
 // parseDatabaseURL tells which database a --database-url names:
@@ -129,8 +148,5 @@ func openStore(ctx context.Context, databaseURL string) (Store, error) {
 //
 // It returns "postgres", "mysql" or "sqlite" and the URL or path.
 func parseDatabaseURL(s string) (kind, target string, err error) {
-	if s == "" {
-		return "sqlite", DefaultSQLitePath, nil
-	}
-	return dburl.Parse(s)
+	return service.ParseDatabaseURL(s, DefaultSQLitePath)
 }

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/idemgo/idem/internal/service"
+)
+
+// sqlStore is the Store on database/sql that SQLite (idemsqlite, onSQLite)
+// and MySQL or MariaDB (idemmysql, onMySQL) share: the same queries, but
+// for how each writes a payment, reads one and sums amounts.
+type sqlStore struct {
+	*service.DB
+	// separateTx are the options of a WriteSeparate transaction.
+	separateTx *sql.TxOptions
+	// claimTx returns the claim's transaction: idemsqlite.Tx or idemmysql.Tx.
+	claimTx func(ctx context.Context) (*sql.Tx, error)
+	// insert writes p and its ledger entry in tx, unless a payment already
+	// records p's charge: then it returns that payment and writes nothing.
+	insert func(ctx context.Context, tx *sql.Tx, p NewPayment) (Payment, error)
+	// scan reads a payment selected as paymentColumns.
+	scan func(row scanner) (Payment, error)
+	// sumAmount sums ledger_entries.amount as a 64-bit integer, in SQL.
+	sumAmount string
+}
+
+// scanner is a row of *sql.Row or *sql.Rows.
+type scanner interface{ Scan(dest ...any) error }
+
+// paymentColumns are the columns scan reads, in its order.
+const paymentColumns = `id, merchant, amount, currency, customer, description, status, provider_charge_id, created_at`
+
+func (s *sqlStore) CreatePayment(ctx context.Context, p NewPayment, mode WriteMode) (Payment, error) {
+	if mode != WriteSeparate {
+		tx, err := s.claimTx(ctx)
+		if err != nil {
+			return Payment{}, err
+		}
+		return s.insert(ctx, tx, p)
+	}
+	tx, err := s.SQL.BeginTx(ctx, s.separateTx)
+	if err != nil {
+		return Payment{}, err
+	}
+	defer tx.Rollback()
+	got, err := s.insert(ctx, tx, p)
+	if err != nil {
+		return Payment{}, err
+	}
+	return got, tx.Commit()
+}
+
+func (s *sqlStore) Payment(ctx context.Context, merchant, id string) (Payment, error) {
+	p, err := s.scan(s.SQL.QueryRowContext(ctx,
+		`SELECT `+paymentColumns+` FROM payments WHERE merchant = ? AND id = ?`, merchant, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return p, ErrNotFound
+	}
+	return p, err
+}
+
+func (s *sqlStore) Payments(ctx context.Context, merchant string, limit int) ([]Payment, error) {
+	rows, err := s.SQL.QueryContext(ctx, `SELECT `+paymentColumns+` FROM payments
+		WHERE merchant = ? ORDER BY created_at DESC, id DESC LIMIT ?`, merchant, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	payments := []Payment{}
+	for rows.Next() {
+		p, err := s.scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		payments = append(payments, p)
+	}
+	return payments, rows.Err()
+}
+
+func (s *sqlStore) Balance(ctx context.Context, merchant string) (Balance, error) {
+	rows, err := s.SQL.QueryContext(ctx, `SELECT currency, COUNT(*), `+s.sumAmount+` FROM ledger_entries
+		WHERE merchant = ? GROUP BY currency ORDER BY currency`, merchant)
+	if err != nil {
+		return Balance{}, err
+	}
+	defer rows.Close()
+	return sumBalance(merchant, rows)
+}
+
+// insertLedgerEntry writes p's ledger entry in tx, dated createdAt (as its
+// payment's row).
+func insertLedgerEntry(ctx context.Context, tx *sql.Tx, p NewPayment, createdAt any) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO ledger_entries (id, payment_id, merchant, amount, currency, created_at)
+		VALUES (?, ?, ?, ?, ?, ?)`, service.NewID("le"), p.ID, p.Merchant, p.Amount, p.Currency, createdAt)
+	if err != nil {
+		return fmt.Errorf("insert ledger entry: %w", err)
+	}
+	return nil
+}
+
+// nullString stores an absent optional text as NULL.
+func nullString(s string) sql.NullString { return sql.NullString{String: s, Valid: s != ""} }
