@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/internal/service"
 )
 
@@ -20,8 +21,12 @@ const (
 	MaxListLimit     = 100
 )
 
-// healthTimeout bounds the database ping of GET /healthz.
+// healthTimeout bounds the database reads of GET /healthz.
 const healthTimeout = 2 * time.Second
+
+// healthProbe is the merchant, scope and key that GET /healthz reads: none
+// exists (merchant names are sk_test_ suffixes, never empty).
+const healthProbe = ""
 
 // handlerConfig is what newHandler wires together.
 type handlerConfig struct {
@@ -53,11 +58,17 @@ type api struct {
 //
 //	service.LogRequests
 //	  GET /healthz                      (no authentication)
-//	  everything else: svc.Authenticate -> fault injection -> service.KeepClaiming -> idem -> routes below
-//	    POST /v1/payments               (Idempotency-Key required)
+//	  everything else: svc.Authenticate -> routes below
+//	    POST /v1/payments               fault injection -> service.KeepClaiming -> idem -> createPayment
+//	                                    (Idempotency-Key required)
 //	    GET  /v1/payments/{id}
 //	    GET  /v1/payments?limit=N
 //	    GET  /v1/balance
+//	    anything else                   404 or 405
+//
+// idem protects the one route with a side effect, not the router: a key
+// sent to a mistyped path or with another method gets the 404 or 405
+// without a record, so the client can correct the request and keep its key.
 func newHandler(cfg handlerConfig) (http.Handler, error) {
 	store := cfg.Store.Idem()
 	if cfg.Faults != nil && cfg.Faults.stallAfterCharge > 0 {
@@ -77,14 +88,14 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		cfg.WriteMode = WriteInClaim
 	}
 	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults}
-	return a.serve(cfg.Faults.wrap(service.KeepClaiming(mw.Handler(a.routes(a.createPayment))))), nil
+	return a.serve(a.routes(cfg.Faults.wrap(service.KeepClaiming(mw.Handler(http.HandlerFunc(a.createPayment)))))), nil
 }
 
 // routes returns the authenticated routes, with create as POST
 // /v1/payments.
-func (a *api) routes(create http.HandlerFunc) *http.ServeMux {
+func (a *api) routes(create http.Handler) *http.ServeMux {
 	routes := http.NewServeMux()
-	routes.HandleFunc("POST /v1/payments", create)
+	routes.Handle("POST /v1/payments", create)
 	routes.HandleFunc("GET /v1/payments", a.listPayments)
 	routes.HandleFunc("GET /v1/payments/{id}", a.getPayment)
 	routes.HandleFunc("GET /v1/balance", a.balance)
@@ -98,12 +109,12 @@ func (a *api) routes(create http.HandlerFunc) *http.ServeMux {
 }
 
 // serve returns the whole handler: the request log, GET /healthz, and
-// everything else authenticated, then handled by protected.
-func (a *api) serve(protected http.Handler) http.Handler {
+// everything else authenticated, then handled by routes.
+func (a *api) serve(routes http.Handler) http.Handler {
 	root := http.NewServeMux()
 	root.HandleFunc("GET /healthz", a.health)
 	root.Handle("/healthz", methodNotAllowed("GET, HEAD"))
-	root.Handle("/", svc.Authenticate(protected))
+	root.Handle("/", svc.Authenticate(routes))
 	return service.LogRequests(a.log, http.StatusOK, root)
 }
 
@@ -254,7 +265,7 @@ func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 		// Another merchant's payment is not found either.
 		svc.WriteProblem(w, service.ProblemNotFound, http.StatusNotFound, fmt.Sprintf("no payment %q", id))
 	case err != nil:
-		a.storeFailed(w, r, "reading a payment", err)
+		a.readFailed(w, r, "reading a payment", err)
 	default:
 		svc.WriteJSON(w, http.StatusOK, toJSON(p))
 	}
@@ -270,7 +281,7 @@ func (a *api) listPayments(w http.ResponseWriter, r *http.Request) {
 	}
 	payments, err := a.store.Payments(r.Context(), merchant, limit+1)
 	if err != nil {
-		a.storeFailed(w, r, "listing payments", err)
+		a.readFailed(w, r, "listing payments", err)
 		return
 	}
 	hasMore := len(payments) > limit
@@ -309,7 +320,7 @@ func (a *api) balance(w http.ResponseWriter, r *http.Request) {
 	merchant, _ := service.Merchant(r.Context())
 	b, err := a.store.Balance(r.Context(), merchant)
 	if err != nil {
-		a.storeFailed(w, r, "computing the balance", err)
+		a.readFailed(w, r, "computing the balance", err)
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, struct {
@@ -319,18 +330,39 @@ func (a *api) balance(w http.ResponseWriter, r *http.Request) {
 	}{b.Merchant, b.Payments, b.Totals})
 }
 
-// health is GET /healthz: 200 when the database answers a ping.
+// health is GET /healthz: 200 when the database answers a read of idem's
+// table and of the payments table (a ping alone would pass with the tables
+// gone, while every POST fails).
 func (a *api) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
 	defer cancel()
-	if err := a.store.Ping(ctx); err != nil {
-		a.log.WarnContext(ctx, "health check: database ping failed", "err", err)
+	err := a.store.Ping(ctx)
+	if err == nil {
+		if _, err = a.store.Idem().Get(ctx, healthProbe, healthProbe); errors.Is(err, idemdriver.ErrNotFound) {
+			err = nil
+		}
+	}
+	if err == nil {
+		_, err = a.store.Payments(ctx, healthProbe, 1)
+	}
+	if err != nil {
+		a.log.WarnContext(ctx, "health check: database failed", "err", err)
 		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
 		p.RetryAfter = time.Second
 		p.Write(w)
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// readFailed answers a database error of a read (GET): 503 with
+// Retry-After, since nothing was written and the same request may simply
+// be sent again once the database is back.
+func (a *api) readFailed(w http.ResponseWriter, r *http.Request, what string, err error) {
+	a.log.ErrorContext(r.Context(), "database error", "op", what, "err", err)
+	p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while "+what+"; retry later")
+	p.RetryAfter = time.Second
+	p.Write(w)
 }
 
 // storeFailed answers a database error: 503 when idem could not begin the

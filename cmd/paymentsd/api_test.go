@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/internal/service"
 )
 
@@ -542,4 +545,60 @@ func testPaymentFlow(t *testing.T, store Store) {
 	require.Equal(t, http.StatusCreated, s2.postJSON("acme", "flow-3", paymentBody).status)
 	require.EqualValues(t, 3, s2.balance("acme").Payments)
 	require.Equal(t, 1, provider.Charges())
+}
+
+// A key sent to a mistyped path, or with another method, is not used up:
+// idem protects POST /v1/payments, not the router, so the 404 or 405 is
+// not recorded and the corrected request runs (it used to get 422, the key
+// "first used for POST /v1/payment").
+func TestWrongRouteKeepsTheKey(t *testing.T) {
+	t.Parallel()
+	store := newSQLiteStore(t)
+	s := startServer(t, store, nil)
+	headers := []string{"Authorization", auth("acme"), "Idempotency-Key", "typo-1", "Content-Type", "application/json"}
+	require.Equal(t, http.StatusNotFound, s.do(http.MethodPost, "/v1/payment", paymentBody, headers...).status)
+	require.Equal(t, http.StatusMethodNotAllowed, s.do(http.MethodPatch, "/v1/payments", paymentBody, headers...).status)
+	require.Equal(t, http.StatusMethodNotAllowed, s.do(http.MethodPost, "/v1/balance", paymentBody, headers...).status)
+	_, err := store.Idem().Get(t.Context(), "acme", "typo-1")
+	require.ErrorIs(t, err, idemdriver.ErrNotFound, "no record for the wrong routes")
+
+	r := s.postJSON("acme", "typo-1", paymentBody)
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+	require.Empty(t, r.header.Get(idem.HeaderReplayed))
+	require.Equal(t, "true", s.postJSON("acme", "typo-1", paymentBody).header.Get(idem.HeaderReplayed))
+}
+
+// The reads and GET /healthz answer 503 with Retry-After when the database
+// fails (here its tables are dropped by another connection), not 500: the
+// client did nothing wrong and may ask again. /healthz reads the tables, so
+// it fails too, where a ping alone would still say ok.
+func TestReadsAnswer503WhenTheDatabaseFails(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "paymentsd.db")
+	store, err := openStore(t.Context(), "sqlite:"+path)
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	s := startServer(t, store, nil)
+	created := s.postJSON("acme", "k-1", paymentBody)
+	require.Equal(t, http.StatusCreated, created.status)
+	var p paymentJSON
+	created.json(t, &p)
+	require.Equal(t, http.StatusOK, s.do(http.MethodGet, "/healthz", "").status)
+
+	db, err := sql.Open("sqlite", path)
+	require.NoError(t, err)
+	defer db.Close()
+	for _, table := range []string{"ledger_entries", "payments", "idem_keys"} {
+		_, err := db.Exec("DROP TABLE " + table)
+		require.NoError(t, err)
+	}
+	for _, path := range []string{"/v1/balance", "/v1/payments", "/v1/payments/" + p.ID} {
+		r := s.get("acme", path)
+		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s: %s", path, r.body)
+		require.Equal(t, ProblemTypeBase+service.ProblemUnavailable, r.problem(t)["type"])
+		require.Equal(t, "1", r.header.Get("Retry-After"))
+	}
+	r := s.do(http.MethodGet, "/healthz", "")
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "body: %s", r.body)
+	require.Equal(t, "1", r.header.Get("Retry-After"))
 }

@@ -255,8 +255,8 @@ func (t *teeRecorder) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 //
 //	service.LogRequests
 //	  GET /healthz                      (no authentication)
-//	  everything else: svc.Authenticate -> fault injection -> naiveCache -> routes below
-//	    POST /v1/payments               (createPaymentNaive)
+//	  everything else: svc.Authenticate -> routes below
+//	    POST /v1/payments               fault injection -> naiveCache -> createPaymentNaive
 //	    GET  /v1/payments/{id}, GET /v1/payments?limit=N, GET /v1/balance (as in newHandler)
 //
 // cfg.Lease, cfg.RelaySecret and cfg.WriteMode are ignored: there is no
@@ -270,7 +270,7 @@ func newNaiveHandler(cfg handlerConfig, cache responseCache, ttl time.Duration) 
 	}
 	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: WriteSeparate, faults: cfg.Faults}
 
-	return a.serve(cfg.Faults.wrap(naiveCache(cache, ttl, cfg.Logger, a.routes(a.createPaymentNaive)))), nil
+	return a.serve(a.routes(cfg.Faults.wrap(naiveCache(cache, ttl, cfg.Logger, http.HandlerFunc(a.createPaymentNaive))))), nil
 }
 
 // createPaymentNaive is POST /v1/payments as the article writes it: charge,
