@@ -72,9 +72,10 @@ func DefaultOutcome(status int) Outcome {
 const MaxScopeLength = 255
 
 // ScopeFunc names who owns a request's key (tenant, account, principal), in
-// at most MaxScopeLength bytes. Keys of different scopes never meet. An error
-// answers 401 with the problem type missing-scope; a longer scope is a server
-// fault, answered 500. Either way the handler does not run.
+// at most MaxScopeLength bytes. Keys of different scopes never meet. An error,
+// or an empty scope (most often an unauthenticated request read as the zero
+// value), answers 401 with the problem type missing-scope; a longer scope is
+// a server fault, answered 500. Either way the handler does not run.
 type ScopeFunc func(r *http.Request) (string, error)
 
 // FingerprintFunc computes a request's fingerprint from the request and its

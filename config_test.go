@@ -90,6 +90,37 @@ func TestScopeTooLong(t *testing.T) {
 	require.False(t, ran)
 }
 
+// An empty scope is no scope: 401 missing-scope, the handler not run.
+// Regression: a Scope function that read "" for an unauthenticated request
+// put every such request in one shared scope, where strangers' keys met.
+func TestEmptyScopeIsMissing(t *testing.T) {
+	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(t.Context()))
+	mw, err := idem.New(idem.Config{Store: d,
+		Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }})
+	require.NoError(t, err)
+	runs := 0
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { runs++; w.WriteHeader(201) }))
+	send := func(account string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
+		req.Header.Set(idem.HeaderKey, "k")
+		if account != "" {
+			req.Header.Set("X-Account", account)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	rec := send("")
+	require.Equal(t, http.StatusUnauthorized, rec.Code)
+	require.Contains(t, rec.Body.String(), idem.ProblemTypeBase+"missing-scope")
+	require.Zero(t, runs)
+	require.Equal(t, http.StatusCreated, send("acct_1").Code)
+	require.Equal(t, 1, runs)
+}
+
 // Regression: a heartbeat that could not reach the store for a whole lease
 // answered 409 "another request took its key over" although nobody had.
 func TestStoreLostDuringHandler(t *testing.T) {

@@ -83,6 +83,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	scope, err := m.cfg.Scope(r)
+	if err == nil && scope == "" {
+		// Most often an unauthenticated request read as the zero value:
+		// sharing one empty scope would let strangers' keys meet.
+		err = errors.New("this request names no owner for its key; authenticate first")
+	}
 	if err != nil {
 		ProblemFor(ErrMissingScope, err.Error()).Write(w)
 		return
