@@ -92,11 +92,21 @@ The database comes from --database-url (or IDEM_DATABASE_URL):
 	return root
 }
 
-// withStore opens the store for one command and closes it afterwards.
+// withStore opens the store for one command and closes it afterwards. A
+// SQLite file must exist already.
 func withStore(cmd *cobra.Command, g *globals, f func(ctx context.Context, s *store) error) error {
+	return openAnd(cmd, g, false, f)
+}
+
+// withNewStore is withStore for migrate up, which may create the SQLite file.
+func withNewStore(cmd *cobra.Command, g *globals, f func(ctx context.Context, s *store) error) error {
+	return openAnd(cmd, g, true, f)
+}
+
+func openAnd(cmd *cobra.Command, g *globals, create bool, f func(ctx context.Context, s *store) error) error {
 	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 	defer cancel()
-	s, err := openStore(ctx, g.databaseURL, g.partitioned)
+	s, err := openStore(ctx, g.databaseURL, g.partitioned, create)
 	if err != nil {
 		return err
 	}
@@ -129,7 +139,7 @@ func migrateCmd(g *globals, out io.Writer) *cobra.Command {
 		Short: "Apply every pending migration (with --partitioned on PostgreSQL: the partitioned table and its partitions ahead)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+			return withNewStore(cmd, g, func(ctx context.Context, s *store) error {
 				if err := s.driver.Migrate(ctx); err != nil {
 					return err
 				}

@@ -7,6 +7,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -345,4 +348,22 @@ func TestDatabaseURLs(t *testing.T) {
 	var out, errb bytes.Buffer
 	require.Equal(t, 1, run(context.Background(), []string{"stats"}, &out, &errb))
 	require.True(t, strings.Contains(errb.String(), "--database-url"), errb.String())
+}
+
+// A mistyped SQLite path is refused, not created empty (regression: `idem
+// --database-url nonexist.db stats` left an empty nonexist.db behind and
+// said "no such table: idem_keys"); migrate up still creates the file.
+func TestMissingSQLiteFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nonexist.db")
+	c := cli{t: t, url: path}
+	for _, args := range [][]string{{"stats"}, {"stuck"}, {"inspect", "--scope", "s", "--key", "k"}, {"purge"}, {"migrate", "status"}} {
+		_, errOut, code := c.run(args...)
+		require.Equal(t, 1, code, "idem %v", args)
+		require.Contains(t, errOut, "no SQLite database at "+path, "idem %v", args)
+		_, err := os.Stat(path)
+		require.ErrorIs(t, err, fs.ErrNotExist, "idem %v created the file", args)
+	}
+	c.ok("migrate", "up")
+	require.FileExists(t, path)
+	c.ok("stats")
 }

@@ -33,8 +33,9 @@ func printLine(out io.Writer, asJSON bool, line string, v any) error {
 	return err
 }
 
-// ts formats a database time for tables: UTC, milliseconds.
-func ts(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") }
+// ts formats a database time for tables: UTC, microseconds (what the
+// drivers store, and what idem.DeriveKey reads of created_at).
+func ts(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000000Z") }
 
 func tsPtr(t *time.Time) string {
 	if t == nil {

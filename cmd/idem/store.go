@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -53,8 +55,10 @@ func parseDatabaseURL(s string) (kind, target string, err error) {
 // openStore opens the database that url names. On PostgreSQL an existing
 // idem_keys table decides between the plain and the partitioned driver;
 // partitioned asks for the partitioned one (needed only to create a new
-// table with migrate up, and refused on a plain table).
-func openStore(ctx context.Context, url string, partitioned bool) (*store, error) {
+// table with migrate up, and refused on a plain table). A SQLite file that
+// does not exist is an error unless create is set (migrate up): a mistyped
+// path must not leave an empty database behind.
+func openStore(ctx context.Context, url string, partitioned, create bool) (*store, error) {
 	kind, target, err := parseDatabaseURL(url)
 	if err != nil {
 		return nil, err
@@ -96,6 +100,9 @@ func openStore(ctx context.Context, url string, partitioned bool) (*store, error
 	default:
 		if partitioned {
 			return nil, errors.New("--partitioned is PostgreSQL's partitioned mode; SQLite stores are not partitioned")
+		}
+		if _, err := os.Stat(target); !create && errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("no SQLite database at %s (a mistyped path? `idem migrate up` creates one)", target)
 		}
 		d, err := idemsqlite.Open(ctx, target)
 		if err != nil {
