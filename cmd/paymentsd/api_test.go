@@ -131,6 +131,13 @@ func TestValidation(t *testing.T) {
 		{"JSON array", `[{"amount":1}]`, nil},
 		{"two objects", `{"amount":1,"currency":"USD","customer":"c"}{}`, nil},
 		{"truncated JSON", `{"amount":1,`, nil},
+		{"truncated value", `{"amount":1,"currency":"US`, nil},
+	}
+	// Details checked beyond the type: a body cut short says so, not the
+	// decoder's bare "EOF".
+	details := map[string]string{
+		"truncated JSON":  "ends before the object is closed",
+		"truncated value": "ends before the object is closed",
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -138,6 +145,7 @@ func TestValidation(t *testing.T) {
 			require.Equal(t, http.StatusBadRequest, r.status, "body: %s", r.body)
 			p := r.problem(t)
 			require.Equal(t, ProblemTypeBase+service.ProblemInvalidRequest, p["type"])
+			require.Contains(t, p["detail"], details[tc.name])
 			if tc.fields == nil {
 				require.NotContains(t, p, "invalid-params")
 				return

@@ -100,6 +100,15 @@ type fieldValue struct {
 	dup    bool // the field appears more than once
 }
 
+// invalidJSON is the input error of a body the JSON decoder refused; a body
+// cut short says so instead of the decoder's bare "EOF".
+func invalidJSON(err error) *inputError {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return &inputError{detail: "the request body is not valid JSON: it ends before the object is closed"}
+	}
+	return &inputError{detail: "the request body is not valid JSON: " + err.Error()}
+}
+
 // jsonFields splits a JSON object into its members, keeping each value raw
 // so that types are checked exactly (an amount of 12.5 or "1000" is an
 // error, not a conversion). A member given twice is an error, not "the last
@@ -115,18 +124,18 @@ func jsonFields(body []byte) (map[string]fieldValue, error) {
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return nil, &inputError{detail: "the request body is not valid JSON: " + err.Error()}
+			return nil, invalidJSON(err)
 		}
 		name, _ := tok.(string)
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
-			return nil, &inputError{detail: "the request body is not valid JSON: " + err.Error()}
+			return nil, invalidJSON(err)
 		}
 		_, seen := fields[name]
 		fields[name] = fieldValue{raw: raw, dup: seen}
 	}
 	if _, err := dec.Token(); err != nil {
-		return nil, &inputError{detail: "the request body is not valid JSON: " + err.Error()}
+		return nil, invalidJSON(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, notObject

@@ -150,10 +150,13 @@ func ParseAuthorization(values []string) (string, error) {
 	default:
 		return "", errors.New("send one Authorization header")
 	}
-	scheme, token, ok := strings.Cut(strings.TrimSpace(values[0]), " ")
+	scheme, token, _ := strings.Cut(strings.TrimSpace(values[0]), " ")
 	// The scheme is case-insensitive (RFC 9110 section 11.1).
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
+	if !strings.EqualFold(scheme, "Bearer") {
 		return "", errors.New("the Authorization scheme must be Bearer")
+	}
+	if strings.TrimSpace(token) == "" {
+		return "", errors.New("the Authorization header has no API key after Bearer")
 	}
 	merchant, ok := strings.CutPrefix(strings.TrimLeft(token, " "), APIKeyPrefix)
 	if !ok {

@@ -40,6 +40,11 @@ func TestParseAuthorization(t *testing.T) {
 		require.Error(t, err, "%q", bad)
 		require.NotContains(t, err.Error(), "sk_test_a", "the credentials are never echoed")
 	}
+	// Bearer with no key says so (it used to say "the scheme must be Bearer").
+	for _, header := range []string{"Bearer", "Bearer ", "bearer    "} {
+		_, err := ParseAuthorization([]string{header})
+		require.EqualError(t, err, "the Authorization header has no API key after Bearer", "%q", header)
+	}
 }
 
 func TestAuthenticate(t *testing.T) {
