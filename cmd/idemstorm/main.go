@@ -202,6 +202,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // storm runs the whole storm: servers, load, chaos, reconciliation.
 func storm(ctx context.Context, o options, stdout, stderr io.Writer) (*Report, error) {
+	if o.pspURL != "" {
+		if err := checkProvider(ctx, o.pspURL); err != nil {
+			return nil, err
+		}
+	}
 	runID := newRunID()
 	rep := newReport(o, runID)
 	plan := newPlan(runID, o.payments, o.duplicates, o.merchants)
@@ -287,6 +292,19 @@ func storm(ctx context.Context, o options, stdout, stderr io.Writer) (*Report, e
 	}
 	rep.finish()
 	return rep, nil
+}
+
+// checkProvider asks the provider for its stats before the storm starts, so
+// that a wrong --psp-url fails at once rather than after the whole run (the
+// reconciliation needs the stats; paymentsd's charges would all fail).
+func checkProvider(ctx context.Context, pspURL string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var stats pspStats
+	if err := newAPIClient(nil).getURL(ctx, func(int) string { return pspURL + "/v1/charges/stats" }, "", &stats); err != nil {
+		return fmt.Errorf("--psp-url %s: the provider does not answer GET /v1/charges/stats (is cmd/fakepsp running there?): %w", redactURL(pspURL), err)
+	}
+	return nil
 }
 
 // errFleet is the cause of a load stopped by the fleet's failure.

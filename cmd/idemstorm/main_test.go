@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"io"
 	"testing"
 	"time"
@@ -73,4 +74,15 @@ func TestRunUsageErrors(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, exitError, run(t.Context(), []string{"--payments", "-1"}, io.Discard, io.Discard))
 	require.Equal(t, exitOK, run(t.Context(), []string{"--help"}, io.Discard, io.Discard))
+}
+
+// A --psp-url where no provider answers fails before the storm, not after
+// it (regression: the storm ran to its --deadline, 10 minutes by default,
+// and only then failed to read the provider's stats).
+func TestUnreachableProviderFailsFirst(t *testing.T) {
+	t.Parallel()
+	var stderr bytes.Buffer
+	code := run(t.Context(), []string{"--url", "http://127.0.0.1:1", "--psp-url", "http://127.0.0.1:1", "--progress=false"}, io.Discard, &stderr)
+	require.Equal(t, exitError, code)
+	require.Contains(t, stderr.String(), "the provider does not answer GET /v1/charges/stats")
 }
