@@ -22,8 +22,10 @@ const MaxKeyLength = 255
 //
 // Accepted forms (CONTRACT section 2): the RFC 8941 sf-string form ("abc",
 // section 3.3.3; parameters are ignored as RFC 8941 section 3.1.2 allows) and
-// the bare form (abc); both name the same key. The key must be 1 to 255
-// characters of visible ASCII (0x21-0x7E) after unquoting.
+// the bare form (abc); both name the same key. The bare form is taken
+// whole, so `abc;v=1` is the key "abc;v=1", while `"abc";v=1` is the key
+// "abc". The key must be 1 to 255 characters of visible ASCII (0x21-0x7E)
+// after unquoting.
 //
 // Errors, all wrapping ErrMissingKey or ErrInvalidKey: no field line
 // (ErrMissingKey); two or more field lines, or a comma-joined list in one

@@ -19,6 +19,7 @@ func TestParseKey(t *testing.T) {
 		{"bare token", []string{"abc-123"}, "abc-123", nil},
 		{"sf-string", []string{`"abc-123"`}, "abc-123", nil},
 		{"sf-string with parameters (ignored, RFC 8941 3.1.2)", []string{`"abc";v=1`}, "abc", nil},
+		{"bare form is taken whole, semicolon included", []string{`abc;v=1`}, "abc;v=1", nil},
 		{"surrounding whitespace", []string{"  abc \t"}, "abc", nil},
 		{"UUID", []string{"8e03978e-40d5-43e8-bc93-6894a57f9324"}, "8e03978e-40d5-43e8-bc93-6894a57f9324", nil},
 		{"all visible ASCII but comma", []string{"!#$%&'()*+-./:;<=>?@[\\]^_`{|}~"}, "!#$%&'()*+-./:;<=>?@[\\]^_`{|}~", nil},
