@@ -76,12 +76,23 @@ func numbersExact(body []byte) bool {
 		if !ok {
 			continue
 		}
-		exact, ok := new(big.Rat).SetString(string(n))
-		if !ok {
-			return false
-		}
+		// The cheap checks first: big.Rat would compute 10^999999 for
+		// 1e-999999 (tens of milliseconds) before finding it inexact.
 		f, err := strconv.ParseFloat(string(n), 64)
 		if err != nil || math.IsInf(f, 0) {
+			return false
+		}
+		if f == 0 {
+			mantissa, _, _ := strings.Cut(strings.ToLower(string(n)), "e")
+			if strings.Trim(mantissa, "-0.") != "" {
+				return false // a non-zero number too small for a double
+			}
+			continue // zero, however written: RFC 8785 writes 0
+		}
+		// A finite non-zero double: the literal's exponent is bounded by
+		// its own length plus 324, so big.Rat's work is too.
+		exact, ok := new(big.Rat).SetString(string(n))
+		if !ok {
 			return false
 		}
 		// The number must be the value of its double's shortest decimal
