@@ -109,7 +109,11 @@ func TestValidation(t *testing.T) {
 		{"amount as string", `{"amount":"1000","currency":"USD","customer":"c"}`, []string{"amount"}},
 		{"negative amount", `{"amount":-5,"currency":"USD","customer":"c"}`, []string{"amount"}},
 		{"zero amount", `{"amount":0,"currency":"USD","customer":"c"}`, []string{"amount"}},
-		{"exponent amount", `{"amount":1e3,"currency":"USD","customer":"c"}`, []string{"amount"}},
+		{"fraction in exponent form", `{"amount":125e-1,"currency":"USD","customer":"c"}`, []string{"amount"}},
+		{"amount too small for a double", `{"amount":1e-999999,"currency":"USD","customer":"c"}`, []string{"amount"}},
+		{"amount too large for a double", `{"amount":1e999999,"currency":"USD","customer":"c"}`, []string{"amount"}},
+		{"negative amount too large for a double", `{"amount":-1e999999,"currency":"USD","customer":"c"}`, []string{"amount"}},
+		{"negative zero amount", `{"amount":-0.0,"currency":"USD","customer":"c"}`, []string{"amount"}},
 		{"amount above 2^53", `{"amount":9007199254740993,"currency":"USD","customer":"c"}`, []string{"amount"}},
 		{"amount beyond int64", `{"amount":99999999999999999999,"currency":"USD","customer":"c"}`, []string{"amount"}},
 		{"null amount", `{"amount":null,"currency":"USD","customer":"c"}`, []string{"amount"}},
@@ -155,16 +159,20 @@ func TestValidation(t *testing.T) {
 		})
 	}
 
-	// Boundaries that pass.
+	// Boundaries that pass. An amount is a JSON number whose value is an
+	// integer, however spelled (1e3, 1000.0), as RFC 8785 sees it.
 	for i, body := range []string{
 		`{"amount":9007199254740992,"currency":"USD","customer":"c"}`,
+		`{"amount":1e3,"currency":"USD","customer":"c"}`,
+		`{"amount":1000.0,"currency":"USD","customer":"c"}`,
+		`{"amount":1.5E1,"currency":"USD","customer":"c"}`,
 		`{"amount":1,"currency":"usd","customer":"` + strings.Repeat("c", 255) + `","description":"` + strings.Repeat("é", 1000) + `"}`,
 		`{"amount":1,"currency":"Usd","customer":"c","description":null}`,
 	} {
 		r := s.postJSON("acme", fmt.Sprintf("valid-%d", i), body)
 		require.Equal(t, http.StatusCreated, r.status, "body %s: %s", body, r.body)
 	}
-	require.EqualValues(t, 3, s.balance("acme").Payments, "no invalid request wrote a payment")
+	require.EqualValues(t, 6, s.balance("acme").Payments, "no invalid request wrote a payment")
 }
 
 func TestUnsupportedMediaType(t *testing.T) {
@@ -609,4 +617,23 @@ func TestReadsAnswer503WhenTheDatabaseFails(t *testing.T) {
 	r := s.do(http.MethodGet, "/healthz", "")
 	require.Equal(t, http.StatusServiceUnavailable, r.status, "body: %s", r.body)
 	require.Equal(t, "1", r.header.Get("Retry-After"))
+}
+
+// Two spellings of one amount share a fingerprint (RFC 8785), so they must
+// get one answer. Regression: 1000.0 was refused (400) and the retry
+// spelling it 1000 was replayed the refusal.
+func TestAmountSpellingsAreOneRequest(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, newSQLiteStore(t), nil)
+	first := s.postJSON("acme", "spell-1", `{"amount":1000.0,"currency":"JPY","customer":"c"}`)
+	require.Equal(t, http.StatusCreated, first.status, "body: %s", first.body)
+	var p paymentJSON
+	first.json(t, &p)
+	require.EqualValues(t, 1000, p.Amount)
+	for _, amount := range []string{"1000", "1e3", "1.000e3"} {
+		again := s.postJSON("acme", "spell-1", `{"amount":`+amount+`,"currency":"JPY","customer":"c"}`)
+		require.Equal(t, "true", again.header.Get(idem.HeaderReplayed), amount)
+		require.Equal(t, first.body, again.body, amount)
+	}
+	require.EqualValues(t, 1, s.balance("acme").Payments)
 }

@@ -31,7 +31,8 @@
 //	POST /v1/payments        create a payment; Idempotency-Key required;
 //	                         body application/json or
 //	                         application/x-www-form-urlencoded with amount
-//	                         (integer minor units, 1 to 2^53), currency (ISO
+//	                         (integer minor units, 1 to 2^53; in JSON any
+//	                         spelling of an integer: 1000, 1000.0, 1e3), currency (ISO
 //	                         4217, see Currencies), customer (1-255 chars),
 //	                         description (optional, at most 1000 chars);
 //	                         201 with the payment and Location

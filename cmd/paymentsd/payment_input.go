@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"mime"
 	"net/url"
 	"slices"
@@ -212,31 +213,57 @@ func validatePayment(fields map[string]fieldValue) (paymentInput, error) {
 }
 
 // parseAmount reads a positive integer amount in minor units: a JSON number
-// without fraction or exponent, or a form value of decimal digits.
+// whose value is an integer, or a form value of decimal digits.
+//
+// In JSON the value counts, not its spelling: 1000, 1000.0 and 1e3 are one
+// amount, as they are one number to RFC 8785 and so to idem's fingerprint.
+// Were 1000.0 refused, a retry that spelled the same request 1000 would be
+// replayed the refusal (the two share a fingerprint). A form value is
+// fingerprinted as sent, and must be plain digits.
 func parseAmount(f fieldValue) (int64, string) {
 	const reason = "must be an integer amount in minor units (e.g. 1000 for 10.00 USD)"
-	lit := f.form
-	if !f.isForm {
-		if len(f.raw) == 0 || (f.raw[0] != '-' && (f.raw[0] < '0' || f.raw[0] > '9')) {
-			return 0, reason + ", given as a JSON number"
+	if f.isForm {
+		digits := strings.TrimPrefix(f.form, "-")
+		if digits == "" || strings.Trim(digits, "0123456789") != "" {
+			return 0, reason
 		}
-		lit = string(f.raw)
+		if f.form[0] == '-' {
+			return 0, "must be greater than 0"
+		}
+		n, err := strconv.ParseInt(digits, 10, 64)
+		if err != nil || n > MaxAmount {
+			return 0, fmt.Sprintf("must be at most %d", int64(MaxAmount))
+		}
+		if n == 0 {
+			return 0, "must be greater than 0"
+		}
+		return n, ""
 	}
-	digits := strings.TrimPrefix(lit, "-")
-	if digits == "" || strings.Trim(digits, "0123456789") != "" {
-		return 0, reason
+	if len(f.raw) == 0 || (f.raw[0] != '-' && (f.raw[0] < '0' || f.raw[0] > '9')) {
+		return 0, reason + ", given as a JSON number"
 	}
-	if lit[0] == '-' {
+	// ParseFloat first bounds the number cheaply (1e999999 is out of
+	// range), so that big.Rat below only sees modest exponents.
+	v, err := strconv.ParseFloat(string(f.raw), 64)
+	switch {
+	case v < 0 || f.raw[0] == '-': // -Inf and -0 included
+		return 0, "must be greater than 0"
+	case err != nil || v > MaxAmount: // +Inf included
+		return 0, fmt.Sprintf("must be at most %d", int64(MaxAmount))
+	case v == 0:
+		if mantissa, _, _ := strings.Cut(strings.ToLower(string(f.raw)), "e"); strings.Trim(mantissa, "0.") != "" {
+			return 0, reason // too small for a double, so not an integer
+		}
 		return 0, "must be greater than 0"
 	}
-	n, err := strconv.ParseInt(digits, 10, 64)
-	if err != nil || n > MaxAmount {
+	exact, ok := new(big.Rat).SetString(string(f.raw))
+	switch {
+	case !ok || !exact.IsInt():
+		return 0, reason
+	case exact.Cmp(new(big.Rat).SetInt64(MaxAmount)) > 0: // 2^53 + 1 rounds down to 2^53
 		return 0, fmt.Sprintf("must be at most %d", int64(MaxAmount))
 	}
-	if n == 0 {
-		return 0, "must be greater than 0"
-	}
-	return n, ""
+	return exact.Num().Int64(), ""
 }
 
 // parseCurrency reads an ISO 4217 code from Currencies, in any case.
