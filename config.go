@@ -107,9 +107,12 @@ type Config struct {
 	// handler runs. Default: 30 s.
 	LeaseDuration time.Duration
 
-	// Retention is how long a key is remembered after its first request
-	// (expires_at = created_at + Retention); past it, the key names a new
-	// request, whether its record is purged yet or not. For a retention per
+	// Retention is how long a key is remembered after its latest execution
+	// began (each claim sets expires_at = now + Retention); past it, the key
+	// names a new request, whether its record is purged yet or not, unless
+	// its handler still runs under a live lease (409) or the same request's
+	// execution never finished (FAILED, or its owner died: the retry
+	// continues it, relaying the same key downstream). For a retention per
 	// route, give each route group its own Middleware (docs/retention.md).
 	// At most the store's MaxRetention where it has one
 	// (idemdriver.RetentionLimiter). Default: 24 h.

@@ -124,16 +124,22 @@ type CompleteParams struct {
 // Deadlocks, serialization failures and lost races are resolved inside the
 // driver (retried or answered from the winning row), never returned.
 type Driver interface {
-	// Claim runs the atomic claim of CONTRACT section 3 for (Scope, Key):
-	//   - no record, or expires_at <= now: write a new PROCESSING record
-	//     (attempts 1, created_at now, expires_at now+Retention), Claimed;
-	//   - method, path or fingerprint differ: return the record, not Claimed;
-	//   - FAILED, or PROCESSING with locked_until <= now: PROCESSING again,
-	//     attempts+1, Claimed;
-	//   - otherwise (SUCCEEDED, or PROCESSING under a live lease): return the
-	//     record, not Claimed.
-	// Each claim sets locked_until = now+LeaseDuration and a fencing token
-	// greater than any earlier one for (Scope, Key), expired records included.
+	// Claim runs the atomic claim of CONTRACT section 3 for (Scope, Key)
+	// (Claimable and Continues state it for a record read):
+	//   - no record: write a new PROCESSING record (attempts 1, created_at
+	//     now), Claimed;
+	//   - PROCESSING with locked_until > now (a live lease), expired or not:
+	//     return the record, not Claimed;
+	//   - the same method, path and fingerprint, FAILED or PROCESSING past
+	//     its lease, expired or not: PROCESSING again, attempts+1, created_at
+	//     kept (the record's life continues), Claimed;
+	//   - otherwise expired (expires_at <= now): PROCESSING, attempts 1,
+	//     created_at now (a new life), Claimed;
+	//   - otherwise (SUCCEEDED, or another request's key): return the record,
+	//     not Claimed.
+	// Each claim sets locked_until = now+LeaseDuration, expires_at =
+	// now+Retention, and a fencing token greater than any earlier one for
+	// (Scope, Key), expired records included.
 	// Exactly one of any number of concurrent callers is Claimed.
 	Claim(ctx context.Context, p ClaimParams) (ClaimResult, error)
 

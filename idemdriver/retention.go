@@ -45,8 +45,8 @@ type PurgeParams struct {
 	ClockOffset time.Duration
 }
 
-// Purger deletes expired records (CONTRACT section 9: expires_at =
-// created_at + retention) in bounded batches.
+// Purger deletes expired records (expires_at = the latest claim's now +
+// retention) in bounded batches.
 type Purger interface {
 	// PurgeExpired deletes at most p.Limit records whose expires_at <=
 	// now - p.OlderThan, in one short transaction that waits for no row lock

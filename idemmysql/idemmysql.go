@@ -312,8 +312,10 @@ LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
 		"VALUES (?, ?, ?, ?, ?, 'PROCESSING', 1, " + at + ", " + at + ", " + at + ", " + at + ", 1)",
 
 	// The compare-and-set on a claimable row: the token pins the version
-	// that was read, and the claimable condition is checked again against
-	// the same now. Args: method, path, fingerprint, locked_until,
+	// that was read (and with it the request it holds), and the claimable
+	// condition is checked again against the same now: no live lease (a
+	// heartbeat may have renewed it since the read), and either expired or
+	// unfinished. Args: method, path, fingerprint, locked_until,
 	// updated_at, created_at, expires_at (µs), attempts, scope, key, token,
 	// now, now (µs).
 	stTakeover: `UPDATE idem_keys SET method = ?, path = ?, fingerprint = ?, state = 'PROCESSING',
@@ -322,7 +324,7 @@ LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
 	response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
 	updated_at = ` + at + `, created_at = ` + at + `, expires_at = ` + at + `, attempts = ?
 WHERE scope = ? AND ` + "`key`" + ` = ? AND fencing_token = ?
-	AND (expires_at <= ` + at + ` OR state = 'FAILED' OR (state = 'PROCESSING' AND locked_until <= ` + at + `))`,
+	AND (state <> 'PROCESSING' OR locked_until <= ` + at + `) AND (expires_at <= ` + at + ` OR state <> 'SUCCEEDED')`,
 
 	// Args: offset, lease, offset, scope, key, token.
 	stHeartbeat: `UPDATE idem_keys SET locked_until = ` + now + ` + INTERVAL ? MICROSECOND, ` + touch + fenced,
@@ -437,7 +439,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 			}
 			return idemdriver.ClaimResult{}, err
 		}
-		claimable, expired := decide(snap, p)
+		claimable, continues := decide(snap, p)
 		if snap.found && (!claimable || lockWaited) {
 			// The row it lost to: a replay, a live lease, another request; or
 			// a row that a transaction still holds (see lockWaited below).
@@ -455,7 +457,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 			res, err = d.insert(ctx, p, snap.nowUS)
 			won = err == nil
 		} else {
-			res, won, err = d.takeover(ctx, p, snap, expired)
+			res, won, err = d.takeover(ctx, p, snap, continues)
 			if err == nil && !won {
 				d.resolved[kindRaced].Add(1)
 			}
@@ -489,25 +491,20 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 }
 
 // decide reports whether the snapshot's record may be claimed by p, and
-// whether that is because it expired. A missing record is claimable.
-func decide(s snapshot, p idemdriver.ClaimParams) (claimable, expired bool) {
+// whether that continues the record's life (idemdriver.Claimable and
+// idemdriver.Continues, on the snapshot's microseconds). A missing record
+// is claimable.
+func decide(s snapshot, p idemdriver.ClaimParams) (claimable, continues bool) {
 	if !s.found {
 		return true, false
 	}
-	if s.expiresUS <= s.nowUS {
-		return true, true
-	}
 	r := s.rec
-	if r.Method != p.Method || r.Path != p.Path || !bytes.Equal(s.fingerprint, p.Fingerprint) {
-		return false, false
+	if r.State == idemdriver.StateProcessing && s.lockedUS.Valid && s.lockedUS.Int64 > s.nowUS {
+		return false, false // a live lease, expired record or not
 	}
-	switch r.State {
-	case idemdriver.StateFailed:
-		return true, false
-	case idemdriver.StateProcessing:
-		return s.lockedUS.Valid && s.lockedUS.Int64 <= s.nowUS, false
-	}
-	return false, false
+	r.Fingerprint = s.fingerprint
+	continues = idemdriver.Continues(r, p)
+	return continues || s.expiresUS <= s.nowUS, continues
 }
 
 func (d *Driver) read(ctx context.Context, scope, key string, offset int64) (snapshot, error) {
@@ -532,15 +529,16 @@ func (d *Driver) insert(ctx context.Context, p idemdriver.ClaimParams, nowUS int
 	return claimed(p, 1, 1, nowUS, nowUS, expiresUS, lockedUS), nil
 }
 
-func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap snapshot, expired bool) (idemdriver.ClaimResult, bool, error) {
+func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap snapshot, continues bool) (idemdriver.ClaimResult, bool, error) {
 	s, err := d.stmt(ctx, stTakeover)
 	if err != nil {
 		return idemdriver.ClaimResult{}, false, err
 	}
-	createdUS, expiresUS, attempts := snap.createdUS, snap.expiresUS, snap.rec.Attempts+1
-	if expired {
-		createdUS, expiresUS, attempts = snap.nowUS, snap.nowUS+p.Retention.Microseconds(), 1
+	createdUS, attempts := snap.nowUS, 1 // a new life
+	if continues {
+		createdUS, attempts = snap.createdUS, snap.rec.Attempts+1
 	}
+	expiresUS := snap.nowUS + p.Retention.Microseconds()
 	lockedUS := snap.nowUS + p.LeaseDuration.Microseconds()
 	res, err := s.ExecContext(ctx, p.Method, p.Path, p.Fingerprint, lockedUS,
 		snap.nowUS, createdUS, expiresUS, attempts,

@@ -85,8 +85,11 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // or 422 is a plain read, with no row lock, no transaction id and no WAL
 // flush. Otherwise the INSERT ... ON CONFLICT DO UPDATE ... WHERE decides
 // atomically against the latest committed version: a new record, or a
-// takeover of one that is expired, FAILED, or PROCESSING past its lease with
-// the same request.
+// takeover of one that no live lease holds and that is either the same
+// request unfinished (FAILED, or PROCESSING past its lease: the record's life
+// continues, created_at and so the relayed key kept) or expired (a new life).
+// Every claim sets expires_at to now + retention (idemdriver.Claimable and
+// idemdriver.Continues state the rule).
 //
 // When that INSERT loses a race, the winner's row is one the statement's
 // snapshot cannot see: ON CONFLICT checks the latest version, but "cur"
@@ -96,9 +99,9 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // statement again with a new snapshot, which sees the winner.
 var claimSQL = `WITH cur AS (
 	SELECT ` + columns + `,
-		expires_at <= ` + now + `
-		OR (method = @method AND path = @path AND fingerprint = @fingerprint
-			AND (state = 'FAILED' OR (state = 'PROCESSING' AND locked_until <= ` + now + `))) AS claimable
+		NOT (state = 'PROCESSING' AND locked_until > ` + now + `)
+		AND (expires_at <= ` + now + `
+			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING'))) AS claimable
 	FROM idem_keys WHERE scope = @scope AND key = @key
 ), claim AS (
 	INSERT INTO idem_keys AS k (scope, key, method, path, fingerprint, state, fencing_token,
@@ -115,17 +118,22 @@ var claimSQL = `WITH cur AS (
 		response_status = NULL, response_headers = NULL, response_body = NULL,
 		response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
 		updated_at = excluded.updated_at,
-		created_at = CASE WHEN k.expires_at <= excluded.created_at THEN excluded.created_at ELSE k.created_at END,
-		expires_at = CASE WHEN k.expires_at <= excluded.created_at THEN excluded.expires_at ELSE k.expires_at END,
-		attempts = CASE WHEN k.expires_at <= excluded.created_at THEN 1 ELSE k.attempts + 1 END
-	WHERE k.expires_at <= excluded.created_at
-		OR (k.method = excluded.method AND k.path = excluded.path AND k.fingerprint = excluded.fingerprint
-			AND (k.state = 'FAILED' OR (k.state = 'PROCESSING' AND k.locked_until <= excluded.created_at)))
+		created_at = CASE WHEN ` + pgContinues + ` THEN k.created_at ELSE excluded.created_at END,
+		expires_at = excluded.expires_at,
+		attempts = CASE WHEN ` + pgContinues + ` THEN k.attempts + 1 ELSE 1 END
+	WHERE NOT (k.state = 'PROCESSING' AND k.locked_until > excluded.created_at)
+		AND (k.expires_at <= excluded.created_at OR ` + pgContinues + `)
 	RETURNING ` + columns + `
 )
 SELECT true, * FROM claim
 UNION ALL
 SELECT false, ` + columns + ` FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM claim)`
+
+// pgContinues: the stored record k is the same request as excluded,
+// unfinished (under the claim's "no live lease", PROCESSING means past its
+// lease): the claim continues the record's life (idemdriver.Continues).
+const pgContinues = `(k.method = excluded.method AND k.path = excluded.path
+		AND k.fingerprint = excluded.fingerprint AND k.state IN ('FAILED', 'PROCESSING'))`
 
 var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key = @key`
 

@@ -109,8 +109,8 @@ const lockKeySQL = `SELECT pg_advisory_xact_lock(hashtextextended(@key::text || 
 
 // claimPartitionedSQL runs under lockKeySQL, so no other claim of (scope,
 // key) runs concurrently: "cur" reads the record across every partition; the
-// UPDATE takes it when it can be claimed (moving it to another partition when
-// an expired record starts over with a new expires_at); the INSERT writes a
+// UPDATE takes it when it can be claimed (as in claimSQL; it moves the row to
+// another partition when its new expires_at falls on another day); the INSERT writes a
 // new record when there is none. Heartbeats, completions and failures of the
 // record's owner do not take the lock; the UPDATE re-checks its condition on
 // the latest version of the row (READ COMMITTED), so one that commits in
@@ -126,13 +126,12 @@ var claimPartitionedSQL = `WITH cur AS (
 		response_status = NULL, response_headers = NULL, response_body = NULL,
 		response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
 		updated_at = ` + nowTx + `,
-		created_at = CASE WHEN k.expires_at <= ` + nowTx + ` THEN ` + nowTx + ` ELSE k.created_at END,
-		expires_at = CASE WHEN k.expires_at <= ` + nowTx + `
-			THEN ` + nowTx + ` + @retention::bigint * interval '1 microsecond' ELSE k.expires_at END,
-		attempts = CASE WHEN k.expires_at <= ` + nowTx + ` THEN 1 ELSE k.attempts + 1 END
-	WHERE k.scope = @scope AND k.key = @key AND (k.expires_at <= ` + nowTx + `
-		OR (k.method = @method AND k.path = @path AND k.fingerprint = @fingerprint
-			AND (k.state = 'FAILED' OR (k.state = 'PROCESSING' AND k.locked_until <= ` + nowTx + `))))
+		created_at = CASE WHEN ` + partContinues + ` THEN k.created_at ELSE ` + nowTx + ` END,
+		expires_at = ` + nowTx + ` + @retention::bigint * interval '1 microsecond',
+		attempts = CASE WHEN ` + partContinues + ` THEN k.attempts + 1 ELSE 1 END
+	WHERE k.scope = @scope AND k.key = @key
+		AND NOT (k.state = 'PROCESSING' AND k.locked_until > ` + nowTx + `)
+		AND (k.expires_at <= ` + nowTx + ` OR ` + partContinues + `)
 	RETURNING ` + columnsTx + `
 ), ins AS (
 	INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
@@ -148,6 +147,10 @@ UNION ALL
 SELECT true, * FROM ins
 UNION ALL
 SELECT false, ` + columnsTx + ` FROM cur WHERE NOT EXISTS (SELECT 1 FROM upd)`
+
+// partContinues is pgContinues for the partitioned claim's UPDATE.
+const partContinues = `(k.method = @method AND k.path = @path AND k.fingerprint = @fingerprint
+		AND k.state IN ('FAILED', 'PROCESSING'))`
 
 // ErrNoPartition is wrapped by the error of a claim whose expires_at has no
 // partition: partition maintenance has not run (EnsurePartitions, an

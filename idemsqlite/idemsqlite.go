@@ -12,7 +12,6 @@
 package idemsqlite
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"embed"
@@ -143,9 +142,14 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 	response_status, response_headers, response_body, response_body_stored, response_body_size,
 	created_at, updated_at, completed_at, expires_at, attempts, locked_until - ` + now
 
-// The claim: insert, or take over a record that is expired, FAILED, or
-// PROCESSING past its lease with the same request. excluded.created_at is
-// this statement's "now".
+// The claim: insert, or take over a record (CONTRACT section 3) that no
+// live lease holds and that is either the same request unfinished (FAILED,
+// or PROCESSING past its lease: it continues the record's life, keeping
+// created_at and so its relayed key) or expired (another life starts:
+// created_at now, attempts 1). Every claim sets expires_at to now +
+// retention, so the outcome it writes can be replayed for a whole
+// retention. excluded.created_at is this statement's "now". claimable
+// mirrors the WHERE clause.
 var claimSQL = `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 	locked_until, created_at, updated_at, expires_at, attempts)
 VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
@@ -158,15 +162,17 @@ ON CONFLICT (scope, key) DO UPDATE SET
 	response_status = NULL, response_headers = NULL, response_body = NULL,
 	response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
 	updated_at = excluded.updated_at,
-	created_at = CASE WHEN idem_keys.expires_at <= excluded.created_at THEN excluded.created_at ELSE idem_keys.created_at END,
-	expires_at = CASE WHEN idem_keys.expires_at <= excluded.created_at THEN excluded.expires_at ELSE idem_keys.expires_at END,
-	attempts = CASE WHEN idem_keys.expires_at <= excluded.created_at THEN 1 ELSE idem_keys.attempts + 1 END
-WHERE idem_keys.expires_at <= excluded.created_at
-	OR (idem_keys.method = excluded.method AND idem_keys.path = excluded.path
-		AND idem_keys.fingerprint = excluded.fingerprint
-		AND (idem_keys.state = 'FAILED'
-			OR (idem_keys.state = 'PROCESSING' AND idem_keys.locked_until <= excluded.created_at)))
+	created_at = CASE WHEN ` + sqliteContinues + ` THEN idem_keys.created_at ELSE excluded.created_at END,
+	expires_at = excluded.expires_at,
+	attempts = CASE WHEN ` + sqliteContinues + ` THEN idem_keys.attempts + 1 ELSE 1 END
+WHERE NOT (idem_keys.state = 'PROCESSING' AND idem_keys.locked_until > excluded.created_at)
+	AND (idem_keys.expires_at <= excluded.created_at OR ` + sqliteContinues + `)
 RETURNING ` + columns
+
+// sqliteContinues: the stored record is the same request, unfinished (with
+// the WHERE clause's "no live lease", PROCESSING means past its lease).
+const sqliteContinues = `(idem_keys.method = excluded.method AND idem_keys.path = excluded.path
+		AND idem_keys.fingerprint = excluded.fingerprint AND idem_keys.state IN ('FAILED', 'PROCESSING'))`
 
 var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key = @key`
 
@@ -258,13 +264,7 @@ const maxClaimTries = 5
 
 // claimable mirrors the WHERE clause of claimSQL for a record just read.
 func claimable(rec idemdriver.Record, expired bool, p idemdriver.ClaimParams) bool {
-	if expired {
-		return true
-	}
-	if rec.Method != p.Method || rec.Path != p.Path || !bytes.Equal(rec.Fingerprint, p.Fingerprint) {
-		return false
-	}
-	return rec.State == idemdriver.StateFailed || (rec.State == idemdriver.StateProcessing && rec.LeaseLeft <= 0)
+	return idemdriver.Claimable(rec, expired, p)
 }
 
 // Get implements idemdriver.Driver.

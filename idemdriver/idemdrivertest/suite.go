@@ -109,8 +109,12 @@ func okResponse(body string) idemdriver.Response {
 }
 
 // setup brings (scope, key) into a state: "none", "PROCESSING" (live lease),
-// "EXPIRED_LEASE", "SUCCEEDED", "FAILED", "EXPIRED" (past retention).
-// It returns the shifted driver to use afterwards and the stored record.
+// "EXPIRED_LEASE", "SUCCEEDED", "FAILED", "EXPIRED" (SUCCEEDED, past
+// retention), and past retention while unfinished: "EXPIRED_FAILED",
+// "EXPIRED_DEAD" (PROCESSING past its lease) and "EXPIRED_LIVE"
+// (PROCESSING, its lease still running: a handler that outlived the
+// record's retention). It returns the shifted driver to use afterwards and
+// the stored record.
 func setup(t *testing.T, d idemdriver.Driver, state string, p idemdriver.ClaimParams) (*ShiftedDriver, idemdriver.Record) {
 	t.Helper()
 	ctx := context.Background()
@@ -119,6 +123,9 @@ func setup(t *testing.T, d idemdriver.Driver, state string, p idemdriver.ClaimPa
 	if state == "none" {
 		return sd, idemdriver.Record{}
 	}
+	if state == "EXPIRED_LIVE" {
+		p.Retention = lease / 2
+	}
 	res, err := sd.Claim(ctx, p)
 	require.NoError(t, err)
 	require.True(t, res.Claimed)
@@ -126,6 +133,15 @@ func setup(t *testing.T, d idemdriver.Driver, state string, p idemdriver.ClaimPa
 	case "PROCESSING":
 	case "EXPIRED_LEASE":
 		clock.Advance(lease + time.Second)
+	case "EXPIRED_LIVE":
+		clock.Advance(lease/2 + time.Second)
+	case "EXPIRED_DEAD":
+		clock.Advance(retention + time.Second)
+	case "EXPIRED_FAILED":
+		ok, err := sd.Fail(ctx, fence(res.Record))
+		require.NoError(t, err)
+		require.True(t, ok)
+		clock.Advance(retention + time.Second)
 	case "SUCCEEDED":
 		ok, err := sd.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse(`{"id":"pay_1"}`)})
 		require.NoError(t, err)
@@ -201,6 +217,16 @@ func runDriver(t *testing.T, h Harness) {
 			{"FAILED", false, false, idemdriver.StateFailed},
 			{"EXPIRED", true, true, idemdriver.StateProcessing},
 			{"EXPIRED", false, true, idemdriver.StateProcessing},
+			// Unfinished past retention: the same request continues the
+			// record's life (a retry of an execution whose outcome is
+			// unknown keeps its relayed key); another request starts a new
+			// one; a live lease is never taken, expired or not.
+			{"EXPIRED_FAILED", true, true, idemdriver.StateProcessing},
+			{"EXPIRED_FAILED", false, true, idemdriver.StateProcessing},
+			{"EXPIRED_DEAD", true, true, idemdriver.StateProcessing},
+			{"EXPIRED_DEAD", false, true, idemdriver.StateProcessing},
+			{"EXPIRED_LIVE", true, false, idemdriver.StateProcessing},
+			{"EXPIRED_LIVE", false, false, idemdriver.StateProcessing},
 		}
 		d := h.NewDriver(t)
 		for i, tc := range cases {
@@ -225,13 +251,28 @@ func runDriver(t *testing.T, h Harness) {
 					require.Equal(t, before.FencingToken, res.Record.FencingToken)
 					require.Equal(t, fingerprint("body"), res.Record.Fingerprint)
 				}
-				if tc.state == "PROCESSING" {
+				if tc.state == "PROCESSING" || tc.state == "EXPIRED_LIVE" {
 					require.Positive(t, res.Record.LeaseLeft)
 					require.LessOrEqual(t, res.Record.LeaseLeft, lease)
+				}
+				if tc.wantClaimed {
+					// Every claim keeps the record for a whole retention
+					// from now, so the outcome it writes can be replayed.
+					require.WithinDuration(t, res.Record.UpdatedAt.Add(retention), res.Record.ExpiresAt, time.Millisecond)
 				}
 				if tc.state == "SUCCEEDED" {
 					require.NotNil(t, res.Record.Response)
 					require.Equal(t, `{"id":"pay_1"}`, string(res.Record.Response.Body))
+				}
+				continues := tc.sameRequest && (tc.state == "EXPIRED_FAILED" || tc.state == "EXPIRED_DEAD")
+				switch {
+				case continues:
+					require.Equal(t, 2, res.Record.Attempts)
+					require.True(t, before.CreatedAt.Equal(res.Record.CreatedAt),
+						"the same unfinished request continues the record's life: created_at %s, then %s", before.CreatedAt, res.Record.CreatedAt)
+				case tc.state == "EXPIRED_FAILED" || tc.state == "EXPIRED_DEAD":
+					require.Equal(t, 1, res.Record.Attempts, "another request starts over")
+					require.True(t, res.Record.CreatedAt.After(before.CreatedAt), "another request starts a new life")
 				}
 				switch tc.state {
 				case "FAILED", "EXPIRED_LEASE":
