@@ -15,7 +15,9 @@ type Execution struct {
 	Scope string
 	Key   string
 	// FencingToken is this claim's token: greater than every earlier claim's
-	// for (Scope, Key). Downstream writes may be fenced with it.
+	// for (Scope, Key) while its record exists (a purged key starts again at
+	// 1). Downstream writes may be fenced with (Created, FencingToken), which
+	// orders every claim of the key.
 	FencingToken int64
 	// Attempt counts the claims of this key so far, this one included (1 on
 	// the first execution; more after a FAILED outcome or a takeover).
@@ -61,9 +63,10 @@ type execution struct {
 
 func newExecution(m *Middleware, parent context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) *execution {
 	e := &execution{
-		m:      m,
-		info:   Execution{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, Attempt: rec.Attempts, Created: rec.CreatedAt},
-		fence:  idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, LeaseDuration: p.LeaseDuration},
+		m:    m,
+		info: Execution{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, Attempt: rec.Attempts, Created: rec.CreatedAt},
+		fence: idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt,
+			LeaseDuration: p.LeaseDuration},
 		parent: parent,
 	}
 	// Detached from the client: a hang-up does not stop the work; a lost

@@ -102,11 +102,17 @@ type Response struct {
 }
 
 // FenceParams name one owned execution: every write after the claim is a
-// compare-and-set on (Scope, Key, FencingToken) with state PROCESSING.
+// compare-and-set on (Scope, Key, FencingToken, CreatedAt) with state
+// PROCESSING.
 type FenceParams struct {
 	Scope        string
 	Key          string
 	FencingToken int64
+	// CreatedAt is the claimed record's created_at (Record.CreatedAt, as the
+	// claim returned it). A purged key starts again at fencing token 1, so
+	// the token alone could match a later record of the same key; the
+	// record's created_at tells the two lives apart.
+	CreatedAt time.Time
 	// LeaseDuration is the new lease length for Heartbeat; unused elsewhere.
 	LeaseDuration time.Duration
 	ClockOffset   time.Duration

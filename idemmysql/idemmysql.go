@@ -267,8 +267,9 @@ const (
 	// touch moves updated_at to now, or 1 µs past its old value when that is
 	// later, so that a fenced write always changes its row (see "Fenced
 	// writes" in the package documentation).
-	touch  = `updated_at = GREATEST(` + now + `, updated_at + INTERVAL 1 MICROSECOND)`
-	fenced = " WHERE scope = ? AND `key` = ? AND fencing_token = ? AND state = 'PROCESSING'"
+	touch = `updated_at = GREATEST(` + now + `, updated_at + INTERVAL 1 MICROSECOND)`
+	// fenced names one owned execution. Args: scope, key, token, created_at (µs).
+	fenced = " WHERE scope = ? AND `key` = ? AND fencing_token = ? AND created_at = " + at + " AND state = 'PROCESSING'"
 )
 
 func micros(col string) string { return `TIMESTAMPDIFF(MICROSECOND, ` + epoch + `, ` + col + `)` }
@@ -596,7 +597,7 @@ func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool,
 		return false, err
 	}
 	off := p.ClockOffset.Microseconds()
-	return execFenced(ctx, s, true, off, p.LeaseDuration.Microseconds(), off, p.Scope, p.Key, p.FencingToken)
+	return execFenced(ctx, s, true, off, p.LeaseDuration.Microseconds(), off, p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro())
 }
 
 // Complete implements idemdriver.Driver.
@@ -614,7 +615,7 @@ func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, erro
 	if err != nil {
 		return false, err
 	}
-	return execFenced(ctx, s, true, p.ClockOffset.Microseconds(), p.Scope, p.Key, p.FencingToken)
+	return execFenced(ctx, s, true, p.ClockOffset.Microseconds(), p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro())
 }
 
 // Begin implements idemdriver.Driver: a transaction at READ COMMITTED, the
@@ -673,7 +674,7 @@ func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.Complet
 	}
 	off := p.ClockOffset.Microseconds()
 	return execFenced(ctx, s, retry, p.Response.Status, headers, body, p.Response.BodyStored, p.Response.BodySize,
-		off, off, p.Scope, p.Key, p.FencingToken)
+		off, off, p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro())
 }
 
 // execFenced runs a compare-and-set on the fencing token; false means the

@@ -41,9 +41,9 @@ func TestStatementsUsePrimaryKey(t *testing.T) {
 	args := map[stmtID][]any{
 		stRead:      {int64(0), "acct", "b"},
 		stTakeover:  {"POST", "/", []byte("f"), int64(1), int64(1), int64(1), int64(1), 1, "acct", "b", int64(1), int64(1), int64(1)},
-		stHeartbeat: {int64(0), int64(1), int64(0), "acct", "b", int64(1)},
-		stComplete:  {201, []byte("{}"), []byte("x"), true, int64(1), int64(0), int64(0), "acct", "b", int64(1)},
-		stFail:      {int64(0), "acct", "b", int64(1)},
+		stHeartbeat: {int64(0), int64(1), int64(0), "acct", "b", int64(1), int64(1)},
+		stComplete:  {201, []byte("{}"), []byte("x"), true, int64(1), int64(0), int64(0), "acct", "b", int64(1), int64(1)},
+		stFail:      {int64(0), "acct", "b", int64(1), int64(1)},
 	}
 	for id, a := range args {
 		rows, err := d.DB().QueryContext(ctx, "EXPLAIN "+queries[id], a...)
@@ -138,7 +138,7 @@ func TestMaintenanceStatementsUseIndexes(t *testing.T) {
 		require.NoError(t, err)
 		if i%10 != 0 {
 			ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: idemdriver.FenceParams{
-				Scope: p.Scope, Key: p.Key, FencingToken: res.Record.FencingToken}})
+				Scope: p.Scope, Key: p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt}})
 			require.NoError(t, err)
 			require.True(t, ok)
 		} else {
@@ -213,7 +213,7 @@ func TestPurgeBlocksNoClaim(t *testing.T) {
 		require.True(t, res.Claimed)
 	}
 	ok, err := d.Complete(qctx, idemdriver.CompleteParams{FenceParams: idemdriver.FenceParams{
-		Scope: "acct", Key: "live", FencingToken: live.Record.FencingToken}})
+		Scope: "acct", Key: "live", FencingToken: live.Record.FencingToken, CreatedAt: live.Record.CreatedAt}})
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, tx.Rollback())

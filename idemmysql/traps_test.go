@@ -39,7 +39,8 @@ func params(scope, key, body string) idemdriver.ClaimParams {
 }
 
 func fence(rec idemdriver.Record) idemdriver.FenceParams {
-	return idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, LeaseDuration: lease}
+	return idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt,
+		LeaseDuration: lease}
 }
 
 func okResponse(body []byte) idemdriver.Response {
@@ -437,7 +438,7 @@ func TestClockOffset(t *testing.T) {
 	require.InDelta(t, (lease - 10*time.Second).Seconds(), rec.LeaseLeft.Seconds(), 1)
 
 	ok, err := d.Heartbeat(ctx, idemdriver.FenceParams{Scope: "acct", Key: "k", FencingToken: rec.FencingToken,
-		LeaseDuration: lease, ClockOffset: time.Hour})
+		CreatedAt: rec.CreatedAt, LeaseDuration: lease, ClockOffset: time.Hour})
 	require.NoError(t, err)
 	require.True(t, ok)
 	rec, err = d.Get(ctx, "acct", "k")

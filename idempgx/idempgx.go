@@ -137,7 +137,8 @@ const pgContinues = `(k.method = excluded.method AND k.path = excluded.path
 
 var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key = @key`
 
-const fenced = ` WHERE scope = @scope AND key = @key AND fencing_token = @token AND state = 'PROCESSING'`
+const fenced = ` WHERE scope = @scope AND key = @key AND fencing_token = @token AND created_at = @created
+	AND state = 'PROCESSING'`
 
 var heartbeatSQL = `UPDATE idem_keys SET locked_until = ` + now + ` + @lease::bigint * interval '1 microsecond',
 	updated_at = ` + now + fenced
@@ -328,7 +329,8 @@ type execer interface {
 }
 
 func fenceArgs(p idemdriver.FenceParams) pgx.NamedArgs {
-	return pgx.NamedArgs{"scope": p.Scope, "key": p.Key, "token": p.FencingToken, "offset": p.ClockOffset.Microseconds()}
+	return pgx.NamedArgs{"scope": p.Scope, "key": p.Key, "token": p.FencingToken, "created": p.CreatedAt,
+		"offset": p.ClockOffset.Microseconds()}
 }
 
 func complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {

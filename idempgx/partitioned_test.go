@@ -235,7 +235,7 @@ func TestPartitionedExpiredRecordMovesPartition(t *testing.T) {
 	require.NotEqual(t, before, partition())
 	// The old owner's fenced writes find the new token: refused, no error.
 	ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: idemdriver.FenceParams{
-		Scope: "acct", Key: "k", FencingToken: first.Record.FencingToken}})
+		Scope: "acct", Key: "k", FencingToken: first.Record.FencingToken, CreatedAt: first.Record.CreatedAt}})
 	require.NoError(t, err)
 	require.False(t, ok)
 }

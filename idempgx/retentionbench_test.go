@@ -240,7 +240,7 @@ func load(t *testing.T, d *idempgx.Driver, forDur time.Duration, during func()) 
 					break // cancelled
 				}
 				ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: idemdriver.FenceParams{
-					Scope: "bench", Key: res.Record.Key, FencingToken: res.Record.FencingToken},
+					Scope: "bench", Key: res.Record.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt},
 					Response: idemdriver.Response{Status: 201, Body: []byte(`{}`), BodyStored: true, BodySize: 2}})
 				if err != nil || !ok {
 					break

@@ -178,7 +178,8 @@ var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key
 
 var claimReadSQL = `SELECT ` + columns + `, expires_at <= ` + now + ` FROM idem_keys WHERE scope = @scope AND key = @key`
 
-const fenced = ` WHERE scope = @scope AND key = @key AND fencing_token = @token AND state = 'PROCESSING'`
+const fenced = ` WHERE scope = @scope AND key = @key AND fencing_token = @token AND created_at = @created
+	AND state = 'PROCESSING'`
 
 var heartbeatSQL = `UPDATE idem_keys SET locked_until = ` + now + ` + @lease, updated_at = ` + now + fenced
 
@@ -358,7 +359,8 @@ func complete(ctx context.Context, stmt *sql.Stmt, p idemdriver.CompleteParams) 
 // caller no longer owns the record.
 func execFenced(ctx context.Context, stmt *sql.Stmt, p idemdriver.FenceParams, extra ...any) (bool, error) {
 	args := append([]any{sql.Named("scope", p.Scope), sql.Named("key", p.Key),
-		sql.Named("token", p.FencingToken), sql.Named("offset", p.ClockOffset.Microseconds())}, extra...)
+		sql.Named("token", p.FencingToken), sql.Named("created", p.CreatedAt.UnixMicro()),
+		sql.Named("offset", p.ClockOffset.Microseconds())}, extra...)
 	var n int64
 	err := retryBusy(ctx, func() error {
 		res, err := stmt.ExecContext(ctx, args...)

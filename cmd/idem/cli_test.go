@@ -76,7 +76,8 @@ func seed(t *testing.T, d idemdriver.Driver) {
 	}
 	complete := func(rec idemdriver.Record, offset time.Duration, body string) {
 		ok, err := d.Complete(ctx, idemdriver.CompleteParams{
-			FenceParams: idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, ClockOffset: offset},
+			FenceParams: idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt,
+				ClockOffset: offset},
 			Response: idemdriver.Response{Status: 201, Header: map[string][]string{
 				"Content-Type": {"application/json"}, "Location": {"/v1/payments/pay_1"}},
 				Body: []byte(body), BodyStored: true, BodySize: int64(len(body))}})
@@ -86,7 +87,8 @@ func seed(t *testing.T, d idemdriver.Driver) {
 	complete(claim("acct_1", "paid", 0, 30*time.Second), 0, `{"id":"pay_1","amount":1000,"currency":"JPY","customer":"cus_42","status":"succeeded"}`)
 	claim("acct_1", "busy", 0, 30*time.Second)
 	failed := claim("acct_1", "failed", 0, 30*time.Second)
-	ok, err := d.Fail(ctx, idemdriver.FenceParams{Scope: "acct_1", Key: "failed", FencingToken: failed.FencingToken})
+	ok, err := d.Fail(ctx, idemdriver.FenceParams{Scope: "acct_1", Key: "failed", FencingToken: failed.FencingToken,
+		CreatedAt: failed.CreatedAt})
 	require.NoError(t, err)
 	require.True(t, ok)
 	claim("acct_2", "dead", -10*time.Minute, 30*time.Second)

@@ -278,6 +278,44 @@ func runRetention(t *testing.T, h Harness) {
 		require.Equal(t, 1, again.Attempts)
 	})
 
+	// A purged key starts its fencing tokens again at 1, so a stale owner
+	// from the purged record's life holds the token of the key's next
+	// record: its writes must still be refused (they are fenced on
+	// created_at too). Regression: the stale owner's completion landed on
+	// the new request's record, which then replayed the wrong response.
+	t.Run("FencedAcrossPurge", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		purger := need[idemdriver.Purger](t, d, h.Maintenance, "idemdriver.Purger")
+		ctx := context.Background()
+		if p, ok := d.(idemdriver.Partitioner); ok && p.Partitioned() {
+			_, err := p.EnsurePartitions(ctx, idemdriver.PartitionParams{DaysAhead: 3, ClockOffset: -2 * 24 * time.Hour})
+			require.NoError(t, err)
+		}
+		stale := at(t, d, -25*time.Hour, params("acct", "k", "first")) // its owner stalls, and the record expires
+		n, err := purger.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 10})
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		fresh := at(t, d, 0, params("acct", "k", "second"))
+		require.Equal(t, stale.FencingToken, fresh.FencingToken, "a purged key starts its tokens again")
+
+		f := fence(stale)
+		ok, err := d.Heartbeat(ctx, f)
+		require.NoError(t, err)
+		require.False(t, ok, "the stale owner's heartbeat")
+		ok, err = d.Complete(ctx, idemdriver.CompleteParams{FenceParams: f, Response: okResponse(`{"from":"stale"}`)})
+		require.NoError(t, err)
+		require.False(t, ok, "the stale owner's completion")
+		ok, err = d.Fail(ctx, f)
+		require.NoError(t, err)
+		require.False(t, ok, "the stale owner's failure")
+		rec, err := d.Get(ctx, "acct", "k")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateProcessing, rec.State)
+		require.Equal(t, fingerprint("second"), rec.Fingerprint)
+		completeAt(t, d, 0, fresh)
+	})
+
 	t.Run("Inspector", func(t *testing.T) {
 		t.Parallel()
 		d := h.NewDriver(t)

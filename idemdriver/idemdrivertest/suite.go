@@ -100,7 +100,8 @@ func params(scope, key, body string) idemdriver.ClaimParams {
 }
 
 func fence(rec idemdriver.Record) idemdriver.FenceParams {
-	return idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, LeaseDuration: lease}
+	return idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt,
+		LeaseDuration: lease}
 }
 
 func okResponse(body string) idemdriver.Response {
