@@ -168,14 +168,21 @@ func (e *execution) rollback() {
 // It reports false only when the store says another worker owns the key
 // (fenced out); a store error counts as still owned.
 func (e *execution) fail() bool {
+	owned, err := e.failed()
+	return owned || err != nil
+}
+
+// failed records FAILED after a completion error and reports whether this
+// execution still owned the record (it is FAILED now: nothing committed),
+// or the store's error (the record is unknown).
+func (e *execution) failed() (owned bool, err error) {
 	ctx, cancel := e.detached()
 	defer cancel()
-	owned, err := e.m.cfg.Store.Fail(ctx, e.fence)
+	owned, err = e.m.cfg.Store.Fail(ctx, e.fence)
 	if err != nil {
 		e.m.cfg.Logger.Warn("idem: recording FAILED", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
-		return true
 	}
-	return owned
+	return owned, err
 }
 
 // txOpen reports whether the handler's business transaction is open.

@@ -198,6 +198,16 @@ func (m *Middleware) leaseLost(w http.ResponseWriter) {
 	pr.Write(w)
 }
 
+// outcomeUnknown answers 503 store-unavailable for an execution that ran
+// but whose outcome could not be recorded as this request's; detail says
+// what a retry with the same key will get.
+func (m *Middleware) outcomeUnknown(w http.ResponseWriter, err error, detail string) {
+	m.cfg.Logger.Error("idem: outcome not recorded", "err", err)
+	pr := ProblemFor(ErrStoreUnavailable, detail)
+	pr.RetryAfter = m.cfg.StoreRetryAfter
+	pr.Write(w)
+}
+
 func (m *Middleware) storeUnavailable(w http.ResponseWriter, err error) {
 	m.cfg.Logger.Error("idem: store unavailable", "err", err)
 	pr := ProblemFor(ErrStoreUnavailable, "the idempotency store did not answer; the request was not processed, retry later with the same key")
@@ -247,7 +257,8 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		// The lease could not be renewed: the outcome cannot be recorded as
 		// ours. The record stays PROCESSING until its lease runs out.
 		e.rollback()
-		m.storeUnavailable(w, cause)
+		m.outcomeUnknown(w, cause, fmt.Sprintf("the idempotency store stopped answering while the request ran, so its result was not recorded; "+
+			"retry with the same key: once the store answers and the lease (%s) runs out, the request runs again", m.cfg.LeaseDuration))
 		return
 	}
 	if m.cfg.Outcome(cw.statusCode()) == Failed {
@@ -262,7 +273,24 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	ok, err := e.complete(m.storedResponse(cw))
 	switch {
 	case err != nil:
-		m.storeUnavailable(w, err)
+		// The completion (or the COMMIT that carries it) failed, perhaps
+		// after it took effect. Fail is fenced on a PROCESSING record under
+		// this execution's token, and waits for the row lock a transaction
+		// still in flight holds: it marks the record FAILED only when the
+		// outcome did not commit, so the retry runs at once instead of
+		// waiting out the lease.
+		owned, ferr := e.failed()
+		switch {
+		case ferr != nil:
+			m.outcomeUnknown(w, err, fmt.Sprintf("the idempotency store failed while recording the result; "+
+				"retry with the same key: it gets the result if it was recorded, or runs again once the lease (%s) runs out", m.cfg.LeaseDuration))
+		case owned:
+			m.outcomeUnknown(w, err, "the idempotency store failed while recording the result, and nothing was committed; "+
+				"retry with the same key: the request runs again")
+		default:
+			m.outcomeUnknown(w, err, "the idempotency store reported an error while recording the result, but it was recorded; "+
+				"retry with the same key to get it")
+		}
 	case !ok:
 		m.cfg.Logger.Warn("idem: completion fenced out", "scope", p.Scope, "key", p.Key, "fencing_token", rec.FencingToken)
 		m.leaseLost(w)
