@@ -1,7 +1,10 @@
 package idem
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 )
@@ -11,7 +14,7 @@ import (
 // fail to commit (CONTRACT section 6). Flush is accepted and deferred: the
 // whole response is written, and flushed, once the outcome is recorded.
 // Unwrap exposes the client's writer to http.ResponseController for the
-// methods captureWriter does not implement (deadlines).
+// methods captureWriter does not implement (deadlines); Hijack is refused.
 type captureWriter struct {
 	w      http.ResponseWriter
 	header http.Header // what the handler sees
@@ -44,6 +47,14 @@ func (c *captureWriter) Write(b []byte) (int, error) {
 
 // Flush is deferred until the outcome is recorded (see captureWriter).
 func (c *captureWriter) Flush() {}
+
+// Hijack refuses (http.ErrNotSupported): an answer written on the raw
+// connection would bypass idem, which could neither record it nor replay it.
+// Without it, http.ResponseController would reach the client's writer
+// through Unwrap.
+func (c *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, fmt.Errorf("idem: a protected handler cannot hijack the connection, its response is recorded and replayed: %w", http.ErrNotSupported)
+}
 
 // Unwrap returns the client's writer (for http.ResponseController).
 func (c *captureWriter) Unwrap() http.ResponseWriter { return c.w }

@@ -46,3 +46,22 @@ func TestCaptureWriterDefaults(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, rec.Code)
 	require.Empty(t, rec.Header().Get("Content-Length"), "no Content-Length on 204")
 }
+
+// A protected handler cannot hijack the connection. Regression:
+// http.ResponseController reached the client's writer through Unwrap, the
+// handler answered on the raw connection, idem recorded "200" with an empty
+// body and replayed that, and net/http panicked on idem's own answer.
+func TestCaptureWriterRefusesHijack(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := newCaptureWriter(w)
+		_, _, err := http.NewResponseController(c).Hijack()
+		require.ErrorIs(t, err, http.ErrNotSupported)
+		c.WriteHeader(http.StatusAccepted)
+		c.send()
+	}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+}
