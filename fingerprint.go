@@ -10,6 +10,7 @@ import (
 	"math/big"
 	"mime"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -18,7 +19,8 @@ import (
 
 // Fingerprint is the default request fingerprint (CONTRACT section 2): the
 // SHA-256 (32 bytes) of the method, the route path, the canonical query
-// string (url.Values.Encode: keys sorted), the media type (lower-cased,
+// string (url.Values.Encode: keys sorted; the raw query when it does not
+// parse), the media type (lower-cased,
 // without parameters) and the body. A JSON body (application/json or any
 // +json type) is first canonicalized per RFC 8785, so key order and
 // whitespace do not change the fingerprint. RFC 8785 writes numbers as
@@ -52,7 +54,7 @@ func Fingerprint(r *http.Request, body []byte) []byte {
 	}
 	part([]byte(r.Method))
 	part([]byte(r.URL.EscapedPath()))
-	part([]byte(r.URL.Query().Encode()))
+	part([]byte(canonicalQuery(r.URL.RawQuery)))
 	part([]byte(mediaType))
 	part(body)
 	return h.Sum(nil)
@@ -102,6 +104,18 @@ func numbersExact(body []byte) bool {
 			return false
 		}
 	}
+}
+
+// canonicalQuery is the query string with its pairs sorted by key
+// (url.Values.Encode), or the raw query when it does not parse: ParseQuery
+// drops the pairs it cannot read ("a=1;b", "%zz"), and two requests that
+// differ only there must not share a fingerprint.
+func canonicalQuery(raw string) string {
+	values, err := url.ParseQuery(raw)
+	if err != nil {
+		return "\x00raw:" + raw // cannot collide with an encoded query, which holds no NUL
+	}
+	return values.Encode()
 }
 
 func isJSON(mediaType string) bool {

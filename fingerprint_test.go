@@ -70,6 +70,11 @@ func TestFingerprint(t *testing.T) {
 		fp("POST", "/x", "application/json", `{"c":0, "b":1999e-2, "a":0.10}`), "decimals are canonicalized")
 	require.Equal(t, fp("POST", "/x", "application/json", `{"a":1e400}`), fp("POST", "/x", "application/json", `{"a":1e400}`))
 	require.NotEqual(t, fp("POST", "/x", "application/json", `{"a":1e400}`), fp("POST", "/x", "application/json", `{"a":2e400}`))
+	// A query that does not parse is hashed raw: ParseQuery drops the pairs
+	// it cannot read, so a changed amount was replayed (regression).
+	require.NotEqual(t, fp("POST", "/x?amount=100;currency=EUR", "", ""), fp("POST", "/x?amount=999;currency=EUR", "", ""))
+	require.NotEqual(t, fp("POST", "/x?to=%zzacct1", "", ""), fp("POST", "/x?to=%zzacct2", "", ""))
+	require.NotEqual(t, fp("POST", "/x?a=1&b=%zz", "", ""), fp("POST", "/x?a=1", "", ""))
 	// Zero however written is one number; a non-zero number too small for a
 	// double is not zero (it is hashed raw).
 	require.Equal(t, fp("POST", "/x", "application/json", `{"a":0}`), fp("POST", "/x", "application/json", `{"a":-0.0e999999}`))
