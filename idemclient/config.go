@@ -14,7 +14,7 @@ const (
 	DefaultMaxAttempts     = 8
 	DefaultBaseDelay       = 100 * time.Millisecond
 	DefaultMaxDelay        = 10 * time.Second
-	DefaultMaxRetryAfter   = 30 * time.Second
+	DefaultMaxRetryAfter   = 5 * time.Second
 	DefaultMaxElapsed      = 60 * time.Second
 	DefaultMaxBufferedBody = 10 << 20 // 10 MiB
 	DefaultMaxDrainBytes   = 64 << 10 // 64 KiB
@@ -74,11 +74,14 @@ type Config struct {
 	MaxDelay time.Duration
 
 	// MaxRetryAfter caps the wait asked for by a Retry-After header (RFC
-	// 9110 section 10.2.3); a longer Retry-After waits MaxRetryAfter. Note
-	// that idem's 409 carries the seconds left on the lease (up to
-	// idem.Config.LeaseDuration, 30 s by default), an upper bound of the
-	// time the first request may still take: lower MaxRetryAfter to poll
-	// sooner. Used by the default Backoff only. Default: 30 s.
+	// 9110 section 10.2.3); a longer Retry-After waits MaxRetryAfter. idem's
+	// 409 carries the seconds left on the lease (up to
+	// idem.Config.LeaseDuration, 30 s by default, and renewed while the
+	// first request runs): an upper bound of the time it may still take, not
+	// an estimate. A payment that takes 300 ms would keep its duplicate
+	// waiting 30 s; the default cap polls every 5 s at most instead (each
+	// 409 costs the server one indexed read). Used by the default Backoff
+	// only. Default: 5 s.
 	MaxRetryAfter time.Duration
 
 	// MaxElapsed bounds the time from the start of the first attempt: a

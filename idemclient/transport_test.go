@@ -188,7 +188,7 @@ func TestRetryAfterSecondsHonouredAndCapped(t *testing.T) {
 	}{
 		{"seconds", "3", 0, 3 * time.Second},
 		{"seconds capped", "120", 5 * time.Second, 5 * time.Second},
-		{"default cap 30s", "3600", 0, 30 * time.Second},
+		{"default cap 5s", "3600", 0, 5 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newServer(t, statuses(http.Header{"Retry-After": {tc.retryAfter}}, 503, 201))
@@ -688,7 +688,7 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, 8, c.MaxAttempts)
 	require.Equal(t, 100*time.Millisecond, c.BaseDelay)
 	require.Equal(t, 10*time.Second, c.MaxDelay)
-	require.Equal(t, 30*time.Second, c.MaxRetryAfter)
+	require.Equal(t, 5*time.Second, c.MaxRetryAfter)
 	require.Equal(t, 60*time.Second, c.MaxElapsed)
 	require.Zero(t, c.AttemptTimeout)
 	require.EqualValues(t, 10<<20, c.MaxBufferedBody)
