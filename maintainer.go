@@ -62,8 +62,9 @@ type MaintainerConfig struct {
 	LockTTL time.Duration
 
 	// DaysAhead is how many days of partitions ahead of today each cycle
-	// ensures, on a partitioned store. Default: the store's own (see
-	// idempgx.PartitionConfig).
+	// ensures, on a partitioned store. NewMaintainer refuses fewer than the
+	// store's own (its MaxRetention plus one day). Default: the store's own
+	// (see idempgx.PartitionConfig).
 	DaysAhead int
 
 	// Holder names this process in the lock, for operators. Default:
@@ -117,8 +118,8 @@ func (c MaintainerConfig) validate() error {
 	if c.Batch <= 0 || c.MaxBatches <= 0 {
 		errs = append(errs, errors.New("Batch and MaxBatches must be positive"))
 	}
-	if c.LockTTL <= 0 || c.BatchPause < 0 || c.OlderThan < 0 {
-		errs = append(errs, errors.New("LockTTL must be positive; BatchPause and OlderThan not negative"))
+	if c.LockTTL <= 0 || c.BatchPause < 0 || c.OlderThan < 0 || c.DaysAhead < 0 {
+		errs = append(errs, errors.New("LockTTL must be positive; BatchPause, OlderThan and DaysAhead not negative"))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("idem: invalid MaintainerConfig: %w", errors.Join(errs...))
@@ -202,13 +203,24 @@ func NewMaintainer(store Store, cfg MaintainerConfig) (*Maintainer, error) {
 	m := &Maintainer{cfg: cfg, locker: locker}
 	if p, ok := store.(idemdriver.Partitioner); ok && p.Partitioned() {
 		m.parts = p
+		// Claims need the partition of now + Retention, and Retention may
+		// reach the store's MaxRetention: fewer days ahead would leave the
+		// longest-lived claims without a partition (every one a 503).
+		if lim, ok := store.(idemdriver.RetentionLimiter); ok && cfg.DaysAhead != 0 {
+			need := int(lim.MaxRetention()/(24*time.Hour)) + 1
+			if cfg.DaysAhead < need {
+				return nil, fmt.Errorf("idem: invalid MaintainerConfig: DaysAhead %d is less than the store's %d days ahead: "+
+					"claims with its longest retention (%s) would find no partition; leave DaysAhead 0 for the store's own",
+					cfg.DaysAhead, need, lim.MaxRetention())
+			}
+		}
 	}
 	return m, nil
 }
 
 // Start runs the maintainer in a goroutine until ctx is done or Stop is
-// called. The first cycle starts at once. It returns an error when the
-// maintainer is already running.
+// called. The first cycle starts at once. It returns an error when called a
+// second time: a stopped Maintainer does not start again (make a new one).
 func (m *Maintainer) Start(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
