@@ -104,7 +104,7 @@ type Config struct {
 
 	// LeaseDuration is how long a claim owns a key before another worker may
 	// take it over; the lease is renewed every LeaseDuration/3 while the
-	// handler runs. Default: 30 s.
+	// handler runs. At least 1 s (New refuses less). Default: 30 s.
 	LeaseDuration time.Duration
 
 	// Retention is how long a key is remembered after its latest execution
@@ -114,8 +114,9 @@ type Config struct {
 	// execution never finished (FAILED, or its owner died: the retry
 	// continues it, relaying the same key downstream). For a retention per
 	// route, give each route group its own Middleware (docs/retention.md).
-	// At most the store's MaxRetention where it has one
-	// (idemdriver.RetentionLimiter). Default: 24 h.
+	// At least LeaseDuration, and at most the store's MaxRetention where it
+	// has one (idemdriver.RetentionLimiter): New refuses others. Default:
+	// 24 h.
 	Retention time.Duration
 
 	// MaxRequestBytes bounds the request body read for the fingerprint; a
@@ -126,7 +127,10 @@ type Config struct {
 	// response still reaches the first caller in full and is recorded as
 	// SUCCEEDED without its body; later requests with the key get 410 with
 	// the problem type response-not-stored, and the handler is not run
-	// again. Default: 1 MiB.
+	// again. Whatever this bound, the whole response is held in memory
+	// until the outcome is recorded (the caller must not see a 201 whose
+	// writes then fail to commit), and Flush is deferred until then: idem
+	// does not suit streaming responses. Default: 1 MiB.
 	MaxResponseBytes int64
 
 	// ReplayHeaders is the allow-list of response headers kept for replay.

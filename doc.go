@@ -13,15 +13,26 @@
 //
 // # Using it
 //
-// Create a driver, migrate it, and wrap the handlers:
+// Create a driver, migrate it, and wrap the handlers that have side effects:
 //
 //	store, _ := idemsqlite.Open(ctx, "idem.db") // or idempgx.New(pool)
 //	_ = store.Migrate(ctx)
 //	mw, _ := idem.New(idem.Config{Store: store, Scope: merchantFromAuth})
-//	http.ListenAndServe(addr, mw.Handler(mux))
+//	mux.Handle("POST /v1/payments", mw.Handler(createPayment))
+//	http.ListenAndServe(addr, authenticate(mux))
 //
 // Middleware.Handler is a func(http.Handler) http.Handler, so it drops into
 // net/http, chi, gorilla/mux and anything else that speaks http.Handler.
+// Wrap routes, not the router: around a whole router, idem records the 404
+// of a mistyped path (a 4xx is an outcome) and the corrected request with
+// the same key gets 422.
+//
+// Size the database pool for more connections than protected handlers that
+// hold the claim's transaction at once: the lease heartbeat, and the
+// completion of handlers that use no transaction, take a connection of
+// their own while a transaction holds one. A pool that runs dry leaves
+// heartbeats waiting, and after a whole lease without one idem gives the
+// execution up (503) although the database is healthy.
 //
 // # The request
 //
@@ -39,7 +50,10 @@
 //
 // No record, or an expired one (older than Retention, purged or not): the
 // claim inserts a PROCESSING record with a new fencing token and a lease,
-// locked_until = database now + LeaseDuration, and the handler runs.
+// locked_until = database now + LeaseDuration, and the handler runs. (An
+// expired record whose execution is unfinished is the exception: a live
+// lease still answers 409, and the same request retried continues it; see
+// docs/contract.md section 3.)
 //
 // PROCESSING under a live lease: another worker owns the key. The answer is
 // 409 with the problem type request-in-flight and Retry-After set to the

@@ -76,6 +76,10 @@ type RelayTransport struct {
 	Base http.RoundTripper
 	// Step names the step of a request. Default: the method, host and path
 	// ("POST psp.example/v1/charges"), so each endpoint gets its own key.
+	// Two calls to one endpoint in one execution (a split payment) then
+	// share a key, and the provider answers the second with the first's
+	// result; a failover to another host changes the key, and the provider
+	// there charges again. Name each call's step yourself for either.
 	Step func(*http.Request) string
 }
 
