@@ -71,6 +71,11 @@ func DefaultOutcome(status int) Outcome {
 // MaxScopeLength is the longest scope, in bytes, that every driver stores.
 const MaxScopeLength = 255
 
+// MaxPathLength is the longest request path (escaped, in bytes) of a
+// protected request; a longer one is answered 414 (problem type
+// about:blank) before any claim. Every driver stores it.
+const MaxPathLength = 4096
+
 // ScopeFunc names who owns a request's key (tenant, account, principal), in
 // at most MaxScopeLength bytes. Keys of different scopes never meet. An error,
 // or an empty scope (most often an unauthenticated request read as the zero

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -88,6 +89,32 @@ func TestScopeTooLong(t *testing.T) {
 	require.Equal(t, http.StatusInternalServerError, rec.Code)
 	require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
 	require.False(t, ran)
+}
+
+// A path longer than MaxPathLength is the client's mistake: 414, before any
+// claim. Regression: on MySQL the driver refused it as a store error, a 503
+// that idemclient retried eight times.
+func TestPathTooLong(t *testing.T) {
+	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(t.Context()))
+	mw, err := idem.New(idem.Config{Store: d})
+	require.NoError(t, err)
+	runs := 0
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { runs++; w.WriteHeader(201) }))
+	send := func(path string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", path, strings.NewReader("{}"))
+		req.Header.Set(idem.HeaderKey, "k-"+strconv.Itoa(len(path)))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	long := send("/" + strings.Repeat("p", idem.MaxPathLength))
+	require.Equal(t, http.StatusRequestURITooLong, long.Code)
+	require.Equal(t, "application/problem+json", long.Header().Get("Content-Type"))
+	require.Zero(t, runs)
+	require.Equal(t, http.StatusCreated, send("/"+strings.Repeat("p", idem.MaxPathLength-1)).Code)
 }
 
 // An empty scope is no scope: 401 missing-scope, the handler not run.
