@@ -121,6 +121,12 @@
 // max_allowed_packet (16 MiB by default on MariaDB 10.11, 64 MiB on MySQL 8):
 // keep idem's MaxResponseBytes (default 1 MiB) well below it, or raise it.
 //
+// go-sql-driver does not watch the context while a COMMIT is on the wire, so
+// a connection that stalls there blocks the request until TCP gives up
+// (minutes), whatever idem's CompleteTimeout. Bound it with readTimeout and
+// writeTimeout in the URL (mysql://...?readTimeout=30s&writeTimeout=30s),
+// longer than the slowest statement your handlers run.
+//
 // # Migrations
 //
 // Migrate applies the embedded goose migrations (MySQL dialect), recording

@@ -244,6 +244,12 @@ func (d *Driver) Close() error {
 // completion is written in the same transaction, fenced by the token, and
 // committed with it (CONTRACT section 6). It returns
 // idemdriver.ErrNoExecution outside a protected handler.
+//
+// Never swallow an error of a statement in it: after a deadlock (1213), or
+// a lock wait timeout (1205) with innodb_rollback_on_timeout, InnoDB has
+// rolled the whole transaction back and the session is in autocommit, so a
+// handler that answers 2xx anyway would have idem's completion commit alone,
+// without the business writes. Return a 5xx (FAILED: the retry runs again).
 func Tx(ctx context.Context) (*sql.Tx, error) {
 	tx, err := idemdriver.TxFromContext(ctx)
 	if err != nil {
