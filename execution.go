@@ -193,8 +193,9 @@ func (e *execution) txOpen() bool {
 }
 
 type heartbeat struct {
-	stopc chan struct{}
-	done  chan struct{}
+	stopc  chan struct{}
+	done   chan struct{}
+	cancel context.CancelFunc // ends an in-flight renewal at stop
 }
 
 // startHeartbeat extends the lease every LeaseDuration/3 while the handler
@@ -202,7 +203,8 @@ type heartbeat struct {
 // context with cause ErrLeaseLost; when no renewal has succeeded for a whole
 // lease (the store unreachable), with a *StoreError (ErrStoreUnavailable).
 func (e *execution) startHeartbeat() *heartbeat {
-	hb := &heartbeat{stopc: make(chan struct{}), done: make(chan struct{})}
+	hbCtx, cancel := context.WithCancel(e.ctx)
+	hb := &heartbeat{stopc: make(chan struct{}), done: make(chan struct{}), cancel: cancel}
 	lease := e.m.cfg.LeaseDuration
 	sw, ok := e.m.cfg.Store.(idemdriver.SingleWriter)
 	singleWriter := ok && sw.SingleWriter()
@@ -229,12 +231,20 @@ func (e *execution) startHeartbeat() *heartbeat {
 				lastOK = time.Now()
 				continue
 			}
-			ctx, cancel := context.WithTimeout(e.ctx, lease/3)
+			// The lease runs from the database's now, which is no earlier
+			// than the moment the renewal was sent.
+			sent := time.Now()
+			ctx, cancel := context.WithTimeout(hbCtx, lease/3)
 			ok, err := e.m.cfg.Store.Heartbeat(ctx, e.fence)
 			cancel()
+			select { // stopped during the renewal: the outcome is recorded next, whatever it said
+			case <-hb.stopc:
+				return
+			default:
+			}
 			switch {
 			case err == nil && ok:
-				lastOK = time.Now()
+				lastOK = sent
 			case err == nil && !ok:
 				e.m.cfg.Logger.Warn("idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
 				e.cancel(ErrLeaseLost)
@@ -249,9 +259,13 @@ func (e *execution) startHeartbeat() *heartbeat {
 	return hb
 }
 
-// stop ends the heartbeat and waits for an in-flight renewal to return, so
-// it cannot race the completion.
+// stop ends the heartbeat: it cancels an in-flight renewal (one waiting for
+// a pooled connection would otherwise hold the response for up to
+// LeaseDuration/3) and waits for it to return. A renewal the database still
+// runs cannot undo the completion: both are fenced, and a renewal that finds
+// the record no longer PROCESSING changes nothing.
 func (hb *heartbeat) stop() {
 	close(hb.stopc)
+	hb.cancel()
 	<-hb.done
 }

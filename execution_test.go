@@ -134,3 +134,44 @@ func TestReplayAllowListAndMethods(t *testing.T) {
 	send("POST")
 	require.Equal(t, 3, runs)
 }
+
+// blockingHeartbeat is a store whose renewals wait for their context, as
+// one waiting for a connection of an exhausted pool does; it reports how
+// each one ended.
+type blockingHeartbeat struct {
+	idem.Store
+	started chan struct{}
+	ended   chan error
+}
+
+func (s *blockingHeartbeat) Heartbeat(ctx context.Context, _ idemdriver.FenceParams) (bool, error) {
+	select {
+	case s.started <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	s.ended <- ctx.Err()
+	return false, ctx.Err()
+}
+
+// The end of the handler cancels a renewal in flight instead of waiting out
+// its timeout (LeaseDuration/3). Regression: with a pool exhausted by the
+// business transactions, every response waited for the blocked renewal.
+func TestHandlerEndCancelsRenewal(t *testing.T) {
+	store := &blockingHeartbeat{Store: openSQLite(t), started: make(chan struct{}, 1), ended: make(chan error, 8)}
+	mw, err := idem.New(idem.Config{Store: store, LeaseDuration: 3 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-store.started // a renewal is in flight
+		w.WriteHeader(http.StatusCreated)
+	}))
+	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
+	req.Header.Set(idem.HeaderKey, "k")
+	rr := httptest.NewRecorder()
+	h.ServeHTTP(rr, req)
+	require.Equal(t, http.StatusCreated, rr.Code, rr.Body.String())
+	require.ErrorIs(t, <-store.ended, context.Canceled, "ended by the handler's end, not by its own timeout")
+	rec, err := store.Get(t.Context(), "global", "k")
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.StateSucceeded, rec.State)
+}
