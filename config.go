@@ -19,6 +19,7 @@ const (
 	DefaultStoreRetryAfter  = 1 * time.Second
 	DefaultCompleteTimeout  = 10 * time.Second
 	DefaultClaimTimeout     = 10 * time.Second
+	DefaultMaxExecution     = 10 * time.Minute
 )
 
 // DefaultMethods are the methods protected when Config.Methods is empty.
@@ -163,6 +164,17 @@ type Config struct {
 	// on a context detached from the client's. Default: 10 s.
 	CompleteTimeout time.Duration
 
+	// MaxExecution bounds how long one execution may own its key (CONTRACT
+	// section 4: the work is bounded by the lease, not by the client). Past
+	// it the lease is no longer renewed and the handler's context is
+	// cancelled with cause ErrExecutionTimeout; what the handler then
+	// answers is recorded as usual (a 5xx: FAILED, the retry runs again),
+	// and if it does not return, another request takes the key over once
+	// the lease runs out. Without it a handler stuck forever would hold its
+	// key (409 to every retry) for as long as its process lives. At least
+	// LeaseDuration. Default: 10 min, or LeaseDuration when that is longer.
+	MaxExecution time.Duration
+
 	// RelaySecret keys the derivation of the keys relayed to downstream
 	// providers (RelayKey, DeriveKey, RelayTransport). Every process serving
 	// the same API must use the same secret, and keep it for as long as keys
@@ -212,6 +224,9 @@ func (c Config) WithDefaults() Config {
 	if c.CompleteTimeout == 0 {
 		c.CompleteTimeout = DefaultCompleteTimeout
 	}
+	if c.MaxExecution == 0 {
+		c.MaxExecution = max(DefaultMaxExecution, c.LeaseDuration)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -228,6 +243,9 @@ func (c Config) validate() error {
 	}
 	if c.Retention < c.LeaseDuration {
 		errs = append(errs, fmt.Errorf("Retention %s is shorter than LeaseDuration %s", c.Retention, c.LeaseDuration))
+	}
+	if c.MaxExecution < c.LeaseDuration {
+		errs = append(errs, fmt.Errorf("MaxExecution %s is shorter than LeaseDuration %s", c.MaxExecution, c.LeaseDuration))
 	}
 	if rl, ok := c.Store.(idemdriver.RetentionLimiter); ok && c.Retention > rl.MaxRetention() {
 		errs = append(errs, fmt.Errorf("Retention %s exceeds the store's MaxRetention %s", c.Retention, rl.MaxRetention()))

@@ -33,6 +33,7 @@ func TestConfigDefaults(t *testing.T) {
 	require.Equal(t, 30*time.Second, c.LeaseDuration)
 	require.Equal(t, 24*time.Hour, c.Retention)
 	require.Equal(t, 10*time.Second, c.ClaimTimeout)
+	require.Equal(t, 10*time.Minute, c.MaxExecution)
 	require.EqualValues(t, 1<<20, c.MaxRequestBytes)
 	require.EqualValues(t, 1<<20, c.MaxResponseBytes)
 	require.Equal(t, []string{http.MethodPost, http.MethodPatch}, c.Methods)
@@ -54,6 +55,7 @@ func TestNewValidates(t *testing.T) {
 		"retention below lease":  {Store: d, LeaseDuration: time.Minute, Retention: time.Second},
 		"negative request limit": {Store: d, MaxRequestBytes: -1},
 		"negative store retry":   {Store: d, StoreRetryAfter: -time.Second},
+		"execution below lease":  {Store: d, MaxExecution: time.Second},
 	} {
 		_, err := idem.New(cfg)
 		require.Error(t, err, name)

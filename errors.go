@@ -29,6 +29,9 @@ var (
 	// ErrStoreUnavailable: the store could not answer (503); the handler
 	// does not run.
 	ErrStoreUnavailable = errors.New("idem: store unavailable")
+	// ErrExecutionTimeout is the cause of a handler's context cancelled
+	// after Config.MaxExecution; the lease is no longer renewed.
+	ErrExecutionTimeout = errors.New("idem: the execution ran past MaxExecution")
 )
 
 // StoreError wraps an error from the store with the operation that failed.

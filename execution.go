@@ -201,7 +201,8 @@ type heartbeat struct {
 // startHeartbeat extends the lease every LeaseDuration/3 while the handler
 // runs. When the store says the lease is lost, it cancels the handler's
 // context with cause ErrLeaseLost; when no renewal has succeeded for a whole
-// lease (the store unreachable), with a *StoreError (ErrStoreUnavailable).
+// lease (the store unreachable), with a *StoreError (ErrStoreUnavailable);
+// after MaxExecution, with ErrExecutionTimeout, and stops renewing.
 func (e *execution) startHeartbeat() *heartbeat {
 	hbCtx, cancel := context.WithCancel(e.ctx)
 	hb := &heartbeat{stopc: make(chan struct{}), done: make(chan struct{}), cancel: cancel}
@@ -212,10 +213,17 @@ func (e *execution) startHeartbeat() *heartbeat {
 		defer close(hb.done)
 		t := time.NewTicker(lease / 3)
 		defer t.Stop()
+		limit := time.NewTimer(e.m.cfg.MaxExecution)
+		defer limit.Stop()
 		lastOK := time.Now()
 		for {
 			select {
 			case <-hb.stopc:
+				return
+			case <-limit.C:
+				e.m.cfg.Logger.Warn("idem: execution ran past MaxExecution; no longer renewing its lease",
+					"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.m.cfg.MaxExecution)
+				e.cancel(ErrExecutionTimeout)
 				return
 			case <-t.C:
 			}

@@ -175,3 +175,40 @@ func TestHandlerEndCancelsRenewal(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.StateSucceeded, rec.State)
 }
+
+// A handler that runs past MaxExecution has its context cancelled with
+// cause ErrExecutionTimeout; its answer is recorded as usual (here 503:
+// FAILED), so the retry runs again. Regression: the heartbeat renewed the
+// lease of a stuck handler for as long as its process lived, and every retry
+// got 409.
+func TestMaxExecution(t *testing.T) {
+	d := openSQLite(t)
+	mw, err := idem.New(idem.Config{Store: d, LeaseDuration: time.Second, MaxExecution: time.Second,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	var causes []error
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(causes) == 0 {
+			<-r.Context().Done() // stuck until idem gives up on it
+			causes = append(causes, context.Cause(r.Context()))
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		causes = append(causes, nil)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send := func() int {
+		req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
+		req.Header.Set(idem.HeaderKey, "k")
+		rr := httptest.NewRecorder()
+		h.ServeHTTP(rr, req)
+		return rr.Code
+	}
+	require.Equal(t, http.StatusServiceUnavailable, send())
+	require.ErrorIs(t, causes[0], idem.ErrExecutionTimeout)
+	rec, err := d.Get(t.Context(), "global", "k")
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.StateFailed, rec.State)
+	require.Equal(t, http.StatusCreated, send(), "the retry runs again")
+	require.Len(t, causes, 2)
+}
