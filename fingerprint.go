@@ -20,8 +20,7 @@ import (
 // Fingerprint is the default request fingerprint (CONTRACT section 2): the
 // SHA-256 (32 bytes) of the method, the route path, the canonical query
 // string (url.Values.Encode: keys sorted; the raw query when it does not
-// parse), the media type (lower-cased,
-// without parameters) and the body. A JSON body (application/json or any
+// parse), the media type (lower-cased, without parameters) and the body. A JSON body (application/json or any
 // +json type) is first canonicalized per RFC 8785, so key order and
 // whitespace do not change the fingerprint. RFC 8785 writes numbers as
 // IEEE 754 doubles (section 3.2.2.3), which would make 9007199254740993 and

@@ -293,11 +293,11 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			m.outcomeUnknown(w, err, fmt.Sprintf("the idempotency store failed while recording the result; "+
 				"retry with the same key: it gets the result if it was recorded, or runs again once the lease (%s) runs out", m.cfg.LeaseDuration))
 		case owned:
-			m.outcomeUnknown(w, err, "the idempotency store failed while recording the result, and nothing was committed; "+
-				"retry with the same key: the request runs again")
+			m.outcomeUnknown(w, err, "the idempotency store failed while recording the result, which was not recorded "+
+				"(in transactional mode the request's writes were rolled back with it); retry with the same key: the request runs again")
 		default:
-			m.outcomeUnknown(w, err, "the idempotency store reported an error while recording the result, but it was recorded; "+
-				"retry with the same key to get it")
+			m.outcomeUnknown(w, err, "the idempotency store reported an error while recording the result, but the key's record "+
+				"has moved on (the result was recorded after all, or another request took the key over); retry with the same key to get its result")
 		}
 	case !ok:
 		m.cfg.Logger.Warn("idem: completion fenced out", "scope", p.Scope, "key", p.Key, "fencing_token", rec.FencingToken)
