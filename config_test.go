@@ -70,6 +70,12 @@ func TestProblemFor(t *testing.T) {
 	require.Equal(t, 409, p.Status)
 	require.Equal(t, "about:blank", idem.ProblemFor(nil, "x").Type)
 	require.Equal(t, 500, idem.ProblemFor(nil, "x").Status)
+
+	// The body is JSON for API clients, not HTML: <, > and & stay as written.
+	rec := httptest.NewRecorder()
+	idem.ProblemFor(idem.ErrMissingKey, "send Idempotency-Key: <a UUID> & retry").Write(rec)
+	require.Contains(t, rec.Body.String(), `"detail":"send Idempotency-Key: <a UUID> & retry"`)
+	require.True(t, strings.HasSuffix(rec.Body.String(), "}\n"), "one newline at the end")
 }
 
 // Regression: a scope longer than the drivers' column was answered 503

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -68,7 +69,10 @@ func (p Problem) Write(w http.ResponseWriter) {
 	if p.Instance != "" {
 		obj["instance"] = p.Instance
 	}
-	body, _ := json.Marshal(obj)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // a detail may quote <placeholders>; this is no HTML
+	_ = enc.Encode(obj)      // a map of strings and numbers: no error
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
@@ -76,7 +80,7 @@ func (p Problem) Write(w http.ResponseWriter) {
 		h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(p.RetryAfter), 10))
 	}
 	w.WriteHeader(p.Status)
-	_, _ = w.Write(append(body, '\n'))
+	_, _ = w.Write(buf.Bytes()) // Encode ends it with a newline
 }
 
 // retryAfterSeconds rounds d up to whole seconds, at least 1.

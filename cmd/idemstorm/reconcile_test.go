@@ -366,3 +366,26 @@ func TestPercentiles(t *testing.T) {
 	require.Equal(t, Latency{Count: 1, P50: 7, P99: 7, Max: 7}, percentiles([]time.Duration{7 * time.Millisecond}))
 	require.Equal(t, Latency{}, percentiles(nil))
 }
+
+// Without --psp-url the summary says the provider was not checked, rather
+// than leaving its row out (regression: "verdict OK" read as no double
+// charge, though each paymentsd's in-process fake forgets its charges).
+func TestSummarySaysProviderNotChecked(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 8, 2)
+	var without, with strings.Builder
+	summary := func(b *strings.Builder, withPSP bool) {
+		r := w.reconcile(t, withPSP)
+		r.Load = &LoadSummary{}
+		printSummary(b, r)
+	}
+	summary(&without, false)
+	require.Contains(t, without.String(), "not checked: no --psp-url")
+	w.api.charges = map[string]int64{}
+	for _, m := range w.plan.merchants {
+		w.api.charges[m] = 4
+	}
+	summary(&with, true)
+	require.NotContains(t, with.String(), "not checked")
+	require.Contains(t, with.String(), "double charges (provider)")
+}

@@ -239,6 +239,8 @@ func printSummary(w io.Writer, r *Report) {
 		row("double payments (ledger)", "%d%s", rec.DoublePayments, exact)
 		if p := rec.Provider; p != nil {
 			row("double charges (provider)", "%d (%d charges, %d missing)", p.DoubleCharges, p.Charges, p.MissingCharges)
+		} else {
+			row("double charges (provider)", "not checked: no --psp-url (each paymentsd's in-process fake forgets its charges when it dies)")
 		}
 		row("divergent answers", "%d", rec.DivergentAnswers)
 		row("lost payments", "%d", rec.Lost)

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -77,14 +78,16 @@ func (a *API) WriteProblem(w http.ResponseWriter, kind string, status int, detai
 // application/json with status. When v cannot be encoded it sends a 500
 // internal-error problem instead.
 func (a *API) WriteJSON(w http.ResponseWriter, status int, v any) {
-	body, err := json.Marshal(v)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // JSON for API clients, not for embedding in HTML
+	if err := enc.Encode(v); err != nil {
 		a.WriteProblem(w, ProblemInternal, http.StatusInternalServerError, "the response could not be encoded")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
+	_, _ = w.Write(buf.Bytes()) // Encode ends it with a newline
 }
 
 type merchantKey struct{}

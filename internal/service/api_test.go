@@ -91,7 +91,10 @@ func TestAuthenticate(t *testing.T) {
 		require.Equal(t, "Missing or invalid API key", p["title"])
 		require.EqualValues(t, http.StatusUnauthorized, p["status"])
 		require.NotEmpty(t, p["detail"])
+		// Not HTML: the detail's <merchant> reads as written, not \u003c.
+		require.NotContains(t, w.Body.String(), `\u003c`)
 	}
+	require.Contains(t, serve().Body.String(), "sk_test_<merchant>")
 	require.Len(t, got, 1, "next never ran for a 401")
 
 	_, err := Scope(httptest.NewRequest(http.MethodGet, "/", nil))
