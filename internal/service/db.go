@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"hash/crc64"
 	"io/fs"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/idemgo/idem"
@@ -201,7 +203,11 @@ func (d *DB) migrate(ctx context.Context, schema Schema) error {
 			return fmt.Errorf("%s: migrate: no current database: %v", schema.Service, err)
 		}
 		dialect = goose.DialectMySQL
-		opts = append(opts, goose.WithSessionLocker(mysqlLock{name: schema.Service + "_migrations." + database.String}))
+		l := mysqlLock{name: schema.Service + "_migrations." + database.String}
+		if err := ensureMySQLVersionTable(ctx, d.SQL, schema.VersionTable, l); err != nil {
+			return fmt.Errorf("%s: migrate: version table %s: %w", schema.Service, schema.VersionTable, err)
+		}
+		opts = append(opts, goose.WithSessionLocker(l))
 	}
 	p, err := goose.NewProvider(dialect, db, sub, opts...)
 	if err != nil {
@@ -211,6 +217,41 @@ func (d *DB) migrate(ctx context.Context, schema Schema) error {
 		return fmt.Errorf("%s: migrate: %w", schema.Service, err)
 	}
 	return nil
+}
+
+// ensureMySQLVersionTable creates goose's version table and its version 0
+// row under the migration lock, unless the table exists. Goose's Up first
+// runs HasPending, which creates the table outside the session locker, and
+// MySQL commits CREATE TABLE on its own: a process starting together with
+// another could see the table before its version 0 row and fail with
+// "missing zero version migration" (TestOpenMySQL, about one run in fifteen
+// under -race). idemmysql does the same for idem's own table.
+func ensureMySQLVersionTable(ctx context.Context, db *sql.DB, table string, l mysqlLock) (err error) {
+	s, err := database.NewStore(database.DialectMySQL, table)
+	if err != nil {
+		return err
+	}
+	store, ok := s.(database.StoreExtender)
+	if !ok {
+		return fmt.Errorf("goose's MySQL store %T does not implement database.StoreExtender", s)
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := l.SessionLock(ctx, conn); err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, l.SessionUnlock(context.WithoutCancel(ctx), conn)) }()
+	exists, err := store.TableExists(ctx, conn)
+	if err != nil || exists {
+		return err
+	}
+	if err := store.CreateVersionTable(ctx, conn); err != nil {
+		return err
+	}
+	return store.Insert(ctx, conn, database.InsertRequest{Version: 0})
 }
 
 // mysqlLock is a goose session locker on GET_LOCK / RELEASE_LOCK, held by
