@@ -167,10 +167,11 @@ type Config struct {
 	// MaxExecution bounds how long one execution may own its key (CONTRACT
 	// section 4: the work is bounded by the lease, not by the client). Past
 	// it the lease is no longer renewed and the handler's context is
-	// cancelled with cause ErrExecutionTimeout; what the handler then
-	// answers is recorded as usual (a 5xx: FAILED, the retry runs again),
-	// and if it does not return, another request takes the key over once
-	// the lease runs out. Without it a handler stuck forever would hold its
+	// cancelled with cause ErrExecutionTimeout. What a handler without the
+	// claim's transaction then answers is recorded as usual (a 5xx: FAILED,
+	// the retry runs again); a handler that used the transaction has it
+	// rolled back and recorded FAILED, answered 503. A handler that does not
+	// return loses its key to the next request once the lease runs out. Without it a handler stuck forever would hold its
 	// key (409 to every retry) for as long as its process lives. At least
 	// LeaseDuration. Default: 10 min, or LeaseDuration when that is longer.
 	MaxExecution time.Duration

@@ -185,6 +185,13 @@ func (e *execution) failed() (owned bool, err error) {
 	return owned, err
 }
 
+// txBegun reports whether the handler began the business transaction.
+func (e *execution) txBegun() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.tx != nil
+}
+
 // txOpen reports whether the handler's business transaction is open.
 func (e *execution) txOpen() bool {
 	e.mu.Lock()
@@ -221,6 +228,11 @@ func (e *execution) startHeartbeat() *heartbeat {
 			case <-hb.stopc:
 				return
 			case <-limit.C:
+				select { // the handler returned just now: its outcome is recorded as usual
+				case <-hb.stopc:
+					return
+				default:
+				}
 				e.m.cfg.Logger.Warn("idem: execution ran past MaxExecution; no longer renewing its lease",
 					"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.m.cfg.MaxExecution)
 				e.cancel(ErrExecutionTimeout)

@@ -249,6 +249,13 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 
 	cause := context.Cause(e.ctx)
 	lost, unreachable := errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrStoreUnavailable)
+	// Past MaxExecution a handler that used the claim's transaction cannot
+	// be recorded as it answered: its context was cancelled, and
+	// database/sql rolls a transaction back when the context it began on
+	// ends (MySQL, SQLite), so its writes may be gone. Roll back and record
+	// FAILED everywhere, so the retry runs again. Without a transaction its
+	// answer is recorded as usual.
+	timedOut := errors.Is(cause, ErrExecutionTimeout) && e.txBegun()
 	if panicked {
 		e.rollback()
 		if !lost && !unreachable {
@@ -260,6 +267,15 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	case lost:
 		e.rollback()
 		m.leaseLost(w)
+		return
+	case timedOut:
+		e.rollback()
+		if !e.fail() {
+			m.leaseLost(w)
+			return
+		}
+		m.outcomeUnknown(w, cause, fmt.Sprintf("the request ran past its time limit (%s) and its writes were rolled back; "+
+			"retry with the same key: the request runs again", m.cfg.MaxExecution))
 		return
 	case unreachable:
 		// The lease could not be renewed: the outcome cannot be recorded as

@@ -543,6 +543,49 @@ func runMiddleware(t *testing.T, h Harness) {
 		require.EqualValues(t, 2, a.runs.Load())
 	})
 
+	// A transactional handler that runs past MaxExecution is rolled back and
+	// recorded FAILED, whatever it answers: database/sql aborts a
+	// transaction whose context ends, so recording its 201 would keep a
+	// SUCCEEDED without its writes (regression, MySQL and SQLite).
+	t.Run("MaxExecutionRollsBack", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		biz := h.Business(t, d)
+		var runs atomic.Int32
+		m, err := idem.New(idem.Config{Store: d, LeaseDuration: time.Second, MaxExecution: time.Second,
+			Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			run := runs.Add(1)
+			tx, err := idemdriver.TxFromContext(r.Context())
+			if err == nil {
+				err = biz.Insert(r.Context(), tx, fmt.Sprintf("slow/%d", run))
+			}
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			if run == 1 {
+				<-r.Context().Done() // past MaxExecution; it answers 201 all the same
+			}
+			w.WriteHeader(http.StatusCreated)
+		})))
+		t.Cleanup(srv.Close)
+		s := &server{Server: srv, app: &app{}}
+		first := s.post(t, "k", `{}`)
+		require.Equal(t, http.StatusServiceUnavailable, first.status, "body: %s", first.body)
+		rec, err := d.Get(context.Background(), "global", "k")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateFailed, rec.State)
+		n, err := biz.Count(context.Background(), "slow/1")
+		require.NoError(t, err)
+		require.Zero(t, n, "its writes rolled back")
+		require.Equal(t, http.StatusCreated, s.post(t, "k", `{}`).status, "the retry runs again")
+		n, err = biz.Count(context.Background(), "slow/2")
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+	})
+
 	// Regression: a handler that committed the claim's transaction itself got
 	// 503 while its writes were committed, and the record stayed PROCESSING,
 	// so the retry after the lease charged again.
