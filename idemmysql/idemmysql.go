@@ -318,19 +318,21 @@ LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
 		"	locked_until, created_at, updated_at, expires_at, attempts)\n" +
 		"VALUES (?, ?, ?, ?, ?, 'PROCESSING', 1, " + at + ", " + at + ", " + at + ", " + at + ", 1)",
 
-	// The compare-and-set on a claimable row: the token pins the version
-	// that was read (and with it the request it holds), and the claimable
+	// The compare-and-set on a claimable row: the token, created_at and
+	// state pin the version that was read (the token alone does not: a
+	// completion keeps it, and a purged key starts again at 1), and with it
+	// the request it holds and the decision made on it; the claimable
 	// condition is checked again against the same now: no live lease (a
 	// heartbeat may have renewed it since the read), and either expired or
 	// unfinished. Args: method, path, fingerprint, locked_until,
 	// updated_at, created_at, expires_at (µs), attempts, scope, key, token,
-	// now, now (µs).
+	// the created_at read (µs), the state read, now, now (µs).
 	stTakeover: `UPDATE idem_keys SET method = ?, path = ?, fingerprint = ?, state = 'PROCESSING',
 	fencing_token = fencing_token + 1, locked_until = ` + at + `,
 	response_status = NULL, response_headers = NULL, response_body = NULL,
 	response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
 	updated_at = ` + at + `, created_at = ` + at + `, expires_at = ` + at + `, attempts = ?
-WHERE scope = ? AND ` + "`key`" + ` = ? AND fencing_token = ?
+WHERE scope = ? AND ` + "`key`" + ` = ? AND fencing_token = ? AND created_at = ` + at + ` AND state = ?
 	AND (state <> 'PROCESSING' OR locked_until <= ` + at + `) AND (expires_at <= ` + at + ` OR state <> 'SUCCEEDED')`,
 
 	// Args: offset, lease, offset, scope, key, token.
@@ -549,7 +551,7 @@ func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap sn
 	lockedUS := snap.nowUS + p.LeaseDuration.Microseconds()
 	res, err := s.ExecContext(ctx, p.Method, p.Path, p.Fingerprint, lockedUS,
 		snap.nowUS, createdUS, expiresUS, attempts,
-		p.Scope, p.Key, snap.rec.FencingToken, snap.nowUS, snap.nowUS)
+		p.Scope, p.Key, snap.rec.FencingToken, snap.createdUS, string(snap.rec.State), snap.nowUS, snap.nowUS)
 	if err != nil {
 		return idemdriver.ClaimResult{}, false, err
 	}

@@ -694,3 +694,35 @@ func TestParseURL(t *testing.T) {
 		require.Error(t, err, bad)
 	}
 }
+
+// The takeover's compare-and-set pins the state and created_at it read, not
+// only the token (a completion keeps the token). Regression: a claim read a
+// dead owner's expired record as the same request's unfinished execution;
+// the owner's completion committed before the takeover's UPDATE, which then
+// continued the SUCCEEDED record's life (old created_at, so the old relayed
+// key, attempts 2) instead of starting a new one.
+func TestTakeoverPinsTheStateItRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := open(t, "")
+	p := params("acct", "k", "b")
+	p.ClockOffset = -25 * time.Hour // the owner claimed 25 h ago and stalled
+	owner, err := d.Claim(ctx, p)
+	require.NoError(t, err)
+	require.True(t, owner.Claimed)
+
+	var once sync.Once
+	idemmysql.SetBeforeWrite(d, func() {
+		once.Do(func() { // between the claim's read and its write, the owner completes
+			f := fence(owner.Record)
+			ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: f, Response: okResponse([]byte("late"))})
+			require.NoError(t, err)
+			require.True(t, ok)
+		})
+	})
+	res, err := d.Claim(ctx, params("acct", "k", "b"))
+	require.NoError(t, err)
+	require.True(t, res.Claimed, "the expired record is claimed")
+	require.Equal(t, 1, res.Record.Attempts, "as a new life: the completion ended the old one")
+	require.True(t, res.Record.CreatedAt.After(owner.Record.CreatedAt), "a new created_at, so a new relayed key")
+}
