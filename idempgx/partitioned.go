@@ -114,9 +114,14 @@ const lockKeySQL = `SELECT pg_advisory_xact_lock(hashtextextended(@key::text || 
 // new record when there is none. Heartbeats, completions and failures of the
 // record's owner do not take the lock; the UPDATE re-checks its condition on
 // the latest version of the row (READ COMMITTED), so one that commits in
-// between is seen.
+// between is seen: the UPDATE then matches nothing while "cur" still shows
+// the row claimable, and that stale row is not the answer (no row comes
+// back, and claimPartitioned asks again).
 var claimPartitionedSQL = `WITH cur AS (
-	SELECT ` + columnsTx + `, expires_at <= ` + nowTx + ` AS expired
+	SELECT ` + columnsTx + `,
+		NOT (state = 'PROCESSING' AND locked_until > ` + nowTx + `)
+		AND (expires_at <= ` + nowTx + `
+			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING'))) AS claimable
 	FROM idem_keys WHERE scope = @scope AND key = @key
 ), upd AS (
 	UPDATE idem_keys AS k SET
@@ -146,7 +151,7 @@ SELECT true, * FROM upd
 UNION ALL
 SELECT true, * FROM ins
 UNION ALL
-SELECT false, ` + columnsTx + ` FROM cur WHERE NOT EXISTS (SELECT 1 FROM upd)`
+SELECT false, ` + columnsTx + ` FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM upd)`
 
 // partContinues is pgContinues for the partitioned claim's UPDATE.
 const partContinues = `(k.method = @method AND k.path = @path AND k.fingerprint = @fingerprint
@@ -229,8 +234,9 @@ func (d *Driver) claimBatch(ctx context.Context, args pgx.NamedArgs) (res idemdr
 		return res, err
 	}
 	if !found {
-		// Under the lock the claim always answers; no row means the record
-		// changed between "cur" and the UPDATE (a heartbeat): ask again.
+		// No row: the owner's heartbeat, completion or failure committed
+		// between "cur" and the UPDATE (they do not take the key's lock), so
+		// the row read is stale: ask again, with a new snapshot.
 		return res, errClaimRaced
 	}
 	return res, nil

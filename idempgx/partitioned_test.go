@@ -304,3 +304,61 @@ func TestMaintenanceLockDiesWithItsConnection(t *testing.T) {
 	require.NoError(t, l2.Release(ctx))
 	require.NoError(t, l.Release(ctx))
 }
+
+// The owner's writes do not take the key's advisory lock, so one can commit
+// between the partitioned claim's read and its UPDATE: the claim must then
+// answer from the committed row, not from the stale one it read.
+// Regression: a claim that read a dead lease, while the owner's completion
+// was committing, answered PROCESSING with no lease left (a 409) instead of
+// the replay.
+func TestPartitionedClaimRacingTheOwnersCompletion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newPartitioned(t)
+	p := idemdriver.ClaimParams{Scope: "acct", Key: "k", Method: "POST", Path: "/", Fingerprint: []byte("a"),
+		LeaseDuration: 30 * time.Second, Retention: 24 * time.Hour}
+	owner, err := d.Claim(ctx, p)
+	require.NoError(t, err)
+	require.True(t, owner.Claimed)
+
+	// The owner's completion, uncommitted: it holds the row's lock.
+	tx, err := d.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	tag, err := tx.Exec(ctx, `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL, response_status = 201,
+		response_headers = '{}', response_body = 'ok', response_body_stored = true, response_body_size = 2,
+		completed_at = now(), updated_at = now()
+		WHERE scope = 'acct' AND key = 'k' AND fencing_token = $1`, owner.Record.FencingToken)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+	var xid string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT txid_current()::text`).Scan(&xid))
+
+	// A retry that sees the lease as run out (31 s later) reads the row
+	// claimable and waits on that lock in its UPDATE.
+	late := p
+	late.ClockOffset = p.LeaseDuration + time.Second
+	type result struct {
+		res idemdriver.ClaimResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := d.Claim(ctx, late)
+		done <- result{res, err}
+	}()
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, d.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'transactionid' AND transactionid::text = $1 AND NOT granted`, xid).Scan(&waiting))
+		return waiting > 0
+	}, 30*time.Second, 5*time.Millisecond, "the claim waits for the owner's row lock")
+	require.NoError(t, tx.Commit(ctx))
+
+	r := <-done
+	require.NoError(t, r.err)
+	res := r.res
+	require.False(t, res.Claimed)
+	require.Equal(t, idemdriver.StateSucceeded, res.Record.State, "the replay, not the stale PROCESSING row")
+	require.NotNil(t, res.Record.Response)
+}
