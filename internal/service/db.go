@@ -2,12 +2,15 @@ package service
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc64"
 	"io/fs"
 	"net/url"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -199,11 +202,14 @@ func (d *DB) migrate(ctx context.Context, schema Schema) error {
 		opts = append(opts, goose.WithSessionLocker(locker))
 	case dburl.MySQL:
 		var database sql.NullString
-		if err := d.SQL.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&database); err != nil || !database.Valid {
-			return fmt.Errorf("%s: migrate: no current database: %v", schema.Service, err)
+		if err := d.SQL.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&database); err != nil {
+			return fmt.Errorf("%s: migrate: %w", schema.Service, err)
+		}
+		if !database.Valid || database.String == "" {
+			return fmt.Errorf("%s: migrate: the connection has no current database (name one in the URL's path)", schema.Service)
 		}
 		dialect = goose.DialectMySQL
-		l := mysqlLock{name: schema.Service + "_migrations." + database.String}
+		l := mysqlLock{name: mysqlLockName(schema.Service+"_migrations.", database.String)}
 		if err := ensureMySQLVersionTable(ctx, d.SQL, schema.VersionTable, l); err != nil {
 			return fmt.Errorf("%s: migrate: version table %s: %w", schema.Service, schema.VersionTable, err)
 		}
@@ -252,6 +258,19 @@ func ensureMySQLVersionTable(ctx context.Context, db *sql.DB, table string, l my
 		return err
 	}
 	return store.Insert(ctx, conn, database.InsertRequest{Version: 0})
+}
+
+// mysqlLockName names a lock on database. MySQL lock names are server-wide
+// and at most 64 characters (MySQL 8 refuses longer ones; MariaDB accepts
+// them), and compared case-insensitively on MySQL 8 while database names
+// are case-sensitive: a name too long, or with capitals, is replaced by the
+// first 128 bits of its SHA-256 in hex (as idemmysql names its own).
+func mysqlLockName(prefix, database string) string {
+	if len(prefix)+len(database) <= 64 && strings.ToLower(database) == database {
+		return prefix + database
+	}
+	sum := sha256.Sum256([]byte(database))
+	return prefix + hex.EncodeToString(sum[:16])
 }
 
 // mysqlLock is a goose session locker on GET_LOCK / RELEASE_LOCK, held by
