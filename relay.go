@@ -19,7 +19,8 @@ import (
 var ErrNoExecution = idemdriver.ErrNoExecution
 
 // relayPrefix names the derivation, so a relayed key can be told apart and
-// the scheme can change without collisions.
+// the scheme can change without collisions. (idr1 includes created_at: the
+// derivation changed to it before any release.)
 const relayPrefix = "idr1_"
 
 // DeriveKey returns the key to relay downstream for one step of the request
