@@ -1,6 +1,9 @@
 package idemmysql
 
-import "io/fs"
+import (
+	"context"
+	"io/fs"
+)
 
 // Test hooks, visible to this package's tests only.
 
@@ -18,8 +21,11 @@ func Resolved(d *Driver) map[string]int64 {
 // SetBeforeWrite makes f run in every claim between its read and its write.
 func SetBeforeWrite(d *Driver, f func()) { d.beforeWrite = f }
 
-// MigrateFS runs the migrations of fsys instead of the embedded ones.
-var MigrateFS = (*Driver).migrate
+// MigrateFS runs the migrations of fsys instead of the embedded ones, in
+// idem's version table and under idem's lock.
+func MigrateFS(d *Driver, ctx context.Context, fsys fs.FS) error {
+	return d.MigrateFS(ctx, fsys, SchemaVersionTable, migrateLockPrefix)
+}
 
 // Classify exposes the error mapping as kind names.
 func Classify(err error) string { return classify(err).String() }

@@ -218,3 +218,15 @@ func TestPurgeBlocksNoClaim(t *testing.T) {
 	require.True(t, ok)
 	require.NoError(t, tx.Rollback())
 }
+
+// MySQL 8 refuses lock names over 64 characters, and compares them without
+// case: long or capitalised database names get a hashed lock name, whatever
+// the prefix (MigrateFS takes one from the application).
+func TestLockNameWithOtherPrefixes(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "svc_migrations.payments", lockName("svc_migrations.", "payments"))
+	long := lockName("paymentsd_migrations.", strings.Repeat("d", 60))
+	require.LessOrEqual(t, len(long), 64)
+	require.NotEqual(t, long, lockName("paymentsd_migrations.", strings.Repeat("d", 59)+"e"))
+	require.NotEqual(t, lockName("svc_migrations.", "Shop"), lockName("svc_migrations.", "shop"))
+}

@@ -35,21 +35,44 @@ const MigrateLockTimeout = 5 * time.Minute
 // once. It is safe to call on every start. A migration that fails part-way
 // is reported as a *MigrateError.
 func (d *Driver) Migrate(ctx context.Context) error {
-	sub, err := fs.Sub(migrations, "migrations")
+	set, err := idemSet()
 	if err != nil {
 		return err
 	}
-	return d.migrate(ctx, sub)
+	return d.migrate(ctx, set)
+}
+
+// MigrateFS applies another set of goose SQL migrations (the files at the
+// root of fsys) on d's database, as Migrate applies idem's: recorded in
+// versionTable, under a GET_LOCK named lockPrefix followed by the database
+// (hashed when long), the version table created under that lock, a failure
+// part-way reported as a *MigrateError. For an application's own tables
+// beside idem's: cmd/paymentsd and cmd/fakepsp migrate theirs with it.
+func (d *Driver) MigrateFS(ctx context.Context, fsys fs.FS, versionTable, lockPrefix string) error {
+	return d.migrate(ctx, migrationSet{fsys: fsys, table: versionTable, lockPrefix: lockPrefix})
+}
+
+// migrationSet is one set of migrations with its version table and lock.
+type migrationSet struct {
+	fsys       fs.FS
+	table      string
+	lockPrefix string
+}
+
+// idemSet is idem's own embedded migrations.
+func idemSet() (migrationSet, error) {
+	sub, err := fs.Sub(migrations, "migrations")
+	return migrationSet{fsys: sub, table: SchemaVersionTable, lockPrefix: migrateLockPrefix}, err
 }
 
 // embeddedProvider is the goose provider of the embedded migrations, for
 // status and down.
 func (d *Driver) embeddedProvider(ctx context.Context) (*goose.Provider, error) {
-	sub, err := fs.Sub(migrations, "migrations")
+	set, err := idemSet()
 	if err != nil {
 		return nil, err
 	}
-	return d.provider(ctx, sub, nil)
+	return d.provider(ctx, set, nil)
 }
 
 // MigrateError reports a migration that failed. MySQL has no transactional
@@ -91,10 +114,10 @@ func (e *MigrateError) Error() string {
 // Unwrap returns the database's error.
 func (e *MigrateError) Unwrap() error { return e.Err }
 
-// migrate runs the migrations of fsys (tests pass broken sets).
-func (d *Driver) migrate(ctx context.Context, fsys fs.FS) error {
+// migrate runs the migrations of set (tests pass broken sets).
+func (d *Driver) migrate(ctx context.Context, set migrationSet) error {
 	log := &statementLog{}
-	p, err := d.provider(ctx, fsys, log)
+	p, err := d.provider(ctx, set, log)
 	if err != nil {
 		return err
 	}
@@ -115,11 +138,11 @@ func (d *Driver) migrate(ctx context.Context, fsys fs.FS) error {
 	return nil
 }
 
-// provider returns the goose provider of fsys on d's database: the version
-// table SchemaVersionTable (through versionStore), serialized across
-// processes by GET_LOCK on the database's name, goose's statements logged
-// to log (nil: not logged).
-func (d *Driver) provider(ctx context.Context, fsys fs.FS, log *statementLog) (*goose.Provider, error) {
+// provider returns the goose provider of set on d's database: its version
+// table (through versionStore), serialized across processes by GET_LOCK on
+// its lock prefix and the database's name, goose's statements logged to log
+// (nil: not logged).
+func (d *Driver) provider(ctx context.Context, set migrationSet, log *statementLog) (*goose.Provider, error) {
 	var database sql.NullString
 	if err := d.db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&database); err != nil {
 		return nil, fmt.Errorf("idemmysql: migrate: %w", err)
@@ -127,11 +150,11 @@ func (d *Driver) provider(ctx context.Context, fsys fs.FS, log *statementLog) (*
 	if !database.Valid || database.String == "" {
 		return nil, errors.New("idemmysql: migrate: the connection has no default database (name one in the URL's path)")
 	}
-	store, err := newVersionStore()
+	store, err := newVersionStore(set.table)
 	if err != nil {
 		return nil, fmt.Errorf("idemmysql: migrations: %w", err)
 	}
-	lock := getLock{name: migrateLockName(database.String)}
+	lock := getLock{name: lockName(set.lockPrefix, database.String)}
 	if err := d.ensureVersionTable(ctx, store, lock); err != nil {
 		return nil, err
 	}
@@ -143,7 +166,7 @@ func (d *Driver) provider(ctx context.Context, fsys fs.FS, log *statementLog) (*
 	if log != nil {
 		opts = append(opts, goose.WithVerbose(true), goose.WithSlog(slog.New(log)))
 	}
-	p, err := goose.NewProvider(goose.DialectCustom, d.db, fsys, opts...)
+	p, err := goose.NewProvider(goose.DialectCustom, d.db, set.fsys, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("idemmysql: migrations: %w", err)
 	}
@@ -170,20 +193,21 @@ func (d *Driver) ensureVersionTable(ctx context.Context, store versionStore, loc
 	defer func() { err = errors.Join(err, lock.SessionUnlock(context.WithoutCancel(ctx), conn)) }()
 	exists, err := store.TableExists(ctx, conn)
 	if err != nil || exists {
-		return wrapVersionTable(err)
+		return store.wrap(err)
 	}
 	// Two statements: MySQL commits CREATE TABLE on its own anyway.
 	if err := store.CreateVersionTable(ctx, conn); err != nil {
-		return wrapVersionTable(err)
+		return store.wrap(err)
 	}
-	return wrapVersionTable(store.Insert(ctx, conn, database.InsertRequest{Version: 0}))
+	return store.wrap(store.Insert(ctx, conn, database.InsertRequest{Version: 0}))
 }
 
-func wrapVersionTable(err error) error {
+// wrap names the version table in err.
+func (s versionStore) wrap(err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("idemmysql: migrate: version table %s: %w", SchemaVersionTable, err)
+	return fmt.Errorf("idemmysql: migrate: version table %s: %w", s.table, err)
 }
 
 // versionStore is goose's MySQL version store, except for GetMigration
@@ -193,10 +217,13 @@ func wrapVersionTable(err error) error {
 // microseconds since the epoch, converted from the session's time zone (the
 // zone goose's CURRENT_TIMESTAMP default wrote it in: +00:00 on Open's
 // sessions) to UTC.
-type versionStore struct{ database.StoreExtender }
+type versionStore struct {
+	database.StoreExtender
+	table string
+}
 
-func newVersionStore() (versionStore, error) {
-	s, err := database.NewStore(database.DialectMySQL, SchemaVersionTable)
+func newVersionStore(table string) (versionStore, error) {
+	s, err := database.NewStore(database.DialectMySQL, table)
 	if err != nil {
 		return versionStore{}, err
 	}
@@ -204,7 +231,7 @@ func newVersionStore() (versionStore, error) {
 	if !ok {
 		return versionStore{}, fmt.Errorf("goose's MySQL store %T does not implement database.StoreExtender", s)
 	}
-	return versionStore{ext}, nil
+	return versionStore{ext, table}, nil
 }
 
 // GetMigration implements database.Store: the version's latest record.
@@ -216,7 +243,7 @@ func (s versionStore) GetMigration(ctx context.Context, db database.DBTxConn, ve
 		applied bool
 	)
 	err := db.QueryRowContext(ctx, `SELECT `+micros(`COALESCE(CONVERT_TZ(tstamp, @@session.time_zone, '+00:00'), tstamp)`)+`,
-	is_applied FROM `+SchemaVersionTable+` WHERE version_id = ? ORDER BY id DESC LIMIT 1`, version).Scan(&us, &applied)
+	is_applied FROM `+s.table+` WHERE version_id = ? ORDER BY id DESC LIMIT 1`, version).Scan(&us, &applied)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("%w: %d", database.ErrVersionNotFound, version)
 	}
@@ -230,8 +257,12 @@ func (s versionStore) GetMigration(ctx context.Context, db database.DBTxConn, ve
 	return res, nil
 }
 
+// migrateLockPrefix starts the GET_LOCK name serializing idem's migrations
+// of a database.
+const migrateLockPrefix = "idem_migrations."
+
 // migrateLockName is the GET_LOCK name serializing migrations of database.
-func migrateLockName(database string) string { return lockName("idem_migrations.", database) }
+func migrateLockName(database string) string { return lockName(migrateLockPrefix, database) }
 
 // maintenanceLockName is the GET_LOCK name of database's maintenance lock
 // (see Driver.TryLockMaintenance).

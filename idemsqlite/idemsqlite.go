@@ -191,30 +191,67 @@ var completeSQL = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL
 var failSQL = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = ` + now + fenced
 
 // Migrate applies the embedded migrations (goose), recording them in
-// SchemaVersionTable. It is safe to call on every start.
+// SchemaVersionTable. It is safe to call on every start, also from
+// processes opening one file at the same time (see MigrateFS).
 func (d *Driver) Migrate(ctx context.Context) error {
-	p, err := d.provider()
+	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
 		return err
 	}
-	if _, err := p.Up(ctx); err != nil {
+	return d.MigrateFS(ctx, sub, SchemaVersionTable)
+}
+
+// MigrateFS applies a set of goose SQL migrations (the files at the root of
+// fsys) to d's file, recorded in versionTable: idem's own (Migrate), or an
+// application's tables beside idem's (cmd/paymentsd and cmd/fakepsp).
+//
+// SQLite has no lock that a migration tool can hold across its statements
+// (the one writer's lock is the database's own), so processes starting
+// together may both find a version pending. Each version runs in one
+// transaction, DDL included, so the one that loses the race rolls back
+// whole ("table ... already exists"); MigrateFS then runs again, up to
+// three times, and finds it applied. A migration that is wrong fails each
+// time, and that error is returned.
+func (d *Driver) MigrateFS(ctx context.Context, fsys fs.FS, versionTable string) error {
+	var err error
+	for attempt := 1; ; attempt++ {
+		var p *goose.Provider
+		if p, err = d.provider(fsys, versionTable); err != nil {
+			return err
+		}
+		if _, err = p.Up(ctx); err == nil || attempt == 3 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("idemsqlite: migrate: %w", errors.Join(err, ctx.Err()))
+		case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("idemsqlite: migrate: %w", err)
 	}
 	return nil
 }
 
-// provider returns the goose provider of the embedded migrations.
-func (d *Driver) provider() (*goose.Provider, error) {
-	sub, err := fs.Sub(migrations, "migrations")
-	if err != nil {
-		return nil, err
-	}
-	p, err := goose.NewProvider(goose.DialectSQLite3, d.db, sub, goose.WithTableName(SchemaVersionTable),
+// provider returns the goose provider of fsys, recorded in versionTable.
+func (d *Driver) provider(fsys fs.FS, versionTable string) (*goose.Provider, error) {
+	p, err := goose.NewProvider(goose.DialectSQLite3, d.db, fsys, goose.WithTableName(versionTable),
 		goose.WithDisableGlobalRegistry(true)) // an application's own Go migrations are not ours
 	if err != nil {
 		return nil, fmt.Errorf("idemsqlite: migrations: %w", err)
 	}
 	return p, nil
+}
+
+// embeddedProvider is the goose provider of idem's own migrations, for
+// status and down.
+func (d *Driver) embeddedProvider() (*goose.Provider, error) {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	return d.provider(sub, SchemaVersionTable)
 }
 
 // Claim implements idemdriver.Driver. It reads first: a record that cannot be

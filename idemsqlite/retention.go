@@ -263,7 +263,7 @@ func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdri
 
 // MigrationStatus implements idemdriver.Migrator.
 func (d *Driver) MigrationStatus(ctx context.Context) ([]idemdriver.Migration, error) {
-	p, err := d.provider()
+	p, err := d.embeddedProvider()
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +285,7 @@ func (d *Driver) MigrationStatus(ctx context.Context) ([]idemdriver.Migration, e
 
 // MigrateDown implements idemdriver.Migrator.
 func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) {
-	p, err := d.provider()
+	p, err := d.embeddedProvider()
 	if err != nil {
 		return idemdriver.Migration{}, err
 	}

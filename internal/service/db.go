@@ -2,20 +2,16 @@ package service
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc64"
 	"io/fs"
 	"net/url"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/idemgo/idem"
@@ -26,7 +22,7 @@ import (
 )
 
 // migrationLockTimeout is how long Open waits for another process's
-// migration lock on PostgreSQL and MySQL, in seconds.
+// migration lock on PostgreSQL, in seconds.
 const migrationLockTimeout = 300
 
 // Schema is a service's own tables, which Open migrates after idem's.
@@ -112,14 +108,19 @@ func DescribeDatabase(kind, target string) string {
 //     an advisory lock named after schema.Service and the current schema
 //     (an error when the search_path names no existing schema).
 //   - MySQL or MariaDB (dburl.MySQL): idemmysql.Open (idemmysql.ParseURL's
-//     URL form). The migrations run under GET_LOCK on
-//     "<service>_migrations.<database>" (an error when the URL names no
-//     database).
+//     URL form). The service's migrations run through
+//     idemmysql.Driver.MigrateFS, under GET_LOCK on
+//     "<service>_migrations.<database>" (hashed when long; an error when the
+//     URL names no database); one that fails part-way is an
+//     *idemmysql.MigrateError.
 //   - SQLite (dburl.SQLite): idemsqlite.Open on the file, created if
-//     missing; SQLite serializes the migrations itself.
+//     missing; the service's migrations run through
+//     idemsqlite.Driver.MigrateFS (a process that loses the race to
+//     migrate a new file runs again).
 //
 // A lock held by another process starting at the same time is waited for
-// up to 300 seconds. On any error, nothing is left open.
+// up to 300 seconds (idemmysql.MigrateLockTimeout on MySQL). On any error,
+// nothing is left open.
 func Open(ctx context.Context, kind, target string, schema Schema) (*DB, error) {
 	var d *DB
 	switch kind {
@@ -178,118 +179,60 @@ func (d *DB) migrate(ctx context.Context, schema Schema) error {
 	if err != nil {
 		return err
 	}
-	opts := []goose.ProviderOption{goose.WithTableName(schema.VersionTable), goose.WithDisableGlobalRegistry(true)}
-	db, dialect := d.SQL, goose.DialectSQLite3
 	switch d.Kind {
-	case dburl.Postgres:
-		// The advisory lock is per service and schema, so that services (or
-		// tests) using other schemas of the database do not wait for each
-		// other; it is retried every second instead of goose's default five.
-		var current *string
-		if err := d.Pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&current); err != nil {
-			return fmt.Errorf("%s: migrate: %w", schema.Service, err)
+	case dburl.SQLite:
+		// As idem's own: a process that loses the race to migrate a file
+		// opened by another at the same time runs again (MigrateFS).
+		if err := d.driver.(*idemsqlite.Driver).MigrateFS(ctx, sub, schema.VersionTable); err != nil {
+			return migrateErr(schema.Service, err)
 		}
-		if current == nil {
-			return fmt.Errorf("%s: migrate: the search_path names no existing schema", schema.Service)
-		}
-		lockID := int64(crc64.Checksum([]byte(schema.Service+":"+*current), crc64.MakeTable(crc64.ECMA)))
-		locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID), lock.WithLockTimeout(1, migrationLockTimeout))
-		if err != nil {
-			return err
-		}
-		db, dialect = stdlib.OpenDBFromPool(d.Pool), goose.DialectPostgres
-		defer db.Close()
-		opts = append(opts, goose.WithSessionLocker(locker))
+		return nil
 	case dburl.MySQL:
-		var database sql.NullString
-		if err := d.SQL.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&database); err != nil {
-			return fmt.Errorf("%s: migrate: %w", schema.Service, err)
+		// idemmysql migrates an application's own set as it does idem's:
+		// under GET_LOCK, with the version table created under the lock
+		// (goose alone creates it outside its locker, and MySQL commits
+		// CREATE TABLE on its own), a part-way failure as a MigrateError.
+		if err := d.driver.(*idemmysql.Driver).MigrateFS(ctx, sub, schema.VersionTable, schema.Service+"_migrations."); err != nil {
+			return migrateErr(schema.Service, err)
 		}
-		if !database.Valid || database.String == "" {
-			return fmt.Errorf("%s: migrate: the connection has no current database (name one in the URL's path)", schema.Service)
-		}
-		dialect = goose.DialectMySQL
-		l := mysqlLock{name: mysqlLockName(schema.Service+"_migrations.", database.String)}
-		if err := ensureMySQLVersionTable(ctx, d.SQL, schema.VersionTable, l); err != nil {
-			return fmt.Errorf("%s: migrate: version table %s: %w", schema.Service, schema.VersionTable, err)
-		}
-		opts = append(opts, goose.WithSessionLocker(l))
+		return nil
 	}
-	p, err := goose.NewProvider(dialect, db, sub, opts...)
-	if err != nil {
-		return fmt.Errorf("%s: migrations: %w", schema.Service, err)
-	}
-	if _, err := p.Up(ctx); err != nil {
+	// PostgreSQL: the advisory lock is per service and schema, so that
+	// services (or tests) using other schemas of the database do not wait
+	// for each other; it is retried every second instead of goose's
+	// default five.
+	var current *string
+	if err := d.Pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&current); err != nil {
 		return fmt.Errorf("%s: migrate: %w", schema.Service, err)
 	}
-	return nil
-}
-
-// ensureMySQLVersionTable creates goose's version table and its version 0
-// row under the migration lock, unless the table exists. Goose's Up first
-// runs HasPending, which creates the table outside the session locker, and
-// MySQL commits CREATE TABLE on its own: a process starting together with
-// another could see the table before its version 0 row and fail with
-// "missing zero version migration" (TestOpenMySQL, about one run in fifteen
-// under -race). idemmysql does the same for idem's own table.
-func ensureMySQLVersionTable(ctx context.Context, db *sql.DB, table string, l mysqlLock) (err error) {
-	s, err := database.NewStore(database.DialectMySQL, table)
+	if current == nil {
+		return fmt.Errorf("%s: migrate: the search_path names no existing schema", schema.Service)
+	}
+	lockID := int64(crc64.Checksum([]byte(schema.Service+":"+*current), crc64.MakeTable(crc64.ECMA)))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID), lock.WithLockTimeout(1, migrationLockTimeout))
 	if err != nil {
 		return err
 	}
-	store, ok := s.(database.StoreExtender)
-	if !ok {
-		return fmt.Errorf("goose's MySQL store %T does not implement database.StoreExtender", s)
+	db := stdlib.OpenDBFromPool(d.Pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithTableName(schema.VersionTable),
+		goose.WithDisableGlobalRegistry(true), goose.WithSessionLocker(locker))
+	if err == nil {
+		_, err = p.Up(ctx)
 	}
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	if err := l.SessionLock(ctx, conn); err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, l.SessionUnlock(context.WithoutCancel(ctx), conn)) }()
-	exists, err := store.TableExists(ctx, conn)
-	if err != nil || exists {
-		return err
-	}
-	if err := store.CreateVersionTable(ctx, conn); err != nil {
-		return err
-	}
-	return store.Insert(ctx, conn, database.InsertRequest{Version: 0})
+	return migrateErr(schema.Service, err)
 }
 
-// mysqlLockName names a lock on database. MySQL lock names are server-wide
-// and at most 64 characters (MySQL 8 refuses longer ones; MariaDB accepts
-// them), and compared case-insensitively on MySQL 8 while database names
-// are case-sensitive: a name too long, or with capitals, is replaced by the
-// first 128 bits of its SHA-256 in hex (as idemmysql names its own).
-func mysqlLockName(prefix, database string) string {
-	if len(prefix)+len(database) <= 64 && strings.ToLower(database) == database {
-		return prefix + database
+// migrateErr names the service in a migration error (nil stays nil):
+// "<service>: migrations: " when its set has no migrations for this
+// database, "<service>: migrate: " when running them failed.
+func migrateErr(service string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, goose.ErrNoMigrations):
+		return fmt.Errorf("%s: migrations: %w", service, err)
+	default:
+		return fmt.Errorf("%s: migrate: %w", service, err)
 	}
-	sum := sha256.Sum256([]byte(database))
-	return prefix + hex.EncodeToString(sum[:16])
-}
-
-// mysqlLock is a goose session locker on GET_LOCK / RELEASE_LOCK, held by
-// the one connection goose migrates on (the server releases it if that
-// connection dies).
-type mysqlLock struct{ name string }
-
-func (l mysqlLock) SessionLock(ctx context.Context, conn *sql.Conn) error {
-	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, ?)`, l.name, migrationLockTimeout).Scan(&got); err != nil {
-		return err
-	}
-	if got.Int64 != 1 {
-		return fmt.Errorf("migration lock %q not obtained in %d s", l.name, migrationLockTimeout)
-	}
-	return nil
-}
-
-func (l mysqlLock) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
-	_, err := conn.ExecContext(ctx, `DO RELEASE_LOCK(?)`, l.name)
-	return err
 }

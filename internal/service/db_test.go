@@ -139,14 +139,3 @@ func TestOpenErrors(t *testing.T) {
 	_, err = Open(ctx, "oracle", "x", testSchema)
 	require.Error(t, err)
 }
-
-// MySQL 8 refuses lock names over 64 characters, and compares them without
-// case: long or capitalised database names get a hashed lock name.
-func TestMySQLLockName(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, "svc_migrations.payments", mysqlLockName("svc_migrations.", "payments"))
-	long := mysqlLockName("paymentsd_migrations.", strings.Repeat("d", 60))
-	require.LessOrEqual(t, len(long), 64)
-	require.NotEqual(t, long, mysqlLockName("paymentsd_migrations.", strings.Repeat("d", 59)+"e"))
-	require.NotEqual(t, mysqlLockName("svc_migrations.", "Shop"), mysqlLockName("svc_migrations.", "shop"))
-}
