@@ -40,7 +40,13 @@
 //	GET  /v1/payments?limit=N  the newest N (default 10, at most 100):
 //	                         {"data":[...],"has_more":bool}
 //	GET  /v1/balance         {"merchant":..,"payments":N,"totals":{"JPY":..}}
-//	GET  /healthz            200 {"status":"ok"} when the database answers
+//	GET  /healthz            200 {"status":"ok"} when the database answers a
+//	                         read of idem's table and the payments table,
+//	                         else 503
+//
+// Only POST /v1/payments goes through idem: a key sent to another route or
+// with another method gets its 404 or 405 without a record. The reads
+// answer 503 with Retry-After when the database fails.
 //
 // A POST charges the provider first and only then asks idem for the claim's
 // transaction (begun on first use), writes the payment and its ledger entry
