@@ -28,6 +28,20 @@ func DecodeHeader(b []byte) (map[string][]string, error) {
 	return h, nil
 }
 
+// EncodeResponse returns a response's header and body columns as every
+// driver stores them: the headers as EncodeHeader writes them, and the body,
+// empty (never NULL) when it was not stored (BodyStored false).
+func EncodeResponse(r Response) (headers, body []byte, err error) {
+	if headers, err = EncodeHeader(r.Header); err != nil {
+		return nil, nil, err
+	}
+	body = r.Body
+	if !r.BodyStored || body == nil {
+		body = []byte{}
+	}
+	return headers, body, nil
+}
+
 // LeaseLeft converts the database's "locked_until - now" to the Record's
 // LeaseLeft: zero unless the record is PROCESSING under a lease.
 func LeaseLeft(state State, left time.Duration, valid bool) time.Duration {

@@ -672,13 +672,9 @@ func (t *businessTx) Rollback(context.Context) error {
 func (t *businessTx) Native() any { return t.tx }
 
 func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.CompleteParams) (bool, error) {
-	headers, err := idemdriver.EncodeHeader(p.Response.Header)
+	headers, body, err := idemdriver.EncodeResponse(p.Response)
 	if err != nil {
 		return false, err
-	}
-	body := p.Response.Body
-	if !p.Response.BodyStored || body == nil {
-		body = []byte{}
 	}
 	off := p.ClockOffset.Microseconds()
 	return execFenced(ctx, s, retry, p.Response.Status, headers, body, p.Response.BodyStored, p.Response.BodySize,

@@ -334,13 +334,9 @@ func fenceArgs(p idemdriver.FenceParams) pgx.NamedArgs {
 }
 
 func complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {
-	headers, err := idemdriver.EncodeHeader(p.Response.Header)
+	headers, body, err := idemdriver.EncodeResponse(p.Response)
 	if err != nil {
 		return false, err
-	}
-	body := p.Response.Body
-	if !p.Response.BodyStored || body == nil {
-		body = []byte{}
 	}
 	args := fenceArgs(p.FenceParams)
 	args["status"], args["headers"], args["body"] = p.Response.Status, headers, body

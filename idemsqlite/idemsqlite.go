@@ -379,13 +379,9 @@ func (t *businessTx) Rollback(context.Context) error {
 func (t *businessTx) Native() any { return t.tx }
 
 func complete(ctx context.Context, stmt *sql.Stmt, p idemdriver.CompleteParams) (bool, error) {
-	headers, err := idemdriver.EncodeHeader(p.Response.Header)
+	headers, body, err := idemdriver.EncodeResponse(p.Response)
 	if err != nil {
 		return false, err
-	}
-	body := p.Response.Body
-	if !p.Response.BodyStored || body == nil {
-		body = []byte{}
 	}
 	return execFenced(ctx, stmt, p.FenceParams,
 		sql.Named("status", p.Response.Status), sql.Named("headers", headers), sql.Named("body", body),
