@@ -639,37 +639,20 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &businessTx{d: d, tx: tx}, nil
+	return &idemdriver.SQLTx{Tx: tx, CompleteIn: d.completeIn}, nil
 }
 
-type businessTx struct {
-	d  *Driver
-	tx *sql.Tx
-}
-
-// Complete writes the completion in the business transaction. It is not
+// completeIn writes the completion in the business transaction. It is not
 // retried on a deadlock: InnoDB has rolled the whole transaction back, the
 // business writes with it, and the error reaches the core (503; the record
 // stays PROCESSING until its lease runs out).
-func (t *businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	s, err := t.d.stmt(ctx, stComplete)
+func (d *Driver) completeIn(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
+	s, err := d.stmt(ctx, stComplete)
 	if err != nil {
 		return false, err
 	}
-	ok, err := complete(ctx, t.tx.StmtContext(ctx, s), false, p)
-	if errors.Is(err, sql.ErrTxDone) {
-		err = fmt.Errorf("%w: %w", idemdriver.ErrTxDone, err)
-	}
-	return ok, err
+	return complete(ctx, tx.StmtContext(ctx, s), false, p)
 }
-func (t *businessTx) Commit(context.Context) error { return t.tx.Commit() }
-func (t *businessTx) Rollback(context.Context) error {
-	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
-		return err
-	}
-	return nil
-}
-func (t *businessTx) Native() any { return t.tx }
 
 func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.CompleteParams) (bool, error) {
 	headers, body, err := idemdriver.EncodeResponse(p.Response)

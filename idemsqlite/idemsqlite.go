@@ -148,7 +148,7 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // created_at and so its relayed key) or expired (another life starts:
 // created_at now, attempts 1). Every claim sets expires_at to now +
 // retention, so the outcome it writes can be replayed for a whole
-// retention. excluded.created_at is this statement's "now". claimable
+// retention. excluded.created_at is this statement's "now". idemdriver.Claimable
 // mirrors the WHERE clause.
 var claimSQL = `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 	locked_until, created_at, updated_at, expires_at, attempts)
@@ -278,7 +278,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return idemdriver.ClaimResult{}, err
-		case !claimable(rec, expired, p):
+		case !idemdriver.Claimable(rec, expired, p):
 			return idemdriver.ClaimResult{Record: rec}, nil
 		}
 		err = retryBusy(ctx, func() error {
@@ -299,11 +299,6 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 // maxClaimTries bounds the read-then-upsert rounds of one Claim; each lost
 // round means another request changed the record in between.
 const maxClaimTries = 5
-
-// claimable mirrors the WHERE clause of claimSQL for a record just read.
-func claimable(rec idemdriver.Record, expired bool, p idemdriver.ClaimParams) bool {
-	return idemdriver.Claimable(rec, expired, p)
-}
 
 // Get implements idemdriver.Driver.
 func (d *Driver) Get(ctx context.Context, scope, key string) (idemdriver.Record, error) {
@@ -354,29 +349,11 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &businessTx{tx: tx, complete: d.stmts.complete}, nil
+	stmt := d.stmts.complete
+	return &idemdriver.SQLTx{Tx: tx, CompleteIn: func(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
+		return complete(ctx, tx.StmtContext(ctx, stmt), p)
+	}}, nil
 }
-
-type businessTx struct {
-	tx       *sql.Tx
-	complete *sql.Stmt
-}
-
-func (t *businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	ok, err := complete(ctx, t.tx.StmtContext(ctx, t.complete), p)
-	if errors.Is(err, sql.ErrTxDone) {
-		err = fmt.Errorf("%w: %w", idemdriver.ErrTxDone, err)
-	}
-	return ok, err
-}
-func (t *businessTx) Commit(context.Context) error { return t.tx.Commit() }
-func (t *businessTx) Rollback(context.Context) error {
-	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
-		return err
-	}
-	return nil
-}
-func (t *businessTx) Native() any { return t.tx }
 
 func complete(ctx context.Context, stmt *sql.Stmt, p idemdriver.CompleteParams) (bool, error) {
 	headers, body, err := idemdriver.EncodeResponse(p.Response)
