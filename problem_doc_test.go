@@ -1,0 +1,20 @@
+package idem
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Every problem type idem answers is documented under its own heading of
+// docs/problems.md, the page its type URI points into (CONTRACT section 8).
+func TestEveryProblemKindIsDocumented(t *testing.T) {
+	page, err := os.ReadFile("docs/problems.md")
+	require.NoError(t, err)
+	for kind, k := range problemKinds {
+		require.True(t, strings.HasPrefix(ProblemTypeBase, "https://github.com/idemgo/idem/blob/main/docs/problems.md#"))
+		require.Contains(t, string(page), "\n## "+k.slug+"\n", "%v: the #%s heading of docs/problems.md", kind, k.slug)
+	}
+}
