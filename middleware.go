@@ -100,7 +100,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			Detail: "the server could not scope this request"}.Write(w)
 		return
 	}
-	if path := r.URL.EscapedPath(); len(path) > MaxPathLength {
+	path := r.URL.EscapedPath()
+	if len(path) > MaxPathLength {
 		// A client mistake every store could not hold (MySQL's column
 		// holds 64 KiB): answered here, not as a store error (a 503 that
 		// invites retries that cannot succeed).
@@ -120,7 +121,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	params := idemdriver.ClaimParams{
-		Scope: scope, Key: key, Method: r.Method, Path: r.URL.EscapedPath(),
+		Scope: scope, Key: key, Method: r.Method, Path: path,
 		Fingerprint:   m.cfg.Fingerprint(r, body),
 		LeaseDuration: m.cfg.LeaseDuration, Retention: m.cfg.Retention,
 	}

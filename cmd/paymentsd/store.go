@@ -84,8 +84,6 @@ type Store interface {
 	Payments(ctx context.Context, merchant string, limit int) ([]Payment, error)
 	// Balance sums the merchant's ledger entries per currency.
 	Balance(ctx context.Context, merchant string) (Balance, error)
-	// Ping checks that the database answers.
-	Ping(ctx context.Context) error
 	// Close closes the database.
 	Close() error
 }
