@@ -66,7 +66,10 @@ func Open(ctx context.Context, path string) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemsqlite: open %s: %w", path, err)
 	}
-	if err := db.PingContext(ctx); err != nil {
+	// A new file's first connections switch it to WAL, which needs the
+	// file to themselves: processes opening it at the same time can get
+	// SQLITE_BUSY there, outside the busy timeout. Connect again, then.
+	if err := retryBusy(ctx, func() error { return db.PingContext(ctx) }); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("idemsqlite: open %s: %w", path, err)
 	}
