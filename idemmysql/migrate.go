@@ -47,7 +47,7 @@ func (d *Driver) Migrate(ctx context.Context) error {
 // versionTable, under a GET_LOCK named lockPrefix followed by the database
 // (hashed when long), the version table created under that lock, a failure
 // part-way reported as a *MigrateError. For an application's own tables
-// beside idem's: cmd/paymentsd and cmd/fakepsp migrate theirs with it.
+// beside idem's: cmd/paymentsd migrates its own with it.
 func (d *Driver) MigrateFS(ctx context.Context, fsys fs.FS, versionTable, lockPrefix string) error {
 	return d.migrate(ctx, migrationSet{fsys: fsys, table: versionTable, lockPrefix: lockPrefix})
 }
