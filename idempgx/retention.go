@@ -267,3 +267,25 @@ func migrationList(st []*goose.MigrationStatus) []idemdriver.Migration {
 	}
 	return out
 }
+
+// listSQL reads one page of records in primary-key order, each filter off
+// when its parameter is empty.
+var listSQL = `SELECT ` + columns + ` FROM idem_keys
+	WHERE (@state = '' OR state = @state) AND (@scope = '' OR scope = @scope) AND (@key = '' OR key = @key)
+	AND (scope, key) > (@after_scope, @after_key)
+	ORDER BY scope, key LIMIT @limit`
+
+// List implements idemdriver.Lister.
+func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.Record, error) {
+	if p.Limit <= 0 {
+		return nil, fmt.Errorf("idempgx: list: Limit %d must be positive", p.Limit)
+	}
+	rows, err := d.pool.Query(ctx, listSQL, pgx.NamedArgs{"state": string(p.State), "scope": p.Scope, "key": p.Key,
+		"after_scope": p.AfterScope, "after_key": p.AfterKey, "limit": p.Limit, "offset": p.ClockOffset.Microseconds()})
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (idemdriver.Record, error) {
+		return scanRecord(row, nil)
+	})
+}

@@ -110,7 +110,7 @@ func openAnd(cmd *cobra.Command, g *globals, create bool, f func(ctx context.Con
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.Close()
 	return f(ctx, s)
 }
 

@@ -69,7 +69,7 @@ func printMigrations(out io.Writer, asJSON bool, s *store, list []idemdriver.Mig
 		for _, m := range list {
 			ms = append(ms, migration{m.Version, m.Name, m.Applied, m.AppliedAt})
 		}
-		return writeJSON(out, map[string]any{"database": s.kind, "partitioned": s.partitioned, "migrations": ms})
+		return writeJSON(out, map[string]any{"database": s.Kind, "partitioned": s.Partitioned, "migrations": ms})
 	}
 	w := table(out)
 	fmt.Fprintln(w, "VERSION\tNAME\tSTATE\tAPPLIED AT")

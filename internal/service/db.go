@@ -16,7 +16,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemmysql"
-	"github.com/idemgo/idem/idempgx"
 	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dburl"
 )
@@ -102,9 +101,12 @@ func DescribeDatabase(kind, target string) string {
 // and migrates it: idem's migrations first, then schema's, with goose,
 // recorded in schema.VersionTable. Migrating is safe on every start.
 //
+// The database is opened by dburl.Open, the opener every command shares.
+//
 //   - PostgreSQL (dburl.Postgres): a pgxpool on the URL (pgxpool syntax:
-//     search_path=SCHEMA picks the schema), pinged before use. Errors
-//     opening it start with "postgres: ". The service's migrations run under
+//     search_path=SCHEMA picks the schema), checked by reading whether
+//     idem_keys is partitioned (a partitioned table gets idempgx's
+//     partitioned driver). Errors opening it start with "postgres: ". The service's migrations run under
 //     an advisory lock named after schema.Service and the current schema
 //     (an error when the search_path names no existing schema).
 //   - MySQL or MariaDB (dburl.MySQL): idemmysql.Open (idemmysql.ParseURL's
@@ -122,33 +124,14 @@ func DescribeDatabase(kind, target string) string {
 // up to 300 seconds (idemmysql.MigrateLockTimeout on MySQL). On any error,
 // nothing is left open.
 func Open(ctx context.Context, kind, target string, schema Schema) (*DB, error) {
-	var d *DB
-	switch kind {
-	case dburl.Postgres:
-		pool, err := pgxpool.New(ctx, target)
-		if err != nil {
-			return nil, fmt.Errorf("postgres: %w", err)
-		}
-		if err := pool.Ping(ctx); err != nil {
-			pool.Close()
-			return nil, fmt.Errorf("postgres: %w", err)
-		}
-		d = &DB{Kind: kind, Pool: pool, driver: idempgx.New(pool), close: func() error { pool.Close(); return nil }}
-	case dburl.MySQL:
-		drv, err := idemmysql.Open(ctx, target)
-		if err != nil {
-			return nil, err
-		}
-		d = &DB{Kind: kind, SQL: drv.DB(), driver: drv, close: drv.Close}
-	case dburl.SQLite:
-		drv, err := idemsqlite.Open(ctx, target)
-		if err != nil {
-			return nil, err
-		}
-		d = &DB{Kind: kind, SQL: drv.DB(), driver: drv, close: drv.Close}
-	default:
+	if kind != dburl.Postgres && kind != dburl.MySQL && kind != dburl.SQLite {
 		return nil, fmt.Errorf("%s: unknown kind of database %q", schema.Service, kind)
 	}
+	st, err := dburl.Open(ctx, kind, target, dburl.Options{})
+	if err != nil {
+		return nil, err
+	}
+	d := &DB{Kind: kind, Pool: st.Pool, SQL: st.SQL, driver: st.Driver, close: st.Close}
 	if err := d.migrate(ctx, schema); err != nil {
 		d.Close()
 		return nil, err
