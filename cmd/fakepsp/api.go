@@ -50,9 +50,15 @@ type api struct {
 //	service.LogRequests (status 0 when no answer was sent) -> logWithheld
 //	  GET /healthz                      (no authentication)
 //	  GET /v1/charges/stats             (no authentication: a test-mode view)
-//	  everything else: svc.Authenticate -> withhold -> service.KeepClaiming -> idem -> routes below
-//	    POST /v1/charges                (Idempotency-Key required)
+//	  everything else: svc.Authenticate -> routes below
+//	    POST /v1/charges                withhold -> idem -> createCharge
+//	                                    (Idempotency-Key required)
 //	    GET  /v1/charges/{id}
+//	    anything else                   404
+//
+// idem protects the one route with a side effect, not the router: a key
+// sent to a mistyped path gets the 404 without a record, so the client can
+// correct the request and keep its key.
 func newHandler(cfg handlerConfig) (http.Handler, error) {
 	if cfg.Roll == nil {
 		cfg.Roll = rand.Float64
@@ -69,14 +75,14 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	a := &api{store: cfg.Store, log: cfg.Logger, cfg: cfg}
 
 	routes := http.NewServeMux()
-	routes.HandleFunc("POST /v1/charges", a.createCharge)
+	routes.Handle("POST /v1/charges", a.withhold(mw.Handler(http.HandlerFunc(a.createCharge))))
 	routes.HandleFunc("GET /v1/charges/{id}", a.getCharge)
 	routes.HandleFunc("/", notFound)
 
 	root := http.NewServeMux()
 	root.HandleFunc("GET /healthz", a.health)
 	root.HandleFunc("GET /v1/charges/stats", a.stats)
-	root.Handle("/", svc.Authenticate(a.withhold(service.KeepClaiming(mw.Handler(routes)))))
+	root.Handle("/", svc.Authenticate(routes))
 	return service.LogRequests(cfg.Logger, 0, logWithheld(root)), nil
 }
 

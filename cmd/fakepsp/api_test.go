@@ -280,3 +280,22 @@ func TestPostgres(t *testing.T) {
 	require.EqualValues(t, 2, st.Charges)
 	require.Equal(t, map[string]int64{"JPY": 1000, "EUR": 7}, st.Merchants["acme"].Amount)
 }
+
+// A key sent to a mistyped path gets the 404 without a record: idem wraps
+// the POST /v1/charges route, not the router, so the corrected request with
+// the same key is charged (regression: idem wrapped the whole router, the
+// 404 was recorded, and the corrected request got 422 key-reused).
+func TestMistypedPathKeepsTheKey(t *testing.T) {
+	t.Parallel()
+	p := startPSP(t, handlerConfig{})
+	headers := []string{"Authorization", "Bearer sk_test_acme", "Idempotency-Key", "typo-1", "Content-Type", "application/json"}
+	for _, path := range []string{"/v1/chargez", "/v1/charges/"} {
+		r, err := p.do(http.DefaultClient, http.MethodPost, path, chargeBody, headers...)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusNotFound, r.status, "%s: %s", path, r.body)
+		require.Empty(t, r.header.Get(idem.HeaderReplayed), path)
+	}
+	r := p.charge("acme", "typo-1", "application/json", chargeBody)
+	require.Equal(t, http.StatusCreated, r.status, "the key is not used up: %s", r.body)
+	require.EqualValues(t, 1, p.stats().Charges)
+}

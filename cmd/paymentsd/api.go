@@ -59,7 +59,7 @@ type api struct {
 //	service.LogRequests
 //	  GET /healthz                      (no authentication)
 //	  everything else: svc.Authenticate -> routes below
-//	    POST /v1/payments               fault injection -> service.KeepClaiming -> idem -> createPayment
+//	    POST /v1/payments               fault injection -> idem -> createPayment
 //	                                    (Idempotency-Key required)
 //	    GET  /v1/payments/{id}
 //	    GET  /v1/payments?limit=N
@@ -88,7 +88,7 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		cfg.WriteMode = WriteInClaim
 	}
 	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults}
-	return a.serve(a.routes(cfg.Faults.wrap(service.KeepClaiming(mw.Handler(http.HandlerFunc(a.createPayment)))))), nil
+	return a.serve(a.routes(cfg.Faults.wrap(mw.Handler(http.HandlerFunc(a.createPayment))))), nil
 }
 
 // routes returns the authenticated routes, with create as POST

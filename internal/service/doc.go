@@ -20,5 +20,7 @@
 //
 //	LogRequests
 //	  GET /healthz (no authentication)
-//	  everything else: API.Authenticate -> ... -> KeepClaiming -> idem -> routes
+//	  everything else: API.Authenticate -> routes, idem wrapping only the
+//	  routes with a side effect (never the router: a mistyped path's 404
+//	  would use the key up)
 package service
