@@ -185,12 +185,16 @@ func (a *api) getCharge(w http.ResponseWriter, r *http.Request) {
 
 // stats is GET /v1/charges/stats: the distinct charges made, per merchant
 // and in total, e.g.
-// {"merchants":{"acme":{"charges":3,"amount":{"JPY":3000}}},"charges":3}.
+// {"merchants":{"acme":{"charges":3,"amount":{"JPY":3000}}},"charges":3},
+// each amount the exact sum (a JSON number past 2^63 if need be). 503 when
+// the database fails.
 func (a *api) stats(w http.ResponseWriter, r *http.Request) {
 	st, err := a.store.Stats(r.Context())
 	if err != nil {
 		a.log.ErrorContext(r.Context(), "counting charges", "err", err)
-		svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the charges could not be counted")
+		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while counting the charges; retry later")
+		p.RetryAfter = time.Second
+		p.Write(w)
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, st)

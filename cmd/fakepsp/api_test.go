@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -121,8 +122,8 @@ func TestChargeAndReplay(t *testing.T) {
 
 	st := p.stats()
 	require.EqualValues(t, 3, st.Charges)
-	require.Equal(t, &MerchantStats{Charges: 2, Amount: map[string]int64{"JPY": 1000, "USD": 500}}, st.Merchants["acme"])
-	require.Equal(t, &MerchantStats{Charges: 1, Amount: map[string]int64{"JPY": 1000}}, st.Merchants["globex"])
+	require.Equal(t, &MerchantStats{Charges: 2, Amount: map[string]*big.Int{"JPY": big.NewInt(1000), "USD": big.NewInt(500)}}, st.Merchants["acme"])
+	require.Equal(t, &MerchantStats{Charges: 1, Amount: map[string]*big.Int{"JPY": big.NewInt(1000)}}, st.Merchants["globex"])
 
 	// The merchant reads its charge; another merchant does not find it.
 	r, err := p.do(http.DefaultClient, http.MethodGet, "/v1/charges/"+c.ID, "", "Authorization", "Bearer sk_test_acme")
@@ -278,7 +279,7 @@ func TestPostgres(t *testing.T) {
 	require.Equal(t, http.StatusCreated, p.charge("acme", "pg-2", "application/x-www-form-urlencoded", "amount=7&currency=EUR&customer=c").status)
 	st := p.stats()
 	require.EqualValues(t, 2, st.Charges)
-	require.Equal(t, map[string]int64{"JPY": 1000, "EUR": 7}, st.Merchants["acme"].Amount)
+	require.Equal(t, map[string]*big.Int{"JPY": big.NewInt(1000), "EUR": big.NewInt(7)}, st.Merchants["acme"].Amount)
 }
 
 // A key sent to a mistyped path gets the 404 without a record: idem wraps

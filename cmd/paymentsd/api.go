@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net/http"
 	"strconv"
 	"time"
@@ -315,7 +316,8 @@ func parseLimit(values []string) (int, string) {
 	return n, ""
 }
 
-// balance is GET /v1/balance: the merchant's ledger summed per currency.
+// balance is GET /v1/balance: the merchant's ledger summed per currency,
+// exactly (a total past 2^63 is still its exact JSON number).
 func (a *api) balance(w http.ResponseWriter, r *http.Request) {
 	merchant, _ := service.Merchant(r.Context())
 	b, err := a.store.Balance(r.Context(), merchant)
@@ -324,9 +326,9 @@ func (a *api) balance(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, struct {
-		Merchant string           `json:"merchant"`
-		Payments int64            `json:"payments"`
-		Totals   map[string]int64 `json:"totals"`
+		Merchant string              `json:"merchant"`
+		Payments int64               `json:"payments"`
+		Totals   map[string]*big.Int `json:"totals"` // exact JSON numbers, unbounded
 	}{b.Merchant, b.Payments, b.Totals})
 }
 
