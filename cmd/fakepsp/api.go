@@ -200,10 +200,17 @@ func (a *api) stats(w http.ResponseWriter, r *http.Request) {
 	svc.WriteJSON(w, http.StatusOK, st)
 }
 
-// health is GET /healthz: 200 when the database answers a ping.
+// health is GET /healthz: 200 when the database answers a ping and, on
+// SQLite, the file at the database's path is still the one open.
 func (a *api) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
 	defer cancel()
+	if err := a.store.CheckFile(); err != nil {
+		a.log.ErrorContext(ctx, "health check: the database file is gone", "err", err)
+		svc.WriteProblem(w, service.ProblemUnavailable, http.StatusServiceUnavailable,
+			"the database file was deleted or replaced since the service opened it; restart the service")
+		return
+	}
 	if err := a.store.Ping(ctx); err != nil {
 		svc.WriteProblem(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
 		return

@@ -8,6 +8,7 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -299,4 +300,22 @@ func TestMistypedPathKeepsTheKey(t *testing.T) {
 	r := p.charge("acme", "typo-1", "application/json", chargeBody)
 	require.Equal(t, http.StatusCreated, r.status, "the key is not used up: %s", r.body)
 	require.EqualValues(t, 1, p.stats().Charges)
+}
+
+// GET /healthz answers 503 once the SQLite file was deleted (regression:
+// 200, the ping served by the deleted inode).
+func TestHealthzNoticesTheSQLiteFileGone(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "fakepsp.db")
+	store, err := openStore(context.Background(), path)
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	p := startPSP(t, handlerConfig{Store: store})
+	r, err := p.do(http.DefaultClient, http.MethodGet, "/healthz", "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, r.status)
+	require.NoError(t, os.Remove(path))
+	r, err = p.do(http.DefaultClient, http.MethodGet, "/healthz", "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "body: %s", r.body)
 }

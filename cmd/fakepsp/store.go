@@ -71,6 +71,10 @@ type Store interface {
 	Stats(ctx context.Context) (Stats, error)
 	// Ping checks that the database answers.
 	Ping(ctx context.Context) error
+	// CheckFile reports an error when the SQLite file at the database's
+	// path is not the one open (deleted or replaced); nil on PostgreSQL
+	// (service.DB.CheckFile).
+	CheckFile() error
 	// Close closes the database.
 	Close() error
 }

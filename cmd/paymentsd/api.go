@@ -334,10 +334,21 @@ func (a *api) balance(w http.ResponseWriter, r *http.Request) {
 
 // health is GET /healthz: 200 when the database answers a read of idem's
 // table and of the payments table (a ping alone would pass with the tables
-// gone, while every POST fails).
+// gone, while every POST fails) and, on SQLite, the file at the database's
+// path is still the one open (a deleted file keeps answering).
 func (a *api) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
 	defer cancel()
+	if err := a.store.CheckFile(); err != nil {
+		// Every read still succeeds on the deleted inode; the writes would be
+		// lost at the next start.
+		a.log.ErrorContext(ctx, "health check: the database file is gone", "err", err)
+		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable,
+			"the database file was deleted or replaced since the service opened it; restart the service")
+		p.RetryAfter = time.Second
+		p.Write(w)
+		return
+	}
 	// The two reads reach the database (no separate ping needed) and fail
 	// when a table is gone, which a ping would not notice.
 	_, err := a.store.Idem().Get(ctx, healthProbe, healthProbe)

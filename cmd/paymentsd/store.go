@@ -88,6 +88,10 @@ type Store interface {
 	Payments(ctx context.Context, merchant string, limit int) ([]Payment, error)
 	// Balance sums the merchant's ledger entries per currency.
 	Balance(ctx context.Context, merchant string) (Balance, error)
+	// CheckFile reports an error when the SQLite file at the database's
+	// path is not the one open (deleted or replaced); nil on the servers
+	// (service.DB.CheckFile).
+	CheckFile() error
 	// Close closes the database.
 	Close() error
 }

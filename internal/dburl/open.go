@@ -61,6 +61,33 @@ type Store struct {
 	Partitioned bool
 
 	close func() error
+	// path and file are the SQLite file's path and what it was when opened.
+	path string
+	file os.FileInfo
+}
+
+// ErrFileChanged is CheckFile's error when the SQLite file at the store's
+// path is not the file the store has open.
+var ErrFileChanged = errors.New("the SQLite database file was deleted or replaced since it was opened")
+
+// CheckFile reports whether a SQLite store's file is still the one at its
+// path: an error wrapping ErrFileChanged when the path names no file or
+// another file (device and inode differ, os.SameFile). A deleted file stays
+// readable and writable through the open connections, so every query
+// succeeds while its writes go to an inode that nothing will ever open
+// again: lost at the next start. nil for PostgreSQL and MySQL.
+func (s *Store) CheckFile() error {
+	if s.file == nil {
+		return nil
+	}
+	fi, err := os.Stat(s.path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s: %w", s.path, err)
+	}
+	if err != nil || !os.SameFile(s.file, fi) {
+		return fmt.Errorf("%s: %w", s.path, ErrFileChanged)
+	}
+	return nil
 }
 
 // Close closes the driver and the pool under it.
@@ -135,7 +162,13 @@ func Open(ctx context.Context, kind, target string, o Options) (*Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Store{Kind: kind, Driver: d, SQL: d.DB(), close: d.Close}, nil
+		// The file exists once Open has connected (it creates it).
+		fi, err := os.Stat(target)
+		if err != nil {
+			d.Close()
+			return nil, err
+		}
+		return &Store{Kind: kind, Driver: d, SQL: d.DB(), close: d.Close, path: target, file: fi}, nil
 	}
 	return nil, fmt.Errorf("unknown kind of database %q", kind)
 }

@@ -60,7 +60,8 @@ type DB struct {
 		idem.Store
 		Migrate(ctx context.Context) error
 	}
-	close func() error
+	close     func() error
+	checkFile func() error
 }
 
 // Rows is what the rows of a query on database/sql (*sql.Rows) and on pgx
@@ -131,7 +132,7 @@ func Open(ctx context.Context, kind, target string, schema Schema) (*DB, error) 
 	if err != nil {
 		return nil, err
 	}
-	d := &DB{Kind: kind, Pool: st.Pool, SQL: st.SQL, driver: st.Driver, close: st.Close}
+	d := &DB{Kind: kind, Pool: st.Pool, SQL: st.SQL, driver: st.Driver, close: st.Close, checkFile: st.CheckFile}
 	if err := d.migrate(ctx, schema); err != nil {
 		d.Close()
 		return nil, err
@@ -149,6 +150,12 @@ func (d *DB) Ping(ctx context.Context) error {
 	}
 	return d.SQL.PingContext(ctx)
 }
+
+// CheckFile reports an error wrapping dburl.ErrFileChanged when the SQLite
+// file at the database's path was deleted or replaced since Open (the
+// service would write to a file nothing opens again); nil on PostgreSQL and
+// MySQL. See dburl.Store.CheckFile.
+func (d *DB) CheckFile() error { return d.checkFile() }
 
 // Close closes the database (idem's driver and the pool under it).
 func (d *DB) Close() error { return d.close() }
