@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -117,7 +118,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if err != nil {
 		// The client stopped sending mid-body: nothing was claimed.
 		Problem{Type: "about:blank", Title: "Bad Request", Status: http.StatusBadRequest,
-			Detail: "the request body could not be read: " + err.Error()}.Write(w)
+			Detail: bodyReadDetail(err)}.Write(w)
 		return
 	}
 	params := idemdriver.ClaimParams{
@@ -335,4 +336,19 @@ func runHandler(next http.Handler, w http.ResponseWriter, r *http.Request) (pani
 	}()
 	next.ServeHTTP(w, r)
 	return false, nil
+}
+
+// bodyReadDetail says why a request body could not be read, for the
+// client, without the read error's text: net/http's names the server's and
+// the client's addresses ("read tcp 10.0.0.5:8080->...: i/o timeout").
+func bodyReadDetail(err error) string {
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		return "the request body could not be read: the client stopped sending it before the server's read timeout"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "the request body could not be read: it ended before its declared length"
+	default:
+		return "the request body could not be read: the connection failed mid-body"
+	}
 }
