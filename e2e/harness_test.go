@@ -47,8 +47,8 @@ func TestMain(m *testing.M) {
 }
 
 // binaries builds cmd/paymentsd and cmd/fakepsp into a temporary directory
-// on first use (with -race when this test binary has it) and returns their
-// paths.
+// on first use, with -tags idemfaults (paymentsd's crash points and stalls)
+// and with -race when this test binary has it, and returns their paths.
 func binaries(t *testing.T) (paymentsd, fakepsp string) {
 	t.Helper()
 	build.once.Do(func() {
@@ -62,7 +62,9 @@ func binaries(t *testing.T) (paymentsd, fakepsp string) {
 			return
 		}
 		for _, name := range []string{"paymentsd", "fakepsp"} {
-			args := []string{"build"}
+			// -tags idemfaults: paymentsd's fault injection (--crash-*,
+			// --stall-after-charge), which a normal build does not carry.
+			args := []string{"build", "-tags", "idemfaults"}
 			if raceEnabled {
 				args = append(args, "-race")
 			}

@@ -138,9 +138,10 @@ func startFleet(ctx context.Context, o *options, stderr io.Writer) (*fleet, func
 	return f, cleanup, nil
 }
 
-// buildPaymentsd builds ./cmd/paymentsd of the idem module into dir, without
-// -race (the storm measures the service, not its race detector; e2e builds
-// it with -race).
+// buildPaymentsd builds ./cmd/paymentsd of the idem module into dir, with
+// -tags idemfaults (its --crash-* and --stall-after-charge fault injection,
+// which a normal build does not carry) and without -race (the storm
+// measures the service, not its race detector; e2e builds it with -race).
 func buildPaymentsd(ctx context.Context, dir string, stderr io.Writer) (string, error) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -148,7 +149,7 @@ func buildPaymentsd(ctx context.Context, dir string, stderr io.Writer) (string, 
 	}
 	out := filepath.Join(dir, "paymentsd")
 	fmt.Fprintln(stderr, "idemstorm: building paymentsd")
-	cmd := exec.CommandContext(ctx, goTool, "build", "-o", out, "github.com/idemgo/idem/cmd/paymentsd")
+	cmd := exec.CommandContext(ctx, goTool, "build", "-tags", "idemfaults", "-o", out, "github.com/idemgo/idem/cmd/paymentsd")
 	var b bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &b, &b
 	if err := cmd.Run(); err != nil {

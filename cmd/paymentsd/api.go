@@ -42,7 +42,8 @@ type handlerConfig struct {
 	// WriteMode says where the payment's rows are written; empty means
 	// WriteInClaim.
 	WriteMode WriteMode
-	// Faults are the injected crashes and stalls; nil injects none.
+	// Faults are the injected crashes and stalls (built with -tags
+	// idemfaults only); nil injects none.
 	Faults *faults
 }
 
@@ -71,12 +72,8 @@ type api struct {
 // sent to a mistyped path or with another method gets the 404 or 405
 // without a record, so the client can correct the request and keep its key.
 func newHandler(cfg handlerConfig) (http.Handler, error) {
-	store := cfg.Store.Idem()
-	if cfg.Faults != nil && cfg.Faults.stallAfterCharge > 0 {
-		store = &stallingStore{Store: store, faults: cfg.Faults}
-	}
 	mw, err := idem.New(idem.Config{
-		Store:         store,
+		Store:         cfg.Faults.store(cfg.Store.Idem()),
 		Scope:         service.Scope,
 		LeaseDuration: cfg.Lease,
 		RelaySecret:   cfg.RelaySecret,
@@ -153,7 +150,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	a.faults.maybeCrash(ctx, crashBeforeCharge)
+	a.faults.beforeCharge(ctx)
 
 	// Charge first, then write: the claim's transaction (and with SQLite the
 	// database's one write lock) is only taken once the slow call is over.
@@ -174,7 +171,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	a.log.InfoContext(ctx, "charged", "merchant", merchant, "charge", charge.ID, "provider_replayed", charge.Replayed,
 		"relay_key", relay, "attempt", exec.Attempt, "fencing_token", exec.FencingToken)
-	a.faults.maybeCrash(ctx, crashAfterCharge, "charge", charge.ID)
+	a.faults.afterCharge(ctx, charge.ID)
 	a.faults.stall(ctx)
 
 	p, err := a.store.CreatePayment(ctx, in.payment(merchant, charge.ID), a.writeMode)
@@ -192,7 +189,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the provider's charge is already recorded for another payment")
 		return
 	}
-	a.faults.maybeCrash(ctx, crashAfterWrite, "charge", charge.ID, "payment", p.ID, "write_mode", string(a.writeMode))
+	a.faults.afterWrite(ctx, charge.ID, p.ID, a.writeMode)
 	w.Header().Set("Location", "/v1/payments/"+p.ID)
 	svc.WriteJSON(w, http.StatusCreated, toJSON(p))
 }

@@ -8,7 +8,7 @@
 //	          [--psp-url URL] [--psp-timeout 5s] [--psp-latency 300ms]
 //	          [--relay-secret S] [--lease 30s] [--write-mode claim|separate]
 //	          [--shutdown-timeout 15s] [--log-format json|text]
-//	          [--crash-<point> P] [--stall-after-charge D]
+//	          [--crash-<point> P] [--stall-after-charge D]   (-tags idemfaults)
 //	          [--naive [--redis-url URL] [--naive-ttl 24h]]
 //
 // --database-url selects the database: empty (an SQLite file paymentsd.db in
@@ -65,6 +65,10 @@
 // Idempotency-Key: the relayed key; --psp-timeout bounds each charge.
 //
 // # Fault injection
+//
+// Only a binary built with the tag idemfaults (go build -tags idemfaults
+// ./cmd/paymentsd; e2e and cmd/idemstorm build it so) has these flags; a
+// normal build carries no fault injection at all.
 //
 // --crash-<point> P kills the process with SIGKILL, with probability P, when
 // a POST /v1/payments reaches point: before-claim, before-charge,
