@@ -142,6 +142,14 @@ func mysqlBackend(t *testing.T, _ bool) (string, idemdriver.Driver) {
 	return url, d
 }
 
+// migrateUp is the command line of migrate up on b.
+func (b backend) migrateUp() []string {
+	if b.partitioned {
+		return []string{"migrate", "up", "--partitioned"}
+	}
+	return []string{"migrate", "up"}
+}
+
 var backends = []backend{
 	{"SQLite", false, sqliteBackend},
 	{"PostgreSQL", false, postgresBackend},
@@ -157,10 +165,7 @@ func TestCommands(t *testing.T) {
 			c := cli{t: t, url: url}
 
 			// migrate
-			up := []string{"migrate", "up"}
-			if b.partitioned {
-				up = append(up, "--partitioned")
-			}
+			up := b.migrateUp()
 			out := c.ok(up...)
 			require.Contains(t, out, "VERSION")
 			require.Contains(t, out, "00001_idem_keys.sql")
@@ -380,11 +385,7 @@ func TestListAndInspectAcrossScopes(t *testing.T) {
 			t.Parallel()
 			url, d := b.setup(t, b.partitioned)
 			c := cli{t: t, url: url}
-			up := []string{"migrate", "up"}
-			if b.partitioned {
-				up = append(up, "--partitioned")
-			}
-			c.ok(up...)
+			c.ok(b.migrateUp()...)
 			seed(t, d)
 
 			// list --state, with and without --scope
