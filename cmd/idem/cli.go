@@ -377,7 +377,7 @@ const maxScopesShown = 20
 // out as a table, or JSON) or says that none does.
 func findRecord(ctx context.Context, s *store, out io.Writer, asJSON bool, scope string, scoped bool, key string) (idemdriver.Record, error) {
 	if scoped {
-		rec, err := s.driver.Get(ctx, scope, key)
+		rec, err := s.driver.Get(ctx, idemdriver.GetParams{Scope: scope, Key: key})
 		if errors.Is(err, idemdriver.ErrNotFound) {
 			return rec, fmt.Errorf("no record for scope %q and key %q (never seen, or purged after it expired)", scope, key)
 		}
