@@ -278,3 +278,28 @@ type Lister interface {
 	// against the database's clock.
 	List(ctx context.Context, p ListParams) ([]Record, error)
 }
+
+// RemoveParams name the record Remover.Remove deletes: as read, so that a
+// claim or completion written since keeps it.
+type RemoveParams struct {
+	// FenceParams name the record's life (Scope, Key, FencingToken,
+	// CreatedAt, as Get or List returned them); LeaseDuration and
+	// ClockOffset are unused.
+	FenceParams
+	// State is the record's state as read.
+	State State
+}
+
+// Remover deletes one record whatever its state, for operators (cmd/idem
+// release): a FAILED record whose next request must run as new, or a
+// SUCCEEDED one whose stored response is damaged (CONTRACT section 3's
+// records are otherwise only removed by the purge, once expired). Driver's
+// Release removes a PROCESSING record its owner holds; Remove is for the
+// records no owner holds.
+type Remover interface {
+	// Remove deletes the record of p.Scope and p.Key when its fencing token,
+	// created_at and state are still p's, and reports whether it did: false
+	// when the record changed since it was read (a request claimed it) or is
+	// gone.
+	Remove(ctx context.Context, p RemoveParams) (bool, error)
+}

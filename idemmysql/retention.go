@@ -432,3 +432,16 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 	}
 	return out, rows.Err()
 }
+
+// removeSQL: args scope, key, token, created_at (µs), state.
+var removeSQL = "DELETE FROM idem_keys WHERE scope = ? AND `key` = ? AND fencing_token = ? AND created_at = " + at + " AND state = ?"
+
+// Remove implements idemdriver.Remover.
+func (d *Driver) Remove(ctx context.Context, p idemdriver.RemoveParams) (bool, error) {
+	res, err := d.db.ExecContext(ctx, removeSQL, p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro(), string(p.State))
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}

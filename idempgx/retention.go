@@ -289,3 +289,13 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 		return scanRecord(row, nil)
 	})
 }
+
+var removeSQL = `DELETE FROM idem_keys WHERE scope = @scope AND key = @key AND fencing_token = @token
+	AND created_at = @created AND state = @state`
+
+// Remove implements idemdriver.Remover.
+func (d *Driver) Remove(ctx context.Context, p idemdriver.RemoveParams) (bool, error) {
+	args := fenceArgs(p.FenceParams)
+	args["state"] = string(p.State)
+	return execFenced(ctx, d.pool, removeSQL, args)
+}

@@ -328,3 +328,21 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 	}
 	return out, rows.Err()
 }
+
+var removeSQL = `DELETE FROM idem_keys WHERE scope = @scope AND key = @key AND fencing_token = @token
+	AND created_at = @created AND state = @state`
+
+// Remove implements idemdriver.Remover.
+func (d *Driver) Remove(ctx context.Context, p idemdriver.RemoveParams) (bool, error) {
+	var n int64
+	err := retryBusy(ctx, func() error {
+		res, err := d.db.ExecContext(ctx, removeSQL, sql.Named("scope", p.Scope), sql.Named("key", p.Key),
+			sql.Named("token", p.FencingToken), sql.Named("created", p.CreatedAt.UnixMicro()), sql.Named("state", string(p.State)))
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n == 1, err
+}

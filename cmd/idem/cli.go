@@ -61,7 +61,8 @@ func newRoot(g *globals, stdout io.Writer) *cobra.Command {
 		Short: "Operate an idem store: migrations, retention, and the story of a key",
 		Long: `idem operates the store of github.com/idemgo/idem: its migrations, the
 retention of its records (purge, partitions), and what an operator needs to
-see at 3 a.m. without writing SQL (inspect, list, stuck, stats).
+see at 3 a.m. without writing SQL (inspect, list, stuck, stats) and the
+fix (release).
 
 Every time is the database's clock. Output is a table, or JSON with --json.
 
@@ -89,7 +90,7 @@ The database comes from --database-url (or IDEM_DATABASE_URL):
 	pf.DurationVar(&g.timeout, "timeout", 10*time.Minute, "give up after this long")
 
 	root.AddCommand(migrateCmd(g, stdout), purgeCmd(g, stdout), partitionsCmd(g, stdout),
-		inspectCmd(g, stdout), listCmd(g, stdout), stuckCmd(g, stdout), statsCmd(g, stdout))
+		inspectCmd(g, stdout), listCmd(g, stdout), releaseCmd(g, stdout), stuckCmd(g, stdout), statsCmd(g, stdout))
 	return root
 }
 
@@ -502,6 +503,82 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func releaseCmd(g *globals, out io.Writer) *cobra.Command {
+	var (
+		scope, key string
+		force      bool
+	)
+	c := &cobra.Command{
+		Use:   "release --scope S --key K [--force]",
+		Short: "Remove one key's record, so that its next request runs as new",
+		Long: `Remove one key's record, fenced: only the record as just read (its fencing
+token and created_at, and its state) is removed, so a request that claims the
+key meanwhile keeps it. The next request with the key then runs as a new one.
+
+  PROCESSING past its lease (its worker died: see stuck)  released (Driver.Release)
+  PROCESSING under a live lease   refused unless --force: its owner may still
+                                  be running, and the next request would run
+                                  a second execution beside it
+  FAILED                          released: the next request runs as new
+                                  (with another body, say, instead of 422)
+  SUCCEEDED without its response  released (a damaged record)
+  SUCCEEDED with its response     refused unless --force: the next request
+                                  would run again instead of being replayed`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if key == "" || !cmd.Flags().Changed("scope") {
+				return usageError{errors.New("--scope and --key are required")}
+			}
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				rec, err := findRecord(ctx, s, out, g.json, scope, true, key)
+				if err != nil {
+					return err
+				}
+				if why := releaseRefusal(rec); why != "" && !force {
+					return fmt.Errorf("not released: %s; give --force to release it anyway", why)
+				}
+				fence := idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt}
+				var released bool
+				if rec.State == idemdriver.StateProcessing {
+					released, err = s.driver.Release(ctx, fence)
+				} else {
+					released, err = s.driver.Remove(ctx, idemdriver.RemoveParams{FenceParams: fence, State: rec.State})
+				}
+				if err != nil {
+					return err
+				}
+				if !released {
+					return fmt.Errorf("not released: the record changed since it was read (a request claimed or completed it); inspect it again")
+				}
+				return printLine(out, g.json,
+					fmt.Sprintf("released %s/%s (%s, fencing token %d): its next request runs as new", rec.Scope, rec.Key, rec.State, rec.FencingToken),
+					map[string]any{"released": map[string]any{"scope": rec.Scope, "key": rec.Key, "state": rec.State,
+						"fencing_token": rec.FencingToken, "owner": rec.Owner}})
+			})
+		},
+	}
+	c.Flags().StringVar(&scope, "scope", "", "the key's scope (tenant, account)")
+	c.Flags().StringVar(&key, "key", "", "the Idempotency-Key, unquoted")
+	c.Flags().BoolVar(&force, "force", false, "release a record under a live lease, or one with a stored response")
+	return c
+}
+
+// releaseRefusal says why releasing rec needs --force ("" when it does
+// not): a live lease, or a stored response that a replay would send.
+func releaseRefusal(rec idemdriver.Record) string {
+	switch {
+	case rec.State == idemdriver.StateProcessing && rec.LeaseLeft > 0:
+		owner := ""
+		if rec.Owner != "" {
+			owner = " (" + rec.Owner + ")"
+		}
+		return fmt.Sprintf("its lease is live for %s more: its owner%s may still be running, and the next request would run beside it", dur(rec.LeaseLeft), owner)
+	case rec.State == idemdriver.StateSucceeded && rec.Response != nil:
+		return fmt.Sprintf("it succeeded and its %d response is replayed; released, the next request would run again", rec.Response.Status)
+	}
+	return ""
 }
 
 func stuckCmd(g *globals, out io.Writer) *cobra.Command {

@@ -57,7 +57,8 @@ func (c cli) json(args ...string) map[string]any {
 
 func fp(s string) []byte { sum := sha256.Sum256([]byte(s)); return sum[:] }
 
-// seed writes, with the database clock moved, the records of the tests:
+// seed writes, with the database clock moved, the records of the tests
+// (each claimed by owner "web-1/<key>"):
 // acct_1/paid SUCCEEDED, acct_1/busy PROCESSING under its lease, acct_1/failed
 // FAILED, acct_2/dead PROCESSING whose lease ran out 9m30s ago, acct_2/old
 // SUCCEEDED and expired an hour ago.
@@ -70,7 +71,8 @@ func seed(t *testing.T, d idemdriver.Driver) {
 	}
 	claim := func(scope, key string, offset, lease time.Duration) idemdriver.Record {
 		res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: scope, Key: key, Method: "POST", Path: "/v1/payments",
-			Fingerprint: fp(key), LeaseDuration: lease, Retention: 24 * time.Hour, ClockOffset: offset})
+			Fingerprint: fp(key), LeaseDuration: lease, Retention: 24 * time.Hour, ClockOffset: offset,
+			Owner: "web-1/" + key})
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
 		return res.Record
@@ -458,6 +460,80 @@ func TestListAndInspectAcrossScopes(t *testing.T) {
 			require.Regexp(t, `acct_1\s+busy`, out)
 			require.Regexp(t, `acct_3\s+busy`, out)
 			require.Equal(t, "acct_3", c.json("inspect", "--key", "busy", "--scope", "acct_3")["scope"])
+		})
+	}
+}
+
+// stuck says whose worker died (the claim's owner); release removes one
+// record, fenced, refusing a live lease or a stored response without
+// --force (issue 13 item 11), on every database.
+func TestStuckOwnerAndRelease(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			url, d := b.setup(t, b.partitioned)
+			c := cli{t: t, url: url}
+			c.ok(b.migrateUp()...)
+			seed(t, d)
+			ctx := context.Background()
+
+			// stuck and inspect name the owner
+			require.Regexp(t, `acct_2\s+dead\s+9m\d+s ago.*web-1/dead\n`, c.ok("stuck"))
+			require.Equal(t, "web-1/dead", c.json("stuck")["stuck"].([]any)[0].(map[string]any)["owner"])
+			require.Regexp(t, `owner\s+web-1/busy\n`, c.ok("inspect", "--scope", "acct_1", "--key", "busy"))
+			require.Equal(t, "web-1/busy", c.json("inspect", "--scope", "acct_1", "--key", "busy")["owner"])
+			require.Regexp(t, `acct_1\s+failed\s+FAILED.*web-1/failed`, c.ok("list", "--state", "FAILED"))
+
+			// a stuck record: released; its next claim is a new life
+			require.Contains(t, c.ok("release", "--scope", "acct_2", "--key", "dead"),
+				"released acct_2/dead (PROCESSING, fencing token 1): its next request runs as new")
+			_, errOut, code := c.run("inspect", "--scope", "acct_2", "--key", "dead")
+			require.Equal(t, 1, code, errOut)
+			res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct_2", Key: "dead", Method: "POST", Path: "/v1/other",
+				Fingerprint: fp("other"), LeaseDuration: time.Second, Retention: time.Hour})
+			require.NoError(t, err)
+			require.True(t, res.Claimed, "another request takes the released key")
+
+			// a live lease: refused, then --force
+			_, errOut, code = c.run("release", "--scope", "acct_1", "--key", "busy")
+			require.Equal(t, 1, code)
+			require.Contains(t, errOut, "not released: its lease is live for")
+			require.Contains(t, errOut, "(web-1/busy)")
+			require.Contains(t, errOut, "--force")
+			require.Equal(t, "PROCESSING", c.json("inspect", "--scope", "acct_1", "--key", "busy")["state"], "nothing removed")
+			rel := c.json("release", "--scope", "acct_1", "--key", "busy", "--force")["released"].(map[string]any)
+			require.Equal(t, "web-1/busy", rel["owner"])
+			_, _, code = c.run("inspect", "--scope", "acct_1", "--key", "busy")
+			require.Equal(t, 1, code)
+
+			// FAILED: released without --force
+			require.Contains(t, c.ok("release", "--scope", "acct_1", "--key", "failed"), "released acct_1/failed (FAILED")
+
+			// SUCCEEDED with a response: refused, then --force
+			_, errOut, code = c.run("release", "--scope", "acct_1", "--key", "paid")
+			require.Equal(t, 1, code)
+			require.Contains(t, errOut, "it succeeded and its 201 response is replayed")
+			require.Contains(t, c.ok("release", "--scope", "acct_1", "--key", "paid", "--force"), "released acct_1/paid (SUCCEEDED")
+
+			// fenced: a record that changed since it was read is kept
+			rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct_2", Key: "dead"})
+			require.NoError(t, err)
+			removed, err := d.(idemdriver.Remover).Remove(ctx, idemdriver.RemoveParams{State: idemdriver.StateFailed,
+				FenceParams: idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt}})
+			require.NoError(t, err)
+			require.False(t, removed, "the record is PROCESSING, not the FAILED record read")
+			removed, err = d.(idemdriver.Remover).Remove(ctx, idemdriver.RemoveParams{State: rec.State,
+				FenceParams: idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken + 1, CreatedAt: rec.CreatedAt}})
+			require.NoError(t, err)
+			require.False(t, removed, "another fencing token")
+
+			_, errOut, code = c.run("release", "--scope", "acct_1", "--key", "nope")
+			require.Equal(t, 1, code)
+			require.Contains(t, errOut, `no record for scope "acct_1" and key "nope"`)
+			for _, bad := range [][]string{{"release", "--key", "k"}, {"release", "--scope", "s"}} {
+				_, _, code := c.run(bad...)
+				require.Equal(t, 2, code, bad)
+			}
 		})
 	}
 }

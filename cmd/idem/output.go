@@ -188,7 +188,7 @@ func nextRequest(rec idemdriver.Record, now time.Time) string {
 func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Time, withBody bool) error {
 	if asJSON {
 		v := map[string]any{
-			"scope": rec.Scope, "key": rec.Key, "state": rec.State, "method": rec.Method, "path": rec.Path,
+			"scope": rec.Scope, "key": rec.Key, "state": rec.State, "owner": rec.Owner, "method": rec.Method, "path": rec.Path,
 			"fingerprint": hex.EncodeToString(rec.Fingerprint), "fencing_token": rec.FencingToken,
 			"attempts": rec.Attempts, "lease_left_seconds": rec.LeaseLeft.Seconds(), "locked_until": rec.LockedUntil,
 			"created_at": rec.CreatedAt, "updated_at": rec.UpdatedAt, "completed_at": rec.CompletedAt,
@@ -214,6 +214,7 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 	row("scope", rec.Scope)
 	row("key", rec.Key)
 	row("state", string(rec.State))
+	row("owner", orDash(rec.Owner))
 	row("next request", nextRequest(rec, now))
 	row("method", rec.Method)
 	row("path", rec.Path)
@@ -300,6 +301,7 @@ func printRecords(out io.Writer, asJSON bool, recs []idemdriver.Record, now time
 			Scope         string           `json:"scope"`
 			Key           string           `json:"key"`
 			State         idemdriver.State `json:"state"`
+			Owner         string           `json:"owner"`
 			Attempts      int              `json:"attempts"`
 			FencingToken  int64            `json:"fencing_token"`
 			Method        string           `json:"method"`
@@ -317,7 +319,7 @@ func printRecords(out io.Writer, asJSON bool, recs []idemdriver.Record, now time
 			if r.Response != nil {
 				status = &r.Response.Status
 			}
-			list = append(list, record{r.Scope, r.Key, r.State, r.Attempts, r.FencingToken, r.Method, r.Path, status,
+			list = append(list, record{r.Scope, r.Key, r.State, r.Owner, r.Attempts, r.FencingToken, r.Method, r.Path, status,
 				r.LeaseLeft.Seconds(), r.CreatedAt, r.UpdatedAt, r.ExpiresAt, nextRequest(r, now)})
 		}
 		var nextPage any
@@ -331,10 +333,10 @@ func printRecords(out io.Writer, asJSON bool, recs []idemdriver.Record, now time
 		return err
 	}
 	w := table(out)
-	fmt.Fprintln(w, "SCOPE\tKEY\tSTATE\tATTEMPTS\tFENCING TOKEN\tREQUEST\tUPDATED AT\tNEXT REQUEST")
+	fmt.Fprintln(w, "SCOPE\tKEY\tSTATE\tATTEMPTS\tFENCING TOKEN\tREQUEST\tUPDATED AT\tOWNER\tNEXT REQUEST")
 	for _, r := range recs {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s %s\t%s\t%s\n", r.Scope, r.Key, r.State, r.Attempts, r.FencingToken,
-			r.Method, r.Path, ts(r.UpdatedAt), nextRequest(r, now))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s %s\t%s\t%s\t%s\n", r.Scope, r.Key, r.State, r.Attempts, r.FencingToken,
+			r.Method, r.Path, ts(r.UpdatedAt), orDash(r.Owner), nextRequest(r, now))
 	}
 	return w.Flush()
 }
@@ -344,6 +346,7 @@ func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error
 		type stuck struct {
 			Scope          string     `json:"scope"`
 			Key            string     `json:"key"`
+			Owner          string     `json:"owner"`
 			OverdueSeconds float64    `json:"overdue_seconds"`
 			Attempts       int        `json:"attempts"`
 			FencingToken   int64      `json:"fencing_token"`
@@ -354,7 +357,7 @@ func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error
 		}
 		list := []stuck{}
 		for _, r := range recs {
-			list = append(list, stuck{r.Scope, r.Key, r.Overdue.Seconds(), r.Attempts, r.FencingToken,
+			list = append(list, stuck{r.Scope, r.Key, r.Owner, r.Overdue.Seconds(), r.Attempts, r.FencingToken,
 				r.Method, r.Path, r.LockedUntil, r.CreatedAt})
 		}
 		return writeJSON(out, map[string]any{"stuck": list})
@@ -364,10 +367,10 @@ func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error
 		return err
 	}
 	w := table(out)
-	fmt.Fprintln(w, "SCOPE\tKEY\tLEASE RAN OUT\tATTEMPTS\tFENCING TOKEN\tREQUEST\tCREATED AT")
+	fmt.Fprintln(w, "SCOPE\tKEY\tLEASE RAN OUT\tATTEMPTS\tFENCING TOKEN\tREQUEST\tCREATED AT\tOWNER")
 	for _, r := range recs {
-		fmt.Fprintf(w, "%s\t%s\t%s ago\t%d\t%d\t%s %s\t%s\n", r.Scope, r.Key, dur(r.Overdue), r.Attempts,
-			r.FencingToken, r.Method, r.Path, ts(r.CreatedAt))
+		fmt.Fprintf(w, "%s\t%s\t%s ago\t%d\t%d\t%s %s\t%s\t%s\n", r.Scope, r.Key, dur(r.Overdue), r.Attempts,
+			r.FencingToken, r.Method, r.Path, ts(r.CreatedAt), orDash(r.Owner))
 	}
 	return w.Flush()
 }
@@ -408,4 +411,13 @@ func printStats(out io.Writer, asJSON bool, st idemdriver.Stats) error {
 		fmt.Fprintf(w, "%s\t%d\n", sc.Scope, sc.Count)
 	}
 	return w.Flush()
+}
+
+// orDash is s, or "-" when empty (an owner not recorded: a claim made
+// before owners were, or by a process that names none).
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

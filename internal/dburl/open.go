@@ -18,7 +18,7 @@ import (
 
 // Driver is what every command needs of an idem store: the claim protocol
 // and the optional interfaces of retention, operations and migrations
-// (idemdriver's Purger, Inspector, Lister and Migrator). The three drivers
+// (idemdriver's Purger, Inspector, Lister, Remover and Migrator). The three drivers
 // Open returns (*idempgx.Driver, *idemmysql.Driver, *idemsqlite.Driver)
 // implement them all; only idemdriver.Partitioner depends on the table.
 type Driver interface {
@@ -26,6 +26,7 @@ type Driver interface {
 	idemdriver.Purger
 	idemdriver.Inspector
 	idemdriver.Lister
+	idemdriver.Remover
 	idemdriver.Migrator
 }
 
