@@ -39,10 +39,13 @@
 //	GET  /v1/payments/{id}   one payment of the merchant, else 404
 //	GET  /v1/payments?limit=N  the newest N (default 10, at most 100):
 //	                         {"data":[...],"has_more":bool}
-//	GET  /v1/balance         {"merchant":..,"payments":N,"totals":{"JPY":..}}
+//	GET  /v1/balance         {"merchant":..,"payments":N,"totals":{"JPY":..}},
+//	                         each total the exact sum (a JSON number past
+//	                         2^63 if need be)
 //	GET  /healthz            200 {"status":"ok"} when the database answers a
-//	                         read of idem's table and the payments table,
-//	                         else 503
+//	                         read of idem's table and the payments table
+//	                         and, on SQLite, the file at the path is the one
+//	                         open (not deleted or replaced); else 503
 //
 // Only POST /v1/payments goes through idem: a key sent to another route or
 // with another method gets its 404 or 405 without a record. The reads
