@@ -1,0 +1,3 @@
+package idemecho
+
+import _ "github.com/labstack/echo/v4"
