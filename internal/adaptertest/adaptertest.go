@@ -145,14 +145,22 @@ func Postgres(t *testing.T) idem.Store {
 	return s
 }
 
-// server starts build's app on a fresh store and a real HTTP server.
-func server(t *testing.T, store func(*testing.T) idem.Store, build Build) (*httptest.Server, *App) {
+// NewMiddleware returns idem's middleware on store, every request in Scope,
+// the other settings at their defaults.
+func NewMiddleware(t *testing.T, store idem.Store) *idem.Middleware {
 	t.Helper()
 	mw, err := idem.New(idem.Config{
-		Store: store(t),
+		Store: store,
 		Scope: func(*http.Request) (string, error) { return Scope, nil },
 	})
 	require.NoError(t, err)
+	return mw
+}
+
+// server starts build's app on a fresh store and a real HTTP server.
+func server(t *testing.T, store func(*testing.T) idem.Store, build Build) (*httptest.Server, *App) {
+	t.Helper()
+	mw := NewMiddleware(t, store(t))
 	app := &App{}
 	srv := httptest.NewServer(build(t, mw, app))
 	t.Cleanup(srv.Close)
@@ -194,8 +202,9 @@ func post(url, key, body string) (Response, error) {
 	return Response{Status: resp.StatusCode, Header: resp.Header, Body: b}, err
 }
 
-// problemType returns the type member of a problem details body.
-func problemType(t *testing.T, r Response) string {
+// ProblemType returns the type member of a problem details body, less
+// idem.ProblemTypeBase; it fails t unless r is application/problem+json.
+func ProblemType(t *testing.T, r Response) string {
 	t.Helper()
 	require.Equal(t, "application/problem+json", r.Header.Get("Content-Type"), "body: %s", r.Body)
 	var p struct {
@@ -254,7 +263,7 @@ func RunOn(t *testing.T, store func(*testing.T) idem.Store, build Build) {
 					}
 					require.Equal(t, string(body), string(r.Body), "every 201 of one key carries the same charge")
 				case http.StatusConflict:
-					require.Equal(t, "request-in-flight", problemType(t, r))
+					require.Equal(t, "request-in-flight", ProblemType(t, r))
 					require.NotEmpty(t, r.Header.Get("Retry-After"))
 				default:
 					t.Fatalf("key %d: status %d, body %s", k, r.Status, r.Body)
@@ -290,7 +299,7 @@ func RunOn(t *testing.T, store func(*testing.T) idem.Store, build Build) {
 		require.Equal(t, http.StatusCreated, Post(t, srv.URL+"/charges", "reused", `{"amount":1000}`).Status)
 		r := Post(t, srv.URL+"/charges", "reused", `{"amount":9999}`)
 		require.Equal(t, http.StatusUnprocessableEntity, r.Status)
-		require.Equal(t, "key-reused", problemType(t, r))
+		require.Equal(t, "key-reused", ProblemType(t, r))
 		r = Post(t, srv.URL+"/declined", "reused", `{"amount":1000}`)
 		require.Equal(t, http.StatusUnprocessableEntity, r.Status, "another path: body %s", r.Body)
 		require.EqualValues(t, 1, app.Charges.Load())
@@ -301,7 +310,7 @@ func RunOn(t *testing.T, store func(*testing.T) idem.Store, build Build) {
 		srv, app := server(t, store, build)
 		r := Post(t, srv.URL+"/charges", "", `{"amount":1000}`)
 		require.Equal(t, http.StatusBadRequest, r.Status)
-		require.Equal(t, "missing-key", problemType(t, r))
+		require.Equal(t, "missing-key", ProblemType(t, r))
 		require.EqualValues(t, 0, app.Charges.Load())
 	})
 

@@ -1,3 +1,0 @@
-package idemecho
-
-import _ "github.com/labstack/echo/v4"
