@@ -23,7 +23,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
@@ -61,6 +63,10 @@ const (
 // inside idem's handler.
 type App struct {
 	Charges, Declines, Unavailables, Panics atomic.Int64
+
+	// When hold is set, Charge sends on entered (without blocking) and
+	// waits for hold to close.
+	hold, entered chan struct{}
 }
 
 // errNoExecution says the framework handler ran outside idem's handler.
@@ -76,7 +82,17 @@ func executed(ctx context.Context, n *atomic.Int64) (int64, error) {
 }
 
 // Charge counts one execution of POST /charges and returns its number.
-func (a *App) Charge(ctx context.Context) (int64, error) { return executed(ctx, &a.Charges) }
+func (a *App) Charge(ctx context.Context) (int64, error) {
+	n, err := executed(ctx, &a.Charges)
+	if a.hold != nil {
+		select {
+		case a.entered <- struct{}{}:
+		default:
+		}
+		<-a.hold
+	}
+	return n, err
+}
 
 // Decline counts one execution of POST /declined.
 func (a *App) Decline(ctx context.Context) error { _, err := executed(ctx, &a.Declines); return err }
@@ -137,10 +153,18 @@ func SQLite(t *testing.T) idem.Store {
 }
 
 // Postgres returns a migrated store on a fresh schema of TEST_DATABASE_URL's
-// server (skipped without it, failed under CI).
+// server (skipped without it, failed under CI), through a pool of at most 4
+// connections: the server is shared, and requests beyond 4 wait for one.
 func Postgres(t *testing.T) idem.Store {
 	t.Helper()
-	s := idempgx.New(dbtest.PostgresPool(t))
+	url, _ := dbtest.PostgresURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close) // before the schema's drop
+	s := idempgx.New(pool)
 	require.NoError(t, s.Migrate(context.Background()))
 	return s
 }
@@ -271,6 +295,61 @@ func RunOn(t *testing.T, store func(*testing.T) idem.Store, build Build) {
 			}
 			require.Equal(t, 1, originals, "key %d: exactly one request ran the handler", k)
 		}
+	})
+
+	t.Run("DuplicatesWhileInFlight", func(t *testing.T) {
+		// The execution is held until every duplicate has been answered:
+		// each one must be a 409 request-in-flight, none may run the
+		// handler. A second execution would be held too, and the wait
+		// below would end at its deadline (a bound on the test, not a
+		// speed check).
+		srv, app := server(t, store, build)
+		app.hold, app.entered = make(chan struct{}), make(chan struct{}, 1)
+		release := sync.OnceFunc(func() { close(app.hold) })
+		t.Cleanup(release) // before the server's Close, which waits for the handlers
+		const dups = 8
+		first := make(chan Response, 1)
+		go func() {
+			r, err := post(srv.URL+"/charges", "held", `{"amount":1000}`)
+			if err != nil {
+				r.Body = []byte(err.Error())
+			}
+			first <- r
+		}()
+		answers := make(chan Response, dups)
+		deadline := time.After(60 * time.Second)
+		select {
+		case <-app.entered:
+		case r := <-first:
+			t.Fatalf("the held request answered %d: %s", r.Status, r.Body)
+		case <-deadline:
+			t.Fatal("the held request never reached the handler")
+		}
+		for range dups {
+			go func() {
+				r, err := post(srv.URL+"/charges", "held", `{"amount":1000}`)
+				if err != nil {
+					r.Body = []byte(err.Error())
+				}
+				answers <- r
+			}()
+		}
+		for i := range dups {
+			select {
+			case r := <-answers:
+				require.Equal(t, http.StatusConflict, r.Status, "duplicate %d: body %s", i, r.Body)
+				require.Equal(t, "request-in-flight", ProblemType(t, r))
+			case <-deadline:
+				t.Fatalf("%d of %d duplicates answered; executions: %d", i, dups, app.Charges.Load())
+			}
+		}
+		release()
+		r := <-first
+		require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+		require.EqualValues(t, 1, app.Charges.Load())
+		replay := Post(t, srv.URL+"/charges", "held", `{"amount":1000}`)
+		require.Equal(t, "true", replay.Header.Get(idem.HeaderReplayed))
+		require.Equal(t, r.Body, replay.Body)
 	})
 
 	t.Run("ReplayFidelity", func(t *testing.T) {
