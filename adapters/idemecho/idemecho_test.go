@@ -79,11 +79,6 @@ func serve(t *testing.T, e *echo.Echo, h echo.HandlerFunc, inner ...echo.Middlew
 	return srv.URL + "/op", runs
 }
 
-// twice posts the same request twice and returns both answers.
-func twice(t *testing.T, url, key string) (first, second adaptertest.Response) {
-	return adaptertest.Post(t, url, key, `{}`), adaptertest.Post(t, url, key, `{}`)
-}
-
 func TestCustomHTTPErrorHandler(t *testing.T) {
 	// The API's own error format, set on the Echo instance, answers the
 	// returned error inside idem's writer: recorded and replayed.
@@ -98,7 +93,7 @@ func TestCustomHTTPErrorHandler(t *testing.T) {
 	url, runs := serve(t, e, func(c echo.Context) error {
 		return echo.NewHTTPError(http.StatusPaymentRequired, "card declined")
 	})
-	first, second := twice(t, url, "k")
+	first, second := adaptertest.Twice(t, url, "k")
 	require.Equal(t, http.StatusPaymentRequired, first.Status)
 	require.JSONEq(t, `{"error":{"code":402,"message":"card declined"}}`, string(first.Body))
 	require.Equal(t, http.StatusPaymentRequired, second.Status)
@@ -110,7 +105,7 @@ func TestCustomHTTPErrorHandler(t *testing.T) {
 func TestPlainErrorIsRetryable(t *testing.T) {
 	// A plain error is echo's 500: FAILED, the retry runs again.
 	url, runs := serve(t, newEcho(), func(c echo.Context) error { return errors.New("ledger unreachable") })
-	first, second := twice(t, url, "k")
+	first, second := adaptertest.Twice(t, url, "k")
 	require.Equal(t, http.StatusInternalServerError, first.Status)
 	require.JSONEq(t, `{"message":"Internal Server Error"}`, string(first.Body))
 	require.Equal(t, http.StatusInternalServerError, second.Status)
@@ -127,7 +122,7 @@ func TestErrorAfterResponseKeepsTheResponse(t *testing.T) {
 		}
 		return errors.New("audit log failed")
 	})
-	first, second := twice(t, url, "k")
+	first, second := adaptertest.Twice(t, url, "k")
 	require.Equal(t, http.StatusCreated, first.Status)
 	require.Equal(t, "made", string(first.Body))
 	require.Equal(t, first.Body, second.Body)
@@ -139,7 +134,7 @@ func TestRecoverInsideTheAdapter(t *testing.T) {
 	// middleware.Recover registered after the adapter answers the panic
 	// with a 500 inside idem's writer: recorded FAILED, the retry runs again.
 	url, runs := serve(t, newEcho(), func(c echo.Context) error { panic("boom") }, middleware.Recover())
-	first, second := twice(t, url, "k")
+	first, second := adaptertest.Twice(t, url, "k")
 	require.Equal(t, http.StatusInternalServerError, first.Status)
 	require.Equal(t, http.StatusInternalServerError, second.Status)
 	require.EqualValues(t, 2, runs.Load())
@@ -162,7 +157,7 @@ func TestOuterMiddlewareSeesTheAnswer(t *testing.T) {
 		}
 	})
 	url, _ := serve(t, e, func(c echo.Context) error { return echo.NewHTTPError(http.StatusConflict, "order shipped") })
-	twice(t, url, "k")
+	adaptertest.Twice(t, url, "k")
 	require.Equal(t, seen{http.StatusConflict, nil}, <-seenc)
 	require.Equal(t, seen{http.StatusConflict, nil}, <-seenc)
 }

@@ -80,18 +80,13 @@ func serve(t *testing.T, before []gin.HandlerFunc, opts []idemgin.Option, handle
 	return srv.URL + "/op", runs
 }
 
-// twice posts the same request twice and returns both answers.
-func twice(t *testing.T, url, key string) (first, second adaptertest.Response) {
-	return adaptertest.Post(t, url, key, `{}`), adaptertest.Post(t, url, key, `{}`)
-}
-
 func TestAbortWithErrorRecordsItsStatus(t *testing.T) {
 	// gin answers c.AbortWithError(402, err) with a 402 and no body: recorded
 	// and replayed as that, never as the empty 200 of naive glue.
 	url, runs := serve(t, nil, nil, func(c *gin.Context) {
 		_ = c.AbortWithError(http.StatusPaymentRequired, errors.New("card declined"))
 	})
-	first, second := twice(t, url, "k")
+	first, second := adaptertest.Twice(t, url, "k")
 	require.Equal(t, http.StatusPaymentRequired, first.Status)
 	require.Empty(t, first.Body)
 	require.Equal(t, http.StatusPaymentRequired, second.Status)
@@ -106,7 +101,7 @@ func TestErrorWithoutResponseIsNotASuccess(t *testing.T) {
 	url, runs := serve(t, nil, nil, func(c *gin.Context) {
 		_ = c.Error(errors.New("ledger write failed: secret detail"))
 	})
-	first, second := twice(t, url, "k")
+	first, second := adaptertest.Twice(t, url, "k")
 	for _, r := range []adaptertest.Response{first, second} {
 		require.Equal(t, http.StatusInternalServerError, r.Status)
 		require.Equal(t, "about:blank", adaptertest.ProblemType(t, r))
@@ -123,7 +118,7 @@ func TestErrorWithStatusIsRecorded(t *testing.T) {
 		c.Status(http.StatusConflict)
 		_ = c.Error(errors.New("order already shipped")).SetType(gin.ErrorTypePublic)
 	})
-	first, second := twice(t, url, "k")
+	first, second := adaptertest.Twice(t, url, "k")
 	require.Equal(t, http.StatusConflict, first.Status)
 	require.Contains(t, string(first.Body), "order already shipped")
 	require.Equal(t, first.Body, second.Body)
@@ -139,7 +134,7 @@ func TestCustomErrorHandler(t *testing.T) {
 	url, runs := serve(t, nil, []idemgin.Option{handler}, func(c *gin.Context) {
 		_ = c.Error(errors.New("amount must be positive"))
 	})
-	first, second := twice(t, url, "k")
+	first, second := adaptertest.Twice(t, url, "k")
 	require.Equal(t, http.StatusUnprocessableEntity, first.Status)
 	require.JSONEq(t, `{"errors":["amount must be positive"]}`, string(first.Body))
 	require.Equal(t, first.Body, second.Body)
@@ -151,7 +146,7 @@ func TestRecoveryInsideTheAdapter(t *testing.T) {
 	// gin.Recovery registered after the adapter answers the panic with a 500
 	// inside idem's writer: recorded FAILED, the retry runs again.
 	url, runs := serve(t, nil, nil, gin.Recovery(), func(c *gin.Context) { panic("boom") })
-	first, second := twice(t, url, "k")
+	first, second := adaptertest.Twice(t, url, "k")
 	require.Equal(t, http.StatusInternalServerError, first.Status)
 	require.Equal(t, http.StatusInternalServerError, second.Status)
 	require.EqualValues(t, 2, runs.Load())
@@ -178,7 +173,7 @@ func TestStatusWithoutBody(t *testing.T) {
 	// c.Status(204) writes nothing: gin sends it when the chain ends; the
 	// adapter does so inside idem's writer, so 204 is what is recorded.
 	url, runs := serve(t, nil, nil, func(c *gin.Context) { c.Status(http.StatusNoContent) })
-	first, second := twice(t, url, "k")
+	first, second := adaptertest.Twice(t, url, "k")
 	require.Equal(t, http.StatusNoContent, first.Status)
 	require.Equal(t, http.StatusNoContent, second.Status)
 	require.Equal(t, "true", second.Header.Get(idem.HeaderReplayed))
@@ -203,6 +198,6 @@ func TestOuterMiddlewareSeesTheAnswer(t *testing.T) {
 	statuses := make(chan int, 2)
 	logger := func(c *gin.Context) { c.Next(); statuses <- c.Writer.Status() }
 	url, _ := serve(t, []gin.HandlerFunc{logger}, nil, func(c *gin.Context) { c.String(http.StatusCreated, "made") })
-	twice(t, url, "k")
+	adaptertest.Twice(t, url, "k")
 	require.Equal(t, []int{http.StatusCreated, http.StatusCreated}, []int{<-statuses, <-statuses})
 }

@@ -207,6 +207,12 @@ func Post(t *testing.T, url, key, body string) Response {
 	return r
 }
 
+// Twice posts the same request ({} with key) twice and returns both answers.
+func Twice(t *testing.T, url, key string) (first, second Response) {
+	t.Helper()
+	return Post(t, url, key, `{}`), Post(t, url, key, `{}`)
+}
+
 // post is Post for goroutines other than the test's.
 func post(url, key, body string) (Response, error) {
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
