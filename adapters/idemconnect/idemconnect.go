@@ -7,8 +7,10 @@
 // (CONTRACT sections 3 and 5). What a Connect client cannot read is idem's own
 // answers: RFC 9457 problem details, which connect-go's client maps from the
 // HTTP status alone (a 409 or 422 becomes code unknown, a 400 internal).
-// Handler wraps the protected handler and, for Connect-protocol requests,
-// rewrites those answers with connect-go's ErrorWriter:
+// Handler wraps the protected handler and, for unary Connect-protocol
+// requests, rewrites every problem details answer (application/problem+json:
+// idem's, or one a plain handler in the mux wrote) with connect-go's
+// ErrorWriter:
 //
 //	| idem's problem type          | Connect code        | HTTP |
 //	|------------------------------|---------------------|------|
@@ -36,11 +38,12 @@
 // (aborted, already_exists) and a 499 (canceled) are recorded and replayed;
 // Outcome treats them as FAILED instead.
 //
-// Only unary Connect-protocol requests suit idem: the whole response is held
-// until its outcome is recorded, so a streaming response arrives at once, at
-// the end. gRPC and gRPC-Web requests pass through Handler untranslated: their
-// responses carry the status in HTTP trailers, which idem does not record, so
-// they are not supported.
+// Only unary Connect-protocol requests suit idem, and only they are
+// translated: the whole response is held until its outcome is recorded, so a
+// streaming response would arrive at once, at the end. Connect streams, gRPC
+// and gRPC-Web requests pass through Handler untranslated; gRPC and gRPC-Web
+// responses carry their status in HTTP trailers, which idem does not record,
+// so they are not supported.
 //
 // A panic in the handler reaches idem, which releases the claim (FAILED: a
 // retry runs again) and raises it again; net/http then drops the connection.
@@ -70,8 +73,8 @@ import (
 const HeaderProblemType = "Idem-Problem-Type"
 
 // Handler returns h (a Connect handler, or a mux of them) protected by mw,
-// with idem's own answers to Connect-protocol requests written as Connect
-// errors (see the package documentation). Requests of other protocols get
+// with idem's own answers to unary Connect-protocol requests written as
+// Connect errors (see the package documentation). Other requests get
 // mw.Handler(h) unchanged.
 func Handler(mw *idem.Middleware, h http.Handler) http.Handler {
 	protected := mw.Handler(h)
@@ -100,11 +103,11 @@ func Outcome(status int) idem.Outcome {
 	return idem.DefaultOutcome(status)
 }
 
-// isConnect reports whether r uses the Connect protocol (unary or
-// streaming), not gRPC or gRPC-Web.
+// isConnect reports whether r is a unary Connect-protocol request: not
+// gRPC, gRPC-Web or a Connect stream (application/connect+...).
 func isConnect(ew *connect.ErrorWriter, r *http.Request) bool {
 	ct := strings.ToLower(r.Header.Get("Content-Type"))
-	return ew.IsSupported(r) && !strings.HasPrefix(ct, "application/grpc")
+	return ew.IsSupported(r) && !strings.HasPrefix(ct, "application/grpc") && !strings.HasPrefix(ct, "application/connect+")
 }
 
 // translator passes the protected handler's response through, except one
