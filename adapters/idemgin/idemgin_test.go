@@ -201,3 +201,23 @@ func TestOuterMiddlewareSeesTheAnswer(t *testing.T) {
 	adaptertest.Twice(t, url, "k")
 	require.Equal(t, []int{http.StatusCreated, http.StatusCreated}, []int{<-statuses, <-statuses})
 }
+
+func TestGinContextReachesTheClaim(t *testing.T) {
+	// With ContextWithFallback, *gin.Context as a context.Context reaches
+	// idem's request context, and so the claim.
+	r := gin.New()
+	r.ContextWithFallback = true
+	r.POST("/op", idemgin.Middleware(adaptertest.NewMiddleware(t, adaptertest.SQLite(t))), func(c *gin.Context) {
+		e, ok := idem.ExecutionFromContext(c)
+		if !ok {
+			c.String(http.StatusInternalServerError, "no execution")
+			return
+		}
+		c.String(http.StatusCreated, "%s %s", e.Scope, e.Key)
+	})
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	first := adaptertest.Post(t, srv.URL+"/op", "k-1", `{}`)
+	require.Equal(t, http.StatusCreated, first.Status)
+	require.Equal(t, adaptertest.Scope+" k-1", string(first.Body))
+}
