@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/idemgo/idem v0.0.0-00010101000000-000000000000
 	github.com/labstack/echo/v4 v4.16.0
+	github.com/stretchr/testify v1.12.1
 )
 
 require (
@@ -26,7 +27,6 @@ require (
 	github.com/pressly/goose/v3 v3.30.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/sethvargo/go-retry v0.5.0 // indirect
-	github.com/stretchr/testify v1.12.1 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
 	github.com/valyala/fasttemplate v1.2.2 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
