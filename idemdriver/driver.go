@@ -164,7 +164,7 @@ type CompleteParams struct {
 // driver (retried or answered from the winning row), never returned.
 type Driver interface {
 	// Claim runs the atomic claim of CONTRACT section 3 for (Scope, Key)
-	// (Claimable and Continues state it for a record read):
+	// (Decide states it for a record read, row by row):
 	//   - no record: write a new PROCESSING record (attempts 1, created_at
 	//     now), Claimed;
 	//   - PROCESSING with locked_until > now (a live lease), expired or not:

@@ -453,8 +453,8 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 			}
 			return idemdriver.ClaimResult{}, err
 		}
-		claimable, continues := decide(snap, p)
-		if snap.found && (!claimable || lockWaited) {
+		dec := decide(snap, p)
+		if snap.found && (!dec.Claims() || lockWaited) {
 			// The row it lost to: a replay, a live lease, another request; or
 			// a row that a transaction still holds (see lockWaited below).
 			return idemdriver.ClaimResult{Record: snap.rec}, nil
@@ -471,7 +471,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 			res, err = d.insert(ctx, p, snap.nowUS)
 			won = err == nil
 		} else {
-			res, won, err = d.takeover(ctx, p, snap, continues)
+			res, won, err = d.takeover(ctx, p, snap, dec.Continues())
 			if err == nil && !won {
 				d.resolved[kindRaced].Add(1)
 			}
@@ -504,21 +504,13 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	return idemdriver.ClaimResult{}, fmt.Errorf("idemmysql: claim gave no answer after %d tries: %w", maxClaimTries, lastErr)
 }
 
-// decide reports whether the snapshot's record may be claimed by p, and
-// whether that continues the record's life (idemdriver.Claimable and
-// idemdriver.Continues, on the snapshot's microseconds). A missing record
-// is claimable.
-func decide(s snapshot, p idemdriver.ClaimParams) (claimable, continues bool) {
+// decide is idemdriver.Decide on the snapshot: its record (nil when there
+// is none), expired against the snapshot's now.
+func decide(s snapshot, p idemdriver.ClaimParams) idemdriver.Decision {
 	if !s.found {
-		return true, false
+		return idemdriver.Decide(nil, false, p)
 	}
-	r := s.rec
-	if r.State == idemdriver.StateProcessing && s.lockedUS.Valid && s.lockedUS.Int64 > s.nowUS {
-		return false, false // a live lease, expired record or not
-	}
-	r.Fingerprint = s.fingerprint
-	continues = idemdriver.Continues(r, p)
-	return continues || s.expiresUS <= s.nowUS, continues
+	return idemdriver.Decide(&s.rec, s.expiresUS <= s.nowUS, p)
 }
 
 func (d *Driver) read(ctx context.Context, scope, key string, offset int64) (snapshot, error) {
@@ -703,15 +695,14 @@ type rowScanner interface{ Scan(dest ...any) error }
 
 func scanSnapshot(row rowScanner) (snapshot, error) {
 	var (
-		s                                             snapshot
-		scope, key, method, path, state, owner        sql.NullString
-		token, status, bodySize, createdAt, updatedAt sql.NullInt64
-		completedAt, expiresAt, attempts, leaseLeft   sql.NullInt64
-		headers, body                                 []byte
-		stored                                        sql.NullBool
+		s                                        snapshot
+		scope, key, method, path, state, owner   sql.NullString
+		token, createdAt, updatedAt, completedAt sql.NullInt64
+		expiresAt, attempts, leaseLeft           sql.NullInt64
+		resp                                     idemdriver.ResponseColumns
 	)
 	err := row.Scan(&s.nowUS, &scope, &key, &method, &path, &s.fingerprint, &state, &token,
-		&s.lockedUS, &status, &headers, &body, &stored, &bodySize,
+		&s.lockedUS, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size,
 		&createdAt, &updatedAt, &completedAt, &expiresAt, &attempts, &owner, &leaseLeft)
 	if err != nil || !token.Valid {
 		return s, err // no record when the fencing token (NOT NULL) is NULL
@@ -725,16 +716,8 @@ func scanSnapshot(row rowScanner) (snapshot, error) {
 		ExpiresAt: usTime(expiresAt.Int64), CompletedAt: nullTime(completedAt), LockedUntil: nullTime(s.lockedUS),
 	}
 	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
-	if rec.State == idemdriver.StateSucceeded && status.Valid {
-		h, err := idemdriver.DecodeHeader(headers)
-		if err != nil {
-			return s, err
-		}
-		if body == nil {
-			body = []byte{}
-		}
-		rec.Response = &idemdriver.Response{Status: int(status.Int64), Header: h, Body: body,
-			BodyStored: stored.Bool, BodySize: bodySize.Int64}
+	if rec.Response, err = idemdriver.DecodeResponse(rec.State, resp); err != nil {
+		return s, err
 	}
 	s.rec = rec
 	return s, nil

@@ -88,8 +88,8 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // takeover of one that no live lease holds and that is either the same
 // request unfinished (FAILED, or PROCESSING past its lease: the record's life
 // continues, created_at and so the relayed key kept) or expired (a new life).
-// Every claim sets expires_at to now + retention (idemdriver.Claimable and
-// idemdriver.Continues state the rule).
+// Every claim sets expires_at to now + retention (idemdriver.Decide states
+// the rule; this statement is its SQL).
 //
 // When that INSERT loses a race, the winner's row is one the statement's
 // snapshot cannot see: ON CONFLICT checks the latest version, but "cur"
@@ -131,7 +131,7 @@ SELECT false, ` + columns + ` FROM cur WHERE NOT claimable AND NOT EXISTS (SELEC
 
 // pgContinues: the stored record k is the same request as excluded,
 // unfinished (under the claim's "no live lease", PROCESSING means past its
-// lease): the claim continues the record's life (idemdriver.Continues).
+// lease): the claim continues the record's life (idemdriver.Decision.Continues).
 const pgContinues = `(k.method = excluded.method AND k.path = excluded.path
 		AND k.fingerprint = excluded.fingerprint AND k.state IN ('FAILED', 'PROCESSING'))`
 
@@ -392,15 +392,13 @@ func execFenced(ctx context.Context, db execer, query string, args pgx.NamedArgs
 // claimed is not nil and followed by extra.
 func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, error) {
 	var (
-		rec                   idemdriver.Record
-		state                 string
-		status                *int32
-		bodySize, leaseLeftUS *int64
-		headers, body         []byte
-		stored                *bool
+		rec         idemdriver.Record
+		state       string
+		resp        idemdriver.ResponseColumns
+		leaseLeftUS *int64
 	)
 	dest := []any{&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
-		&rec.LockedUntil, &status, &headers, &body, &stored, &bodySize,
+		&rec.LockedUntil, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size,
 		&rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt, &rec.ExpiresAt, &rec.Attempts, &rec.Owner, &leaseLeftUS}
 	if claimed != nil {
 		dest = append([]any{claimed}, dest...)
@@ -415,23 +413,7 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 		left = time.Duration(*leaseLeftUS) * time.Microsecond
 	}
 	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, left, leaseLeftUS != nil)
-	if rec.State == idemdriver.StateSucceeded && status != nil {
-		h, err := idemdriver.DecodeHeader(headers)
-		if err != nil {
-			return rec, err
-		}
-		if body == nil {
-			body = []byte{}
-		}
-		rec.Response = &idemdriver.Response{Status: int(*status), Header: h, Body: body,
-			BodyStored: stored != nil && *stored, BodySize: derefInt64(bodySize)}
-	}
-	return rec, nil
-}
-
-func derefInt64(p *int64) int64 {
-	if p == nil {
-		return 0
-	}
-	return *p
+	var err error
+	rec.Response, err = idemdriver.DecodeResponse(rec.State, resp)
+	return rec, err
 }

@@ -151,8 +151,8 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // created_at and so its relayed key) or expired (another life starts:
 // created_at now, attempts 1). Every claim sets expires_at to now +
 // retention, so the outcome it writes can be replayed for a whole
-// retention. excluded.created_at is this statement's "now". idemdriver.Claimable
-// mirrors the WHERE clause.
+// retention. excluded.created_at is this statement's "now". The WHERE clause
+// is idemdriver.Decide's claiming rows, and the CASEs its Continues.
 var claimSQL = `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 	locked_until, created_at, updated_at, expires_at, attempts, owner)
 VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
@@ -283,7 +283,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return idemdriver.ClaimResult{}, err
-		case !idemdriver.Claimable(rec, expired, p):
+		case !idemdriver.Decide(&rec, expired, p).Claims():
 			return idemdriver.ClaimResult{Record: rec}, nil
 		}
 		err = retryBusy(ctx, func() error {
@@ -429,13 +429,11 @@ func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any
 		rec                                 idemdriver.Record
 		state                               string
 		lockedUntil, completedAt, leaseLeft sql.NullInt64
-		status, bodySize                    sql.NullInt64
-		headers, body                       []byte
-		stored                              sql.NullBool
+		resp                                idemdriver.ResponseColumns
 		createdAt, updatedAt, expiresAt     int64
 	)
 	dest := []any{&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
-		&lockedUntil, &status, &headers, &body, &stored, &bodySize,
+		&lockedUntil, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size,
 		&createdAt, &updatedAt, &completedAt, &expiresAt, &rec.Attempts, &rec.Owner, &leaseLeft}
 	if expired != nil {
 		dest = append(dest, expired)
@@ -448,18 +446,9 @@ func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any
 	rec.CreatedAt, rec.UpdatedAt, rec.ExpiresAt = micros(createdAt), micros(updatedAt), micros(expiresAt)
 	rec.LockedUntil, rec.CompletedAt = nullMicros(lockedUntil), nullMicros(completedAt)
 	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
-	if rec.State == idemdriver.StateSucceeded && status.Valid {
-		h, err := idemdriver.DecodeHeader(headers)
-		if err != nil {
-			return rec, err
-		}
-		if body == nil {
-			body = []byte{}
-		}
-		rec.Response = &idemdriver.Response{Status: int(status.Int64), Header: h, Body: body,
-			BodyStored: stored.Bool, BodySize: bodySize.Int64}
-	}
-	return rec, nil
+	var err error
+	rec.Response, err = idemdriver.DecodeResponse(rec.State, resp)
+	return rec, err
 }
 
 func micros(us int64) time.Time { return time.UnixMicro(us).UTC() }
