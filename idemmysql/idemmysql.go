@@ -270,6 +270,21 @@ const (
 	now = `(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`
 	// at is the DATETIME(6) of a microseconds-since-epoch parameter.
 	at = `(` + epoch + ` + INTERVAL ? MICROSECOND)`
+	// clock is the database clock when the expression is evaluated, in UTC,
+	// moved by a ClockOffset parameter (µs). UTC_TIMESTAMP and NOW are fixed
+	// when the statement starts; SYSDATE is read when evaluated, so the time
+	// a statement waited for a row lock is added to UTC_TIMESTAMP (both
+	// differences are in the session's time zone, which cancels out). A
+	// lease counts from when the claim's (or heartbeat's) write takes effect
+	// and is never born expired (issue 13 item 2). A server started with
+	// --sysdate-is-now makes SYSDATE NOW, and leases count from the statement's
+	// start again.
+	clock = `(UTC_TIMESTAMP(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) MICROSECOND + INTERVAL ? MICROSECOND)`
+	// lockedUntil is the lease a takeover writes: at least the read's now +
+	// the lease (the value Claim reports), counted from the write when it
+	// waited for the row (the old owner's business transaction holds it).
+	// Args: the read's now + lease (µs), offset, lease.
+	lockedUntil = `GREATEST(` + at + `, ` + clock + ` + INTERVAL ? MICROSECOND)`
 	// touch moves updated_at to now, or 1 µs past its old value when that is
 	// later, so that a fenced write always changes its row (see "Fenced
 	// writes" in the package documentation).
@@ -314,7 +329,10 @@ FROM ` + nowTable + `
 LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
 
 	// A new key. Args: scope, key, method, path, fingerprint, locked_until,
-	// created_at, updated_at, expires_at (µs), owner.
+	// created_at, updated_at, expires_at (µs), owner. The lease counts from
+	// the read: an INSERT waits only behind another transaction's
+	// uncommitted INSERT of the same key, which idem's autocommit claims
+	// never leave open, so the row it writes is exactly the one Claim reports.
 	stInsert: "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, state, fencing_token,\n" +
 		"	locked_until, created_at, updated_at, expires_at, attempts, owner)\n" +
 		"VALUES (?, ?, ?, ?, ?, 'PROCESSING', 1, " + at + ", " + at + ", " + at + ", " + at + ", 1, ?)",
@@ -325,11 +343,11 @@ LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
 	// the request it holds and the decision made on it; the claimable
 	// condition is checked again against the same now: no live lease (a
 	// heartbeat may have renewed it since the read), and either expired or
-	// unfinished. Args: method, path, fingerprint, owner, locked_until,
+	// unfinished. Args: method, path, fingerprint, owner, locked_until (3),
 	// updated_at, created_at, expires_at (µs), attempts, scope, key, token,
 	// the created_at read (µs), the state read, now, now (µs).
 	stTakeover: `UPDATE idem_keys SET method = ?, path = ?, fingerprint = ?, owner = ?, state = 'PROCESSING',
-	fencing_token = fencing_token + 1, locked_until = ` + at + `,
+	fencing_token = fencing_token + 1, locked_until = ` + lockedUntil + `,
 	response_status = NULL, response_headers = NULL, response_body = NULL,
 	response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
 	updated_at = ` + at + `, created_at = ` + at + `, expires_at = ` + at + `, attempts = ?
@@ -337,7 +355,7 @@ WHERE scope = ? AND ` + "`key`" + ` = ? AND fencing_token = ? AND created_at = `
 	AND (state <> 'PROCESSING' OR locked_until <= ` + at + `) AND (expires_at <= ` + at + ` OR state <> 'SUCCEEDED')`,
 
 	// Args: offset, lease, offset, scope, key, token.
-	stHeartbeat: `UPDATE idem_keys SET locked_until = ` + now + ` + INTERVAL ? MICROSECOND, ` + touch + fenced,
+	stHeartbeat: `UPDATE idem_keys SET locked_until = ` + clock + ` + INTERVAL ? MICROSECOND, ` + touch + fenced,
 
 	// Args: status, headers, body, stored, size, offset, offset, scope, key, token.
 	stComplete: `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
@@ -546,7 +564,8 @@ func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap sn
 	}
 	expiresUS := snap.nowUS + p.Retention.Microseconds()
 	lockedUS := snap.nowUS + p.LeaseDuration.Microseconds()
-	res, err := s.ExecContext(ctx, p.Method, p.Path, p.Fingerprint, p.Owner, lockedUS,
+	res, err := s.ExecContext(ctx, p.Method, p.Path, p.Fingerprint, p.Owner,
+		lockedUS, p.ClockOffset.Microseconds(), p.LeaseDuration.Microseconds(),
 		snap.nowUS, createdUS, expiresUS, attempts,
 		p.Scope, p.Key, snap.rec.FencingToken, snap.createdUS, string(snap.rec.State), snap.nowUS, snap.nowUS)
 	if err != nil {
@@ -559,7 +578,9 @@ func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap sn
 	return claimed(p, snap.rec.FencingToken+1, attempts, createdUS, snap.nowUS, expiresUS, lockedUS), true, nil
 }
 
-// claimed is the record a won claim wrote.
+// claimed is the record a won claim wrote. Its LockedUntil and LeaseLeft
+// count the lease from the read: a lower bound of the lease written, which
+// counts from the write (see lockedUntil).
 func claimed(p idemdriver.ClaimParams, token int64, attempts int, createdUS, updatedUS, expiresUS, lockedUS int64) idemdriver.ClaimResult {
 	locked := usTime(lockedUS)
 	return idemdriver.ClaimResult{Claimed: true, Record: idemdriver.Record{

@@ -73,10 +73,17 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 // now is the database clock moved by the @offset parameter (microseconds).
 const now = `(statement_timestamp() + @offset::bigint * interval '1 microsecond')`
 
+// clock is the database clock when the expression is evaluated, moved by
+// @offset: unlike now, fixed when the statement starts, it has moved on by
+// the time a statement that waited for a row lock writes. A lease counts
+// from when the claim's (or heartbeat's) write takes effect, so it is never
+// born expired (issue 13 item 2), and the lease left is measured with it.
+const clock = `(clock_timestamp() + @offset::bigint * interval '1 microsecond')`
+
 const columns = `scope, key, method, path, fingerprint, state, fencing_token, locked_until,
 	response_status, response_headers, response_body, response_body_stored, response_body_size,
 	created_at, updated_at, completed_at, expires_at, attempts, owner,
-	(extract(epoch FROM locked_until - ` + now + `) * 1000000)::bigint`
+	(extract(epoch FROM locked_until - ` + clock + `) * 1000000)::bigint`
 
 // The claim, one statement. "cur" reads the record from the statement's
 // snapshot, and whether this request may claim it. When it exists and cannot
@@ -114,7 +121,7 @@ var claimSQL = `WITH cur AS (
 		method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint,
 		state = 'PROCESSING', owner = excluded.owner,
 		fencing_token = k.fencing_token + 1,
-		locked_until = excluded.locked_until,
+		locked_until = ` + clock + ` + @lease::bigint * interval '1 microsecond',
 		response_status = NULL, response_headers = NULL, response_body = NULL,
 		response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
 		updated_at = excluded.updated_at,
@@ -140,7 +147,7 @@ var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key
 const fenced = ` WHERE scope = @scope AND key = @key AND fencing_token = @token AND created_at = @created
 	AND state = 'PROCESSING'`
 
-var heartbeatSQL = `UPDATE idem_keys SET locked_until = ` + now + ` + @lease::bigint * interval '1 microsecond',
+var heartbeatSQL = `UPDATE idem_keys SET locked_until = ` + clock + ` + @lease::bigint * interval '1 microsecond',
 	updated_at = ` + now + fenced
 
 var completeSQL = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,

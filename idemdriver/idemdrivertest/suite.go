@@ -689,6 +689,7 @@ func runDriver(t *testing.T, h Harness) {
 	})
 
 	runOwner(t, h)
+	runLeaseBornLive(t, h)
 	runRelease(t, h)
 	runUnstorable(t, h)
 
@@ -892,4 +893,65 @@ func requireDecision(t *testing.T, want idemdriver.Decision, read *idemdriver.Re
 		require.Greater(t, rec.FencingToken, read.FencingToken, "tokens never go back, even across expiry")
 		require.Nil(t, rec.Response)
 	}
+}
+
+// runLeaseBornLive: a lease counts from when the claim's write takes effect,
+// not from when its statement started (issue 13 item 2). A takeover that
+// waits on the record's row lock longer than the lease (the old owner's
+// business transaction holds it, then rolls back) must not write a
+// locked_until already in the past: a duplicate arriving right after would
+// take the key over while the first still runs.
+func runLeaseBornLive(t *testing.T, h Harness) {
+	t.Run("LeaseCountsFromTheWrite", func(t *testing.T) {
+		t.Parallel()
+		const short = time.Second
+		d := h.NewDriver(t)
+		ctx := context.Background()
+		clock := &Clock{}
+		sd := Shift(d, clock)
+		old, err := sd.Claim(ctx, params("acct", "k", "body"))
+		require.NoError(t, err)
+		// The old owner completes in its business transaction: the row is
+		// locked until that transaction ends.
+		tx, err := sd.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
+		ok, err := tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(old.Record), Response: okResponse("old")})
+		require.NoError(t, err)
+		require.True(t, ok)
+
+		// Its lease runs out (as the database sees it), and a retry takes over.
+		clock.Advance(lease + time.Second)
+		p := params("acct", "k", "body")
+		p.LeaseDuration = short
+		done := make(chan idemdriver.ClaimResult, 1)
+		errc := make(chan error, 1)
+		go func() {
+			res, err := sd.Claim(ctx, p)
+			errc <- err
+			done <- res
+		}()
+		// The takeover waits on the row lock for longer than its lease.
+		select {
+		case <-errc:
+			t.Fatal("the takeover did not wait for the old owner's transaction")
+		case <-time.After(short + short/2):
+		}
+		require.NoError(t, tx.Rollback(ctx))
+		require.NoError(t, <-errc)
+		take := <-done
+		require.True(t, take.Claimed, "the old owner rolled back: the dead lease is taken over")
+		rec, err := sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
+		require.NoError(t, err)
+		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
+		require.Positive(t, rec.LeaseLeft, "the lease is live right after the claim returns (locked_until %s)", rec.LockedUntil)
+		require.LessOrEqual(t, rec.LeaseLeft, short)
+		require.Positive(t, take.Record.LeaseLeft)
+		require.LessOrEqual(t, take.Record.LeaseLeft, short, "the claim reports no more lease than it has")
+		// A duplicate right after is answered 409, not a second execution.
+		dup, err := sd.Claim(ctx, params("acct", "k", "body"))
+		require.NoError(t, err)
+		require.False(t, dup.Claimed)
+		require.Equal(t, idemdriver.DecisionInFlight, idemdriver.Decide(&dup.Record, false, p))
+	})
 }
