@@ -56,6 +56,9 @@ type Driver struct {
 	// resolved counts the lost races and lock conflicts that Claim resolved
 	// by reading again, by kind (tests and benchmarks read it).
 	resolved [numKinds]atomic.Int64
+	// maxPacket is the server's max_allowed_packet in bytes, 0 until read
+	// (see packetLimit).
+	maxPacket atomic.Int64
 	// beforeWrite, when set, runs between a claim's read and its write
 	// (tests use it to line racers up).
 	beforeWrite func()
@@ -200,6 +203,10 @@ func openPool(ctx context.Context, cfg *mysql.Config, isolation string, wrap fun
 	}
 	d := New(db)
 	d.owned = true
+	if _, err := d.packetLimit(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("idemmysql: open %s@%s/%s: %w", cfg.User, cfg.Addr, cfg.DBName, err)
+	}
 	if isolation != "" {
 		d.beginOpts = nil // READ COMMITTED is the sessions' default already
 	}
@@ -632,7 +639,11 @@ func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (boo
 	if err != nil {
 		return false, err
 	}
-	return complete(ctx, s, true, p)
+	limit, err := d.packetLimit(ctx)
+	if err != nil {
+		return false, err
+	}
+	return complete(ctx, s, true, p, limit)
 }
 
 // Fail implements idemdriver.Driver.
@@ -678,16 +689,58 @@ func (d *Driver) completeIn(ctx context.Context, tx *sql.Tx, p idemdriver.Comple
 	if err != nil {
 		return false, err
 	}
-	return complete(ctx, tx.StmtContext(ctx, s), false, p)
-}
-
-func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.CompleteParams) (bool, error) {
-	headers, body, err := idemdriver.EncodeResponse(p.Response)
+	limit, err := d.packetLimit(ctx)
 	if err != nil {
 		return false, err
 	}
+	return complete(ctx, tx.StmtContext(ctx, s), false, p, limit)
+}
+
+// packetOverhead is what a completion's packet carries besides the
+// response's headers and body (its other arguments, the protocol's
+// framing), with room to spare.
+const packetOverhead = 4 << 10
+
+// packetLimit returns the server's max_allowed_packet in bytes: the largest
+// packet the server accepts, and so the largest completion it can store and
+// send back on a replay. Open reads it; a driver from New reads it on its
+// first completion. A change of the global value after that is seen by
+// drivers opened later.
+func (d *Driver) packetLimit(ctx context.Context) (int64, error) {
+	if n := d.maxPacket.Load(); n > 0 {
+		return n, nil
+	}
+	var n int64
+	if err := d.db.QueryRowContext(ctx, `SELECT @@max_allowed_packet`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("idemmysql: read max_allowed_packet: %w", err)
+	}
+	d.maxPacket.Store(n)
+	return n, nil
+}
+
+// complete writes the completion with s. A response whose headers and body
+// do not fit in the server's max_allowed_packet (limit) are recorded as not
+// stored (BodyStored false, BodySize kept; its headers dropped too when
+// they alone do not fit): the server would refuse the write, the core would
+// answer 503, and every retry would run the handler again (issue 13 item 4).
+// The replay answers 410 response-not-stored instead.
+func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.CompleteParams, limit int64) (bool, error) {
+	resp := p.Response
+	headers, body, err := idemdriver.EncodeResponse(resp)
+	if err != nil {
+		return false, err
+	}
+	if int64(len(headers)+len(body))+packetOverhead > limit {
+		resp.BodyStored = false
+		if int64(len(headers))+packetOverhead > limit {
+			resp.Header = nil
+		}
+		if headers, body, err = idemdriver.EncodeResponse(resp); err != nil {
+			return false, err
+		}
+	}
 	off := p.ClockOffset.Microseconds()
-	return execFenced(ctx, s, retry, p.Response.Status, headers, body, p.Response.BodyStored, p.Response.BodySize,
+	return execFenced(ctx, s, retry, resp.Status, headers, body, resp.BodyStored, resp.BodySize,
 		off, off, p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro())
 }
 
