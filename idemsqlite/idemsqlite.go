@@ -278,14 +278,16 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	}
 	for try := 0; try < maxClaimTries; try++ {
 		var expired bool
-		rec, err := scanRecord(d.stmts.claimRead.QueryRowContext(ctx, args...), &expired)
+		read, err := scanRecord(d.stmts.claimRead.QueryRowContext(ctx, args...), &expired)
+		found := err == nil
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return idemdriver.ClaimResult{}, err
-		case !idemdriver.Decide(&rec, expired, p).Claims():
-			return idemdriver.ClaimResult{Record: rec}, nil
+		case !idemdriver.Decide(&read, expired, p).Claims():
+			return idemdriver.ClaimResult{Record: read}, nil
 		}
+		var rec idemdriver.Record
 		err = retryBusy(ctx, func() error {
 			rec, err = scanRecord(d.stmts.claim.QueryRowContext(ctx, args...), nil)
 			return err
@@ -293,6 +295,15 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		switch {
 		case err == nil:
 			return idemdriver.ClaimResult{Claimed: true, Record: rec}, nil
+		case found && queued(ctx, err):
+			// Another transaction holds the write lock for the whole claim:
+			// the record's owner, most likely, in its business transaction
+			// (a single writer's owner does not renew its lease meanwhile,
+			// so the lease read may have run out). No one can take the key
+			// over while that lock is held: answer from the record read
+			// (the core answers 409, or replays once the owner commits),
+			// not a store error (issue 13 item 8).
+			return idemdriver.ClaimResult{Record: read}, nil
 		case !errors.Is(err, sql.ErrNoRows):
 			return idemdriver.ClaimResult{}, err
 		}
@@ -315,12 +326,18 @@ func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Re
 	return rec, err
 }
 
-// Heartbeat implements idemdriver.Driver.
+// Heartbeat implements idemdriver.Driver. A renewal that waited for the
+// write lock until ctx's deadline (another transaction holds it) returns an
+// error wrapping idemdriver.ErrBusy: it was queued, not refused.
 func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
 	if err := d.prepare(ctx); err != nil {
 		return false, err
 	}
-	return execFenced(ctx, d.stmts.heartbeat, p, sql.Named("lease", p.LeaseDuration.Microseconds()))
+	ok, err := execFenced(ctx, d.stmts.heartbeat, p, sql.Named("lease", p.LeaseDuration.Microseconds()))
+	if err != nil && queued(ctx, err) {
+		err = fmt.Errorf("idemsqlite: renewal queued behind another transaction: %w: %w", idemdriver.ErrBusy, err)
+	}
+	return ok, err
 }
 
 // Complete implements idemdriver.Driver.
@@ -411,6 +428,14 @@ func retryBusy(ctx context.Context, f func() error) error {
 		}
 	}
 	return err
+}
+
+// queued reports whether a write failed because it waited for the write
+// lock: SQLITE_BUSY after the busy timeout, or ctx's deadline while it
+// waited (a fenced write or an upsert of one row takes microseconds once it
+// holds the lock).
+func queued(ctx context.Context, err error) bool {
+	return isBusy(err) || errors.Is(ctx.Err(), context.DeadlineExceeded)
 }
 
 func isBusy(err error) bool {
