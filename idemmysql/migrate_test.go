@@ -8,6 +8,7 @@ import (
 	"testing"
 	"testing/fstest"
 
+	"github.com/pressly/goose/v3/database"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/idemmysql"
@@ -115,4 +116,46 @@ func TestMigrateConcurrently(t *testing.T) {
 	var n int
 	require.NoError(t, drivers[0].DB().QueryRow(`SELECT COUNT(*) FROM `+idemmysql.SchemaVersionTable+` WHERE version_id = 1`).Scan(&n))
 	require.Equal(t, 1, n)
+}
+
+// A process killed between goose's CREATE TABLE of the version table and
+// its INSERT of version 0 (MySQL commits the CREATE on its own), or three
+// Galera nodes racing to create it, leave the table without its version 0
+// row: goose then fails "missing zero version migration" on every later
+// start. Migrate repairs the table under its lease and migrates.
+func TestMigrateAfterVersionTableWithoutZeroRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := dbtest.MySQLURL(t)
+	d, err := idemmysql.Open(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	store, err := database.NewStore(database.DialectMySQL, idemmysql.SchemaVersionTable)
+	require.NoError(t, err)
+	require.NoError(t, store.CreateVersionTable(ctx, d.DB()), "the state a SIGKILL after CREATE TABLE leaves")
+
+	require.NoError(t, d.Migrate(ctx))
+	require.True(t, tableExists(t, d, "idem_keys"))
+	var n int
+	require.NoError(t, d.DB().QueryRow(`SELECT COUNT(*) FROM `+idemmysql.SchemaVersionTable+` WHERE version_id = 0`).Scan(&n))
+	require.Equal(t, 1, n)
+	require.NoError(t, d.Migrate(ctx), "and again")
+}
+
+// migrate status notices a table dropped behind the version table's back:
+// the migration that created it is still applied, and names it missing.
+func TestMigrationStatusNamesMissingTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := open(t, "")
+	list, err := d.MigrationStatus(ctx)
+	require.NoError(t, err)
+	require.Empty(t, list[0].Missing)
+	_, err = d.DB().ExecContext(ctx, `DROP TABLE idem_keys`)
+	require.NoError(t, err)
+	list, err = d.MigrationStatus(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "00001_idem_keys.sql", list[0].Name)
+	require.True(t, list[0].Applied, "the version table still says so")
+	require.Equal(t, []string{"idem_keys"}, list[0].Missing)
 }

@@ -9,21 +9,21 @@ package idempgx
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )
 
 //go:embed migrations/*.sql migrations_partitioned/*.sql
@@ -42,6 +42,10 @@ type Driver struct {
 	pool *pgxpool.Pool
 	// part is nil on a plain table.
 	part *PartitionConfig
+
+	sqlOnce sync.Once
+	sqlDB   *sql.DB             // database/sql on pool, for goose and the leases
+	leases  *idemmigrate.Leases // idem_locks: the migration, maintenance and partition locks
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)
@@ -154,64 +158,83 @@ var failSQL = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updat
 // it could not read (see claimSQL) or a serialization failure.
 const maxClaimTries = 5
 
-// Migrate applies the embedded migrations (goose) under a PostgreSQL
-// advisory lock on the search_path schema, so processes starting together
-// migrate once. It is safe to call on every start. A partitioned driver
-// (NewPartitioned) applies its own migrations, recorded in
-// PartitionedSchemaVersionTable, and then creates the partitions of today
-// through today + DaysAhead (EnsurePartitions).
+// Migrate applies the embedded migrations with idemmigrate (goose,
+// PostgreSQL dialect), under the migration lease in idem_locks, so processes
+// starting together migrate once, one after another. The lease is a row,
+// not a session advisory lock, so it holds behind pgbouncer's transaction
+// pooling (each migration is one transaction, its DDL included). It is safe
+// to call on every start. A partitioned driver (NewPartitioned) applies its
+// own migrations, recorded in PartitionedSchemaVersionTable, and then
+// creates the partitions of today through today + DaysAhead
+// (EnsurePartitions).
+//
+// Behind a transaction pooler the pool must not use pgx's default
+// statement cache (default_query_exec_mode=cache_statement) nor
+// describe_exec: Migrate then fails with ErrPoolerExecMode, which names the
+// knob (see CheckPooler).
 func (d *Driver) Migrate(ctx context.Context) error {
-	p, closeDB, err := d.provider(ctx)
+	dir, table := d.migrationSet()
+	return d.MigrateFS(ctx, dir, table)
+}
+
+// MigrateFS applies another set of goose SQL migrations (the files at the
+// root of fsys) as Migrate applies idem's: recorded in versionTable, under
+// the lease "migrate <versionTable>", a failure reported as an
+// *idemmigrate.Error (the failed version rolled back whole). For an
+// application's own tables beside idem's (cmd/paymentsd, cmd/fakepsp).
+// idemmysql and idemsqlite have the same method.
+func (d *Driver) MigrateFS(ctx context.Context, fsys fs.FS, versionTable string) error {
+	m, err := d.migrator(ctx, fsys, versionTable)
+	if err == nil {
+		err = m.Up(ctx)
+	}
 	if err != nil {
-		return err
+		return poolerErr(err)
 	}
-	defer closeDB()
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("idempgx: migrate: %w", err)
-	}
-	if d.part != nil {
+	if d.part != nil && versionTable == PartitionedSchemaVersionTable {
 		if _, err := d.EnsurePartitions(ctx, idemdriver.PartitionParams{}); err != nil {
-			return fmt.Errorf("idempgx: migrate: %w", err)
+			return fmt.Errorf("idempgx: migrate: %w", poolerErr(err))
 		}
 	}
 	return nil
 }
 
-// provider returns the goose provider of the driver's migrations (plain or
-// partitioned) and a function that closes its *sql.DB.
-func (d *Driver) provider(ctx context.Context) (*goose.Provider, func(), error) {
+// migrationSet is the driver's embedded migrations (plain or partitioned)
+// and their version table.
+func (d *Driver) migrationSet() (fs.FS, string) {
 	dir, table := "migrations", SchemaVersionTable
 	if d.part != nil {
 		dir, table = "migrations_partitioned", PartitionedSchemaVersionTable
 	}
 	sub, err := fs.Sub(migrations, dir)
 	if err != nil {
-		return nil, nil, err
+		panic(err) // the directories are embedded
 	}
-	// One advisory lock per schema: processes sharing a schema migrate one
-	// at a time; different schemas do not wait for each other.
+	return sub, table
+}
+
+// db returns the database/sql handle on the pool and the lease table.
+func (d *Driver) db() (*sql.DB, *idemmigrate.Leases) {
+	d.sqlOnce.Do(func() {
+		d.sqlDB = stdlib.OpenDBFromPool(d.pool)
+		d.leases = idemmigrate.NewLeases(d.sqlDB, idemmigrate.Postgres, idemmigrate.DefaultLeaseTable)
+	})
+	return d.sqlDB, d.leases
+}
+
+// migrator returns idemmigrate's migrator of fsys, recorded in
+// versionTable in the search_path schema.
+func (d *Driver) migrator(ctx context.Context, fsys fs.FS, versionTable string) (*idemmigrate.Migrator, error) {
 	var schema *string
 	if err := d.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
-		return nil, nil, fmt.Errorf("idempgx: migrate: %w", err)
+		return nil, fmt.Errorf("idempgx: migrate: %w", err)
 	}
 	if schema == nil {
-		return nil, nil, errors.New("idempgx: migrate: no schema of the connection's search_path exists; create it first (CREATE SCHEMA ...) or fix search_path")
+		return nil, errors.New("idempgx: migrate: no schema of the connection's search_path exists; create it first (CREATE SCHEMA ...) or fix search_path")
 	}
-	h := fnv.New64a()
-	h.Write([]byte("idem migrations " + *schema))
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64())), lock.WithLockTimeout(1, 300))
-	if err != nil {
-		return nil, nil, err
-	}
-	db := stdlib.OpenDBFromPool(d.pool)
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub,
-		goose.WithTableName(table), goose.WithSessionLocker(locker),
-		goose.WithDisableGlobalRegistry(true)) // an application's own Go migrations are not ours
-	if err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("idempgx: migrations: %w", err)
-	}
-	return p, func() { db.Close() }, nil
+	db, leases := d.db()
+	return idemmigrate.New(idemmigrate.Config{Prefix: "idempgx", DB: db, Dialect: idemmigrate.Postgres,
+		FS: fsys, VersionTable: versionTable, Leases: leases})
 }
 
 // Claim implements idemdriver.Driver in one statement (see claimSQL).
