@@ -197,4 +197,3 @@ func TestPurgeBlocksNoClaim(t *testing.T) {
 	require.True(t, ok)
 	require.NoError(t, tx.Rollback())
 }
-

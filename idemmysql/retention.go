@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )

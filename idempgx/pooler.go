@@ -76,4 +76,3 @@ func poolerErr(err error) error {
 	}
 	return err
 }
-
