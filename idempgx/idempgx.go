@@ -46,6 +46,10 @@ type Driver struct {
 	sqlOnce sync.Once
 	sqlDB   *sql.DB             // database/sql on pool, for goose and the leases
 	leases  *idemmigrate.Leases // idem_locks: the migration, maintenance and partition locks
+	// schema qualifies idem's tables in every statement (Options.Schema);
+	// qualified caches the rewritten statements (see q).
+	schema    string
+	qualified sync.Map
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)
@@ -217,24 +221,38 @@ func (d *Driver) migrationSet() (fs.FS, string) {
 func (d *Driver) db() (*sql.DB, *idemmigrate.Leases) {
 	d.sqlOnce.Do(func() {
 		d.sqlDB = stdlib.OpenDBFromPool(d.pool)
-		d.leases = idemmigrate.NewLeases(d.sqlDB, idemmigrate.Postgres, idemmigrate.DefaultLeaseTable)
+		d.leases = idemmigrate.NewLeases(d.sqlDB, idemmigrate.Postgres, d.table(idemmigrate.DefaultLeaseTable))
 	})
 	return d.sqlDB, d.leases
 }
 
 // migrator returns idemmigrate's migrator of fsys, recorded in
 // versionTable in the search_path schema.
+//
+// With Options.Schema, the version table and idem's tables in fsys are
+// qualified by the schema, which must exist.
 func (d *Driver) migrator(ctx context.Context, fsys fs.FS, versionTable string) (*idemmigrate.Migrator, error) {
 	var schema *string
-	if err := d.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
-		return nil, fmt.Errorf("idempgx: migrate: %w", err)
+	query, args := "SELECT current_schema()", []any{}
+	if d.schema != "" {
+		query, args = "SELECT nspname::text FROM pg_namespace WHERE nspname = $1", []any{d.schema}
 	}
-	if schema == nil {
+	err := d.pool.QueryRow(ctx, query, args...).Scan(&schema)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && schema == nil) {
+		if d.schema != "" {
+			return nil, fmt.Errorf("idempgx: migrate: schema %s (Options.Schema) does not exist; create it first (CREATE SCHEMA %s)", d.schema, d.schema)
+		}
 		return nil, errors.New("idempgx: migrate: no schema of the connection's search_path exists; create it first (CREATE SCHEMA ...) or fix search_path")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idempgx: migrate: %w", poolerErr(err))
+	}
+	if fsys, err = d.qualifiedFS(fsys); err != nil {
+		return nil, fmt.Errorf("idempgx: migrations: %w", err)
 	}
 	db, leases := d.db()
 	return idemmigrate.New(idemmigrate.Config{Prefix: "idempgx", DB: db, Dialect: idemmigrate.Postgres,
-		FS: fsys, VersionTable: versionTable, Leases: leases})
+		FS: fsys, VersionTable: d.table(versionTable), Leases: leases})
 }
 
 // Claim implements idemdriver.Driver in one statement (see claimSQL).
@@ -250,7 +268,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
 		var res idemdriver.ClaimResult
-		rows, err := d.pool.Query(ctx, claimSQL, args)
+		rows, err := d.pool.Query(ctx, d.q(claimSQL), args)
 		if err != nil {
 			if retryable(err) {
 				lastErr = err
@@ -290,7 +308,7 @@ func retryable(err error) bool {
 
 // Get implements idemdriver.Driver.
 func (d *Driver) Get(ctx context.Context, scope, key string) (idemdriver.Record, error) {
-	rows, err := d.pool.Query(ctx, getSQL, pgx.NamedArgs{"scope": scope, "key": key, "offset": 0})
+	rows, err := d.pool.Query(ctx, d.q(getSQL), pgx.NamedArgs{"scope": scope, "key": key, "offset": 0})
 	if err != nil {
 		return idemdriver.Record{}, err
 	}
@@ -307,17 +325,17 @@ func (d *Driver) Get(ctx context.Context, scope, key string) (idemdriver.Record,
 func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
 	args := fenceArgs(p)
 	args["lease"] = p.LeaseDuration.Microseconds()
-	return execFenced(ctx, d.pool, heartbeatSQL, args)
+	return execFenced(ctx, d.pool, d.q(heartbeatSQL), args)
 }
 
 // Complete implements idemdriver.Driver.
 func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	return complete(ctx, d.pool, p)
+	return d.complete(ctx, d.pool, p)
 }
 
 // Fail implements idemdriver.Driver.
 func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
-	return execFenced(ctx, d.pool, failSQL, fenceArgs(p))
+	return execFenced(ctx, d.pool, d.q(failSQL), fenceArgs(p))
 }
 
 // Begin implements idemdriver.Driver (READ COMMITTED, the default).
@@ -326,13 +344,16 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return businessTx{tx}, nil
+	return businessTx{tx, d}, nil
 }
 
-type businessTx struct{ tx pgx.Tx }
+type businessTx struct {
+	tx pgx.Tx
+	d  *Driver
+}
 
 func (t businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	ok, err := complete(ctx, t.tx, p)
+	ok, err := t.d.complete(ctx, t.tx, p)
 	if errors.Is(err, pgx.ErrTxClosed) {
 		err = fmt.Errorf("%w: %w", idemdriver.ErrTxDone, err)
 	}
@@ -356,7 +377,7 @@ func fenceArgs(p idemdriver.FenceParams) pgx.NamedArgs {
 		"offset": p.ClockOffset.Microseconds()}
 }
 
-func complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {
+func (d *Driver) complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {
 	headers, body, err := idemdriver.EncodeResponse(p.Response)
 	if err != nil {
 		return false, err
@@ -364,7 +385,7 @@ func complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool
 	args := fenceArgs(p.FenceParams)
 	args["status"], args["headers"], args["body"] = p.Response.Status, headers, body
 	args["stored"], args["size"] = p.Response.BodyStored, p.Response.BodySize
-	return execFenced(ctx, db, completeSQL, args)
+	return execFenced(ctx, db, d.q(completeSQL), args)
 }
 
 // execFenced runs a compare-and-set on the fencing token; false means the

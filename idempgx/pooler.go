@@ -3,6 +3,9 @@ package idempgx
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"regexp"
+	"testing/fstest"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -34,7 +37,18 @@ type Options struct {
 	// Partitioned, when not nil, makes the store partitioned (as
 	// NewPartitioned).
 	Partitioned *PartitionConfig
+	// Schema, when not empty, is the schema of idem's tables (idem_keys,
+	// idem_locks and the version table), named in every statement
+	// (schema.idem_keys) instead of found through search_path: for poolers
+	// that refuse or drop search_path as a startup parameter (pgbouncer
+	// does one or the other, per ignore_startup_parameters). It must exist
+	// (CREATE SCHEMA) and be a plain lower-case identifier
+	// ([a-z_][a-z0-9_]*, at most 63 bytes). Not available with
+	// Partitioned. Default: the search_path schema.
+	Schema string
 }
+
+var schemaRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 // NewWithOptions is New (or NewPartitioned) with the checks of opts. It
 // returns an error wrapping ErrPoolerExecMode when opts.TransactionPooler
@@ -46,10 +60,74 @@ func NewWithOptions(pool *pgxpool.Pool, opts Options) (*Driver, error) {
 			return nil, err
 		}
 	}
-	if opts.Partitioned != nil {
-		return NewPartitioned(pool, *opts.Partitioned), nil
+	if opts.Schema != "" {
+		if !schemaRE.MatchString(opts.Schema) {
+			return nil, fmt.Errorf("idempgx: Options.Schema %q is not a plain lower-case identifier ([a-z_][a-z0-9_]*, at most 63 bytes)", opts.Schema)
+		}
+		if opts.Partitioned != nil {
+			return nil, errors.New("idempgx: Options.Schema is not available for a partitioned store (its partitions are created in the search_path schema)")
+		}
 	}
-	return New(pool), nil
+	var d *Driver
+	if opts.Partitioned != nil {
+		d = NewPartitioned(pool, *opts.Partitioned)
+	} else {
+		d = New(pool)
+	}
+	d.schema = opts.Schema
+	return d, nil
+}
+
+// Schema is the schema of idem's tables named in every statement
+// (Options.Schema), or "" when they are found through search_path.
+func (d *Driver) Schema() string { return d.schema }
+
+// idemKeysRE finds the table name idem_keys in a statement (not the names
+// of its indexes or partitions, idem_keys_...).
+var idemKeysRE = regexp.MustCompile(`\bidem_keys\b`)
+
+// q returns query with idem's table qualified by the driver's schema
+// (Options.Schema); query itself when there is none. The rewritten text is
+// computed once per statement.
+func (d *Driver) q(query string) string {
+	if d.schema == "" {
+		return query
+	}
+	if v, ok := d.qualified.Load(query); ok {
+		return v.(string)
+	}
+	v := idemKeysRE.ReplaceAllString(query, d.schema+".idem_keys")
+	d.qualified.Store(query, v)
+	return v
+}
+
+// table qualifies one of idem's table names by the driver's schema.
+func (d *Driver) table(name string) string {
+	if d.schema == "" {
+		return name
+	}
+	return d.schema + "." + name
+}
+
+// qualifiedFS is fsys with idem's table names qualified (see q) in every
+// migration file: a copy in memory (a few kilobytes).
+func (d *Driver) qualifiedFS(fsys fs.FS) (fs.FS, error) {
+	if d.schema == "" {
+		return fsys, nil
+	}
+	out := fstest.MapFS{}
+	err := fs.WalkDir(fsys, ".", func(name string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			return err
+		}
+		out[name] = &fstest.MapFile{Data: []byte(d.q(string(b))), Mode: 0o444}
+		return nil
+	})
+	return out, err
 }
 
 // CheckTransactionPooling returns an error wrapping ErrPoolerExecMode, and

@@ -53,14 +53,14 @@ func purgeArgs(p idemdriver.PurgeParams) pgx.NamedArgs {
 // PurgeExpired implements idemdriver.Purger with one DELETE (see purgeSQL),
 // its own transaction, on a pool connection.
 func (d *Driver) PurgeExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
-	return purge(ctx, d.pool, p)
+	return d.purge(ctx, d.pool, p)
 }
 
-func purge(ctx context.Context, db execer, p idemdriver.PurgeParams) (int64, error) {
+func (d *Driver) purge(ctx context.Context, db execer, p idemdriver.PurgeParams) (int64, error) {
 	if p.Limit <= 0 {
 		return 0, fmt.Errorf("idempgx: purge: Limit %d must be positive", p.Limit)
 	}
-	tag, err := db.Exec(ctx, purgeSQL, purgeArgs(p))
+	tag, err := db.Exec(ctx, d.q(purgeSQL), purgeArgs(p))
 	if err != nil {
 		return 0, fmt.Errorf("idempgx: purge: %w", err)
 	}
@@ -70,7 +70,7 @@ func purge(ctx context.Context, db execer, p idemdriver.PurgeParams) (int64, err
 // CountExpired implements idemdriver.Purger.
 func (d *Driver) CountExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
 	var n int64
-	err := d.pool.QueryRow(ctx, countExpiredSQL, purgeArgs(p)).Scan(&n)
+	err := d.pool.QueryRow(ctx, d.q(countExpiredSQL), purgeArgs(p)).Scan(&n)
 	return n, err
 }
 
@@ -100,7 +100,7 @@ func (d *Driver) TryLockMaintenance(ctx context.Context, p idemdriver.LockParams
 			if tag.RowsAffected() != 1 {
 				return idemdriver.ErrLockLost
 			}
-			n, err = purge(ctx, tx, p)
+			n, err = d.purge(ctx, tx, p)
 			return err
 		})
 		return n, err
@@ -127,12 +127,12 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read-only
 	var processing, succeeded, failed int64
-	err = tx.QueryRow(ctx, `SELECT `+now+`, count(*),
+	err = tx.QueryRow(ctx, d.q(`SELECT `+now+`, count(*),
 		count(*) FILTER (WHERE state = 'PROCESSING'), count(*) FILTER (WHERE state = 'SUCCEEDED'),
 		count(*) FILTER (WHERE state = 'FAILED'), min(created_at),
 		count(*) FILTER (WHERE expires_at <= `+now+`),
 		count(*) FILTER (WHERE state = 'PROCESSING' AND locked_until <= `+now+`)
-		FROM idem_keys`, pgx.NamedArgs{"offset": p.ClockOffset.Microseconds()}).
+		FROM idem_keys`), pgx.NamedArgs{"offset": p.ClockOffset.Microseconds()}).
 		Scan(&st.Now, &st.Total, &processing, &succeeded, &failed, &st.Oldest, &st.Expired, &st.Stuck)
 	if err != nil {
 		return st, err
@@ -140,8 +140,8 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 	st.Now = st.Now.UTC()
 	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
 	if p.TopScopes > 0 {
-		rows, err := tx.Query(ctx, `SELECT scope, count(*) FROM idem_keys GROUP BY scope
-			ORDER BY count(*) DESC, scope LIMIT $1`, p.TopScopes)
+		rows, err := tx.Query(ctx, d.q(`SELECT scope, count(*) FROM idem_keys GROUP BY scope
+			ORDER BY count(*) DESC, scope LIMIT $1`), p.TopScopes)
 		if err != nil {
 			return st, err
 		}
@@ -166,7 +166,7 @@ func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdri
 	if p.Limit <= 0 {
 		return nil, fmt.Errorf("idempgx: stuck: Limit %d must be positive", p.Limit)
 	}
-	rows, err := d.pool.Query(ctx, stuckSQL, pgx.NamedArgs{"limit": p.Limit, "offset": p.ClockOffset.Microseconds()})
+	rows, err := d.pool.Query(ctx, d.q(stuckSQL), pgx.NamedArgs{"limit": p.Limit, "offset": p.ClockOffset.Microseconds()})
 	if err != nil {
 		return nil, err
 	}
