@@ -31,15 +31,21 @@ func TestMigrateConcurrentlyOnFreshSchemas(t *testing.T) {
 		for i := 0; i < callers; i++ {
 			cfg, err := pgxpool.ParseConfig(url)
 			require.NoError(t, err)
-			cfg.ConnConfig.RuntimeParams["search_path"] = schema
 			cfg.MaxConns = 2
+			opts := idempgx.Options{}
+			if testPooler != "" { // behind a pooler: no search_path, the schema named
+				delete(cfg.ConnConfig.RuntimeParams, "search_path")
+				opts.Schema = schema
+			}
 			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
+			d, err := idempgx.NewWithOptions(pool, opts)
+			require.NoError(t, err)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := idempgx.New(pool).Migrate(context.Background()); err != nil {
+				if err := d.Migrate(context.Background()); err != nil {
 					failures.Add(1)
 					once.Do(func() { firstErr = err })
 				}
