@@ -55,3 +55,37 @@ func TestMigrateConcurrentlyOnFreshSchemas(t *testing.T) {
 	}
 	require.Zero(t, failures.Load(), "%d of %d concurrent Migrate calls failed; the first: %v", failures.Load(), rounds*callers, firstErr)
 }
+
+// Behind a transaction pooler, exec, simple_protocol and cache_describe
+// work; pgx's default cache_statement (42P05, 26000) and describe_exec
+// (26000) do not, as runs of the conformance suite through pgbouncer 1.18
+// in pool_mode=transaction showed. NewWithOptions with TransactionPooler
+// refuses those two at once, naming the knob.
+func TestTransactionPoolerExecModes(t *testing.T) {
+	t.Parallel()
+	for mode, works := range map[string]bool{
+		"exec": true, "simple_protocol": true, "cache_describe": true,
+		"cache_statement": false, "describe_exec": false, "": false, // "" is pgx's default, cache_statement
+	} {
+		url := "postgres://nobody@127.0.0.1:1/none" // never dialled
+		if mode != "" {
+			url += "?default_query_exec_mode=" + mode
+		}
+		pool, err := pgxpool.New(context.Background(), url)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		_, err = idempgx.NewWithOptions(pool, idempgx.Options{TransactionPooler: true})
+		if works {
+			require.NoError(t, err, mode)
+			continue
+		}
+		require.ErrorIs(t, err, idempgx.ErrPoolerExecMode, mode)
+		require.ErrorContains(t, err, "default_query_exec_mode=exec", mode)
+		_, err = idempgx.NewWithOptions(pool, idempgx.Options{})
+		require.NoError(t, err, "without a declared pooler any mode is accepted")
+	}
+	_, err := idempgx.NewWithOptions(nil, idempgx.Options{Schema: "Bad-Name"})
+	require.ErrorContains(t, err, "not a plain lower-case identifier")
+	_, err = idempgx.NewWithOptions(nil, idempgx.Options{Schema: "ok", Partitioned: &idempgx.PartitionConfig{}})
+	require.ErrorContains(t, err, "not available for a partitioned store")
+}

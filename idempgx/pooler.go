@@ -149,6 +149,9 @@ func CheckTransactionPooling(cfg *pgx.ConnConfig) error {
 // transaction pooler.
 func poolerErr(err error) error {
 	var pgErr *pgconn.PgError
+	if errors.Is(err, ErrPoolerExecMode) {
+		return err
+	}
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P05" || pgErr.Code == "26000") {
 		return fmt.Errorf("%w: %w", ErrPoolerExecMode, err)
 	}
