@@ -223,8 +223,9 @@ func openPool(ctx context.Context, cfg *mysql.Config, isolation string, wrap fun
 // recommended for the application's sake; idem's own writes are
 // bounds-checked in Go.
 func New(db *sql.DB) *Driver {
-	return &Driver{db: db, beginOpts: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
-		leases: idemmigrate.NewLeases(db, idemmigrate.MySQL, idemmigrate.DefaultLeaseTable)}
+	leases := idemmigrate.NewLeases(db, idemmigrate.MySQL, idemmigrate.DefaultLeaseTable)
+	leases.Conflict = func(err error) bool { k := classify(err); return k == kindDeadlock || k == kindLockWait }
+	return &Driver{db: db, beginOpts: &sql.TxOptions{Isolation: sql.LevelReadCommitted}, leases: leases}
 }
 
 // DB returns the driver's pool, for the application's own queries.

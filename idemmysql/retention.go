@@ -180,7 +180,13 @@ func (d *Driver) TryLockMaintenance(ctx context.Context, p idemdriver.LockParams
 			return 0, fmt.Errorf("idemmysql: purge: Limit %d must be positive", p.Limit)
 		}
 		n, err := d.purgeBatch(ctx, d.db, p, lease)
-		if err != nil && !errors.Is(err, idemdriver.ErrLockLost) {
+		switch {
+		case err == nil, errors.Is(err, idemdriver.ErrLockLost):
+		case classify(err) == kindDeadlock:
+			// On Galera, a take-over of the lease on another node fails this
+			// batch's COMMIT at certification (1213): the lease is lost.
+			err = fmt.Errorf("idemmysql: purge: %w: %v", idemdriver.ErrLockLost, err)
+		default:
 			err = fmt.Errorf("idemmysql: purge: %w", err)
 		}
 		return n, err

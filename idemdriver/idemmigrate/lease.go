@@ -32,11 +32,22 @@ const DefaultLeaseTable = "idem_locks"
 // and its fenced writes refused (idemdriver.ErrLockLost), since the row's
 // token has moved on.
 type Leases struct {
+	// Conflict, when set, reports the errors that mean another process
+	// wrote the lease row at the same moment (MySQL: deadlock 1213, lock
+	// wait timeout 1205, and on Galera a certification failure, which is
+	// reported as 1213): a take that meets one is ErrLockHeld, a renewal
+	// ErrLockLost. Set it before the first use. Default: none (PostgreSQL
+	// and SQLite take and renew in one statement that waits for the row).
+	Conflict func(error) bool
+
 	db      *sql.DB
 	dialect Dialect
 	table   string
 	ensured atomic.Bool
 }
+
+// conflict reports whether err is a Conflict.
+func (l *Leases) conflict(err error) bool { return err != nil && l.Conflict != nil && l.Conflict(err) }
 
 // NewLeases returns the lease table named table (DefaultLeaseTable when
 // empty; it may be schema-qualified on PostgreSQL) on db, in dialect's SQL.
@@ -145,14 +156,17 @@ RETURNING token`, l.table, d.ph(1), d.ph(2), now, ttl)
 	// MySQL: the row is made to exist (a lapsed lease of token 0), then
 	// taken by a conditional UPDATE, which remembers the new token with
 	// LAST_INSERT_ID(expr): the driver reads it from the statement's reply.
-	if _, err := l.db.ExecContext(ctx, `INSERT IGNORE INTO `+l.table+` (name, holder, token, locked_until) VALUES (?, '', 0, 0)`, p.Name); err != nil {
-		// Another node inserted the row at the same moment: it exists.
-		return nil, fmt.Errorf("%w: lease %s: %v", idemdriver.ErrLockHeld, p.Name, err)
+	_, err := l.db.ExecContext(ctx, `INSERT IGNORE INTO `+l.table+` (name, holder, token, locked_until) VALUES (?, '', 0, 0)`, p.Name)
+	if err != nil && !l.conflict(err) { // a conflict: another node inserted the row at the same moment
+		return nil, fmt.Errorf("lease %s: %w", p.Name, err)
 	}
 	res, err := l.db.ExecContext(ctx, fmt.Sprintf(`UPDATE %s SET holder = ?, token = LAST_INSERT_ID(token + 1), locked_until = %s + %d
 WHERE name = ? AND locked_until <= %s`, l.table, now, ttl, now), p.Holder, p.Name)
-	if err != nil {
+	if l.conflict(err) {
 		return nil, fmt.Errorf("%w: lease %s: %v", idemdriver.ErrLockHeld, p.Name, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lease %s: %w", p.Name, err)
 	}
 	if n, err := res.RowsAffected(); err != nil || n != 1 {
 		if err != nil {
@@ -249,6 +263,9 @@ func (x *Lease) FenceTx(ctx context.Context, tx Execer) error {
 	}
 	q, args := x.renewSQL()
 	res, err := tx.ExecContext(ctx, q, args...)
+	if x.l.conflict(err) {
+		return fmt.Errorf("%w: another process wrote the lease at the same moment: %v", idemdriver.ErrLockLost, err)
+	}
 	if err != nil {
 		return err
 	}
