@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -158,4 +159,33 @@ func TestMigrationStatusNamesMissingTables(t *testing.T) {
 	require.Equal(t, "00001_idem_keys.sql", list[0].Name)
 	require.True(t, list[0].Applied, "the version table still says so")
 	require.Equal(t, []string{"idem_keys"}, list[0].Missing)
+}
+
+// A process killed after 00001's CREATE TABLE committed (MySQL commits DDL
+// on its own) and before goose recorded version 1: the next Migrate applies
+// the version again and records it, instead of failing "Table 'idem_keys'
+// already exists" on every start.
+func TestMigrateAfterKillBeforeVersionRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := dbtest.MySQLURL(t)
+	d, err := idemmysql.Open(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	store, err := database.NewStore(database.DialectMySQL, idemmysql.SchemaVersionTable)
+	require.NoError(t, err)
+	require.NoError(t, store.CreateVersionTable(ctx, d.DB()))
+	require.NoError(t, store.Insert(ctx, d.DB(), database.InsertRequest{Version: 0}))
+	up, err := fs.ReadFile(idemmysql.EmbeddedMigrations(), "00001_idem_keys.sql")
+	require.NoError(t, err)
+	create := string(up)[strings.Index(string(up), "-- +goose Up")+len("-- +goose Up") : strings.Index(string(up), "-- +goose Down")]
+	_, err = d.DB().ExecContext(ctx, create)
+	require.NoError(t, err, "the state a SIGKILL after 00001's CREATE TABLE leaves")
+
+	require.NoError(t, d.Migrate(ctx))
+	var n int
+	require.NoError(t, d.DB().QueryRow(`SELECT COUNT(*) FROM `+idemmysql.SchemaVersionTable+` WHERE version_id = 1`).Scan(&n))
+	require.Equal(t, 1, n)
+	_, err = d.Claim(ctx, params("acct", "k", "b"))
+	require.NoError(t, err)
 }
