@@ -5,6 +5,27 @@
 // only when the record read can be claimed (see claimSQL). Every
 // time is PostgreSQL's statement_timestamp(). pgx prepares and caches each
 // statement on each connection, so the request path parses no SQL twice.
+//
+// # Behind pgbouncer
+//
+// Session pooling (pool_mode=session) needs nothing: idem takes no
+// session-scoped lock (its migration, maintenance and partition locks are
+// lease rows in idem_locks, see idemdriver/idemmigrate; the partitioned
+// claim's lock is transaction-scoped). Transaction pooling
+// (pool_mode=transaction) needs an exec mode that does not keep prepared
+// statements across transactions, named in the URL:
+//
+//	postgres://app@pgbouncer:6432/app?default_query_exec_mode=exec
+//
+// exec, simple_protocol and cache_describe work; pgx's default
+// cache_statement and describe_exec do not (ErrPoolerExecMode; pass
+// Options.TransactionPooler to NewWithOptions to be refused at once, and
+// Migrate reports the symptom under that error). pgbouncer refuses
+// search_path as a startup parameter (or drops it, with
+// ignore_startup_parameters): name idem's schema with Options.Schema
+// instead (or set search_path on the role: ALTER ROLE ... SET search_path).
+// The conformance suite runs through pgbouncer 1.18 in transaction mode with
+// IDEMPGX_TEST_POOLER=transaction and TEST_DATABASE_URL pointing at it.
 package idempgx
 
 import (
