@@ -192,10 +192,13 @@ type Migration struct {
 }
 
 // Migrator is the rest of the migration life cycle; Driver.Migrate applies
-// every pending migration.
+// every pending migration. The drivers of this module implement both with
+// idemdriver/idemmigrate, under a lease row that serializes every process
+// sharing the database.
 type Migrator interface {
 	// MigrationStatus lists the embedded migrations, oldest first, with
-	// whether each is applied.
+	// whether each is applied, and for an applied one the tables it
+	// created that are gone (Migration.Missing).
 	MigrationStatus(ctx context.Context) ([]Migration, error)
 	// MigrateDown rolls back the most recent applied migration and returns
 	// it. Rolling back the first one drops idem_keys and every record in it.
