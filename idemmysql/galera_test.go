@@ -54,6 +54,17 @@ func openURL(t *testing.T, u string) *idemmysql.Driver {
 	return d
 }
 
+// migratedNodes returns a driver per node on one fresh, migrated database.
+func migratedNodes(t *testing.T) []*idemmysql.Driver {
+	t.Helper()
+	var ds []*idemmysql.Driver
+	for _, u := range nodeURLs(t) {
+		ds = append(ds, openURL(t, u))
+	}
+	require.NoError(t, ds[0].Migrate(context.Background()))
+	return ds
+}
+
 // Processes started at once on an empty database, one per node, all
 // migrate, once. Regression: GET_LOCK is local to a node, so every node's
 // process migrated at the same time; all exited ("Table
@@ -96,12 +107,7 @@ func TestGaleraMigrateOnEveryNodeAtOnce(t *testing.T) {
 // greater fencing token, and the first node's holder is refused.
 func TestGaleraOneMaintainerAcrossNodes(t *testing.T) {
 	ctx := context.Background()
-	urls := nodeURLs(t)
-	var ds []*idemmysql.Driver
-	for _, u := range urls {
-		ds = append(ds, openURL(t, u))
-	}
-	require.NoError(t, ds[0].Migrate(ctx))
+	ds := migratedNodes(t)
 	lp := idemdriver.LockParams{Holder: "node0", TTL: time.Minute}
 	l, err := ds[0].TryLockMaintenance(ctx, lp)
 	require.NoError(t, err)
@@ -127,12 +133,7 @@ func TestGaleraOneMaintainerAcrossNodes(t *testing.T) {
 // again: never two holders of one round.
 func TestGaleraConcurrentTakes(t *testing.T) {
 	ctx := context.Background()
-	urls := nodeURLs(t)
-	var ds []*idemmysql.Driver
-	for _, u := range urls {
-		ds = append(ds, openURL(t, u))
-	}
-	require.NoError(t, ds[0].Migrate(ctx))
+	ds := migratedNodes(t)
 	for round := 0; round < 30; round++ {
 		var held atomic.Int64
 		var wg sync.WaitGroup

@@ -119,6 +119,20 @@ func TestMigrateConcurrently(t *testing.T) {
 	require.Equal(t, 1, n)
 }
 
+// unmigrated opens a fresh database, not migrated, and goose's version
+// store of idem's version table on it (to leave what an interrupted
+// migration leaves).
+func unmigrated(t *testing.T) (*idemmysql.Driver, database.Store) {
+	t.Helper()
+	url, _ := dbtest.MySQLURL(t)
+	d, err := idemmysql.Open(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	store, err := database.NewStore(database.DialectMySQL, idemmysql.SchemaVersionTable)
+	require.NoError(t, err)
+	return d, store
+}
+
 // A process killed between goose's CREATE TABLE of the version table and
 // its INSERT of version 0 (MySQL commits the CREATE on its own), or three
 // Galera nodes racing to create it, leave the table without its version 0
@@ -127,12 +141,7 @@ func TestMigrateConcurrently(t *testing.T) {
 func TestMigrateAfterVersionTableWithoutZeroRow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, _ := dbtest.MySQLURL(t)
-	d, err := idemmysql.Open(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	store, err := database.NewStore(database.DialectMySQL, idemmysql.SchemaVersionTable)
-	require.NoError(t, err)
+	d, store := unmigrated(t)
 	require.NoError(t, store.CreateVersionTable(ctx, d.DB()), "the state a SIGKILL after CREATE TABLE leaves")
 
 	require.NoError(t, d.Migrate(ctx))
@@ -168,12 +177,7 @@ func TestMigrationStatusNamesMissingTables(t *testing.T) {
 func TestMigrateAfterKillBeforeVersionRecorded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, _ := dbtest.MySQLURL(t)
-	d, err := idemmysql.Open(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	store, err := database.NewStore(database.DialectMySQL, idemmysql.SchemaVersionTable)
-	require.NoError(t, err)
+	d, store := unmigrated(t)
 	require.NoError(t, store.CreateVersionTable(ctx, d.DB()))
 	require.NoError(t, store.Insert(ctx, d.DB(), database.InsertRequest{Version: 0}))
 	up, err := fs.ReadFile(idemmysql.EmbeddedMigrations(), "00001_idem_keys.sql")
