@@ -80,9 +80,10 @@ func Open(ctx context.Context, path string) (*Driver, error) {
 // of DSN (BEGIN IMMEDIATE transactions and a busy timeout above all).
 // Statements are prepared on first use and kept for the driver's life.
 func New(db *sql.DB) *Driver {
-	return &Driver{db: db,
-		leases:      idemmigrate.NewLeases(db, idemmigrate.SQLite, idemmigrate.DefaultLeaseTable),
-		maintenance: idemmigrate.NewLeases(db, idemmigrate.SQLite, "idem_maintenance_lock")}
+	maintenance := idemmigrate.NewLeases(db, idemmigrate.SQLite, "idem_maintenance_lock")
+	maintenance.Migrated = true
+	return &Driver{db: db, leases: idemmigrate.NewLeases(db, idemmigrate.SQLite, idemmigrate.DefaultLeaseTable),
+		maintenance: maintenance}
 }
 
 // Driver implements idemdriver.Driver on one SQLite database file.

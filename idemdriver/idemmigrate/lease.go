@@ -39,6 +39,10 @@ type Leases struct {
 	// ErrLockLost. Set it before the first use. Default: none (PostgreSQL
 	// and SQLite take and renew in one statement that waits for the row).
 	Conflict func(error) bool
+	// Migrated says that a migration of the driver's creates the table
+	// (SQLite's idem_maintenance_lock, migration 00002): Ensure then only
+	// checks that it exists, so that the migration still finds it absent.
+	Migrated bool
 
 	db      *sql.DB
 	dialect Dialect
@@ -73,7 +77,10 @@ func (l *Leases) Ensure(ctx context.Context) error {
 		return nil
 	}
 	ok, err := TableExists(ctx, l.db, l.dialect, l.table)
-	if err == nil && !ok {
+	switch {
+	case err == nil && !ok && l.Migrated:
+		err = errors.New("missing: run Migrate first")
+	case err == nil && !ok:
 		err = l.create(ctx)
 	}
 	if err != nil {
