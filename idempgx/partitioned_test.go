@@ -110,6 +110,11 @@ func TestPartitionedClaimsStraddlingMidnightUnderTheLock(t *testing.T) {
 	var warm []*pgxpool.Conn
 	for i := 0; i < n+2; i++ {
 		c, err := pool.Acquire(ctx)
+		if err != nil { // release the others, or pool.Close in the cleanup waits for them forever
+			for _, c := range warm {
+				c.Release()
+			}
+		}
 		require.NoError(t, err)
 		warm = append(warm, c)
 	}
