@@ -18,7 +18,8 @@ import (
 
 // Driver is what every command needs of an idem store: the claim protocol
 // and the optional interfaces of retention, operations and migrations
-// (idemdriver's Purger, Inspector, Lister, Remover and Migrator). The three drivers
+// (idemdriver's Purger, Inspector, Lister, Remover and Migrator), and
+// MigrateFS for a service's own tables. The three drivers
 // Open returns (*idempgx.Driver, *idemmysql.Driver, *idemsqlite.Driver)
 // implement them all; only idemdriver.Partitioner depends on the table.
 type Driver interface {
@@ -28,6 +29,9 @@ type Driver interface {
 	idemdriver.Lister
 	idemdriver.Remover
 	idemdriver.Migrator
+	// MigrateFS applies an application's own goose migrations (a
+	// service's tables) through idem's migrator, recorded in versionTable.
+	MigrateFS(ctx context.Context, fsys fs.FS, versionTable string) error
 }
 
 // Options shape Open.
