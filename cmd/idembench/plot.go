@@ -44,6 +44,7 @@ func writePlot(path, title string, concs []int, vs []variant, sums map[sumKey]*s
 	legend := plot.NewLegend()
 	legend.TextStyle.Font.Size = vg.Points(11)
 	legend.Left, legend.Top = true, true
+	legend.Padding = vg.Points(3)
 	for _, p := range []*plot.Plot{thr, lat} {
 		p.NominalX(names...)
 		p.Y.Min = 0
