@@ -218,7 +218,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	rep, err := bench(ctx, o, "go run ./cmd/idembench "+strings.Join(args, " "), stderr, log)
+	rep, err := bench(ctx, o, strings.TrimSpace("cd cmd/idembench && go run . "+strings.Join(args, " ")), stderr, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "idembench:", err)
 		return 1
@@ -355,6 +355,7 @@ func bench(ctx context.Context, o options, command string, progress io.Writer, l
 		}
 	}
 	rep.elapsed = time.Since(rep.started)
+	rep.machine.loadEnd = loadAverage()
 	rep.sums = summarize(rep.cells)
 	return rep, nil
 }

@@ -118,10 +118,26 @@ type machine struct {
 	memory   string
 	os       string
 	goVer    string
+	// loadStart and loadEnd are /proc/loadavg's 1, 5 and 15 minute load
+	// averages when the run began and ended: others' work on the machine.
+	loadStart, loadEnd string
+}
+
+// loadAverage returns the three load averages of /proc/loadavg, or "".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func describeMachine() machine {
-	m := machine{cpus: runtime.NumCPU(), goVer: runtime.Version(), cpuModel: "unknown CPU", os: runtime.GOOS}
+	m := machine{cpus: runtime.NumCPU(), goVer: runtime.Version(), cpuModel: "unknown CPU", os: runtime.GOOS, loadStart: loadAverage()}
 	if v := firstField("/proc/cpuinfo", "model name", ":"); v != "" {
 		m.cpuModel = v
 	}
@@ -312,7 +328,11 @@ func (r *report) markdown(withPlots bool) string {
 	if r.redis != "" {
 		fmt.Fprintf(&b, " %s.", r.redis)
 	}
-	fmt.Fprintf(&b, " The servers and the load generator share the machine.\n\n")
+	fmt.Fprintf(&b, " The servers and the load generator share the machine")
+	if m.loadStart != "" {
+		fmt.Fprintf(&b, ", and so does whatever else ran then: load average (1, 5, 15 min) %s at the start, %s at the end", m.loadStart, m.loadEnd)
+	}
+	b.WriteString(".\n\n")
 	fmt.Fprintf(&b, "%d rounds; in each, every database and concurrency runs every variant for %s (closed loop: each of c workers sends its next request when the last is answered, over HTTP/1.1 keep-alive on loopback), the variants' order rotated from round to round. A ratio is taken within a round, against the bare handler of the same database, concurrency and round; tables give the median of the rounds and, in brackets, their range. Pools: %d connections.\n\n",
 		r.opts.rounds, r.opts.duration, poolSize)
 	for _, t := range r.targets {
