@@ -152,34 +152,17 @@ func (a *app) fail(w http.ResponseWriter, status int, err error) {
 
 // createOwnTx is the bare handler: one transaction of its own (payment +
 // ledger row), committed, then 201.
-func (a *app) createOwnTx(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	scope, _ := scopeOf(r)
-	p, err := newPayment(r.Body)
-	if err != nil {
-		a.fail(w, http.StatusBadRequest, err)
-		return
-	}
-	tx, err := a.t.begin(ctx)
-	if err != nil {
-		a.fail(w, http.StatusInternalServerError, err)
-		return
-	}
-	if err := a.write(ctx, tx, scope, p); err != nil {
-		_ = tx.rollback(ctx)
-		a.fail(w, http.StatusInternalServerError, err)
-		return
-	}
-	if err := tx.commit(ctx); err != nil {
-		a.fail(w, http.StatusInternalServerError, err)
-		return
-	}
-	p.respond(w, p.response())
-}
+func (a *app) createOwnTx(w http.ResponseWriter, r *http.Request) { a.create(w, r, a.t.begin, true) }
 
 // createInClaimTx writes in the claim's transaction and leaves the commit to
 // idem (transactional mode, CONTRACT section 6).
 func (a *app) createInClaimTx(w http.ResponseWriter, r *http.Request) {
+	a.create(w, r, a.t.claimTx, false)
+}
+
+// create writes the payment and its ledger row in the transaction open
+// gives, commits it when commit is set, and answers 201.
+func (a *app) create(w http.ResponseWriter, r *http.Request, open func(context.Context) (bizTx, error), commit bool) {
 	ctx := r.Context()
 	scope, _ := scopeOf(r)
 	p, err := newPayment(r.Body)
@@ -187,12 +170,18 @@ func (a *app) createInClaimTx(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, http.StatusBadRequest, err)
 		return
 	}
-	tx, err := a.t.claimTx(ctx)
+	tx, err := open(ctx)
 	if err != nil {
 		a.fail(w, http.StatusInternalServerError, err)
 		return
 	}
-	if err := a.write(ctx, tx, scope, p); err != nil {
+	err = a.write(ctx, tx, scope, p)
+	if err == nil && commit {
+		err = tx.commit(ctx)
+	} else if err != nil && commit {
+		_ = tx.rollback(ctx)
+	}
+	if err != nil {
 		a.fail(w, http.StatusInternalServerError, err)
 		return
 	}

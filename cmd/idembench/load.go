@@ -169,6 +169,23 @@ func (r *running) hold(ctx context.Context) (key string, release func() error, e
 	return key, func() error { close(rel); return <-done }, nil
 }
 
+// holdFor holds a key for v when its requests need one in flight (the 409
+// variant), and returns it with the function that ends the hold.
+func (r *running) holdFor(ctx context.Context, v variant) (string, func(), error) {
+	if v.key != keyHeld {
+		return "", func() {}, nil
+	}
+	key, release, err := r.hold(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	return key, func() {
+		if err := release(); err != nil {
+			r.app.log.Error("idembench: the held request", "err", err)
+		}
+	}, nil
+}
+
 // cell is one measurement: one variant at one concurrency in one round.
 type cell struct {
 	db, variant string
@@ -198,15 +215,11 @@ func (r *running) keyFor(v variant, held string, w, i int) string {
 // answered, and checks every answer's status.
 func (r *running) measure(ctx context.Context, v variant, conc, round int, d time.Duration, max int) (cell, error) {
 	c := cell{db: r.t.slug, variant: v.id, conc: conc, round: round}
-	held := ""
-	if v.key == keyHeld {
-		k, release, err := r.hold(ctx)
-		if err != nil {
-			return c, err
-		}
-		held = k
-		defer func() { _ = release() }()
+	held, release, err := r.holdFor(ctx, v)
+	if err != nil {
+		return c, err
 	}
+	defer release()
 	var (
 		mu       sync.Mutex
 		all      []time.Duration
@@ -279,15 +292,11 @@ type allocs struct {
 // checks) add a little noise.
 func (r *running) measureAllocs(ctx context.Context, v variant, n int) (allocs, error) {
 	a := allocs{db: r.t.slug, variant: v.id}
-	held := ""
-	if v.key == keyHeld {
-		k, release, err := r.hold(ctx)
-		if err != nil {
-			return a, err
-		}
-		held = k
-		defer func() { _ = release() }()
+	held, release, err := r.holdFor(ctx, v)
+	if err != nil {
+		return a, err
 	}
+	defer release()
 	serve := func(count int) error {
 		reqs := make([]*http.Request, count)
 		recs := make([]*httptest.ResponseRecorder, count)

@@ -126,3 +126,25 @@ func TestParseFlags(t *testing.T) {
 		require.Error(t, err, "%q", args)
 	}
 }
+
+// TestWritePlotWithoutRedis draws a figure from made-up cells (no database,
+// no Redis), so the plotting runs wherever the tests do.
+func TestWritePlotWithoutRedis(t *testing.T) {
+	var cells []cell
+	for round := 1; round <= 2; round++ {
+		for i, v := range allVariants {
+			for j, c := range []int{1, 8, 32} {
+				cells = append(cells, cell{db: dbSQLite, variant: v.id, conc: c, round: round,
+					rps: float64(100 * (i + j + round)), p99: time.Duration(i+j+1) * time.Millisecond})
+			}
+		}
+	}
+	path := filepath.Join(t.TempDir(), "plot.png")
+	require.NoError(t, writePlot(path, "SQLite", []int{1, 8, 32}, allVariants, summarize(cells), dbSQLite))
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	cfg, err := png.DecodeConfig(f)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{1600, 640}, [2]int{cfg.Width, cfg.Height})
+}

@@ -29,7 +29,7 @@ var palette = map[string]color.RGBA{
 
 // writePlot draws one database's figure into path (PNG, 1600x640 px): the
 // median throughput per concurrency on the left, the median p99 latency on
-// the right, a bar per variant, the legend beside them.
+// the right (log scale), a colour per variant, the legend beside them.
 func writePlot(path, title string, concs []int, vs []variant, sums map[sumKey]*summary, db string) error {
 	names := make([]string, len(concs))
 	for i, c := range concs {
@@ -40,14 +40,14 @@ func writePlot(path, title string, concs []int, vs []variant, sums map[sumKey]*s
 	thr.Title.Text = title + ": throughput (median of rounds)"
 	thr.Y.Label.Text = "requests per second"
 	lat.Title.Text = title + ": p99 latency (median of rounds)"
-	lat.Y.Label.Text = "milliseconds"
+	lat.Y.Label.Text = "milliseconds (log scale)"
 	legend := plot.NewLegend()
 	legend.TextStyle.Font.Size = vg.Points(11)
 	legend.Left, legend.Top = true, true
 	legend.Padding = vg.Points(3)
+	thr.Y.Min = 0
 	for _, p := range []*plot.Plot{thr, lat} {
 		p.NominalX(names...)
-		p.Y.Min = 0
 		grid := plotter.NewGrid()
 		grid.Vertical.Color = nil
 		p.Add(grid)
@@ -55,34 +55,42 @@ func writePlot(path, title string, concs []int, vs []variant, sums map[sumKey]*s
 		p.Title.TextStyle.Font.Size = vg.Points(13)
 	}
 	for i, v := range vs {
-		rps, p99 := make(plotter.Values, len(concs)), make(plotter.Values, len(concs))
+		rps := make(plotter.Values, len(concs))
+		var p99 plotter.XYs
 		for j, c := range concs {
 			if s := sums[sumKey{db, v.id, c}]; s != nil {
 				rps[j] = median(s.rps)
-				p99[j] = float64(medianDuration(s.p99).Microseconds()) / 1000
+				// Nudged sideways a little so that equal values stay visible.
+				x := float64(j) + (float64(i)-float64(len(vs)-1)/2)*0.025
+				p99 = append(p99, plotter.XY{X: x, Y: max(float64(medianDuration(s.p99).Microseconds())/1000, 0.01)})
 			}
 		}
-		offset := vg.Length(float64(i)-float64(len(vs)-1)/2) * barWidth
-		for k, values := range []plotter.Values{rps, p99} {
-			bars, err := plotter.NewBarChart(values, barWidth)
+		bars, err := plotter.NewBarChart(rps, barWidth)
+		if err != nil {
+			return err
+		}
+		bars.Color = palette[v.id]
+		bars.LineStyle.Width = 0
+		bars.Offset = vg.Length(float64(i)-float64(len(vs)-1)/2) * barWidth
+		thr.Add(bars)
+		legend.Add(v.label, bars)
+		if len(p99) > 0 {
+			line, points, err := plotter.NewLinePoints(p99)
 			if err != nil {
 				return err
 			}
-			bars.Color = palette[v.id]
-			bars.LineStyle.Width = 0
-			bars.Offset = offset
-			if k == 0 {
-				thr.Add(bars)
-				legend.Add(v.label, bars)
-			} else {
-				lat.Add(bars)
-			}
+			line.Color = palette[v.id]
+			line.Width = vg.Points(1.5)
+			points.Color = palette[v.id]
+			points.Shape = draw.CircleGlyph{}
+			points.Radius = vg.Points(3.5)
+			lat.Add(line, points)
 		}
 	}
-
-	for _, p := range []*plot.Plot{thr, lat} {
-		p.Y.Max *= 1.08 // headroom above the tallest bar
-	}
+	thr.Y.Max *= 1.08 // headroom above the tallest bar
+	lat.Y.Scale = plot.LogScale{}
+	lat.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	lat.Y.Min, lat.Y.Max = lat.Y.Min/1.5, lat.Y.Max*1.5
 
 	const w, h = 16 * vg.Inch, 6.4 * vg.Inch
 	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(100), vgimg.UseBackgroundColor(color.White))

@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -121,6 +123,22 @@ type machine struct {
 	// loadStart and loadEnd are /proc/loadavg's 1, 5 and 15 minute load
 	// averages when the run began and ended: others' work on the machine.
 	loadStart, loadEnd string
+	// revision is the repository's commit (see revision).
+	revision string
+}
+
+// revision names the checked-out commit of the repository in the working
+// directory ("-dirty" when files differ from it), or "" outside git.
+func revision() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	rev := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+		rev += "-dirty"
+	}
+	return rev
 }
 
 // loadAverage returns the three load averages of /proc/loadavg, or "".
@@ -137,7 +155,7 @@ func loadAverage() string {
 }
 
 func describeMachine() machine {
-	m := machine{cpus: runtime.NumCPU(), goVer: runtime.Version(), cpuModel: "unknown CPU", os: runtime.GOOS, loadStart: loadAverage()}
+	m := machine{cpus: runtime.NumCPU(), goVer: runtime.Version(), cpuModel: "unknown CPU", os: runtime.GOOS, loadStart: loadAverage(), revision: revision()}
 	if v := firstField("/proc/cpuinfo", "model name", ":"); v != "" {
 		m.cpuModel = v
 	}
@@ -316,7 +334,11 @@ func plotFile(slug string) string { return "img/idembench-" + slug + ".png" }
 func (r *report) markdown(withPlots bool) string {
 	var b strings.Builder
 	m := r.machine
-	fmt.Fprintf(&b, "Run on %s UTC (%s): `%s`.\n\n", r.started.UTC().Format("2006-01-02 15:04"), r.elapsed.Round(time.Second), r.command)
+	fmt.Fprintf(&b, "Run on %s UTC (%s)", r.started.UTC().Format("2006-01-02 15:04"), r.elapsed.Round(time.Second))
+	if m.revision != "" {
+		fmt.Fprintf(&b, " at commit `%s`", m.revision)
+	}
+	fmt.Fprintf(&b, ": `%s`.\n\n", r.command)
 	fmt.Fprintf(&b, "Machine: %d CPUs (%s)", m.cpus, m.cpuModel)
 	if m.memory != "" {
 		fmt.Fprintf(&b, ", %s", m.memory)

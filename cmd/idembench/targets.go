@@ -147,16 +147,14 @@ func openPostgres(ctx context.Context, rawURL, schema string) (*target, error) {
 		drop()
 		return nil, fmt.Errorf("postgres: migrate: %w", err)
 	}
-	for _, ddl := range []string{
+	if err := layOut(ctx, pgExec(pool),
 		`CREATE TABLE bench_payments (id text PRIMARY KEY, merchant text NOT NULL, amount bigint NOT NULL,
 			currency text NOT NULL, customer text NOT NULL, description text, status text NOT NULL, created_at bigint NOT NULL)`,
 		`CREATE TABLE bench_ledger (id bigserial PRIMARY KEY, payment_id text NOT NULL, merchant text NOT NULL,
 			amount bigint NOT NULL, created_at bigint NOT NULL)`,
-	} {
-		if _, err := pool.Exec(ctx, ddl); err != nil {
-			drop()
-			return nil, fmt.Errorf("postgres: %w", err)
-		}
+	); err != nil {
+		drop()
+		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	return &target{
 		slug: dbPostgres, name: "PostgreSQL", version: "PostgreSQL " + version,
@@ -187,6 +185,24 @@ func openPostgres(ctx context.Context, rawURL, schema string) (*target, error) {
 		},
 		close: drop,
 	}, nil
+}
+
+func pgExec(pool *pgxpool.Pool) func(context.Context, string) error {
+	return func(ctx context.Context, q string) error { _, err := pool.Exec(ctx, q); return err }
+}
+
+func sqlExec(db *sql.DB) func(context.Context, string) error {
+	return func(ctx context.Context, q string) error { _, err := db.ExecContext(ctx, q); return err }
+}
+
+// layOut creates the business tables with exec.
+func layOut(ctx context.Context, exec func(ctx context.Context, ddl string) error, ddl ...string) error {
+	for _, q := range ddl {
+		if err := exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func expectOneRow(tag pgconn.CommandTag, err error) error {
@@ -258,17 +274,15 @@ func openMariaDB(ctx context.Context, rawURL, database string) (*target, error) 
 		drop()
 		return nil, fmt.Errorf("mariadb: migrate: %w", err)
 	}
-	for _, ddl := range []string{
+	if err := layOut(ctx, sqlExec(db),
 		`CREATE TABLE bench_payments (id VARCHAR(64) PRIMARY KEY, merchant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL,
 			currency VARCHAR(3) NOT NULL, customer VARCHAR(255) NOT NULL, description TEXT, status VARCHAR(16) NOT NULL,
 			created_at BIGINT NOT NULL) ENGINE = InnoDB`,
 		`CREATE TABLE bench_ledger (id BIGINT AUTO_INCREMENT PRIMARY KEY, payment_id VARCHAR(64) NOT NULL,
 			merchant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL, created_at BIGINT NOT NULL) ENGINE = InnoDB`,
-	} {
-		if _, err := db.ExecContext(ctx, ddl); err != nil {
-			drop()
-			return nil, fmt.Errorf("mariadb: %w", err)
-		}
+	); err != nil {
+		drop()
+		return nil, fmt.Errorf("mariadb: %w", err)
 	}
 	return &target{
 		slug: dbMariaDB, name: "MariaDB", version: "MariaDB " + strings.TrimSuffix(version, "-MariaDB"),
@@ -334,16 +348,14 @@ func openSQLite(ctx context.Context, path string) (*target, error) {
 		drop()
 		return nil, fmt.Errorf("sqlite: %w", err)
 	}
-	for _, ddl := range []string{
+	if err := layOut(ctx, sqlExec(db),
 		`CREATE TABLE bench_payments (id TEXT PRIMARY KEY, merchant TEXT NOT NULL, amount INTEGER NOT NULL,
 			currency TEXT NOT NULL, customer TEXT NOT NULL, description TEXT, status TEXT NOT NULL, created_at INTEGER NOT NULL)`,
 		`CREATE TABLE bench_ledger (id INTEGER PRIMARY KEY, payment_id TEXT NOT NULL, merchant TEXT NOT NULL,
 			amount INTEGER NOT NULL, created_at INTEGER NOT NULL)`,
-	} {
-		if _, err := db.ExecContext(ctx, ddl); err != nil {
-			drop()
-			return nil, fmt.Errorf("sqlite: %w", err)
-		}
+	); err != nil {
+		drop()
+		return nil, fmt.Errorf("sqlite: %w", err)
 	}
 	const sqliteNow = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
 	return &target{
