@@ -195,6 +195,35 @@ type cell struct {
 	elapsed     time.Duration
 	rps         float64
 	p50, p99    time.Duration
+	// lat holds every request's latency until the cell is final (see merge).
+	lat []time.Duration
+}
+
+// merge adds b's requests (the same variant, concurrency and round,
+// measured at another moment) to c and computes the throughput and the
+// percentiles of the whole. The result keeps no latencies.
+func (c cell) merge(b cell) cell {
+	c.n += b.n
+	c.errs += b.errs
+	if c.firstErr == "" {
+		c.firstErr = b.firstErr
+	}
+	c.elapsed += b.elapsed
+	c.lat = append(c.lat, b.lat...)
+	return c.final()
+}
+
+// final computes the throughput and the percentiles of c's latencies and
+// drops them.
+func (c cell) final() cell {
+	c.rps, c.p50, c.p99 = 0, 0, 0
+	if len(c.lat) > 0 {
+		slices.Sort(c.lat)
+		c.rps = float64(len(c.lat)) / c.elapsed.Seconds()
+		c.p50, c.p99 = percentile(c.lat, 0.50), percentile(c.lat, 0.99)
+	}
+	c.lat = nil
+	return c
 }
 
 // keyFor returns the key of worker w's i-th request.
@@ -212,7 +241,8 @@ func (r *running) keyFor(v variant, held string, w, i int) string {
 
 // measure runs v with conc workers for d (and at most max requests when max
 // is above 0), each sending its next request as soon as the last is
-// answered, and checks every answer's status.
+// answered, and checks every answer's status. The cell keeps its latencies
+// for merge; call final when it is complete.
 func (r *running) measure(ctx context.Context, v variant, conc, round int, d time.Duration, max int) (cell, error) {
 	c := cell{db: r.t.slug, variant: v.id, conc: conc, round: round}
 	held, release, err := r.holdFor(ctx, v)
@@ -263,12 +293,7 @@ func (r *running) measure(ctx context.Context, v variant, conc, round int, d tim
 	}
 	wg.Wait()
 	c.elapsed = time.Since(start)
-	c.n, c.errs, c.firstErr = len(all), errs, firstErr
-	if c.n > 0 {
-		slices.Sort(all)
-		c.rps = float64(c.n) / c.elapsed.Seconds()
-		c.p50, c.p99 = percentile(all, 0.50), percentile(all, 0.99)
-	}
+	c.n, c.errs, c.firstErr, c.lat = len(all), errs, firstErr, all
 	return c, ctx.Err()
 }
 

@@ -337,15 +337,28 @@ func bench(ctx context.Context, o options, command string, progress io.Writer, l
 		for _, r := range runs {
 			for _, conc := range o.concurrency {
 				// Rotate the order from round to round, so that no variant
-				// always runs first (a cold cache) or after the same one.
+				// always runs first (a cold cache) or after the same one,
+				// and run each variant in two halves, the order forward
+				// then backward (A B C ... C B A), so that a drift of the
+				// machine within the round weighs on every variant alike.
 				order := slices.Clone(rep.variants)
 				k := (round - 1) % len(order)
 				order = append(order[k:], order[:k]...)
+				half, halfMax := o.duration/2, (o.maxRequests+1)/2
+				first := map[string]cell{}
 				for _, v := range order {
-					c, err := r.measure(ctx, v, conc, round, o.duration, o.maxRequests)
+					c, err := r.measure(ctx, v, conc, round, half, halfMax)
 					if err != nil {
 						return nil, err
 					}
+					first[v.id] = c
+				}
+				for _, v := range slices.Backward(order) {
+					c, err := r.measure(ctx, v, conc, round, o.duration-half, halfMax)
+					if err != nil {
+						return nil, err
+					}
+					c = first[v.id].merge(c)
 					rep.cells = append(rep.cells, c)
 					done++
 					fmt.Fprintf(progress, "idembench: [%d/%d] round %d %s c=%d %-12s %7.0f req/s  p50 %s ms  p99 %s ms  (%d requests, %d unexpected)\n",

@@ -88,6 +88,7 @@ func writePlot(path, title string, concs []int, vs []variant, sums map[sumKey]*s
 		}
 	}
 	thr.Y.Max *= 1.08 // headroom above the tallest bar
+	thr.Y.Tick.Marker = wholeTicks{}
 	lat.Y.Scale = plot.LogScale{}
 	lat.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	lat.Y.Min, lat.Y.Max = lat.Y.Min/1.5, lat.Y.Max*1.5
@@ -112,4 +113,18 @@ func writePlot(path, title string, concs []int, vs []variant, sums map[sumKey]*s
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return f.Close()
+}
+
+// wholeTicks are plot.DefaultTicks labelled without decimals (requests per
+// second are whole numbers).
+type wholeTicks struct{}
+
+func (wholeTicks) Ticks(lo, hi float64) []plot.Tick {
+	ticks := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ticks {
+		if ticks[i].Label != "" {
+			ticks[i].Label = strconv.FormatFloat(ticks[i].Value, 'f', 0, 64)
+		}
+	}
+	return ticks
 }

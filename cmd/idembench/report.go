@@ -355,8 +355,12 @@ func (r *report) markdown(withPlots bool) string {
 		fmt.Fprintf(&b, ", and so does whatever else ran then: load average (1, 5, 15 min) %s at the start, %s at the end", m.loadStart, m.loadEnd)
 	}
 	b.WriteString(".\n\n")
-	fmt.Fprintf(&b, "%d rounds; in each, every database and concurrency runs every variant for %s (closed loop: each of c workers sends its next request when the last is answered, over HTTP/1.1 keep-alive on loopback), the variants' order rotated from round to round. A ratio is taken within a round, against the bare handler of the same database, concurrency and round; tables give the median of the rounds and, in brackets, their range. Pools: %d connections.\n\n",
-		r.opts.rounds, r.opts.duration, poolSize)
+	rounds := fmt.Sprintf("%d rounds", r.opts.rounds)
+	if r.opts.rounds == 1 {
+		rounds = "1 round"
+	}
+	fmt.Fprintf(&b, "%s; in each, every database and concurrency runs every variant for %s (closed loop: each of c workers sends its next request when the last is answered, over HTTP/1.1 keep-alive on loopback), in two halves: the variants in order, then in the reverse order, the order rotated from round to round. A ratio is taken within a round, against the bare handler of the same database, concurrency and round; tables give the median of the rounds and, in brackets, their range. Pools: %d connections.\n\n",
+		rounds, r.opts.duration, poolSize)
 	for _, t := range r.targets {
 		fmt.Fprintf(&b, "### %s\n\n", t.version)
 		if withPlots {
