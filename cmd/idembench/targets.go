@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -9,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
@@ -130,9 +133,20 @@ func openPostgres(ctx context.Context, rawURL, schema string) (*target, error) {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	cfg.MaxConns = poolSize
+	cfg.MaxConns, cfg.MinConns = poolSize, poolSize
+	cfg.MaxConnLifetime, cfg.MaxConnIdleTime = 24*time.Hour, 24*time.Hour
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if err := prewarm(ctx, func(ctx context.Context) (func(), error) {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return c.Release, nil
+	}); err != nil {
+		pool.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	drop := func() {
@@ -193,6 +207,50 @@ func pgExec(pool *pgxpool.Pool) func(context.Context, string) error {
 
 func sqlExec(db *sql.DB) func(context.Context, string) error {
 	return func(ctx context.Context, q string) error { _, err := db.ExecContext(ctx, q); return err }
+}
+
+// prewarm opens the pool's poolSize connections before the run, so that
+// the measurement opens none (and a server shared with other work cannot
+// refuse one midway, "too many clients"): it holds poolSize connections at
+// once, then gives them back to the pool, which keeps them. A server that
+// has no room is tried again for up to 3 minutes.
+func prewarm(ctx context.Context, acquire func(context.Context) (release func(), err error)) error {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var (
+			mu       sync.Mutex
+			releases []func()
+			firstErr error
+			wg       sync.WaitGroup
+		)
+		for range poolSize {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				release, err := acquire(actx)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					firstErr = cmp.Or(firstErr, err)
+					return
+				}
+				releases = append(releases, release)
+			}()
+		}
+		wg.Wait()
+		for _, release := range releases {
+			release()
+		}
+		if firstErr == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("opening %d connections: %w", poolSize, firstErr)
+		}
+		time.Sleep(2 * time.Second)
+	}
 }
 
 // layOut creates the business tables with exec.
@@ -269,7 +327,18 @@ func openMariaDB(ctx context.Context, rawURL, database string) (*target, error) 
 	db := d.DB()
 	db.SetMaxOpenConns(poolSize)
 	db.SetMaxIdleConns(poolSize)
+	db.SetConnMaxLifetime(0)
 	drop := func() { d.Close(); dropDB() }
+	if err := prewarm(ctx, func(ctx context.Context) (func(), error) {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return func() { c.Close() }, nil
+	}); err != nil {
+		drop()
+		return nil, fmt.Errorf("mariadb: %w", err)
+	}
 	if err := d.Migrate(ctx); err != nil {
 		drop()
 		return nil, fmt.Errorf("mariadb: migrate: %w", err)
