@@ -312,7 +312,9 @@ func openNaiveCache(ctx context.Context, rawURL, prefix string) (*naiveCache, st
 			version = "Redis " + v
 		}
 	}
-	return &naiveCache{rdb: c, prefix: prefix, ttl: 15 * time.Minute}, version, nil
+	// The TTL outlives any run: an entry that expired mid-run would turn a
+	// replay into a first execution.
+	return &naiveCache{rdb: c, prefix: prefix, ttl: 6 * time.Hour}, version, nil
 }
 
 // cachedResponse is a response as the naive cache stores it.
