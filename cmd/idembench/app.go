@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -315,6 +316,26 @@ func openNaiveCache(ctx context.Context, rawURL, prefix string) (*naiveCache, st
 	// The TTL outlives any run: an entry that expired mid-run would turn a
 	// replay into a first execution.
 	return &naiveCache{rdb: c, prefix: prefix, ttl: 6 * time.Hour}, version, nil
+}
+
+// close removes the run's entries (every key under the prefix) and closes
+// the client.
+func (n *naiveCache) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	iter := n.rdb.Scan(ctx, 0, n.prefix+"*", 1000).Iterator()
+	var batch []string
+	var err error
+	for iter.Next(ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == 1000 {
+			err = cmp.Or(err, n.rdb.Unlink(ctx, batch...).Err())
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		err = cmp.Or(err, n.rdb.Unlink(ctx, batch...).Err())
+	}
+	return errors.Join(err, iter.Err(), n.rdb.Close())
 }
 
 // cachedResponse is a response as the naive cache stores it.

@@ -254,7 +254,11 @@ func bench(ctx context.Context, o options, command string, progress io.Writer, l
 		if err != nil {
 			return nil, fmt.Errorf("%w (--redis-url \"\" leaves the naive variants out)", err)
 		}
-		defer naive.rdb.Close()
+		defer func() {
+			if err := naive.close(); err != nil {
+				log.Warn("idembench: removing the naive cache's entries", "err", err)
+			}
+		}()
 		rep.redis = version
 	}
 	for _, v := range allVariants {
