@@ -91,7 +91,7 @@ func Example_transactional() {
 	if _, err := store.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{Store: store})
+	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: store})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package idem_test
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,25 +13,15 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemsqlite"
-	"github.com/idemgo/idem/internal/dbtest"
 )
-
-func openSQLite(t *testing.T) *idemsqlite.Driver {
-	t.Helper()
-	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.Migrate(t.Context()))
-	return d
-}
 
 // Regression: a client that hung up during the claim cancelled a claim the
 // database could already have committed; the key then stayed PROCESSING,
 // run by nobody, for a whole lease.
 func TestClientGoneBeforeClaim(t *testing.T) {
+	t.Parallel()
 	d := openSQLite(t)
-	mw, err := idem.New(idem.Config{Store: d})
-	require.NoError(t, err)
+	mw := newMiddleware(t, idem.Config{Store: d})
 	runs := 0
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
@@ -53,11 +42,11 @@ func TestClientGoneBeforeClaim(t *testing.T) {
 // the handler's own business transaction, so a handler holding its
 // transaction past a renewal tick was answered 503 and rolled back.
 func TestSQLiteRenewalDoesNotWaitForOwnTransaction(t *testing.T) {
+	t.Parallel()
 	d := openSQLite(t)
 	_, err := d.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY)`)
 	require.NoError(t, err)
-	mw, err := idem.New(idem.Config{Store: d, LeaseDuration: time.Second, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	mw := newMiddleware(t, idem.Config{Store: d, LeaseDuration: time.Second})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := idemsqlite.Tx(r.Context())
 		if err == nil {
@@ -84,9 +73,9 @@ func TestSQLiteRenewalDoesNotWaitForOwnTransaction(t *testing.T) {
 
 // A context kept past the handler cannot open the claim's transaction.
 func TestTxAfterExecutionEnded(t *testing.T) {
+	t.Parallel()
 	d := openSQLite(t)
-	mw, err := idem.New(idem.Config{Store: d})
-	require.NoError(t, err)
+	mw := newMiddleware(t, idem.Config{Store: d})
 	var kept context.Context
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		kept = r.Context()
@@ -95,7 +84,7 @@ func TestTxAfterExecutionEnded(t *testing.T) {
 	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
 	req.Header.Set(idem.HeaderKey, "k")
 	h.ServeHTTP(httptest.NewRecorder(), req)
-	_, err = idemsqlite.Tx(kept)
+	_, err := idemsqlite.Tx(kept)
 	require.ErrorIs(t, err, idem.ErrExecutionEnded)
 }
 
@@ -103,10 +92,10 @@ func TestTxAfterExecutionEnded(t *testing.T) {
 // Content-Length are never replayed, whatever the allow-list says; section 2:
 // the protected methods are configurable, the others pass through.
 func TestReplayAllowListAndMethods(t *testing.T) {
+	t.Parallel()
 	d := openSQLite(t)
-	mw, err := idem.New(idem.Config{Store: d, Methods: []string{"PUT"},
+	mw := newMiddleware(t, idem.Config{Store: d, Methods: []string{"PUT"},
 		ReplayHeaders: []string{"Set-Cookie", "Date", "Connection", "X-Order"}})
-	require.NoError(t, err)
 	runs := 0
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
@@ -158,9 +147,9 @@ func (s *blockingHeartbeat) Heartbeat(ctx context.Context, _ idemdriver.FencePar
 // its timeout (LeaseDuration/3). Regression: with a pool exhausted by the
 // business transactions, every response waited for the blocked renewal.
 func TestHandlerEndCancelsRenewal(t *testing.T) {
+	t.Parallel()
 	store := &blockingHeartbeat{Store: openSQLite(t), started: make(chan struct{}, 1), ended: make(chan error, 8)}
-	mw, err := idem.New(idem.Config{Store: store, LeaseDuration: 3 * time.Second, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	mw := newMiddleware(t, idem.Config{Store: store, LeaseDuration: 3 * time.Second})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		<-store.started // a renewal is in flight
 		w.WriteHeader(http.StatusCreated)
@@ -182,10 +171,9 @@ func TestHandlerEndCancelsRenewal(t *testing.T) {
 // lease of a stuck handler for as long as its process lived, and every retry
 // got 409.
 func TestMaxExecution(t *testing.T) {
+	t.Parallel()
 	d := openSQLite(t)
-	mw, err := idem.New(idem.Config{Store: d, LeaseDuration: time.Second, MaxExecution: time.Second,
-		Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	mw := newMiddleware(t, idem.Config{Store: d, LeaseDuration: time.Second, MaxExecution: time.Second})
 	var causes []error
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(causes) == 0 {

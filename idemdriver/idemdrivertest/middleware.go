@@ -104,6 +104,9 @@ type server struct {
 func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server {
 	t.Helper()
 	cfg.Store = store
+	if cfg.Scope == nil {
+		cfg.Scope = idem.SingleTenant
+	}
 	m, err := idem.New(cfg)
 	require.NoError(t, err)
 	srv := httptest.NewServer(m.Handler(a))
@@ -552,7 +555,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		var runs atomic.Int32
-		m, err := idem.New(idem.Config{Store: d, LeaseDuration: time.Second, MaxExecution: time.Second,
+		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, LeaseDuration: time.Second, MaxExecution: time.Second,
 			Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -594,7 +597,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		var runs atomic.Int32
-		m, err := idem.New(idem.Config{Store: d, Logger: slog.New(slog.DiscardHandler)})
+		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
@@ -649,7 +652,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		t.Parallel()
 		clock := &Clock{}
 		secret := []byte("relay-secret")
-		m, err := idem.New(idem.Config{Store: Shift(h.NewDriver(t), clock), RelaySecret: secret})
+		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: Shift(h.NewDriver(t), clock), RelaySecret: secret})
 		require.NoError(t, err)
 		var (
 			mu      sync.Mutex
@@ -697,7 +700,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		t.Cleanup(held.release)
 		txApp := &app{biz: biz}
 		serve := func(a *app, key, body string) *httptest.ResponseRecorder {
-			m, err := idem.New(idem.Config{Store: d})
+			m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d})
 			require.NoError(t, err)
 			req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
