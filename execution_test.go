@@ -200,3 +200,29 @@ func TestMaxExecution(t *testing.T) {
 	require.Equal(t, http.StatusCreated, send(), "the retry runs again")
 	require.Len(t, causes, 2)
 }
+
+// Regression: a SUCCEEDED record without its response (damaged by hand, a
+// partial restore) answered 409 request-in-flight to every retry, forever.
+// It answers 500 response-missing, and the handler is not run again.
+func TestSucceededWithoutResponse(t *testing.T) {
+	t.Parallel()
+	d := openSQLite(t)
+	runs := 0
+	h := newMiddleware(t, idem.Config{Store: d}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		runs++
+		w.WriteHeader(http.StatusCreated)
+	}))
+	require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "k", "{}").Code)
+	_, err := d.DB().Exec(`UPDATE idem_keys SET response_status = NULL, response_headers = NULL, response_body = NULL`)
+	require.NoError(t, err)
+	rec, err := d.Get(t.Context(), idem.SingleTenantScope, "k")
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.StateSucceeded, rec.State)
+	require.Nil(t, rec.Response, "the record is damaged as the case needs")
+	for range 2 {
+		got := send(h, "POST", "/x", "k", "{}")
+		requireKind(t, got, http.StatusInternalServerError, "response-missing")
+		require.Empty(t, got.Header().Get("Retry-After"))
+	}
+	require.Equal(t, 1, runs)
+}
