@@ -97,11 +97,12 @@ func (p Problem) Write(w http.ResponseWriter) {
 	_, _ = w.Write(buf.Bytes()) // Encode ends it with a newline
 }
 
-// retryAfterSeconds rounds d up to whole seconds, at least 1.
+// retryAfterSeconds rounds d up to whole seconds, at least 1 (without
+// overflowing near the largest Duration).
 func retryAfterSeconds(d time.Duration) int64 {
-	s := int64((d + time.Second - 1) / time.Second)
-	if s < 1 {
-		s = 1
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++
 	}
-	return s
+	return max(s, 1)
 }
