@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemgo/idem/idemdriver"
 )
@@ -48,13 +51,27 @@ type Outcome int
 const (
 	// Succeeded records SUCCEEDED with the response; later requests replay it.
 	Succeeded Outcome = iota
-	// Failed records FAILED (retryable); the next request runs the handler again.
+	// Failed records FAILED (retryable); the next request with the same
+	// payload runs the handler again.
 	Failed
+	// Released records nothing: the execution's record is removed (a
+	// fenced Driver.Release) and the answer reaches its caller as the
+	// handler wrote it, so the next request with the key runs as a new
+	// one, whatever its payload (CONTRACT section 5). In transactional mode
+	// the business writes are rolled back. It is meant for answers given
+	// before any side effect, such as a validation failure the client will
+	// correct: released after a side effect, the corrected request would
+	// run it again under a new relayed key. See ReleaseKey and
+	// ReleaseValidationFailures.
+	Released
 )
 
 func (o Outcome) String() string {
-	if o == Succeeded {
+	switch o {
+	case Succeeded:
 		return "SUCCEEDED"
+	case Released:
+		return "RELEASED"
 	}
 	return "FAILED"
 }
@@ -72,6 +89,21 @@ func DefaultOutcome(status int) Outcome {
 	default:
 		return Succeeded
 	}
+}
+
+// ReleaseValidationFailures is DefaultOutcome, except that 400 (Bad
+// Request), 415 (Unsupported Media Type) and 422 (Unprocessable Content)
+// are Released: the key is not burned by a request the client will correct
+// (Stripe saves no result when parameters fail validation). Use it only
+// when your handlers answer these statuses before any side effect (they
+// validate first); a handler that can answer them after one should call
+// ReleaseKey on its validation path instead, and keep DefaultOutcome.
+func ReleaseValidationFailures(status int) Outcome {
+	switch status {
+	case http.StatusBadRequest, http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity:
+		return Released
+	}
+	return DefaultOutcome(status)
 }
 
 // MaxScopeLength is the longest scope, in bytes, that every driver stores.
@@ -171,8 +203,13 @@ type Config struct {
 	// DefaultReplayHeaders().
 	ReplayHeaders []string
 
-	// Outcome maps the handler's final status code to how it is recorded.
-	// Default: DefaultOutcome.
+	// Outcome maps the handler's final status code to how it is recorded:
+	// Succeeded, Failed or Released. A handler that called ReleaseKey is
+	// Released whatever its status. Default: DefaultOutcome, under which
+	// every 4xx but 408, 425 and 429 is recorded and replayed, validation
+	// failures included (idem cannot tell a 400 answered before any side
+	// effect from one answered after); ReleaseValidationFailures releases
+	// 400, 415 and 422 instead.
 	Outcome func(status int) Outcome
 
 	// Fingerprint replaces the request fingerprint. Default: Fingerprint
@@ -226,6 +263,12 @@ type Config struct {
 	// plain SHA-256 derivation).
 	RelaySecret []byte
 
+	// Owner names this process in the records it claims (Record.Owner,
+	// shown by the idem command's stuck and inspect), so an operator can
+	// tell whose worker died; at most idemdriver.MaxOwnerBytes bytes (New
+	// refuses longer). Default: "<hostname>/<pid>".
+	Owner string
+
 	// Logger receives store errors and lost leases. Default: slog.Default().
 	Logger *slog.Logger
 }
@@ -271,6 +314,13 @@ func (c Config) WithDefaults() Config {
 	if c.MaxExecution == 0 {
 		c.MaxExecution = max(c.LeaseDuration, min(DefaultMaxExecution, c.Retention-c.LeaseDuration))
 	}
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		c.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
+		if len(c.Owner) > idemdriver.MaxOwnerBytes {
+			c.Owner = c.Owner[len(c.Owner)-idemdriver.MaxOwnerBytes:] // the pid end is the telling one
+		}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -302,6 +352,9 @@ func (c Config) validate() error {
 	}
 	if rl, ok := c.Store.(idemdriver.RetentionLimiter); ok && c.Retention > rl.MaxRetention() {
 		errs = append(errs, fmt.Errorf("Retention %s exceeds the store's MaxRetention %s", c.Retention, rl.MaxRetention()))
+	}
+	if len(c.Owner) > idemdriver.MaxOwnerBytes || !utf8.ValidString(c.Owner) || strings.IndexByte(c.Owner, 0) >= 0 {
+		errs = append(errs, fmt.Errorf("Owner must be valid UTF-8 of at most %d bytes without NUL", idemdriver.MaxOwnerBytes))
 	}
 	if c.MaxRequestBytes < 0 || c.MaxResponseBytes < 0 {
 		errs = append(errs, errors.New("MaxRequestBytes and MaxResponseBytes must not be negative"))

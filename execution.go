@@ -42,6 +42,31 @@ func ExecutionFromContext(ctx context.Context) (Execution, bool) {
 	return e.info, true
 }
 
+// ReleaseKey asks that the protected execution running under ctx not be
+// recorded: when the handler returns, its record is removed (a fenced
+// Driver.Release) instead of completed, its answer reaches the caller as
+// written, and the next request with the key runs as a new one, whatever
+// its payload. Call it on a validation path, before any side effect: a
+// request the client will correct must not burn the key (Stripe saves no
+// result when parameters fail validation), and a key released after a side
+// effect lets the corrected request run it again under a new relayed key.
+// In transactional mode the business writes are rolled back. It returns
+// idemdriver.ErrNoExecution outside a protected handler and
+// ErrExecutionEnded after the handler returned.
+func ReleaseKey(ctx context.Context) error {
+	e, ok := ctx.Value(executionKey{}).(*execution)
+	if !ok {
+		return idemdriver.ErrNoExecution
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ended {
+		return ErrExecutionEnded
+	}
+	e.releaseAsked = true
+	return nil
+}
+
 // ErrExecutionEnded is returned by the drivers' Tx functions when a handler
 // asks for the business transaction after its execution ended (from a
 // goroutine that outlived the handler, for example).
@@ -57,9 +82,10 @@ type execution struct {
 	cancel context.CancelCauseFunc
 	parent context.Context // the request's context, for detached completion
 
-	mu    sync.Mutex
-	tx    idemdriver.Tx
-	ended bool
+	mu           sync.Mutex
+	tx           idemdriver.Tx
+	ended        bool
+	releaseAsked bool // ReleaseKey was called
 }
 
 func newExecution(m *Middleware, parent context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) *execution {
@@ -200,6 +226,25 @@ func (e *execution) failed() (owned bool, err error) {
 		e.m.cfg.Logger.Warn("idem: recording FAILED", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 	}
 	return owned, err
+}
+
+// released reports whether the handler called ReleaseKey.
+func (e *execution) released() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.releaseAsked
+}
+
+// release removes the execution's record (fenced), and reports whether this
+// execution still owned it.
+func (e *execution) release() (bool, error) {
+	ctx, cancel := e.detached()
+	defer cancel()
+	owned, err := e.m.cfg.Store.Release(ctx, e.fence)
+	if err != nil {
+		return false, &StoreError{Op: "release", Err: err}
+	}
+	return owned, nil
 }
 
 // txBegun reports whether the handler began the business transaction.

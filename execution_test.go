@@ -226,3 +226,17 @@ func TestSucceededWithoutResponse(t *testing.T) {
 	}
 	require.Equal(t, 1, runs)
 }
+
+// ReleaseKey outside a protected execution, or after it ended, is an error
+// the handler can see.
+func TestReleaseKeyOutsideExecution(t *testing.T) {
+	t.Parallel()
+	require.ErrorIs(t, idem.ReleaseKey(context.Background()), idemdriver.ErrNoExecution)
+	var kept context.Context
+	h := newMiddleware(t, idem.Config{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		kept = r.Context()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "k", "{}").Code)
+	require.ErrorIs(t, idem.ReleaseKey(kept), idem.ErrExecutionEnded)
+}

@@ -126,6 +126,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		Scope: scope, Key: key, Method: r.Method, Path: path,
 		Fingerprint:   m.cfg.Fingerprint(r, body),
 		LeaseDuration: m.cfg.LeaseDuration, Retention: m.cfg.Retention,
+		Owner: m.cfg.Owner,
 	}
 	// Detached from the client: a hang-up must not cancel a claim that the
 	// database may already have committed, which would leave the key
@@ -134,6 +135,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	claimSent := time.Now() // the lease runs from the database's now, no earlier
 	res, err := m.cfg.Store.Claim(claimCtx, params)
 	cancel()
+	if errors.Is(err, idemdriver.ErrUnstorable) {
+		// The scope passed idem's rules but not this database's: a server
+		// fault that every retry would meet again.
+		m.cfg.Logger.Error("idem: the store cannot hold this request's scope", "err", err)
+		ProblemFor(ErrScopeUnstorable, "the server could not scope this request").Write(w)
+		return
+	}
 	if err != nil {
 		m.storeUnavailable(w, &StoreError{Op: "claim", Err: err})
 		return
@@ -332,7 +340,29 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			"retry with the same key: once the store answers and the lease (%s) runs out, the request runs again", m.cfg.LeaseDuration))
 		return
 	}
-	switch m.cfg.Outcome(cw.statusCode()) {
+	outcome := m.cfg.Outcome(cw.statusCode())
+	if e.released() {
+		outcome = Released
+	}
+	switch outcome {
+	case Released:
+		e.rollback()
+		owned, err := e.release()
+		switch {
+		case err != nil:
+			// The key could not be released: a corrected request would
+			// meet key-reused. Mark it FAILED if the store answers, so the
+			// same request runs again at once, and say so rather than send
+			// an answer whose key stays burned.
+			e.fail()
+			m.outcomeUnknown(w, err, fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
+				"retry the same request with the same key", cw.statusCode()))
+		case !owned:
+			m.leaseLost(w)
+		default:
+			cw.send()
+		}
+		return
 	case Failed:
 		e.rollback()
 		if !e.fail() {

@@ -1005,4 +1005,76 @@ func runEdges(t *testing.T, h Harness) {
 			require.Zero(t, a.runs.Load())
 		}
 	})
+
+	// Regression: a validation failure (415 for a wrong Content-Type) was
+	// recorded, so the corrected request with the same key got 422
+	// key-reused. The default still records it (idem cannot tell a 4xx
+	// answered before any side effect from one answered after); a handler
+	// that calls idem.ReleaseKey, or the ReleaseValidationFailures policy,
+	// releases the key, and the corrected request runs.
+	t.Run("ValidationFailureReleasesKey", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		biz := h.Business(t, d)
+		var runs atomic.Int32
+		validating := func(release bool) http.HandlerFunc {
+			return func(w http.ResponseWriter, r *http.Request) {
+				run := runs.Add(1)
+				tx, err := idemdriver.TxFromContext(r.Context())
+				if err == nil {
+					err = biz.Insert(r.Context(), tx, fmt.Sprintf("%s/%d", r.Header.Get("Idempotency-Key"), run))
+				}
+				if err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				if r.Header.Get("Content-Type") != "application/json" {
+					if release {
+						if err := idem.ReleaseKey(r.Context()); err != nil {
+							http.Error(w, err.Error(), http.StatusInternalServerError)
+							return
+						}
+					}
+					http.Error(w, "send application/json", http.StatusUnsupportedMediaType)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, `{"run":%d}`, run)
+			}
+		}
+		asText := func(r *http.Request) { r.Header.Set("Content-Type", "text/plain") }
+		ctx := context.Background()
+
+		// The default: the 415 is an outcome, replayed; the corrected
+		// request is another request for the key.
+		recorded := newHandlerServer(t, d, idem.Config{}, validating(false))
+		first := recorded.post(t, "burned", `{}`, asText)
+		require.Equal(t, http.StatusUnsupportedMediaType, first.status)
+		requireReplay(t, first, recorded.post(t, "burned", `{}`, asText))
+		requireProblem(t, recorded.post(t, "burned", `{}`), 422, "key-reused")
+
+		// The handler releases the key: nothing recorded, its writes
+		// rolled back, and the corrected request runs.
+		released := newHandlerServer(t, d, idem.Config{}, validating(true))
+		runs.Store(0)
+		refused := released.post(t, "k", `{}`, asText)
+		require.Equal(t, http.StatusUnsupportedMediaType, refused.status)
+		require.Empty(t, refused.header.Get(idem.HeaderReplayed))
+		_, err := d.Get(ctx, idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k"})
+		require.ErrorIs(t, err, idemdriver.ErrNotFound, "the record is removed")
+		n, err := biz.Count(ctx, "k/1")
+		require.NoError(t, err)
+		require.Zero(t, n, "the released execution's writes rolled back")
+		corrected := released.post(t, "k", `{}`)
+		require.Equal(t, http.StatusCreated, corrected.status, "%s", corrected.body)
+		requireReplay(t, corrected, released.post(t, "k", `{}`))
+		require.EqualValues(t, 2, runs.Load())
+
+		// The policy releases 400, 415 and 422 without the handler's help.
+		policy := newHandlerServer(t, d, idem.Config{Outcome: idem.ReleaseValidationFailures}, validating(false))
+		runs.Store(0)
+		require.Equal(t, http.StatusUnsupportedMediaType, policy.post(t, "p", `{}`, asText).status)
+		require.Equal(t, http.StatusCreated, policy.post(t, "p", `{}`).status)
+		require.EqualValues(t, 2, runs.Load())
+	})
 }
