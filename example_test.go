@@ -126,3 +126,43 @@ func Example_transactional() {
 	// 201 replayed="true" {"payment":1}
 	// payments: 1
 }
+
+// A validation failure need not burn the key: the handler releases it, so
+// nothing is recorded and the corrected request with the same key runs.
+// (By default a 4xx is an outcome, replayed to every retry.)
+func ExampleReleaseKey() {
+	dir, _ := os.MkdirTemp("", "idem-example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
+	if err != nil {
+		log.Fatal(err)
+	}
+	pay := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.Contains(r.URL.RawQuery, "currency=") { // validate before any side effect
+			_ = idem.ReleaseKey(r.Context())
+			http.Error(w, "currency is required", http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, `{"id":"pay_1"}`)
+	})
+	srv := httptest.NewServer(mw.Handler(pay))
+	defer srv.Close()
+
+	post(srv.URL, "order-7", `{"amount":1000}`)
+	post(srv.URL+"?currency=JPY", "order-7", `{"amount":1000}`) // corrected, same key
+	post(srv.URL+"?currency=JPY", "order-7", `{"amount":1000}`)
+	// Output:
+	// 400 replayed="" currency is required
+	// 201 replayed="" {"id":"pay_1"}
+	// 201 replayed="true" {"id":"pay_1"}
+}
