@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -239,4 +240,24 @@ func TestReleaseKeyOutsideExecution(t *testing.T) {
 	}))
 	require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "k", "{}").Code)
 	require.ErrorIs(t, idem.ReleaseKey(kept), idem.ErrExecutionEnded)
+}
+
+// refusingStore is a real store whose claims the database refuses as
+// unstorable, as PostgreSQL refuses a value its text column cannot hold.
+type refusingStore struct{ idem.Store }
+
+func (refusingStore) Claim(context.Context, idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	return idemdriver.ClaimResult{}, fmt.Errorf("idempgx: claim: %w (SQLSTATE 22021)", idemdriver.ErrUnstorable)
+}
+
+// A value the store refuses (idemdriver.ErrUnstorable) is a server fault
+// answered 500 once, not a 503 store-unavailable that invites retries.
+func TestStoreRefusesScope(t *testing.T) {
+	t.Parallel()
+	ran := false
+	h := newMiddleware(t, idem.Config{Store: refusingStore{openSQLite(t)}}).Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
+	got := send(h, "POST", "/x", "k", "{}")
+	requireKind(t, got, http.StatusInternalServerError, "scope-unstorable")
+	require.Empty(t, got.Header().Get("Retry-After"))
+	require.False(t, ran)
 }

@@ -42,7 +42,7 @@ func jsonNumber(s string) (r *big.Rat, small, ok bool) {
 
 // zeroLiteral reports whether the JSON number literal n is zero.
 func zeroLiteral(n string) bool {
-	mantissa, _, _ := strings.Cut(strings.ToLower(n), "e")
+	mantissa, _, _ := strings.Cut(strings.ToLower(strings.TrimSpace(n)), "e")
 	return strings.Trim(mantissa, "-0.") == ""
 }
 
