@@ -15,8 +15,8 @@ import (
 	"github.com/idemgo/idem/idemsqlite"
 )
 
-// post sends one JSON POST with an Idempotency-Key and prints the answer.
-func post(url, key, body string) {
+// examplePost sends one JSON POST with an Idempotency-Key and prints the answer.
+func examplePost(url, key, body string) {
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
@@ -53,8 +53,8 @@ func ExampleOpen() {
 	})))
 	defer srv.Close()
 
-	post(srv.URL, "order-1", `{"amount":1000}`)
-	post(srv.URL, "order-1", `{"amount":1000}`)
+	examplePost(srv.URL, "order-1", `{"amount":1000}`)
+	examplePost(srv.URL, "order-1", `{"amount":1000}`)
 	// Output:
 	// 201 replayed="" {"id":"pay_1"}
 	// 201 replayed="true" {"id":"pay_1"}
@@ -102,9 +102,9 @@ func ExampleTx() {
 	})))
 	defer srv.Close()
 
-	post(srv.URL+"?number=A-1", "k1", `{}`)
-	post(srv.URL+"?number=A-1", "k2", `{}`) // another request for the same order
-	post(srv.URL+"?number=A-1", "k2", `{}`) // its retry gets the same answer
+	examplePost(srv.URL+"?number=A-1", "k1", `{}`)
+	examplePost(srv.URL+"?number=A-1", "k2", `{}`) // another request for the same order
+	examplePost(srv.URL+"?number=A-1", "k2", `{}`) // its retry gets the same answer
 	var n int
 	_ = store.DB().QueryRow(`SELECT count(*) FROM orders`).Scan(&n)
 	fmt.Println("orders:", n)
