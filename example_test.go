@@ -77,17 +77,8 @@ func Example() {
 // transaction; idem writes the outcome in the same transaction and commits
 // both together.
 func Example_transactional() {
-	dir, _ := os.MkdirTemp("", "idem-example")
-	defer os.RemoveAll(dir)
-	ctx := context.Background()
-	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
+	store, done := exampleStore()
+	defer done()
 	if _, err := store.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {
 		log.Fatal(err)
 	}
@@ -131,17 +122,8 @@ func Example_transactional() {
 // nothing is recorded and the corrected request with the same key runs.
 // (By default a 4xx is an outcome, replayed to every retry.)
 func ExampleReleaseKey() {
-	dir, _ := os.MkdirTemp("", "idem-example")
-	defer os.RemoveAll(dir)
-	ctx := context.Background()
-	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
+	store, done := exampleStore()
+	defer done()
 	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
@@ -165,4 +147,19 @@ func ExampleReleaseKey() {
 	// 400 replayed="" currency is required
 	// 201 replayed="" {"id":"pay_1"}
 	// 201 replayed="true" {"id":"pay_1"}
+}
+
+// exampleStore opens a migrated SQLite store in a new temporary directory;
+// the returned function closes it and removes the directory.
+func exampleStore() (*idemsqlite.Driver, func()) {
+	dir, _ := os.MkdirTemp("", "idem-example")
+	ctx := context.Background()
+	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	return store, func() { store.Close(); os.RemoveAll(dir) }
 }

@@ -66,17 +66,8 @@ func ExampleOpen() {
 // like any answer. (SQLite fails only the statement; PostgreSQL aborts the
 // whole transaction, and idem then records the 409 on its own.)
 func ExampleTx() {
-	dir, _ := os.MkdirTemp("", "idemsqlite-example")
-	defer os.RemoveAll(dir)
-	ctx := context.Background()
-	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
+	store, done := exampleStore()
+	defer done()
 	if _, err := store.DB().Exec(`CREATE TABLE orders (number TEXT PRIMARY KEY)`); err != nil {
 		log.Fatal(err)
 	}
@@ -113,4 +104,19 @@ func ExampleTx() {
 	// 409 replayed="" order A-1 exists
 	// 409 replayed="true" order A-1 exists
 	// orders: 1
+}
+
+// exampleStore opens a migrated SQLite store in a new temporary directory;
+// the returned function closes it and removes the directory.
+func exampleStore() (*idemsqlite.Driver, func()) {
+	dir, _ := os.MkdirTemp("", "idemsqlite-example")
+	ctx := context.Background()
+	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	return store, func() { store.Close(); os.RemoveAll(dir) }
 }
