@@ -89,17 +89,14 @@ func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 // Commit and Rollback to idem: the completion is written in the same
 // transaction, fenced by the token, and committed with it (CONTRACT
 // section 6). It returns idemdriver.ErrNoExecution outside a protected handler.
-func Tx(ctx context.Context) (pgx.Tx, error) {
-	tx, err := idemdriver.TxFromContext(ctx)
-	if err != nil {
-		return nil, err
-	}
-	native, ok := tx.Native().(pgx.Tx)
-	if !ok {
-		return nil, fmt.Errorf("idempgx: the store is not PostgreSQL (transaction is %T)", tx.Native())
-	}
-	return native, nil
-}
+//
+// A statement of the handler that fails (a unique violation it answers 409
+// for, say) aborts the whole transaction in PostgreSQL: its writes are gone
+// and nothing more can be written in it. idem then rolls it back and records
+// the handler's answer on its own, so a 409 is replayed; a 2xx after such a
+// failure would claim writes that never happened, and is answered 500
+// (problem type transaction-aborted) and recorded FAILED.
+func Tx(ctx context.Context) (pgx.Tx, error) { return idemdriver.NativeTx[pgx.Tx](ctx) }
 
 // now is the database clock moved by the @offset parameter (microseconds).
 const now = `(statement_timestamp() + @offset::bigint * interval '1 microsecond')`
@@ -446,15 +443,24 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	return businessTx{tx, d}, nil
 }
 
+// businessTx is the claim's business transaction on PostgreSQL.
 type businessTx struct {
 	tx pgx.Tx
 	d  *Driver
 }
 
+// Complete writes the completion in the transaction. A transaction that a
+// failed statement of the handler aborted answers 25P02
+// (in_failed_sql_transaction), reported as idemdriver.ErrTxAborted; one the
+// handler ended itself, as idemdriver.ErrTxDone.
 func (t businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
 	ok, err := t.d.complete(ctx, t.tx, p)
-	if errors.Is(err, pgx.ErrTxClosed) {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrTxClosed):
 		err = fmt.Errorf("%w: %w", idemdriver.ErrTxDone, err)
+	case errors.As(err, &pgErr) && pgErr.Code == "25P02": // in_failed_sql_transaction
+		err = fmt.Errorf("%w: %w", idemdriver.ErrTxAborted, err)
 	}
 	return ok, err
 }

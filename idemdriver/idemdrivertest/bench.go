@@ -78,7 +78,7 @@ func Benchmark(b *testing.B, newDriver func(testing.TB) idemdriver.Driver) {
 	})
 
 	httpBench := func(b *testing.B, key func(i int) string, wantStatus int) {
-		m, err := idem.New(idem.Config{Store: newDriver(b)})
+		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: newDriver(b)})
 		if err != nil {
 			b.Fatal(err)
 		}
