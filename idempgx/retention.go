@@ -212,7 +212,7 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 	if p.Limit <= 0 {
 		return nil, fmt.Errorf("idempgx: list: Limit %d must be positive", p.Limit)
 	}
-	rows, err := d.pool.Query(ctx, listSQL, pgx.NamedArgs{"state": string(p.State), "scope": p.Scope, "key": p.Key,
+	rows, err := d.pool.Query(ctx, d.q(listSQL), pgx.NamedArgs{"state": string(p.State), "scope": p.Scope, "key": p.Key,
 		"after_scope": p.AfterScope, "after_key": p.AfterKey, "limit": p.Limit, "offset": p.ClockOffset.Microseconds()})
 	if err != nil {
 		return nil, err
@@ -227,7 +227,6 @@ var removeSQL = `DELETE FROM idem_keys WHERE scope = @scope AND key = @key AND f
 
 // Remove implements idemdriver.Remover.
 func (d *Driver) Remove(ctx context.Context, p idemdriver.RemoveParams) (bool, error) {
-	args := fenceArgs(p.FenceParams)
-	args["state"] = string(p.State)
-	return execFenced(ctx, d.pool, removeSQL, args)
+	return execFenced(ctx, d.pool, d.q(removeSQL), []any{pgx.NamedArgs{"scope": p.Scope, "key": p.Key,
+		"token": p.FencingToken, "created": p.CreatedAt, "state": string(p.State)}})
 }
