@@ -114,10 +114,14 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 	merchant, _ := service.Merchant(ctx)
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
+		a.releaseKey(ctx)
 		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, "the request body could not be read")
 		return
 	}
 	in, err := parseChargeInput(r.Header.Get("Content-Type"), body)
+	if err != nil {
+		a.releaseKey(ctx)
+	}
 	var ie *inputError
 	switch {
 	case errors.Is(err, errUnsupportedMedia):
@@ -166,6 +170,15 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 		"idempotency_key", exec.Key, "attempt", exec.Attempt)
 	w.Header().Set("Location", "/v1/charges/"+c.ID)
 	svc.WriteJSON(w, http.StatusCreated, toJSON(c))
+}
+
+// releaseKey asks idem not to record this execution's answer: a
+// validation failure, before any charge, so the corrected request with the
+// same key runs instead of getting 422 key-reused (issue 13 item 10).
+func (a *api) releaseKey(ctx context.Context) {
+	if err := idem.ReleaseKey(ctx); err != nil {
+		a.log.ErrorContext(ctx, "releasing the key of an invalid charge", "err", err)
+	}
 }
 
 // getCharge is GET /v1/charges/{id}: one of the merchant's charges.

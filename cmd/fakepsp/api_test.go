@@ -319,3 +319,24 @@ func TestHealthzNoticesTheSQLiteFileGone(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusServiceUnavailable, r.status, "body: %s", r.body)
 }
+
+// A charge refused by fakepsp's own validation (400, 415) does not burn its
+// key: the corrected request with the same key is charged (regression,
+// issue 13 item 10: the refusal was recorded and replayed, and the
+// corrected request got 422 key-reused).
+func TestValidationFailureKeepsTheKey(t *testing.T) {
+	t.Parallel()
+	p := startPSP(t, handlerConfig{})
+	for key, bad := range map[string][2]string{
+		"fix-415": {"text/plain", chargeBody},
+		"fix-400": {"application/json", `{"amount":0,"currency":"jpy","customer":"c"}`},
+	} {
+		r := p.charge("acme", key, bad[0], bad[1])
+		require.Contains(t, []int{http.StatusBadRequest, http.StatusUnsupportedMediaType}, r.status, "%s: %s", key, r.body)
+		again := p.charge("acme", key, bad[0], bad[1])
+		require.Empty(t, again.header.Get(idem.HeaderReplayed), "%s: validated again, not replayed", key)
+		fixed := p.charge("acme", key, "application/json", chargeBody)
+		require.Equal(t, http.StatusCreated, fixed.status, "%s: the corrected request runs: %s", key, fixed.body)
+	}
+	require.EqualValues(t, 2, p.stats().Charges)
+}

@@ -197,14 +197,20 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 // readPayment reads body (all or part of r's) and validates it as a
 // payment. When it is not valid it answers: 415 unsupported-media-type, or
 // 400 invalid-request (with invalid-params when fields are wrong), and
-// returns false.
+// returns false. Under idem, such an answer releases the key
+// (idem.ReleaseKey: nothing was charged yet), so the corrected request with
+// the same key runs instead of getting 422 key-reused (issue 13 item 10).
 func readPayment(w http.ResponseWriter, r *http.Request, body io.Reader) (paymentInput, bool) {
 	b, err := io.ReadAll(body)
 	if err != nil {
+		releaseKey(r)
 		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, "the request body could not be read")
 		return paymentInput{}, false
 	}
 	in, err := parsePaymentInput(r.Header.Get("Content-Type"), b)
+	if err != nil {
+		releaseKey(r)
+	}
 	var ie *inputError
 	switch {
 	case errors.Is(err, errUnsupportedMedia):
@@ -215,6 +221,13 @@ func readPayment(w http.ResponseWriter, r *http.Request, body io.Reader) (paymen
 		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, err.Error())
 	}
 	return in, err == nil
+}
+
+// releaseKey asks idem not to record the answer of r's execution: a
+// validation failure, before any side effect. Outside idem (the naive
+// handler) there is no execution to release.
+func releaseKey(r *http.Request) {
+	_ = idem.ReleaseKey(r.Context()) // idemdriver.ErrNoExecution outside idem: nothing to release
 }
 
 // chargeRequest is the provider's charge for in, keyed with key.
