@@ -160,12 +160,12 @@ func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 		// The handler ended the transaction itself, against the contract:
 		// its writes are committed (or gone) already. Record the outcome on
 		// its own, so the next request replays instead of running again.
-		e.m.cfg.Logger.Error("idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
+		e.m.cfg.Logger.ErrorContext(e.parent, "idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
 			"scope", e.fence.Scope, "key", e.fence.Key)
 		return e.completeAlone(ctx, p)
 	case errors.Is(err, idemdriver.ErrTxAborted):
 		if rerr := tx.Rollback(ctx); rerr != nil {
-			e.m.cfg.Logger.Warn("idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", rerr)
+			e.m.cfg.Logger.WarnContext(e.parent, "idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", rerr)
 		}
 		if resp.Status >= 200 && resp.Status < 300 {
 			return false, ErrTxAborted
@@ -199,7 +199,7 @@ func (e *execution) rollback() {
 		ctx, cancel := e.detached()
 		defer cancel()
 		if err := tx.Rollback(ctx); err != nil {
-			e.m.cfg.Logger.Warn("idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+			e.m.cfg.Logger.WarnContext(e.parent, "idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 		}
 	}
 }
@@ -223,7 +223,7 @@ func (e *execution) failed() (owned bool, err error) {
 	defer cancel()
 	owned, err = e.m.cfg.Store.Fail(ctx, e.fence)
 	if err != nil {
-		e.m.cfg.Logger.Warn("idem: recording FAILED", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+		e.m.cfg.Logger.WarnContext(e.parent, "idem: recording FAILED", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 	}
 	return owned, err
 }
@@ -301,7 +301,7 @@ func (e *execution) startHeartbeat(claimSent time.Time) *heartbeat {
 					return
 				default:
 				}
-				e.m.cfg.Logger.Warn("idem: execution ran past MaxExecution; no longer renewing its lease",
+				e.m.cfg.Logger.WarnContext(e.parent, "idem: execution ran past MaxExecution; no longer renewing its lease",
 					"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.m.cfg.MaxExecution)
 				e.cancel(ErrExecutionTimeout)
 				return
@@ -334,7 +334,7 @@ func (e *execution) startHeartbeat(claimSent time.Time) *heartbeat {
 			case err == nil && ok:
 				hb.lastOK = sent
 			case err == nil && !ok:
-				e.m.cfg.Logger.Warn("idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
+				e.m.cfg.Logger.WarnContext(e.parent, "idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
 				e.cancel(ErrLeaseLost)
 				return
 			case errors.Is(err, idemdriver.ErrBusy):
@@ -342,7 +342,7 @@ func (e *execution) startHeartbeat(claimSent time.Time) *heartbeat {
 				// writer): no claim can take the key over while it is held.
 				hb.lastOK = time.Now()
 			case time.Since(hb.lastOK) >= lease:
-				e.m.cfg.Logger.Warn("idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+				e.m.cfg.Logger.WarnContext(e.parent, "idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 				e.cancel(&StoreError{Op: "heartbeat", Err: err})
 				return
 			}

@@ -578,7 +578,11 @@ func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap sn
 	if err != nil || n != 1 {
 		return idemdriver.ClaimResult{}, false, err
 	}
-	return claimed(p, snap.rec.FencingToken+1, attempts, createdUS, snap.nowUS, expiresUS, lockedUS), true, nil
+	// The UPDATE is fenced on the state read, so the state it replaced is
+	// snap's.
+	won := claimed(p, snap.rec.FencingToken+1, attempts, createdUS, snap.nowUS, expiresUS, lockedUS)
+	won.TookOver = continues && snap.rec.State == idemdriver.StateProcessing
+	return won, true, nil
 }
 
 // claimed is the record a won claim wrote. Its LockedUntil and LeaseLeft
