@@ -222,6 +222,16 @@ func (e *execution) failed() (owned bool, err error) {
 	return owned, err
 }
 
+// takenOver reports whether the key's record now belongs to another claim
+// (another fencing token, or a new life of the key): this execution's
+// outcome did not commit, and the new owner's counts.
+func (e *execution) takenOver() bool {
+	ctx, cancel := e.detached()
+	defer cancel()
+	rec, err := e.m.cfg.Store.Get(ctx, e.fence.Scope, e.fence.Key)
+	return err == nil && (rec.FencingToken != e.fence.FencingToken || !rec.CreatedAt.Equal(e.fence.CreatedAt))
+}
+
 // txBegun reports whether the handler began the business transaction.
 func (e *execution) txBegun() bool {
 	e.mu.Lock()
