@@ -72,12 +72,14 @@ topo_exit() {
 pass() { TOPO_PASSED+=("$1"); log "PASS $1"; }
 fail() { TOPO_FAILED+=("$1"); log "FAIL $1"; }
 
-# check NAME CMD...: runs CMD, records NAME as passed or failed.
-check() {
+# checked NAME CMD...: runs CMD, records NAME as passed or failed, and
+# returns CMD's verdict (for `if checked ...`); check goes on either way.
+checked() {
 	local name=$1
 	shift
 	if "$@"; then pass "$name"; else fail "$name"; return 1; fi
 }
+check() { checked "$@" || true; }
 
 # started PID: remember a process to kill at exit.
 started() {

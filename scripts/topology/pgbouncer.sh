@@ -47,7 +47,7 @@ pgbouncer_topology() {
 	local url="$via/storm?sslmode=disable"
 	[ "$mode" = transaction ] && url+="&default_query_exec_mode=exec"
 	APPS=("$((base + 10)) $url" "$((base + 11)) $url" "$((base + 12)) $url")
-	if ! check "paymentsd x3 started at once through pgbouncer on a fresh database" apps_start_at_once; then
+	if ! checked "paymentsd x3 started at once through pgbouncer on a fresh database" apps_start_at_once; then
 		log "starting them one at a time on a new database, for the checks that follow"
 		for i in 0 1 2; do kill -9 "$(cat "$TOPO_DIR/app.$i.pid")" 2>/dev/null || true; done
 		psql_at "$pg" "DROP DATABASE storm WITH (FORCE)"
@@ -74,6 +74,25 @@ pgbouncer_topology() {
 	check "storm through pgbouncer ($mode), pgbouncer killed: 0 double, 0 lost, 0 stuck (idemstorm exit $storm_rc)" storm_verdict chaos
 	check "storm through pgbouncer ($mode): no 500 answer" storm_5xx chaos 1000000
 	check "storm through pgbouncer ($mode): no lost race or prepared-statement error answered 5xx" no_lost_race_5xx
+
+	if [ "$mode" = transaction ]; then
+		# pgx's defaults behind transaction pooling: paymentsd refuses to
+		# start naming default_query_exec_mode, or works (issue 10: 500s
+		# and 503s from 42P05 and 26000).
+		for i in 0 1 2; do kill -9 "$(cat "$TOPO_DIR/app.$i.pid")" 2>/dev/null || true; done
+		psql_at "$pg" "CREATE DATABASE plain"
+		APPS=("$((base + 10)) $via/plain?sslmode=disable" "$((base + 11)) $via/plain?sslmode=disable")
+		: >"$TOPO_DIR/logs/paymentsd.0.log"
+		: >"$TOPO_DIR/logs/paymentsd.1.log"
+		if apps_start_at_once; then
+			STORM_PAYMENTS=100 storm plain "$direct/plain?sslmode=disable" --timeout-rate 0 --cancel-rate 0 || true
+			check "pgx's default exec mode behind transaction pooling: every payment once" storm_verdict plain
+			check "pgx's default exec mode behind transaction pooling: no 5xx" storm_5xx plain 0
+		else
+			check "pgx's default exec mode behind transaction pooling: refused at start, naming default_query_exec_mode" \
+				grep -q default_query_exec_mode "$TOPO_DIR/logs/paymentsd.0.log"
+		fi
+	fi
 	topo_hold
 }
 
