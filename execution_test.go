@@ -43,7 +43,7 @@ func TestClientGoneBeforeClaim(t *testing.T) {
 	req := httptest.NewRequestWithContext(ctx, "POST", "/x", strings.NewReader("{}"))
 	req.Header.Set(idem.HeaderKey, "k")
 	h.ServeHTTP(httptest.NewRecorder(), req)
-	rec, err := d.Get(context.Background(), "global", "k")
+	rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "global", Key: "k"})
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.StateSucceeded, rec.State, "the work is done and recorded; the retry replays")
 	require.Equal(t, 1, runs)
@@ -171,7 +171,7 @@ func TestHandlerEndCancelsRenewal(t *testing.T) {
 	h.ServeHTTP(rr, req)
 	require.Equal(t, http.StatusCreated, rr.Code, rr.Body.String())
 	require.ErrorIs(t, <-store.ended, context.Canceled, "ended by the handler's end, not by its own timeout")
-	rec, err := store.Get(t.Context(), "global", "k")
+	rec, err := store.Get(t.Context(), idemdriver.GetParams{Scope: "global", Key: "k"})
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.StateSucceeded, rec.State)
 }
@@ -206,7 +206,7 @@ func TestMaxExecution(t *testing.T) {
 	}
 	require.Equal(t, http.StatusServiceUnavailable, send())
 	require.ErrorIs(t, causes[0], idem.ErrExecutionTimeout)
-	rec, err := d.Get(t.Context(), "global", "k")
+	rec, err := d.Get(t.Context(), idemdriver.GetParams{Scope: "global", Key: "k"})
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.StateFailed, rec.State)
 	require.Equal(t, http.StatusCreated, send(), "the retry runs again")

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dbtest"
 )
@@ -91,7 +92,7 @@ func TestRelayTransport(t *testing.T) {
 	require.Equal(t, seen[0], seen[1], "a re-execution relays the same key")
 	require.NotEqual(t, seen[0], seen[2], "another scope relays another key")
 	step := "POST " + strings.TrimPrefix(provider.URL, "http://") + "/v1/charges"
-	rec, err := store.Get(t.Context(), "acme", "order-1")
+	rec, err := store.Get(t.Context(), idemdriver.GetParams{Scope: "acme", Key: "order-1"})
 	require.NoError(t, err)
 	require.Equal(t, idem.DeriveKey([]byte("s3cret"), "acme", "order-1", rec.CreatedAt, step), seen[0])
 	for _, k := range seen {

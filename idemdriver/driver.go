@@ -36,6 +36,20 @@ const (
 // ErrNotFound is returned by Driver.Get when no record exists for (scope, key).
 var ErrNotFound = errors.New("idemdriver: record not found")
 
+// ErrUnstorable is wrapped by the error a driver returns for a scope, key,
+// path or owner that its database cannot store or compare: a NUL byte or
+// invalid UTF-8 in a PostgreSQL text column (SQLSTATE 22021 or 22P05), or a
+// value longer than its column (idemmysql.ErrTooLong wraps it too). Nothing
+// was written. It is a server fault, not an outage: running the same request
+// again meets the same refusal, so the core answers 500 once instead of the
+// 503 that invites retries (issue 13 item 9). Drivers whose columns hold any
+// bytes (MySQL's VARBINARY, SQLite's TEXT) store such values as sent and
+// never return it for them.
+var ErrUnstorable = errors.New("idemdriver: the database cannot store this scope, key, path or owner")
+
+// MaxOwnerBytes is the longest ClaimParams.Owner every driver stores.
+const MaxOwnerBytes = 255
+
 // ClaimParams are the inputs of the one atomic claim statement.
 type ClaimParams struct {
 	Scope string // tenant / account / principal owning the key, at most 255 bytes
@@ -50,7 +64,22 @@ type ClaimParams struct {
 	LeaseDuration time.Duration
 	// Retention sets expires_at = database now + Retention on a new record.
 	Retention time.Duration
+	// Owner names who claims: an instance id such as "host/pid" or a
+	// configured name, at most MaxOwnerBytes bytes; empty when unknown. Every
+	// claim stores it in the record's owner column (Record.Owner), so an
+	// operator listing stuck executions (Inspector.Stuck) can tell whose
+	// worker died. It takes no part in any decision.
+	Owner string
 	// ClockOffset is added to the database's clock (tests only; zero in production).
+	ClockOffset time.Duration
+}
+
+// GetParams name the record Driver.Get reads.
+type GetParams struct {
+	Scope string
+	Key   string
+	// ClockOffset is added to the database's clock when LeaseLeft is
+	// measured (tests only; zero in production).
 	ClockOffset time.Duration
 }
 
@@ -74,6 +103,9 @@ type Record struct {
 	Fingerprint  []byte
 	State        State
 	FencingToken int64
+	// Owner is ClaimParams.Owner of the latest claim ("" for records written
+	// before the owner column existed).
+	Owner string
 	// LeaseLeft is locked_until minus the database's now (ClockOffset
 	// included); zero or negative when the lease has run out or the record is
 	// not PROCESSING.
@@ -125,8 +157,9 @@ type CompleteParams struct {
 }
 
 // Driver is one database's implementation of the claim protocol. All methods
-// are safe for concurrent use. Errors other than ErrNotFound mean the store
-// could not answer; the core answers 503 and never runs a handler unprotected.
+// are safe for concurrent use. Errors other than ErrNotFound and
+// ErrUnstorable mean the store could not answer; the core answers 503 and
+// never runs a handler unprotected.
 // Deadlocks, serialization failures and lost races are resolved inside the
 // driver (retried or answered from the winning row), never returned.
 type Driver interface {
@@ -162,13 +195,22 @@ type Driver interface {
 	// token. It reports false when the caller no longer owns the record.
 	Fail(ctx context.Context, p FenceParams) (bool, error)
 
+	// Release removes the record of this execution, fenced like Complete and
+	// Fail (scope, key, fencing token, created_at, PROCESSING), so that the
+	// next request with the key runs as new: for an answer that must not be
+	// recorded, such as a validation failure the client will correct
+	// (issue 13 item 10). It reports false, removing nothing, when the caller
+	// no longer owns the record. FenceParams.LeaseDuration is unused.
+	Release(ctx context.Context, p FenceParams) (bool, error)
+
 	// Begin starts a business transaction on the store's database. The
 	// handler does its writes in it, and the completion is written in it.
 	Begin(ctx context.Context) (Tx, error)
 
-	// Get reads the record for (scope, key) without changing it, or returns
-	// ErrNotFound. LeaseLeft is measured against the database's clock.
-	Get(ctx context.Context, scope, key string) (Record, error)
+	// Get reads the record for (p.Scope, p.Key) without changing it, or
+	// returns ErrNotFound. LeaseLeft is measured against the database's
+	// clock plus p.ClockOffset.
+	Get(ctx context.Context, p GetParams) (Record, error)
 
 	// Migrate applies the driver's embedded schema migrations (idempotent).
 	Migrate(ctx context.Context) error

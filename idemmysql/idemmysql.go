@@ -319,7 +319,7 @@ var recordColumns = `k.scope, k.` + "`key`" + `, k.method, k.path, k.fingerprint
 	` + micros(`k.locked_until`) + `, k.response_status, k.response_headers, k.response_body,
 	k.response_body_stored, k.response_body_size,
 	` + micros(`k.created_at`) + `, ` + micros(`k.updated_at`) + `, ` + micros(`k.completed_at`) + `,
-	` + micros(`k.expires_at`) + `, k.attempts,
+	` + micros(`k.expires_at`) + `, k.attempts, k.owner,
 	TIMESTAMPDIFF(MICROSECOND, n.now, k.locked_until)`
 
 type stmtID int
@@ -331,6 +331,7 @@ const (
 	stHeartbeat
 	stComplete
 	stFail
+	stRelease
 	stPurgeSelect
 	numStmts
 )
@@ -342,10 +343,10 @@ FROM ` + nowTable + `
 LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
 
 	// A new key. Args: scope, key, method, path, fingerprint, locked_until,
-	// created_at, updated_at, expires_at (µs).
+	// created_at, updated_at, expires_at (µs), owner.
 	stInsert: "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, state, fencing_token,\n" +
-		"	locked_until, created_at, updated_at, expires_at, attempts)\n" +
-		"VALUES (?, ?, ?, ?, ?, 'PROCESSING', 1, " + at + ", " + at + ", " + at + ", " + at + ", 1)",
+		"	locked_until, created_at, updated_at, expires_at, attempts, owner)\n" +
+		"VALUES (?, ?, ?, ?, ?, 'PROCESSING', 1, " + at + ", " + at + ", " + at + ", " + at + ", 1, ?)",
 
 	// The compare-and-set on a claimable row: the token, created_at and
 	// state pin the version that was read (the token alone does not: a
@@ -353,10 +354,10 @@ LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
 	// the request it holds and the decision made on it; the claimable
 	// condition is checked again against the same now: no live lease (a
 	// heartbeat may have renewed it since the read), and either expired or
-	// unfinished. Args: method, path, fingerprint, locked_until,
+	// unfinished. Args: method, path, fingerprint, owner, locked_until,
 	// updated_at, created_at, expires_at (µs), attempts, scope, key, token,
 	// the created_at read (µs), the state read, now, now (µs).
-	stTakeover: `UPDATE idem_keys SET method = ?, path = ?, fingerprint = ?, state = 'PROCESSING',
+	stTakeover: `UPDATE idem_keys SET method = ?, path = ?, fingerprint = ?, owner = ?, state = 'PROCESSING',
 	fencing_token = fencing_token + 1, locked_until = ` + at + `,
 	response_status = NULL, response_headers = NULL, response_body = NULL,
 	response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
@@ -375,6 +376,9 @@ WHERE scope = ? AND ` + "`key`" + ` = ? AND fencing_token = ? AND created_at = `
 
 	// Args: offset, scope, key, token.
 	stFail: `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, ` + touch + fenced,
+
+	// Args: scope, key, token.
+	stRelease: `DELETE FROM idem_keys` + fenced,
 
 	// One purge batch's records, locked (see purgeSelectSQL). Args: see purgeArgs.
 	stPurgeSelect: purgeSelectSQL,
@@ -422,8 +426,8 @@ func (ps *preparedStmt) close() error {
 const maxClaimTries = 8
 
 // ErrTooLong is wrapped by the error Claim returns for a scope, key, method,
-// path or fingerprint longer than its column (see MaxScopeBytes and the
-// others). Nothing is written.
+// path, fingerprint or owner longer than its column (see MaxScopeBytes and
+// the others), together with idemdriver.ErrUnstorable. Nothing is written.
 var ErrTooLong = errors.New("idemmysql: value longer than its column")
 
 func checkBounds(p idemdriver.ClaimParams) error {
@@ -435,9 +439,10 @@ func checkBounds(p idemdriver.ClaimParams) error {
 		{"scope", len(p.Scope), MaxScopeBytes}, {"key", len(p.Key), MaxKeyBytes},
 		{"method", len(p.Method), MaxMethodBytes}, {"path", len(p.Path), MaxPathBytes},
 		{"fingerprint", len(p.Fingerprint), MaxFingerprintBytes},
+		{"owner", len(p.Owner), idemdriver.MaxOwnerBytes},
 	} {
 		if f.n > f.max {
-			return fmt.Errorf("%w: %s is %d bytes, the column holds %d", ErrTooLong, f.name, f.n, f.max)
+			return fmt.Errorf("%w (%w): %s is %d bytes, the column holds %d", ErrTooLong, idemdriver.ErrUnstorable, f.name, f.n, f.max)
 		}
 	}
 	return nil
@@ -561,7 +566,7 @@ func (d *Driver) insert(ctx context.Context, p idemdriver.ClaimParams, nowUS int
 	lockedUS := nowUS + p.LeaseDuration.Microseconds()
 	expiresUS := nowUS + p.Retention.Microseconds()
 	if _, err := s.ExecContext(ctx, p.Scope, p.Key, p.Method, p.Path, p.Fingerprint,
-		lockedUS, nowUS, nowUS, expiresUS); err != nil {
+		lockedUS, nowUS, nowUS, expiresUS, p.Owner); err != nil {
 		return idemdriver.ClaimResult{}, err
 	}
 	return claimed(p, 1, 1, nowUS, nowUS, expiresUS, lockedUS), nil
@@ -578,7 +583,7 @@ func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap sn
 	}
 	expiresUS := snap.nowUS + p.Retention.Microseconds()
 	lockedUS := snap.nowUS + p.LeaseDuration.Microseconds()
-	res, err := s.ExecContext(ctx, p.Method, p.Path, p.Fingerprint, lockedUS,
+	res, err := s.ExecContext(ctx, p.Method, p.Path, p.Fingerprint, p.Owner, lockedUS,
 		snap.nowUS, createdUS, expiresUS, attempts,
 		p.Scope, p.Key, snap.rec.FencingToken, snap.createdUS, string(snap.rec.State), snap.nowUS, snap.nowUS)
 	if err != nil {
@@ -595,7 +600,7 @@ func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap sn
 func claimed(p idemdriver.ClaimParams, token int64, attempts int, createdUS, updatedUS, expiresUS, lockedUS int64) idemdriver.ClaimResult {
 	locked := usTime(lockedUS)
 	return idemdriver.ClaimResult{Claimed: true, Record: idemdriver.Record{
-		Scope: p.Scope, Key: p.Key, Method: p.Method, Path: p.Path,
+		Scope: p.Scope, Key: p.Key, Method: p.Method, Path: p.Path, Owner: p.Owner,
 		Fingerprint: bytes.Clone(p.Fingerprint), State: idemdriver.StateProcessing,
 		FencingToken: token, LeaseLeft: idemdriver.LeaseLeft(idemdriver.StateProcessing, p.LeaseDuration, true),
 		Attempts: attempts, CreatedAt: usTime(createdUS), UpdatedAt: usTime(updatedUS),
@@ -616,8 +621,8 @@ func sleepJitter(ctx context.Context) error {
 }
 
 // Get implements idemdriver.Driver.
-func (d *Driver) Get(ctx context.Context, scope, key string) (idemdriver.Record, error) {
-	snap, err := d.read(ctx, scope, key, 0)
+func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Record, error) {
+	snap, err := d.read(ctx, p.Scope, p.Key, p.ClockOffset.Microseconds())
 	if err != nil {
 		return idemdriver.Record{}, err
 	}
@@ -653,6 +658,15 @@ func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, erro
 		return false, err
 	}
 	return execFenced(ctx, s, true, p.ClockOffset.Microseconds(), p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro())
+}
+
+// Release implements idemdriver.Driver: a fenced DELETE.
+func (d *Driver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	s, err := d.stmt(ctx, stRelease)
+	if err != nil {
+		return false, err
+	}
+	return execFenced(ctx, s, true, p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro())
 }
 
 // Begin implements idemdriver.Driver: a transaction at READ COMMITTED, the
@@ -719,7 +733,7 @@ type rowScanner interface{ Scan(dest ...any) error }
 func scanSnapshot(row rowScanner) (snapshot, error) {
 	var (
 		s                                             snapshot
-		scope, key, method, path, state               sql.NullString
+		scope, key, method, path, state, owner        sql.NullString
 		token, status, bodySize, createdAt, updatedAt sql.NullInt64
 		completedAt, expiresAt, attempts, leaseLeft   sql.NullInt64
 		headers, body                                 []byte
@@ -727,14 +741,14 @@ func scanSnapshot(row rowScanner) (snapshot, error) {
 	)
 	err := row.Scan(&s.nowUS, &scope, &key, &method, &path, &s.fingerprint, &state, &token,
 		&s.lockedUS, &status, &headers, &body, &stored, &bodySize,
-		&createdAt, &updatedAt, &completedAt, &expiresAt, &attempts, &leaseLeft)
+		&createdAt, &updatedAt, &completedAt, &expiresAt, &attempts, &owner, &leaseLeft)
 	if err != nil || !token.Valid {
 		return s, err // no record when the fencing token (NOT NULL) is NULL
 	}
 	s.found = true
 	s.expiresUS, s.createdUS = expiresAt.Int64, createdAt.Int64
 	rec := idemdriver.Record{
-		Scope: scope.String, Key: key.String, Method: method.String, Path: path.String,
+		Scope: scope.String, Key: key.String, Method: method.String, Path: path.String, Owner: owner.String,
 		Fingerprint: s.fingerprint, State: idemdriver.State(state.String), FencingToken: token.Int64,
 		Attempts: int(attempts.Int64), CreatedAt: usTime(createdAt.Int64), UpdatedAt: usTime(updatedAt.Int64),
 		ExpiresAt: usTime(expiresAt.Int64), CompletedAt: nullTime(completedAt), LockedUntil: nullTime(s.lockedUS),

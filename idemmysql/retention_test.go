@@ -52,7 +52,7 @@ func TestPurgeSkipsLockedRows(t *testing.T) {
 	require.NoError(t, err, "does not wait for the locked row")
 	require.EqualValues(t, 2, n)
 	require.Less(t, time.Since(start), 2*time.Second)
-	_, err = d.Get(ctx, "s", "k1")
+	_, err = d.Get(ctx, idemdriver.GetParams{Scope: "s", Key: "k1"})
 	require.NoError(t, err)
 	require.NoError(t, tx.Rollback())
 	n, err = d.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 10})

@@ -240,7 +240,7 @@ func TestDeadlockRace(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, winners)
-	rec, err := d.Get(ctx, "acct", "dl")
+	rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "dl"})
 	require.NoError(t, err)
 	for _, r := range all {
 		require.Equal(t, rec.FencingToken, r.Record.FencingToken)
@@ -391,7 +391,7 @@ func TestTimeZoneNoDrift(t *testing.T) {
 		require.WithinDuration(t, serverUTC, res.Record.CreatedAt, time.Second, "created_at is the server's UTC now")
 		require.Equal(t, time.UTC, res.Record.CreatedAt.Location())
 
-		got, err := tc.reader.Get(ctx, "acct", tc.name)
+		got, err := tc.reader.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: tc.name})
 		require.NoError(t, err)
 		require.True(t, got.CreatedAt.Equal(res.Record.CreatedAt), "%s: %s vs %s", tc.name, got.CreatedAt, res.Record.CreatedAt)
 		require.True(t, got.ExpiresAt.Equal(res.Record.ExpiresAt))
@@ -433,7 +433,7 @@ func TestClockOffset(t *testing.T) {
 	res, err := d.Claim(ctx, p)
 	require.NoError(t, err)
 	require.WithinDuration(t, serverUTC.Add(-10*time.Second), res.Record.CreatedAt, time.Second)
-	rec, err := d.Get(ctx, "acct", "k") // at the database's own now
+	rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"}) // at the database's own now
 	require.NoError(t, err)
 	require.InDelta(t, (lease - 10*time.Second).Seconds(), rec.LeaseLeft.Seconds(), 1)
 
@@ -441,7 +441,7 @@ func TestClockOffset(t *testing.T) {
 		CreatedAt: rec.CreatedAt, LeaseDuration: lease, ClockOffset: time.Hour})
 	require.NoError(t, err)
 	require.True(t, ok)
-	rec, err = d.Get(ctx, "acct", "k")
+	rec, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
 	require.NoError(t, err)
 	require.InDelta(t, (time.Hour + lease).Seconds(), rec.LeaseLeft.Seconds(), 1)
 }
@@ -493,7 +493,7 @@ func TestFencedWriteAlwaysCounts(t *testing.T) {
 		ok, err = tc.d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse([]byte("x"))})
 		require.NoError(t, err)
 		require.True(t, ok)
-		rec, err := tc.d.Get(ctx, "acct", tc.name)
+		rec, err := tc.d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: tc.name})
 		require.NoError(t, err)
 		require.True(t, rec.UpdatedAt.After(rec.CreatedAt), "updated_at moved on by a microsecond per write")
 	}
@@ -528,7 +528,7 @@ func TestLargeBodyRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, tx.Commit(ctx))
-	rec, err := d.Get(ctx, "acct", "big-tx")
+	rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "big-tx"})
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(body, rec.Response.Body))
 }
@@ -550,7 +550,7 @@ func TestBodyOverMaxAllowedPacket(t *testing.T) {
 	require.NoError(t, err)
 	_, err = d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse(body)})
 	require.Error(t, err)
-	rec, err := d.Get(ctx, "acct", "huge")
+	rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "huge"})
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.StateProcessing, rec.State)
 }
@@ -568,12 +568,12 @@ func TestKeysAreBinary(t *testing.T) {
 		res, err := d.Claim(ctx, params(sk[0], sk[1], "b"))
 		require.NoError(t, err)
 		require.True(t, res.Claimed, "%q/%q is a key of its own", sk[0], sk[1])
-		rec, err := d.Get(ctx, sk[0], sk[1])
+		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: sk[0], Key: sk[1]})
 		require.NoError(t, err)
 		require.Equal(t, sk[0], rec.Scope)
 		require.Equal(t, sk[1], rec.Key)
 	}
-	_, err := d.Get(ctx, "acct", "KEY-a")
+	_, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "KEY-a"})
 	require.ErrorIs(t, err, idemdriver.ErrNotFound)
 }
 
@@ -649,7 +649,7 @@ func TestNewOnPlainPool(t *testing.T) {
 	ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse([]byte("ok"))})
 	require.NoError(t, err)
 	require.True(t, ok)
-	rec, err := d.Get(ctx, "acct", "k")
+	rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
 	require.NoError(t, err)
 	require.Equal(t, "ok", string(rec.Response.Body))
 	require.True(t, rec.CreatedAt.Equal(res.Record.CreatedAt))

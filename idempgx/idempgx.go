@@ -75,7 +75,7 @@ const now = `(statement_timestamp() + @offset::bigint * interval '1 microsecond'
 
 const columns = `scope, key, method, path, fingerprint, state, fencing_token, locked_until,
 	response_status, response_headers, response_body, response_body_stored, response_body_size,
-	created_at, updated_at, completed_at, expires_at, attempts,
+	created_at, updated_at, completed_at, expires_at, attempts, owner,
 	(extract(epoch FROM locked_until - ` + now + `) * 1000000)::bigint`
 
 // The claim, one statement. "cur" reads the record from the statement's
@@ -105,14 +105,14 @@ var claimSQL = `WITH cur AS (
 	FROM idem_keys WHERE scope = @scope AND key = @key
 ), claim AS (
 	INSERT INTO idem_keys AS k (scope, key, method, path, fingerprint, state, fencing_token,
-		locked_until, created_at, updated_at, expires_at, attempts)
+		locked_until, created_at, updated_at, expires_at, attempts, owner)
 	SELECT @scope::text, @key::text, @method::text, @path::text, @fingerprint::bytea, 'PROCESSING', 1,
 		` + now + ` + @lease::bigint * interval '1 microsecond', ` + now + `, ` + now + `,
-		` + now + ` + @retention::bigint * interval '1 microsecond', 1
+		` + now + ` + @retention::bigint * interval '1 microsecond', 1, @owner::text
 	WHERE NOT EXISTS (SELECT 1 FROM cur WHERE NOT claimable)
 	ON CONFLICT (scope, key) DO UPDATE SET
 		method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint,
-		state = 'PROCESSING',
+		state = 'PROCESSING', owner = excluded.owner,
 		fencing_token = k.fencing_token + 1,
 		locked_until = excluded.locked_until,
 		response_status = NULL, response_headers = NULL, response_body = NULL,
@@ -149,6 +149,8 @@ var completeSQL = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL
 	completed_at = ` + now + `, updated_at = ` + now + fenced
 
 var failSQL = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = ` + now + fenced
+
+var releaseSQL = `DELETE FROM idem_keys` + fenced
 
 // maxClaimTries bounds the re-runs of the claim statement after a lost race
 // it could not read (see claimSQL) or a serialization failure.
@@ -219,10 +221,11 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	args := pgx.NamedArgs{
 		"scope": p.Scope, "key": p.Key, "method": p.Method, "path": p.Path, "fingerprint": p.Fingerprint,
 		"lease": p.LeaseDuration.Microseconds(), "retention": p.Retention.Microseconds(),
-		"offset": p.ClockOffset.Microseconds(),
+		"owner": p.Owner, "offset": p.ClockOffset.Microseconds(),
 	}
 	if d.part != nil {
-		return d.claimPartitioned(ctx, args)
+		res, err := d.claimPartitioned(ctx, args)
+		return res, unstorable(err)
 	}
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
@@ -233,7 +236,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 				lastErr = err
 				continue
 			}
-			return res, err
+			return res, unstorable(err)
 		}
 		found := false
 		for rows.Next() {
@@ -248,7 +251,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		case err != nil && retryable(err):
 			lastErr = err
 		case err != nil:
-			return res, err
+			return res, unstorable(err)
 		case found:
 			return res, nil
 		default:
@@ -265,11 +268,24 @@ func retryable(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
+// unstorable wraps idemdriver.ErrUnstorable around the errors of a value
+// PostgreSQL cannot hold in a text column: 22021 character_not_in_repertoire
+// (invalid UTF-8, or a NUL byte: "invalid byte sequence for encoding UTF8:
+// 0x00") and 22P05 untranslatable_character.
+func unstorable(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "22021" || pgErr.Code == "22P05") {
+		return fmt.Errorf("idempgx: %w: %w", idemdriver.ErrUnstorable, err)
+	}
+	return err
+}
+
 // Get implements idemdriver.Driver.
-func (d *Driver) Get(ctx context.Context, scope, key string) (idemdriver.Record, error) {
-	rows, err := d.pool.Query(ctx, getSQL, pgx.NamedArgs{"scope": scope, "key": key, "offset": 0})
+func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Record, error) {
+	rows, err := d.pool.Query(ctx, getSQL, pgx.NamedArgs{"scope": p.Scope, "key": p.Key,
+		"offset": p.ClockOffset.Microseconds()})
 	if err != nil {
-		return idemdriver.Record{}, err
+		return idemdriver.Record{}, unstorable(err)
 	}
 	rec, err := pgx.CollectExactlyOneRow(rows, func(row pgx.CollectableRow) (idemdriver.Record, error) {
 		return scanRecord(row, nil)
@@ -277,7 +293,7 @@ func (d *Driver) Get(ctx context.Context, scope, key string) (idemdriver.Record,
 	if errors.Is(err, pgx.ErrNoRows) {
 		return rec, idemdriver.ErrNotFound
 	}
-	return rec, err
+	return rec, unstorable(err)
 }
 
 // Heartbeat implements idemdriver.Driver.
@@ -295,6 +311,11 @@ func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (boo
 // Fail implements idemdriver.Driver.
 func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
 	return execFenced(ctx, d.pool, failSQL, fenceArgs(p))
+}
+
+// Release implements idemdriver.Driver: a fenced DELETE.
+func (d *Driver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	return execFenced(ctx, d.pool, releaseSQL, fenceArgs(p))
 }
 
 // Begin implements idemdriver.Driver (READ COMMITTED, the default).
@@ -361,7 +382,7 @@ func execFenced(ctx context.Context, db execer, query string, args pgx.NamedArgs
 			if !inTx && try < 2 && retryable(err) {
 				continue
 			}
-			return false, err
+			return false, unstorable(err)
 		}
 		return tag.RowsAffected() == 1, nil
 	}
@@ -380,7 +401,7 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 	)
 	dest := []any{&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
 		&rec.LockedUntil, &status, &headers, &body, &stored, &bodySize,
-		&rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt, &rec.ExpiresAt, &rec.Attempts, &leaseLeftUS}
+		&rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt, &rec.ExpiresAt, &rec.Attempts, &rec.Owner, &leaseLeftUS}
 	if claimed != nil {
 		dest = append([]any{claimed}, dest...)
 	}

@@ -125,7 +125,7 @@ var claimPartitionedSQL = `WITH cur AS (
 	FROM idem_keys WHERE scope = @scope AND key = @key
 ), upd AS (
 	UPDATE idem_keys AS k SET
-		method = @method, path = @path, fingerprint = @fingerprint, state = 'PROCESSING',
+		method = @method, path = @path, fingerprint = @fingerprint, state = 'PROCESSING', owner = @owner,
 		fencing_token = k.fencing_token + 1,
 		locked_until = ` + nowTx + ` + @lease::bigint * interval '1 microsecond',
 		response_status = NULL, response_headers = NULL, response_body = NULL,
@@ -140,10 +140,10 @@ var claimPartitionedSQL = `WITH cur AS (
 	RETURNING ` + columnsTx + `
 ), ins AS (
 	INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
-		locked_until, created_at, updated_at, expires_at, attempts)
+		locked_until, created_at, updated_at, expires_at, attempts, owner)
 	SELECT @scope::text, @key::text, @method::text, @path::text, @fingerprint::bytea, 'PROCESSING', 1,
 		` + nowTx + ` + @lease::bigint * interval '1 microsecond', ` + nowTx + `, ` + nowTx + `,
-		` + nowTx + ` + @retention::bigint * interval '1 microsecond', 1
+		` + nowTx + ` + @retention::bigint * interval '1 microsecond', 1, @owner::text
 	WHERE NOT EXISTS (SELECT 1 FROM cur)
 	RETURNING ` + columnsTx + `
 )

@@ -86,7 +86,7 @@ type Driver struct {
 	db        *sql.DB
 	stmtsOnce sync.Once
 	stmtsErr  error
-	stmts     struct{ claimRead, claim, heartbeat, complete, fail *sql.Stmt }
+	stmts     struct{ claimRead, claim, heartbeat, complete, fail, release *sql.Stmt }
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)
@@ -100,7 +100,7 @@ func (d *Driver) prepare(ctx context.Context) error {
 			query string
 		}{
 			{&d.stmts.claimRead, claimReadSQL}, {&d.stmts.claim, claimSQL}, {&d.stmts.heartbeat, heartbeatSQL},
-			{&d.stmts.complete, completeSQL}, {&d.stmts.fail, failSQL},
+			{&d.stmts.complete, completeSQL}, {&d.stmts.fail, failSQL}, {&d.stmts.release, releaseSQL},
 		} {
 			if *s.dst, d.stmtsErr = d.db.PrepareContext(ctx, s.query); d.stmtsErr != nil {
 				d.stmtsErr = fmt.Errorf("idemsqlite: prepare (has Migrate run?): %w", d.stmtsErr)
@@ -143,7 +143,7 @@ const now = `(CAST(unixepoch('subsec') * 1000000 AS INTEGER) + @offset)`
 
 const columns = `scope, key, method, path, fingerprint, state, fencing_token, locked_until,
 	response_status, response_headers, response_body, response_body_stored, response_body_size,
-	created_at, updated_at, completed_at, expires_at, attempts, locked_until - ` + now
+	created_at, updated_at, completed_at, expires_at, attempts, owner, locked_until - ` + now
 
 // The claim: insert, or take over a record (CONTRACT section 3) that no
 // live lease holds and that is either the same request unfinished (FAILED,
@@ -154,12 +154,12 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // retention. excluded.created_at is this statement's "now". idemdriver.Claimable
 // mirrors the WHERE clause.
 var claimSQL = `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
-	locked_until, created_at, updated_at, expires_at, attempts)
+	locked_until, created_at, updated_at, expires_at, attempts, owner)
 VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
-	` + now + ` + @lease, ` + now + `, ` + now + `, ` + now + ` + @retention, 1)
+	` + now + ` + @lease, ` + now + `, ` + now + `, ` + now + ` + @retention, 1, @owner)
 ON CONFLICT (scope, key) DO UPDATE SET
 	method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint,
-	state = 'PROCESSING',
+	state = 'PROCESSING', owner = excluded.owner,
 	fencing_token = idem_keys.fencing_token + 1,
 	locked_until = excluded.locked_until,
 	response_status = NULL, response_headers = NULL, response_body = NULL,
@@ -192,6 +192,8 @@ var completeSQL = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL
 	completed_at = ` + now + `, updated_at = ` + now + fenced
 
 var failSQL = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = ` + now + fenced
+
+var releaseSQL = `DELETE FROM idem_keys` + fenced
 
 // Migrate applies the embedded migrations (goose), recording them in
 // SchemaVersionTable. It is safe to call on every start, also from
@@ -269,7 +271,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("method", p.Method),
 		sql.Named("path", p.Path), sql.Named("fingerprint", p.Fingerprint),
 		sql.Named("lease", p.LeaseDuration.Microseconds()), sql.Named("retention", p.Retention.Microseconds()),
-		sql.Named("offset", p.ClockOffset.Microseconds()),
+		sql.Named("owner", p.Owner), sql.Named("offset", p.ClockOffset.Microseconds()),
 	}
 	if err := d.prepare(ctx); err != nil {
 		return idemdriver.ClaimResult{}, err
@@ -304,9 +306,9 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 const maxClaimTries = 5
 
 // Get implements idemdriver.Driver.
-func (d *Driver) Get(ctx context.Context, scope, key string) (idemdriver.Record, error) {
+func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Record, error) {
 	rec, err := scanRecord(d.db.QueryRowContext(ctx, getSQL,
-		sql.Named("scope", scope), sql.Named("key", key), sql.Named("offset", 0)), nil)
+		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("offset", p.ClockOffset.Microseconds())), nil)
 	if errors.Is(err, sql.ErrNoRows) {
 		return rec, idemdriver.ErrNotFound
 	}
@@ -335,6 +337,14 @@ func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, erro
 		return false, err
 	}
 	return execFenced(ctx, d.stmts.fail, p)
+}
+
+// Release implements idemdriver.Driver: a fenced DELETE.
+func (d *Driver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	if err := d.prepare(ctx); err != nil {
+		return false, err
+	}
+	return execFenced(ctx, d.stmts.release, p)
 }
 
 // Begin implements idemdriver.Driver with BEGIN IMMEDIATE: the transaction
@@ -426,7 +436,7 @@ func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any
 	)
 	dest := []any{&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
 		&lockedUntil, &status, &headers, &body, &stored, &bodySize,
-		&createdAt, &updatedAt, &completedAt, &expiresAt, &rec.Attempts, &leaseLeft}
+		&createdAt, &updatedAt, &completedAt, &expiresAt, &rec.Attempts, &rec.Owner, &leaseLeft}
 	if expired != nil {
 		dest = append(dest, expired)
 	}

@@ -336,7 +336,7 @@ func inspectCmd(g *globals, out io.Writer) *cobra.Command {
 				return usageError{errors.New("--key is required (and --scope, unless the scope is the default \"global\")")}
 			}
 			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				rec, err := s.driver.Get(ctx, scope, key)
+				rec, err := s.driver.Get(ctx, idemdriver.GetParams{Scope: scope, Key: key})
 				if errors.Is(err, idemdriver.ErrNotFound) {
 					return fmt.Errorf("no record for scope %q and key %q (never seen, or purged after it expired)", scope, key)
 				}

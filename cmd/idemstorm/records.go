@@ -94,7 +94,7 @@ func checkRecords(ctx context.Context, databaseURL string, p *plan) (*RecordsChe
 	defer closeFn()
 	rc := &RecordsCheck{ByState: map[string]int{}}
 	for _, lp := range p.payments {
-		r, err := d.Get(ctx, lp.Merchant, lp.Key)
+		r, err := d.Get(ctx, idemdriver.GetParams{Scope: lp.Merchant, Key: lp.Key})
 		state := string(r.State)
 		if errors.Is(err, idemdriver.ErrNotFound) {
 			state, err = "ABSENT", nil

@@ -338,7 +338,7 @@ func (a *api) health(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	// The two reads reach the database (no separate ping needed) and fail
 	// when a table is gone, which a ping would not notice.
-	_, err := a.store.Idem().Get(ctx, healthProbe, healthProbe)
+	_, err := a.store.Idem().Get(ctx, idemdriver.GetParams{Scope: healthProbe, Key: healthProbe})
 	if errors.Is(err, idemdriver.ErrNotFound) {
 		err = nil
 	}

@@ -403,7 +403,7 @@ func TestProviderErrorIsRetried(t *testing.T) {
 	provider.relays.Range(func(k, _ any) bool { relays = append(relays, k.(string)); return true })
 	require.Len(t, relays, 1)
 	require.NotContains(t, relays[0], "psp-1")
-	rec, err := store.Idem().Get(t.Context(), "acme", "psp-1")
+	rec, err := store.Idem().Get(t.Context(), idemdriver.GetParams{Scope: "acme", Key: "psp-1"})
 	require.NoError(t, err)
 	require.Equal(t, idem.DeriveKey(nil, "acme", "psp-1", rec.CreatedAt, RelayStep), relays[0])
 }
@@ -575,7 +575,7 @@ func TestWrongRouteKeepsTheKey(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, s.do(http.MethodPost, "/v1/payment", paymentBody, headers...).status)
 	require.Equal(t, http.StatusMethodNotAllowed, s.do(http.MethodPatch, "/v1/payments", paymentBody, headers...).status)
 	require.Equal(t, http.StatusMethodNotAllowed, s.do(http.MethodPost, "/v1/balance", paymentBody, headers...).status)
-	_, err := store.Idem().Get(t.Context(), "acme", "typo-1")
+	_, err := store.Idem().Get(t.Context(), idemdriver.GetParams{Scope: "acme", Key: "typo-1"})
 	require.ErrorIs(t, err, idemdriver.ErrNotFound, "no record for the wrong routes")
 
 	r := s.postJSON("acme", "typo-1", paymentBody)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
 )
 
 // pspStub is an httptest payment provider whose answers the test scripts.
@@ -163,7 +164,7 @@ func TestProviderTimeoutIsRetried(t *testing.T) {
 	require.EqualValues(t, 1, made.Load())
 
 	require.Len(t, psp.requests, 2)
-	rec, err := store.Idem().Get(t.Context(), "acme", "t-1")
+	rec, err := store.Idem().Get(t.Context(), idemdriver.GetParams{Scope: "acme", Key: "t-1"})
 	require.NoError(t, err)
 	want := idem.DeriveKey([]byte("s3cret"), "acme", "t-1", rec.CreatedAt, RelayStep)
 	for _, req := range psp.requests {

@@ -65,3 +65,13 @@ func (t shiftedTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (b
 	p.ClockOffset += t.clock.Offset()
 	return t.Tx.Complete(ctx, p)
 }
+
+func (s *ShiftedDriver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	p.ClockOffset += s.Clock.Offset()
+	return s.Driver.Release(ctx, p)
+}
+
+func (s *ShiftedDriver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Record, error) {
+	p.ClockOffset += s.Clock.Offset()
+	return s.Driver.Get(ctx, p)
+}

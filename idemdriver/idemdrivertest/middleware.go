@@ -366,7 +366,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		n, err = biz.Count(ctx, "fast:k/1")
 		require.NoError(t, err)
 		require.Equal(t, 1, n, "the takeover's business writes committed with its completion")
-		rec, err := d.Get(ctx, "global", "k")
+		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "global", Key: "k"})
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 		require.Equal(t, 2, rec.Attempts)
@@ -443,7 +443,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		s := newServer(t, d, idem.Config{}, a)
 		first := s.post(t, "k", `{}`)
 		require.Error(t, first.err, "net/http aborts the connection of a panicking handler")
-		rec, err := d.Get(context.Background(), "global", "k")
+		rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "global", Key: "k"})
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.StateFailed, rec.State)
 		retry := s.post(t, "k", `{}`)
@@ -466,7 +466,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		var rec idemdriver.Record
 		require.Eventually(t, func() bool {
 			var err error
-			rec, err = d.Get(context.Background(), "global", "k")
+			rec, err = d.Get(context.Background(), idemdriver.GetParams{Scope: "global", Key: "k"})
 			return err == nil && rec.State == idemdriver.StateSucceeded
 		}, 30*time.Second, 5*time.Millisecond)
 		require.Equal(t, "<nil>", a.ctxErr.Load(), "the handler's context is detached from the client's")
@@ -574,7 +574,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		s := &server{Server: srv, app: &app{}}
 		first := s.post(t, "k", `{}`)
 		require.Equal(t, http.StatusServiceUnavailable, first.status, "body: %s", first.body)
-		rec, err := d.Get(context.Background(), "global", "k")
+		rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "global", Key: "k"})
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.StateFailed, rec.State)
 		n, err := biz.Count(context.Background(), "slow/1")
@@ -615,7 +615,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		s := &server{Server: srv}
 		first := s.post(t, "k", `{}`)
 		require.Equal(t, 201, first.status, "%s", first.body)
-		rec, err := d.Get(context.Background(), "global", "k")
+		rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "global", Key: "k"})
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 		requireReplay(t, first, s.post(t, "k", `{}`))

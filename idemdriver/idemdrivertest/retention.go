@@ -85,10 +85,10 @@ func runRetention(t *testing.T, h Harness) {
 		require.Equal(t, 201, post("/short", "k-short").Code)
 		require.Equal(t, 201, post("/long", "k-long").Code)
 		ctx := context.Background()
-		rs, err := d.Get(ctx, "global", "k-short")
+		rs, err := d.Get(ctx, idemdriver.GetParams{Scope: "global", Key: "k-short"})
 		require.NoError(t, err)
 		require.Equal(t, time.Hour, rs.ExpiresAt.Sub(rs.CreatedAt))
-		rl, err := d.Get(ctx, "global", "k-long")
+		rl, err := d.Get(ctx, idemdriver.GetParams{Scope: "global", Key: "k-long"})
 		require.NoError(t, err)
 		require.Equal(t, 24*time.Hour, rl.ExpiresAt.Sub(rl.CreatedAt))
 
@@ -215,7 +215,7 @@ func runRetention(t *testing.T, h Harness) {
 		require.Equal(t, fingerprint("b"), other.Record.Fingerprint)
 
 		for _, rec := range []idemdriver.Record{done, busy, reused} {
-			got, err := d.Get(ctx, "acct", rec.Key)
+			got, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: rec.Key})
 			require.NoError(t, err)
 			require.Equal(t, rec.FencingToken, got.FencingToken, "one record per key across midnight")
 		}
@@ -241,7 +241,7 @@ func runRetention(t *testing.T, h Harness) {
 		n, err := purger.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 10, OlderThan: 150 * time.Minute})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n)
-		_, err = d.Get(ctx, "acct", keys.expired3h)
+		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.expired3h})
 		require.ErrorIs(t, err, idemdriver.ErrNotFound)
 
 		var batches []int64
@@ -255,20 +255,20 @@ func runRetention(t *testing.T, h Harness) {
 		}
 		require.Equal(t, []int64{2, 1}, batches, "bounded batches")
 		for _, k := range []string{keys.expiredSucceeded, keys.expiredFailed, keys.expiredStale} {
-			_, err := d.Get(ctx, "acct", k)
+			_, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: k})
 			require.ErrorIs(t, err, idemdriver.ErrNotFound, k)
 		}
-		live, err := d.Get(ctx, "acct", keys.expiredLive)
+		live, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.expiredLive})
 		require.NoError(t, err, "a PROCESSING record under a live lease is never purged")
 		require.Equal(t, idemdriver.StateProcessing, live.State)
-		_, err = d.Get(ctx, "acct", keys.fresh)
+		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.fresh})
 		require.NoError(t, err)
 
 		// The database clock decides: 2 h later the live lease has ended.
 		n, err = purger.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 10, ClockOffset: 2 * time.Hour})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n)
-		_, err = d.Get(ctx, "acct", keys.expiredLive)
+		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.expiredLive})
 		require.ErrorIs(t, err, idemdriver.ErrNotFound)
 		require.Zero(t, count(0, 0))
 		require.EqualValues(t, 1, count(0, 25*time.Hour), "the fresh record expires after its retention")
@@ -309,7 +309,7 @@ func runRetention(t *testing.T, h Harness) {
 		ok, err = d.Fail(ctx, f)
 		require.NoError(t, err)
 		require.False(t, ok, "the stale owner's failure")
-		rec, err := d.Get(ctx, "acct", "k")
+		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.StateProcessing, rec.State)
 		require.Equal(t, fingerprint("second"), rec.Fingerprint)
@@ -326,7 +326,7 @@ func runRetention(t *testing.T, h Harness) {
 
 		now, err := insp.Now(ctx, 0)
 		require.NoError(t, err)
-		fresh, err := d.Get(ctx, "acct", keys.fresh)
+		fresh, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.fresh})
 		require.NoError(t, err)
 		require.WithinDuration(t, fresh.CreatedAt, now, 10*time.Second, "the database's clock")
 		later, err := insp.Now(ctx, time.Hour)
@@ -540,11 +540,11 @@ func runRetention(t *testing.T, h Harness) {
 		dropped, err := parts.DropPartitions(ctx, idemdriver.PartitionParams{ClockOffset: 6*day + time.Hour})
 		require.NoError(t, err)
 		require.Equal(t, names(dry), names(dropped))
-		_, err = d.Get(ctx, "acct", "done")
+		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "done"})
 		require.ErrorIs(t, err, idemdriver.ErrNotFound, "dropped with its partition")
-		_, err = d.Get(ctx, "acct", "live")
+		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "live"})
 		require.ErrorIs(t, err, idemdriver.ErrNotFound)
-		got, err := d.Get(ctx, "acct", "live-lease")
+		got, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "live-lease"})
 		require.NoError(t, err, "a partition holding a live lease is not dropped")
 		require.Equal(t, liveRec.FencingToken, got.FencingToken)
 
@@ -555,7 +555,7 @@ func runRetention(t *testing.T, h Harness) {
 		dropped, err = parts.DropPartitions(ctx, idemdriver.PartitionParams{ClockOffset: 8 * day})
 		require.NoError(t, err)
 		require.NotEmpty(t, dropped)
-		_, err = d.Get(ctx, "acct", "live-lease")
+		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "live-lease"})
 		require.ErrorIs(t, err, idemdriver.ErrNotFound)
 	})
 }

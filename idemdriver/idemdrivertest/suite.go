@@ -184,10 +184,10 @@ func runDriver(t *testing.T, h Harness) {
 		require.WithinDuration(t, rec.CreatedAt.Add(retention), rec.ExpiresAt, time.Millisecond)
 		require.WithinDuration(t, rec.CreatedAt.Add(lease), *rec.LockedUntil, time.Millisecond)
 
-		got, err := d.Get(context.Background(), "acct_1", "k1")
+		got, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "acct_1", Key: "k1"})
 		require.NoError(t, err)
 		require.Equal(t, rec.FencingToken, got.FencingToken)
-		_, err = d.Get(context.Background(), "acct_1", "nope")
+		_, err = d.Get(context.Background(), idemdriver.GetParams{Scope: "acct_1", Key: "nope"})
 		require.ErrorIs(t, err, idemdriver.ErrNotFound)
 	})
 
@@ -344,7 +344,7 @@ func runDriver(t *testing.T, h Harness) {
 			Response: idemdriver.Response{Status: 204, BodyStored: true}})
 		require.NoError(t, err)
 		require.True(t, ok)
-		rec, err := d.Get(ctx, "acct", "empty")
+		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "empty"})
 		require.NoError(t, err)
 		require.Equal(t, 204, rec.Response.Status)
 		require.Empty(t, rec.Response.Body)
@@ -356,7 +356,7 @@ func runDriver(t *testing.T, h Harness) {
 			Response: idemdriver.Response{Status: 201, BodyStored: false, BodySize: 5 << 20}})
 		require.NoError(t, err)
 		require.True(t, ok)
-		rec, err = d.Get(ctx, "acct", "big")
+		rec, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "big"})
 		require.NoError(t, err)
 		require.False(t, rec.Response.BodyStored)
 		require.Equal(t, int64(5<<20), rec.Response.BodySize)
@@ -375,7 +375,7 @@ func runDriver(t *testing.T, h Harness) {
 		ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(a.Record), Response: okResponse("A")})
 		require.NoError(t, err)
 		require.True(t, ok)
-		rb, err := d.Get(ctx, "merchant_b", "same-key")
+		rb, err := d.Get(ctx, idemdriver.GetParams{Scope: "merchant_b", Key: "same-key"})
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.StateProcessing, rb.State)
 		// Keys are case-sensitive.
@@ -405,7 +405,7 @@ func runDriver(t *testing.T, h Harness) {
 		ok, err = sd.Fail(ctx, fence(old))
 		require.NoError(t, err)
 		require.False(t, ok)
-		rec, err := d.Get(ctx, "acct", "k")
+		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.StateProcessing, rec.State)
 		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
@@ -423,7 +423,7 @@ func runDriver(t *testing.T, h Harness) {
 		ok, err = sd.Fail(ctx, fence(take.Record))
 		require.NoError(t, err)
 		require.False(t, ok)
-		rec, err = d.Get(ctx, "acct", "k")
+		rec, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
 		require.NoError(t, err)
 		require.Equal(t, "new", string(rec.Response.Body))
 	})
@@ -463,14 +463,14 @@ func runDriver(t *testing.T, h Harness) {
 		ok, err := tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse("ok")})
 		require.NoError(t, err)
 		require.True(t, ok)
-		rec, err := d.Get(ctx, "acct", "tx-ok")
+		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "tx-ok"})
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.StateProcessing, rec.State, "the completion is invisible before commit")
 		require.NoError(t, tx.Commit(ctx))
 		n, err := biz.Count(ctx, "row-ok")
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
-		rec, err = d.Get(ctx, "acct", "tx-ok")
+		rec, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "tx-ok"})
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 
@@ -487,7 +487,7 @@ func runDriver(t *testing.T, h Harness) {
 		n, err = biz.Count(ctx, "row-rb")
 		require.NoError(t, err)
 		require.Zero(t, n)
-		rec, err = d.Get(ctx, "acct", "tx-rb")
+		rec, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "tx-rb"})
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.StateProcessing, rec.State)
 
@@ -527,7 +527,7 @@ func runDriver(t *testing.T, h Harness) {
 			n, err = biz.Count(ctx, row)
 			require.NoError(t, err)
 			require.Zero(t, n, "a fenced-out worker's business writes never commit (%s)", order)
-			rec, err = d.Get(ctx, "acct", key)
+			rec, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: key})
 			require.NoError(t, err)
 			require.Equal(t, take.Record.FencingToken, rec.FencingToken)
 		}
@@ -626,7 +626,7 @@ func runDriver(t *testing.T, h Harness) {
 			sd, old := setup(t, d, "FAILED", p)
 			winners, results := race(t, sd, p)
 			requireOneOwner(t, winners, results, p, old)
-			rec, err := d.Get(context.Background(), p.Scope, p.Key)
+			rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: p.Scope, Key: p.Key})
 			require.NoError(t, err)
 			require.Equal(t, 2, rec.Attempts)
 		}
@@ -641,12 +641,16 @@ func runDriver(t *testing.T, h Harness) {
 			p := params("acct", key, "other payload, after expiry")
 			winners, results := race(t, sd, p)
 			requireOneOwner(t, winners, results, p, old)
-			rec, err := d.Get(context.Background(), "acct", key)
+			rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "acct", Key: key})
 			require.NoError(t, err)
 			require.Equal(t, 1, rec.Attempts)
 			require.Greater(t, rec.FencingToken, old.FencingToken, "tokens never go back, even across expiry")
 		}
 	})
+
+	runOwner(t, h)
+	runRelease(t, h)
+	runUnstorable(t, h)
 
 	t.Run("Unreachable", func(t *testing.T) {
 		t.Parallel()
@@ -655,5 +659,180 @@ func runDriver(t *testing.T, h Harness) {
 		defer cancel()
 		_, err := d.Claim(ctx, params("acct", "k", "b"))
 		require.Error(t, err)
+	})
+}
+
+// get reads (scope, key) at the database's own now.
+func get(ctx context.Context, d idemdriver.Driver, scope, key string) (idemdriver.Record, error) {
+	return d.Get(ctx, idemdriver.GetParams{Scope: scope, Key: key})
+}
+
+// runOwner: every claim stores who claimed (ClaimParams.Owner), and the
+// record, Get and Stuck return it.
+func runOwner(t *testing.T, h Harness) {
+	t.Run("Owner", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		ctx := context.Background()
+		clock := &Clock{}
+		sd := Shift(d, clock)
+		p := params("acct", "k", "body")
+		p.Owner = "host-a/4242"
+		res, err := sd.Claim(ctx, p)
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		require.Equal(t, "host-a/4242", res.Record.Owner)
+		rec, err := sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
+		require.NoError(t, err)
+		require.Equal(t, "host-a/4242", rec.Owner)
+
+		// The duplicate that loses sees whose execution it waits for.
+		dup := p
+		dup.Owner = "host-b/7"
+		lost, err := sd.Claim(ctx, dup)
+		require.NoError(t, err)
+		require.False(t, lost.Claimed)
+		require.Equal(t, "host-a/4242", lost.Record.Owner)
+
+		// The owner dies: the stuck list names it; the takeover records its own.
+		clock.Advance(lease + time.Second)
+		if in, ok := d.(idemdriver.Inspector); ok {
+			stuck, err := in.Stuck(ctx, idemdriver.StuckParams{Limit: 10, ClockOffset: clock.Offset()})
+			require.NoError(t, err)
+			require.Len(t, stuck, 1)
+			require.Equal(t, "host-a/4242", stuck[0].Owner)
+		}
+		take, err := sd.Claim(ctx, dup)
+		require.NoError(t, err)
+		require.True(t, take.Claimed)
+		require.Equal(t, "host-b/7", take.Record.Owner)
+		rec, err = sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
+		require.NoError(t, err)
+		require.Equal(t, "host-b/7", rec.Owner)
+
+		// The longest owner every driver stores, byte-exact.
+		long := params("acct", "k-long-owner", "body")
+		long.Owner = string(bytes.Repeat([]byte("o"), idemdriver.MaxOwnerBytes))
+		res, err = d.Claim(ctx, long)
+		require.NoError(t, err)
+		require.Equal(t, long.Owner, res.Record.Owner)
+		rec, err = get(ctx, d, "acct", "k-long-owner")
+		require.NoError(t, err)
+		require.Equal(t, long.Owner, rec.Owner)
+	})
+}
+
+// runRelease: Release removes this execution's record, fenced like
+// Complete, so that the next request with the key runs as new (issue 13
+// item 10); a caller that lost the record removes nothing.
+func runRelease(t *testing.T, h Harness) {
+	t.Run("Release", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		ctx := context.Background()
+		res, err := d.Claim(ctx, params("acct", "k", "body"))
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		ok, err := d.Release(ctx, fence(res.Record))
+		require.NoError(t, err)
+		require.True(t, ok)
+		_, err = get(ctx, d, "acct", "k")
+		require.ErrorIs(t, err, idemdriver.ErrNotFound)
+		ok, err = d.Release(ctx, fence(res.Record))
+		require.NoError(t, err)
+		require.False(t, ok, "a released record is gone")
+
+		// The corrected request with the same key (another body) runs as new.
+		again, err := d.Claim(ctx, params("acct", "k", "corrected body"))
+		require.NoError(t, err)
+		require.True(t, again.Claimed, "a released key is not burnt")
+		require.Equal(t, 1, again.Record.Attempts)
+		require.Equal(t, fingerprint("corrected body"), again.Record.Fingerprint)
+		// The first execution's fence no longer matches (a purged key starts
+		// again at token 1: created_at tells the lives apart).
+		ok, err = d.Release(ctx, fence(res.Record))
+		require.NoError(t, err)
+		require.False(t, ok)
+		rec, err := get(ctx, d, "acct", "k")
+		require.NoError(t, err)
+		require.Equal(t, again.Record.FencingToken, rec.FencingToken)
+	})
+
+	t.Run("ReleaseFenced", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		ctx := context.Background()
+		// A worker whose lease was taken over cannot release the new owner's record.
+		sd, old := setup(t, d, "EXPIRED_LEASE", params("acct", "taken", "body"))
+		take, err := sd.Claim(ctx, params("acct", "taken", "body"))
+		require.NoError(t, err)
+		require.True(t, take.Claimed)
+		ok, err := sd.Release(ctx, fence(old))
+		require.NoError(t, err)
+		require.False(t, ok)
+		rec, err := sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "taken"})
+		require.NoError(t, err)
+		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
+		require.Equal(t, idemdriver.StateProcessing, rec.State)
+
+		// A completed or failed record is not this execution's to release.
+		for _, state := range []string{"SUCCEEDED", "FAILED"} {
+			sd, before := setup(t, d, state, params("acct", "done-"+state, "body"))
+			ok, err := sd.Release(ctx, fence(before))
+			require.NoError(t, err)
+			require.False(t, ok, state)
+			rec, err := sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "done-" + state})
+			require.NoError(t, err)
+			require.Equal(t, idemdriver.State(state), rec.State)
+		}
+	})
+}
+
+// runUnstorable: a scope or path the database cannot store (a NUL byte,
+// invalid UTF-8) is either stored byte-exact (columns of bytes) or refused
+// with an error wrapping idemdriver.ErrUnstorable, never a store error the
+// core would answer 503 (issue 13 item 9).
+func runUnstorable(t *testing.T, h Harness) {
+	t.Run("Unstorable", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		ctx := context.Background()
+		odd := map[string]string{"nul": "acct\x00evil", "invalid-utf8": "acct\xff\xfe", "lone-continuation": "\x80"}
+		for name, v := range odd {
+			for _, field := range []string{"scope", "path"} {
+				p := params("acct", "k-"+name+"-"+field, "body")
+				if field == "scope" {
+					p.Scope = v
+				} else {
+					p.Path = "/v1/" + v
+				}
+				res, err := d.Claim(ctx, p)
+				if err != nil {
+					require.ErrorIs(t, err, idemdriver.ErrUnstorable, "%s in the %s: %v", name, field, err)
+					_, err = get(ctx, d, p.Scope, p.Key)
+					if err != nil && !errors.Is(err, idemdriver.ErrNotFound) {
+						require.ErrorIs(t, err, idemdriver.ErrUnstorable, "Get, %s in the %s", name, field)
+					}
+					continue
+				}
+				// Stored: byte-exact, and found again by the same bytes only.
+				require.True(t, res.Claimed, "%s in the %s", name, field)
+				require.Equal(t, p.Scope, res.Record.Scope)
+				require.Equal(t, p.Path, res.Record.Path)
+				rec, err := get(ctx, d, p.Scope, p.Key)
+				require.NoError(t, err, "%s in the %s", name, field)
+				require.Equal(t, p.Scope, rec.Scope)
+				require.Equal(t, p.Path, rec.Path)
+				dup, err := d.Claim(ctx, p)
+				require.NoError(t, err)
+				require.False(t, dup.Claimed, "%s in the %s: the same bytes find the record", name, field)
+				ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse("ok")})
+				require.NoError(t, err)
+				require.True(t, ok)
+			}
+		}
+		// Nothing is confused with the plain scope.
+		_, err := get(ctx, d, "acct", "k-nul-scope")
+		require.ErrorIs(t, err, idemdriver.ErrNotFound)
 	})
 }

@@ -1,0 +1,11 @@
+-- Who claimed each record (idemdriver.ClaimParams.Owner: "host/pid" or a
+-- configured instance name), written by every claim, so that `idem stuck`
+-- can say whose worker died. Records claimed before this migration have ''.
+-- Added on the partitioned table, the column reaches every partition; the
+-- partitions created later (CREATE TABLE ... LIKE idem_keys) have it too.
+
+-- +goose Up
+ALTER TABLE idem_keys ADD COLUMN owner text COLLATE "C" NOT NULL DEFAULT '';
+
+-- +goose Down
+ALTER TABLE idem_keys DROP COLUMN owner;
