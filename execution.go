@@ -228,7 +228,7 @@ func (e *execution) failed() (owned bool, err error) {
 func (e *execution) takenOver() bool {
 	ctx, cancel := e.detached()
 	defer cancel()
-	rec, err := e.m.cfg.Store.Get(ctx, e.fence.Scope, e.fence.Key)
+	rec, err := e.m.cfg.Store.Get(ctx, idemdriver.GetParams{Scope: e.fence.Scope, Key: e.fence.Key})
 	return err == nil && (rec.FencingToken != e.fence.FencingToken || !rec.CreatedAt.Equal(e.fence.CreatedAt))
 }
 
