@@ -306,17 +306,17 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		// waiting out the lease.
 		owned, ferr := e.failed()
 		switch {
+		case !owned && e.takenOver():
+			// The COMMIT failed because another request took the key over
+			// (on Galera, a certification failure, 1213, against a takeover
+			// on another node): the lease was lost, as on one server.
+			m.leaseLost(w)
 		case ferr != nil:
 			m.outcomeUnknown(w, err, fmt.Sprintf("the idempotency store failed while recording the result; "+
 				"retry with the same key: it gets the result if it was recorded, or runs again once the lease (%s) runs out", m.cfg.LeaseDuration))
 		case owned:
 			m.outcomeUnknown(w, err, "the idempotency store failed while recording the result, which was not recorded "+
 				"(in transactional mode the request's writes were rolled back with it); retry with the same key: the request runs again")
-		case e.takenOver():
-			// The COMMIT failed because another request took the key over
-			// (on Galera, a certification failure, 1213, against a takeover
-			// on another node): the lease was lost, as on one server.
-			m.leaseLost(w)
 		default:
 			m.outcomeUnknown(w, err, "the idempotency store reported an error while recording the result, but the key's record "+
 				"has moved on (the result was recorded after all, or another request took the key over); retry with the same key to get its result")

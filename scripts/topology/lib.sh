@@ -131,6 +131,7 @@ pg_start() {
 	as_postgres "$PGBIN/postgres" -D "$dir" -p "$port" >>"$TOPO_DIR/logs/postgres.$port.log" 2>&1 &
 	PG_PID=$!
 	started "$PG_PID"
+	wait_for "PostgreSQL on $port" 60 test -f "$dir/postmaster.pid"
 	wait_for "PostgreSQL on $port" 60 "$PGBIN/pg_isready" -h 127.0.0.1 -p "$port" -q
 	# runuser's child is the postmaster: remember its pid for kill -9
 	local pm
@@ -288,7 +289,7 @@ storm_5xx() {
 	[ "$n500" -eq 0 ] && [ "$n5xx" -le "$2" ]
 }
 
-# LOST_RACE matches log lines of a lost race or a pooler mismatch answered
+# LOST_RACE matches idem's log lines of a lost race or a pooler mismatch answered
 # 5xx (a deadlock, a certification failure or a serialization failure that
 # reached the client; pgbouncer's prepared-statement errors), never right.
 LOST_RACE='Error 1213|Deadlock found|deadlock detected|could not serialize|SQLSTATE 40001|SQLSTATE 40P01|SQLSTATE 42P05|SQLSTATE 26000|prepared statement .* (already exists|does not exist)'
@@ -296,7 +297,7 @@ LOST_RACE='Error 1213|Deadlock found|deadlock detected|could not serialize|SQLST
 # no_lost_race_5xx: no paymentsd log line answers a lost race with 5xx.
 no_lost_race_5xx() {
 	local hits
-	hits=$(grep -hE "$LOST_RACE" "$TOPO_DIR"/logs/paymentsd.*.log 2>/dev/null | grep -ciE '"level":"(ERROR|WARN)"|level=(ERROR|WARN)' || true)
+	hits=$(grep -hE "$LOST_RACE" "$TOPO_DIR"/logs/paymentsd.*.log 2>/dev/null | grep -E '"msg":"idem: ' | grep -ciE '"level":"(ERROR|WARN)"' || true)
 	if [ "$hits" -gt 0 ]; then
 		log "$hits log lines of a lost race answered as an error:"
 		grep -hE "$LOST_RACE" "$TOPO_DIR"/logs/paymentsd.*.log | head -3 >&2
