@@ -22,7 +22,7 @@ import (
 // galeraPair returns drivers on one fresh database through two nodes of a
 // Galera cluster: TEST_MYSQL_URL and TEST_MYSQL_URL_2 (set by
 // scripts/topology/galera). The test is skipped without the second node.
-func galeraPair(t *testing.T) (first, second *idemmysql.Driver) {
+func galeraPair(t testing.TB, secondParams string) (first, second *idemmysql.Driver) {
 	t.Helper()
 	if _, ok := idemdrivertest.SecondNode(t, idemdrivertest.EnvSecondMySQL); !ok {
 		t.Skipf("%s is not set: a second Galera node is needed (run scripts/topology/galera)", idemdrivertest.EnvSecondMySQL)
@@ -35,7 +35,7 @@ func galeraPair(t *testing.T) (first, second *idemmysql.Driver) {
 	require.NoError(t, first.DB().QueryRow(`SELECT @@wsrep_on`).Scan(&on))
 	require.Equal(t, "1", on, "TEST_MYSQL_URL is not a Galera node")
 	require.NoError(t, first.Migrate(context.Background()))
-	second, err = idemmysql.Open(context.Background(), idemdrivertest.OnSecondNode(t, idemdrivertest.EnvSecondMySQL, url))
+	second, err = idemmysql.Open(context.Background(), idemdrivertest.OnSecondNode(t, idemdrivertest.EnvSecondMySQL, url)+secondParams)
 	require.NoError(t, err)
 	t.Cleanup(func() { second.Close() })
 	return first, second
@@ -50,7 +50,7 @@ func galeraClaim(key string) idemdriver.ClaimParams {
 // outcome and replays it. Regression (issue 10): with wsrep_sync_wait=0,
 // 305 of 1200 such duplicates got 409 from a stale PROCESSING row.
 func TestGaleraClaimReadsSeeTheLatestOutcome(t *testing.T) {
-	d1, d2 := galeraPair(t)
+	d1, d2 := galeraPair(t, "")
 	ctx := context.Background()
 	stale := 0
 	const n = 300
@@ -59,12 +59,7 @@ func TestGaleraClaimReadsSeeTheLatestOutcome(t *testing.T) {
 		res, err := d1.Claim(ctx, p)
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
-		ok, err := d1.Complete(ctx, idemdriver.CompleteParams{
-			FenceParams: idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt},
-			Response:    idemdriver.Response{Status: 201, Header: map[string][]string{}, Body: []byte(`{}`), BodyStored: true, BodySize: 2},
-		})
-		require.NoError(t, err)
-		require.True(t, ok)
+		galeraComplete(t, d1, p, res)
 		dup, err := d2.Claim(ctx, p)
 		require.NoError(t, err)
 		require.False(t, dup.Claimed, "a duplicate on node 2 took over a live claim")
@@ -73,6 +68,17 @@ func TestGaleraClaimReadsSeeTheLatestOutcome(t *testing.T) {
 		}
 	}
 	require.Zero(t, stale, "duplicates on node 2 that read a stale PROCESSING row instead of the outcome (of %d)", n)
+}
+
+// galeraComplete records a 201 for the claim res of p.
+func galeraComplete(t testing.TB, d *idemmysql.Driver, p idemdriver.ClaimParams, res idemdriver.ClaimResult) {
+	t.Helper()
+	ok, err := d.Complete(context.Background(), idemdriver.CompleteParams{
+		FenceParams: idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt},
+		Response:    idemdriver.Response{Status: 201, Header: map[string][]string{}, Body: []byte(`{}`), BodyStored: true, BodySize: 2},
+	})
+	require.NoError(t, err)
+	require.True(t, ok)
 }
 
 // takeoverStore runs fn between the completion written in the business
@@ -104,7 +110,7 @@ func (t takeoverTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (
 // committed on node 2 is answered the lease-lost 409, as on one server, and
 // its business writes are gone. Regression (issue 10): it was answered 503.
 func TestGaleraCertificationFailureIsLeaseLost(t *testing.T) {
-	d1, d2 := galeraPair(t)
+	d1, d2 := galeraPair(t, "")
 	ctx := context.Background()
 	_, err := d1.DB().Exec(`CREATE TABLE business_rows (id VARCHAR(255) PRIMARY KEY) ENGINE = InnoDB`)
 	require.NoError(t, err)
@@ -139,4 +145,27 @@ func TestGaleraCertificationFailureIsLeaseLost(t *testing.T) {
 	var n int
 	require.NoError(t, d2.DB().QueryRow(`SELECT count(*) FROM business_rows`).Scan(&n))
 	require.Zero(t, n, "the owner's business writes did not commit")
+}
+
+// BenchmarkGaleraReplay measures the cost of wsrep_sync_wait: a duplicate's
+// claim on node 2 of a key completed on node 1 (a replay), with the
+// setting off (0) and as Open sets it (1). scripts/topology/galera runs it.
+func BenchmarkGaleraReplay(b *testing.B) {
+	for _, w := range []string{"0", "1"} {
+		b.Run("wsrep_sync_wait="+w, func(b *testing.B) {
+			d1, d2 := galeraPair(b, "?wsrep_sync_wait="+w)
+			ctx := context.Background()
+			p := galeraClaim("k")
+			res, err := d1.Claim(ctx, p)
+			require.NoError(b, err)
+			galeraComplete(b, d1, p, res)
+			b.ResetTimer()
+			for b.Loop() {
+				dup, err := d2.Claim(ctx, p)
+				if err != nil || dup.Record.State != idemdriver.StateSucceeded {
+					b.Fatalf("replay on node 2: %v %v", dup.Record.State, err)
+				}
+			}
+		})
+	}
 }
