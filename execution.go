@@ -316,6 +316,10 @@ func (e *execution) startHeartbeat() *heartbeat {
 				e.m.cfg.Logger.Warn("idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
 				e.cancel(ErrLeaseLost)
 				return
+			case errors.Is(err, idemdriver.ErrBusy):
+				// Queued behind another transaction's write lock (a single
+				// writer): no claim can take the key over while it is held.
+				lastOK = time.Now()
 			case time.Since(lastOK) >= lease:
 				e.m.cfg.Logger.Warn("idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 				e.cancel(&StoreError{Op: "heartbeat", Err: err})

@@ -47,6 +47,15 @@ var ErrNotFound = errors.New("idemdriver: record not found")
 // never return it for them.
 var ErrUnstorable = errors.New("idemdriver: the database cannot store this scope, key, path or owner")
 
+// ErrBusy is wrapped by the error of a write that waited for a
+// single-writer database's write lock (SingleWriter: SQLite) until its
+// context ended, because another transaction held it: the write was queued,
+// not refused, and the database is healthy. While that lock is held no claim
+// can take any key over either (a takeover is a write), so the core does not
+// count a Heartbeat that fails with ErrBusy against the lease (issue 13
+// item 8).
+var ErrBusy = errors.New("idemdriver: the database's write lock is held by another transaction")
+
 // MaxOwnerBytes is the longest ClaimParams.Owner every driver stores.
 const MaxOwnerBytes = 255
 
@@ -164,7 +173,7 @@ type CompleteParams struct {
 // driver (retried or answered from the winning row), never returned.
 type Driver interface {
 	// Claim runs the atomic claim of CONTRACT section 3 for (Scope, Key)
-	// (Claimable and Continues state it for a record read):
+	// (Decide states it for a record read, row by row):
 	//   - no record: write a new PROCESSING record (attempts 1, created_at
 	//     now), Claimed;
 	//   - PROCESSING with locked_until > now (a live lease), expired or not:

@@ -1,7 +1,7 @@
 package idemdriver
 
 import (
-	"bytes"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -42,6 +42,38 @@ func EncodeResponse(r Response) (headers, body []byte, err error) {
 	return headers, body, nil
 }
 
+// ResponseColumns are a record's response columns as a driver scans them
+// (every one NULL unless the record is SUCCEEDED): response_status,
+// response_headers (EncodeHeader's JSON), response_body,
+// response_body_stored and response_body_size.
+type ResponseColumns struct {
+	Status  sql.NullInt64
+	Headers []byte
+	Body    []byte
+	Stored  sql.NullBool
+	Size    sql.NullInt64
+}
+
+// DecodeResponse is the inverse of EncodeResponse: the stored response of a
+// record in state, or nil when the record is not SUCCEEDED or has no status
+// (a record damaged by hand). A stored empty body is an empty, non-nil
+// slice. It fails only when the headers column is not EncodeHeader's JSON.
+func DecodeResponse(state State, c ResponseColumns) (*Response, error) {
+	if state != StateSucceeded || !c.Status.Valid {
+		return nil, nil
+	}
+	h, err := DecodeHeader(c.Headers)
+	if err != nil {
+		return nil, err
+	}
+	body := c.Body
+	if body == nil {
+		body = []byte{}
+	}
+	return &Response{Status: int(c.Status.Int64), Header: h, Body: body,
+		BodyStored: c.Stored.Valid && c.Stored.Bool, BodySize: c.Size.Int64}, nil
+}
+
 // LeaseLeft converts the database's "locked_until - now" to the Record's
 // LeaseLeft: zero unless the record is PROCESSING under a lease.
 func LeaseLeft(state State, left time.Duration, valid bool) time.Duration {
@@ -49,30 +81,4 @@ func LeaseLeft(state State, left time.Duration, valid bool) time.Duration {
 		return 0
 	}
 	return left
-}
-
-// Claimable is the decision table (CONTRACT section 3) for a record read with
-// the database's now, for drivers that read before they write: whether a
-// claim by p may take rec. No live lease is ever taken (a PROCESSING record
-// with LeaseLeft > 0, even past its expires_at: its handler still runs).
-// Otherwise the same request unfinished (FAILED, or PROCESSING past its
-// lease) may be taken and continues the record's life (see Continues), and
-// an expired record (expired: expires_at <= now) may be taken and starts a
-// new one.
-func Claimable(rec Record, expired bool, p ClaimParams) bool {
-	if rec.State == StateProcessing && rec.LeaseLeft > 0 {
-		return false
-	}
-	return expired || Continues(rec, p)
-}
-
-// Continues reports whether a claim of rec by p continues the record's life:
-// the same request (method, path, fingerprint) whose execution did not
-// finish (FAILED, or PROCESSING with no live lease), expired or not. Such a
-// claim keeps created_at (so the relayed key, idem.DeriveKey) and counts one
-// more attempt; any other claim of an existing record starts a new life:
-// created_at now, attempts 1. Every claim sets expires_at to now + retention.
-func Continues(rec Record, p ClaimParams) bool {
-	return rec.Method == p.Method && rec.Path == p.Path && bytes.Equal(rec.Fingerprint, p.Fingerprint) &&
-		(rec.State == StateFailed || rec.State == StateProcessing)
 }

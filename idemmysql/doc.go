@@ -118,8 +118,13 @@
 // these bounds before it writes and returns an error wrapping ErrTooLong, so
 // nothing is ever truncated, even on a pool whose sql_mode is not strict.
 // Response bodies are LONGBLOB; the practical bound is the server's
-// max_allowed_packet (16 MiB by default on MariaDB 10.11, 64 MiB on MySQL 8):
-// keep idem's MaxResponseBytes (default 1 MiB) well below it, or raise it.
+// max_allowed_packet (16 MiB by default on MariaDB 10.11, 64 MiB on MySQL 8),
+// which Open reads (a driver from New reads it on its first completion). A
+// response whose headers and body do not fit in it is recorded as not stored,
+// as if it exceeded idem's MaxResponseBytes: the first caller gets it whole,
+// a replay answers 410 response-not-stored, and the handler never runs
+// again. Keep MaxResponseBytes (default 1 MiB) below it to have every
+// response replayed.
 //
 // go-sql-driver does not watch the context while a COMMIT is on the wire, so
 // a connection that stalls there blocks the request until TCP gives up

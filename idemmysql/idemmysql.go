@@ -56,6 +56,9 @@ type Driver struct {
 	// resolved counts the lost races and lock conflicts that Claim resolved
 	// by reading again, by kind (tests and benchmarks read it).
 	resolved [numKinds]atomic.Int64
+	// maxPacket is the server's max_allowed_packet in bytes, 0 until read
+	// (see packetLimit).
+	maxPacket atomic.Int64
 	// beforeWrite, when set, runs between a claim's read and its write
 	// (tests use it to line racers up).
 	beforeWrite func()
@@ -218,6 +221,10 @@ func openPool(ctx context.Context, cfg *mysql.Config, isolation string, wrap fun
 	}
 	d := New(db)
 	d.owned = true
+	if _, err := d.packetLimit(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("idemmysql: open %s@%s/%s: %w", cfg.User, cfg.Addr, cfg.DBName, err)
+	}
 	if isolation != "" {
 		d.beginOpts = nil // READ COMMITTED is the sessions' default already
 	}
@@ -299,6 +306,21 @@ const (
 	now = `(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`
 	// at is the DATETIME(6) of a microseconds-since-epoch parameter.
 	at = `(` + epoch + ` + INTERVAL ? MICROSECOND)`
+	// clock is the database clock when the expression is evaluated, in UTC,
+	// moved by a ClockOffset parameter (µs). UTC_TIMESTAMP and NOW are fixed
+	// when the statement starts; SYSDATE is read when evaluated, so the time
+	// a statement waited for a row lock is added to UTC_TIMESTAMP (both
+	// differences are in the session's time zone, which cancels out). A
+	// lease counts from when the claim's (or heartbeat's) write takes effect
+	// and is never born expired (issue 13 item 2). A server started with
+	// --sysdate-is-now makes SYSDATE NOW, and leases count from the statement's
+	// start again.
+	clock = `(UTC_TIMESTAMP(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) MICROSECOND + INTERVAL ? MICROSECOND)`
+	// lockedUntil is the lease a takeover writes: at least the read's now +
+	// the lease (the value Claim reports), counted from the write when it
+	// waited for the row (the old owner's business transaction holds it).
+	// Args: the read's now + lease (µs), offset, lease.
+	lockedUntil = `GREATEST(` + at + `, ` + clock + ` + INTERVAL ? MICROSECOND)`
 	// touch moves updated_at to now, or 1 µs past its old value when that is
 	// later, so that a fenced write always changes its row (see "Fenced
 	// writes" in the package documentation).
@@ -343,7 +365,10 @@ FROM ` + nowTable + `
 LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
 
 	// A new key. Args: scope, key, method, path, fingerprint, locked_until,
-	// created_at, updated_at, expires_at (µs), owner.
+	// created_at, updated_at, expires_at (µs), owner. The lease counts from
+	// the read: an INSERT waits only behind another transaction's
+	// uncommitted INSERT of the same key, which idem's autocommit claims
+	// never leave open, so the row it writes is exactly the one Claim reports.
 	stInsert: "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, state, fencing_token,\n" +
 		"	locked_until, created_at, updated_at, expires_at, attempts, owner)\n" +
 		"VALUES (?, ?, ?, ?, ?, 'PROCESSING', 1, " + at + ", " + at + ", " + at + ", " + at + ", 1, ?)",
@@ -354,11 +379,11 @@ LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
 	// the request it holds and the decision made on it; the claimable
 	// condition is checked again against the same now: no live lease (a
 	// heartbeat may have renewed it since the read), and either expired or
-	// unfinished. Args: method, path, fingerprint, owner, locked_until,
+	// unfinished. Args: method, path, fingerprint, owner, locked_until (3),
 	// updated_at, created_at, expires_at (µs), attempts, scope, key, token,
 	// the created_at read (µs), the state read, now, now (µs).
 	stTakeover: `UPDATE idem_keys SET method = ?, path = ?, fingerprint = ?, owner = ?, state = 'PROCESSING',
-	fencing_token = fencing_token + 1, locked_until = ` + at + `,
+	fencing_token = fencing_token + 1, locked_until = ` + lockedUntil + `,
 	response_status = NULL, response_headers = NULL, response_body = NULL,
 	response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
 	updated_at = ` + at + `, created_at = ` + at + `, expires_at = ` + at + `, attempts = ?
@@ -366,7 +391,7 @@ WHERE scope = ? AND ` + "`key`" + ` = ? AND fencing_token = ? AND created_at = `
 	AND (state <> 'PROCESSING' OR locked_until <= ` + at + `) AND (expires_at <= ` + at + ` OR state <> 'SUCCEEDED')`,
 
 	// Args: offset, lease, offset, scope, key, token.
-	stHeartbeat: `UPDATE idem_keys SET locked_until = ` + now + ` + INTERVAL ? MICROSECOND, ` + touch + fenced,
+	stHeartbeat: `UPDATE idem_keys SET locked_until = ` + clock + ` + INTERVAL ? MICROSECOND, ` + touch + fenced,
 
 	// Args: status, headers, body, stored, size, offset, offset, scope, key, token.
 	stComplete: `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
@@ -482,8 +507,8 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 			}
 			return idemdriver.ClaimResult{}, err
 		}
-		claimable, continues := decide(snap, p)
-		if snap.found && (!claimable || lockWaited) {
+		dec := decide(snap, p)
+		if snap.found && (!dec.Claims() || lockWaited) {
 			// The row it lost to: a replay, a live lease, another request; or
 			// a row that a transaction still holds (see lockWaited below).
 			return idemdriver.ClaimResult{Record: snap.rec}, nil
@@ -500,7 +525,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 			res, err = d.insert(ctx, p, snap.nowUS)
 			won = err == nil
 		} else {
-			res, won, err = d.takeover(ctx, p, snap, continues)
+			res, won, err = d.takeover(ctx, p, snap, dec.Continues())
 			if err == nil && !won {
 				d.resolved[kindRaced].Add(1)
 			}
@@ -533,21 +558,13 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	return idemdriver.ClaimResult{}, fmt.Errorf("idemmysql: claim gave no answer after %d tries: %w", maxClaimTries, lastErr)
 }
 
-// decide reports whether the snapshot's record may be claimed by p, and
-// whether that continues the record's life (idemdriver.Claimable and
-// idemdriver.Continues, on the snapshot's microseconds). A missing record
-// is claimable.
-func decide(s snapshot, p idemdriver.ClaimParams) (claimable, continues bool) {
+// decide is idemdriver.Decide on the snapshot: its record (nil when there
+// is none), expired against the snapshot's now.
+func decide(s snapshot, p idemdriver.ClaimParams) idemdriver.Decision {
 	if !s.found {
-		return true, false
+		return idemdriver.Decide(nil, false, p)
 	}
-	r := s.rec
-	if r.State == idemdriver.StateProcessing && s.lockedUS.Valid && s.lockedUS.Int64 > s.nowUS {
-		return false, false // a live lease, expired record or not
-	}
-	r.Fingerprint = s.fingerprint
-	continues = idemdriver.Continues(r, p)
-	return continues || s.expiresUS <= s.nowUS, continues
+	return idemdriver.Decide(&s.rec, s.expiresUS <= s.nowUS, p)
 }
 
 func (d *Driver) read(ctx context.Context, scope, key string, offset int64) (snapshot, error) {
@@ -583,7 +600,8 @@ func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap sn
 	}
 	expiresUS := snap.nowUS + p.Retention.Microseconds()
 	lockedUS := snap.nowUS + p.LeaseDuration.Microseconds()
-	res, err := s.ExecContext(ctx, p.Method, p.Path, p.Fingerprint, p.Owner, lockedUS,
+	res, err := s.ExecContext(ctx, p.Method, p.Path, p.Fingerprint, p.Owner,
+		lockedUS, p.ClockOffset.Microseconds(), p.LeaseDuration.Microseconds(),
 		snap.nowUS, createdUS, expiresUS, attempts,
 		p.Scope, p.Key, snap.rec.FencingToken, snap.createdUS, string(snap.rec.State), snap.nowUS, snap.nowUS)
 	if err != nil {
@@ -596,7 +614,9 @@ func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap sn
 	return claimed(p, snap.rec.FencingToken+1, attempts, createdUS, snap.nowUS, expiresUS, lockedUS), true, nil
 }
 
-// claimed is the record a won claim wrote.
+// claimed is the record a won claim wrote. Its LockedUntil and LeaseLeft
+// count the lease from the read: a lower bound of the lease written, which
+// counts from the write (see lockedUntil).
 func claimed(p idemdriver.ClaimParams, token int64, attempts int, createdUS, updatedUS, expiresUS, lockedUS int64) idemdriver.ClaimResult {
 	locked := usTime(lockedUS)
 	return idemdriver.ClaimResult{Claimed: true, Record: idemdriver.Record{
@@ -648,7 +668,11 @@ func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (boo
 	if err != nil {
 		return false, err
 	}
-	return complete(ctx, s, true, p)
+	limit, err := d.packetLimit(ctx)
+	if err != nil {
+		return false, err
+	}
+	return complete(ctx, s, true, p, limit)
 }
 
 // Fail implements idemdriver.Driver.
@@ -694,16 +718,58 @@ func (d *Driver) completeIn(ctx context.Context, tx *sql.Tx, p idemdriver.Comple
 	if err != nil {
 		return false, err
 	}
-	return complete(ctx, tx.StmtContext(ctx, s), false, p)
-}
-
-func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.CompleteParams) (bool, error) {
-	headers, body, err := idemdriver.EncodeResponse(p.Response)
+	limit, err := d.packetLimit(ctx)
 	if err != nil {
 		return false, err
 	}
+	return complete(ctx, tx.StmtContext(ctx, s), false, p, limit)
+}
+
+// packetOverhead is what a completion's packet carries besides the
+// response's headers and body (its other arguments, the protocol's
+// framing), with room to spare.
+const packetOverhead = 4 << 10
+
+// packetLimit returns the server's max_allowed_packet in bytes: the largest
+// packet the server accepts, and so the largest completion it can store and
+// send back on a replay. Open reads it; a driver from New reads it on its
+// first completion. A change of the global value after that is seen by
+// drivers opened later.
+func (d *Driver) packetLimit(ctx context.Context) (int64, error) {
+	if n := d.maxPacket.Load(); n > 0 {
+		return n, nil
+	}
+	var n int64
+	if err := d.db.QueryRowContext(ctx, `SELECT @@max_allowed_packet`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("idemmysql: read max_allowed_packet: %w", err)
+	}
+	d.maxPacket.Store(n)
+	return n, nil
+}
+
+// complete writes the completion with s. A response whose headers and body
+// do not fit in the server's max_allowed_packet (limit) are recorded as not
+// stored (BodyStored false, BodySize kept; its headers dropped too when
+// they alone do not fit): the server would refuse the write, the core would
+// answer 503, and every retry would run the handler again (issue 13 item 4).
+// The replay answers 410 response-not-stored instead.
+func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.CompleteParams, limit int64) (bool, error) {
+	resp := p.Response
+	headers, body, err := idemdriver.EncodeResponse(resp)
+	if err != nil {
+		return false, err
+	}
+	if int64(len(headers)+len(body))+packetOverhead > limit {
+		resp.BodyStored = false
+		if int64(len(headers))+packetOverhead > limit {
+			resp.Header = nil
+		}
+		if headers, body, err = idemdriver.EncodeResponse(resp); err != nil {
+			return false, err
+		}
+	}
 	off := p.ClockOffset.Microseconds()
-	return execFenced(ctx, s, retry, p.Response.Status, headers, body, p.Response.BodyStored, p.Response.BodySize,
+	return execFenced(ctx, s, retry, resp.Status, headers, body, resp.BodyStored, resp.BodySize,
 		off, off, p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro())
 }
 
@@ -732,15 +798,14 @@ type rowScanner interface{ Scan(dest ...any) error }
 
 func scanSnapshot(row rowScanner) (snapshot, error) {
 	var (
-		s                                             snapshot
-		scope, key, method, path, state, owner        sql.NullString
-		token, status, bodySize, createdAt, updatedAt sql.NullInt64
-		completedAt, expiresAt, attempts, leaseLeft   sql.NullInt64
-		headers, body                                 []byte
-		stored                                        sql.NullBool
+		s                                        snapshot
+		scope, key, method, path, state, owner   sql.NullString
+		token, createdAt, updatedAt, completedAt sql.NullInt64
+		expiresAt, attempts, leaseLeft           sql.NullInt64
+		resp                                     idemdriver.ResponseColumns
 	)
 	err := row.Scan(&s.nowUS, &scope, &key, &method, &path, &s.fingerprint, &state, &token,
-		&s.lockedUS, &status, &headers, &body, &stored, &bodySize,
+		&s.lockedUS, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size,
 		&createdAt, &updatedAt, &completedAt, &expiresAt, &attempts, &owner, &leaseLeft)
 	if err != nil || !token.Valid {
 		return s, err // no record when the fencing token (NOT NULL) is NULL
@@ -754,16 +819,8 @@ func scanSnapshot(row rowScanner) (snapshot, error) {
 		ExpiresAt: usTime(expiresAt.Int64), CompletedAt: nullTime(completedAt), LockedUntil: nullTime(s.lockedUS),
 	}
 	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
-	if rec.State == idemdriver.StateSucceeded && status.Valid {
-		h, err := idemdriver.DecodeHeader(headers)
-		if err != nil {
-			return s, err
-		}
-		if body == nil {
-			body = []byte{}
-		}
-		rec.Response = &idemdriver.Response{Status: int(status.Int64), Header: h, Body: body,
-			BodyStored: stored.Bool, BodySize: bodySize.Int64}
+	if rec.Response, err = idemdriver.DecodeResponse(rec.State, resp); err != nil {
+		return s, err
 	}
 	s.rec = rec
 	return s, nil

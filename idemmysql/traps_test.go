@@ -533,10 +533,12 @@ func TestLargeBodyRoundTrip(t *testing.T) {
 	require.True(t, bytes.Equal(body, rec.Response.Body))
 }
 
-// A body larger than the server's max_allowed_packet is refused with an
-// error (the core answers 503 and the record stays PROCESSING): never
-// truncated.
-func TestBodyOverMaxAllowedPacket(t *testing.T) {
+// A response larger than the server's max_allowed_packet (16 MiB on MariaDB
+// 10.11) but within MaxResponseBytes is recorded as not stored: the replay
+// answers 410 response-not-stored and the handler never runs twice (issue 13
+// item 4). It was refused with an error: the core answered 503, the record
+// stayed PROCESSING, and every retry ran the handler again.
+func TestResponseOverMaxAllowedPacket(t *testing.T) {
 	t.Parallel()
 	d := open(t, "")
 	ctx := context.Background()
@@ -546,13 +548,63 @@ func TestBodyOverMaxAllowedPacket(t *testing.T) {
 		t.Skipf("max_allowed_packet is %d bytes", maxPacket)
 	}
 	body := bytes.Repeat([]byte("x"), maxPacket+1)
-	res, err := d.Claim(ctx, params("acct", "huge", "b"))
+
+	// At the driver, alone and in a business transaction.
+	for _, inTx := range []bool{false, true} {
+		key := fmt.Sprintf("huge-tx=%v", inTx)
+		res, err := d.Claim(ctx, params("acct", key, "b"))
+		require.NoError(t, err)
+		resp := okResponse(body)
+		resp.Header["Location"] = []string{"/v1/payments/1"}
+		cp := idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: resp}
+		var ok bool
+		if inTx {
+			tx, err := d.Begin(ctx)
+			require.NoError(t, err)
+			ok, err = tx.Complete(ctx, cp)
+			require.NoError(t, err)
+			require.NoError(t, tx.Commit(ctx))
+		} else {
+			ok, err = d.Complete(ctx, cp)
+			require.NoError(t, err)
+		}
+		require.True(t, ok)
+		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: key})
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateSucceeded, rec.State)
+		require.False(t, rec.Response.BodyStored)
+		require.Empty(t, rec.Response.Body)
+		require.EqualValues(t, len(body), rec.Response.BodySize)
+		require.Equal(t, 201, rec.Response.Status)
+		require.Equal(t, []string{"/v1/payments/1"}, rec.Response.Header["Location"], "the headers still fit")
+	}
+
+	// Through the middleware, with MaxResponseBytes above the server's limit.
+	newRequest := func() *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{"amount":1}`))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set(idem.HeaderKey, "huge-http")
+		return r
+	}
+	m, err := idem.New(idem.Config{Store: d, MaxResponseBytes: 2 * int64(maxPacket)})
 	require.NoError(t, err)
-	_, err = d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse(body)})
-	require.Error(t, err)
-	rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "huge"})
-	require.NoError(t, err)
-	require.Equal(t, idemdriver.StateProcessing, rec.State)
+	var runs atomic.Int32
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(body)
+	}))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, newRequest())
+	require.Equal(t, http.StatusCreated, w.Code)
+	require.Equal(t, len(body), w.Body.Len(), "the first caller gets the whole response")
+	for range 3 {
+		w = httptest.NewRecorder()
+		h.ServeHTTP(w, newRequest())
+		require.Equal(t, http.StatusGone, w.Code, w.Body.String())
+		require.Contains(t, w.Body.String(), "response-not-stored")
+	}
+	require.EqualValues(t, 1, runs.Load(), "the handler ran once")
 }
 
 // Keys and scopes are binary strings: case, trailing spaces and accents all

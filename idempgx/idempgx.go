@@ -73,10 +73,17 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 // now is the database clock moved by the @offset parameter (microseconds).
 const now = `(statement_timestamp() + @offset::bigint * interval '1 microsecond')`
 
+// clock is the database clock when the expression is evaluated, moved by
+// @offset: unlike now, fixed when the statement starts, it has moved on by
+// the time a statement that waited for a row lock writes. A lease counts
+// from when the claim's (or heartbeat's) write takes effect, so it is never
+// born expired (issue 13 item 2), and the lease left is measured with it.
+const clock = `(clock_timestamp() + @offset::bigint * interval '1 microsecond')`
+
 const columns = `scope, key, method, path, fingerprint, state, fencing_token, locked_until,
 	response_status, response_headers, response_body, response_body_stored, response_body_size,
 	created_at, updated_at, completed_at, expires_at, attempts, owner,
-	(extract(epoch FROM locked_until - ` + now + `) * 1000000)::bigint`
+	(extract(epoch FROM locked_until - ` + clock + `) * 1000000)::bigint`
 
 // The claim, one statement. "cur" reads the record from the statement's
 // snapshot, and whether this request may claim it. When it exists and cannot
@@ -88,8 +95,8 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // takeover of one that no live lease holds and that is either the same
 // request unfinished (FAILED, or PROCESSING past its lease: the record's life
 // continues, created_at and so the relayed key kept) or expired (a new life).
-// Every claim sets expires_at to now + retention (idemdriver.Claimable and
-// idemdriver.Continues state the rule).
+// Every claim sets expires_at to now + retention (idemdriver.Decide states
+// the rule; this statement is its SQL).
 //
 // When that INSERT loses a race, the winner's row is one the statement's
 // snapshot cannot see: ON CONFLICT checks the latest version, but "cur"
@@ -114,7 +121,7 @@ var claimSQL = `WITH cur AS (
 		method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint,
 		state = 'PROCESSING', owner = excluded.owner,
 		fencing_token = k.fencing_token + 1,
-		locked_until = excluded.locked_until,
+		locked_until = ` + clock + ` + @lease::bigint * interval '1 microsecond',
 		response_status = NULL, response_headers = NULL, response_body = NULL,
 		response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
 		updated_at = excluded.updated_at,
@@ -131,7 +138,7 @@ SELECT false, ` + columns + ` FROM cur WHERE NOT claimable AND NOT EXISTS (SELEC
 
 // pgContinues: the stored record k is the same request as excluded,
 // unfinished (under the claim's "no live lease", PROCESSING means past its
-// lease): the claim continues the record's life (idemdriver.Continues).
+// lease): the claim continues the record's life (idemdriver.Decision.Continues).
 const pgContinues = `(k.method = excluded.method AND k.path = excluded.path
 		AND k.fingerprint = excluded.fingerprint AND k.state IN ('FAILED', 'PROCESSING'))`
 
@@ -140,7 +147,7 @@ var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key
 const fenced = ` WHERE scope = @scope AND key = @key AND fencing_token = @token AND created_at = @created
 	AND state = 'PROCESSING'`
 
-var heartbeatSQL = `UPDATE idem_keys SET locked_until = ` + now + ` + @lease::bigint * interval '1 microsecond',
+var heartbeatSQL = `UPDATE idem_keys SET locked_until = ` + clock + ` + @lease::bigint * interval '1 microsecond',
 	updated_at = ` + now + fenced
 
 var completeSQL = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
@@ -392,15 +399,13 @@ func execFenced(ctx context.Context, db execer, query string, args pgx.NamedArgs
 // claimed is not nil and followed by extra.
 func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, error) {
 	var (
-		rec                   idemdriver.Record
-		state                 string
-		status                *int32
-		bodySize, leaseLeftUS *int64
-		headers, body         []byte
-		stored                *bool
+		rec         idemdriver.Record
+		state       string
+		resp        idemdriver.ResponseColumns
+		leaseLeftUS *int64
 	)
 	dest := []any{&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
-		&rec.LockedUntil, &status, &headers, &body, &stored, &bodySize,
+		&rec.LockedUntil, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size,
 		&rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt, &rec.ExpiresAt, &rec.Attempts, &rec.Owner, &leaseLeftUS}
 	if claimed != nil {
 		dest = append([]any{claimed}, dest...)
@@ -415,23 +420,7 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 		left = time.Duration(*leaseLeftUS) * time.Microsecond
 	}
 	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, left, leaseLeftUS != nil)
-	if rec.State == idemdriver.StateSucceeded && status != nil {
-		h, err := idemdriver.DecodeHeader(headers)
-		if err != nil {
-			return rec, err
-		}
-		if body == nil {
-			body = []byte{}
-		}
-		rec.Response = &idemdriver.Response{Status: int(*status), Header: h, Body: body,
-			BodyStored: stored != nil && *stored, BodySize: derefInt64(bodySize)}
-	}
-	return rec, nil
-}
-
-func derefInt64(p *int64) int64 {
-	if p == nil {
-		return 0
-	}
-	return *p
+	var err error
+	rec.Response, err = idemdriver.DecodeResponse(rec.State, resp)
+	return rec, err
 }

@@ -94,14 +94,14 @@ func (d *Driver) MaxRetention() time.Duration {
 	return time.Duration(d.part.DaysAhead-1) * 24 * time.Hour
 }
 
-// nowTx is the partitioned claim's clock: the start of its transaction
-// (taken at BEGIN, before it waits for the key's lock), moved by @offset.
-// A claim that waited for the lock thus decides with the time it arrived,
-// which can only make a lease or a record look younger than it is (a 409
-// rather than a takeover), never older.
+// nowTx is the partitioned claim's clock for its decision: the start of its
+// transaction (taken at BEGIN, before it waits for the key's lock), moved by
+// @offset. A claim that waited for the lock thus decides with the time it
+// arrived, which can only make a lease or a record look younger than it is
+// (a 409 rather than a takeover), never older. The lease it writes counts
+// from the write itself (clock), so a wait never gives it a lease born
+// expired.
 const nowTx = `(transaction_timestamp() + @offset::bigint * interval '1 microsecond')`
-
-var columnsTx = strings.ReplaceAll(columns, now, nowTx)
 
 // lockKeySQL takes the claim's lock: keys hold no space (visible ASCII), so
 // "key scope" names one (scope, key) unambiguously.
@@ -111,47 +111,58 @@ const lockKeySQL = `SELECT pg_advisory_xact_lock(hashtextextended(@key::text || 
 // key) runs concurrently: "cur" reads the record across every partition; the
 // UPDATE takes it when it can be claimed (as in claimSQL; it moves the row to
 // another partition when its new expires_at falls on another day); the INSERT writes a
-// new record when there is none. Heartbeats, completions and failures of the
+// new record when there is none (its times are the statement's, which starts
+// after the key's lock is held). Before the UPDATE computes its new row,
+// "locked" takes the row's lock (only when the record read is claimable: a
+// replay, 409 or 422 writes nothing), waiting for a transaction that holds
+// it, such as the old owner's business transaction: the lease is then
+// written with the clock after that wait (clock), never born expired. (An
+// UPDATE that waits on a row lock itself keeps the row it computed before
+// the wait when the other transaction rolls back.) Heartbeats, completions and failures of the
 // record's owner do not take the lock; the UPDATE re-checks its condition on
 // the latest version of the row (READ COMMITTED), so one that commits in
 // between is seen: the UPDATE then matches nothing while "cur" still shows
 // the row claimable, and that stale row is not the answer (no row comes
 // back, and claimPartitioned asks again).
 var claimPartitionedSQL = `WITH cur AS (
-	SELECT ` + columnsTx + `,
+	SELECT ` + columns + `,
 		NOT (state = 'PROCESSING' AND locked_until > ` + nowTx + `)
 		AND (expires_at <= ` + nowTx + `
 			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING'))) AS claimable
 	FROM idem_keys WHERE scope = @scope AND key = @key
+), locked AS (
+	SELECT 1 FROM idem_keys WHERE scope = @scope AND key = @key
+		AND EXISTS (SELECT 1 FROM cur WHERE claimable)
+	FOR UPDATE
 ), upd AS (
 	UPDATE idem_keys AS k SET
 		method = @method, path = @path, fingerprint = @fingerprint, state = 'PROCESSING', owner = @owner,
 		fencing_token = k.fencing_token + 1,
-		locked_until = ` + nowTx + ` + @lease::bigint * interval '1 microsecond',
+		locked_until = ` + clock + ` + @lease::bigint * interval '1 microsecond',
 		response_status = NULL, response_headers = NULL, response_body = NULL,
 		response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
 		updated_at = ` + nowTx + `,
 		created_at = CASE WHEN ` + partContinues + ` THEN k.created_at ELSE ` + nowTx + ` END,
 		expires_at = ` + nowTx + ` + @retention::bigint * interval '1 microsecond',
 		attempts = CASE WHEN ` + partContinues + ` THEN k.attempts + 1 ELSE 1 END
-	WHERE k.scope = @scope AND k.key = @key
+	WHERE k.scope = @scope AND k.key = @key AND EXISTS (SELECT 1 FROM locked)
 		AND NOT (k.state = 'PROCESSING' AND k.locked_until > ` + nowTx + `)
 		AND (k.expires_at <= ` + nowTx + ` OR ` + partContinues + `)
-	RETURNING ` + columnsTx + `
+	RETURNING ` + columns + `
 ), ins AS (
 	INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 		locked_until, created_at, updated_at, expires_at, attempts, owner)
 	SELECT @scope::text, @key::text, @method::text, @path::text, @fingerprint::bytea, 'PROCESSING', 1,
-		` + nowTx + ` + @lease::bigint * interval '1 microsecond', ` + nowTx + `, ` + nowTx + `,
-		` + nowTx + ` + @retention::bigint * interval '1 microsecond', 1, @owner::text
+		` + now + ` + @lease::bigint * interval '1 microsecond', ` + now + `, ` + now + `,
+		` + now + ` + @retention::bigint * interval '1 microsecond', 1, @owner::text
 	WHERE NOT EXISTS (SELECT 1 FROM cur)
-	RETURNING ` + columnsTx + `
+	RETURNING ` + columns + `
 )
 SELECT true, * FROM upd
 UNION ALL
 SELECT true, * FROM ins
 UNION ALL
-SELECT false, ` + columnsTx + ` FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM upd)`
+SELECT false, ` + columns + ` FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM upd)`
 
 // partContinues is pgContinues for the partitioned claim's UPDATE.
 const partContinues = `(k.method = @method AND k.path = @path AND k.fingerprint = @fingerprint

@@ -151,8 +151,8 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // created_at and so its relayed key) or expired (another life starts:
 // created_at now, attempts 1). Every claim sets expires_at to now +
 // retention, so the outcome it writes can be replayed for a whole
-// retention. excluded.created_at is this statement's "now". idemdriver.Claimable
-// mirrors the WHERE clause.
+// retention. excluded.created_at is this statement's "now". The WHERE clause
+// is idemdriver.Decide's claiming rows, and the CASEs its Continues.
 var claimSQL = `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 	locked_until, created_at, updated_at, expires_at, attempts, owner)
 VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
@@ -278,14 +278,16 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	}
 	for try := 0; try < maxClaimTries; try++ {
 		var expired bool
-		rec, err := scanRecord(d.stmts.claimRead.QueryRowContext(ctx, args...), &expired)
+		read, err := scanRecord(d.stmts.claimRead.QueryRowContext(ctx, args...), &expired)
+		found := err == nil
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return idemdriver.ClaimResult{}, err
-		case !idemdriver.Claimable(rec, expired, p):
-			return idemdriver.ClaimResult{Record: rec}, nil
+		case !idemdriver.Decide(&read, expired, p).Claims():
+			return idemdriver.ClaimResult{Record: read}, nil
 		}
+		var rec idemdriver.Record
 		err = retryBusy(ctx, func() error {
 			rec, err = scanRecord(d.stmts.claim.QueryRowContext(ctx, args...), nil)
 			return err
@@ -293,6 +295,15 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		switch {
 		case err == nil:
 			return idemdriver.ClaimResult{Claimed: true, Record: rec}, nil
+		case found && queued(ctx, err):
+			// Another transaction holds the write lock for the whole claim:
+			// the record's owner, most likely, in its business transaction
+			// (a single writer's owner does not renew its lease meanwhile,
+			// so the lease read may have run out). No one can take the key
+			// over while that lock is held: answer from the record read
+			// (the core answers 409, or replays once the owner commits),
+			// not a store error (issue 13 item 8).
+			return idemdriver.ClaimResult{Record: read}, nil
 		case !errors.Is(err, sql.ErrNoRows):
 			return idemdriver.ClaimResult{}, err
 		}
@@ -315,12 +326,18 @@ func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Re
 	return rec, err
 }
 
-// Heartbeat implements idemdriver.Driver.
+// Heartbeat implements idemdriver.Driver. A renewal that waited for the
+// write lock until ctx's deadline (another transaction holds it) returns an
+// error wrapping idemdriver.ErrBusy: it was queued, not refused.
 func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
 	if err := d.prepare(ctx); err != nil {
 		return false, err
 	}
-	return execFenced(ctx, d.stmts.heartbeat, p, sql.Named("lease", p.LeaseDuration.Microseconds()))
+	ok, err := execFenced(ctx, d.stmts.heartbeat, p, sql.Named("lease", p.LeaseDuration.Microseconds()))
+	if err != nil && queued(ctx, err) {
+		err = fmt.Errorf("idemsqlite: renewal queued behind another transaction: %w: %w", idemdriver.ErrBusy, err)
+	}
+	return ok, err
 }
 
 // Complete implements idemdriver.Driver.
@@ -413,6 +430,14 @@ func retryBusy(ctx context.Context, f func() error) error {
 	return err
 }
 
+// queued reports whether a write failed because it waited for the write
+// lock: SQLITE_BUSY after the busy timeout, or ctx's deadline while it
+// waited (a fenced write or an upsert of one row takes microseconds once it
+// holds the lock).
+func queued(ctx context.Context, err error) bool {
+	return isBusy(err) || errors.Is(ctx.Err(), context.DeadlineExceeded)
+}
+
 func isBusy(err error) bool {
 	var se *sqlite.Error
 	if !errors.As(err, &se) {
@@ -429,13 +454,11 @@ func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any
 		rec                                 idemdriver.Record
 		state                               string
 		lockedUntil, completedAt, leaseLeft sql.NullInt64
-		status, bodySize                    sql.NullInt64
-		headers, body                       []byte
-		stored                              sql.NullBool
+		resp                                idemdriver.ResponseColumns
 		createdAt, updatedAt, expiresAt     int64
 	)
 	dest := []any{&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
-		&lockedUntil, &status, &headers, &body, &stored, &bodySize,
+		&lockedUntil, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size,
 		&createdAt, &updatedAt, &completedAt, &expiresAt, &rec.Attempts, &rec.Owner, &leaseLeft}
 	if expired != nil {
 		dest = append(dest, expired)
@@ -448,18 +471,9 @@ func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any
 	rec.CreatedAt, rec.UpdatedAt, rec.ExpiresAt = micros(createdAt), micros(updatedAt), micros(expiresAt)
 	rec.LockedUntil, rec.CompletedAt = nullMicros(lockedUntil), nullMicros(completedAt)
 	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
-	if rec.State == idemdriver.StateSucceeded && status.Valid {
-		h, err := idemdriver.DecodeHeader(headers)
-		if err != nil {
-			return rec, err
-		}
-		if body == nil {
-			body = []byte{}
-		}
-		rec.Response = &idemdriver.Response{Status: int(status.Int64), Header: h, Body: body,
-			BodyStored: stored.Bool, BodySize: bodySize.Int64}
-	}
-	return rec, nil
+	var err error
+	rec.Response, err = idemdriver.DecodeResponse(rec.State, resp)
+	return rec, err
 }
 
 func micros(us int64) time.Time { return time.UnixMicro(us).UTC() }

@@ -198,53 +198,87 @@ func runDriver(t *testing.T, h Harness) {
 	})
 
 	// The decision table, row by row, at the driver: what the claim decides
-	// for each stored state with the same and with a different request.
+	// for each stored state with the same and with a different request. Each
+	// row names its idemdriver.Decision: Decide must name it for the record
+	// as read at the claim's clock, and the driver's claim must do it.
 	t.Run("DecisionTable", func(t *testing.T) {
 		t.Parallel()
+		const (
+			same   = ""
+			body   = "body"
+			method = "method"
+			path   = "path"
+		)
 		cases := []struct {
 			state       string
-			sameRequest bool
+			other       string // "" for the same request, else what differs
 			wantClaimed bool
 			wantState   idemdriver.State
+			want        idemdriver.Decision
 		}{
-			{"none", true, true, idemdriver.StateProcessing},
-			{"PROCESSING", true, false, idemdriver.StateProcessing},
-			{"PROCESSING", false, false, idemdriver.StateProcessing},
-			{"EXPIRED_LEASE", true, true, idemdriver.StateProcessing},
-			{"EXPIRED_LEASE", false, false, idemdriver.StateProcessing},
-			{"SUCCEEDED", true, false, idemdriver.StateSucceeded},
-			{"SUCCEEDED", false, false, idemdriver.StateSucceeded},
-			{"FAILED", true, true, idemdriver.StateProcessing},
-			{"FAILED", false, false, idemdriver.StateFailed},
-			{"EXPIRED", true, true, idemdriver.StateProcessing},
-			{"EXPIRED", false, true, idemdriver.StateProcessing},
+			{"none", same, true, idemdriver.StateProcessing, idemdriver.DecisionNew},
+			{"PROCESSING", same, false, idemdriver.StateProcessing, idemdriver.DecisionInFlight},
+			{"PROCESSING", body, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
+			{"PROCESSING", method, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
+			{"EXPIRED_LEASE", same, true, idemdriver.StateProcessing, idemdriver.DecisionTakeOver},
+			{"EXPIRED_LEASE", body, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
+			{"EXPIRED_LEASE", path, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
+			{"SUCCEEDED", same, false, idemdriver.StateSucceeded, idemdriver.DecisionReplay},
+			{"SUCCEEDED", body, false, idemdriver.StateSucceeded, idemdriver.DecisionKeyReused},
+			{"SUCCEEDED", method, false, idemdriver.StateSucceeded, idemdriver.DecisionKeyReused},
+			{"SUCCEEDED", path, false, idemdriver.StateSucceeded, idemdriver.DecisionKeyReused},
+			{"FAILED", same, true, idemdriver.StateProcessing, idemdriver.DecisionReclaim},
+			{"FAILED", body, false, idemdriver.StateFailed, idemdriver.DecisionKeyReused},
+			{"FAILED", method, false, idemdriver.StateFailed, idemdriver.DecisionKeyReused},
+			{"FAILED", path, false, idemdriver.StateFailed, idemdriver.DecisionKeyReused},
+			{"EXPIRED", same, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
+			{"EXPIRED", body, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
+			{"EXPIRED", path, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
 			// Unfinished past retention: the same request continues the
 			// record's life (a retry of an execution whose outcome is
 			// unknown keeps its relayed key); another request starts a new
 			// one; a live lease is never taken, expired or not.
-			{"EXPIRED_FAILED", true, true, idemdriver.StateProcessing},
-			{"EXPIRED_FAILED", false, true, idemdriver.StateProcessing},
-			{"EXPIRED_DEAD", true, true, idemdriver.StateProcessing},
-			{"EXPIRED_DEAD", false, true, idemdriver.StateProcessing},
-			{"EXPIRED_LIVE", true, false, idemdriver.StateProcessing},
-			{"EXPIRED_LIVE", false, false, idemdriver.StateProcessing},
+			{"EXPIRED_FAILED", same, true, idemdriver.StateProcessing, idemdriver.DecisionReclaim},
+			{"EXPIRED_FAILED", body, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
+			{"EXPIRED_DEAD", same, true, idemdriver.StateProcessing, idemdriver.DecisionTakeOver},
+			{"EXPIRED_DEAD", body, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
+			{"EXPIRED_DEAD", method, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
+			{"EXPIRED_LIVE", same, false, idemdriver.StateProcessing, idemdriver.DecisionInFlight},
+			{"EXPIRED_LIVE", body, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
 		}
 		d := h.NewDriver(t)
 		for i, tc := range cases {
-			t.Run(fmt.Sprintf("%s/same=%v", tc.state, tc.sameRequest), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/other=%s", tc.state, tc.other), func(t *testing.T) {
 				ctx := context.Background()
 				key := fmt.Sprintf("dt-%d", i)
 				sd, before := setup(t, d, tc.state, params("acct", key, "body"))
-				body := "body"
-				if !tc.sameRequest {
-					body = "other body"
+				p := params("acct", key, "body")
+				switch tc.other {
+				case body:
+					p.Fingerprint = fingerprint("other body")
+				case method:
+					p.Method = "PATCH"
+				case path:
+					p.Path = "/v1/refunds"
 				}
-				res, err := sd.Claim(ctx, params("acct", key, body))
+				// The rule: Decide on the record as the claim will read it.
+				var read *idemdriver.Record
+				if tc.state != "none" {
+					rec, err := sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: key})
+					require.NoError(t, err)
+					read = &rec
+				}
+				expired := tc.state == "EXPIRED" || tc.state == "EXPIRED_FAILED" || tc.state == "EXPIRED_DEAD" || tc.state == "EXPIRED_LIVE"
+				require.Equal(t, tc.want, idemdriver.Decide(read, expired, p), "Decide names the row")
+				require.Equal(t, tc.wantClaimed, tc.want.Claims())
+
+				res, err := sd.Claim(ctx, p)
 				require.NoError(t, err)
+				requireDecision(t, tc.want, read, res, p)
 				require.Equal(t, tc.wantClaimed, res.Claimed)
 				require.Equal(t, tc.wantState, res.Record.State)
 				if tc.wantClaimed {
-					require.Equal(t, fingerprint(body), res.Record.Fingerprint)
+					require.Equal(t, p.Fingerprint, res.Record.Fingerprint)
 					require.Greater(t, res.Record.FencingToken, before.FencingToken)
 				} else {
 					// The row it lost to, untouched: the core answers 422 from
@@ -265,7 +299,7 @@ func runDriver(t *testing.T, h Harness) {
 					require.NotNil(t, res.Record.Response)
 					require.Equal(t, `{"id":"pay_1"}`, string(res.Record.Response.Body))
 				}
-				continues := tc.sameRequest && (tc.state == "EXPIRED_FAILED" || tc.state == "EXPIRED_DEAD")
+				continues := tc.other == same && (tc.state == "EXPIRED_FAILED" || tc.state == "EXPIRED_DEAD")
 				switch {
 				case continues:
 					require.Equal(t, 2, res.Record.Attempts)
@@ -405,6 +439,9 @@ func runDriver(t *testing.T, h Harness) {
 		ok, err = sd.Fail(ctx, fence(old))
 		require.NoError(t, err)
 		require.False(t, ok)
+		ok, err = sd.Release(ctx, fence(old))
+		require.NoError(t, err)
+		require.False(t, ok, "a worker that lost the record cannot release the new owner's")
 		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.StateProcessing, rec.State)
@@ -423,6 +460,9 @@ func runDriver(t *testing.T, h Harness) {
 		ok, err = sd.Fail(ctx, fence(take.Record))
 		require.NoError(t, err)
 		require.False(t, ok)
+		ok, err = sd.Release(ctx, fence(take.Record))
+		require.NoError(t, err)
+		require.False(t, ok, "a completed record is not released")
 		rec, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
 		require.NoError(t, err)
 		require.Equal(t, "new", string(rec.Response.Body))
@@ -649,6 +689,7 @@ func runDriver(t *testing.T, h Harness) {
 	})
 
 	runOwner(t, h)
+	runLeaseBornLive(t, h)
 	runRelease(t, h)
 	runUnstorable(t, h)
 
@@ -756,35 +797,16 @@ func runRelease(t *testing.T, h Harness) {
 		rec, err := get(ctx, d, "acct", "k")
 		require.NoError(t, err)
 		require.Equal(t, again.Record.FencingToken, rec.FencingToken)
-	})
 
-	t.Run("ReleaseFenced", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		ctx := context.Background()
-		// A worker whose lease was taken over cannot release the new owner's record.
-		sd, old := setup(t, d, "EXPIRED_LEASE", params("acct", "taken", "body"))
-		take, err := sd.Claim(ctx, params("acct", "taken", "body"))
-		require.NoError(t, err)
-		require.True(t, take.Claimed)
-		ok, err := sd.Release(ctx, fence(old))
+		// A failed execution is over: its record is not released (the fence
+		// requires PROCESSING); Fencing covers lost and completed ones.
+		sd, failed := setup(t, d, "FAILED", params("acct", "failed", "body"))
+		ok, err = sd.Release(ctx, fence(failed))
 		require.NoError(t, err)
 		require.False(t, ok)
-		rec, err := sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "taken"})
+		rec, err = sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "failed"})
 		require.NoError(t, err)
-		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
-		require.Equal(t, idemdriver.StateProcessing, rec.State)
-
-		// A completed or failed record is not this execution's to release.
-		for _, state := range []string{"SUCCEEDED", "FAILED"} {
-			sd, before := setup(t, d, state, params("acct", "done-"+state, "body"))
-			ok, err := sd.Release(ctx, fence(before))
-			require.NoError(t, err)
-			require.False(t, ok, state)
-			rec, err := sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "done-" + state})
-			require.NoError(t, err)
-			require.Equal(t, idemdriver.State(state), rec.State)
-		}
+		require.Equal(t, idemdriver.StateFailed, rec.State)
 	})
 }
 
@@ -834,5 +856,102 @@ func runUnstorable(t *testing.T, h Harness) {
 		// Nothing is confused with the plain scope.
 		_, err := get(ctx, d, "acct", "k-nul-scope")
 		require.ErrorIs(t, err, idemdriver.ErrNotFound)
+	})
+}
+
+// requireDecision checks that a claim by p did what want says, given the
+// record read before it (nil: none): a claim that wins writes the life
+// want names (continued: created_at kept, attempts+1; new: attempts 1 and,
+// for a new life, a later created_at); a claim that loses returns the row it
+// read, untouched, from which Decide gives the core's answer (replay, 409,
+// 422).
+func requireDecision(t *testing.T, want idemdriver.Decision, read *idemdriver.Record, res idemdriver.ClaimResult, p idemdriver.ClaimParams) {
+	t.Helper()
+	require.Equal(t, want.Claims(), res.Claimed, "decision %s", want)
+	if !res.Claimed {
+		require.NotNil(t, read)
+		require.Equal(t, read.FencingToken, res.Record.FencingToken, "the row it lost to is the row read")
+		require.Equal(t, read.State, res.Record.State)
+		require.Equal(t, want, idemdriver.Decide(&res.Record, false, p), "the core's answer from the record it lost to")
+		return
+	}
+	rec := res.Record
+	require.Equal(t, idemdriver.StateProcessing, rec.State)
+	require.Positive(t, rec.LeaseLeft, "a claim is born with a live lease")
+	switch {
+	case want == idemdriver.DecisionNew:
+		require.Nil(t, read)
+		require.Equal(t, 1, rec.Attempts)
+	case want.Continues():
+		require.Equal(t, read.Attempts+1, rec.Attempts, "decision %s continues the life", want)
+		require.True(t, read.CreatedAt.Equal(rec.CreatedAt), "decision %s keeps created_at", want)
+		require.Greater(t, rec.FencingToken, read.FencingToken)
+	default: // DecisionNewLife
+		require.Equal(t, idemdriver.DecisionNewLife, want)
+		require.Equal(t, 1, rec.Attempts, "a new life starts at attempt 1")
+		require.True(t, rec.CreatedAt.After(read.CreatedAt), "a new life starts at a new created_at")
+		require.Greater(t, rec.FencingToken, read.FencingToken, "tokens never go back, even across expiry")
+		require.Nil(t, rec.Response)
+	}
+}
+
+// runLeaseBornLive: a lease counts from when the claim's write takes effect,
+// not from when its statement started (issue 13 item 2). A takeover that
+// waits on the record's row lock longer than the lease (the old owner's
+// business transaction holds it, then rolls back) must not write a
+// locked_until already in the past: a duplicate arriving right after would
+// take the key over while the first still runs.
+func runLeaseBornLive(t *testing.T, h Harness) {
+	t.Run("LeaseCountsFromTheWrite", func(t *testing.T) {
+		t.Parallel()
+		const short = time.Second
+		d := h.NewDriver(t)
+		ctx := context.Background()
+		clock := &Clock{}
+		sd := Shift(d, clock)
+		old, err := sd.Claim(ctx, params("acct", "k", "body"))
+		require.NoError(t, err)
+		// The old owner completes in its business transaction: the row is
+		// locked until that transaction ends.
+		tx, err := sd.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
+		ok, err := tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(old.Record), Response: okResponse("old")})
+		require.NoError(t, err)
+		require.True(t, ok)
+
+		// Its lease runs out (as the database sees it), and a retry takes over.
+		clock.Advance(lease + time.Second)
+		p := params("acct", "k", "body")
+		p.LeaseDuration = short
+		done := make(chan idemdriver.ClaimResult, 1)
+		errc := make(chan error, 1)
+		go func() {
+			res, err := sd.Claim(ctx, p)
+			errc <- err
+			done <- res
+		}()
+		// The takeover waits on the row lock for longer than its lease.
+		select {
+		case <-errc:
+			t.Fatal("the takeover did not wait for the old owner's transaction")
+		case <-time.After(short + short/2):
+		}
+		require.NoError(t, tx.Rollback(ctx))
+		require.NoError(t, <-errc)
+		take := <-done
+		require.True(t, take.Claimed, "the old owner rolled back: the dead lease is taken over")
+		rec, err := sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
+		require.NoError(t, err)
+		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
+		require.Positive(t, rec.LeaseLeft, "the lease is live right after the claim returns (locked_until %s)", rec.LockedUntil)
+		require.LessOrEqual(t, rec.LeaseLeft, short)
+		require.Positive(t, take.Record.LeaseLeft)
+		require.LessOrEqual(t, take.Record.LeaseLeft, short, "the claim reports no more lease than it has")
+		// A duplicate right after is answered 409, not a second execution.
+		dup, err := sd.Claim(ctx, params("acct", "k", "body"))
+		require.NoError(t, err)
+		require.False(t, dup.Claimed)
+		require.Equal(t, idemdriver.DecisionInFlight, idemdriver.Decide(&dup.Record, false, p))
 	})
 }
