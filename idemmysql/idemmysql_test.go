@@ -41,7 +41,7 @@ func secondDriver(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
 	t.Helper()
 	url, ok := urls.Load(d)
 	require.True(t, ok, "secondDriver needs a driver from open")
-	cfg, err := idemmysql.ParseURL(idemdrivertest.OnSecondNode(t, idemdrivertest.EnvSecondMySQL, url.(string)))
+	cfg, err := idemmysql.ParseURL(url.(string))
 	require.NoError(t, err)
 	cfg.ParseTime, cfg.Params = false, nil
 	c, err := mysql.NewConnector(cfg)

@@ -128,7 +128,9 @@ pg_init() {
 # pg_start DIR PORT: starts the server in the background; sets PG_PID.
 pg_start() {
 	local dir=$1 port=$2
-	as_postgres "$PGBIN/postgres" -D "$dir" -p "$port" >>"$TOPO_DIR/logs/postgres.$port.log" 2>&1 &
+	# runuser itself in the background (not a function's subshell), so its
+	# pid is runuser's
+	runuser -u postgres -- "$PGBIN/postgres" -D "$dir" -p "$port" >>"$TOPO_DIR/logs/postgres.$port.log" 2>&1 &
 	PG_PID=$!
 	started "$PG_PID"
 	wait_for "PostgreSQL on $port" 60 test -f "$dir/postmaster.pid"
@@ -170,7 +172,7 @@ pgbouncer_start() {
 		pidfile = $dir/pgbouncer.pid
 	EOF
 	chown -R postgres:postgres "$dir"
-	as_postgres pgbouncer "$dir/pgbouncer.ini" >>"$TOPO_DIR/logs/pgbouncer.$port.log" 2>&1 &
+	runuser -u postgres -- pgbouncer "$dir/pgbouncer.ini" >>"$TOPO_DIR/logs/pgbouncer.$port.log" 2>&1 &
 	started $!
 	wait_for "pgbouncer on $port" 30 "$PGBIN/pg_isready" -h 127.0.0.1 -p "$port" -q
 	BOUNCER_PID=$(cat "$dir/pgbouncer.pid")

@@ -39,7 +39,7 @@ pgbouncer_topology() {
 		local q="sslmode=disable"
 		[ "$m" != default ] && q+="&default_query_exec_mode=$m"
 		check "suite idempgx through pgbouncer ($mode pooling, exec mode $m)" \
-			suite_or_refused "$m" TEST_DATABASE_URL="$via/test?$q" TEST_DATABASE_URL_2="$direct"
+			suite_or_refused "$m" TEST_DATABASE_URL="$via/test?$q" TEST_DATABASE_URL_2="$direct" IDEMPGX_TEST_POOLER="$mode"
 	done
 
 	fakepsp_start "$psp"
