@@ -1,0 +1,76 @@
+package idemconnect_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+
+	"connectrpc.com/connect"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapters/idemconnect"
+	"github.com/idemgo/idem/idemsqlite"
+)
+
+// Protect a Connect service: the retry of a call gets the recorded response,
+// and idem's refusals reach the Connect client as Connect codes.
+func Example() {
+	dir, _ := os.MkdirTemp("", "idemconnect-example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	mw, err := idem.New(idem.Config{
+		Store:   store,
+		Scope:   func(r *http.Request) (string, error) { return "merchant_42", nil },
+		Outcome: idemconnect.Outcome,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	charges := int64(0)
+	mux := http.NewServeMux()
+	mux.Handle(procedure, connect.NewUnaryHandler(procedure,
+		func(ctx context.Context, req *connect.Request[ChargeRequest]) (*connect.Response[ChargeResponse], error) {
+			charges++
+			return connect.NewResponse(&ChargeResponse{Charge: charges, Amount: req.Msg.Amount}), nil
+		}, connect.WithCodec(jsonCodec{})))
+	srv := httptest.NewServer(idemconnect.Handler(mw, mux))
+	defer srv.Close()
+
+	client := connect.NewClient[ChargeRequest, ChargeResponse](http.DefaultClient, srv.URL+procedure, connect.WithCodec(jsonCodec{}))
+	call := func(key string, amount int64) {
+		req := connect.NewRequest(&ChargeRequest{Amount: amount})
+		req.Header().Set("Idempotency-Key", key)
+		res, err := client.CallUnary(ctx, req)
+		var cerr *connect.Error
+		if errors.As(err, &cerr) {
+			fmt.Println("error:", cerr.Code())
+			return
+		}
+		fmt.Printf("charge %d, amount %d, replayed=%q\n", res.Msg.Charge, res.Msg.Amount, res.Header().Get("Idempotent-Replayed"))
+	}
+	call("order-1", 1000)
+	call("order-1", 1000)
+	call("order-1", 9999) // the same key for another request
+	call("not a key", 1000)
+	fmt.Println("charges:", charges)
+	// Output:
+	// charge 1, amount 1000, replayed=""
+	// charge 1, amount 1000, replayed="true"
+	// error: failed_precondition
+	// error: invalid_argument
+	// charges: 1
+}
