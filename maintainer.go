@@ -54,11 +54,11 @@ type MaintainerConfig struct {
 	// around for inspection.
 	OlderThan time.Duration
 
-	// LockTTL is how long the maintenance lock outlives a maintainer that
-	// died without releasing it, where the lock is a lease (SQLite); the
-	// holder renews it every cycle and between batches. Ignored where the
-	// lock dies with its session (PostgreSQL). Default: 3 × Interval, at
-	// least 30 s.
+	// LockTTL is how long the maintenance lock (a lease row, see
+	// idemdriver.MaintenanceLocker) outlives a maintainer that died without
+	// releasing it; the holder renews it every cycle and between batches,
+	// and every batch renews it in its own transaction. Default:
+	// 3 × Interval, at least 30 s.
 	LockTTL time.Duration
 
 	// DaysAhead is how many days of partitions ahead of today each cycle
@@ -167,7 +167,9 @@ type MaintainerStats struct {
 // batches of Batch, each its own short transaction, or, on a partitioned
 // store, creates the partitions ahead and drops the fully expired ones. The
 // other processes stand by and take over within one Interval when the
-// leader stops (or, where the lock is a lease, within LockTTL when it dies).
+// leader stops (or within LockTTL when it dies). A leader that stalls past
+// LockTTL is replaced, and its next purge is refused (the lease's fencing
+// token has moved on), so two maintainers never purge at once.
 //
 // Create it with NewMaintainer, run it with Start, end it with Stop.
 type Maintainer struct {

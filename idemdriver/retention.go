@@ -23,9 +23,8 @@ import (
 var ErrLockHeld = errors.New("idemdriver: the maintenance lock is held by another process")
 
 // ErrLockLost is returned by MaintenanceLock methods once the lock is no
-// longer held: the lock's session died (PostgreSQL) or its lease ran out and
-// another process took it (SQLite). The holder must stop maintaining and try
-// to lock again.
+// longer held: its lease ran out and another process took it, or it was
+// released. The holder must stop maintaining and try to lock again.
 var ErrLockLost = errors.New("idemdriver: the maintenance lock was lost")
 
 // ErrNotPartitioned is returned by the Partitioner methods of a store whose
@@ -66,12 +65,11 @@ type Purger interface {
 // LockParams configure one attempt to take the maintenance lock.
 type LockParams struct {
 	// Holder names the process asking, for operators (host:pid or any
-	// string); stored where the lock is a row (SQLite), ignored elsewhere.
+	// string); stored in the lease row.
 	Holder string
-	// TTL is how long a lease-based lock (SQLite) stays held without a
-	// Refresh, so a process that dies without releasing it is replaced after
-	// at most TTL. Session-based locks (PostgreSQL advisory locks, released
-	// when the session ends) ignore it. Must be positive for lease-based locks.
+	// TTL is how long the lease stays held without a Refresh, so a process
+	// that dies without releasing it is replaced after at most TTL. Must be
+	// positive.
 	TTL time.Duration
 	// ClockOffset is added to the database's clock (tests only).
 	ClockOffset time.Duration
@@ -79,7 +77,11 @@ type LockParams struct {
 
 // MaintenanceLocker elects the one maintainer among all processes that
 // share a database: at most one MaintenanceLock is held at a time per
-// idem_keys table.
+// idem_keys table. Every driver of this module implements it with a lease
+// row (idemdriver/idemmigrate.Leases): the database's clock, a fencing
+// token, compare-and-set renewal and release, and no session-scoped lock,
+// so the election holds behind a transaction pooler and across the nodes
+// of a Galera cluster.
 type MaintenanceLocker interface {
 	// TryLockMaintenance takes the maintenance lock without waiting. It
 	// returns ErrLockHeld when another holder has it, or another error when
@@ -92,17 +94,20 @@ type MaintenanceLocker interface {
 type MaintenanceLock interface {
 	// PurgeExpired is Purger.PurgeExpired run under the lock: it deletes
 	// nothing and returns ErrLockLost when the lock is no longer held at the
-	// moment it runs (PostgreSQL: it runs on the session that holds the
-	// advisory lock; SQLite: the DELETE is fenced by the lease row in the
-	// same statement).
+	// moment it runs (the batch's transaction, or statement, renews the
+	// lease first and is fenced by its token).
 	PurgeExpired(ctx context.Context, p PurgeParams) (int64, error)
-	// Refresh confirms that the lock is still held, extending a lease-based
-	// lock by its TTL. It returns ErrLockLost when the lock is gone.
+	// Refresh confirms that the lock is still held, extending its lease by
+	// its TTL. It returns ErrLockLost when the lock is gone.
 	Refresh(ctx context.Context) error
-	// Release gives the lock up (idempotent) and frees its resources (the
-	// dedicated connection on PostgreSQL). Another process may take the lock
-	// right after.
+	// Release gives the lock up (idempotent). Another process may take the
+	// lock right after.
 	Release(ctx context.Context) error
+	// FencingToken is the lock's tenure: every take of the lock, by any
+	// process, gets a greater token than the one before, so a holder that
+	// stalled past its TTL and was replaced holds a smaller token than its
+	// successor (and its Refresh and PurgeExpired are refused).
+	FencingToken() int64
 }
 
 // StatsParams shape a Stats call.
@@ -179,13 +184,21 @@ type Migration struct {
 	// AppliedAt is when it was applied (the migration tool's record, in
 	// the database's clock), nil when pending.
 	AppliedAt *time.Time
+	// Missing names the tables this applied migration creates that are
+	// gone from the database (dropped by hand, or a restore without them):
+	// the version table says applied, the database does not. Empty when the
+	// migration is pending or its tables exist.
+	Missing []string
 }
 
 // Migrator is the rest of the migration life cycle; Driver.Migrate applies
-// every pending migration.
+// every pending migration. The drivers of this module implement both with
+// idemdriver/idemmigrate, under a lease row that serializes every process
+// sharing the database.
 type Migrator interface {
 	// MigrationStatus lists the embedded migrations, oldest first, with
-	// whether each is applied.
+	// whether each is applied, and for an applied one the tables it
+	// created that are gone (Migration.Missing).
 	MigrationStatus(ctx context.Context) ([]Migration, error)
 	// MigrateDown rolls back the most recent applied migration and returns
 	// it. Rolling back the first one drops idem_keys and every record in it.

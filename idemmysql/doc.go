@@ -135,16 +135,24 @@
 // # Migrations
 //
 // Migrate applies the embedded goose migrations (MySQL dialect), recording
-// them in the table idem_schema_version. Goose has no MySQL session locker,
-// so this package serializes migrations itself with GET_LOCK on goose's
-// dedicated connection, under a lock name derived from the database's name:
-// processes sharing a database migrate one at a time. (Goose creates its
-// version table outside that lock; Migrate creates it first, under the lock,
-// so that processes migrating a new database together do not race there.)
-// MySQL commits each DDL
-// statement on its own, so a migration that fails part-way leaves its earlier
-// statements applied: Migrate then returns a *MigrateError that names the
-// failed version, the failing statement and the last version applied.
+// them in the table idem_schema_version, through idem's one migrator
+// (idemdriver/idemmigrate), under the lease "migrate idem_schema_version"
+// in the table idem_locks: a row written with the server's clock and
+// replicated to every node of a Galera cluster (GET_LOCK would be local to
+// one node: three processes starting at once, one per node, all migrated
+// together and wedged the database), held by no connection. Processes
+// sharing a database migrate one at a time, whichever node they use; a
+// process that dies mid-migration leaves a lease that runs out within
+// idemmigrate.DefaultLockTTL (30 s). The version table is created, and its
+// version 0 row inserted if missing, under the lease: a version table
+// without that row (a process killed between goose's CREATE TABLE and its
+// INSERT, which MySQL commits apart) is repaired instead of failing
+// "missing zero version migration" forever
+// (TestMigrateAfterVersionTableWithoutZeroRow). MySQL commits each DDL
+// statement on its own, so a migration that fails part-way leaves its
+// earlier statements applied: Migrate then returns a *MigrateError that
+// names the failed version, the failing statement and the last version
+// applied.
 //
 // # Retention and maintenance
 //
@@ -178,19 +186,17 @@
 // the locked rows through the primary key, at most 1000 keys per DELETE
 // (written as hexadecimal literals: one round trip, no placeholder limit).
 //
-// The maintenance lock is a named lock, GET_LOCK('idem_maintenance.<database>', 0)
-// (a SHA-256 of the name when it is long or has capitals: lock names hold 64
-// characters and MySQL 8 compares them case-insensitively), on a connection
-// taken out of the pool for the lock's life. The lock's purge batches run
-// on that connection, so a batch runs only while its session holds the
-// lock, and a batch whose session dies rolls back. The server releases the
-// lock when Release asks, or when the session ends for any reason (process
-// killed, network lost, KILL: TestMaintenanceLockDiesWithItsConnection).
-// Release runs RELEASE_LOCK, then closes the connection instead of returning
-// it to the pool, where its session would keep the lock. A lock has no TTL
-// (LockParams.TTL is ignored); mind the server's wait_timeout (8 hours by
-// default) only if a maintainer's Interval is longer. The lock takes one of
-// the pool's connections (DefaultMaxOpenConns on Open's pool).
+// The maintenance lock is the lease "maintainer" in idem_locks
+// (idemmigrate.Leases): taking it is INSERT IGNORE of its row and an UPDATE
+// that takes it when its lease has run out (locked_until <= now) and
+// increments its fencing token; Refresh and Release compare the token. It
+// holds no connection, so it survives a pooled or killed connection
+// (TestMaintenanceLockOutlivesItsConnections), and on Galera two nodes'
+// takes of the row conflict at certification: one maintainer across the
+// cluster. Every purge batch of the lock renews the lease first, in the
+// batch's transaction, which keeps the row locked (and certified against a
+// concurrent take-over) until COMMIT: a holder whose lease was taken over
+// deletes nothing. The lease lasts LockParams.TTL from each renewal.
 //
 // Statements per maintenance operation (counted on the wire by
 // TestMaintenanceStatementBudget; on a pool from New, add one SET
@@ -200,13 +206,16 @@
 //     LOCKED, DELETE, COMMIT), one DELETE more per further 1000 records of
 //     the batch; 3 when nothing is purgeable (no DELETE).
 //   - CountExpired (purge --dry-run): 1 SELECT COUNT(*).
-//   - TryLockMaintenance: 2 (SELECT DATABASE(), SELECT GET_LOCK).
-//   - Refresh: 1 (SELECT IS_USED_LOCK(name) = CONNECTION_ID()).
-//   - Release: 1 (SELECT RELEASE_LOCK), then the connection is closed.
+//   - TryLockMaintenance: 2 (INSERT IGNORE, UPDATE of the lease row), and
+//     once per driver the lease table's existence check.
+//   - Refresh: 1 (UPDATE of the lease row).
+//   - Release: 1 (UPDATE of the lease row).
+//   - a purge batch under the lock: the batch's statements and the lease's
+//     renewal in its transaction (5, or 4 when nothing is purgeable).
 //   - idem.Maintainer, per Interval: the leader's first cycle takes the lock
 //     (2) and later cycles refresh it (1), then it purges batches until one
-//     comes back short (4 each, 3 for an empty one); so a quiet leader costs
-//     4 statements per Interval. A standby costs 2 per Interval (its failed
+//     comes back short (5 each, 4 for an empty one); so a quiet leader costs
+//     5 statements per Interval. A standby costs 2 per Interval (its failed
 //     TryLockMaintenance).
 //
 // The Inspector: Now is 1 SELECT; Stats reads one snapshot, SET
@@ -215,8 +224,9 @@
 // ROLLBACK; Stuck is 1 SELECT, a range of the index on (state,
 // locked_until), longest overdue first.
 //
-// Migrator runs goose's Status and Down with the provider and GET_LOCK of
-// Migrate. goose's own MySQL store scans the applied time (a DATETIME
+// Migrator runs idemmigrate's Status and Down under Migrate's lease; Status
+// names the tables of an applied migration that are gone
+// (idemdriver.Migration.Missing). goose's own MySQL store scans the applied time (a DATETIME
 // written by CURRENT_TIMESTAMP in the session's time zone) into a
 // time.Time, which fails without parseTime; this driver reads it as
 // microseconds, converted from the session's time zone to UTC. Rolling back

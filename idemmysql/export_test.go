@@ -24,7 +24,7 @@ func SetBeforeWrite(d *Driver, f func()) { d.beforeWrite = f }
 // MigrateFS runs the migrations of fsys instead of the embedded ones, in
 // idem's version table and under idem's lock.
 func MigrateFS(d *Driver, ctx context.Context, fsys fs.FS) error {
-	return d.MigrateFS(ctx, fsys, SchemaVersionTable, migrateLockPrefix)
+	return d.MigrateFS(ctx, fsys, SchemaVersionTable)
 }
 
 // Classify exposes the error mapping as kind names.
@@ -41,6 +41,3 @@ func EmbeddedMigrations() fs.FS {
 
 // OpenWrapped is Open with the connector wrapped by wrap.
 var OpenWrapped = open
-
-// MaintenanceLockName is the GET_LOCK name of a database's maintenance lock.
-var MaintenanceLockName = maintenanceLockName

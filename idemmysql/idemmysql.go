@@ -18,6 +18,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )
 
 // Column bounds of the idem_keys table. Claim refuses longer values with an
@@ -50,6 +51,9 @@ type Driver struct {
 	// beginOpts begin business transactions: READ COMMITTED, or nil when
 	// Open made that the sessions' default.
 	beginOpts *sql.TxOptions
+	// leases is the lease table (idem_locks) of the migration and
+	// maintenance locks.
+	leases *idemmigrate.Leases
 
 	stmts [numStmts]preparedStmt
 
@@ -255,7 +259,9 @@ func galera(ctx context.Context, db *sql.DB) (bool, error) {
 // recommended for the application's sake; idem's own writes are
 // bounds-checked in Go.
 func New(db *sql.DB) *Driver {
-	return &Driver{db: db, beginOpts: &sql.TxOptions{Isolation: sql.LevelReadCommitted}}
+	leases := idemmigrate.NewLeases(db, idemmigrate.MySQL, idemmigrate.DefaultLeaseTable)
+	leases.Conflict = func(err error) bool { k := classify(err); return k == kindDeadlock || k == kindLockWait }
+	return &Driver{db: db, beginOpts: &sql.TxOptions{Isolation: sql.LevelReadCommitted}, leases: leases}
 }
 
 // DB returns the driver's pool, for the application's own queries.

@@ -3,8 +3,11 @@ package idemmysql_test
 import (
 	"context"
 	"database/sql"
+	"os"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
@@ -36,7 +39,10 @@ var urls sync.Map
 
 // secondDriver returns a driver on d's database through a pool of its own,
 // as another process would have. Unlike d's pool (Open's), it is a plain
-// go-sql-driver pool given to New: no parseTime, no session settings.
+// go-sql-driver pool given to New: no parseTime, no session settings. With
+// IDEM_MYSQL_OTHER_NODES set (a Galera cluster), the second process uses
+// the first other node, so the multi-process cases (two maintainers) run
+// across nodes.
 func secondDriver(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
 	t.Helper()
 	url, ok := urls.Load(d)
@@ -44,11 +50,26 @@ func secondDriver(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
 	cfg, err := idemmysql.ParseURL(url.(string))
 	require.NoError(t, err)
 	cfg.ParseTime, cfg.Params = false, nil
+	if others := os.Getenv(EnvOtherNodes); others != "" {
+		cfg.Addr = strings.TrimSpace(strings.Split(others, ",")[0])
+		waitForDatabase(t, cfg.Clone())
+	}
 	c, err := mysql.NewConnector(cfg)
 	require.NoError(t, err)
 	db := sql.OpenDB(c)
 	t.Cleanup(func() { db.Close() })
 	return idemmysql.New(db)
+}
+
+// waitForDatabase waits until cfg's node has applied the CREATE DATABASE
+// of another node.
+func waitForDatabase(t *testing.T, cfg *mysql.Config) {
+	t.Helper()
+	c, err := mysql.NewConnector(cfg)
+	require.NoError(t, err)
+	db := sql.OpenDB(c)
+	defer db.Close()
+	require.Eventually(t, func() bool { return db.Ping() == nil }, 10*time.Second, 20*time.Millisecond)
 }
 
 func sep(url string) string {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,14 +13,6 @@ import (
 
 	"github.com/idemgo/idem/internal/dbtest"
 )
-
-func TestMigrateLockName(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, "idem_migrations.payments", migrateLockName("payments"))
-	long := migrateLockName(strings.Repeat("d", 64))
-	require.LessOrEqual(t, len(long), 64, "MySQL lock names hold 64 characters")
-	require.NotEqual(t, long, migrateLockName(strings.Repeat("d", 63)+"e"))
-}
 
 // No statement on the request path scans: each finds its row through the
 // primary key (CONTRACT section 10).
@@ -78,18 +69,6 @@ func TestStatementsUsePrimaryKey(t *testing.T) {
 func claimParams(scope, key string) idemdriver.ClaimParams {
 	return idemdriver.ClaimParams{Scope: scope, Key: key, Method: "POST", Path: "/",
 		Fingerprint: []byte("f"), LeaseDuration: time.Minute, Retention: time.Hour}
-}
-
-func TestMaintenanceLockName(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, "idem_maintenance.payments", maintenanceLockName("payments"))
-	require.NotEqual(t, maintenanceLockName("payments"), migrateLockName("payments"))
-	long := maintenanceLockName(strings.Repeat("d", 64))
-	require.LessOrEqual(t, len(long), 64, "MySQL lock names hold 64 characters")
-	require.NotEqual(t, long, maintenanceLockName(strings.Repeat("d", 63)+"e"))
-	// MySQL 8 compares lock names case-insensitively; database names are
-	// case-sensitive, so two databases must not share a lock.
-	require.NotEqual(t, strings.ToLower(maintenanceLockName("Payments")), strings.ToLower(maintenanceLockName("payments")))
 }
 
 // explain returns EXPLAIN's rows for query, by column name.
@@ -218,16 +197,4 @@ func TestPurgeBlocksNoClaim(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, tx.Rollback())
-}
-
-// MySQL 8 refuses lock names over 64 characters, and compares them without
-// case: long or capitalised database names get a hashed lock name, whatever
-// the prefix (MigrateFS takes one from the application).
-func TestLockNameWithOtherPrefixes(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, "svc_migrations.payments", lockName("svc_migrations.", "payments"))
-	long := lockName("paymentsd_migrations.", strings.Repeat("d", 60))
-	require.LessOrEqual(t, len(long), 64)
-	require.NotEqual(t, long, lockName("paymentsd_migrations.", strings.Repeat("d", 59)+"e"))
-	require.NotEqual(t, lockName("svc_migrations.", "Shop"), lockName("svc_migrations.", "shop"))
 }

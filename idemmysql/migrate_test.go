@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
 
+	"github.com/pressly/goose/v3/database"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/idemmysql"
@@ -115,4 +117,79 @@ func TestMigrateConcurrently(t *testing.T) {
 	var n int
 	require.NoError(t, drivers[0].DB().QueryRow(`SELECT COUNT(*) FROM `+idemmysql.SchemaVersionTable+` WHERE version_id = 1`).Scan(&n))
 	require.Equal(t, 1, n)
+}
+
+// unmigrated opens a fresh database, not migrated, and goose's version
+// store of idem's version table on it (to leave what an interrupted
+// migration leaves).
+func unmigrated(t *testing.T) (*idemmysql.Driver, database.Store) {
+	t.Helper()
+	url, _ := dbtest.MySQLURL(t)
+	d, err := idemmysql.Open(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	store, err := database.NewStore(database.DialectMySQL, idemmysql.SchemaVersionTable)
+	require.NoError(t, err)
+	return d, store
+}
+
+// A process killed between goose's CREATE TABLE of the version table and
+// its INSERT of version 0 (MySQL commits the CREATE on its own), or three
+// Galera nodes racing to create it, leave the table without its version 0
+// row: goose then fails "missing zero version migration" on every later
+// start. Migrate repairs the table under its lease and migrates.
+func TestMigrateAfterVersionTableWithoutZeroRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d, store := unmigrated(t)
+	require.NoError(t, store.CreateVersionTable(ctx, d.DB()), "the state a SIGKILL after CREATE TABLE leaves")
+
+	require.NoError(t, d.Migrate(ctx))
+	require.True(t, tableExists(t, d, "idem_keys"))
+	var n int
+	require.NoError(t, d.DB().QueryRow(`SELECT COUNT(*) FROM `+idemmysql.SchemaVersionTable+` WHERE version_id = 0`).Scan(&n))
+	require.Equal(t, 1, n)
+	require.NoError(t, d.Migrate(ctx), "and again")
+}
+
+// migrate status notices a table dropped behind the version table's back:
+// the migration that created it is still applied, and names it missing.
+func TestMigrationStatusNamesMissingTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := open(t, "")
+	list, err := d.MigrationStatus(ctx)
+	require.NoError(t, err)
+	require.Empty(t, list[0].Missing)
+	_, err = d.DB().ExecContext(ctx, `DROP TABLE idem_keys`)
+	require.NoError(t, err)
+	list, err = d.MigrationStatus(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "00001_idem_keys.sql", list[0].Name)
+	require.True(t, list[0].Applied, "the version table still says so")
+	require.Equal(t, []string{"idem_keys"}, list[0].Missing)
+}
+
+// A process killed after 00001's CREATE TABLE committed (MySQL commits DDL
+// on its own) and before goose recorded version 1: the next Migrate applies
+// the version again and records it, instead of failing "Table 'idem_keys'
+// already exists" on every start.
+func TestMigrateAfterKillBeforeVersionRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d, store := unmigrated(t)
+	require.NoError(t, store.CreateVersionTable(ctx, d.DB()))
+	require.NoError(t, store.Insert(ctx, d.DB(), database.InsertRequest{Version: 0}))
+	up, err := fs.ReadFile(idemmysql.EmbeddedMigrations(), "00001_idem_keys.sql")
+	require.NoError(t, err)
+	create := string(up)[strings.Index(string(up), "-- +goose Up")+len("-- +goose Up") : strings.Index(string(up), "-- +goose Down")]
+	_, err = d.DB().ExecContext(ctx, create)
+	require.NoError(t, err, "the state a SIGKILL after 00001's CREATE TABLE leaves")
+
+	require.NoError(t, d.Migrate(ctx))
+	var n int
+	require.NoError(t, d.DB().QueryRow(`SELECT COUNT(*) FROM `+idemmysql.SchemaVersionTable+` WHERE version_id = 1`).Scan(&n))
+	require.Equal(t, 1, n)
+	_, err = d.Claim(ctx, params("acct", "k", "b"))
+	require.NoError(t, err)
 }

@@ -3,17 +3,14 @@ package idemmysql
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"path"
 	"strings"
 	"time"
 
-	"github.com/pressly/goose/v3"
-
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )
 
 var (
@@ -74,14 +71,17 @@ func (d *Driver) purge(ctx context.Context, db txBeginner, p idemdriver.PurgePar
 	if p.Limit <= 0 {
 		return 0, fmt.Errorf("idemmysql: purge: Limit %d must be positive", p.Limit)
 	}
-	n, err := d.purgeBatch(ctx, db, p)
+	n, err := d.purgeBatch(ctx, db, p, nil)
 	if err != nil {
 		return 0, fmt.Errorf("idemmysql: purge: %w", err)
 	}
 	return n, nil
 }
 
-func (d *Driver) purgeBatch(ctx context.Context, db txBeginner, p idemdriver.PurgeParams) (int64, error) {
+// purgeBatch runs one batch; under the maintenance lock (lease not nil) the
+// transaction first renews the lease (Lease.FenceTx), which keeps its row
+// locked, and certified on Galera, until COMMIT.
+func (d *Driver) purgeBatch(ctx context.Context, db txBeginner, p idemdriver.PurgeParams, lease *idemmigrate.Lease) (int64, error) {
 	sel, err := d.stmt(ctx, stPurgeSelect)
 	if err != nil {
 		return 0, err
@@ -92,6 +92,11 @@ func (d *Driver) purgeBatch(ctx context.Context, db txBeginner, p idemdriver.Pur
 		return 0, err
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	if lease != nil {
+		if err := lease.FenceTx(ctx, tx); err != nil {
+			return 0, err
+		}
+	}
 	rows, err := tx.StmtContext(ctx, sel).QueryContext(ctx, append(purgeArgs(p), p.Limit)...)
 	if err != nil {
 		return 0, err
@@ -161,111 +166,35 @@ func (d *Driver) CountExpired(ctx context.Context, p idemdriver.PurgeParams) (in
 	return n, nil
 }
 
-// TryLockMaintenance implements idemdriver.MaintenanceLocker with a named
-// lock, GET_LOCK(name, 0), taken on a connection set apart from the pool
-// for the lock's life. The name is idem_maintenance.<database> (see
-// maintenanceLockName): one maintainer per database. MySQL releases the lock
-// when Release asks, or when that connection's session ends for any reason
-// (the process died, the network dropped, KILL). The lock's PurgeExpired
-// runs on that same connection, so a purge runs only while its session
-// holds the lock; a batch whose session dies rolls back. p is not used:
-// the lock has no TTL. The connection stays out of the pool (one of
-// DefaultMaxOpenConns on Open's pool) until Release.
-func (d *Driver) TryLockMaintenance(ctx context.Context, _ idemdriver.LockParams) (idemdriver.MaintenanceLock, error) {
-	conn, err := d.db.Conn(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("idemmysql: maintenance lock: %w", err)
-	}
-	var database sql.NullString
-	if err := conn.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&database); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("idemmysql: maintenance lock: %w", err)
-	}
-	if !database.Valid || database.String == "" {
-		conn.Close()
-		return nil, errors.New("idemmysql: maintenance lock: the connection has no default database")
-	}
-	l := &mysqlLock{d: d, conn: conn, name: maintenanceLockName(database.String)}
-	var got sql.NullInt64
-	err = conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 0)`, l.name).Scan(&got)
-	switch {
-	case err == nil && got.Valid && got.Int64 == 0:
-		conn.Close() // holds no lock: back to the pool
-		return nil, idemdriver.ErrLockHeld
-	case err != nil || !got.Valid:
-		// Whether the lock was taken is unknown: end the session, and
-		// with it any lock it has.
-		l.discard()
-		return nil, fmt.Errorf("idemmysql: maintenance lock %q: GET_LOCK gave no answer: %v", l.name, err)
-	}
-	return l, nil
-}
-
-// mysqlLock is a held named lock and the connection whose session holds it.
-type mysqlLock struct {
-	d    *Driver
-	conn *sql.Conn // nil once released or lost
-	name string
-}
-
-// discard closes the lock's connection instead of returning it to the pool
-// (a pooled session would keep the lock): a connection that reports
-// driver.ErrBadConn is closed by database/sql. Its session ends, and the
-// server releases its lock.
-func (l *mysqlLock) discard() {
-	conn := l.conn
-	l.conn = nil
-	conn.Raw(func(any) error { return driver.ErrBadConn }) //nolint:errcheck // the point
-	conn.Close()                                           //nolint:errcheck // already closed by Raw
-}
-
-func (l *mysqlLock) PurgeExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
-	if l.conn == nil {
-		return 0, idemdriver.ErrLockLost
-	}
-	n, err := l.d.purge(ctx, l.conn, p)
-	if err != nil && p.Limit > 0 {
-		// Was it the session? Then the lock went with it (and the batch
-		// rolled back).
-		if lost := l.Refresh(ctx); lost != nil {
-			return 0, fmt.Errorf("%w: %v", lost, err)
+// TryLockMaintenance implements idemdriver.MaintenanceLocker with the lease
+// "maintainer" in idem_locks (idemmigrate.Leases): a row written with the
+// database's clock, replicated to every node of a Galera cluster (where
+// GET_LOCK would be local to one node), held by no connection. It lasts
+// p.TTL from each take or Refresh; a holder that dies is replaced once it
+// has run out. Every batch of the lock's PurgeExpired renews the lease
+// first, in the batch's transaction (see purgeBatch), so a holder whose
+// lease was taken over deletes nothing.
+func (d *Driver) TryLockMaintenance(ctx context.Context, p idemdriver.LockParams) (idemdriver.MaintenanceLock, error) {
+	l, err := d.leases.TryLockMaintenance(ctx, p, func(ctx context.Context, p idemdriver.PurgeParams, lease *idemmigrate.Lease) (int64, error) {
+		if p.Limit <= 0 {
+			return 0, fmt.Errorf("idemmysql: purge: Limit %d must be positive", p.Limit)
 		}
+		n, err := d.purgeBatch(ctx, d.db, p, lease)
+		switch {
+		case err == nil, errors.Is(err, idemdriver.ErrLockLost):
+		case classify(err) == kindDeadlock:
+			// On Galera, a take-over of the lease on another node fails this
+			// batch's COMMIT at certification (1213): the lease is lost.
+			err = fmt.Errorf("idemmysql: purge: %w: %v", idemdriver.ErrLockLost, err)
+		default:
+			err = fmt.Errorf("idemmysql: purge: %w", err)
+		}
+		return n, err
+	})
+	if err != nil && !errors.Is(err, idemdriver.ErrLockHeld) {
+		err = fmt.Errorf("idemmysql: maintenance lock: %w", err)
 	}
-	return n, err
-}
-
-// Refresh confirms, on the lock's own session, that the lock is held by
-// that session: SELECT IS_USED_LOCK(name) = CONNECTION_ID(). When it
-// cannot (the session is gone, or the statement failed), it ends the
-// session so that the lock is certainly free, and returns ErrLockLost.
-func (l *mysqlLock) Refresh(ctx context.Context) error {
-	if l.conn == nil {
-		return idemdriver.ErrLockLost
-	}
-	var held sql.NullBool
-	err := l.conn.QueryRowContext(ctx, `SELECT IS_USED_LOCK(?) = CONNECTION_ID()`, l.name).Scan(&held)
-	switch {
-	case err != nil:
-		l.discard()
-		return fmt.Errorf("%w: %v", idemdriver.ErrLockLost, err)
-	case !held.Valid || !held.Bool:
-		l.discard()
-		return idemdriver.ErrLockLost
-	}
-	return nil
-}
-
-// Release gives the lock up with RELEASE_LOCK, so that another process may
-// take it at once, then closes the connection. It never fails: if
-// RELEASE_LOCK could not run, closing the session releases the lock.
-func (l *mysqlLock) Release(ctx context.Context) error {
-	if l.conn == nil {
-		return nil
-	}
-	var released sql.NullInt64
-	_ = l.conn.QueryRowContext(ctx, `SELECT RELEASE_LOCK(?)`, l.name).Scan(&released)
-	l.discard()
-	return nil
+	return l, err
 }
 
 // Now implements idemdriver.Inspector: UTC_TIMESTAMP(6) plus offset.
@@ -358,45 +287,26 @@ func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdri
 	return out, rows.Err()
 }
 
-// MigrationStatus implements idemdriver.Migrator: goose's status of the
-// embedded migrations, read under the migration lock (so it waits for a
-// migration in progress). AppliedAt is goose's record of the time, in
-// UTC (see versionStore).
+// MigrationStatus implements idemdriver.Migrator with idemmigrate: goose's
+// status of the embedded migrations, read under the migration lease (so it
+// waits for a migration in progress), each applied one's missing tables
+// named. AppliedAt is goose's record of the time, in UTC (see
+// versionStore).
 func (d *Driver) MigrationStatus(ctx context.Context) ([]idemdriver.Migration, error) {
-	p, err := d.embeddedProvider(ctx)
+	m, err := d.embedded(ctx)
 	if err != nil {
 		return nil, err
 	}
-	st, err := p.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("idemmysql: migration status: %w", err)
-	}
-	out := make([]idemdriver.Migration, 0, len(st))
-	for _, s := range st {
-		m := idemdriver.Migration{Version: s.Source.Version, Name: path.Base(s.Source.Path), Applied: s.State == goose.StateApplied}
-		if m.Applied && !s.AppliedAt.IsZero() {
-			t := s.AppliedAt.UTC()
-			m.AppliedAt = &t
-		}
-		out = append(out, m)
-	}
-	return out, nil
+	return m.Status(ctx)
 }
 
-// MigrateDown implements idemdriver.Migrator, under the migration lock.
+// MigrateDown implements idemdriver.Migrator, under the migration lease.
 // Rolling back 00001_idem_keys.sql drops idem_keys (DROP TABLE commits at
 // once: there is no undo).
 func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) {
-	p, err := d.embeddedProvider(ctx)
+	m, err := d.embedded(ctx)
 	if err != nil {
 		return idemdriver.Migration{}, err
 	}
-	res, err := p.Down(ctx)
-	if err != nil {
-		if errors.Is(err, goose.ErrNoNextVersion) || errors.Is(err, goose.ErrNoCurrentVersion) {
-			return idemdriver.Migration{}, errors.New("idemmysql: migrate down: no migration is applied")
-		}
-		return idemdriver.Migration{}, fmt.Errorf("idemmysql: migrate down: %w", err)
-	}
-	return idemdriver.Migration{Version: res.Source.Version, Name: path.Base(res.Source.Path)}, nil
+	return m.Down(ctx)
 }

@@ -98,78 +98,80 @@ func TestPurgeLargeBatch(t *testing.T) {
 	require.Zero(t, left)
 }
 
-// The maintenance lock dies with its connection: when the leader's session
-// is killed, its lock methods report ErrLockLost, its purge deletes nothing,
-// and another process takes the lock.
-func TestMaintenanceLockDiesWithItsConnection(t *testing.T) {
+// The maintenance lock is a lease row, held by no session: killing the
+// leader's connections leaves it held (a session lock would have been
+// freed, and on a pooled or Galera connection might never have been seen);
+// once its lease has run out (the clock moved past the TTL) another process
+// takes it with a greater fencing token, and the old holder's Refresh and
+// purge are refused and purge nothing.
+func TestMaintenanceLockOutlivesItsConnections(t *testing.T) {
 	t.Parallel()
 	d := open(t, "")
 	other := secondDriver(t, d).(*idemmysql.Driver)
 	ctx := context.Background()
 	expired(t, d, "s", 3)
-	l, err := d.TryLockMaintenance(ctx, idemdriver.LockParams{})
+	lp := idemdriver.LockParams{Holder: "first", TTL: time.Minute}
+	l, err := d.TryLockMaintenance(ctx, lp)
 	require.NoError(t, err)
-	_, err = other.TryLockMaintenance(ctx, idemdriver.LockParams{})
+	_, err = other.TryLockMaintenance(ctx, lp)
 	require.ErrorIs(t, err, idemdriver.ErrLockHeld)
 
-	var database string
-	require.NoError(t, d.DB().QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&database))
-	var holder sql.NullInt64
-	require.NoError(t, d.DB().QueryRowContext(ctx, `SELECT IS_USED_LOCK(?)`, idemmysql.MaintenanceLockName(database)).Scan(&holder))
-	require.True(t, holder.Valid, "the lock is held")
-	_, err = d.DB().ExecContext(ctx, fmt.Sprintf("KILL %d", holder.Int64))
-	require.NoError(t, err)
+	var holder string
+	require.NoError(t, d.DB().QueryRowContext(ctx, `SELECT holder FROM idem_locks WHERE name = 'maintainer'`).Scan(&holder))
+	require.Equal(t, "first", holder)
+	// Kill every idle connection of d's pool: the lease stays.
+	d.DB().SetMaxIdleConns(0)
+	d.DB().SetMaxIdleConns(2)
+	require.NoError(t, l.Refresh(ctx))
+	_, err = other.TryLockMaintenance(ctx, lp)
+	require.ErrorIs(t, err, idemdriver.ErrLockHeld, "still held")
 
+	l2, err := other.TryLockMaintenance(ctx, idemdriver.LockParams{Holder: "second", TTL: time.Minute, ClockOffset: 2 * time.Minute})
+	require.NoError(t, err, "a lease past its TTL is taken over")
+	require.Greater(t, l2.FencingToken(), l.FencingToken())
 	_, err = l.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 10})
 	require.ErrorIs(t, err, idemdriver.ErrLockLost)
 	require.ErrorIs(t, l.Refresh(ctx), idemdriver.ErrLockLost)
 	n, err := d.CountExpired(ctx, idemdriver.PurgeParams{})
 	require.NoError(t, err)
 	require.EqualValues(t, 3, n, "a lost lock purges nothing")
-	var l2 idemdriver.MaintenanceLock
-	require.Eventually(t, func() bool {
-		l2, err = other.TryLockMaintenance(ctx, idemdriver.LockParams{})
-		return err == nil
-	}, 10*time.Second, 10*time.Millisecond)
 	n, err = l2.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 10})
 	require.NoError(t, err)
 	require.EqualValues(t, 3, n)
 	require.NoError(t, l2.Release(ctx))
-	require.NoError(t, l.Release(ctx))
+	require.NoError(t, l.Release(ctx), "releasing a lost lock is a no-op")
+	l3, err := d.TryLockMaintenance(ctx, lp)
+	require.NoError(t, err, "free once released")
+	require.Greater(t, l3.FencingToken(), l2.FencingToken())
+	require.NoError(t, l3.Release(ctx))
 }
 
-// The lock's connection never returns to the pool: after Release, every
-// pooled session holds no lock, and the pool is whole again.
+// The lock holds no connection: while it is held, the pool is whole; many
+// takes and releases on a pool of one leak nothing.
 func TestMaintenanceLockConnection(t *testing.T) {
 	t.Parallel()
 	d := open(t, "")
 	ctx := context.Background()
-	d.DB().SetMaxOpenConns(2)
-	l, err := d.TryLockMaintenance(ctx, idemdriver.LockParams{})
+	d.DB().SetMaxOpenConns(1)
+	l, err := d.TryLockMaintenance(ctx, idemdriver.LockParams{TTL: time.Minute})
 	require.NoError(t, err)
-	require.Equal(t, 1, d.DB().Stats().InUse, "the lock holds one connection")
-	// The second connection is the pool's only one meanwhile; a claim
-	// still runs.
+	require.Zero(t, d.DB().Stats().InUse, "the lock holds no connection")
 	_, err = d.Claim(ctx, params("acct", "k", "b"))
 	require.NoError(t, err)
+	expired(t, d, "s", 2)
+	n, err := l.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 10})
+	require.NoError(t, err, "a purge under the lock runs on the pool's one connection")
+	require.EqualValues(t, 2, n)
 	require.NoError(t, l.Release(ctx))
 	require.Zero(t, d.DB().Stats().InUse)
-	var database string
-	require.NoError(t, d.DB().QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&database))
-	var free bool
-	require.NoError(t, d.DB().QueryRowContext(ctx, `SELECT IS_FREE_LOCK(?)`, idemmysql.MaintenanceLockName(database)).Scan(&free))
-	require.True(t, free)
-	// Lock and release many times on a pool of two: no connection leaks
-	// and no pooled session keeps the lock (GET_LOCK is re-entrant per
-	// session, so a leaked one would take it twice).
 	for i := 0; i < 10; i++ {
-		l, err := d.TryLockMaintenance(ctx, idemdriver.LockParams{})
+		l, err := d.TryLockMaintenance(ctx, idemdriver.LockParams{TTL: time.Minute})
 		require.NoError(t, err)
-		_, err = d.TryLockMaintenance(ctx, idemdriver.LockParams{})
+		_, err = d.TryLockMaintenance(ctx, idemdriver.LockParams{TTL: time.Minute})
 		require.ErrorIs(t, err, idemdriver.ErrLockHeld)
 		require.NoError(t, l.Release(ctx))
 	}
-	require.LessOrEqual(t, d.DB().Stats().OpenConnections, 2)
+	require.LessOrEqual(t, d.DB().Stats().OpenConnections, 1)
 }
 
 // What each maintenance operation costs in statements (see "Retention and
@@ -203,18 +205,19 @@ func TestMaintenanceStatementBudget(t *testing.T) {
 	require.EqualValues(t, 4, cost(purge(d, 1000, 5)), "START TRANSACTION, SELECT ... FOR UPDATE SKIP LOCKED, DELETE, COMMIT")
 
 	var l idemdriver.MaintenanceLock
+	lp := idemdriver.LockParams{TTL: time.Minute}
 	require.EqualValues(t, 2, cost(func() {
-		l, err = d.TryLockMaintenance(ctx, idemdriver.LockParams{})
+		l, err = d.TryLockMaintenance(ctx, lp)
 		require.NoError(t, err)
-	}), "SELECT DATABASE(), SELECT GET_LOCK")
+	}), "INSERT IGNORE of the lease row, the UPDATE that takes it")
 	require.EqualValues(t, 2, cost(func() {
-		_, err := d.TryLockMaintenance(ctx, idemdriver.LockParams{})
+		_, err := d.TryLockMaintenance(ctx, lp)
 		require.ErrorIs(t, err, idemdriver.ErrLockHeld)
-	}), "a standby's attempt: SELECT DATABASE(), SELECT GET_LOCK")
-	require.EqualValues(t, 1, cost(func() { require.NoError(t, l.Refresh(ctx)) }), "SELECT IS_USED_LOCK")
+	}), "a standby's attempt: INSERT IGNORE, UPDATE")
+	require.EqualValues(t, 1, cost(func() { require.NoError(t, l.Refresh(ctx)) }), "UPDATE of the lease")
 	expired(t, d, "t", 5)
-	require.EqualValues(t, 4, cost(purge(l, 1000, 5)), "a batch under the lock costs what a batch costs")
-	require.EqualValues(t, 1, cost(func() { require.NoError(t, l.Release(ctx)) }), "SELECT RELEASE_LOCK")
+	require.EqualValues(t, 5, cost(purge(l, 1000, 5)), "a batch under the lock: a batch's 4 and the lease's renewal in its transaction")
+	require.EqualValues(t, 1, cost(func() { require.NoError(t, l.Release(ctx)) }), "UPDATE of the lease")
 
 	// A maintainer's cycles: the lock (first cycle) or its refresh (later
 	// ones), then the batches.
@@ -233,10 +236,10 @@ func TestMaintenanceStatementBudget(t *testing.T) {
 	m.Stop()
 	require.NoError(t, first.c.Err)
 	require.EqualValues(t, 5, first.c.Purged)
-	require.EqualValues(t, 2+4, first.n-before, "first cycle: GET_LOCK's 2, one batch of 4")
+	require.EqualValues(t, 2+5, first.n-before, "first cycle: the lease's 2, one batch of 5")
 	require.NoError(t, second.c.Err)
 	require.True(t, second.c.Leader)
-	require.EqualValues(t, 1+3, second.n-first.n, "a quiet cycle: the refresh, one empty batch")
+	require.EqualValues(t, 1+4, second.n-first.n, "a quiet cycle: the refresh, one empty batch (with its renewal)")
 }
 
 // Migration status and down on a pool from New without parseTime and with

@@ -5,25 +5,46 @@
 // only when the record read can be claimed (see claimSQL). Every
 // time is PostgreSQL's statement_timestamp(). pgx prepares and caches each
 // statement on each connection, so the request path parses no SQL twice.
+//
+// # Behind pgbouncer
+//
+// Session pooling (pool_mode=session) needs nothing: idem takes no
+// session-scoped lock (its migration, maintenance and partition locks are
+// lease rows in idem_locks, see idemdriver/idemmigrate; the partitioned
+// claim's lock is transaction-scoped). Transaction pooling
+// (pool_mode=transaction) needs an exec mode that does not keep prepared
+// statements across transactions, named in the URL:
+//
+//	postgres://app@pgbouncer:6432/app?default_query_exec_mode=exec
+//
+// exec, simple_protocol and cache_describe work; pgx's default
+// cache_statement and describe_exec do not (ErrPoolerExecMode; pass
+// Options.TransactionPooler to NewWithOptions to be refused at once, and
+// Migrate reports the symptom under that error). pgbouncer refuses
+// search_path as a startup parameter (or drops it, with
+// ignore_startup_parameters): name idem's schema with Options.Schema
+// instead (or set search_path on the role: ALTER ROLE ... SET search_path).
+// The conformance suite runs through pgbouncer 1.18 in transaction mode with
+// IDEMPGX_TEST_POOLER=transaction and TEST_DATABASE_URL pointing at it.
 package idempgx
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )
 
 //go:embed migrations/*.sql migrations_partitioned/*.sql
@@ -42,6 +63,14 @@ type Driver struct {
 	pool *pgxpool.Pool
 	// part is nil on a plain table.
 	part *PartitionConfig
+
+	sqlOnce sync.Once
+	sqlDB   *sql.DB             // database/sql on pool, for goose and the leases
+	leases  *idemmigrate.Leases // idem_locks: the migration, maintenance and partition locks
+	// schema qualifies idem's tables in every statement (Options.Schema);
+	// qualified caches the rewritten statements (see q).
+	schema    string
+	qualified sync.Map
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)
@@ -163,64 +192,97 @@ var releaseSQL = `DELETE FROM idem_keys` + fenced
 // it could not read (see claimSQL) or a serialization failure.
 const maxClaimTries = 5
 
-// Migrate applies the embedded migrations (goose) under a PostgreSQL
-// advisory lock on the search_path schema, so processes starting together
-// migrate once. It is safe to call on every start. A partitioned driver
-// (NewPartitioned) applies its own migrations, recorded in
-// PartitionedSchemaVersionTable, and then creates the partitions of today
-// through today + DaysAhead (EnsurePartitions).
+// Migrate applies the embedded migrations with idemmigrate (goose,
+// PostgreSQL dialect), under the migration lease in idem_locks, so processes
+// starting together migrate once, one after another. The lease is a row,
+// not a session advisory lock, so it holds behind pgbouncer's transaction
+// pooling (each migration is one transaction, its DDL included). It is safe
+// to call on every start. A partitioned driver (NewPartitioned) applies its
+// own migrations, recorded in PartitionedSchemaVersionTable, and then
+// creates the partitions of today through today + DaysAhead
+// (EnsurePartitions).
+//
+// Behind a transaction pooler the pool must not use pgx's default
+// statement cache (default_query_exec_mode=cache_statement) nor
+// describe_exec: Migrate then fails with ErrPoolerExecMode, which names the
+// knob (see CheckPooler).
 func (d *Driver) Migrate(ctx context.Context) error {
-	p, closeDB, err := d.provider(ctx)
+	dir, table := d.migrationSet()
+	return d.MigrateFS(ctx, dir, table)
+}
+
+// MigrateFS applies another set of goose SQL migrations (the files at the
+// root of fsys) as Migrate applies idem's: recorded in versionTable, under
+// the lease "migrate <versionTable>", a failure reported as an
+// *idemmigrate.Error (the failed version rolled back whole). For an
+// application's own tables beside idem's (cmd/paymentsd, cmd/fakepsp).
+// idemmysql and idemsqlite have the same method.
+func (d *Driver) MigrateFS(ctx context.Context, fsys fs.FS, versionTable string) error {
+	m, err := d.migrator(ctx, fsys, versionTable)
+	if err == nil {
+		err = m.Up(ctx)
+	}
 	if err != nil {
-		return err
+		return poolerErr(err)
 	}
-	defer closeDB()
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("idempgx: migrate: %w", err)
-	}
-	if d.part != nil {
+	if d.part != nil && versionTable == PartitionedSchemaVersionTable {
 		if _, err := d.EnsurePartitions(ctx, idemdriver.PartitionParams{}); err != nil {
-			return fmt.Errorf("idempgx: migrate: %w", err)
+			return fmt.Errorf("idempgx: migrate: %w", poolerErr(err))
 		}
 	}
 	return nil
 }
 
-// provider returns the goose provider of the driver's migrations (plain or
-// partitioned) and a function that closes its *sql.DB.
-func (d *Driver) provider(ctx context.Context) (*goose.Provider, func(), error) {
+// migrationSet is the driver's embedded migrations (plain or partitioned)
+// and their version table.
+func (d *Driver) migrationSet() (fs.FS, string) {
 	dir, table := "migrations", SchemaVersionTable
 	if d.part != nil {
 		dir, table = "migrations_partitioned", PartitionedSchemaVersionTable
 	}
 	sub, err := fs.Sub(migrations, dir)
 	if err != nil {
-		return nil, nil, err
+		panic(err) // the directories are embedded
 	}
-	// One advisory lock per schema: processes sharing a schema migrate one
-	// at a time; different schemas do not wait for each other.
+	return sub, table
+}
+
+// db returns the database/sql handle on the pool and the lease table.
+func (d *Driver) db() (*sql.DB, *idemmigrate.Leases) {
+	d.sqlOnce.Do(func() {
+		d.sqlDB = stdlib.OpenDBFromPool(d.pool)
+		d.leases = idemmigrate.NewLeases(d.sqlDB, idemmigrate.Postgres, d.table(idemmigrate.DefaultLeaseTable))
+	})
+	return d.sqlDB, d.leases
+}
+
+// migrator returns idemmigrate's migrator of fsys, recorded in
+// versionTable in the search_path schema.
+//
+// With Options.Schema, the version table and idem's tables in fsys are
+// qualified by the schema, which must exist.
+func (d *Driver) migrator(ctx context.Context, fsys fs.FS, versionTable string) (*idemmigrate.Migrator, error) {
 	var schema *string
-	if err := d.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
-		return nil, nil, fmt.Errorf("idempgx: migrate: %w", err)
+	query, args := "SELECT current_schema()", []any{}
+	if d.schema != "" {
+		query, args = "SELECT nspname::text FROM pg_namespace WHERE nspname = $1", []any{d.schema}
 	}
-	if schema == nil {
-		return nil, nil, errors.New("idempgx: migrate: no schema of the connection's search_path exists; create it first (CREATE SCHEMA ...) or fix search_path")
+	err := d.pool.QueryRow(ctx, query, args...).Scan(&schema)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && schema == nil) {
+		if d.schema != "" {
+			return nil, fmt.Errorf("idempgx: migrate: schema %s (Options.Schema) does not exist; create it first (CREATE SCHEMA %s)", d.schema, d.schema)
+		}
+		return nil, errors.New("idempgx: migrate: no schema of the connection's search_path exists; create it first (CREATE SCHEMA ...) or fix search_path")
 	}
-	h := fnv.New64a()
-	h.Write([]byte("idem migrations " + *schema))
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64())), lock.WithLockTimeout(1, 300))
 	if err != nil {
-		return nil, nil, err
+		return nil, fmt.Errorf("idempgx: migrate: %w", poolerErr(err))
 	}
-	db := stdlib.OpenDBFromPool(d.pool)
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub,
-		goose.WithTableName(table), goose.WithSessionLocker(locker),
-		goose.WithDisableGlobalRegistry(true)) // an application's own Go migrations are not ours
-	if err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("idempgx: migrations: %w", err)
+	if fsys, err = d.qualifiedFS(fsys); err != nil {
+		return nil, fmt.Errorf("idempgx: migrations: %w", err)
 	}
-	return p, func() { db.Close() }, nil
+	db, leases := d.db()
+	return idemmigrate.New(idemmigrate.Config{Prefix: "idempgx", DB: db, Dialect: idemmigrate.Postgres,
+		FS: fsys, VersionTable: d.table(versionTable), Leases: leases})
 }
 
 // Claim implements idemdriver.Driver in one statement (see claimSQL).
@@ -237,7 +299,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
 		var res idemdriver.ClaimResult
-		rows, err := d.pool.Query(ctx, claimSQL, args)
+		rows, err := d.pool.Query(ctx, d.q(claimSQL), args)
 		if err != nil {
 			if retryable(err) {
 				lastErr = err
@@ -289,7 +351,7 @@ func unstorable(err error) error {
 
 // Get implements idemdriver.Driver.
 func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Record, error) {
-	rows, err := d.pool.Query(ctx, getSQL, pgx.NamedArgs{"scope": p.Scope, "key": p.Key,
+	rows, err := d.pool.Query(ctx, d.q(getSQL), pgx.NamedArgs{"scope": p.Scope, "key": p.Key,
 		"offset": p.ClockOffset.Microseconds()})
 	if err != nil {
 		return idemdriver.Record{}, unstorable(err)
@@ -307,22 +369,22 @@ func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Re
 func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
 	args := fenceArgs(p)
 	args["lease"] = p.LeaseDuration.Microseconds()
-	return execFenced(ctx, d.pool, heartbeatSQL, args)
+	return execFenced(ctx, d.pool, d.q(heartbeatSQL), args)
 }
 
 // Complete implements idemdriver.Driver.
 func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	return complete(ctx, d.pool, p)
+	return d.complete(ctx, d.pool, p)
 }
 
 // Fail implements idemdriver.Driver.
 func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
-	return execFenced(ctx, d.pool, failSQL, fenceArgs(p))
+	return execFenced(ctx, d.pool, d.q(failSQL), fenceArgs(p))
 }
 
 // Release implements idemdriver.Driver: a fenced DELETE.
 func (d *Driver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
-	return execFenced(ctx, d.pool, releaseSQL, fenceArgs(p))
+	return execFenced(ctx, d.pool, d.q(releaseSQL), fenceArgs(p))
 }
 
 // Begin implements idemdriver.Driver (READ COMMITTED, the default).
@@ -331,13 +393,16 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return businessTx{tx}, nil
+	return businessTx{tx, d}, nil
 }
 
-type businessTx struct{ tx pgx.Tx }
+type businessTx struct {
+	tx pgx.Tx
+	d  *Driver
+}
 
 func (t businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	ok, err := complete(ctx, t.tx, p)
+	ok, err := t.d.complete(ctx, t.tx, p)
 	if errors.Is(err, pgx.ErrTxClosed) {
 		err = fmt.Errorf("%w: %w", idemdriver.ErrTxDone, err)
 	}
@@ -361,7 +426,7 @@ func fenceArgs(p idemdriver.FenceParams) pgx.NamedArgs {
 		"offset": p.ClockOffset.Microseconds()}
 }
 
-func complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {
+func (d *Driver) complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {
 	headers, body, err := idemdriver.EncodeResponse(p.Response)
 	if err != nil {
 		return false, err
@@ -369,7 +434,7 @@ func complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool
 	args := fenceArgs(p.FenceParams)
 	args["status"], args["headers"], args["body"] = p.Response.Status, headers, body
 	args["stored"], args["size"] = p.Response.BodyStored, p.Response.BodySize
-	return execFenced(ctx, db, completeSQL, args)
+	return execFenced(ctx, db, d.q(completeSQL), args)
 }
 
 // execFenced runs a compare-and-set on the fencing token; false means the

@@ -2,6 +2,7 @@ package idempgx_test
 
 import (
 	"context"
+	"os"
 	"sync/atomic"
 	"testing"
 
@@ -15,22 +16,57 @@ import (
 	"github.com/idemgo/idem/internal/dbtest"
 )
 
-func newDriver(t testing.TB) idemdriver.Driver {
+func newDriver(t testing.TB) idemdriver.Driver { return openDriver(t, false, nil) }
+
+// testPooler is IDEMPGX_TEST_POOLER: "transaction" when TEST_DATABASE_URL
+// points at a transaction pooler (pgbouncer pool_mode=transaction; its
+// exec mode in the URL, for example default_query_exec_mode=exec), or
+// "session". With either, every driver of these tests names its schema
+// through Options.Schema and its pool sends no search_path, which
+// pgbouncer refuses as a startup parameter.
+var testPooler = os.Getenv("IDEMPGX_TEST_POOLER")
+
+// openDriver returns a migrated driver on a fresh schema: found through
+// search_path, or named by Options.Schema (schemaOption, or behind a pooler)
+// on a pool without search_path. tracer, when not nil, traces the pool.
+func openDriver(t testing.TB, schemaOption bool, tracer pgx.QueryTracer) *idempgx.Driver {
 	t.Helper()
-	d := idempgx.New(dbtest.PostgresPool(t))
+	url, schema := dbtest.PostgresURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = 16
+	if schemaOption {
+		cfg.MaxConns = 4 // a second suite in the same package run: fewer server connections
+	}
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
+	}
+	opts := idempgx.Options{}
+	if schemaOption || testPooler != "" {
+		delete(cfg.ConnConfig.RuntimeParams, "search_path")
+		opts.Schema, opts.TransactionPooler = schema, testPooler == "transaction"
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	d, err := idempgx.NewWithOptions(pool, opts)
+	require.NoError(t, err)
 	require.NoError(t, d.Migrate(context.Background()))
 	return d
 }
 
-type business struct{ pool *pgxpool.Pool }
+type business struct {
+	pool  *pgxpool.Pool
+	table string
+}
 
 func (b business) Insert(ctx context.Context, tx idemdriver.Tx, id string) error {
-	_, err := tx.Native().(pgx.Tx).Exec(ctx, `INSERT INTO business_rows (id) VALUES ($1)`, id)
+	_, err := tx.Native().(pgx.Tx).Exec(ctx, `INSERT INTO `+b.table+` (id) VALUES ($1)`, id)
 	return err
 }
 
 func (b business) Count(ctx context.Context, id string) (n int, err error) {
-	err = b.pool.QueryRow(ctx, `SELECT count(*) FROM business_rows WHERE id = $1`, id).Scan(&n)
+	err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE id = $1`, id).Scan(&n)
 	return n, err
 }
 
@@ -68,12 +104,18 @@ func secondDriver(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
 	if pd.Partitioned() {
 		return idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
 	}
-	return idempgx.New(pool)
+	d2, err := idempgx.NewWithOptions(pool, idempgx.Options{Schema: pd.Schema()})
+	require.NoError(t, err)
+	return d2
 }
 
-func TestConformance(t *testing.T) {
-	idemdrivertest.Run(t, idemdrivertest.Harness{
-		NewDriver: func(t *testing.T) idemdriver.Driver { return newDriver(t) },
+func TestConformance(t *testing.T) { idemdrivertest.Run(t, harness(false)) }
+
+// harness is the conformance harness of drivers on fresh schemas, found
+// through search_path or named by Options.Schema (see openDriver).
+func harness(schemaOption bool) idemdrivertest.Harness {
+	return idemdrivertest.Harness{
+		NewDriver: func(t *testing.T) idemdriver.Driver { return openDriver(t, schemaOption, nil) },
 		Unreachable: func(t *testing.T) idemdriver.Driver {
 			pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=2")
 			require.NoError(t, err)
@@ -81,17 +123,8 @@ func TestConformance(t *testing.T) {
 			return idempgx.New(pool)
 		},
 		NewCountingDriver: func(t *testing.T) (idemdriver.Driver, func() int64) {
-			url, _ := dbtest.PostgresURL(t)
-			cfg, err := pgxpool.ParseConfig(url)
-			require.NoError(t, err)
 			tracer := &countingTracer{}
-			cfg.ConnConfig.Tracer = tracer
-			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			d := idempgx.New(pool)
-			require.NoError(t, d.Migrate(context.Background()))
-			return d, tracer.n.Load
+			return openDriver(t, schemaOption, tracer), tracer.n.Load
 		},
 		// One claim statement, one completion; in transactional mode the
 		// completion rides in the business transaction (BEGIN, COMMIT).
@@ -99,14 +132,36 @@ func TestConformance(t *testing.T) {
 		Business:     newBusiness,
 		Maintenance:  true,
 		SecondDriver: secondDriver,
-	})
+	}
 }
 
 func newBusiness(t *testing.T, d idemdriver.Driver) idemdrivertest.Business {
-	pool := d.(*idempgx.Driver).Pool()
-	_, err := pool.Exec(context.Background(), `CREATE TABLE business_rows (id text PRIMARY KEY)`)
+	pd := d.(*idempgx.Driver)
+	table := "business_rows"
+	if pd.Schema() != "" {
+		table = pd.Schema() + "." + table
+	}
+	_, err := pd.Pool().Exec(context.Background(), `CREATE TABLE `+table+` (id text PRIMARY KEY)`)
 	require.NoError(t, err)
-	return business{pool}
+	return business{pd.Pool(), table}
+}
+
+// The conformance suite on drivers whose tables are named through
+// Options.Schema, on pools whose search_path does not name that schema
+// (public): every statement, migration, lease and business write finds its
+// table in the named schema, none in public.
+func TestConformanceSchemaOption(t *testing.T) {
+	h := harness(true)
+	newDriver := h.NewDriver
+	h.NewDriver = func(t *testing.T) idemdriver.Driver {
+		d := newDriver(t).(*idempgx.Driver)
+		var inPath bool
+		require.NoError(t, d.Pool().QueryRow(context.Background(),
+			`SELECT to_regclass('idem_keys') IS NOT NULL OR to_regclass('idem_locks') IS NOT NULL`).Scan(&inPath))
+		require.False(t, inPath, "idem's tables are in the named schema, not on the search_path")
+		return d
+	}
+	idemdrivertest.Run(t, h)
 }
 
 func BenchmarkDriver(b *testing.B) { idemdrivertest.Benchmark(b, newDriver) }

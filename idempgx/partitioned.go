@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )
 
 // PartitionedSchemaVersionTable is the table in which a partitioned driver's
@@ -388,8 +389,8 @@ func (d *Driver) partitions(ctx context.Context) ([]idemdriver.Partition, map[st
 // record under a live lease. Each drop is ALTER TABLE idem_keys DETACH
 // PARTITION ... CONCURRENTLY (SHARE UPDATE EXCLUSIVE on idem_keys; it waits
 // for the transactions that may read the partition, and blocks none), then
-// DROP TABLE of the detached table, on one connection holding a session
-// advisory lock that serializes droppers. A detach that was interrupted is
+// DROP TABLE of the detached table; droppers are serialized by a lease in
+// idem_locks. A detach that was interrupted is
 // finished (DETACH PARTITION ... FINALIZE) before the drop.
 func (d *Driver) DropPartitions(ctx context.Context, p idemdriver.PartitionParams) ([]idemdriver.Partition, error) {
 	if d.part == nil {
@@ -422,20 +423,21 @@ func (d *Driver) DropPartitions(ctx context.Context, p idemdriver.PartitionParam
 	if p.DryRun || len(doomed) == 0 {
 		return doomed, nil
 	}
-	pc, err := d.pool.Acquire(ctx)
+	// Droppers are serialized by the lease "partitions drop" in idem_locks
+	// (a row, not a session advisory lock: DETACH ... CONCURRENTLY cannot
+	// run in a transaction, so no transaction-scoped lock can cover it, and
+	// a session lock would stay on a pooled server connection behind a
+	// transaction pooler). Each DETACH runs on the pool, bounded by
+	// detachLockTimeout through its context (a session SET lock_timeout
+	// would leak to the pooler's other clients).
+	_, leases := d.db()
+	lease, err := leases.Acquire(ctx, idemmigrate.LeaseParams{Name: "partitions drop", Holder: idemmigrate.Holder(),
+		TTL: 3 * detachLockTimeout, ClockOffset: p.ClockOffset}, detachLockTimeout)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("idempgx: drop partitions: %w", err)
 	}
-	// The session lock and settings below must not go back to the pool:
-	// the connection is closed afterwards, which releases them.
-	c := pc.Hijack()
-	defer c.Close(context.WithoutCancel(ctx)) //nolint:errcheck
-	if _, err := c.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('idem partitions ' || current_schema(), 0))`); err != nil {
-		return nil, err
-	}
-	if _, err := c.Exec(ctx, fmt.Sprintf(`SET lock_timeout = '%dms'`, detachLockTimeout.Milliseconds())); err != nil {
-		return nil, err
-	}
+	defer lease.Release(context.WithoutCancel(ctx)) //nolint:errcheck // a lease not released runs out
+	c := d.pool
 	var dropped []idemdriver.Partition
 	for _, part := range doomed {
 		ident := pgx.Identifier{part.Name}.Sanitize()
@@ -443,7 +445,10 @@ func (d *Driver) DropPartitions(ctx context.Context, p idemdriver.PartitionParam
 		if pending[part.Name] {
 			detach = `ALTER TABLE idem_keys DETACH PARTITION ` + ident + ` FINALIZE`
 		}
-		if _, err := c.Exec(ctx, detach); err != nil {
+		dctx, cancel := context.WithTimeout(ctx, detachLockTimeout)
+		_, err := c.Exec(dctx, detach)
+		cancel()
+		if err != nil {
 			return dropped, fmt.Errorf("idempgx: detach partition %s: %w", part.Name, err)
 		}
 		if _, err := c.Exec(ctx, `DROP TABLE `+ident); err != nil {

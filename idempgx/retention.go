@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/pressly/goose/v3"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )
 
 var (
@@ -54,14 +53,14 @@ func purgeArgs(p idemdriver.PurgeParams) pgx.NamedArgs {
 // PurgeExpired implements idemdriver.Purger with one DELETE (see purgeSQL),
 // its own transaction, on a pool connection.
 func (d *Driver) PurgeExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
-	return purge(ctx, d.pool, p)
+	return d.purge(ctx, d.pool, p)
 }
 
-func purge(ctx context.Context, db execer, p idemdriver.PurgeParams) (int64, error) {
+func (d *Driver) purge(ctx context.Context, db execer, p idemdriver.PurgeParams) (int64, error) {
 	if p.Limit <= 0 {
 		return 0, fmt.Errorf("idempgx: purge: Limit %d must be positive", p.Limit)
 	}
-	tag, err := db.Exec(ctx, purgeSQL, purgeArgs(p))
+	tag, err := db.Exec(ctx, d.q(purgeSQL), purgeArgs(p))
 	if err != nil {
 		return 0, fmt.Errorf("idempgx: purge: %w", err)
 	}
@@ -71,90 +70,45 @@ func purge(ctx context.Context, db execer, p idemdriver.PurgeParams) (int64, err
 // CountExpired implements idemdriver.Purger.
 func (d *Driver) CountExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
 	var n int64
-	err := d.pool.QueryRow(ctx, countExpiredSQL, purgeArgs(p)).Scan(&n)
+	err := d.pool.QueryRow(ctx, d.q(countExpiredSQL), purgeArgs(p)).Scan(&n)
 	return n, err
 }
 
-// maintenanceLockSQL names the maintenance lock: one per search_path schema,
-// so the idem_keys tables of different schemas have a maintainer each.
-const maintenanceLockKey = `hashtextextended('idem maintenance ' || current_schema(), 0)`
-
-// TryLockMaintenance implements idemdriver.MaintenanceLocker with a session
-// advisory lock, pg_try_advisory_lock, on a connection taken out of the pool
-// for the lock's life (pgxpool Hijack). The lock is released by Release, or
-// by PostgreSQL when that connection ends for any reason (the process died,
-// the network dropped, pg_terminate_backend). The lock's PurgeExpired runs
-// on that same connection, so a purge runs only while its session holds the
-// lock. p is not used: the lock has no TTL.
-func (d *Driver) TryLockMaintenance(ctx context.Context, _ idemdriver.LockParams) (idemdriver.MaintenanceLock, error) {
-	pc, err := d.pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
+// TryLockMaintenance implements idemdriver.MaintenanceLocker with the lease
+// "maintainer" in idem_locks of the search_path schema
+// (idemmigrate.Leases): one maintainer per schema, elected by a row written
+// with the database's clock and held by no session, so that it holds
+// behind pgbouncer's transaction pooling (a session advisory lock would
+// stay on a pooled server connection, and a second leader could take it
+// through another). It lasts p.TTL from each take or Refresh. Each batch of
+// the lock's PurgeExpired is one transaction that renews the lease first
+// (which locks its row until COMMIT: a take-over waits for the batch) and
+// deletes nothing when the lease is no longer this holder's.
+func (d *Driver) TryLockMaintenance(ctx context.Context, p idemdriver.LockParams) (idemdriver.MaintenanceLock, error) {
+	_, leases := d.db()
+	l, err := leases.TryLockMaintenance(ctx, p, func(ctx context.Context, p idemdriver.PurgeParams, lease *idemmigrate.Lease) (int64, error) {
+		if p.Limit <= 0 {
+			return 0, fmt.Errorf("idempgx: purge: Limit %d must be positive", p.Limit)
+		}
+		var n int64
+		err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+			q, args := lease.Fence()
+			tag, err := tx.Exec(ctx, q, args...)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() != 1 {
+				return idemdriver.ErrLockLost
+			}
+			n, err = d.purge(ctx, tx, p)
+			return err
+		})
+		return n, err
+	})
+	if err != nil && !errors.Is(err, idemdriver.ErrLockHeld) {
+		err = fmt.Errorf("idempgx: maintenance lock: %w", poolerErr(err))
 	}
-	conn := pc.Hijack()
-	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+maintenanceLockKey+`)`).Scan(&ok); err != nil {
-		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
-		return nil, err
-	}
-	if !ok {
-		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
-		return nil, idemdriver.ErrLockHeld
-	}
-	return &pgLock{conn: conn}, nil
-}
-
-// pgLock is a held session advisory lock and its dedicated connection.
-type pgLock struct {
-	conn     *pgx.Conn
-	released bool
-}
-
-// lost maps an error on the lock's connection: a connection that is closed
-// (or was never usable) has lost the lock with its session.
-func (l *pgLock) lost(err error) error {
-	if l.released || l.conn.IsClosed() {
-		return fmt.Errorf("%w: %v", idemdriver.ErrLockLost, err)
-	}
-	return err
-}
-
-func (l *pgLock) PurgeExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
-	if l.released || l.conn.IsClosed() {
-		return 0, idemdriver.ErrLockLost
-	}
-	n, err := purge(ctx, l.conn, p)
-	if err != nil {
-		return 0, l.lost(err)
-	}
-	return n, nil
-}
-
-func (l *pgLock) Refresh(ctx context.Context) error {
-	if l.released || l.conn.IsClosed() {
-		return idemdriver.ErrLockLost
-	}
-	var held bool
-	err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
-		AND pid = pg_backend_pid() AND granted
-		AND ((classid::bigint << 32) | objid::bigint) = `+maintenanceLockKey+`)`).Scan(&held)
-	switch {
-	case err != nil:
-		l.conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
-		return fmt.Errorf("%w: %v", idemdriver.ErrLockLost, err)
-	case !held:
-		return idemdriver.ErrLockLost
-	}
-	return nil
-}
-
-func (l *pgLock) Release(ctx context.Context) error {
-	if l.released {
-		return nil
-	}
-	l.released = true
-	// Closing the session releases its advisory locks.
-	return l.conn.Close(ctx)
+	return l, err
 }
 
 // Now implements idemdriver.Inspector: statement_timestamp() plus offset.
@@ -173,12 +127,12 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read-only
 	var processing, succeeded, failed int64
-	err = tx.QueryRow(ctx, `SELECT `+now+`, count(*),
+	err = tx.QueryRow(ctx, d.q(`SELECT `+now+`, count(*),
 		count(*) FILTER (WHERE state = 'PROCESSING'), count(*) FILTER (WHERE state = 'SUCCEEDED'),
 		count(*) FILTER (WHERE state = 'FAILED'), min(created_at),
 		count(*) FILTER (WHERE expires_at <= `+now+`),
 		count(*) FILTER (WHERE state = 'PROCESSING' AND locked_until <= `+now+`)
-		FROM idem_keys`, pgx.NamedArgs{"offset": p.ClockOffset.Microseconds()}).
+		FROM idem_keys`), pgx.NamedArgs{"offset": p.ClockOffset.Microseconds()}).
 		Scan(&st.Now, &st.Total, &processing, &succeeded, &failed, &st.Oldest, &st.Expired, &st.Stuck)
 	if err != nil {
 		return st, err
@@ -186,8 +140,8 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 	st.Now = st.Now.UTC()
 	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
 	if p.TopScopes > 0 {
-		rows, err := tx.Query(ctx, `SELECT scope, count(*) FROM idem_keys GROUP BY scope
-			ORDER BY count(*) DESC, scope LIMIT $1`, p.TopScopes)
+		rows, err := tx.Query(ctx, d.q(`SELECT scope, count(*) FROM idem_keys GROUP BY scope
+			ORDER BY count(*) DESC, scope LIMIT $1`), p.TopScopes)
 		if err != nil {
 			return st, err
 		}
@@ -212,7 +166,7 @@ func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdri
 	if p.Limit <= 0 {
 		return nil, fmt.Errorf("idempgx: stuck: Limit %d must be positive", p.Limit)
 	}
-	rows, err := d.pool.Query(ctx, stuckSQL, pgx.NamedArgs{"limit": p.Limit, "offset": p.ClockOffset.Microseconds()})
+	rows, err := d.pool.Query(ctx, d.q(stuckSQL), pgx.NamedArgs{"limit": p.Limit, "offset": p.ClockOffset.Microseconds()})
 	if err != nil {
 		return nil, err
 	}
@@ -223,47 +177,25 @@ func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdri
 	})
 }
 
-// MigrationStatus implements idemdriver.Migrator.
+// MigrationStatus implements idemdriver.Migrator with idemmigrate, under
+// the migration lease: each applied migration's missing tables are named.
 func (d *Driver) MigrationStatus(ctx context.Context) ([]idemdriver.Migration, error) {
-	p, closeDB, err := d.provider(ctx)
+	fsys, table := d.migrationSet()
+	m, err := d.migrator(ctx, fsys, table)
 	if err != nil {
 		return nil, err
 	}
-	defer closeDB()
-	st, err := p.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("idempgx: migration status: %w", err)
-	}
-	return migrationList(st), nil
+	list, err := m.Status(ctx)
+	return list, poolerErr(err)
 }
 
-// MigrateDown implements idemdriver.Migrator, under the migration lock.
+// MigrateDown implements idemdriver.Migrator, under the migration lease.
 func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) {
-	p, closeDB, err := d.provider(ctx)
+	fsys, table := d.migrationSet()
+	m, err := d.migrator(ctx, fsys, table)
 	if err != nil {
 		return idemdriver.Migration{}, err
 	}
-	defer closeDB()
-	res, err := p.Down(ctx)
-	if err != nil {
-		if errors.Is(err, goose.ErrNoNextVersion) || errors.Is(err, goose.ErrNoCurrentVersion) {
-			return idemdriver.Migration{}, errors.New("idempgx: migrate down: no migration is applied")
-		}
-		return idemdriver.Migration{}, fmt.Errorf("idempgx: migrate down: %w", err)
-	}
-	return idemdriver.Migration{Version: res.Source.Version, Name: path.Base(res.Source.Path)}, nil
-}
-
-// migrationList converts goose's status (shared with idemsqlite's shape).
-func migrationList(st []*goose.MigrationStatus) []idemdriver.Migration {
-	out := make([]idemdriver.Migration, 0, len(st))
-	for _, s := range st {
-		m := idemdriver.Migration{Version: s.Source.Version, Name: path.Base(s.Source.Path), Applied: s.State == goose.StateApplied}
-		if m.Applied && !s.AppliedAt.IsZero() {
-			t := s.AppliedAt.UTC()
-			m.AppliedAt = &t
-		}
-		out = append(out, m)
-	}
-	return out
+	mig, err := m.Down(ctx)
+	return mig, poolerErr(err)
 }

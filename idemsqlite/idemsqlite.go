@@ -23,11 +23,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pressly/goose/v3"
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )
 
 //go:embed migrations/*.sql
@@ -79,7 +79,12 @@ func Open(ctx context.Context, path string) (*Driver, error) {
 // New returns a driver on db, which must have been opened with the settings
 // of DSN (BEGIN IMMEDIATE transactions and a busy timeout above all).
 // Statements are prepared on first use and kept for the driver's life.
-func New(db *sql.DB) *Driver { return &Driver{db: db} }
+func New(db *sql.DB) *Driver {
+	maintenance := idemmigrate.NewLeases(db, idemmigrate.SQLite, "idem_maintenance_lock")
+	maintenance.Migrated = true
+	return &Driver{db: db, leases: idemmigrate.NewLeases(db, idemmigrate.SQLite, idemmigrate.DefaultLeaseTable),
+		maintenance: maintenance}
+}
 
 // Driver implements idemdriver.Driver on one SQLite database file.
 type Driver struct {
@@ -87,6 +92,9 @@ type Driver struct {
 	stmtsOnce sync.Once
 	stmtsErr  error
 	stmts     struct{ claimRead, claim, heartbeat, complete, fail, release *sql.Stmt }
+	// leases holds the migration lease (idem_locks); maintenance the
+	// maintainer's (idem_maintenance_lock, migration 00002).
+	leases, maintenance *idemmigrate.Leases
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)
@@ -195,68 +203,41 @@ var failSQL = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updat
 
 var releaseSQL = `DELETE FROM idem_keys` + fenced
 
-// Migrate applies the embedded migrations (goose), recording them in
-// SchemaVersionTable. It is safe to call on every start, also from
-// processes opening one file at the same time (see MigrateFS).
+// Migrate applies the embedded migrations with idemmigrate (goose, SQLite
+// dialect), recording them in SchemaVersionTable, under the migration lease
+// in idem_locks, so processes opening one file at the same time migrate one
+// after another. It is safe to call on every start.
 func (d *Driver) Migrate(ctx context.Context) error {
-	sub, err := fs.Sub(migrations, "migrations")
-	if err != nil {
-		return err
-	}
-	return d.MigrateFS(ctx, sub, SchemaVersionTable)
+	return d.MigrateFS(ctx, embedded(), SchemaVersionTable)
 }
 
 // MigrateFS applies a set of goose SQL migrations (the files at the root of
-// fsys) to d's file, recorded in versionTable: idem's own (Migrate), or an
-// application's tables beside idem's (cmd/paymentsd and cmd/fakepsp).
-//
-// SQLite has no lock that a migration tool can hold across its statements
-// (the one writer's lock is the database's own), so processes starting
-// together may both find a version pending. Each version runs in one
-// transaction, DDL included, so the one that loses the race rolls back
-// whole ("table ... already exists"); MigrateFS then runs again, up to
-// three times, and finds it applied. A migration that is wrong fails each
-// time, and that error is returned.
+// fsys) to d's file, recorded in versionTable, as Migrate applies idem's:
+// for an application's tables beside idem's (cmd/paymentsd and
+// cmd/fakepsp). Each version runs in one transaction, DDL included, so a
+// version that fails leaves nothing applied; the error is an
+// *idemmigrate.Error. idempgx and idemmysql have the same method.
 func (d *Driver) MigrateFS(ctx context.Context, fsys fs.FS, versionTable string) error {
-	var err error
-	for attempt := 1; ; attempt++ {
-		var p *goose.Provider
-		if p, err = d.provider(fsys, versionTable); err != nil {
-			return err
-		}
-		if _, err = p.Up(ctx); err == nil || attempt == 3 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("idemsqlite: migrate: %w", errors.Join(err, ctx.Err()))
-		case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
-		}
-	}
+	m, err := d.migrator(fsys, versionTable)
 	if err != nil {
-		return fmt.Errorf("idemsqlite: migrate: %w", err)
+		return err
 	}
-	return nil
+	return m.Up(ctx)
 }
 
-// provider returns the goose provider of fsys, recorded in versionTable.
-func (d *Driver) provider(fsys fs.FS, versionTable string) (*goose.Provider, error) {
-	p, err := goose.NewProvider(goose.DialectSQLite3, d.db, fsys, goose.WithTableName(versionTable),
-		goose.WithDisableGlobalRegistry(true)) // an application's own Go migrations are not ours
-	if err != nil {
-		return nil, fmt.Errorf("idemsqlite: migrations: %w", err)
-	}
-	return p, nil
+// migrator is idemmigrate's migrator of fsys on d's file.
+func (d *Driver) migrator(fsys fs.FS, versionTable string) (*idemmigrate.Migrator, error) {
+	return idemmigrate.New(idemmigrate.Config{Prefix: "idemsqlite", DB: d.db, Dialect: idemmigrate.SQLite,
+		FS: fsys, VersionTable: versionTable, Leases: d.leases})
 }
 
-// embeddedProvider is the goose provider of idem's own migrations, for
-// status and down.
-func (d *Driver) embeddedProvider() (*goose.Provider, error) {
+// embedded is idem's own migrations.
+func embedded() fs.FS {
 	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
-		return nil, err
+		panic(err) // the directory is embedded
 	}
-	return d.provider(sub, SchemaVersionTable)
+	return sub
 }
 
 // Claim implements idemdriver.Driver. It reads first: a record that cannot be

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -118,4 +119,20 @@ func TestMigrateConcurrently(t *testing.T) {
 			require.NoError(t, <-errs, "round %d", round)
 		}
 	}
+}
+
+// The maintenance lock's table is migration 00002's: asking for the lock
+// before Migrate fails and creates nothing, so Migrate still applies 00002.
+func TestMaintenanceLockBeforeMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d, err := idemsqlite.Open(ctx, dbtest.SQLitePath(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	_, err = d.TryLockMaintenance(ctx, idemdriver.LockParams{TTL: time.Minute})
+	require.ErrorContains(t, err, "run Migrate first")
+	require.NoError(t, d.Migrate(ctx))
+	l, err := d.TryLockMaintenance(ctx, idemdriver.LockParams{TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
 }

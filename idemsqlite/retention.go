@@ -3,14 +3,11 @@ package idemsqlite
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"path"
 	"time"
 
-	"github.com/pressly/goose/v3"
-
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )
 
 var (
@@ -77,101 +74,32 @@ func (d *Driver) CountExpired(ctx context.Context, p idemdriver.PurgeParams) (in
 	return n, err
 }
 
-// The lease row of the maintenance lock (migration 00002). A free or
-// lapsed lease (locked_until <= now) is taken, and its token incremented, by
-// one atomic upsert.
-var (
-	lockTakeSQL = `INSERT INTO idem_maintenance_lock (name, holder, token, locked_until)
-VALUES ('maintainer', @holder, 1, ` + now + ` + @ttl)
-ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,
-	token = idem_maintenance_lock.token + 1, locked_until = excluded.locked_until
-WHERE idem_maintenance_lock.locked_until <= ` + now + `
-RETURNING token`
-	lockRefreshSQL = `UPDATE idem_maintenance_lock SET locked_until = ` + now + ` + @ttl
-WHERE name = 'maintainer' AND token = @token AND locked_until > ` + now
-	lockReleaseSQL = `UPDATE idem_maintenance_lock SET locked_until = 0 WHERE name = 'maintainer' AND token = @token`
-)
-
-// TryLockMaintenance implements idemdriver.MaintenanceLocker with a lease
-// row in idem_maintenance_lock, read and written with SQLite's clock (which
-// is the host's: every process sharing the file shares it). The lease lasts
-// p.TTL from each Refresh; a holder that dies without Release is replaced
-// once its lease has run out. Every purge of the lock is fenced by the
-// lease's token in the DELETE itself, so a holder whose lease lapsed (a
-// stalled process) deletes nothing, even if it has not noticed yet.
+// TryLockMaintenance implements idemdriver.MaintenanceLocker with the lease
+// "maintainer" in idem_maintenance_lock (migration 00002), through
+// idemmigrate.Leases as on the other drivers: read and written with
+// SQLite's clock (which is the host's: every process sharing the file
+// shares it). The lease lasts p.TTL from each Refresh; a holder that dies
+// without Release is replaced once its lease has run out. Every purge of
+// the lock is fenced by the lease's token in the DELETE itself
+// (purgeLockedSQL), so a holder whose lease lapsed (a stalled process)
+// deletes nothing, even if it has not noticed yet.
 func (d *Driver) TryLockMaintenance(ctx context.Context, p idemdriver.LockParams) (idemdriver.MaintenanceLock, error) {
 	if p.TTL <= 0 {
 		return nil, fmt.Errorf("idemsqlite: maintenance lock: TTL %s must be positive", p.TTL)
 	}
-	l := &sqliteLock{d: d, ttl: p.TTL, offset: p.ClockOffset}
-	err := retryBusy(ctx, func() error {
-		return d.db.QueryRowContext(ctx, lockTakeSQL, sql.Named("holder", p.Holder),
-			sql.Named("ttl", p.TTL.Microseconds()), l.offsetArg()).Scan(&l.token)
-	})
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, idemdriver.ErrLockHeld
-	}
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
-// sqliteLock is a held lease of the maintenance lock.
-type sqliteLock struct {
-	d        *Driver
-	token    int64
-	ttl      time.Duration
-	offset   time.Duration
-	released bool
-}
-
-func (l *sqliteLock) offsetArg() any { return sql.Named("offset", l.offset.Microseconds()) }
-
-func (l *sqliteLock) PurgeExpired(ctx context.Context, p idemdriver.PurgeParams) (int64, error) {
-	if l.released {
-		return 0, idemdriver.ErrLockLost
-	}
-	n, err := l.d.purge(ctx, purgeLockedSQL, p, sql.Named("token", l.token))
-	if err != nil || n > 0 {
-		return n, err
-	}
-	// Nothing deleted: nothing to purge, or the lease is gone.
-	return 0, l.Refresh(ctx)
-}
-
-func (l *sqliteLock) Refresh(ctx context.Context) error {
-	if l.released {
-		return idemdriver.ErrLockLost
-	}
-	var n int64
-	err := retryBusy(ctx, func() error {
-		res, err := l.d.db.ExecContext(ctx, lockRefreshSQL, sql.Named("ttl", l.ttl.Microseconds()),
-			sql.Named("token", l.token), l.offsetArg())
-		if err != nil {
-			return err
-		}
-		n, err = res.RowsAffected()
+	var l idemdriver.MaintenanceLock
+	err := retryBusy(ctx, func() (err error) {
+		l, err = d.maintenance.TryLockMaintenance(ctx, p, func(ctx context.Context, p idemdriver.PurgeParams, lease *idemmigrate.Lease) (int64, error) {
+			n, err := d.purge(ctx, purgeLockedSQL, p, sql.Named("token", lease.Token()))
+			if err != nil || n > 0 {
+				return n, err
+			}
+			// Nothing deleted: nothing to purge, or the lease is gone.
+			return 0, lease.Refresh(ctx)
+		})
 		return err
 	})
-	if err != nil {
-		return err
-	}
-	if n != 1 {
-		return idemdriver.ErrLockLost
-	}
-	return nil
-}
-
-func (l *sqliteLock) Release(ctx context.Context) error {
-	if l.released {
-		return nil
-	}
-	l.released = true
-	return retryBusy(ctx, func() error {
-		_, err := l.d.db.ExecContext(ctx, lockReleaseSQL, sql.Named("token", l.token))
-		return err
-	})
+	return l, err
 }
 
 // Now implements idemdriver.Inspector: SQLite's clock (unixepoch('subsec'),
@@ -261,40 +189,21 @@ func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdri
 	return out, rows.Err()
 }
 
-// MigrationStatus implements idemdriver.Migrator.
+// MigrationStatus implements idemdriver.Migrator with idemmigrate, under
+// the migration lease: each applied migration's missing tables are named.
 func (d *Driver) MigrationStatus(ctx context.Context) ([]idemdriver.Migration, error) {
-	p, err := d.embeddedProvider()
+	m, err := d.migrator(embedded(), SchemaVersionTable)
 	if err != nil {
 		return nil, err
 	}
-	st, err := p.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("idemsqlite: migration status: %w", err)
-	}
-	out := make([]idemdriver.Migration, 0, len(st))
-	for _, s := range st {
-		m := idemdriver.Migration{Version: s.Source.Version, Name: path.Base(s.Source.Path), Applied: s.State == goose.StateApplied}
-		if m.Applied && !s.AppliedAt.IsZero() {
-			t := s.AppliedAt.UTC()
-			m.AppliedAt = &t
-		}
-		out = append(out, m)
-	}
-	return out, nil
+	return m.Status(ctx)
 }
 
-// MigrateDown implements idemdriver.Migrator.
+// MigrateDown implements idemdriver.Migrator, under the migration lease.
 func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) {
-	p, err := d.embeddedProvider()
+	m, err := d.migrator(embedded(), SchemaVersionTable)
 	if err != nil {
 		return idemdriver.Migration{}, err
 	}
-	res, err := p.Down(ctx)
-	if err != nil {
-		if errors.Is(err, goose.ErrNoNextVersion) || errors.Is(err, goose.ErrNoCurrentVersion) {
-			return idemdriver.Migration{}, errors.New("idemsqlite: migrate down: no migration is applied")
-		}
-		return idemdriver.Migration{}, fmt.Errorf("idemsqlite: migrate down: %w", err)
-	}
-	return idemdriver.Migration{Version: res.Source.Version, Name: path.Base(res.Source.Path)}, nil
+	return m.Down(ctx)
 }

@@ -64,10 +64,11 @@ func printMigrations(out io.Writer, asJSON bool, s *store, list []idemdriver.Mig
 			Name      string     `json:"name"`
 			Applied   bool       `json:"applied"`
 			AppliedAt *time.Time `json:"applied_at"`
+			Missing   []string   `json:"missing_tables,omitempty"`
 		}
 		ms := []migration{}
 		for _, m := range list {
-			ms = append(ms, migration{m.Version, m.Name, m.Applied, m.AppliedAt})
+			ms = append(ms, migration{m.Version, m.Name, m.Applied, m.AppliedAt, m.Missing})
 		}
 		return writeJSON(out, map[string]any{"database": s.kind, "partitioned": s.partitioned, "migrations": ms})
 	}
@@ -77,6 +78,9 @@ func printMigrations(out io.Writer, asJSON bool, s *store, list []idemdriver.Mig
 		state := "pending"
 		if m.Applied {
 			state = "applied"
+		}
+		if len(m.Missing) > 0 { // the version table says applied; the database lacks its tables
+			state = "applied, but missing table " + strings.Join(m.Missing, ", ")
 		}
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", m.Version, m.Name, state, tsPtr(m.AppliedAt))
 	}

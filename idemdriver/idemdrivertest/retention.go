@@ -405,25 +405,67 @@ func runRetention(t *testing.T, h Harness) {
 		require.ErrorIs(t, err, idemdriver.ErrLockLost)
 		require.ErrorIs(t, l1.Refresh(ctx), idemdriver.ErrLockLost)
 		var l2 idemdriver.MaintenanceLock
-		require.Eventually(t, func() bool { // a closed session's lock is freed by the server shortly after
+		require.Eventually(t, func() bool { // a released lease is free at once; Eventually kept from session locks
 			l2, err = locker2.TryLockMaintenance(ctx, lp)
 			return err == nil
 		}, 10*time.Second, 10*time.Millisecond, "the lock is free once released: %v", err)
 
-		// Past the lock's TTL (the clock moved 2 min): a lease lock lapses and
+		// Past the lock's TTL (the clock moved 2 min): the lease lapses and
 		// is taken over, and its old holder can then neither refresh nor
-		// purge; a session lock is still held. Never both.
+		// purge. (Before every driver's lock was a lease, a session lock
+		// was still held here; never both.)
 		l3, err := locker.TryLockMaintenance(ctx, idemdriver.LockParams{Holder: "later", TTL: time.Minute, ClockOffset: 2 * time.Minute})
-		if errors.Is(err, idemdriver.ErrLockHeld) {
-			require.NoError(t, l2.Refresh(ctx))
-		} else {
-			require.NoError(t, err)
-			require.ErrorIs(t, l2.Refresh(ctx), idemdriver.ErrLockLost)
-			_, err = l2.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 100, ClockOffset: 2 * time.Hour})
-			require.ErrorIs(t, err, idemdriver.ErrLockLost)
-			require.NoError(t, l3.Release(ctx))
-		}
+		require.NoError(t, err)
+		require.ErrorIs(t, l2.Refresh(ctx), idemdriver.ErrLockLost)
+		_, err = l2.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 100, ClockOffset: 2 * time.Hour})
+		require.ErrorIs(t, err, idemdriver.ErrLockLost)
+		require.NoError(t, l3.Release(ctx))
 		require.NoError(t, l2.Release(ctx))
+	})
+
+	// The lock holder stalls past its lease (the database clock moved past
+	// its TTL): another process takes the lock over with a greater fencing
+	// token, and the stale holder's Refresh and purge are refused and delete
+	// nothing, until it takes the lock again (with a greater token still).
+	t.Run("StaleLeaseTakeover", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		locker := need[idemdriver.MaintenanceLocker](t, d, h.Maintenance, "idemdriver.MaintenanceLocker")
+		require.NotNil(t, h.SecondDriver, "Harness.SecondDriver is required for the maintenance cases")
+		locker2 := need[idemdriver.MaintenanceLocker](t, h.SecondDriver(t, d), true, "idemdriver.MaintenanceLocker")
+		purger := need[idemdriver.Purger](t, d, true, "idemdriver.Purger")
+		ctx := context.Background()
+		seedRetention(t, d)
+		stale, err := locker.TryLockMaintenance(ctx, idemdriver.LockParams{Holder: "stale", TTL: time.Minute})
+		require.NoError(t, err)
+		_, err = locker2.TryLockMaintenance(ctx, idemdriver.LockParams{Holder: "early", TTL: time.Minute, ClockOffset: 59 * time.Second})
+		require.ErrorIs(t, err, idemdriver.ErrLockHeld, "a live lease is not taken over")
+
+		later := idemdriver.LockParams{Holder: "successor", TTL: time.Minute, ClockOffset: 61 * time.Second}
+		successor, err := locker2.TryLockMaintenance(ctx, later)
+		require.NoError(t, err, "a lease past its TTL is taken over")
+		require.Greater(t, successor.FencingToken(), stale.FencingToken())
+		require.ErrorIs(t, stale.Refresh(ctx), idemdriver.ErrLockLost)
+		_, err = stale.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 100})
+		require.ErrorIs(t, err, idemdriver.ErrLockLost)
+		n, err := purger.CountExpired(ctx, idemdriver.PurgeParams{})
+		require.NoError(t, err)
+		require.EqualValues(t, 4, n, "the stale holder purged nothing")
+		_, err = locker.TryLockMaintenance(ctx, later)
+		require.ErrorIs(t, err, idemdriver.ErrLockHeld, "the successor's lease is live")
+		require.NoError(t, successor.Refresh(ctx))
+		n, err = successor.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 100})
+		require.NoError(t, err)
+		require.EqualValues(t, 4, n)
+
+		require.NoError(t, stale.Release(ctx), "releasing a lost lock changes nothing")
+		_, err = locker.TryLockMaintenance(ctx, later)
+		require.ErrorIs(t, err, idemdriver.ErrLockHeld, "the stale holder's release did not free the successor's lease")
+		require.NoError(t, successor.Release(ctx))
+		again, err := locker.TryLockMaintenance(ctx, idemdriver.LockParams{Holder: "stale", TTL: time.Minute})
+		require.NoError(t, err)
+		require.Greater(t, again.FencingToken(), successor.FencingToken())
+		require.NoError(t, again.Release(ctx))
 	})
 
 	// Two maintainers on one database (two pools, as two processes): their

@@ -10,11 +10,15 @@
 -- server's max_allowed_packet (16 MiB on MariaDB, 64 MiB on MySQL 8).
 --
 -- One statement per migration: MySQL commits every DDL statement on its own,
--- so a version with several statements can fail half-applied.
+-- so a version with several statements can fail half-applied. IF NOT EXISTS:
+-- a process killed after this CREATE TABLE committed and before goose
+-- recorded version 1 leaves the table without its version; the next Migrate
+-- then finds the table and records the version instead of failing "Table
+-- 'idem_keys' already exists" on every start (TestMigrateAfterKillBeforeVersionRecorded).
 
 -- +goose NO TRANSACTION
 -- +goose Up
-CREATE TABLE idem_keys (
+CREATE TABLE IF NOT EXISTS idem_keys (
     scope                VARBINARY(255) NOT NULL,
     `key`                VARBINARY(255) NOT NULL,
     method               VARBINARY(255) NOT NULL,

@@ -5,14 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/crc64"
 	"io/fs"
 	"net/url"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemmysql"
@@ -20,10 +17,6 @@ import (
 	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dburl"
 )
-
-// migrationLockTimeout is how long Open waits for another process's
-// migration lock on PostgreSQL, in seconds.
-const migrationLockTimeout = 300
 
 // Schema is a service's own tables, which Open migrates after idem's.
 type Schema struct {
@@ -60,6 +53,7 @@ type DB struct {
 	driver interface {
 		idem.Store
 		Migrate(ctx context.Context) error
+		MigrateFS(ctx context.Context, fsys fs.FS, versionTable string) error
 	}
 	close func() error
 }
@@ -103,24 +97,22 @@ func DescribeDatabase(kind, target string) string {
 // recorded in schema.VersionTable. Migrating is safe on every start.
 //
 //   - PostgreSQL (dburl.Postgres): a pgxpool on the URL (pgxpool syntax:
-//     search_path=SCHEMA picks the schema), pinged before use. Errors
-//     opening it start with "postgres: ". The service's migrations run under
-//     an advisory lock named after schema.Service and the current schema
-//     (an error when the search_path names no existing schema).
+//     search_path=SCHEMA picks the schema; behind pgbouncer's transaction
+//     pooling add default_query_exec_mode=exec), pinged before use. Errors
+//     opening it start with "postgres: ".
 //   - MySQL or MariaDB (dburl.MySQL): idemmysql.Open (idemmysql.ParseURL's
-//     URL form). The service's migrations run through
-//     idemmysql.Driver.MigrateFS, under GET_LOCK on
-//     "<service>_migrations.<database>" (hashed when long; an error when the
-//     URL names no database); one that fails part-way is an
-//     *idemmysql.MigrateError.
+//     URL form); an error when the URL names no database. A migration that
+//     fails part-way is an *idemmysql.MigrateError.
 //   - SQLite (dburl.SQLite): idemsqlite.Open on the file, created if
-//     missing; the service's migrations run through
-//     idemsqlite.Driver.MigrateFS (a process that loses the race to
-//     migrate a new file runs again).
+//     missing.
 //
-// A lock held by another process starting at the same time is waited for
-// up to 300 seconds (idemmysql.MigrateLockTimeout on MySQL). On any error,
-// nothing is left open.
+// Every set runs through the driver's MigrateFS (idemdriver/idemmigrate),
+// under the lease "migrate <VersionTable>" in the database's idem_locks
+// table: processes starting together migrate one at a time, whether they
+// share a server, a connection pooler or a Galera cluster. A lease held by
+// another process is waited for up to 5 minutes
+// (idemmigrate.DefaultLockTimeout); one left by a process that died runs
+// out within 30 seconds. On any error, nothing is left open.
 func Open(ctx context.Context, kind, target string, schema Schema) (*DB, error) {
 	var d *DB
 	switch kind {
@@ -170,7 +162,11 @@ func (d *DB) Ping(ctx context.Context) error {
 // Close closes the database (idem's driver and the pool under it).
 func (d *DB) Close() error { return d.close() }
 
-// migrate applies idem's migrations, then schema's.
+// migrate applies idem's migrations, then schema's, through the same
+// migrator (idemdriver/idemmigrate, each driver's MigrateFS): recorded in
+// schema.VersionTable, under the lease "migrate <VersionTable>" in
+// idem_locks, which holds behind a transaction pooler and across Galera
+// nodes.
 func (d *DB) migrate(ctx context.Context, schema Schema) error {
 	if err := d.driver.Migrate(ctx); err != nil {
 		return err
@@ -179,48 +175,7 @@ func (d *DB) migrate(ctx context.Context, schema Schema) error {
 	if err != nil {
 		return err
 	}
-	switch d.Kind {
-	case dburl.SQLite:
-		// As idem's own: a process that loses the race to migrate a file
-		// opened by another at the same time runs again (MigrateFS).
-		if err := d.driver.(*idemsqlite.Driver).MigrateFS(ctx, sub, schema.VersionTable); err != nil {
-			return migrateErr(schema.Service, err)
-		}
-		return nil
-	case dburl.MySQL:
-		// idemmysql migrates an application's own set as it does idem's:
-		// under GET_LOCK, with the version table created under the lock
-		// (goose alone creates it outside its locker, and MySQL commits
-		// CREATE TABLE on its own), a part-way failure as a MigrateError.
-		if err := d.driver.(*idemmysql.Driver).MigrateFS(ctx, sub, schema.VersionTable, schema.Service+"_migrations."); err != nil {
-			return migrateErr(schema.Service, err)
-		}
-		return nil
-	}
-	// PostgreSQL: the advisory lock is per service and schema, so that
-	// services (or tests) using other schemas of the database do not wait
-	// for each other; it is retried every second instead of goose's
-	// default five.
-	var current *string
-	if err := d.Pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&current); err != nil {
-		return fmt.Errorf("%s: migrate: %w", schema.Service, err)
-	}
-	if current == nil {
-		return fmt.Errorf("%s: migrate: the search_path names no existing schema", schema.Service)
-	}
-	lockID := int64(crc64.Checksum([]byte(schema.Service+":"+*current), crc64.MakeTable(crc64.ECMA)))
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID), lock.WithLockTimeout(1, migrationLockTimeout))
-	if err != nil {
-		return err
-	}
-	db := stdlib.OpenDBFromPool(d.Pool)
-	defer db.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithTableName(schema.VersionTable),
-		goose.WithDisableGlobalRegistry(true), goose.WithSessionLocker(locker))
-	if err == nil {
-		_, err = p.Up(ctx)
-	}
-	return migrateErr(schema.Service, err)
+	return migrateErr(schema.Service, d.driver.MigrateFS(ctx, sub, schema.VersionTable))
 }
 
 // migrateErr names the service in a migration error (nil stays nil):
