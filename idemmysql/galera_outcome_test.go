@@ -159,6 +159,10 @@ func BenchmarkGaleraReplay(b *testing.B) {
 			res, err := d1.Claim(ctx, p)
 			require.NoError(b, err)
 			galeraComplete(b, d1, p, res)
+			require.Eventually(b, func() bool { // with 0, node 2 may not have applied it yet
+				dup, err := d2.Claim(ctx, p)
+				return err == nil && dup.Record.State == idemdriver.StateSucceeded
+			}, 10*time.Second, time.Millisecond)
 			b.ResetTimer()
 			for b.Loop() {
 				dup, err := d2.Claim(ctx, p)
