@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 // captureWriter holds a protected handler's response until its outcome is
@@ -69,28 +70,96 @@ func (c *captureWriter) statusCode() int {
 }
 
 // sentHeader returns the response headers: as they were at WriteHeader, or
-// as they are now when the handler wrote nothing.
+// as they are now when the handler wrote nothing. Trailers are not among
+// them (see trailers).
 func (c *captureWriter) sentHeader() http.Header {
+	h := c.header
+	if c.sent != nil {
+		h = c.sent
+	}
+	declared := c.declaredTrailers(h)
+	if len(declared) == 0 && !hasTrailerKeys(h) {
+		return h
+	}
+	out := http.Header{}
+	for k, v := range h {
+		if !declared[k] && !strings.HasPrefix(k, http.TrailerPrefix) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// declaredTrailers returns the canonical names h's Trailer header declares.
+func (c *captureWriter) declaredTrailers(h http.Header) map[string]bool {
+	var names map[string]bool
+	for _, v := range h.Values("Trailer") {
+		for _, name := range strings.Split(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				if names == nil {
+					names = map[string]bool{}
+				}
+				names[http.CanonicalHeaderKey(name)] = true
+			}
+		}
+	}
+	return names
+}
+
+func hasTrailerKeys(h http.Header) bool {
+	for k := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// trailers returns the response trailers by canonical name, as net/http
+// would send them: the values, when the handler returned, of the names its
+// Trailer header declared at WriteHeader, and every header key with
+// http.TrailerPrefix.
+func (c *captureWriter) trailers() http.Header {
+	t := http.Header{}
+	for name := range c.declaredTrailers(c.sentOrLive()) {
+		if v := c.header[name]; len(v) > 0 {
+			t[name] = v
+		}
+	}
+	for k, v := range c.header {
+		if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok && len(v) > 0 {
+			t[http.CanonicalHeaderKey(name)] = v
+		}
+	}
+	return t
+}
+
+func (c *captureWriter) sentOrLive() http.Header {
 	if c.sent != nil {
 		return c.sent
 	}
 	return c.header
 }
 
-// send writes the captured response to the client.
+// send writes the captured response, trailers included, to the client.
 func (c *captureWriter) send() {
 	h := c.w.Header()
 	for k, v := range c.sentHeader() {
 		h[k] = v
 	}
+	for name, v := range c.trailers() {
+		h[http.TrailerPrefix+name] = v
+	}
 	writeResponse(c.w, c.statusCode(), c.body.Bytes())
 }
 
-// writeResponse sends status and body with an exact Content-Length where the
-// status allows a body (RFC 9110 section 8.6), then flushes.
+// writeResponse sends status and body, then flushes. Header keys with
+// http.TrailerPrefix are sent as trailers; without them the body gets an
+// exact Content-Length where the status allows a body (RFC 9110 section
+// 8.6), with them none (trailers need a chunked or HTTP/2 body).
 func writeResponse(w http.ResponseWriter, status int, body []byte) {
 	bodyAllowed := status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
-	if bodyAllowed && w.Header().Get("Content-Length") == "" {
+	if bodyAllowed && w.Header().Get("Content-Length") == "" && !hasTrailerKeys(w.Header()) {
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	}
 	w.WriteHeader(status)

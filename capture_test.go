@@ -9,6 +9,7 @@ import (
 )
 
 func TestCaptureWriterHoldsResponseUntilSent(t *testing.T) {
+	t.Parallel()
 	rec := httptest.NewRecorder()
 	c := newCaptureWriter(rec)
 	var w http.ResponseWriter = c
@@ -33,6 +34,7 @@ func TestCaptureWriterHoldsResponseUntilSent(t *testing.T) {
 }
 
 func TestCaptureWriterDefaults(t *testing.T) {
+	t.Parallel()
 	rec := httptest.NewRecorder()
 	c := newCaptureWriter(rec)
 	c.send() // a handler that wrote nothing answers 200, as net/http would
@@ -52,6 +54,7 @@ func TestCaptureWriterDefaults(t *testing.T) {
 // handler answered on the raw connection, idem recorded "200" with an empty
 // body and replayed that, and net/http panicked on idem's own answer.
 func TestCaptureWriterRefusesHijack(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := newCaptureWriter(w)
 		_, _, err := http.NewResponseController(c).Hijack()

@@ -5,36 +5,44 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemgo/idem/idemdriver"
 )
 
 // Defaults of Config, per CONTRACT sections 2, 4 and 5.
 const (
-	DefaultLeaseDuration    = 30 * time.Second
-	DefaultRetention        = 24 * time.Hour
-	DefaultMaxRequestBytes  = 1 << 20 // 1 MiB
-	DefaultMaxResponseBytes = 1 << 20 // 1 MiB
-	DefaultStoreRetryAfter  = 1 * time.Second
-	DefaultCompleteTimeout  = 10 * time.Second
-	DefaultClaimTimeout     = 10 * time.Second
-	DefaultMaxExecution     = 10 * time.Minute
+	DefaultLeaseDuration      = 30 * time.Second
+	DefaultRetention          = 24 * time.Hour
+	DefaultMaxRequestBytes    = 1 << 20 // 1 MiB
+	DefaultMaxResponseBytes   = 1 << 20 // 1 MiB
+	DefaultStoreRetryAfter    = 1 * time.Second
+	DefaultInFlightRetryAfter = 1 * time.Second
+	DefaultCompleteTimeout    = 10 * time.Second
+	DefaultClaimTimeout       = 10 * time.Second
+	DefaultMaxExecution       = 10 * time.Minute
 )
 
-// DefaultMethods are the methods protected when Config.Methods is empty.
-var DefaultMethods = []string{http.MethodPost, http.MethodPatch}
+// DefaultMethods returns the methods protected when Config.Methods is empty:
+// POST and PATCH (CONTRACT section 2). Each call returns a new slice, so no
+// Config shares it with another.
+func DefaultMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
 
-// DefaultReplayHeaders is the allow-list of response headers stored and
-// replayed when Config.ReplayHeaders is nil (CONTRACT section 5). Set-Cookie,
-// hop-by-hop headers, Date and Content-Length are never replayed, whatever the
-// list says.
-var DefaultReplayHeaders = []string{
-	"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
-	"Location", "ETag", "Last-Modified", "Link", "Cache-Control",
-	// Required by RFC 9110 with the statuses they accompany (405 and 401),
-	// which the default outcome policy records and replays.
-	"Allow", "WWW-Authenticate",
+// DefaultReplayHeaders returns the allow-list of response headers (and
+// trailers) stored and replayed when Config.ReplayHeaders is nil (CONTRACT
+// section 5). Set-Cookie, hop-by-hop headers, Date and Content-Length are
+// never replayed, whatever the list says. Each call returns a new slice.
+func DefaultReplayHeaders() []string {
+	return []string{
+		"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
+		"Location", "ETag", "Last-Modified", "Link", "Cache-Control",
+		// Required by RFC 9110 with the statuses they accompany (405 and 401),
+		// which the default outcome policy records and replays.
+		"Allow", "WWW-Authenticate",
+	}
 }
 
 // Outcome is how a finished execution is recorded.
@@ -43,13 +51,27 @@ type Outcome int
 const (
 	// Succeeded records SUCCEEDED with the response; later requests replay it.
 	Succeeded Outcome = iota
-	// Failed records FAILED (retryable); the next request runs the handler again.
+	// Failed records FAILED (retryable); the next request with the same
+	// payload runs the handler again.
 	Failed
+	// Released records nothing: the execution's record is removed (a
+	// fenced Driver.Release) and the answer reaches its caller as the
+	// handler wrote it, so the next request with the key runs as a new
+	// one, whatever its payload (CONTRACT section 5). In transactional mode
+	// the business writes are rolled back. It is meant for answers given
+	// before any side effect, such as a validation failure the client will
+	// correct: released after a side effect, the corrected request would
+	// run it again under a new relayed key. See ReleaseKey and
+	// ReleaseValidationFailures.
+	Released
 )
 
 func (o Outcome) String() string {
-	if o == Succeeded {
+	switch o {
+	case Succeeded:
 		return "SUCCEEDED"
+	case Released:
+		return "RELEASED"
 	}
 	return "FAILED"
 }
@@ -69,6 +91,21 @@ func DefaultOutcome(status int) Outcome {
 	}
 }
 
+// ReleaseValidationFailures is DefaultOutcome, except that 400 (Bad
+// Request), 415 (Unsupported Media Type) and 422 (Unprocessable Content)
+// are Released: the key is not burned by a request the client will correct
+// (Stripe saves no result when parameters fail validation). Use it only
+// when your handlers answer these statuses before any side effect (they
+// validate first); a handler that can answer them after one should call
+// ReleaseKey on its validation path instead, and keep DefaultOutcome.
+func ReleaseValidationFailures(status int) Outcome {
+	switch status {
+	case http.StatusBadRequest, http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity:
+		return Released
+	}
+	return DefaultOutcome(status)
+}
+
 // MaxScopeLength is the longest scope, in bytes, that every driver stores.
 const MaxScopeLength = 255
 
@@ -77,12 +114,24 @@ const MaxScopeLength = 255
 // about:blank) before any claim. Every driver stores it.
 const MaxPathLength = 4096
 
-// ScopeFunc names who owns a request's key (tenant, account, principal), in
-// at most MaxScopeLength bytes. Keys of different scopes never meet. An error,
-// or an empty scope (most often an unauthenticated request read as the zero
-// value), answers 401 with the problem type missing-scope; a longer scope is
-// a server fault, answered 500. Either way the handler does not run.
+// ScopeFunc names who owns a request's key (tenant, account, principal): a
+// valid UTF-8 string of at most MaxScopeLength bytes without NUL bytes. Keys
+// of different scopes never meet. An error, or an empty scope (most often an
+// unauthenticated request read as the zero value), answers 401 with the
+// problem type missing-scope; a scope that breaks the rules above is a server
+// fault, answered 500 (problem type scope-unstorable) and logged. Either way
+// the handler does not run.
 type ScopeFunc func(r *http.Request) (string, error)
+
+// SingleTenantScope is the scope SingleTenant gives every request.
+const SingleTenantScope = "global"
+
+// SingleTenant is the ScopeFunc of an API with one owner of every key: every
+// request gets the scope SingleTenantScope ("global"). Use it only when no
+// two clients' keys may belong to different tenants: in a multi-tenant API it
+// would replay one tenant's response to another. Config.Scope has no
+// default; set it to SingleTenant to say you mean it.
+func SingleTenant(*http.Request) (string, error) { return SingleTenantScope, nil }
 
 // FingerprintFunc computes a request's fingerprint from the request and its
 // body (already read, at most MaxRequestBytes). It must be deterministic.
@@ -94,13 +143,17 @@ type Config struct {
 	// Store is the database driver (idempgx, idemsqlite, ...). Required.
 	Store Store
 
-	// Scope names the owner of a key. Default: every request shares the one
-	// scope "global", which is only right for single-tenant APIs. The default
-	// never reads a client-controlled header.
+	// Scope names the owner of a key (the tenant, account or principal the
+	// request is authenticated as; never a client-controlled header).
+	// Required: New refuses a nil Scope. An API with a single owner of
+	// every key says so with SingleTenant.
 	Scope ScopeFunc
 
 	// Methods lists the protected methods; other methods pass through
-	// untouched. Default: DefaultMethods (POST, PATCH).
+	// untouched. Methods are matched without regard to case (a "post" is
+	// protected as POST is), so a handler that matches methods
+	// case-insensitively never runs unprotected. Default: DefaultMethods()
+	// (POST, PATCH).
 	Methods []string
 
 	// KeyOptional lets a protected request without Idempotency-Key pass
@@ -120,8 +173,13 @@ type Config struct {
 	// execution never finished (FAILED, or its owner died: the retry
 	// continues it, relaying the same key downstream). For a retention per
 	// route, give each route group its own Middleware (docs/retention.md).
-	// At least LeaseDuration, and at most the store's MaxRetention where it
-	// has one (idemdriver.RetentionLimiter): New refuses others. Default:
+	//
+	// A completed execution is always replayed, however long its handler
+	// ran: an outcome is recorded only while its execution's lease is live,
+	// which is at most MaxExecution + LeaseDuration after the claim, so New
+	// refuses a Retention shorter than MaxExecution + LeaseDuration
+	// (CONTRACT section 9). It also refuses more than the store's
+	// MaxRetention where it has one (idemdriver.RetentionLimiter). Default:
 	// 24 h.
 	Retention time.Duration
 
@@ -140,11 +198,18 @@ type Config struct {
 	MaxResponseBytes int64
 
 	// ReplayHeaders is the allow-list of response headers kept for replay.
-	// Default: DefaultReplayHeaders.
+	// Trailers (declared with the Trailer header, or set with
+	// http.TrailerPrefix) are kept for replay by the same list. Default:
+	// DefaultReplayHeaders().
 	ReplayHeaders []string
 
-	// Outcome maps the handler's final status code to how it is recorded.
-	// Default: DefaultOutcome.
+	// Outcome maps the handler's final status code to how it is recorded:
+	// Succeeded, Failed or Released. A handler that called ReleaseKey is
+	// Released whatever its status. Default: DefaultOutcome, under which
+	// every 4xx but 408, 425 and 429 is recorded and replayed, validation
+	// failures included (idem cannot tell a 400 answered before any side
+	// effect from one answered after); ReleaseValidationFailures releases
+	// 400, 415 and 422 instead.
 	Outcome func(status int) Outcome
 
 	// Fingerprint replaces the request fingerprint. Default: Fingerprint
@@ -154,6 +219,14 @@ type Config struct {
 	// StoreRetryAfter is the Retry-After sent with 503 store-unavailable.
 	// Default: 1 s.
 	StoreRetryAfter time.Duration
+
+	// InFlightRetryAfter is the delay a 409 request-in-flight asks for in
+	// its Retry-After header, so that a client that honours it comes back
+	// soon after a typical execution ends. The header says this delay, but
+	// never more than what is left of the owner's lease, never more than
+	// LeaseDuration, and never less than 1 s (CONTRACT section 3). Set it
+	// near your routes' usual execution time. Default: 1 s.
+	InFlightRetryAfter time.Duration
 
 	// ClaimTimeout bounds the claim statement (a store that hangs, a lock
 	// held by someone else): past it the request is answered 503
@@ -173,11 +246,18 @@ type Config struct {
 	// it the lease is no longer renewed and the handler's context is
 	// cancelled with cause ErrExecutionTimeout. What a handler without the
 	// claim's transaction then answers is recorded as usual (a 5xx: FAILED,
-	// the retry runs again); a handler that used the transaction has it
-	// rolled back and recorded FAILED, answered 503. A handler that does not
-	// return loses its key to the next request once the lease runs out. Without it a handler stuck forever would hold its
-	// key (409 to every retry) for as long as its process lives. At least
-	// LeaseDuration. Default: 10 min, or LeaseDuration when that is longer.
+	// the retry runs again) if it returns while its lease is still live; a
+	// handler that used the transaction has it rolled back and recorded
+	// FAILED, answered 503. A handler that returns after its lease ran out
+	// is not recorded as it answered (its key may have been taken over, or
+	// its record may expire before anyone replays it): it is recorded
+	// FAILED and answered 503, and the retry runs again under the same
+	// relayed key. A handler that does not return loses its key to the next
+	// request once the lease runs out. Without it a handler stuck forever
+	// would hold its key (409 to every retry) for as long as its process
+	// lives. At least LeaseDuration, and at most Retention - LeaseDuration.
+	// Default: 10 min, but no more than Retention - LeaseDuration and no
+	// less than LeaseDuration.
 	MaxExecution time.Duration
 
 	// RelaySecret keys the derivation of the keys relayed to downstream
@@ -187,17 +267,20 @@ type Config struct {
 	// plain SHA-256 derivation).
 	RelaySecret []byte
 
+	// Owner names this process in the records it claims (Record.Owner,
+	// shown by the idem command's stuck and inspect), so an operator can
+	// tell whose worker died; at most idemdriver.MaxOwnerBytes bytes (New
+	// refuses longer). Default: "<hostname>/<pid>".
+	Owner string
+
 	// Logger receives store errors and lost leases. Default: slog.Default().
 	Logger *slog.Logger
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.Scope == nil {
-		c.Scope = func(*http.Request) (string, error) { return "global", nil }
-	}
 	if len(c.Methods) == 0 {
-		c.Methods = DefaultMethods
+		c.Methods = DefaultMethods()
 	}
 	if c.LeaseDuration == 0 {
 		c.LeaseDuration = DefaultLeaseDuration
@@ -212,7 +295,7 @@ func (c Config) WithDefaults() Config {
 		c.MaxResponseBytes = DefaultMaxResponseBytes
 	}
 	if c.ReplayHeaders == nil {
-		c.ReplayHeaders = DefaultReplayHeaders
+		c.ReplayHeaders = DefaultReplayHeaders()
 	}
 	if c.Outcome == nil {
 		c.Outcome = DefaultOutcome
@@ -223,6 +306,9 @@ func (c Config) WithDefaults() Config {
 	if c.StoreRetryAfter == 0 {
 		c.StoreRetryAfter = DefaultStoreRetryAfter
 	}
+	if c.InFlightRetryAfter == 0 {
+		c.InFlightRetryAfter = DefaultInFlightRetryAfter
+	}
 	if c.ClaimTimeout == 0 {
 		c.ClaimTimeout = DefaultClaimTimeout
 	}
@@ -230,7 +316,14 @@ func (c Config) WithDefaults() Config {
 		c.CompleteTimeout = DefaultCompleteTimeout
 	}
 	if c.MaxExecution == 0 {
-		c.MaxExecution = max(DefaultMaxExecution, c.LeaseDuration)
+		c.MaxExecution = max(c.LeaseDuration, min(DefaultMaxExecution, c.Retention-c.LeaseDuration))
+	}
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		c.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
+		if len(c.Owner) > idemdriver.MaxOwnerBytes {
+			c.Owner = c.Owner[len(c.Owner)-idemdriver.MaxOwnerBytes:] // the pid end is the telling one
+		}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -243,6 +336,9 @@ func (c Config) validate() error {
 	if c.Store == nil {
 		errs = append(errs, errors.New("Store is required"))
 	}
+	if c.Scope == nil {
+		errs = append(errs, errors.New("Scope is required: name the owner of each request's key (idem.SingleTenant for an API with one owner)"))
+	}
 	if c.LeaseDuration < time.Second {
 		errs = append(errs, fmt.Errorf("LeaseDuration %s is below 1s", c.LeaseDuration))
 	}
@@ -252,14 +348,23 @@ func (c Config) validate() error {
 	if c.MaxExecution < c.LeaseDuration {
 		errs = append(errs, fmt.Errorf("MaxExecution %s is shorter than LeaseDuration %s", c.MaxExecution, c.LeaseDuration))
 	}
+	if c.Retention >= c.LeaseDuration && c.MaxExecution >= c.LeaseDuration && c.Retention < c.MaxExecution+c.LeaseDuration {
+		// An outcome recorded late in a long execution would expire before
+		// (or soon after) it is recorded, and the retry would run again.
+		errs = append(errs, fmt.Errorf("Retention %s is shorter than MaxExecution %s + LeaseDuration %s: a long execution's outcome would expire before it is replayed",
+			c.Retention, c.MaxExecution, c.LeaseDuration))
+	}
 	if rl, ok := c.Store.(idemdriver.RetentionLimiter); ok && c.Retention > rl.MaxRetention() {
 		errs = append(errs, fmt.Errorf("Retention %s exceeds the store's MaxRetention %s", c.Retention, rl.MaxRetention()))
+	}
+	if len(c.Owner) > idemdriver.MaxOwnerBytes || !utf8.ValidString(c.Owner) || strings.IndexByte(c.Owner, 0) >= 0 {
+		errs = append(errs, fmt.Errorf("Owner must be valid UTF-8 of at most %d bytes without NUL", idemdriver.MaxOwnerBytes))
 	}
 	if c.MaxRequestBytes < 0 || c.MaxResponseBytes < 0 {
 		errs = append(errs, errors.New("MaxRequestBytes and MaxResponseBytes must not be negative"))
 	}
-	if c.StoreRetryAfter < 0 || c.CompleteTimeout < 0 || c.ClaimTimeout < 0 {
-		errs = append(errs, errors.New("StoreRetryAfter, ClaimTimeout and CompleteTimeout must not be negative"))
+	if c.StoreRetryAfter < 0 || c.InFlightRetryAfter < 0 || c.CompleteTimeout < 0 || c.ClaimTimeout < 0 {
+		errs = append(errs, errors.New("StoreRetryAfter, InFlightRetryAfter, ClaimTimeout and CompleteTimeout must not be negative"))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("idem: invalid Config: %w", errors.Join(errs...))

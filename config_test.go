@@ -2,7 +2,7 @@ package idem_test
 
 import (
 	"context"
-	"log/slog"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -18,6 +18,7 @@ import (
 )
 
 func TestDefaultOutcome(t *testing.T) {
+	t.Parallel()
 	for status, want := range map[int]idem.Outcome{
 		200: idem.Succeeded, 201: idem.Succeeded, 204: idem.Succeeded, 302: idem.Succeeded,
 		400: idem.Succeeded, 402: idem.Succeeded, 404: idem.Succeeded, 409: idem.Succeeded, 422: idem.Succeeded,
@@ -29,42 +30,80 @@ func TestDefaultOutcome(t *testing.T) {
 }
 
 func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
 	c := idem.Config{}.WithDefaults()
 	require.Equal(t, 30*time.Second, c.LeaseDuration)
 	require.Equal(t, 24*time.Hour, c.Retention)
 	require.Equal(t, 10*time.Second, c.ClaimTimeout)
 	require.Equal(t, 10*time.Minute, c.MaxExecution)
+	require.Equal(t, time.Second, c.InFlightRetryAfter)
 	require.EqualValues(t, 1<<20, c.MaxRequestBytes)
 	require.EqualValues(t, 1<<20, c.MaxResponseBytes)
 	require.Equal(t, []string{http.MethodPost, http.MethodPatch}, c.Methods)
-	require.Equal(t, idem.DefaultReplayHeaders, c.ReplayHeaders)
-	scope, err := c.Scope(&http.Request{Header: http.Header{"X-Tenant": {"attacker"}}})
+	require.Equal(t, idem.DefaultReplayHeaders(), c.ReplayHeaders)
+	require.Nil(t, c.Scope, "the scope has no default: New refuses a nil Scope")
+	scope, err := idem.SingleTenant(&http.Request{Header: http.Header{"X-Tenant": {"attacker"}}})
 	require.NoError(t, err)
-	require.Equal(t, "global", scope, "the default scope never reads a client header")
+	require.Equal(t, idem.SingleTenantScope, scope, "the single-tenant scope never reads a client header")
+
+	// A short Retention bounds the default MaxExecution, so that every
+	// recorded outcome is replayed (CONTRACT section 9).
+	short := idem.Config{LeaseDuration: time.Second, Retention: 2 * time.Second}.WithDefaults()
+	require.Equal(t, time.Second, short.MaxExecution)
+}
+
+// Regression: DefaultMethods and DefaultReplayHeaders were package
+// variables that every Config shared: one Config's edit changed all others.
+func TestDefaultListsAreCopies(t *testing.T) {
+	t.Parallel()
+	a, b := idem.Config{}.WithDefaults(), idem.Config{}.WithDefaults()
+	a.Methods[0], a.ReplayHeaders[0] = "DELETE", "X-Mine"
+	require.Equal(t, http.MethodPost, b.Methods[0])
+	require.Equal(t, "Content-Type", b.ReplayHeaders[0])
+	require.Equal(t, http.MethodPost, idem.DefaultMethods()[0])
+	require.Equal(t, "Content-Type", idem.DefaultReplayHeaders()[0])
 }
 
 func TestNewValidates(t *testing.T) {
-	_, err := idem.New(idem.Config{})
+	t.Parallel()
+	_, err := idem.New(idem.Config{Scope: idem.SingleTenant})
 	require.ErrorContains(t, err, "Store is required")
 
-	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	for name, cfg := range map[string]idem.Config{
-		"lease below 1s":         {Store: d, LeaseDuration: 500 * time.Millisecond},
-		"retention below lease":  {Store: d, LeaseDuration: time.Minute, Retention: time.Second},
-		"negative request limit": {Store: d, MaxRequestBytes: -1},
-		"negative store retry":   {Store: d, StoreRetryAfter: -time.Second},
-		"execution below lease":  {Store: d, MaxExecution: time.Second},
-	} {
-		_, err := idem.New(cfg)
-		require.Error(t, err, name)
-	}
+	d := openSQLite(t)
+	// Regression: a nil Scope put every request in one "global" scope, so a
+	// multi-tenant API that forgot it replayed one tenant's response to
+	// another.
 	_, err = idem.New(idem.Config{Store: d})
+	require.ErrorContains(t, err, "Scope is required")
+
+	for name, tc := range map[string]struct {
+		cfg  idem.Config
+		want string
+	}{
+		"lease below 1s":         {idem.Config{LeaseDuration: 500 * time.Millisecond}, "LeaseDuration"},
+		"retention below lease":  {idem.Config{LeaseDuration: time.Minute, Retention: time.Second}, "Retention"},
+		"negative request limit": {idem.Config{MaxRequestBytes: -1}, "MaxRequestBytes"},
+		"negative store retry":   {idem.Config{StoreRetryAfter: -time.Second}, "StoreRetryAfter"},
+		"negative in-flight":     {idem.Config{InFlightRetryAfter: -time.Second}, "InFlightRetryAfter"},
+		"execution below lease":  {idem.Config{MaxExecution: time.Second}, "MaxExecution"},
+		// Regression (lease 1 s, Retention 2 s, a 3 s handler): New accepted
+		// a Retention shorter than an execution may last, and the retry
+		// after the completion found the record expired and ran again.
+		"retention below execution": {idem.Config{LeaseDuration: time.Second, Retention: 2 * time.Second, MaxExecution: 10 * time.Minute},
+			"shorter than MaxExecution"},
+	} {
+		tc.cfg.Store, tc.cfg.Scope = d, idem.SingleTenant
+		_, err := idem.New(tc.cfg)
+		require.ErrorContains(t, err, tc.want, name)
+	}
+	_, err = idem.New(idem.Config{Scope: idem.SingleTenant, Store: d})
 	require.NoError(t, err)
+	_, err = idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, LeaseDuration: time.Second, Retention: 2 * time.Second})
+	require.NoError(t, err, "the default MaxExecution fits a short Retention")
 }
 
 func TestProblemFor(t *testing.T) {
+	t.Parallel()
 	p := idem.ProblemFor(idem.ErrInFlight, "busy")
 	require.Equal(t, idem.ProblemTypeBase+"request-in-flight", p.Type)
 	require.Equal(t, 409, p.Status)
@@ -78,92 +117,119 @@ func TestProblemFor(t *testing.T) {
 	require.True(t, strings.HasSuffix(rec.Body.String(), "}\n"), "one newline at the end")
 }
 
-// Regression: a scope longer than the drivers' column was answered 503
-// store-unavailable (an invitation to retry what can never succeed).
-func TestScopeTooLong(t *testing.T) {
-	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.Migrate(t.Context()))
-	mw, err := idem.New(idem.Config{Store: d, Logger: slog.New(slog.DiscardHandler),
-		Scope: func(*http.Request) (string, error) { return strings.Repeat("s", idem.MaxScopeLength+1), nil }})
-	require.NoError(t, err)
-	ran := false
-	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
-	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
-	req.Header.Set(idem.HeaderKey, "k")
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	require.Equal(t, http.StatusInternalServerError, rec.Code)
+// Regression: ProblemFor promised errors.Is matching but looked the error
+// up in a map, so a wrapped sentinel became a 500.
+func TestProblemForWrappedSentinel(t *testing.T) {
+	t.Parallel()
+	p := idem.ProblemFor(fmt.Errorf("while answering: %w", idem.ErrInFlight), "busy")
+	require.Equal(t, 409, p.Status)
+	require.Equal(t, idem.ProblemTypeBase+"request-in-flight", p.Type)
+	store := idem.ProblemFor(&idem.StoreError{Op: "claim", Err: context.DeadlineExceeded}, "x")
+	require.Equal(t, 503, store.Status)
+	require.Equal(t, idem.ProblemTypeBase+"store-unavailable", store.Type)
+	require.Equal(t, 500, idem.ProblemFor(fmt.Errorf("other"), "x").Status)
+}
+
+// requireKind checks that rec is a problem details answer of the kind slug.
+func requireKind(t *testing.T, rec *httptest.ResponseRecorder, status int, slug string) {
+	t.Helper()
+	require.Equal(t, status, rec.Code, rec.Body.String())
 	require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
-	require.False(t, ran)
+	require.Contains(t, rec.Body.String(), `"type":"`+idem.ProblemTypeBase+slug+`"`)
+}
+
+// Regression: a scope longer than the drivers' column was answered 503
+// store-unavailable (an invitation to retry what can never succeed). And
+// (CONTRACT section 8) a scope no store can hold (not UTF-8, a NUL byte) is
+// a server fault answered 500 once, not a 503 from the store.
+func TestScopeUnstorable(t *testing.T) {
+	t.Parallel()
+	for name, scope := range map[string]string{
+		"too long":    strings.Repeat("s", idem.MaxScopeLength+1),
+		"invalid utf": "acct\xff",
+		"nul":         "acct\x00",
+	} {
+		mw := newMiddleware(t, idem.Config{Scope: func(*http.Request) (string, error) { return scope, nil }})
+		ran := false
+		h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
+		requireKind(t, send(h, "POST", "/x", "k", "{}"), http.StatusInternalServerError, "scope-unstorable")
+		require.False(t, ran, name)
+	}
 }
 
 // A path longer than MaxPathLength is the client's mistake: 414, before any
 // claim. Regression: on MySQL the driver refused it as a store error, a 503
 // that idemclient retried eight times.
 func TestPathTooLong(t *testing.T) {
-	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.Migrate(t.Context()))
-	mw, err := idem.New(idem.Config{Store: d})
-	require.NoError(t, err)
+	t.Parallel()
 	runs := 0
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { runs++; w.WriteHeader(201) }))
-	send := func(path string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest("POST", path, strings.NewReader("{}"))
-		req.Header.Set(idem.HeaderKey, "k-"+strconv.Itoa(len(path)))
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
+	h := newMiddleware(t, idem.Config{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { runs++; w.WriteHeader(201) }))
+	at := func(path string) *httptest.ResponseRecorder {
+		return send(h, "POST", path, "k-"+strconv.Itoa(len(path)), "{}")
 	}
-	long := send("/" + strings.Repeat("p", idem.MaxPathLength))
-	require.Equal(t, http.StatusRequestURITooLong, long.Code)
-	require.Equal(t, "application/problem+json", long.Header().Get("Content-Type"))
+	requireKind(t, at("/"+strings.Repeat("p", idem.MaxPathLength)), http.StatusRequestURITooLong, "path-too-long")
 	require.Zero(t, runs)
-	require.Equal(t, http.StatusCreated, send("/"+strings.Repeat("p", idem.MaxPathLength-1)).Code)
+	require.Equal(t, http.StatusCreated, at("/"+strings.Repeat("p", idem.MaxPathLength-1)).Code)
+}
+
+// failingBody fails after its first bytes, as a client that stops sending.
+type failingBody struct{ sent bool }
+
+func (b *failingBody) Read(p []byte) (int, error) {
+	if b.sent {
+		return 0, fmt.Errorf("connection reset by peer")
+	}
+	b.sent = true
+	return copy(p, `{"amount":`), nil
+}
+
+func (b *failingBody) Close() error { return nil }
+
+// A body that cannot be read to its end is answered 400 body-unreadable,
+// through the kind table, without claiming the key.
+func TestBodyUnreadable(t *testing.T) {
+	t.Parallel()
+	d := openSQLite(t)
+	runs := 0
+	h := newMiddleware(t, idem.Config{Store: d}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { runs++; w.WriteHeader(201) }))
+	rec := send(h, "POST", "/x", "k", "", func(r *http.Request) { r.Body = &failingBody{} })
+	requireKind(t, rec, http.StatusBadRequest, "body-unreadable")
+	require.NotContains(t, rec.Body.String(), "connection reset", "the detail does not leak the transport's error")
+	require.Zero(t, runs)
+	require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "k", "{}").Code, "nothing was claimed")
 }
 
 // An empty scope is no scope: 401 missing-scope, the handler not run.
 // Regression: a Scope function that read "" for an unauthenticated request
 // put every such request in one shared scope, where strangers' keys met.
 func TestEmptyScopeIsMissing(t *testing.T) {
-	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.Migrate(t.Context()))
-	mw, err := idem.New(idem.Config{Store: d,
-		Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }})
-	require.NoError(t, err)
+	t.Parallel()
+	mw := newMiddleware(t, idem.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }})
 	runs := 0
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { runs++; w.WriteHeader(201) }))
-	send := func(account string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
-		req.Header.Set(idem.HeaderKey, "k")
-		if account != "" {
-			req.Header.Set("X-Account", account)
-		}
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
+	as := func(account string) *httptest.ResponseRecorder {
+		return send(h, "POST", "/x", "k", "{}", func(r *http.Request) {
+			if account != "" {
+				r.Header.Set("X-Account", account)
+			}
+		})
 	}
-	rec := send("")
+	rec := as("")
 	require.Equal(t, http.StatusUnauthorized, rec.Code)
 	require.Contains(t, rec.Body.String(), idem.ProblemTypeBase+"missing-scope")
 	require.Zero(t, runs)
-	require.Equal(t, http.StatusCreated, send("acct_1").Code)
+	require.Equal(t, http.StatusCreated, as("acct_1").Code)
 	require.Equal(t, 1, runs)
 }
 
 // Regression: a heartbeat that could not reach the store for a whole lease
 // answered 409 "another request took its key over" although nobody had.
 func TestStoreLostDuringHandler(t *testing.T) {
+	t.Parallel()
 	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
 	require.NoError(t, err)
 	require.NoError(t, d.Migrate(t.Context()))
-	mw, err := idem.New(idem.Config{Store: d, LeaseDuration: time.Second, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	mw := newMiddleware(t, idem.Config{Store: d, LeaseDuration: time.Second})
 	started := make(chan struct{})
 	var cause error
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -171,11 +237,9 @@ func TestStoreLostDuringHandler(t *testing.T) {
 		<-r.Context().Done() // cancelled once the lease could not be renewed
 		cause = context.Cause(r.Context())
 	}))
-	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
-	req.Header.Set(idem.HeaderKey, "k")
-	rec := httptest.NewRecorder()
+	var rec *httptest.ResponseRecorder
 	done := make(chan struct{})
-	go func() { defer close(done); h.ServeHTTP(rec, req) }()
+	go func() { defer close(done); rec = send(h, "POST", "/x", "k", "{}") }()
 	<-started
 	require.NoError(t, d.Close()) // the store goes away mid-handler
 	<-done
@@ -188,6 +252,7 @@ func TestStoreLostDuringHandler(t *testing.T) {
 // Regression: a claim that waited on a lock held elsewhere hung the request
 // for as long as the lock was held.
 func TestClaimTimeout(t *testing.T) {
+	t.Parallel()
 	path := dbtest.SQLitePath(t)
 	d, err := idemsqlite.Open(t.Context(), path)
 	require.NoError(t, err)
@@ -201,14 +266,10 @@ func TestClaimTimeout(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback() })
 
-	mw, err := idem.New(idem.Config{Store: d, ClaimTimeout: 200 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	mw := newMiddleware(t, idem.Config{Store: d, ClaimTimeout: 200 * time.Millisecond})
 	ran := false
 	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
-	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
-	req.Header.Set(idem.HeaderKey, "k")
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
+	rec := send(h, "POST", "/x", "k", "{}")
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
 	require.False(t, ran)
 }

@@ -39,7 +39,8 @@
 // A protected request (POST or PATCH by default) carries its key as an RFC
 // 8941 sf-string ("abc") or bare (abc): 1 to 255 visible ASCII characters,
 // sent once. The Scope function names who owns the key (a tenant, an
-// account), so keys of different scopes never meet. The body, at most
+// account), so keys of different scopes never meet. It is required: an API
+// with one owner of every key says so with SingleTenant. The body, at most
 // MaxRequestBytes, is hashed into a SHA-256 fingerprint together with the
 // method, the path, the canonical query and the media type; JSON is
 // canonicalized first (RFC 8785), so key order and whitespace do not matter.
@@ -57,15 +58,18 @@
 //
 // PROCESSING under a live lease: another worker owns the key. The answer is
 // 409 with the problem type request-in-flight and Retry-After set to the
-// whole seconds left on the lease. The handler does not run.
+// in-flight delay (Config.InFlightRetryAfter, 1 s by default), never more
+// than the lease left. The handler does not run.
 //
 // PROCESSING past its lease: the owner died or stalled. The claim takes the
 // record over with the next fencing token and a new lease, and the handler
 // runs again. Downstream calls should carry a key derived from the scope and
 // key (CONTRACT section 7) so that the provider recognizes the re-execution.
 //
-// SUCCEEDED: the stored response (status, allow-listed headers, body) is
-// replayed byte for byte with Idempotent-Replayed: true.
+// SUCCEEDED: the stored response (status, allow-listed headers and
+// trailers, body) is replayed byte for byte with Idempotent-Replayed: true.
+// A SUCCEEDED record without its response (damaged) answers 500
+// response-missing.
 //
 // FAILED: the last run ended with a retryable outcome (5xx, 408, 425, 429, a
 // panic); the claim takes the record again and the handler runs.
@@ -86,18 +90,30 @@
 // ErrLeaseLost (the caller gets 409); when no renewal reaches the store for
 // a whole lease, with a *StoreError (the caller gets 503). On a
 // single-writer store (SQLite) the lease is not renewed while the handler's
-// business transaction holds the write lock: nobody can claim meanwhile. The handler's context is detached from the client's: a
-// client that hangs up does not stop the work or its recording.
+// business transaction holds the write lock: nobody can claim meanwhile.
+// The handler's context is detached from the client's: a client that hangs
+// up does not stop the work or its recording.
 //
 // # Outcomes and transactions
 //
 // The response is held until the outcome is recorded, so no caller sees a
 // success that was not recorded. By DefaultOutcome, 2xx and 4xx other than
 // 408, 425 and 429 are SUCCEEDED and replayed; the rest are FAILED and run
-// again. A handler that writes through the claim's transaction
-// (idempgx.Tx, idemsqlite.Tx, idemmysql.Tx) gets its writes and the
-// completion committed together; when the completion is fenced out, both
-// roll back and the caller gets 409.
+// again. A handler that calls ReleaseKey (a validation failure, before any
+// side effect), or an Outcome policy that says Released
+// (ReleaseValidationFailures), records nothing: the record is removed and
+// the corrected request runs. A handler that writes through the claim's
+// transaction (idempgx.Tx, idemsqlite.Tx, idemmysql.Tx) gets its writes and
+// the completion committed together; when the completion is fenced out,
+// both roll back and the caller gets 409. When a statement of the handler
+// aborted the transaction (PostgreSQL), its writes are gone: an error the
+// handler answered is recorded on its own, and a 2xx is answered 500
+// transaction-aborted and recorded FAILED.
+//
+// An outcome is recorded only while its execution's lease is live, at most
+// MaxExecution + LeaseDuration after the claim, and New refuses a Retention
+// shorter than that: a completed execution is always replayed, however long
+// its handler ran.
 //
 // # Errors
 //

@@ -31,7 +31,7 @@ func ExampleMaintainer() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	mw, _ := idem.New(idem.Config{Store: store}) // Retention: 24 h
+	mw, _ := idem.New(idem.Config{Scope: idem.SingleTenant, Store: store}) // Retention: 24 h
 	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 	})))

@@ -77,21 +77,12 @@ func Example() {
 // transaction; idem writes the outcome in the same transaction and commits
 // both together.
 func Example_transactional() {
-	dir, _ := os.MkdirTemp("", "idem-example")
-	defer os.RemoveAll(dir)
-	ctx := context.Background()
-	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
+	store, done := exampleStore()
+	defer done()
 	if _, err := store.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{Store: store})
+	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: store})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -125,4 +116,50 @@ func Example_transactional() {
 	// 201 replayed="" {"payment":1}
 	// 201 replayed="true" {"payment":1}
 	// payments: 1
+}
+
+// A validation failure need not burn the key: the handler releases it, so
+// nothing is recorded and the corrected request with the same key runs.
+// (By default a 4xx is an outcome, replayed to every retry.)
+func ExampleReleaseKey() {
+	store, done := exampleStore()
+	defer done()
+	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
+	if err != nil {
+		log.Fatal(err)
+	}
+	pay := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.Contains(r.URL.RawQuery, "currency=") { // validate before any side effect
+			_ = idem.ReleaseKey(r.Context())
+			http.Error(w, "currency is required", http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, `{"id":"pay_1"}`)
+	})
+	srv := httptest.NewServer(mw.Handler(pay))
+	defer srv.Close()
+
+	post(srv.URL, "order-7", `{"amount":1000}`)
+	post(srv.URL+"?currency=JPY", "order-7", `{"amount":1000}`) // corrected, same key
+	post(srv.URL+"?currency=JPY", "order-7", `{"amount":1000}`)
+	// Output:
+	// 400 replayed="" currency is required
+	// 201 replayed="" {"id":"pay_1"}
+	// 201 replayed="true" {"id":"pay_1"}
+}
+
+// exampleStore opens a migrated SQLite store in a new temporary directory;
+// the returned function closes it and removes the directory.
+func exampleStore() (*idemsqlite.Driver, func()) {
+	dir, _ := os.MkdirTemp("", "idem-example")
+	ctx := context.Background()
+	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	return store, func() { store.Close(); os.RemoveAll(dir) }
 }

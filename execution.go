@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/execctx"
 )
 
 // Execution describes the claim a protected handler runs under. Get it with
@@ -41,6 +42,31 @@ func ExecutionFromContext(ctx context.Context) (Execution, bool) {
 	return e.info, true
 }
 
+// ReleaseKey asks that the protected execution running under ctx not be
+// recorded: when the handler returns, its record is removed (a fenced
+// Driver.Release) instead of completed, its answer reaches the caller as
+// written, and the next request with the key runs as a new one, whatever
+// its payload. Call it on a validation path, before any side effect: a
+// request the client will correct must not burn the key (Stripe saves no
+// result when parameters fail validation), and a key released after a side
+// effect lets the corrected request run it again under a new relayed key.
+// In transactional mode the business writes are rolled back. It returns
+// idemdriver.ErrNoExecution outside a protected handler and
+// ErrExecutionEnded after the handler returned.
+func ReleaseKey(ctx context.Context) error {
+	e, ok := ctx.Value(executionKey{}).(*execution)
+	if !ok {
+		return idemdriver.ErrNoExecution
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ended {
+		return ErrExecutionEnded
+	}
+	e.releaseAsked = true
+	return nil
+}
+
 // ErrExecutionEnded is returned by the drivers' Tx functions when a handler
 // asks for the business transaction after its execution ended (from a
 // goroutine that outlived the handler, for example).
@@ -56,9 +82,10 @@ type execution struct {
 	cancel context.CancelCauseFunc
 	parent context.Context // the request's context, for detached completion
 
-	mu    sync.Mutex
-	tx    idemdriver.Tx
-	ended bool
+	mu           sync.Mutex
+	tx           idemdriver.Tx
+	ended        bool
+	releaseAsked bool // ReleaseKey was called
 }
 
 func newExecution(m *Middleware, parent context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) *execution {
@@ -73,12 +100,13 @@ func newExecution(m *Middleware, parent context.Context, rec idemdriver.Record, 
 	// lease does (CONTRACT section 4).
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	ctx = context.WithValue(ctx, executionKey{}, e)
-	e.ctx, e.cancel = idemdriver.WithTxSource(ctx, e), cancel
+	e.ctx, e.cancel = execctx.With(ctx, e), cancel
 	return e
 }
 
-// Tx implements idemdriver.TxSource: the business transaction begins on
-// first use, on the execution's context (so a lost lease aborts it).
+// Tx hands idemdriver.TxFromContext (and so the drivers' Tx functions) the
+// claim's business transaction, begun on first use on the execution's
+// context (so a lost lease aborts it).
 func (e *execution) Tx(context.Context) (idemdriver.Tx, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -149,32 +177,38 @@ func (e *execution) durable(f func(context.Context) (bool, error)) (bool, error)
 // used one (committing both together), else in one statement. It reports
 // false when the execution was fenced out. The statement that commits the
 // outcome is never cancelled (see durable).
+//
+// A business transaction that had aborted (idemdriver.ErrTxAborted: a
+// statement of the handler failed) is rolled back and the response is
+// recorded on its own, since the business writes are gone either way; but
+// a 2xx is a success whose writes never happened: complete then records
+// nothing and returns ErrTxAborted.
 func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
 	p := idemdriver.CompleteParams{FenceParams: e.fence, Response: resp}
 	tx := e.endTx()
 	if tx == nil {
-		ok, err := e.durable(func(ctx context.Context) (bool, error) { return e.m.cfg.Store.Complete(ctx, p) })
-		if err != nil {
-			return false, &StoreError{Op: "complete", Err: err}
-		}
-		return ok, nil
+		return e.completeAlone(p)
 	}
 	ok, err := tx.Complete(ctx, p)
-	if errors.Is(err, idemdriver.ErrTxDone) {
+	switch {
+	case errors.Is(err, idemdriver.ErrTxDone):
 		// The handler ended the transaction itself, against the contract:
 		// its writes are committed (or gone) already. Record the outcome on
 		// its own, so the next request replays instead of running again.
 		e.m.cfg.Logger.Error("idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
 			"scope", e.fence.Scope, "key", e.fence.Key)
-		ok, err = e.durable(func(ctx context.Context) (bool, error) { return e.m.cfg.Store.Complete(ctx, p) })
-		if err != nil {
-			return false, &StoreError{Op: "complete", Err: err}
+		return e.completeAlone(p)
+	case errors.Is(err, idemdriver.ErrTxAborted):
+		if rerr := tx.Rollback(ctx); rerr != nil {
+			e.m.cfg.Logger.Warn("idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", rerr)
 		}
-		return ok, nil
-	}
-	if err != nil || !ok {
+		if resp.Status >= 200 && resp.Status < 300 {
+			return false, ErrTxAborted
+		}
+		return e.completeAlone(p)
+	case err != nil || !ok:
 		_ = tx.Rollback(ctx)
 		if err != nil {
 			return false, &StoreError{Op: "complete", Err: err}
@@ -185,6 +219,16 @@ func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 		return false, &StoreError{Op: "commit", Err: err}
 	}
 	return true, nil
+}
+
+// completeAlone records SUCCEEDED in one statement of its own, never
+// cancelled (see durable).
+func (e *execution) completeAlone(p idemdriver.CompleteParams) (bool, error) {
+	ok, err := e.durable(func(ctx context.Context) (bool, error) { return e.m.cfg.Store.Complete(ctx, p) })
+	if err != nil {
+		return false, &StoreError{Op: "complete", Err: err}
+	}
+	return ok, nil
 }
 
 // rollback aborts the business transaction, if one was begun.
@@ -232,6 +276,25 @@ func (e *execution) takenOver() bool {
 	return err == nil && (rec.FencingToken != e.fence.FencingToken || !rec.CreatedAt.Equal(e.fence.CreatedAt))
 }
 
+// released reports whether the handler called ReleaseKey.
+func (e *execution) released() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.releaseAsked
+}
+
+// release removes the execution's record (fenced), and reports whether this
+// execution still owned it.
+func (e *execution) release() (bool, error) {
+	ctx, cancel := e.detached()
+	defer cancel()
+	owned, err := e.m.cfg.Store.Release(ctx, e.fence)
+	if err != nil {
+		return false, &StoreError{Op: "release", Err: err}
+	}
+	return owned, nil
+}
+
 // txBegun reports whether the handler began the business transaction.
 func (e *execution) txBegun() bool {
 	e.mu.Lock()
@@ -250,6 +313,10 @@ type heartbeat struct {
 	stopc  chan struct{}
 	done   chan struct{}
 	cancel context.CancelFunc // ends an in-flight renewal at stop
+	lease  time.Duration
+	// lastOK is when the latest successful renewal (or the claim) was sent:
+	// the lease runs at least LeaseDuration from then. Read after stop.
+	lastOK time.Time
 }
 
 // startHeartbeat extends the lease every LeaseDuration/3 while the handler
@@ -257,10 +324,13 @@ type heartbeat struct {
 // context with cause ErrLeaseLost; when no renewal has succeeded for a whole
 // lease (the store unreachable), with a *StoreError (ErrStoreUnavailable);
 // after MaxExecution, with ErrExecutionTimeout, and stops renewing.
-func (e *execution) startHeartbeat() *heartbeat {
+//
+// claimSent is when the claim statement was sent: the first lease runs from
+// no earlier.
+func (e *execution) startHeartbeat(claimSent time.Time) *heartbeat {
 	hbCtx, cancel := context.WithCancel(e.ctx)
-	hb := &heartbeat{stopc: make(chan struct{}), done: make(chan struct{}), cancel: cancel}
 	lease := e.m.cfg.LeaseDuration
+	hb := &heartbeat{stopc: make(chan struct{}), done: make(chan struct{}), cancel: cancel, lease: lease, lastOK: claimSent}
 	sw, ok := e.m.cfg.Store.(idemdriver.SingleWriter)
 	singleWriter := ok && sw.SingleWriter()
 	go func() {
@@ -269,7 +339,6 @@ func (e *execution) startHeartbeat() *heartbeat {
 		defer t.Stop()
 		limit := time.NewTimer(e.m.cfg.MaxExecution)
 		defer limit.Stop()
-		lastOK := time.Now()
 		for {
 			select {
 			case <-hb.stopc:
@@ -295,7 +364,7 @@ func (e *execution) startHeartbeat() *heartbeat {
 				// The business transaction holds the database's only write
 				// lock: no one can claim the key until it ends, and a renewal
 				// would only wait for that lock, behind our own transaction.
-				lastOK = time.Now()
+				hb.lastOK = time.Now()
 				continue
 			}
 			// The lease runs from the database's now, which is no earlier
@@ -311,7 +380,7 @@ func (e *execution) startHeartbeat() *heartbeat {
 			}
 			switch {
 			case err == nil && ok:
-				lastOK = sent
+				hb.lastOK = sent
 			case err == nil && !ok:
 				e.m.cfg.Logger.Warn("idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
 				e.cancel(ErrLeaseLost)
@@ -319,8 +388,8 @@ func (e *execution) startHeartbeat() *heartbeat {
 			case errors.Is(err, idemdriver.ErrBusy):
 				// Queued behind another transaction's write lock (a single
 				// writer): no claim can take the key over while it is held.
-				lastOK = time.Now()
-			case time.Since(lastOK) >= lease:
+				hb.lastOK = time.Now()
+			case time.Since(hb.lastOK) >= lease:
 				e.m.cfg.Logger.Warn("idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 				e.cancel(&StoreError{Op: "heartbeat", Err: err})
 				return
@@ -329,6 +398,10 @@ func (e *execution) startHeartbeat() *heartbeat {
 	}()
 	return hb
 }
+
+// leaseRanOut reports whether the lease may have run out (no renewal for a
+// whole lease) by the time the handler returned. Call it after stop.
+func (hb *heartbeat) leaseRanOut() bool { return time.Since(hb.lastOK) >= hb.lease }
 
 // stop ends the heartbeat: it cancels an in-flight renewal (one waiting for
 // a pooled connection would otherwise hold the response for up to

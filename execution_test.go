@@ -2,7 +2,7 @@ package idem_test
 
 import (
 	"context"
-	"log/slog"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,25 +14,15 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemsqlite"
-	"github.com/idemgo/idem/internal/dbtest"
 )
-
-func openSQLite(t *testing.T) *idemsqlite.Driver {
-	t.Helper()
-	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.Migrate(t.Context()))
-	return d
-}
 
 // Regression: a client that hung up during the claim cancelled a claim the
 // database could already have committed; the key then stayed PROCESSING,
 // run by nobody, for a whole lease.
 func TestClientGoneBeforeClaim(t *testing.T) {
+	t.Parallel()
 	d := openSQLite(t)
-	mw, err := idem.New(idem.Config{Store: d})
-	require.NoError(t, err)
+	mw := newMiddleware(t, idem.Config{Store: d})
 	runs := 0
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
@@ -53,11 +43,11 @@ func TestClientGoneBeforeClaim(t *testing.T) {
 // the handler's own business transaction, so a handler holding its
 // transaction past a renewal tick was answered 503 and rolled back.
 func TestSQLiteRenewalDoesNotWaitForOwnTransaction(t *testing.T) {
+	t.Parallel()
 	d := openSQLite(t)
 	_, err := d.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY)`)
 	require.NoError(t, err)
-	mw, err := idem.New(idem.Config{Store: d, LeaseDuration: time.Second, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	mw := newMiddleware(t, idem.Config{Store: d, LeaseDuration: time.Second})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := idemsqlite.Tx(r.Context())
 		if err == nil {
@@ -84,9 +74,9 @@ func TestSQLiteRenewalDoesNotWaitForOwnTransaction(t *testing.T) {
 
 // A context kept past the handler cannot open the claim's transaction.
 func TestTxAfterExecutionEnded(t *testing.T) {
+	t.Parallel()
 	d := openSQLite(t)
-	mw, err := idem.New(idem.Config{Store: d})
-	require.NoError(t, err)
+	mw := newMiddleware(t, idem.Config{Store: d})
 	var kept context.Context
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		kept = r.Context()
@@ -95,7 +85,7 @@ func TestTxAfterExecutionEnded(t *testing.T) {
 	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
 	req.Header.Set(idem.HeaderKey, "k")
 	h.ServeHTTP(httptest.NewRecorder(), req)
-	_, err = idemsqlite.Tx(kept)
+	_, err := idemsqlite.Tx(kept)
 	require.ErrorIs(t, err, idem.ErrExecutionEnded)
 }
 
@@ -103,10 +93,10 @@ func TestTxAfterExecutionEnded(t *testing.T) {
 // Content-Length are never replayed, whatever the allow-list says; section 2:
 // the protected methods are configurable, the others pass through.
 func TestReplayAllowListAndMethods(t *testing.T) {
+	t.Parallel()
 	d := openSQLite(t)
-	mw, err := idem.New(idem.Config{Store: d, Methods: []string{"PUT"},
+	mw := newMiddleware(t, idem.Config{Store: d, Methods: []string{"PUT"},
 		ReplayHeaders: []string{"Set-Cookie", "Date", "Connection", "X-Order"}})
-	require.NoError(t, err)
 	runs := 0
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
@@ -158,9 +148,9 @@ func (s *blockingHeartbeat) Heartbeat(ctx context.Context, _ idemdriver.FencePar
 // its timeout (LeaseDuration/3). Regression: with a pool exhausted by the
 // business transactions, every response waited for the blocked renewal.
 func TestHandlerEndCancelsRenewal(t *testing.T) {
+	t.Parallel()
 	store := &blockingHeartbeat{Store: openSQLite(t), started: make(chan struct{}, 1), ended: make(chan error, 8)}
-	mw, err := idem.New(idem.Config{Store: store, LeaseDuration: 3 * time.Second, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	mw := newMiddleware(t, idem.Config{Store: store, LeaseDuration: 3 * time.Second})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		<-store.started // a renewal is in flight
 		w.WriteHeader(http.StatusCreated)
@@ -182,10 +172,9 @@ func TestHandlerEndCancelsRenewal(t *testing.T) {
 // lease of a stuck handler for as long as its process lived, and every retry
 // got 409.
 func TestMaxExecution(t *testing.T) {
+	t.Parallel()
 	d := openSQLite(t)
-	mw, err := idem.New(idem.Config{Store: d, LeaseDuration: time.Second, MaxExecution: time.Second,
-		Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	mw := newMiddleware(t, idem.Config{Store: d, LeaseDuration: time.Second, MaxExecution: time.Second})
 	var causes []error
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(causes) == 0 {
@@ -211,4 +200,64 @@ func TestMaxExecution(t *testing.T) {
 	require.Equal(t, idemdriver.StateFailed, rec.State)
 	require.Equal(t, http.StatusCreated, send(), "the retry runs again")
 	require.Len(t, causes, 2)
+}
+
+// Regression: a SUCCEEDED record without its response (damaged by hand, a
+// partial restore) answered 409 request-in-flight to every retry, forever.
+// It answers 500 response-missing, and the handler is not run again.
+func TestSucceededWithoutResponse(t *testing.T) {
+	t.Parallel()
+	d := openSQLite(t)
+	runs := 0
+	h := newMiddleware(t, idem.Config{Store: d}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		runs++
+		w.WriteHeader(http.StatusCreated)
+	}))
+	require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "k", "{}").Code)
+	_, err := d.DB().Exec(`UPDATE idem_keys SET response_status = NULL, response_headers = NULL, response_body = NULL`)
+	require.NoError(t, err)
+	rec, err := d.Get(t.Context(), idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k"})
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.StateSucceeded, rec.State)
+	require.Nil(t, rec.Response, "the record is damaged as the case needs")
+	for range 2 {
+		got := send(h, "POST", "/x", "k", "{}")
+		requireKind(t, got, http.StatusInternalServerError, "response-missing")
+		require.Empty(t, got.Header().Get("Retry-After"))
+	}
+	require.Equal(t, 1, runs)
+}
+
+// ReleaseKey outside a protected execution, or after it ended, is an error
+// the handler can see.
+func TestReleaseKeyOutsideExecution(t *testing.T) {
+	t.Parallel()
+	require.ErrorIs(t, idem.ReleaseKey(context.Background()), idemdriver.ErrNoExecution)
+	var kept context.Context
+	h := newMiddleware(t, idem.Config{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		kept = r.Context()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "k", "{}").Code)
+	require.ErrorIs(t, idem.ReleaseKey(kept), idem.ErrExecutionEnded)
+}
+
+// refusingStore is a real store whose claims the database refuses as
+// unstorable, as PostgreSQL refuses a value its text column cannot hold.
+type refusingStore struct{ idem.Store }
+
+func (refusingStore) Claim(context.Context, idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	return idemdriver.ClaimResult{}, fmt.Errorf("idempgx: claim: %w (SQLSTATE 22021)", idemdriver.ErrUnstorable)
+}
+
+// A value the store refuses (idemdriver.ErrUnstorable) is a server fault
+// answered 500 once, not a 503 store-unavailable that invites retries.
+func TestStoreRefusesScope(t *testing.T) {
+	t.Parallel()
+	ran := false
+	h := newMiddleware(t, idem.Config{Store: refusingStore{openSQLite(t)}}).Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
+	got := send(h, "POST", "/x", "k", "{}")
+	requireKind(t, got, http.StatusInternalServerError, "scope-unstorable")
+	require.Empty(t, got.Header().Get("Retry-After"))
+	require.False(t, ran)
 }

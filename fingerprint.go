@@ -11,8 +11,10 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/gowebpki/jcs"
 )
@@ -26,10 +28,14 @@ import (
 // IEEE 754 doubles (section 3.2.2.3), which would make 9007199254740993 and
 // 9007199254740992 one number: a JSON body with a number whose value is not
 // that of its double's shortest decimal form (0.1 is; 9007199254740993 is
-// not) is hashed as raw bytes instead, so two different amounts never share
-// a fingerprint. A JSON body that does not parse, and every other
-// body, is hashed as raw bytes. Each part is length-prefixed,
-// so no two different requests share an encoding.
+// not) is canonicalized instead with each number as its exact rational
+// value (and marked so, in a part of its own), so two different amounts
+// never share a fingerprint while reordered keys still do. A JSON body that
+// does not parse, that repeats an object key, whose strings hold U+FFFD
+// (invalid UTF-8 or a lone surrogate escape decode to it) or with a number
+// of more than 1000 characters or an exponent beyond ±1000, and every other
+// body, is hashed as raw bytes. Each part is length-prefixed, so no two
+// different requests share an encoding.
 func Fingerprint(r *http.Request, body []byte) []byte {
 	h := sha256.New()
 	part := func(b []byte) {
@@ -46,9 +52,14 @@ func Fingerprint(r *http.Request, body []byte) []byte {
 			mediaType = strings.ToLower(strings.TrimSpace(ct))
 		}
 	}
-	if isJSON(mediaType) && numbersExact(body) {
-		if canon, err := jcs.Transform(body); err == nil {
-			body = canon
+	exactMode := false
+	if isJSON(mediaType) {
+		if numbersExact(body) {
+			if canon, err := jcs.Transform(body); err == nil {
+				body = canon
+			}
+		} else if canon, ok := exactCanonical(body); ok {
+			body, exactMode = canon, true
 		}
 	}
 	part([]byte(r.Method))
@@ -56,6 +67,10 @@ func Fingerprint(r *http.Request, body []byte) []byte {
 	part([]byte(canonicalQuery(r.URL.RawQuery)))
 	part([]byte(mediaType))
 	part(body)
+	if exactMode {
+		// A sixth part: no five-part encoding (RFC 8785 or raw) equals it.
+		part([]byte("exact-numbers"))
+	}
 	return h.Sum(nil)
 }
 
@@ -103,6 +118,133 @@ func numbersExact(body []byte) bool {
 			return false
 		}
 	}
+}
+
+// Bounds of the exact canonical form: a longer number literal, or one with
+// a larger exponent, makes the body hashed raw (big.Rat's work grows with
+// both).
+const (
+	maxExactNumberLen = 1000
+	maxExactExponent  = 1000
+)
+
+// exactCanonical writes a JSON body in a canonical form that keeps numbers
+// exact: object members sorted by key, no whitespace, strings as
+// encoding/json writes them, and every number as '#' and its exact
+// rational value (big.Rat.RatString). It reports false, for a raw hash,
+// when the body is not one JSON value, repeats a key, holds U+FFFD in a
+// string, or has a number beyond the bounds.
+func exactCanonical(body []byte) ([]byte, bool) {
+	if !utf8.Valid(body) {
+		return nil, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var buf bytes.Buffer
+	if !writeExact(dec, &buf) {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, false // trailing data
+	}
+	return buf.Bytes(), true
+}
+
+// writeExact writes the next JSON value of dec to buf (see exactCanonical).
+func writeExact(dec *json.Decoder, buf *bytes.Buffer) bool {
+	tok, err := dec.Token()
+	if err != nil {
+		return false
+	}
+	switch v := tok.(type) {
+	case json.Delim:
+		switch v {
+		case '[':
+			buf.WriteByte('[')
+			for i := 0; dec.More(); i++ {
+				if i > 0 {
+					buf.WriteByte(',')
+				}
+				if !writeExact(dec, buf) {
+					return false
+				}
+			}
+			if end, err := dec.Token(); err != nil || end != json.Delim(']') {
+				return false
+			}
+			buf.WriteByte(']')
+			return true
+		case '{':
+			type member struct{ key, value []byte }
+			var members []member
+			seen := map[string]bool{}
+			for dec.More() {
+				kt, err := dec.Token()
+				key, ok := kt.(string)
+				if err != nil || !ok || seen[key] || strings.ContainsRune(key, utf8.RuneError) {
+					return false
+				}
+				seen[key] = true
+				var value bytes.Buffer
+				if !writeExact(dec, &value) {
+					return false
+				}
+				k, _ := json.Marshal(key)
+				members = append(members, member{k, value.Bytes()})
+			}
+			if end, err := dec.Token(); err != nil || end != json.Delim('}') {
+				return false
+			}
+			slices.SortFunc(members, func(a, b member) int { return bytes.Compare(a.key, b.key) })
+			buf.WriteByte('{')
+			for i, m := range members {
+				if i > 0 {
+					buf.WriteByte(',')
+				}
+				buf.Write(m.key)
+				buf.WriteByte(':')
+				buf.Write(m.value)
+			}
+			buf.WriteByte('}')
+			return true
+		}
+		return false
+	case string:
+		if strings.ContainsRune(v, utf8.RuneError) {
+			return false
+		}
+		b, _ := json.Marshal(v)
+		buf.Write(b)
+	case json.Number:
+		r, ok := exactNumber(string(v))
+		if !ok {
+			return false
+		}
+		buf.WriteByte('#')
+		buf.WriteString(r.RatString())
+	case bool:
+		buf.WriteString(strconv.FormatBool(v))
+	case nil:
+		buf.WriteString("null")
+	default:
+		return false
+	}
+	return true
+}
+
+// exactNumber is the exact value of a JSON number literal within the bounds
+// of the exact canonical form.
+func exactNumber(n string) (*big.Rat, bool) {
+	if len(n) > maxExactNumberLen {
+		return nil, false
+	}
+	if i := strings.IndexAny(n, "eE"); i >= 0 {
+		exp, err := strconv.Atoi(strings.TrimPrefix(n[i+1:], "+"))
+		if err != nil || exp > maxExactExponent || exp < -maxExactExponent {
+			return nil, false
+		}
+	}
+	return new(big.Rat).SetString(n)
 }
 
 // canonicalQuery is the query string with its pairs sorted by key

@@ -19,6 +19,7 @@ func fp(method, target, contentType, body string) []byte {
 }
 
 func TestFingerprint(t *testing.T) {
+	t.Parallel()
 	base := fp("POST", "/v1/payments?a=1&b=2", "application/json", `{"amount":100,"currency":"JPY"}`)
 	require.Len(t, base, 32, "SHA-256")
 

@@ -10,6 +10,7 @@ import (
 )
 
 func TestParseKey(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name    string
 		values  []string

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemgo/idem/idemdriver"
 )
@@ -16,9 +17,10 @@ import (
 // Store is the database seam: a driver such as idempgx.New or idemsqlite.Open.
 type Store = idemdriver.Driver
 
-// Middleware protects handlers with the claim protocol of CONTRACT.md.
-// Create it with New; its Handler method is a func(http.Handler) http.Handler
-// for net/http, chi, gorilla/mux and anything that speaks http.Handler.
+// Middleware protects handlers with the claim protocol of docs/contract.md
+// (CONTRACT sections 2 to 6). Create it with New; its Handler method is a
+// func(http.Handler) http.Handler for net/http, chi, gorilla/mux and anything
+// that speaks http.Handler.
 type Middleware struct {
 	cfg     Config
 	methods map[string]bool
@@ -63,7 +65,10 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 }
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	if !m.methods[r.Method] {
+	// Methods are case-sensitive (RFC 9110 section 9.1), but a handler or
+	// router may match them without regard to case: a "post" must not run a
+	// POST handler unprotected.
+	if !m.methods[strings.ToUpper(r.Method)] {
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -92,12 +97,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		ProblemFor(ErrMissingScope, err.Error()).Write(w)
 		return
 	}
-	if len(scope) > MaxScopeLength {
+	if why := unstorableScope(scope); why != "" {
 		// The server's Scope function is at fault, not the client: a 500
 		// that retries cannot cure, rather than a 503 that invites them.
-		m.cfg.Logger.Error("idem: Scope returned a scope longer than MaxScopeLength", "length", len(scope))
-		Problem{Type: "about:blank", Title: "Internal Server Error", Status: http.StatusInternalServerError,
-			Detail: "the server could not scope this request"}.Write(w)
+		m.cfg.Logger.Error("idem: Scope returned a scope no store can hold", "reason", why, "length", len(scope))
+		ProblemFor(ErrScopeUnstorable, "the server could not scope this request").Write(w)
 		return
 	}
 	path := r.URL.EscapedPath()
@@ -105,8 +109,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// A client mistake every store could not hold (MySQL's column
 		// holds 64 KiB): answered here, not as a store error (a 503 that
 		// invites retries that cannot succeed).
-		Problem{Type: "about:blank", Title: "URI Too Long", Status: http.StatusRequestURITooLong,
-			Detail: fmt.Sprintf("the request path is %d bytes; a protected request's path may have at most %d", len(path), MaxPathLength)}.Write(w)
+		ProblemFor(ErrPathTooLong, fmt.Sprintf("the request path is %d bytes; a protected request's path may have at most %d", len(path), MaxPathLength)).Write(w)
 		return
 	}
 	body, err := readBody(r, m.cfg.MaxRequestBytes)
@@ -116,21 +119,29 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	if err != nil {
 		// The client stopped sending mid-body: nothing was claimed.
-		Problem{Type: "about:blank", Title: "Bad Request", Status: http.StatusBadRequest,
-			Detail: "the request body could not be read: " + err.Error()}.Write(w)
+		ProblemFor(ErrBodyUnreadable, "the request body could not be read to its end; nothing was processed, send the request again with the same key").Write(w)
 		return
 	}
 	params := idemdriver.ClaimParams{
 		Scope: scope, Key: key, Method: r.Method, Path: path,
 		Fingerprint:   m.cfg.Fingerprint(r, body),
 		LeaseDuration: m.cfg.LeaseDuration, Retention: m.cfg.Retention,
+		Owner: m.cfg.Owner,
 	}
 	// Detached from the client: a hang-up must not cancel a claim that the
 	// database may already have committed, which would leave the key
 	// PROCESSING with nobody running it for a whole lease.
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.ClaimTimeout)
+	claimSent := time.Now() // the lease runs from the database's now, no earlier
 	res, err := m.cfg.Store.Claim(claimCtx, params)
 	cancel()
+	if errors.Is(err, idemdriver.ErrUnstorable) {
+		// The scope passed idem's rules but not this database's: a server
+		// fault that every retry would meet again.
+		m.cfg.Logger.Error("idem: the store cannot hold this request's scope", "err", err)
+		ProblemFor(ErrScopeUnstorable, "the server could not scope this request").Write(w)
+		return
+	}
 	if err != nil {
 		m.storeUnavailable(w, &StoreError{Op: "claim", Err: err})
 		return
@@ -140,7 +151,21 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	m.execute(w, r, next, res.Record, params)
+	m.execute(w, r, next, res.Record, params, claimSent)
+}
+
+// unstorableScope says why no store can hold scope (ScopeFunc's rules), or
+// "" when every store can.
+func unstorableScope(scope string) string {
+	switch {
+	case len(scope) > MaxScopeLength:
+		return "longer than MaxScopeLength"
+	case !utf8.ValidString(scope):
+		return "not valid UTF-8"
+	case strings.IndexByte(scope, 0) >= 0:
+		return "contains a NUL byte"
+	}
+	return ""
 }
 
 // readBody reads at most limit bytes of r's body.
@@ -169,13 +194,27 @@ func (m *Middleware) answer(w http.ResponseWriter, rec idemdriver.Record, p idem
 		ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used with a different request body or query; use a new key for a new request", HeaderKey)).Write(w)
 	case rec.State == idemdriver.StateSucceeded && rec.Response != nil:
 		m.replayResponse(w, rec.Response)
+	case rec.State == idemdriver.StateSucceeded:
+		// Damaged by hand or by a partial restore: no retry will ever find
+		// the response, so say so instead of 409 forever.
+		m.cfg.Logger.Error("idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
+		ProblemFor(ErrResponseMissing, "the request with this key succeeded, but its stored response is missing from the idempotency store; "+
+			"it will not run again: ask the operator to release the key, or use a new key only if you know the first request had no effect").Write(w)
 	default:
 		// PROCESSING under a live lease; or a record that changed between the
 		// claim and its answer (the driver retries those): ask to come back.
 		pr := ProblemFor(ErrInFlight, "another request with this key is being processed; retry after the Retry-After delay to get its result")
-		pr.RetryAfter = max(rec.LeaseLeft, time.Second)
+		pr.RetryAfter = m.inFlightRetryAfter(rec.LeaseLeft)
 		pr.Write(w)
 	}
+}
+
+// inFlightRetryAfter is the Retry-After of a 409 request-in-flight: the
+// configured in-flight delay, never beyond what is left of the owner's lease
+// (nor beyond LeaseDuration, which a database clock stepped back could make
+// the lease left exceed), and at least 1 s (CONTRACT section 3).
+func (m *Middleware) inFlightRetryAfter(leaseLeft time.Duration) time.Duration {
+	return max(time.Second, min(m.cfg.InFlightRetryAfter, leaseLeft, m.cfg.LeaseDuration))
 }
 
 // replayResponse sends a stored response byte-exact (CONTRACT section 5).
@@ -188,6 +227,11 @@ func (m *Middleware) replayResponse(w http.ResponseWriter, resp *idemdriver.Resp
 	if !resp.BodyStored {
 		h.Del("Content-Type")
 		h.Del("Content-Encoding")
+		for k := range h {
+			if strings.HasPrefix(k, http.TrailerPrefix) {
+				delete(h, k) // the trailers of a body not replayed
+			}
+		}
 		pr := ProblemFor(ErrResponseNotStored, fmt.Sprintf(
 			"the request with this key succeeded with status %d, but its %d-byte response exceeded the replay limit and was not stored; it will not run again",
 			resp.Status, resp.BodySize))
@@ -224,12 +268,21 @@ func (m *Middleware) storeUnavailable(w http.ResponseWriter, err error) {
 	pr.Write(w)
 }
 
-// storedResponse is what the completion records of a captured response.
+// storedResponse is what the completion records of a captured response:
+// the status, the allow-listed headers and trailers, and the body when it
+// fits MaxResponseBytes.
 func (m *Middleware) storedResponse(c *captureWriter) idemdriver.Response {
 	resp := idemdriver.Response{Status: c.statusCode(), Header: map[string][]string{}, BodySize: int64(c.body.Len())}
 	for k, v := range c.sentHeader() {
 		if m.replay[http.CanonicalHeaderKey(k)] {
 			resp.Header[http.CanonicalHeaderKey(k)] = append([]string(nil), v...)
+		}
+	}
+	// Trailers are kept under their http.TrailerPrefix key, allow-listed
+	// by name like headers, and replayed as trailers.
+	for name, v := range c.trailers() {
+		if m.replay[name] {
+			resp.Header[http.TrailerPrefix+name] = append([]string(nil), v...)
 		}
 	}
 	if resp.BodySize <= m.cfg.MaxResponseBytes {
@@ -239,10 +292,10 @@ func (m *Middleware) storedResponse(c *captureWriter) idemdriver.Response {
 }
 
 // execute runs next as the owner of a claim and records its outcome.
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, rec idemdriver.Record, p idemdriver.ClaimParams) {
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, rec idemdriver.Record, p idemdriver.ClaimParams, claimSent time.Time) {
 	e := newExecution(m, r.Context(), rec, p)
 	defer e.cancel(nil)
-	hb := e.startHeartbeat()
+	hb := e.startHeartbeat(claimSent)
 
 	cw := newCaptureWriter(w)
 	panicked, recovered := runHandler(next, cw, r.WithContext(e.ctx))
@@ -253,10 +306,11 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	// Past MaxExecution a handler that used the claim's transaction cannot
 	// be recorded as it answered: its context was cancelled, and
 	// database/sql rolls a transaction back when the context it began on
-	// ends (MySQL, SQLite), so its writes may be gone. Roll back and record
-	// FAILED everywhere, so the retry runs again. Without a transaction its
-	// answer is recorded as usual.
-	timedOut := errors.Is(cause, ErrExecutionTimeout) && e.txBegun()
+	// ends (MySQL, SQLite), so its writes may be gone. Nor can a handler
+	// that returned after its lease ran out: its record may expire before
+	// anyone replays it (Config.Retention). Roll back and record FAILED
+	// everywhere, so the retry runs again under the same relayed key.
+	timedOut := errors.Is(cause, ErrExecutionTimeout) && (e.txBegun() || hb.leaseRanOut())
 	if panicked {
 		e.rollback()
 		if !lost && !unreachable {
@@ -275,8 +329,8 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			m.leaseLost(w)
 			return
 		}
-		m.outcomeUnknown(w, cause, fmt.Sprintf("the request ran past its time limit (%s) and its writes were rolled back; "+
-			"retry with the same key: the request runs again", m.cfg.MaxExecution))
+		m.outcomeUnknown(w, cause, fmt.Sprintf("the request ran past its time limit (%s) and its result was not recorded "+
+			"(in transactional mode its writes were rolled back); retry with the same key: the request runs again", m.cfg.MaxExecution))
 		return
 	case unreachable:
 		// The lease could not be renewed: the outcome cannot be recorded as
@@ -286,7 +340,30 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			"retry with the same key: once the store answers and the lease (%s) runs out, the request runs again", m.cfg.LeaseDuration))
 		return
 	}
-	if m.cfg.Outcome(cw.statusCode()) == Failed {
+	outcome := m.cfg.Outcome(cw.statusCode())
+	if e.released() {
+		outcome = Released
+	}
+	switch outcome {
+	case Released:
+		e.rollback()
+		owned, err := e.release()
+		switch {
+		case err != nil:
+			// The key could not be released: a corrected request would
+			// meet key-reused. Mark it FAILED if the store answers, so the
+			// same request runs again at once, and say so rather than send
+			// an answer whose key stays burned.
+			e.fail()
+			m.outcomeUnknown(w, err, fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
+				"retry the same request with the same key", cw.statusCode()))
+		case !owned:
+			m.leaseLost(w)
+		default:
+			cw.send()
+		}
+		return
+	case Failed:
 		e.rollback()
 		if !e.fail() {
 			m.leaseLost(w) // another worker owns the key now: its answer counts
@@ -297,6 +374,16 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	}
 	ok, err := e.complete(m.storedResponse(cw))
 	switch {
+	case errors.Is(err, ErrTxAborted):
+		m.cfg.Logger.Error("idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
+			"its writes are gone: answer an error when a statement fails", "scope", p.Scope, "key", p.Key, "status", cw.statusCode())
+		e.rollback()
+		if !e.fail() {
+			m.leaseLost(w)
+			return
+		}
+		ProblemFor(ErrTxAborted, fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
+			"(the server answered %d regardless); retry with the same key: the request runs again", cw.statusCode())).Write(w)
 	case err != nil:
 		// The completion (or the COMMIT that carries it) failed, perhaps
 		// after it took effect. Fail is fenced on a PROCESSING record under

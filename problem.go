@@ -3,6 +3,7 @@ package idem
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -28,29 +29,42 @@ type Problem struct {
 	Extra map[string]any `json:"-"`
 }
 
-// problem kinds: one type URI each, documented in docs/problems.md.
-var problemKinds = map[error]struct {
+// problemKind is one row of the kind table: a sentinel and its answer.
+type problemKind struct {
+	err    error
 	slug   string
 	title  string
 	status int
-}{
-	ErrMissingKey:        {"missing-key", "Idempotency-Key header required", http.StatusBadRequest},
-	ErrInvalidKey:        {"invalid-key", "Invalid Idempotency-Key header", http.StatusBadRequest},
-	ErrMissingScope:      {"missing-scope", "No scope for this request", http.StatusUnauthorized},
-	ErrRequestTooLarge:   {"request-too-large", "Request body too large", http.StatusRequestEntityTooLarge},
-	ErrKeyReused:         {"key-reused", "Idempotency-Key reused with a different request", http.StatusUnprocessableEntity},
-	ErrInFlight:          {"request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict},
-	ErrLeaseLost:         {"request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict},
-	ErrResponseNotStored: {"response-not-stored", "The response for this Idempotency-Key was not stored", http.StatusGone},
-	ErrStoreUnavailable:  {"store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable},
 }
 
-// ProblemFor returns the problem details for one of idem's sentinel errors
-// (matched with errors.Is semantics on the sentinel itself) with detail as
-// its detail member. It returns a 500 problem for any other error.
+// problemKinds is the kind table: one type URI each, documented in
+// docs/problems.md. Every answer idem makes itself goes through it.
+var problemKinds = []problemKind{
+	{ErrMissingKey, "missing-key", "Idempotency-Key header required", http.StatusBadRequest},
+	{ErrInvalidKey, "invalid-key", "Invalid Idempotency-Key header", http.StatusBadRequest},
+	{ErrMissingScope, "missing-scope", "No scope for this request", http.StatusUnauthorized},
+	{ErrScopeUnstorable, "scope-unstorable", "The server could not scope this request", http.StatusInternalServerError},
+	{ErrPathTooLong, "path-too-long", "Request path too long", http.StatusRequestURITooLong},
+	{ErrRequestTooLarge, "request-too-large", "Request body too large", http.StatusRequestEntityTooLarge},
+	{ErrBodyUnreadable, "body-unreadable", "Request body could not be read", http.StatusBadRequest},
+	{ErrKeyReused, "key-reused", "Idempotency-Key reused with a different request", http.StatusUnprocessableEntity},
+	{ErrInFlight, "request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict},
+	{ErrLeaseLost, "request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict},
+	{ErrResponseNotStored, "response-not-stored", "The response for this Idempotency-Key was not stored", http.StatusGone},
+	{ErrResponseMissing, "response-missing", "The response for this Idempotency-Key is missing from the store", http.StatusInternalServerError},
+	{ErrTxAborted, "transaction-aborted", "The request's transaction aborted", http.StatusInternalServerError},
+	{ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable},
+}
+
+// ProblemFor returns the problem details for an error of one of idem's
+// kinds, matched with errors.Is (so a wrapped sentinel, or a *StoreError,
+// finds its kind), with detail as its detail member. It returns a 500
+// problem of type about:blank for any other error, nil included.
 func ProblemFor(kind error, detail string) Problem {
-	if k, ok := problemKinds[kind]; ok {
-		return Problem{Type: ProblemTypeBase + k.slug, Title: k.title, Status: k.status, Detail: detail}
+	for _, k := range problemKinds {
+		if kind != nil && errors.Is(kind, k.err) {
+			return Problem{Type: ProblemTypeBase + k.slug, Title: k.title, Status: k.status, Detail: detail}
+		}
 	}
 	return Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError), Status: http.StatusInternalServerError, Detail: detail}
 }
@@ -83,11 +97,12 @@ func (p Problem) Write(w http.ResponseWriter) {
 	_, _ = w.Write(buf.Bytes()) // Encode ends it with a newline
 }
 
-// retryAfterSeconds rounds d up to whole seconds, at least 1.
+// retryAfterSeconds rounds d up to whole seconds, at least 1 (without
+// overflowing near the largest Duration).
 func retryAfterSeconds(d time.Duration) int64 {
-	s := int64((d + time.Second - 1) / time.Second)
-	if s < 1 {
-		s = 1
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++
 	}
-	return s
+	return max(s, 1)
 }

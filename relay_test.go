@@ -13,11 +13,10 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/idemsqlite"
-	"github.com/idemgo/idem/internal/dbtest"
 )
 
 func TestDeriveKey(t *testing.T) {
+	t.Parallel()
 	created := time.Date(2026, 11, 30, 9, 0, 0, 123456000, time.UTC)
 	k := idem.DeriveKey(nil, "acme", "order-1", created, "charge")
 	require.Regexp(t, `^idr1_[0-9a-f]{64}$`, k)
@@ -38,6 +37,7 @@ func TestDeriveKey(t *testing.T) {
 }
 
 func TestRelayTransport(t *testing.T) {
+	t.Parallel()
 	var (
 		mu   sync.Mutex
 		seen []string
@@ -51,13 +51,9 @@ func TestRelayTransport(t *testing.T) {
 	defer provider.Close()
 	client := &http.Client{Transport: &idem.RelayTransport{}}
 
-	store, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	require.NoError(t, store.Migrate(t.Context()))
-	mw, err := idem.New(idem.Config{Store: store, RelaySecret: []byte("s3cret"),
+	store := openSQLite(t)
+	mw := newMiddleware(t, idem.Config{Store: store, RelaySecret: []byte("s3cret"),
 		Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Merchant"), nil }})
-	require.NoError(t, err)
 	runs := 0
 	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++

@@ -75,13 +75,11 @@ type Config struct {
 
 	// MaxRetryAfter caps the wait asked for by a Retry-After header (RFC
 	// 9110 section 10.2.3); a longer Retry-After waits MaxRetryAfter. idem's
-	// 409 carries the seconds left on the lease (up to
-	// idem.Config.LeaseDuration, 30 s by default, and renewed while the
-	// first request runs): an upper bound of the time it may still take, not
-	// an estimate. A payment that takes 300 ms would keep its duplicate
-	// waiting 30 s; the default cap polls every 5 s at most instead (each
-	// 409 costs the server one indexed read). Used by the default Backoff
-	// only. Default: 5 s.
+	// 409 asks for its in-flight delay (idem.Config.InFlightRetryAfter, 1 s
+	// by default), never more than what is left of the first request's
+	// lease; the cap bounds what another server, or an idem configured with
+	// a long in-flight delay, may ask (each 409 costs the server one indexed
+	// read). Used by the default Backoff only. Default: 5 s.
 	MaxRetryAfter time.Duration
 
 	// MaxElapsed bounds the time from the start of the first attempt: a

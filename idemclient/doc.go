@@ -39,9 +39,9 @@
 // FullJitter: before retry n it waits a random time in
 // [0, min(MaxDelay, BaseDelay·2^(n-1))) (100 ms doubling up to 10 s by
 // default), or the response's Retry-After (RFC 9110 section 10.2.3, seconds
-// or an HTTP-date), capped by Config.MaxRetryAfter (30 s). idem's 409 sends
-// the seconds left on the lease, an upper bound of how long the first
-// request may still run; lower MaxRetryAfter to poll sooner. Replace the
+// or an HTTP-date), capped by Config.MaxRetryAfter (5 s). idem's 409 sends
+// its in-flight delay (idem.Config.InFlightRetryAfter, 1 s by default),
+// never more than what is left of the first request's lease. Replace the
 // policy with Config.Backoff.
 //
 // # When it stops

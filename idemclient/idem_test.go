@@ -23,13 +23,14 @@ import (
 // is held: the seven others get idem's 409 and retry through it, then get
 // the replay. Every caller sees 201; the handler runs once.
 func TestAgainstIdem(t *testing.T) {
+	t.Parallel()
 	const clients = 8
 	ctx := t.Context()
 	store, err := idemsqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"))
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	require.NoError(t, store.Migrate(ctx))
-	mw, err := idem.New(idem.Config{Store: store})
+	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 
 	var runs atomic.Int32
@@ -52,7 +53,7 @@ func TestAgainstIdem(t *testing.T) {
 	saw409 := map[string]bool{}
 	all409 := make(chan struct{})
 	tr, err := idemclient.New(idemclient.Config{
-		// idem's 409 says Retry-After: the lease left (30 s): poll sooner.
+		// idem's 409 says Retry-After: 1 s at least: poll sooner.
 		MaxRetryAfter: 5 * time.Millisecond,
 		MaxAttempts:   10000,
 		OnAttempt: func(ai idemclient.AttemptInfo) {
@@ -127,12 +128,13 @@ func TestAgainstIdem(t *testing.T) {
 
 // A reused key with another body gets idem's 422, which is not retried.
 func TestAgainstIdemKeyReusedNotRetried(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	store, err := idemsqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"))
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	require.NoError(t, store.Migrate(ctx))
-	mw, err := idem.New(idem.Config{Store: store})
+	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	var runs atomic.Int32
 	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -108,7 +108,7 @@ type Backoff func(attempt int, resp *http.Response) time.Duration
 var defaultBackoff = FullJitter(DefaultBaseDelay, DefaultMaxDelay, DefaultMaxRetryAfter, nil)
 
 // DefaultBackoff is FullJitter(DefaultBaseDelay, DefaultMaxDelay,
-// DefaultMaxRetryAfter, nil): a Retry-After of the response, capped at 30 s,
+// DefaultMaxRetryAfter, nil): a Retry-After of the response, capped at 5 s,
 // or else a wait drawn from [0, min(10 s, 100 ms·2^(attempt-1))).
 func DefaultBackoff(attempt int, resp *http.Response) time.Duration {
 	return defaultBackoff(attempt, resp)

@@ -18,6 +18,7 @@ import (
 )
 
 func TestFullJitterStaysInItsWindow(t *testing.T) {
+	t.Parallel()
 	const base, maxDelay = 100 * time.Millisecond, 10 * time.Second
 	backoff := idemclient.FullJitter(base, maxDelay, 30*time.Second, rand.New(rand.NewPCG(1, 2)))
 	const samples = 5000
@@ -45,6 +46,7 @@ func TestFullJitterStaysInItsWindow(t *testing.T) {
 }
 
 func TestFullJitterIsReproducible(t *testing.T) {
+	t.Parallel()
 	a := idemclient.FullJitter(time.Millisecond, time.Second, 0, rand.New(rand.NewPCG(7, 7)))
 	b := idemclient.FullJitter(time.Millisecond, time.Second, 0, rand.New(rand.NewPCG(7, 7)))
 	for attempt := 1; attempt < 20; attempt++ {
@@ -53,6 +55,7 @@ func TestFullJitterIsReproducible(t *testing.T) {
 }
 
 func TestDefaultBackoff(t *testing.T) {
+	t.Parallel()
 	for attempt := 1; attempt <= 10; attempt++ {
 		window := min(idemclient.DefaultMaxDelay, idemclient.DefaultBaseDelay<<(attempt-1))
 		for range 200 {
@@ -68,6 +71,7 @@ func TestDefaultBackoff(t *testing.T) {
 }
 
 func TestFullJitterRetryAfter(t *testing.T) {
+	t.Parallel()
 	resp := &http.Response{Header: http.Header{"Retry-After": {"3"}}}
 	require.Equal(t, 3*time.Second, idemclient.FullJitter(time.Millisecond, time.Second, time.Minute, nil)(5, resp))
 	require.Equal(t, 2*time.Second, idemclient.FullJitter(time.Millisecond, time.Second, 2*time.Second, nil)(5, resp))
@@ -81,6 +85,7 @@ func TestFullJitterRetryAfter(t *testing.T) {
 }
 
 func TestParseRetryAfter(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		value string
@@ -120,6 +125,7 @@ func TestParseRetryAfter(t *testing.T) {
 }
 
 func TestDefaultCheckRetry(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for code := 100; code < 600; code++ {
 		retry, err := idemclient.DefaultCheckRetry(ctx, &http.Response{StatusCode: code}, nil)

@@ -24,11 +24,13 @@ import (
 )
 
 func TestHeaderNamesMatchCore(t *testing.T) {
+	t.Parallel()
 	require.Equal(t, idem.HeaderKey, idemclient.HeaderKey)
 	require.Equal(t, idem.HeaderReplayed, idemclient.HeaderReplayed)
 }
 
 func TestKeyAddedAndKeptAcrossRetries(t *testing.T) {
+	t.Parallel()
 	for _, method := range []string{http.MethodPost, http.MethodPatch} {
 		t.Run(method, func(t *testing.T) {
 			srv := newServer(t, statuses(nil, 503, 409, 201))
@@ -62,6 +64,7 @@ func TestKeyAddedAndKeptAcrossRetries(t *testing.T) {
 }
 
 func TestEachRequestGetsItsOwnKey(t *testing.T) {
+	t.Parallel()
 	srv := newServer(t, statuses(nil, 201))
 	tr, _ := newTransport(t, idemclient.Config{})
 	var wg sync.WaitGroup
@@ -81,6 +84,7 @@ func TestEachRequestGetsItsOwnKey(t *testing.T) {
 }
 
 func TestCallerKeyKept(t *testing.T) {
+	t.Parallel()
 	for _, key := range []string{"order-1001", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`} {
 		t.Run(key, func(t *testing.T) {
 			srv := newServer(t, statuses(nil, 409, 201))
@@ -99,6 +103,7 @@ func TestCallerKeyKept(t *testing.T) {
 }
 
 func TestAnyMethodWithCallerKeyIsRetried(t *testing.T) {
+	t.Parallel()
 	srv := newServer(t, statuses(nil, 503, 200))
 	tr, _ := newTransport(t, idemclient.Config{RetryMethods: []string{}})
 	resp, _, err := do(t, tr, "CHARGE", srv.URL, "x", http.Header{idemclient.HeaderKey: {"k-1"}})
@@ -108,6 +113,7 @@ func TestAnyMethodWithCallerKeyIsRetried(t *testing.T) {
 }
 
 func TestNoKeyOnGET(t *testing.T) {
+	t.Parallel()
 	srv := newServer(t, statuses(nil, 503, 200))
 	tr, _ := newTransport(t, idemclient.Config{})
 	resp, _, err := do(t, tr, http.MethodGet, srv.URL, "", nil)
@@ -122,6 +128,7 @@ func TestNoKeyOnGET(t *testing.T) {
 }
 
 func TestMethodsOutsideTheListsAreSentOnce(t *testing.T) {
+	t.Parallel()
 	t.Run("GET with RetryMethods empty", func(t *testing.T) {
 		srv := newServer(t, statuses(nil, 503, 200))
 		tr, sl := newTransport(t, idemclient.Config{RetryMethods: []string{}})
@@ -145,6 +152,7 @@ func TestMethodsOutsideTheListsAreSentOnce(t *testing.T) {
 }
 
 func TestRetriedStatuses(t *testing.T) {
+	t.Parallel()
 	for _, code := range []int{409, 429, 502, 503, 504} {
 		t.Run(fmt.Sprint(code), func(t *testing.T) {
 			srv := newServer(t, statuses(nil, code, 201))
@@ -160,6 +168,7 @@ func TestRetriedStatuses(t *testing.T) {
 }
 
 func TestNotRetriedStatuses(t *testing.T) {
+	t.Parallel()
 	for _, code := range []int{200, 201, 301, 400, 401, 403, 404, 408, 410, 413, 422, 500, 501} {
 		t.Run(fmt.Sprint(code), func(t *testing.T) {
 			srv := newServer(t, statuses(nil, code, 201))
@@ -180,6 +189,7 @@ func TestNotRetriedStatuses(t *testing.T) {
 }
 
 func TestRetryAfterSecondsHonouredAndCapped(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name          string
 		retryAfter    string
@@ -202,6 +212,7 @@ func TestRetryAfterSecondsHonouredAndCapped(t *testing.T) {
 }
 
 func TestRetryAfterHTTPDateHonouredAndCapped(t *testing.T) {
+	t.Parallel()
 	date := time.Now().Add(time.Hour).UTC().Format(http.TimeFormat)
 	t.Run("honoured", func(t *testing.T) {
 		srv := newServer(t, statuses(http.Header{"Retry-After": {date}}, 429, 201))
@@ -236,6 +247,7 @@ func TestRetryAfterHTTPDateHonouredAndCapped(t *testing.T) {
 }
 
 func TestWaitPastDeadlineIsNotTaken(t *testing.T) {
+	t.Parallel()
 	retryAfter := http.Header{"Retry-After": {"7200"}} // 2 h
 	t.Run("context deadline", func(t *testing.T) {
 		srv := newServer(t, statuses(retryAfter, 503, 201))
@@ -277,6 +289,7 @@ func TestWaitPastDeadlineIsNotTaken(t *testing.T) {
 }
 
 func TestAttemptsBounded(t *testing.T) {
+	t.Parallel()
 	t.Run("statuses", func(t *testing.T) {
 		srv := newServer(t, statuses(nil, 503))
 		tr, sl := newTransport(t, idemclient.Config{MaxAttempts: 4})
@@ -316,6 +329,7 @@ func TestAttemptsBounded(t *testing.T) {
 }
 
 func TestContextCancelStopsRetries(t *testing.T) {
+	t.Parallel()
 	t.Run("during the wait", func(t *testing.T) {
 		srv := newServer(t, statuses(nil, 503))
 		retrying := make(chan struct{})
@@ -388,6 +402,7 @@ func TestContextCancelStopsRetries(t *testing.T) {
 }
 
 func TestBodyRewoundOnEveryAttempt(t *testing.T) {
+	t.Parallel()
 	payload := strings.Repeat(`{"amount":1000,"currency":"JPY"}`, 3000) // ~96 KiB
 	for _, tc := range []struct {
 		name string
@@ -416,6 +431,7 @@ func TestBodyRewoundOnEveryAttempt(t *testing.T) {
 }
 
 func TestBodyTooLargeToBufferIsSentOnce(t *testing.T) {
+	t.Parallel()
 	payload := strings.Repeat("x", 1000)
 	for _, limit := range []int64{16, -1} {
 		t.Run(fmt.Sprint(limit), func(t *testing.T) {
@@ -445,6 +461,7 @@ type closeRecorder struct {
 func (c *closeRecorder) Close() error { c.closed.Store(true); return nil }
 
 func TestRequestBodyErrors(t *testing.T) {
+	t.Parallel()
 	t.Run("read error", func(t *testing.T) {
 		srv := newServer(t, statuses(nil, 201))
 		tr, _ := newTransport(t, idemclient.Config{})
@@ -482,6 +499,7 @@ func TestRequestBodyErrors(t *testing.T) {
 }
 
 func TestDroppedConnectionIsRetried(t *testing.T) {
+	t.Parallel()
 	for _, reset := range []bool{false, true} {
 		t.Run(map[bool]string{false: "closed", true: "reset"}[reset], func(t *testing.T) {
 			srv := newServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
@@ -516,6 +534,7 @@ func TestDroppedConnectionIsRetried(t *testing.T) {
 }
 
 func TestAttemptTimeout(t *testing.T) {
+	t.Parallel()
 	release, bodyGate := make(chan struct{}), make(chan struct{})
 	var openGate sync.Once
 	srv := newServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
@@ -555,6 +574,7 @@ func TestAttemptTimeout(t *testing.T) {
 }
 
 func TestDiscardedResponsesReuseTheConnection(t *testing.T) {
+	t.Parallel()
 	var conns, hits atomic.Int32
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -583,6 +603,7 @@ func TestDiscardedResponsesReuseTheConnection(t *testing.T) {
 }
 
 func TestHooks(t *testing.T) {
+	t.Parallel()
 	srv := newServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		switch n {
 		case 1:
@@ -632,6 +653,7 @@ func TestHooks(t *testing.T) {
 }
 
 func TestCheckRetryAndBackoffReplaceable(t *testing.T) {
+	t.Parallel()
 	t.Run("retry a 500", func(t *testing.T) {
 		srv := newServer(t, statuses(nil, 500, 201))
 		tr, sl := newTransport(t, idemclient.Config{
@@ -666,6 +688,7 @@ func TestCheckRetryAndBackoffReplaceable(t *testing.T) {
 }
 
 func TestErrorMessage(t *testing.T) {
+	t.Parallel()
 	e := &idemclient.Error{Key: "k-1", Attempts: 3, Status: 503, Err: context.Canceled}
 	require.Equal(t, `idemclient: 3 attempts, Idempotency-Key "k-1", last status 503: context canceled`, e.Error())
 	e = &idemclient.Error{Attempts: 1, Err: io.EOF}
@@ -673,6 +696,7 @@ func TestErrorMessage(t *testing.T) {
 }
 
 func TestKeyFromResponseAndReplayed(t *testing.T) {
+	t.Parallel()
 	require.Empty(t, idemclient.KeyFromResponse(nil))
 	require.Empty(t, idemclient.KeyFromResponse(&http.Response{}))
 	require.False(t, idemclient.Replayed(nil))
@@ -681,6 +705,7 @@ func TestKeyFromResponseAndReplayed(t *testing.T) {
 }
 
 func TestConfig(t *testing.T) {
+	t.Parallel()
 	c := idemclient.Config{}.WithDefaults()
 	require.Equal(t, http.DefaultTransport, c.Transport)
 	require.Equal(t, idemclient.DefaultKeyMethods, c.KeyMethods)

@@ -119,13 +119,13 @@ func TestGaleraCertificationFailureIsLeaseLost(t *testing.T) {
 	takeover := func() {
 		// The lease has run out, as seen from node 2 (the clock moved by an hour).
 		p := galeraClaim("k")
-		p.Scope, p.Fingerprint, p.ClockOffset = "global", fp, time.Hour
+		p.Scope, p.Fingerprint, p.ClockOffset = idem.SingleTenantScope, fp, time.Hour
 		res, err := d2.Claim(ctx, p)
 		require.NoError(t, err)
 		require.True(t, res.Claimed, "the takeover on node 2")
 		took.Store(true)
 	}
-	mw, err := idem.New(idem.Config{Store: takeoverStore{d1, takeover},
+	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: takeoverStore{d1, takeover},
 		Fingerprint: func(*http.Request, []byte) []byte { return fp }})
 	require.NoError(t, err)
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -292,17 +292,7 @@ func (d *Driver) Close() error {
 // rolled the whole transaction back and the session is in autocommit, so a
 // handler that answers 2xx anyway would have idem's completion commit alone,
 // without the business writes. Return a 5xx (FAILED: the retry runs again).
-func Tx(ctx context.Context) (*sql.Tx, error) {
-	tx, err := idemdriver.TxFromContext(ctx)
-	if err != nil {
-		return nil, err
-	}
-	native, ok := tx.Native().(*sql.Tx)
-	if !ok {
-		return nil, fmt.Errorf("idemmysql: the store is not MySQL (transaction is %T)", tx.Native())
-	}
-	return native, nil
-}
+func Tx(ctx context.Context) (*sql.Tx, error) { return idemdriver.NativeTx[*sql.Tx](ctx) }
 
 // SQL building blocks. Times cross between Go and MySQL as microseconds
 // since the epoch; DATETIME(6) arithmetic on them is exact.

@@ -35,6 +35,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"regexp"
+	"strconv"
 	"sync"
 	"time"
 
@@ -87,17 +89,14 @@ func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 // Commit and Rollback to idem: the completion is written in the same
 // transaction, fenced by the token, and committed with it (CONTRACT
 // section 6). It returns idemdriver.ErrNoExecution outside a protected handler.
-func Tx(ctx context.Context) (pgx.Tx, error) {
-	tx, err := idemdriver.TxFromContext(ctx)
-	if err != nil {
-		return nil, err
-	}
-	native, ok := tx.Native().(pgx.Tx)
-	if !ok {
-		return nil, fmt.Errorf("idempgx: the store is not PostgreSQL (transaction is %T)", tx.Native())
-	}
-	return native, nil
-}
+//
+// A statement of the handler that fails (a unique violation it answers 409
+// for, say) aborts the whole transaction in PostgreSQL: its writes are gone
+// and nothing more can be written in it. idem then rolls it back and records
+// the handler's answer on its own, so a 409 is replayed; a 2xx after such a
+// failure would claim writes that never happened, and is answered 500
+// (problem type transaction-aborted) and recorded FAILED.
+func Tx(ctx context.Context) (pgx.Tx, error) { return idemdriver.NativeTx[pgx.Tx](ctx) }
 
 // now is the database clock moved by the @offset parameter (microseconds).
 const now = `(statement_timestamp() + @offset::bigint * interval '1 microsecond')`
@@ -133,37 +132,37 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // answer (it would give 422 with the expired record's old payload, or 409
 // on a lease that has run out), so no row comes back, and Claim runs the
 // statement again with a new snapshot, which sees the winner.
-var claimSQL = `WITH cur AS (
-	SELECT ` + columns + `,
-		NOT (state = 'PROCESSING' AND locked_until > ` + now + `)
-		AND (expires_at <= ` + now + `
+var claimSQL = bind(claimParams, `WITH cur AS (
+	SELECT `+columns+`,
+		NOT (state = 'PROCESSING' AND locked_until > `+now+`)
+		AND (expires_at <= `+now+`
 			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING'))) AS claimable
 	FROM idem_keys WHERE scope = @scope AND key = @key
 ), claim AS (
 	INSERT INTO idem_keys AS k (scope, key, method, path, fingerprint, state, fencing_token,
 		locked_until, created_at, updated_at, expires_at, attempts, owner)
 	SELECT @scope::text, @key::text, @method::text, @path::text, @fingerprint::bytea, 'PROCESSING', 1,
-		` + now + ` + @lease::bigint * interval '1 microsecond', ` + now + `, ` + now + `,
-		` + now + ` + @retention::bigint * interval '1 microsecond', 1, @owner::text
+		`+now+` + @lease::bigint * interval '1 microsecond', `+now+`, `+now+`,
+		`+now+` + @retention::bigint * interval '1 microsecond', 1, @owner::text
 	WHERE NOT EXISTS (SELECT 1 FROM cur WHERE NOT claimable)
 	ON CONFLICT (scope, key) DO UPDATE SET
 		method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint,
 		state = 'PROCESSING', owner = excluded.owner,
 		fencing_token = k.fencing_token + 1,
-		locked_until = ` + clock + ` + @lease::bigint * interval '1 microsecond',
+		locked_until = `+clock+` + @lease::bigint * interval '1 microsecond',
 		response_status = NULL, response_headers = NULL, response_body = NULL,
 		response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
 		updated_at = excluded.updated_at,
-		created_at = CASE WHEN ` + pgContinues + ` THEN k.created_at ELSE excluded.created_at END,
+		created_at = CASE WHEN `+pgContinues+` THEN k.created_at ELSE excluded.created_at END,
 		expires_at = excluded.expires_at,
-		attempts = CASE WHEN ` + pgContinues + ` THEN k.attempts + 1 ELSE 1 END
+		attempts = CASE WHEN `+pgContinues+` THEN k.attempts + 1 ELSE 1 END
 	WHERE NOT (k.state = 'PROCESSING' AND k.locked_until > excluded.created_at)
-		AND (k.expires_at <= excluded.created_at OR ` + pgContinues + `)
-	RETURNING ` + columns + `
+		AND (k.expires_at <= excluded.created_at OR `+pgContinues+`)
+	RETURNING `+columns+`
 )
 SELECT true, * FROM claim
 UNION ALL
-SELECT false, ` + columns + ` FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM claim)`
+SELECT false, `+columns+` FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM claim)`)
 
 // pgContinues: the stored record k is the same request as excluded,
 // unfinished (under the claim's "no live lease", PROCESSING means past its
@@ -171,22 +170,77 @@ SELECT false, ` + columns + ` FROM cur WHERE NOT claimable AND NOT EXISTS (SELEC
 const pgContinues = `(k.method = excluded.method AND k.path = excluded.path
 		AND k.fingerprint = excluded.fingerprint AND k.state IN ('FAILED', 'PROCESSING'))`
 
-var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key = @key`
+var getSQL = bind([]string{"scope", "key", "offset"}, `SELECT `+columns+` FROM idem_keys WHERE scope = @scope AND key = @key`)
 
+// fenced is the compare-and-set of every write after the claim: this
+// execution's record (scope, key, fencing token, created_at), PROCESSING.
 const fenced = ` WHERE scope = @scope AND key = @key AND fencing_token = @token AND created_at = @created
-	AND state = 'PROCESSING'`
+	AND ` + stillProcessing
 
-var heartbeatSQL = `UPDATE idem_keys SET locked_until = ` + clock + ` + @lease::bigint * interval '1 microsecond',
-	updated_at = ` + now + fenced
+// stillProcessing is state = 'PROCESSING' in a form that PostgreSQL cannot
+// match to the predicate of the partial index idem_keys_processing (WHERE
+// state = 'PROCESSING'): an expression of the column is never matched. With
+// statistics that know of few PROCESSING records, the planner otherwise
+// scans that index and filters every record in flight (5,000 rows for one
+// completion with 5,000 in flight) instead of looking the row up by its
+// primary key (issue 11; TestFencedWritesUsePrimaryKey).
+const stillProcessing = `(state || '') = 'PROCESSING'`
 
-var completeSQL = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
+// fenceParams are the parameters of fenced, first in every fenced write's
+// arguments (fenceArgs); the writes' own follow.
+var fenceParams = []string{"scope", "key", "token", "created"}
+
+var heartbeatSQL = bind(append(fenceParams, "offset", "lease"),
+	`UPDATE idem_keys SET locked_until = `+clock+` + @lease::bigint * interval '1 microsecond',
+	updated_at = `+now+fenced)
+
+var completeSQL = bind(append(fenceParams, "offset", "status", "headers", "body", "stored", "size"),
+	`UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
 	response_status = @status, response_headers = @headers, response_body = @body,
 	response_body_stored = @stored, response_body_size = @size,
-	completed_at = ` + now + `, updated_at = ` + now + fenced
+	completed_at = `+now+`, updated_at = `+now+fenced)
 
-var failSQL = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = ` + now + fenced
+var failSQL = bind(append(fenceParams, "offset"),
+	`UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = `+now+fenced)
 
-var releaseSQL = `DELETE FROM idem_keys` + fenced
+var releaseSQL = bind(fenceParams, `DELETE FROM idem_keys`+fenced)
+
+// claimParams are the parameters of the claim statements (claimSQL,
+// claimPartitionedSQL), in claimArgs's order.
+var claimParams = []string{"scope", "key", "method", "path", "fingerprint", "lease", "retention", "owner", "offset"}
+
+func claimArgs(p idemdriver.ClaimParams) []any {
+	return []any{p.Scope, p.Key, p.Method, p.Path, p.Fingerprint, p.LeaseDuration.Microseconds(),
+		p.Retention.Microseconds(), p.Owner, p.ClockOffset.Microseconds()}
+}
+
+// bind turns the named parameters of query (@name) into positional ones:
+// $1 for names[0], $2 for names[1], and so on. It runs once per statement,
+// when the package is initialized: pgx.NamedArgs would lex the whole
+// statement again on every call (issue 11). A name that query does not use,
+// or a parameter that names does not list, is a programming error: bind
+// panics.
+func bind(names []string, query string) string {
+	pos := make(map[string]int, len(names))
+	for i, n := range names {
+		pos[n] = i + 1
+	}
+	used := make(map[string]bool, len(names))
+	out := namedParam.ReplaceAllStringFunc(query, func(m string) string {
+		i, ok := pos[m[1:]]
+		if !ok {
+			panic("idempgx: statement parameter " + m + " is not bound")
+		}
+		used[m[1:]] = true
+		return "$" + strconv.Itoa(i)
+	})
+	if len(used) != len(names) {
+		panic(fmt.Sprintf("idempgx: bound parameters %v, the statement uses %v", names, used))
+	}
+	return out
+}
+
+var namedParam = regexp.MustCompile(`@[a-z]+`)
 
 // maxClaimTries bounds the re-runs of the claim statement after a lost race
 // it could not read (see claimSQL) or a serialization failure.
@@ -287,11 +341,7 @@ func (d *Driver) migrator(ctx context.Context, fsys fs.FS, versionTable string) 
 
 // Claim implements idemdriver.Driver in one statement (see claimSQL).
 func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
-	args := pgx.NamedArgs{
-		"scope": p.Scope, "key": p.Key, "method": p.Method, "path": p.Path, "fingerprint": p.Fingerprint,
-		"lease": p.LeaseDuration.Microseconds(), "retention": p.Retention.Microseconds(),
-		"owner": p.Owner, "offset": p.ClockOffset.Microseconds(),
-	}
+	args := claimArgs(p)
 	if d.part != nil {
 		res, err := d.claimPartitioned(ctx, args)
 		return res, unstorable(err)
@@ -299,7 +349,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
 		var res idemdriver.ClaimResult
-		rows, err := d.pool.Query(ctx, d.q(claimSQL), args)
+		rows, err := d.pool.Query(ctx, d.q(claimSQL), args...)
 		if err != nil {
 			if retryable(err) {
 				lastErr = err
@@ -351,8 +401,7 @@ func unstorable(err error) error {
 
 // Get implements idemdriver.Driver.
 func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Record, error) {
-	rows, err := d.pool.Query(ctx, d.q(getSQL), pgx.NamedArgs{"scope": p.Scope, "key": p.Key,
-		"offset": p.ClockOffset.Microseconds()})
+	rows, err := d.pool.Query(ctx, d.q(getSQL), p.Scope, p.Key, p.ClockOffset.Microseconds())
 	if err != nil {
 		return idemdriver.Record{}, unstorable(err)
 	}
@@ -367,9 +416,7 @@ func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Re
 
 // Heartbeat implements idemdriver.Driver.
 func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
-	args := fenceArgs(p)
-	args["lease"] = p.LeaseDuration.Microseconds()
-	return execFenced(ctx, d.pool, d.q(heartbeatSQL), args)
+	return execFenced(ctx, d.pool, d.q(heartbeatSQL), fenceArgs(p, p.ClockOffset.Microseconds(), p.LeaseDuration.Microseconds()))
 }
 
 // Complete implements idemdriver.Driver.
@@ -379,7 +426,7 @@ func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (boo
 
 // Fail implements idemdriver.Driver.
 func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
-	return execFenced(ctx, d.pool, d.q(failSQL), fenceArgs(p))
+	return execFenced(ctx, d.pool, d.q(failSQL), fenceArgs(p, p.ClockOffset.Microseconds()))
 }
 
 // Release implements idemdriver.Driver: a fenced DELETE.
@@ -396,15 +443,24 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	return businessTx{tx, d}, nil
 }
 
+// businessTx is the claim's business transaction on PostgreSQL.
 type businessTx struct {
 	tx pgx.Tx
 	d  *Driver
 }
 
+// Complete writes the completion in the transaction. A transaction that a
+// failed statement of the handler aborted answers 25P02
+// (in_failed_sql_transaction), reported as idemdriver.ErrTxAborted; one the
+// handler ended itself, as idemdriver.ErrTxDone.
 func (t businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
 	ok, err := t.d.complete(ctx, t.tx, p)
-	if errors.Is(err, pgx.ErrTxClosed) {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrTxClosed):
 		err = fmt.Errorf("%w: %w", idemdriver.ErrTxDone, err)
+	case errors.As(err, &pgErr) && pgErr.Code == "25P02": // in_failed_sql_transaction
+		err = fmt.Errorf("%w: %w", idemdriver.ErrTxAborted, err)
 	}
 	return ok, err
 }
@@ -421,9 +477,9 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-func fenceArgs(p idemdriver.FenceParams) pgx.NamedArgs {
-	return pgx.NamedArgs{"scope": p.Scope, "key": p.Key, "token": p.FencingToken, "created": p.CreatedAt,
-		"offset": p.ClockOffset.Microseconds()}
+// fenceArgs are the arguments of a fenced write: fenceParams's, then extra.
+func fenceArgs(p idemdriver.FenceParams, extra ...any) []any {
+	return append([]any{p.Scope, p.Key, p.FencingToken, p.CreatedAt}, extra...)
 }
 
 func (d *Driver) complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {
@@ -431,10 +487,8 @@ func (d *Driver) complete(ctx context.Context, db execer, p idemdriver.CompleteP
 	if err != nil {
 		return false, err
 	}
-	args := fenceArgs(p.FenceParams)
-	args["status"], args["headers"], args["body"] = p.Response.Status, headers, body
-	args["stored"], args["size"] = p.Response.BodyStored, p.Response.BodySize
-	return execFenced(ctx, db, d.q(completeSQL), args)
+	return execFenced(ctx, db, d.q(completeSQL), fenceArgs(p.FenceParams, p.ClockOffset.Microseconds(),
+		p.Response.Status, headers, body, p.Response.BodyStored, p.Response.BodySize))
 }
 
 // execFenced runs a compare-and-set on the fencing token; false means the
@@ -446,10 +500,10 @@ func (d *Driver) complete(ctx context.Context, db execer, p idemdriver.CompleteP
 // to another partition"). Outside a transaction the write is run again, and
 // finds the new owner's token: false. Inside the business transaction the
 // error is returned (the transaction is aborted) and the core rolls back.
-func execFenced(ctx context.Context, db execer, query string, args pgx.NamedArgs) (bool, error) {
+func execFenced(ctx context.Context, db execer, query string, args []any) (bool, error) {
 	_, inTx := db.(pgx.Tx)
 	for try := 0; ; try++ {
-		tag, err := db.Exec(ctx, query, args)
+		tag, err := db.Exec(ctx, query, args...)
 		if err != nil {
 			if !inTx && try < 2 && retryable(err) {
 				continue

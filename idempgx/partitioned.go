@@ -106,7 +106,7 @@ const nowTx = `(transaction_timestamp() + @offset::bigint * interval '1 microsec
 
 // lockKeySQL takes the claim's lock: keys hold no space (visible ASCII), so
 // "key scope" names one (scope, key) unambiguously.
-const lockKeySQL = `SELECT pg_advisory_xact_lock(hashtextextended(@key::text || ' ' || @scope::text, 0))`
+var lockKeySQL = bind([]string{"scope", "key"}, `SELECT pg_advisory_xact_lock(hashtextextended(@key::text || ' ' || @scope::text, 0))`)
 
 // claimPartitionedSQL runs under lockKeySQL, so no other claim of (scope,
 // key) runs concurrently: "cur" reads the record across every partition; the
@@ -125,10 +125,10 @@ const lockKeySQL = `SELECT pg_advisory_xact_lock(hashtextextended(@key::text || 
 // between is seen: the UPDATE then matches nothing while "cur" still shows
 // the row claimable, and that stale row is not the answer (no row comes
 // back, and claimPartitioned asks again).
-var claimPartitionedSQL = `WITH cur AS (
-	SELECT ` + columns + `,
-		NOT (state = 'PROCESSING' AND locked_until > ` + nowTx + `)
-		AND (expires_at <= ` + nowTx + `
+var claimPartitionedSQL = bind(claimParams, `WITH cur AS (
+	SELECT `+columns+`,
+		NOT (state = 'PROCESSING' AND locked_until > `+nowTx+`)
+		AND (expires_at <= `+nowTx+`
 			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING'))) AS claimable
 	FROM idem_keys WHERE scope = @scope AND key = @key
 ), locked AS (
@@ -139,31 +139,31 @@ var claimPartitionedSQL = `WITH cur AS (
 	UPDATE idem_keys AS k SET
 		method = @method, path = @path, fingerprint = @fingerprint, state = 'PROCESSING', owner = @owner,
 		fencing_token = k.fencing_token + 1,
-		locked_until = ` + clock + ` + @lease::bigint * interval '1 microsecond',
+		locked_until = `+clock+` + @lease::bigint * interval '1 microsecond',
 		response_status = NULL, response_headers = NULL, response_body = NULL,
 		response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
-		updated_at = ` + nowTx + `,
-		created_at = CASE WHEN ` + partContinues + ` THEN k.created_at ELSE ` + nowTx + ` END,
-		expires_at = ` + nowTx + ` + @retention::bigint * interval '1 microsecond',
-		attempts = CASE WHEN ` + partContinues + ` THEN k.attempts + 1 ELSE 1 END
+		updated_at = `+nowTx+`,
+		created_at = CASE WHEN `+partContinues+` THEN k.created_at ELSE `+nowTx+` END,
+		expires_at = `+nowTx+` + @retention::bigint * interval '1 microsecond',
+		attempts = CASE WHEN `+partContinues+` THEN k.attempts + 1 ELSE 1 END
 	WHERE k.scope = @scope AND k.key = @key AND EXISTS (SELECT 1 FROM locked)
-		AND NOT (k.state = 'PROCESSING' AND k.locked_until > ` + nowTx + `)
-		AND (k.expires_at <= ` + nowTx + ` OR ` + partContinues + `)
-	RETURNING ` + columns + `
+		AND NOT (k.state = 'PROCESSING' AND k.locked_until > `+nowTx+`)
+		AND (k.expires_at <= `+nowTx+` OR `+partContinues+`)
+	RETURNING `+columns+`
 ), ins AS (
 	INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 		locked_until, created_at, updated_at, expires_at, attempts, owner)
 	SELECT @scope::text, @key::text, @method::text, @path::text, @fingerprint::bytea, 'PROCESSING', 1,
-		` + now + ` + @lease::bigint * interval '1 microsecond', ` + now + `, ` + now + `,
-		` + now + ` + @retention::bigint * interval '1 microsecond', 1, @owner::text
+		`+now+` + @lease::bigint * interval '1 microsecond', `+now+`, `+now+`,
+		`+now+` + @retention::bigint * interval '1 microsecond', 1, @owner::text
 	WHERE NOT EXISTS (SELECT 1 FROM cur)
-	RETURNING ` + columns + `
+	RETURNING `+columns+`
 )
 SELECT true, * FROM upd
 UNION ALL
 SELECT true, * FROM ins
 UNION ALL
-SELECT false, ` + columns + ` FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM upd)`
+SELECT false, `+columns+` FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM upd)`)
 
 // partContinues is pgContinues for the partitioned claim's UPDATE.
 const partContinues = `(k.method = @method AND k.path = @path AND k.fingerprint = @fingerprint
@@ -180,7 +180,7 @@ var errClaimRaced = errors.New("idempgx: the record changed during the claim")
 
 // claimPartitioned sends BEGIN, the key's lock, the claim and COMMIT in one
 // round trip (a pgx batch).
-func (d *Driver) claimPartitioned(ctx context.Context, args pgx.NamedArgs) (idemdriver.ClaimResult, error) {
+func (d *Driver) claimPartitioned(ctx context.Context, args []any) (idemdriver.ClaimResult, error) {
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
 		res, err := d.claimBatch(ctx, args)
@@ -201,11 +201,11 @@ func (d *Driver) claimPartitioned(ctx context.Context, args pgx.NamedArgs) (idem
 	return idemdriver.ClaimResult{}, fmt.Errorf("idempgx: claim gave no answer after %d tries: %w", maxClaimTries, lastErr)
 }
 
-func (d *Driver) claimBatch(ctx context.Context, args pgx.NamedArgs) (res idemdriver.ClaimResult, err error) {
+func (d *Driver) claimBatch(ctx context.Context, args []any) (res idemdriver.ClaimResult, err error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(lockKeySQL, pgx.NamedArgs{"scope": args["scope"], "key": args["key"]})
-	b.Queue(claimPartitionedSQL, args)
+	b.Queue(lockKeySQL, args[0], args[1]) // scope, key: claimArgs's first two
+	b.Queue(claimPartitionedSQL, args...)
 	b.Queue("COMMIT")
 	br := d.pool.SendBatch(ctx, b)
 	// A failed statement leaves the transaction aborted and COMMIT skipped:

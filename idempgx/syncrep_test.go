@@ -68,7 +68,7 @@ func testOutcomeCommitWaits(t *testing.T, base string, transactional bool) {
 	probe := syncRepPool(t, base, schema, "on")
 	store := idempgx.New(syncRepPool(t, base, schema, "on"))
 	t.Cleanup(func() { setStandbys("") }) // before the pool's Close, which waits for the commit
-	mw, err := idem.New(idem.Config{Store: store, CompleteTimeout: time.Second, ClaimTimeout: time.Second})
+	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: store, CompleteTimeout: time.Second, ClaimTimeout: time.Second})
 	require.NoError(t, err)
 	var runs atomic.Int32
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -96,7 +96,7 @@ func testOutcomeCommitWaits(t *testing.T, base string, transactional bool) {
 
 	first := send()
 	require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())
-	rec, err := reader.Get(ctx, idemdriver.GetParams{Scope: "global", Key: "k"})
+	rec, err := reader.Get(ctx, idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k"})
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.StateProcessing, rec.State, "an outcome the standby does not have is not visible")
 	dup := send()
@@ -105,7 +105,7 @@ func testOutcomeCommitWaits(t *testing.T, base string, transactional bool) {
 
 	setStandbys("") // the server releases the waiting commit: the outcome is recorded
 	require.Eventually(t, func() bool {
-		rec, err := reader.Get(ctx, idemdriver.GetParams{Scope: "global", Key: "k"})
+		rec, err := reader.Get(ctx, idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k"})
 		return err == nil && rec.State == idemdriver.StateSucceeded
 	}, 30*time.Second, 50*time.Millisecond)
 	replay := send()

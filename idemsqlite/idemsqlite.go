@@ -133,17 +133,7 @@ func (d *Driver) Close() error { return d.db.Close() }
 // writes in it and leave Commit and Rollback to idem: the completion is
 // written in the same transaction and committed with it (CONTRACT section 6).
 // It returns idemdriver.ErrNoExecution outside a protected handler.
-func Tx(ctx context.Context) (*sql.Tx, error) {
-	tx, err := idemdriver.TxFromContext(ctx)
-	if err != nil {
-		return nil, err
-	}
-	native, ok := tx.Native().(*sql.Tx)
-	if !ok {
-		return nil, fmt.Errorf("idemsqlite: the store is not SQLite (transaction is %T)", tx.Native())
-	}
-	return native, nil
-}
+func Tx(ctx context.Context) (*sql.Tx, error) { return idemdriver.NativeTx[*sql.Tx](ctx) }
 
 // now is SQLite's clock in microseconds, moved by the @offset parameter.
 // SQLite keeps 'now' fixed within one statement, so every use agrees.

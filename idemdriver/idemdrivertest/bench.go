@@ -2,10 +2,13 @@ package idemdrivertest
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idemgo/idem"
@@ -19,7 +22,11 @@ import (
 //   - Replay: a claim on a completed key (what a retry costs);
 //   - InFlight: a claim on a key under a live lease (a 409);
 //   - HTTPFirstExecution and HTTPReplay: the same through the middleware,
-//     with a small JSON body, fingerprint and capture included.
+//     with a small JSON body, fingerprint and capture included;
+//   - InFlight10k: with 10,000 other records PROCESSING under live leases,
+//     a Heartbeat, Complete, Fail and Release of one execution, and a Claim
+//     of a new key: each should cost what it costs on an idle table (a
+//     primary-key lookup), not grow with the records in flight (issue 11).
 func Benchmark(b *testing.B, newDriver func(testing.TB) idemdriver.Driver) {
 	ctx := context.Background()
 	resp := okResponse(`{"id":"pay_1","amount":1000,"currency":"JPY"}`)
@@ -71,7 +78,7 @@ func Benchmark(b *testing.B, newDriver func(testing.TB) idemdriver.Driver) {
 	})
 
 	httpBench := func(b *testing.B, key func(i int) string, wantStatus int) {
-		m, err := idem.New(idem.Config{Store: newDriver(b)})
+		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: newDriver(b)})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -100,4 +107,78 @@ func Benchmark(b *testing.B, newDriver func(testing.TB) idemdriver.Driver) {
 	b.Run("HTTPReplay", func(b *testing.B) {
 		httpBench(b, func(int) string { return "http-replay" }, http.StatusCreated)
 	})
+
+	b.Run("InFlight10k", func(b *testing.B) {
+		d := newDriver(b)
+		fill(b, d, inFlightRecords)
+		// claimN claims n new keys, untimed, for the fenced writes to finish.
+		claimN := func(b *testing.B, prefix string) []idemdriver.Record {
+			b.StopTimer()
+			defer b.StartTimer()
+			recs := make([]idemdriver.Record, b.N)
+			for i := range recs {
+				recs[i] = mustClaim(b, d, params("acct", prefix+strconv.Itoa(i), "body"))
+			}
+			return recs
+		}
+		fenced := func(name string, write func(rec idemdriver.Record) (bool, error)) {
+			b.Run(name, func(b *testing.B) {
+				recs := claimN(b, fmt.Sprintf("%s-%d-", name, b.N))
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					if ok, err := write(recs[i]); err != nil || !ok {
+						b.Fatalf("%s: ok=%v err=%v", name, ok, err)
+					}
+				}
+			})
+		}
+		fenced("Heartbeat", func(rec idemdriver.Record) (bool, error) { return d.Heartbeat(ctx, fence(rec)) })
+		fenced("Complete", func(rec idemdriver.Record) (bool, error) {
+			return d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(rec), Response: resp})
+		})
+		fenced("Fail", func(rec idemdriver.Record) (bool, error) { return d.Fail(ctx, fence(rec)) })
+		fenced("Release", func(rec idemdriver.Record) (bool, error) { return d.Release(ctx, fence(rec)) })
+		b.Run("Claim", func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				mustClaim(b, d, params("acct", fmt.Sprintf("claim-%d-%d", b.N, i), "body"))
+			}
+		})
+	})
+}
+
+// inFlightRecords is how many PROCESSING records InFlight10k keeps.
+const inFlightRecords = 10_000
+
+// fill claims n records (PROCESSING, under live leases) with a few
+// concurrent workers.
+func fill(b *testing.B, d idemdriver.Driver, n int) {
+	b.Helper()
+	const workers = 8
+	var (
+		wg   sync.WaitGroup
+		next atomic.Int64
+		errs = make(chan error, workers)
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				res, err := d.Claim(context.Background(), params("acct", "inflight-"+strconv.FormatInt(i, 10), "body"))
+				if err == nil && !res.Claimed {
+					err = fmt.Errorf("inflight-%d not claimed", i)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
 }

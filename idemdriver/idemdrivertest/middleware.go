@@ -104,6 +104,9 @@ type server struct {
 func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server {
 	t.Helper()
 	cfg.Store = store
+	if cfg.Scope == nil {
+		cfg.Scope = idem.SingleTenant
+	}
 	m, err := idem.New(cfg)
 	require.NoError(t, err)
 	srv := httptest.NewServer(m.Handler(a))
@@ -116,10 +119,11 @@ func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server 
 }
 
 type answer struct {
-	status int
-	header http.Header
-	body   []byte
-	err    error
+	status  int
+	header  http.Header
+	trailer http.Header
+	body    []byte
+	err     error
 }
 
 func (s *server) post(t *testing.T, key, body string, mutate ...func(*http.Request)) answer {
@@ -144,8 +148,8 @@ func (s *server) do(ctx context.Context, method, path, key, body string, mutate 
 		return answer{err: err}
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+	b, err := io.ReadAll(resp.Body) // the trailers arrive after the body
+	return answer{status: resp.StatusCode, header: resp.Header, trailer: resp.Trailer, body: b, err: err}
 }
 
 // requireProblem checks an RFC 9457 answer of the given kind.
@@ -181,7 +185,28 @@ func retryAfter(t *testing.T, a answer) int {
 	return n
 }
 
+// newHandlerServer serves handler behind idem with cfg on store (the
+// single-tenant scope and a silent logger unless cfg says otherwise).
+func newHandlerServer(t *testing.T, store idem.Store, cfg idem.Config, handler http.HandlerFunc) *server {
+	t.Helper()
+	cfg.Store = store
+	if cfg.Scope == nil {
+		cfg.Scope = idem.SingleTenant
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := idem.New(cfg)
+	require.NoError(t, err)
+	srv := httptest.NewServer(m.Handler(handler))
+	t.Cleanup(srv.Close)
+	srv.Client().Timeout = 30 * time.Second
+	return &server{Server: srv, app: &app{}}
+}
+
 func runMiddleware(t *testing.T, h Harness) {
+	runEdges(t, h)
+
 	t.Run("FirstRunThenReplay", func(t *testing.T) {
 		t.Parallel()
 		s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
@@ -552,7 +577,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		var runs atomic.Int32
-		m, err := idem.New(idem.Config{Store: d, LeaseDuration: time.Second, MaxExecution: time.Second,
+		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, LeaseDuration: time.Second, MaxExecution: time.Second,
 			Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -594,7 +619,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		var runs atomic.Int32
-		m, err := idem.New(idem.Config{Store: d, Logger: slog.New(slog.DiscardHandler)})
+		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
@@ -649,7 +674,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		t.Parallel()
 		clock := &Clock{}
 		secret := []byte("relay-secret")
-		m, err := idem.New(idem.Config{Store: Shift(h.NewDriver(t), clock), RelaySecret: secret})
+		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: Shift(h.NewDriver(t), clock), RelaySecret: secret})
 		require.NoError(t, err)
 		var (
 			mu      sync.Mutex
@@ -697,7 +722,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		t.Cleanup(held.release)
 		txApp := &app{biz: biz}
 		serve := func(a *app, key, body string) *httptest.ResponseRecorder {
-			m, err := idem.New(idem.Config{Store: d})
+			m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d})
 			require.NoError(t, err)
 			req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
@@ -748,5 +773,308 @@ func runMiddleware(t *testing.T, h Harness) {
 		requireReplay(t, first, s.post(t, "k", `{}`, as("m1")))
 		requireProblem(t, s.post(t, "k", `{}`), 401, "missing-scope")
 		require.EqualValues(t, 2, a.runs.Load())
+	})
+}
+
+// runEdges holds the cases of the timing, size and error corners where the
+// guarantee once broke (one regression each).
+func runEdges(t *testing.T, h Harness) {
+	// Regression (lease 1 s, Retention 2 s, a 3 s handler): completion never
+	// moved expires_at, so the retry after the completion found the record
+	// expired and ran the handler again, under a new relayed key. Now an
+	// outcome is recorded only while its lease is live, and MaxExecution
+	// (1 s here, bounded by Retention - LeaseDuration) ends the renewals:
+	// the slow run is recorded FAILED, and its retry continues the same life.
+	t.Run("LongExecutionIsReplayed", func(t *testing.T) {
+		t.Parallel()
+		var (
+			mu      sync.Mutex
+			relayed []string
+		)
+		s := newHandlerServer(t, h.NewDriver(t), idem.Config{LeaseDuration: time.Second, Retention: 2 * time.Second},
+			func(w http.ResponseWriter, r *http.Request) {
+				k, err := idem.RelayKey(r.Context(), "charge")
+				if err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				mu.Lock()
+				relayed = append(relayed, k)
+				run := len(relayed)
+				mu.Unlock()
+				if run == 1 {
+					time.Sleep(3 * time.Second) // real time: the handler outlives the retention
+				}
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, `{"run":%d}`, run)
+			})
+		first := s.post(t, "k", `{}`)
+		require.NoError(t, first.err)
+		second := s.post(t, "k", `{}`)
+		if first.status == http.StatusCreated {
+			requireReplay(t, first, second)
+		} else {
+			requireProblem(t, first, http.StatusServiceUnavailable, "store-unavailable")
+			require.Equal(t, http.StatusCreated, second.status, "%s", second.body)
+			requireReplay(t, second, s.post(t, "k", `{}`))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, k := range relayed {
+			require.Equal(t, relayed[0], k, "one life of the key: one relayed key")
+		}
+	})
+
+	// Regression (PostgreSQL): a handler whose statement failed inside the
+	// claim's transaction (aborted, 25P02) and that answered 409 itself got
+	// 503 store-unavailable on every attempt, ran on every retry, and
+	// nothing was recorded.
+	t.Run("HandlerAnswersItsSQLError", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		biz := h.Business(t, d)
+		var runs, dupFailed atomic.Int32
+		s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			tx, err := idemdriver.TxFromContext(r.Context())
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			id := "dup/" + r.Header.Get("Idempotency-Key")
+			if err := biz.Insert(r.Context(), tx, id); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			if err := biz.Insert(r.Context(), tx, id); err != nil { // a unique violation the handler handles
+				dupFailed.Add(1)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusConflict)
+				fmt.Fprint(w, `{"error":"duplicate order"}`)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		})
+		first := s.post(t, "k", `{}`)
+		require.NoError(t, first.err)
+		require.Equal(t, http.StatusConflict, first.status, "%s", first.body)
+		requireReplay(t, first, s.post(t, "k", `{}`))
+		require.EqualValues(t, 1, runs.Load())
+		require.EqualValues(t, 1, dupFailed.Load())
+	})
+
+	// The README's snippet ignores tx.Exec's error and answers 201. Where
+	// the failed statement aborted the transaction (PostgreSQL), the 201
+	// claims writes that never happened: 500 transaction-aborted, recorded
+	// FAILED, and the retry runs again (regression: 503 store-unavailable
+	// forever). Where it did not (SQLite, MariaDB: only the statement
+	// fails), the other writes commit with the 201, which is replayed.
+	t.Run("HandlerIgnoresSQLError", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		biz := h.Business(t, d)
+		var runs atomic.Int32
+		var aborted atomic.Bool
+		s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+			run := runs.Add(1)
+			tx, err := idemdriver.TxFromContext(r.Context())
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			id := fmt.Sprintf("ignored/%d", run)
+			_ = biz.Insert(r.Context(), tx, id)
+			_ = biz.Insert(r.Context(), tx, id) // fails: ignored, as the snippet does
+			// Whether the database aborted the transaction: a later
+			// statement fails too.
+			if biz.Insert(r.Context(), tx, fmt.Sprintf("probe/%d", run)) != nil {
+				aborted.Store(true)
+			}
+			w.WriteHeader(http.StatusCreated)
+		})
+		ctx := context.Background()
+		first := s.post(t, "k", `{}`)
+		require.NoError(t, first.err)
+		t.Logf("the failed statement aborted the transaction: %v", aborted.Load())
+		if aborted.Load() {
+			requireProblem(t, first, http.StatusInternalServerError, "transaction-aborted")
+			rec, err := d.Get(ctx, idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k"})
+			require.NoError(t, err)
+			require.Equal(t, idemdriver.StateFailed, rec.State)
+			n, err := biz.Count(ctx, "ignored/1")
+			require.NoError(t, err)
+			require.Zero(t, n)
+			requireProblem(t, s.post(t, "k", `{}`), http.StatusInternalServerError, "transaction-aborted")
+			require.EqualValues(t, 2, runs.Load(), "FAILED: the retry runs again")
+			return
+		}
+		require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
+		requireReplay(t, first, s.post(t, "k", `{}`))
+		n, err := biz.Count(ctx, "ignored/1")
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.EqualValues(t, 1, runs.Load())
+	})
+
+	// Regression: Retry-After on 409 was the whole lease left (30 s by
+	// default) and, with the database clock stepped back, more than the
+	// lease (330 s). It is the in-flight delay (1 s by default), within
+	// [1 s, lease left] and never beyond LeaseDuration.
+	t.Run("InFlightRetryAfter", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
+		s := newServer(t, d, idem.Config{}, a)
+		back := &Clock{}
+		back.Advance(-5 * time.Minute)
+		stepped := newServer(t, Shift(d, back), idem.Config{}, &app{})
+		slow := newServer(t, d, idem.Config{InFlightRetryAfter: 5 * time.Second}, &app{})
+		done := make(chan answer)
+		go func() { done <- s.post(t, "k", `{}`) }()
+		<-a.started
+		busy := s.post(t, "k", `{}`)
+		requireProblem(t, busy, http.StatusConflict, "request-in-flight")
+		require.Equal(t, 1, retryAfter(t, busy), "the default in-flight delay")
+		stepBack := stepped.post(t, "k", `{}`)
+		requireProblem(t, stepBack, http.StatusConflict, "request-in-flight")
+		require.Equal(t, 1, retryAfter(t, stepBack), "a clock stepped back does not stretch it")
+		configured := slow.post(t, "k", `{}`)
+		requireProblem(t, configured, http.StatusConflict, "request-in-flight")
+		require.Equal(t, 5, retryAfter(t, configured))
+		a.release()
+		require.Equal(t, http.StatusCreated, (<-done).status)
+		require.EqualValues(t, 1, a.runs.Load())
+	})
+
+	// Regression: trailers (declared with Trailer, or set with
+	// http.TrailerPrefix) reached neither the first caller nor the replay,
+	// so a gRPC-style handler with its status in trailers broke.
+	t.Run("Trailers", func(t *testing.T) {
+		t.Parallel()
+		var runs atomic.Int32
+		cfg := idem.Config{ReplayHeaders: append(idem.DefaultReplayHeaders(), "X-Checksum", "Grpc-Status")}
+		s := newHandlerServer(t, h.NewDriver(t), cfg, func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.Header().Set("Trailer", "X-Checksum, X-Private")
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprint(w, `{"id":"pay_1"}`)
+			w.Header().Set("X-Checksum", "sha256:abc")
+			w.Header().Set("X-Private", "not replayed")
+			w.Header().Set(http.TrailerPrefix+"grpc-status", "0")
+		})
+		first := s.post(t, "k", `{}`)
+		require.NoError(t, first.err)
+		require.Equal(t, http.StatusCreated, first.status)
+		require.Equal(t, "sha256:abc", first.trailer.Get("X-Checksum"))
+		require.Equal(t, "not replayed", first.trailer.Get("X-Private"), "the first caller gets every trailer")
+		require.Equal(t, "0", first.trailer.Get("Grpc-Status"))
+		require.Empty(t, first.header.Get("X-Checksum"), "a trailer is not sent as a header")
+		again := s.post(t, "k", `{}`)
+		requireReplay(t, first, again)
+		require.Equal(t, "sha256:abc", again.trailer.Get("X-Checksum"))
+		require.Equal(t, "0", again.trailer.Get("Grpc-Status"))
+		require.Empty(t, again.trailer.Get("X-Private"), "only allow-listed trailers are replayed")
+		require.EqualValues(t, 1, runs.Load())
+	})
+
+	// Regression: a method that differs only in case from a protected one
+	// ("post") passed through unprotected, and a handler that matched
+	// methods case-insensitively ran twice.
+	t.Run("LowercaseMethodProtected", func(t *testing.T) {
+		t.Parallel()
+		a := &app{}
+		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+		first := s.do(context.Background(), "post", "/v1/payments", "k", `{}`)
+		require.NoError(t, first.err)
+		require.Equal(t, http.StatusCreated, first.status)
+		requireReplay(t, first, s.do(context.Background(), "post", "/v1/payments", "k", `{}`))
+		requireProblem(t, s.do(context.Background(), "post", "/v1/payments", "", `{}`), 400, "missing-key")
+		require.EqualValues(t, 1, a.runs.Load())
+	})
+
+	// Regression: a scope PostgreSQL cannot store (a NUL byte, invalid
+	// UTF-8) was answered 503, inviting retries forever. It is a server
+	// fault answered 500 once, the same on every driver.
+	t.Run("UnstorableScope", func(t *testing.T) {
+		t.Parallel()
+		for _, scope := range []string{"acct\x00nul", "acct\xff\xfe"} {
+			a := &app{}
+			s := newServer(t, h.NewDriver(t), idem.Config{Scope: func(*http.Request) (string, error) { return scope, nil }}, a)
+			requireProblem(t, s.post(t, "k", `{}`), http.StatusInternalServerError, "scope-unstorable")
+			require.Zero(t, a.runs.Load())
+		}
+	})
+
+	// Regression: a validation failure (415 for a wrong Content-Type) was
+	// recorded, so the corrected request with the same key got 422
+	// key-reused. The default still records it (idem cannot tell a 4xx
+	// answered before any side effect from one answered after); a handler
+	// that calls idem.ReleaseKey, or the ReleaseValidationFailures policy,
+	// releases the key, and the corrected request runs.
+	t.Run("ValidationFailureReleasesKey", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		biz := h.Business(t, d)
+		var runs atomic.Int32
+		validating := func(release bool) http.HandlerFunc {
+			return func(w http.ResponseWriter, r *http.Request) {
+				run := runs.Add(1)
+				tx, err := idemdriver.TxFromContext(r.Context())
+				if err == nil {
+					err = biz.Insert(r.Context(), tx, fmt.Sprintf("%s/%d", r.Header.Get("Idempotency-Key"), run))
+				}
+				if err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				if r.Header.Get("Content-Type") != "application/json" {
+					if release {
+						if err := idem.ReleaseKey(r.Context()); err != nil {
+							http.Error(w, err.Error(), http.StatusInternalServerError)
+							return
+						}
+					}
+					http.Error(w, "send application/json", http.StatusUnsupportedMediaType)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, `{"run":%d}`, run)
+			}
+		}
+		asText := func(r *http.Request) { r.Header.Set("Content-Type", "text/plain") }
+		ctx := context.Background()
+
+		// The default: the 415 is an outcome, replayed; the corrected
+		// request is another request for the key.
+		recorded := newHandlerServer(t, d, idem.Config{}, validating(false))
+		first := recorded.post(t, "burned", `{}`, asText)
+		require.Equal(t, http.StatusUnsupportedMediaType, first.status)
+		requireReplay(t, first, recorded.post(t, "burned", `{}`, asText))
+		requireProblem(t, recorded.post(t, "burned", `{}`), 422, "key-reused")
+
+		// The handler releases the key: nothing recorded, its writes
+		// rolled back, and the corrected request runs.
+		released := newHandlerServer(t, d, idem.Config{}, validating(true))
+		runs.Store(0)
+		refused := released.post(t, "k", `{}`, asText)
+		require.Equal(t, http.StatusUnsupportedMediaType, refused.status)
+		require.Empty(t, refused.header.Get(idem.HeaderReplayed))
+		_, err := d.Get(ctx, idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k"})
+		require.ErrorIs(t, err, idemdriver.ErrNotFound, "the record is removed")
+		n, err := biz.Count(ctx, "k/1")
+		require.NoError(t, err)
+		require.Zero(t, n, "the released execution's writes rolled back")
+		corrected := released.post(t, "k", `{}`)
+		require.Equal(t, http.StatusCreated, corrected.status, "%s", corrected.body)
+		requireReplay(t, corrected, released.post(t, "k", `{}`))
+		require.EqualValues(t, 2, runs.Load())
+
+		// The policy releases 400, 415 and 422 without the handler's help.
+		policy := newHandlerServer(t, d, idem.Config{Outcome: idem.ReleaseValidationFailures}, validating(false))
+		runs.Store(0)
+		require.Equal(t, http.StatusUnsupportedMediaType, policy.post(t, "p", `{}`, asText).status)
+		require.Equal(t, http.StatusCreated, policy.post(t, "p", `{}`).status)
+		require.EqualValues(t, 2, runs.Load())
 	})
 }

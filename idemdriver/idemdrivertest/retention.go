@@ -59,9 +59,9 @@ func runRetention(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		clock := &Clock{}
 		store := Shift(d, clock)
-		short, err := idem.New(idem.Config{Store: store, Retention: time.Hour})
+		short, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: store, Retention: time.Hour})
 		require.NoError(t, err)
-		long, err := idem.New(idem.Config{Store: store}) // 24 h
+		long, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: store}) // 24 h
 		require.NoError(t, err)
 		runs := map[string]*atomic.Int32{"/short": {}, "/long": {}}
 		handler := func(path string) http.Handler {
@@ -534,7 +534,7 @@ func runRetention(t *testing.T, h Harness) {
 			t.Skip("not a partitioned store")
 		}
 		limiter := need[idemdriver.RetentionLimiter](t, d, true, "idemdriver.RetentionLimiter")
-		_, err := idem.New(idem.Config{Store: d, Retention: limiter.MaxRetention() + time.Hour})
+		_, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, Retention: limiter.MaxRetention() + time.Hour})
 		require.Error(t, err, "a Retention past the partitions ahead is refused up front")
 		ctx := context.Background()
 		day := 24 * time.Hour

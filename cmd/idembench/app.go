@@ -1,0 +1,408 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// The routes of the server under test, one per way of serving POST
+// /payments (see the variants in variants.go).
+const (
+	routeBare    = "/bare/payments"     // no idempotency; the handler commits its own transaction
+	routeClaimTx = "/idem-tx/payments"  // idem; the handler writes in the claim's transaction
+	routeOwnTx   = "/idem-own/payments" // idem; the handler commits its own transaction
+	routeFloor   = "/floor/payments"    // idem's statements sent by hand
+	routeNaive   = "/naive/payments"    // the article's naive Redis cache
+	routeHold    = "/hold/payments"     // idem; the handler waits for release (409s)
+)
+
+// The request of every variant: a payment as cmd/paymentsd takes it.
+var (
+	paymentBody      = []byte(`{"amount":1000,"currency":"JPY","customer":"cus_42","description":"Order #1001"}`)
+	otherPaymentBody = []byte(`{"amount":2000,"currency":"JPY","customer":"cus_42","description":"Order #1001"}`)
+)
+
+// merchant is the scope of every request (Authorization: Bearer sk_test_<merchant>).
+const merchant = "acme"
+
+// scopeOf is Config.Scope: the merchant of the bearer token, as
+// cmd/paymentsd's authentication gives it.
+func scopeOf(r *http.Request) (string, error) {
+	m, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer sk_test_")
+	if !ok || m == "" {
+		return "", errors.New("no bearer token sk_test_<merchant>")
+	}
+	return m, nil
+}
+
+// paymentInput is the request body.
+type paymentInput struct {
+	Amount      int64   `json:"amount"`
+	Currency    string  `json:"currency"`
+	Customer    string  `json:"customer"`
+	Description *string `json:"description"`
+}
+
+// paymentJSON is the 201 body: 176 bytes for paymentBody, as issue 11's
+// handler answers.
+type paymentJSON struct {
+	ID          string  `json:"id"`
+	Amount      int64   `json:"amount"`
+	Currency    string  `json:"currency"`
+	Customer    string  `json:"customer"`
+	Description *string `json:"description"`
+	Status      string  `json:"status"`
+	CreatedAt   string  `json:"created_at"`
+}
+
+// app serves the routes above on one target.
+type app struct {
+	t     *target
+	mw    *idem.Middleware
+	naive *naiveCache // nil without Redis
+	hold  holdGate
+	log   *slog.Logger
+}
+
+func newApp(t *target, naive *naiveCache, log *slog.Logger) (*app, error) {
+	mw, err := idem.New(idem.Config{Store: t.store, Scope: scopeOf, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	return &app{t: t, mw: mw, naive: naive, log: log}, nil
+}
+
+func (a *app) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST "+routeBare, http.HandlerFunc(a.createOwnTx))
+	mux.Handle("POST "+routeClaimTx, a.mw.Handler(http.HandlerFunc(a.createInClaimTx)))
+	mux.Handle("POST "+routeOwnTx, a.mw.Handler(http.HandlerFunc(a.createOwnTx)))
+	mux.Handle("POST "+routeFloor, http.HandlerFunc(a.createFloor))
+	mux.Handle("POST "+routeHold, a.mw.Handler(http.HandlerFunc(a.held)))
+	if a.naive != nil {
+		mux.Handle("POST "+routeNaive, a.naive.wrap(http.HandlerFunc(a.createOwnTx)))
+	}
+	return mux
+}
+
+// payment is one payment about to be written.
+type payment struct {
+	id      string
+	in      paymentInput
+	created time.Time
+}
+
+func newPayment(body io.Reader) (payment, error) {
+	var p payment
+	if err := json.NewDecoder(body).Decode(&p.in); err != nil {
+		return p, err
+	}
+	u, err := uuid.NewV7()
+	if err != nil {
+		return p, err
+	}
+	p.id, p.created = "pay_"+u.String(), time.Now().UTC()
+	return p, nil
+}
+
+// write inserts the payment row and its ledger row in tx.
+func (a *app) write(ctx context.Context, tx bizTx, scope string, p payment) error {
+	us := p.created.UnixMicro()
+	if err := tx.exec(ctx, a.t.insertPayment, p.id, scope, p.in.Amount, p.in.Currency, p.in.Customer, p.in.Description, us); err != nil {
+		return err
+	}
+	return tx.exec(ctx, a.t.insertLedger, p.id, scope, p.in.Amount, us)
+}
+
+func (p payment) response() []byte {
+	b, _ := json.Marshal(paymentJSON{
+		ID: p.id, Amount: p.in.Amount, Currency: p.in.Currency, Customer: p.in.Customer,
+		Description: p.in.Description, Status: "succeeded", CreatedAt: p.created.Format(time.RFC3339),
+	})
+	return b
+}
+
+func (p payment) respond(w http.ResponseWriter, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/v1/payments/"+p.id)
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write(body)
+}
+
+func (a *app) fail(w http.ResponseWriter, status int, err error) {
+	a.log.Error("idembench: handler", "err", err)
+	http.Error(w, err.Error(), status)
+}
+
+// createOwnTx is the bare handler: one transaction of its own (payment +
+// ledger row), committed, then 201.
+func (a *app) createOwnTx(w http.ResponseWriter, r *http.Request) { a.create(w, r, a.t.begin, true) }
+
+// createInClaimTx writes in the claim's transaction and leaves the commit to
+// idem (transactional mode, CONTRACT section 6).
+func (a *app) createInClaimTx(w http.ResponseWriter, r *http.Request) {
+	a.create(w, r, a.t.claimTx, false)
+}
+
+// create writes the payment and its ledger row in the transaction open
+// gives, commits it when commit is set, and answers 201.
+func (a *app) create(w http.ResponseWriter, r *http.Request, open func(context.Context) (bizTx, error), commit bool) {
+	ctx := r.Context()
+	scope, _ := scopeOf(r)
+	p, err := newPayment(r.Body)
+	if err != nil {
+		a.fail(w, http.StatusBadRequest, err)
+		return
+	}
+	tx, err := open(ctx)
+	if err != nil {
+		a.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	err = a.write(ctx, tx, scope, p)
+	if err == nil && commit {
+		err = tx.commit(ctx)
+	} else if err != nil && commit {
+		_ = tx.rollback(ctx)
+	}
+	if err != nil {
+		a.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	p.respond(w, p.response())
+}
+
+// floorHeaders are the stored headers of the floor's completion.
+func floorHeaders(p payment) ([]byte, error) {
+	return idemdriver.EncodeHeader(map[string][]string{
+		"Content-Type": {"application/json"}, "Location": {"/v1/payments/" + p.id},
+	})
+}
+
+// createFloor is "the floor": the statements idem needs for a first
+// execution in transactional mode, sent by hand with no middleware: the
+// claim (an INSERT of the PROCESSING record, committed on its own), then
+// the business transaction with the completion (an UPDATE by primary key and
+// fencing token) before its COMMIT. The request is read whole and hashed
+// (SHA-256) for the fingerprint column, as any claim must.
+func (a *app) createFloor(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	scope, _ := scopeOf(r)
+	key := r.Header.Get(idem.HeaderKey)
+	body, err := io.ReadAll(io.LimitReader(r.Body, idem.DefaultMaxRequestBytes))
+	if err != nil {
+		a.fail(w, http.StatusBadRequest, err)
+		return
+	}
+	fp := sha256.Sum256(body)
+	claimed, err := a.t.floorClaim(ctx, scope, key, r.URL.EscapedPath(), fp[:])
+	if err != nil {
+		a.fail(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	if !claimed {
+		http.Error(w, "key in use", http.StatusConflict)
+		return
+	}
+	p, err := newPayment(bytes.NewReader(body))
+	if err != nil {
+		a.fail(w, http.StatusBadRequest, err)
+		return
+	}
+	tx, err := a.t.begin(ctx)
+	if err != nil {
+		a.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	resp := p.response()
+	headers, err := floorHeaders(p)
+	if err == nil {
+		err = a.write(ctx, tx, scope, p)
+	}
+	if err == nil {
+		err = a.t.floorComplete(ctx, tx, scope, key, http.StatusCreated, headers, resp)
+	}
+	if err != nil {
+		_ = tx.rollback(ctx)
+		a.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	if err := tx.commit(ctx); err != nil {
+		a.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	p.respond(w, resp)
+}
+
+// holdGate keeps one protected request inside its handler while the 409
+// variant runs: its key is PROCESSING under a live lease (renewed by idem's
+// heartbeat), so every duplicate is answered 409.
+type holdGate struct {
+	mu      sync.Mutex
+	entered chan struct{}
+	release chan struct{}
+}
+
+// arm prepares the gate for the next held request.
+func (g *holdGate) arm() (entered, release chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.entered, g.release = make(chan struct{}), make(chan struct{})
+	return g.entered, g.release
+}
+
+func (a *app) held(w http.ResponseWriter, r *http.Request) {
+	a.hold.mu.Lock()
+	entered, release := a.hold.entered, a.hold.release
+	a.hold.mu.Unlock()
+	if entered == nil {
+		a.fail(w, http.StatusInternalServerError, errors.New("the hold route ran unarmed"))
+		return
+	}
+	close(entered)
+	select {
+	case <-release:
+	case <-r.Context().Done():
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// naiveCache is the article's naive idempotency middleware, for comparison
+// only (a minimal equivalent of cmd/paymentsd's --naive, which lives in that
+// command's main package): GET the key from Redis; on a hit replay the
+// stored response; on a miss run the handler and SET its response with a
+// TTL. No lock, no fingerprint, fails open: it double-executes concurrent
+// duplicates (README, "Why not cache the response in Redis?").
+type naiveCache struct {
+	rdb    *redis.Client
+	prefix string
+	ttl    time.Duration
+}
+
+func openNaiveCache(ctx context.Context, rawURL, prefix string) (*naiveCache, string, error) {
+	opt, err := redis.ParseURL(rawURL)
+	if err != nil {
+		return nil, "", fmt.Errorf("redis: %w", err)
+	}
+	c := redis.NewClient(opt)
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		c.Close()
+		return nil, "", fmt.Errorf("redis %s: %w", opt.Addr, err)
+	}
+	version := "Redis"
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			version = "Redis " + v
+		}
+	}
+	// The TTL outlives any run: an entry that expired mid-run would turn a
+	// replay into a first execution.
+	return &naiveCache{rdb: c, prefix: prefix, ttl: 6 * time.Hour}, version, nil
+}
+
+// close removes the run's entries (every key under the prefix) and closes
+// the client.
+func (n *naiveCache) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	iter := n.rdb.Scan(ctx, 0, n.prefix+"*", 1000).Iterator()
+	var batch []string
+	var err error
+	for iter.Next(ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == 1000 {
+			err = cmp.Or(err, n.rdb.Unlink(ctx, batch...).Err())
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		err = cmp.Or(err, n.rdb.Unlink(ctx, batch...).Err())
+	}
+	return errors.Join(err, iter.Err(), n.rdb.Close())
+}
+
+// cachedResponse is a response as the naive cache stores it.
+type cachedResponse struct {
+	Status int         `json:"status"`
+	Header http.Header `json:"header"`
+	Body   []byte      `json:"body"`
+}
+
+func (n *naiveCache) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get(idem.HeaderKey)
+		if key == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		scope, _ := scopeOf(r)
+		cacheKey := n.prefix + scope + ":" + key
+		b, err := n.rdb.Get(r.Context(), cacheKey).Bytes()
+		var cached cachedResponse
+		if err == nil && json.Unmarshal(b, &cached) == nil {
+			for k, v := range cached.Header {
+				w.Header()[k] = v
+			}
+			w.Header().Set(idem.HeaderReplayed, "true")
+			w.WriteHeader(cached.Status)
+			_, _ = w.Write(cached.Body)
+			return
+		}
+		// A miss, or Redis failed: run unprotected (fail open).
+		rec := &teeRecorder{ResponseWriter: w}
+		next.ServeHTTP(rec, r)
+		if rec.status == 0 || rec.status >= 500 {
+			return
+		}
+		stored := cachedResponse{Status: rec.status, Header: http.Header{}, Body: rec.body.Bytes()}
+		for _, h := range []string{"Content-Type", "Location"} {
+			if v := rec.Header().Values(h); len(v) > 0 {
+				stored.Header[h] = v
+			}
+		}
+		if value, err := json.Marshal(stored); err == nil {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+			_ = n.rdb.Set(ctx, cacheKey, value, n.ttl).Err()
+			cancel()
+		}
+	})
+}
+
+// teeRecorder passes a response through and keeps a copy.
+type teeRecorder struct {
+	http.ResponseWriter
+	status int
+	body   bytes.Buffer
+}
+
+func (t *teeRecorder) WriteHeader(status int) {
+	if t.status == 0 {
+		t.status = status
+	}
+	t.ResponseWriter.WriteHeader(status)
+}
+
+func (t *teeRecorder) Write(b []byte) (int, error) {
+	if t.status == 0 {
+		t.status = http.StatusOK
+	}
+	t.body.Write(b)
+	return t.ResponseWriter.Write(b)
+}

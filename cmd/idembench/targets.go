@@ -1,0 +1,463 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemmysql"
+	"github.com/idemgo/idem/idempgx"
+	"github.com/idemgo/idem/idemsqlite"
+)
+
+// poolSize is the connection pool of every database: the 32 connections of
+// issue 11's measurement, shared by idem and the handler.
+const poolSize = 32
+
+// Database names accepted by --db.
+const (
+	dbPostgres = "postgres"
+	dbMariaDB  = "mariadb"
+	dbSQLite   = "sqlite"
+)
+
+// allDatabases is --db's default, in the order of the report.
+var allDatabases = []string{dbPostgres, dbMariaDB, dbSQLite}
+
+// bizTx is a business transaction on any of the three databases: pgx.Tx or
+// *sql.Tx.
+type bizTx interface {
+	exec(ctx context.Context, query string, args ...any) error
+	commit(ctx context.Context) error
+	rollback(ctx context.Context) error
+}
+
+type pgxTx struct{ tx pgx.Tx }
+
+func (t pgxTx) exec(ctx context.Context, q string, args ...any) error {
+	_, err := t.tx.Exec(ctx, q, args...)
+	return err
+}
+func (t pgxTx) commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
+func (t pgxTx) rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
+
+type sqlTx struct{ tx *sql.Tx }
+
+func (t sqlTx) exec(ctx context.Context, q string, args ...any) error {
+	_, err := t.tx.ExecContext(ctx, q, args...)
+	return err
+}
+func (t sqlTx) commit(context.Context) error   { return t.tx.Commit() }
+func (t sqlTx) rollback(context.Context) error { return t.tx.Rollback() }
+
+// target is one database under test: idem's driver on it, the business
+// tables, and "the floor" (the statements idem needs, sent by hand).
+type target struct {
+	slug    string // postgres, mariadb, sqlite (--db)
+	name    string // PostgreSQL, MariaDB, SQLite
+	version string // the server's version string
+
+	store idem.Store
+
+	// begin starts a business transaction of the handler's own on the
+	// pool idem uses.
+	begin func(ctx context.Context) (bizTx, error)
+	// claimTx returns the claim's transaction (idempgx.Tx, idemmysql.Tx,
+	// idemsqlite.Tx) from a protected handler's context.
+	claimTx func(ctx context.Context) (bizTx, error)
+
+	// insertPayment takes id, merchant, amount, currency, customer,
+	// description, created_at (µs); insertLedger takes payment_id, merchant,
+	// amount, created_at (µs).
+	insertPayment, insertLedger string
+
+	// floorClaim inserts the PROCESSING record of a new key in a statement
+	// of its own (committed before the handler runs, as idem's durable
+	// claim); false when the key exists.
+	floorClaim func(ctx context.Context, scope, key, path string, fingerprint []byte) (bool, error)
+	// floorComplete records the response in tx, by primary key and
+	// fencing token, as idem's completion in the business transaction.
+	floorComplete func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error
+
+	close func()
+}
+
+// openTarget opens, and lays out afresh, the database named slug. Each run
+// owns its place: the PostgreSQL schema and the MariaDB database named
+// place (dropped and created again), or an SQLite file in dir.
+func openTarget(ctx context.Context, slug string, o options, dir string) (*target, error) {
+	switch slug {
+	case dbPostgres:
+		return openPostgres(ctx, o.pgURL, o.place)
+	case dbMariaDB:
+		return openMariaDB(ctx, o.mysqlURL, o.place)
+	case dbSQLite:
+		return openSQLite(ctx, filepath.Join(dir, o.place+".db"))
+	}
+	return nil, fmt.Errorf("unknown database %q (want %s)", slug, strings.Join(allDatabases, ", "))
+}
+
+func openPostgres(ctx context.Context, rawURL, schema string) (*target, error) {
+	admin, err := pgx.Connect(ctx, rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	defer admin.Close(ctx)
+	ident := pgx.Identifier{schema}.Sanitize()
+	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+ident+" CASCADE"); err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+ident); err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	var version string
+	if err := admin.QueryRow(ctx, "SHOW server_version").Scan(&version); err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	cfg, err := pgxpool.ParseConfig(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.MaxConns, cfg.MinConns = poolSize, poolSize
+	cfg.MaxConnLifetime, cfg.MaxConnIdleTime = 24*time.Hour, 24*time.Hour
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if err := prewarm(ctx, func(ctx context.Context) (func(), error) {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return c.Release, nil
+	}); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	drop := func() {
+		pool.Close()
+		if c, err := pgx.Connect(context.Background(), rawURL); err == nil {
+			_, _ = c.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+ident+" CASCADE")
+			c.Close(context.Background())
+		}
+	}
+	d := idempgx.New(pool)
+	if err := d.Migrate(ctx); err != nil {
+		drop()
+		return nil, fmt.Errorf("postgres: migrate: %w", err)
+	}
+	if err := layOut(ctx, pgExec(pool),
+		`CREATE TABLE bench_payments (id text PRIMARY KEY, merchant text NOT NULL, amount bigint NOT NULL,
+			currency text NOT NULL, customer text NOT NULL, description text, status text NOT NULL, created_at bigint NOT NULL)`,
+		`CREATE TABLE bench_ledger (id bigserial PRIMARY KEY, payment_id text NOT NULL, merchant text NOT NULL,
+			amount bigint NOT NULL, created_at bigint NOT NULL)`,
+	); err != nil {
+		drop()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	return &target{
+		slug: dbPostgres, name: "PostgreSQL", version: "PostgreSQL " + version,
+		store: d,
+		begin: func(ctx context.Context) (bizTx, error) {
+			tx, err := pool.Begin(ctx)
+			return pgxTx{tx}, err
+		},
+		claimTx: func(ctx context.Context) (bizTx, error) {
+			tx, err := idempgx.Tx(ctx)
+			return pgxTx{tx}, err
+		},
+		insertPayment: `INSERT INTO bench_payments (id, merchant, amount, currency, customer, description, status, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6, 'succeeded', $7)`,
+		insertLedger: `INSERT INTO bench_ledger (payment_id, merchant, amount, created_at) VALUES ($1, $2, $3, $4)`,
+		floorClaim: func(ctx context.Context, scope, key, path string, fp []byte) (bool, error) {
+			tag, err := pool.Exec(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
+				locked_until, created_at, updated_at, expires_at, attempts)
+				VALUES ($1, $2, 'POST', $3, $4, 'PROCESSING', 1, now() + interval '30 seconds', now(), now(), now() + interval '1 day', 1)
+				ON CONFLICT DO NOTHING`, scope, key, path, fp)
+			return err == nil && tag.RowsAffected() == 1, err
+		},
+		floorComplete: func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error {
+			return expectOneRow(tx.(pgxTx).tx.Exec(ctx, `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
+				response_status = $3, response_headers = $4, response_body = $5, response_body_stored = true,
+				response_body_size = $6, completed_at = now(), updated_at = now()
+				WHERE scope = $1 AND key = $2 AND fencing_token = 1`, scope, key, status, headers, body, len(body)))
+		},
+		close: drop,
+	}, nil
+}
+
+func pgExec(pool *pgxpool.Pool) func(context.Context, string) error {
+	return func(ctx context.Context, q string) error { _, err := pool.Exec(ctx, q); return err }
+}
+
+func sqlExec(db *sql.DB) func(context.Context, string) error {
+	return func(ctx context.Context, q string) error { _, err := db.ExecContext(ctx, q); return err }
+}
+
+// prewarm opens the pool's poolSize connections before the run, so that
+// the measurement opens none (and a server shared with other work cannot
+// refuse one midway, "too many clients"): it holds poolSize connections at
+// once, then gives them back to the pool, which keeps them. A server that
+// has no room is tried again for up to 3 minutes.
+func prewarm(ctx context.Context, acquire func(context.Context) (release func(), err error)) error {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var (
+			mu       sync.Mutex
+			releases []func()
+			firstErr error
+			wg       sync.WaitGroup
+		)
+		for range poolSize {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				release, err := acquire(actx)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					firstErr = cmp.Or(firstErr, err)
+					return
+				}
+				releases = append(releases, release)
+			}()
+		}
+		wg.Wait()
+		for _, release := range releases {
+			release()
+		}
+		if firstErr == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("opening %d connections: %w", poolSize, firstErr)
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+// layOut creates the business tables with exec.
+func layOut(ctx context.Context, exec func(ctx context.Context, ddl string) error, ddl ...string) error {
+	for _, q := range ddl {
+		if err := exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func expectOneRow(tag pgconn.CommandTag, err error) error {
+	if err == nil && tag.RowsAffected() != 1 {
+		err = fmt.Errorf("the completion changed %d rows", tag.RowsAffected())
+	}
+	return err
+}
+
+func expectOneSQLRow(res sql.Result, err error) error {
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err == nil && n != 1 {
+		err = fmt.Errorf("the completion changed %d rows", n)
+	}
+	return err
+}
+
+// mysqlURLWithDB returns rawURL (mysql://user@host:port/db) naming db.
+func mysqlURLWithDB(rawURL, db string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", err
+	}
+	u.Path = "/" + db
+	return u.String(), nil
+}
+
+func openMariaDB(ctx context.Context, rawURL, database string) (*target, error) {
+	admin, err := idemmysql.Open(ctx, rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("mariadb: %w", err)
+	}
+	ident := "`" + strings.ReplaceAll(database, "`", "``") + "`"
+	_, err = admin.DB().ExecContext(ctx, "DROP DATABASE IF EXISTS "+ident)
+	if err == nil {
+		_, err = admin.DB().ExecContext(ctx, "CREATE DATABASE "+ident)
+	}
+	var version string
+	if err == nil {
+		err = admin.DB().QueryRowContext(ctx, "SELECT VERSION()").Scan(&version)
+	}
+	admin.Close()
+	if err != nil {
+		return nil, fmt.Errorf("mariadb: %w", err)
+	}
+	dropDB := func() {
+		if a, err := idemmysql.Open(context.Background(), rawURL); err == nil {
+			_, _ = a.DB().ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+ident)
+			a.Close()
+		}
+	}
+	dbURL, err := mysqlURLWithDB(rawURL, database)
+	if err != nil {
+		return nil, fmt.Errorf("mariadb: %w", err)
+	}
+	d, err := idemmysql.Open(ctx, dbURL)
+	if err != nil {
+		dropDB()
+		return nil, fmt.Errorf("mariadb: %w", err)
+	}
+	db := d.DB()
+	db.SetMaxOpenConns(poolSize)
+	db.SetMaxIdleConns(poolSize)
+	db.SetConnMaxLifetime(0)
+	drop := func() { d.Close(); dropDB() }
+	if err := prewarm(ctx, func(ctx context.Context) (func(), error) {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return func() { c.Close() }, nil
+	}); err != nil {
+		drop()
+		return nil, fmt.Errorf("mariadb: %w", err)
+	}
+	if err := d.Migrate(ctx); err != nil {
+		drop()
+		return nil, fmt.Errorf("mariadb: migrate: %w", err)
+	}
+	if err := layOut(ctx, sqlExec(db),
+		`CREATE TABLE bench_payments (id VARCHAR(64) PRIMARY KEY, merchant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL,
+			currency VARCHAR(3) NOT NULL, customer VARCHAR(255) NOT NULL, description TEXT, status VARCHAR(16) NOT NULL,
+			created_at BIGINT NOT NULL) ENGINE = InnoDB`,
+		`CREATE TABLE bench_ledger (id BIGINT AUTO_INCREMENT PRIMARY KEY, payment_id VARCHAR(64) NOT NULL,
+			merchant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL, created_at BIGINT NOT NULL) ENGINE = InnoDB`,
+	); err != nil {
+		drop()
+		return nil, fmt.Errorf("mariadb: %w", err)
+	}
+	return &target{
+		slug: dbMariaDB, name: "MariaDB", version: "MariaDB " + strings.TrimSuffix(version, "-MariaDB"),
+		store: d,
+		begin: func(ctx context.Context) (bizTx, error) {
+			// READ COMMITTED: the sessions' default that idemmysql.Open sets.
+			tx, err := db.BeginTx(ctx, nil)
+			return sqlTx{tx}, err
+		},
+		claimTx: func(ctx context.Context) (bizTx, error) {
+			tx, err := idemmysql.Tx(ctx)
+			return sqlTx{tx}, err
+		},
+		insertPayment: `INSERT INTO bench_payments (id, merchant, amount, currency, customer, description, status, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, 'succeeded', ?)`,
+		insertLedger: `INSERT INTO bench_ledger (payment_id, merchant, amount, created_at) VALUES (?, ?, ?, ?)`,
+		floorClaim: func(ctx context.Context, scope, key, path string, fp []byte) (bool, error) {
+			_, err := db.ExecContext(ctx, "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, state, fencing_token,"+
+				" locked_until, created_at, updated_at, expires_at, attempts)"+
+				" VALUES (?, ?, 'POST', ?, ?, 'PROCESSING', 1, NOW(6) + INTERVAL 30 SECOND, NOW(6), NOW(6), NOW(6) + INTERVAL 1 DAY, 1)",
+				scope, key, path, fp)
+			var me *mysql.MySQLError
+			if errors.As(err, &me) && me.Number == 1062 { // ER_DUP_ENTRY
+				return false, nil
+			}
+			return err == nil, err
+		},
+		floorComplete: func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error {
+			return expectOneSQLRow(tx.(sqlTx).tx.ExecContext(ctx, "UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,"+
+				" response_status = ?, response_headers = ?, response_body = ?, response_body_stored = true,"+
+				" response_body_size = ?, completed_at = NOW(6), updated_at = NOW(6)"+
+				" WHERE scope = ? AND `key` = ? AND fencing_token = 1", status, headers, body, len(body), scope, key))
+		},
+		close: drop,
+	}, nil
+}
+
+func openSQLite(ctx context.Context, path string) (*target, error) {
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("sqlite: %w", err)
+		}
+	}
+	d, err := idemsqlite.Open(ctx, path)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: %w", err)
+	}
+	db := d.DB()
+	db.SetMaxOpenConns(poolSize)
+	db.SetMaxIdleConns(poolSize)
+	drop := func() {
+		d.Close()
+		for _, suffix := range []string{"", "-wal", "-shm"} {
+			_ = os.Remove(path + suffix)
+		}
+	}
+	if err := d.Migrate(ctx); err != nil {
+		drop()
+		return nil, fmt.Errorf("sqlite: migrate: %w", err)
+	}
+	var version string
+	if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&version); err != nil {
+		drop()
+		return nil, fmt.Errorf("sqlite: %w", err)
+	}
+	if err := layOut(ctx, sqlExec(db),
+		`CREATE TABLE bench_payments (id TEXT PRIMARY KEY, merchant TEXT NOT NULL, amount INTEGER NOT NULL,
+			currency TEXT NOT NULL, customer TEXT NOT NULL, description TEXT, status TEXT NOT NULL, created_at INTEGER NOT NULL)`,
+		`CREATE TABLE bench_ledger (id INTEGER PRIMARY KEY, payment_id TEXT NOT NULL, merchant TEXT NOT NULL,
+			amount INTEGER NOT NULL, created_at INTEGER NOT NULL)`,
+	); err != nil {
+		drop()
+		return nil, fmt.Errorf("sqlite: %w", err)
+	}
+	const sqliteNow = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
+	return &target{
+		slug: dbSQLite, name: "SQLite", version: "SQLite " + version + " (modernc.org/sqlite, WAL, synchronous=FULL)",
+		store: d,
+		begin: func(ctx context.Context) (bizTx, error) {
+			tx, err := db.BeginTx(ctx, nil) // BEGIN IMMEDIATE (idemsqlite.DSN)
+			return sqlTx{tx}, err
+		},
+		claimTx: func(ctx context.Context) (bizTx, error) {
+			tx, err := idemsqlite.Tx(ctx)
+			return sqlTx{tx}, err
+		},
+		insertPayment: `INSERT INTO bench_payments (id, merchant, amount, currency, customer, description, status, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, 'succeeded', ?)`,
+		insertLedger: `INSERT INTO bench_ledger (payment_id, merchant, amount, created_at) VALUES (?, ?, ?, ?)`,
+		floorClaim: func(ctx context.Context, scope, key, path string, fp []byte) (bool, error) {
+			res, err := db.ExecContext(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
+				locked_until, created_at, updated_at, expires_at, attempts)
+				VALUES (?, ?, 'POST', ?, ?, 'PROCESSING', 1, `+sqliteNow+` + 30000000, `+sqliteNow+`, `+sqliteNow+`,
+				`+sqliteNow+` + 86400000000, 1) ON CONFLICT DO NOTHING`, scope, key, path, fp)
+			if err != nil {
+				return false, err
+			}
+			n, err := res.RowsAffected()
+			return n == 1, err
+		},
+		floorComplete: func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error {
+			return expectOneSQLRow(tx.(sqlTx).tx.ExecContext(ctx, `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
+				response_status = ?, response_headers = ?, response_body = ?, response_body_stored = 1,
+				response_body_size = ?, completed_at = `+sqliteNow+`, updated_at = `+sqliteNow+`
+				WHERE scope = ? AND key = ? AND fencing_token = 1`, status, headers, body, len(body), scope, key))
+		},
+		close: drop,
+	}, nil
+}

@@ -1,0 +1,62 @@
+package idem_test
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
+)
+
+// openSQLite returns a migrated SQLite store on a file of the test's own,
+// closed when the test ends.
+func openSQLite(t testing.TB) *idemsqlite.Driver {
+	t.Helper()
+	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(t.Context()))
+	return d
+}
+
+// newMiddleware is idem.New for tests: a store of its own when cfg has
+// none, the single-tenant scope when cfg names none, and a silent logger.
+func newMiddleware(t testing.TB, cfg idem.Config) *idem.Middleware {
+	t.Helper()
+	if cfg.Store == nil {
+		cfg.Store = openSQLite(t)
+	}
+	if cfg.Scope == nil {
+		cfg.Scope = idem.SingleTenant
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	mw, err := idem.New(cfg)
+	require.NoError(t, err)
+	return mw
+}
+
+// send serves one request through h: method and path, the key (none when
+// empty) and the body; mutate may change the request before it is served.
+func send(h http.Handler, method, path, key, body string, mutate ...func(*http.Request)) *httptest.ResponseRecorder {
+	var rd io.Reader = strings.NewReader(body)
+	req := httptest.NewRequest(method, path, rd)
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set(idem.HeaderKey, key)
+	}
+	for _, f := range mutate {
+		f(req)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
