@@ -201,8 +201,12 @@ func TestCommands(t *testing.T) {
 			require.InDelta(t, 24*3600, rec["expires_in_seconds"], 60)
 
 			out = c.ok("inspect", "--scope", "acct_1", "--key", "busy")
-			require.Contains(t, out, "409 request-in-flight, Retry-After")
-			require.Contains(t, out, "s left")
+			// The server's Retry-After is its in-flight delay
+			// (Config.InFlightRetryAfter, unknown here), not the lease left
+			// (regression: inspect said "Retry-After 30" for a 30 s lease).
+			require.Regexp(t, `next request\s+409 request-in-flight \(lease [\d.]+s left; `+
+				`Retry-After is the server's in-flight delay, 1 s by default, at most the lease left\)`, out)
+			require.NotRegexp(t, `Retry-After \d`, out)
 			busy := c.json("inspect", "--scope", "acct_1", "--key", "busy")
 			require.InDelta(t, 30, busy["lease_left_seconds"], 10)
 			require.Nil(t, busy["response"])
