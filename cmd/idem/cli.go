@@ -36,6 +36,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	fmt.Fprintln(stderr, "idem:", err)
+	if missingTable(err) {
+		fmt.Fprintln(stderr, "idem: hint: idem's table is not in this database: check the URL's schema "+
+			"(PostgreSQL: search_path=...; MySQL: the database name; SQLite: the file's path), or run `idem migrate up`")
+	}
 	var ue usageError
 	if errors.As(err, &ue) || cmd == nil || !cmd.Runnable() || isFlagError(err) {
 		return 2

@@ -592,3 +592,27 @@ func TestReleaseRefusesDamagedSucceeded(t *testing.T) {
 	require.Contains(t, why, "its response is missing")
 	require.Contains(t, why, "its side effect happened")
 }
+
+// On a database without idem's table, a command says where to look
+// (regression: it printed only `relation "idem_keys" does not exist`,
+// MySQL's error 1146 or SQLite's "no such table").
+func TestMissingTableHint(t *testing.T) {
+	for _, b := range backends {
+		if b.partitioned {
+			continue
+		}
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			url, _ := b.setup(t, false)
+			c := cli{t: t, url: url}
+			for _, args := range [][]string{{"stats"}, {"stuck"}, {"list"}, {"inspect", "--scope", "s", "--key", "k"}} {
+				_, errOut, code := c.run(args...)
+				require.Equal(t, 1, code, "idem %v: %s", args, errOut)
+				require.Contains(t, errOut, "idem_keys", "idem %v", args)
+				require.Contains(t, errOut, "hint: idem's table is not in this database", "idem %v", args)
+				require.Contains(t, errOut, "`idem migrate up`", "idem %v", args)
+			}
+			c.ok("migrate", "status")
+		})
+	}
+}
