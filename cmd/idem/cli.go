@@ -38,7 +38,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stderr, "idem:", err)
 	if missingTable(err) {
 		fmt.Fprintln(stderr, "idem: hint: idem's table is not in this database: check the URL's schema "+
-			"(PostgreSQL: search_path=...; MySQL: the database name; SQLite: the file's path), or run `idem migrate up`")
+			"(PostgreSQL: search_path=... or idem_schema=...; MySQL: the database name; SQLite: the file's path), or run `idem migrate up`")
 	}
 	var ue usageError
 	if errors.As(err, &ue) || cmd == nil || !cmd.Runnable() || isFlagError(err) {
@@ -74,7 +74,9 @@ Every time is the database's clock. Output is a table, or JSON with --json.
 
 The database comes from --database-url (or IDEM_DATABASE_URL):
   postgres://... or postgresql://...  PostgreSQL (add search_path=... for a schema);
-                                      a partitioned idem_keys is detected
+                                      a partitioned idem_keys is detected; behind
+                                      pgbouncer add idem_pooler=transaction and
+                                      idem_schema=NAME (docs/deployment.md)
   mysql://user:pass@host:port/db      MySQL / MariaDB
   sqlite:PATH, file:PATH or PATH      the SQLite file at PATH`,
 		SilenceUsage:  true,

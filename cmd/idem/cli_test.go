@@ -616,3 +616,33 @@ func TestMissingTableHint(t *testing.T) {
 		})
 	}
 }
+
+// The URL's idem_schema and idem_pooler reach idempgx.Options (regression:
+// pgx sent them to the server as run-time parameters, so a URL for
+// pgbouncer with idem's schema named could not be used at all).
+func TestPostgresURLParams(t *testing.T) {
+	t.Parallel()
+	base := dbtest.RequireURL(t, dbtest.EnvPostgres)
+	_, schema := dbtest.PostgresURL(t)
+	for _, u := range []string{os.Getenv("TEST_PGBOUNCER_URL"), base} {
+		if u == "" {
+			continue // no pgbouncer (TEST_PGBOUNCER_URL) to test through
+		}
+		sep := "?"
+		if strings.Contains(u, "?") {
+			sep = "&"
+		}
+		c := cli{t: t, url: u + sep + "idem_pooler=transaction&idem_schema=" + schema}
+		c.ok("migrate", "up")
+		require.Regexp(t, `records\s+0\n`, c.ok("stats"))
+		require.Contains(t, c.ok("migrate", "status"), "applied")
+		pool, err := pgxpool.New(context.Background(), base)
+		require.NoError(t, err)
+		var n int
+		require.NoError(t, pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'idem_keys'`, schema).Scan(&n))
+		pool.Close()
+		require.Equal(t, 1, n, "idem_keys is in %s", schema)
+		c.ok("migrate", "down")
+	}
+}

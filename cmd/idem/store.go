@@ -22,7 +22,8 @@ type store struct {
 
 // parseDatabaseURL tells which database a --database-url names (dburl.Parse):
 //   - postgres://... or postgresql://...: PostgreSQL (pgx URL syntax; add
-//     search_path=... for another schema than the user's default);
+//     search_path=... for another schema than the user's default, and
+//     idem_pooler=transaction, idem_schema=NAME behind pgbouncer);
 //   - mysql://... or mariadb://...: MySQL / MariaDB (idemmysql.Open's URL syntax);
 //   - sqlite:PATH, sqlite://PATH, file:PATH, file://PATH or a plain PATH:
 //     the SQLite file at PATH.
