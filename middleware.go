@@ -441,6 +441,11 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		owned, ferr := e.failed()
 		var status int
 		switch {
+		case !owned && e.takenOver():
+			// The COMMIT failed because another request took the key over
+			// (on Galera, a certification failure, 1213, against a takeover
+			// on another node): the lease was lost, as on one server.
+			m.leaseLost(w)
 		case ferr != nil:
 			status = m.outcomeUnknown(ctx, w, err, fmt.Sprintf("the idempotency store failed while recording the result; "+
 				"retry with the same key: it gets the result if it was recorded, or runs again once the lease (%s) runs out", m.cfg.LeaseDuration))
