@@ -59,7 +59,7 @@ func NewTelemetry(name, traces string, out io.Writer) (*Telemetry, error) {
 	res := resource.NewWithAttributes(semconv.SchemaURL, semconv.ServiceName(name))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
 	if err != nil {
 		return nil, err
 	}
