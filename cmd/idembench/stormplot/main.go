@@ -147,34 +147,24 @@ func seconds(s float64) string {
 }
 
 func render(path, title string, counts map[string]float64, bounds, buckets []float64) error {
-	dec := plot.New()
-	dec.Title.Text = "idem_decisions_total: increase during the storm"
+	dtitle := "idem_decisions_total: increase during the storm"
 	if title != "" {
-		dec.Title.Text = title
+		dtitle = title
 	}
-	dec.Y.Label.Text = "decisions"
 	vals := make(plotter.Values, len(decisions))
 	for i, d := range decisions {
 		vals[i] = counts[d]
 	}
-	bars, err := plotter.NewBarChart(vals, vg.Points(22))
+	dec, err := barPlot(dtitle, "decisions", decisions, vals, 22, color.RGBA{R: 0x2b, G: 0x6c, B: 0xb0, A: 0xff})
 	if err != nil {
 		return err
 	}
-	bars.Color = color.RGBA{R: 0x2b, G: 0x6c, B: 0xb0, A: 0xff}
-	dec.Add(bars)
-	dec.NominalX(decisions...)
-	dec.X.Tick.Label.Rotation = 0.6
-	dec.X.Tick.Label.XAlign = draw.XRight
 	labels, err := plotter.NewLabels(plotter.XYLabels{XYs: barTops(vals), Labels: texts(vals)})
 	if err != nil {
 		return err
 	}
 	dec.Add(labels)
 
-	hist := plot.New()
-	hist.Title.Text = "idem_handler_duration_seconds: executions by bucket"
-	hist.Y.Label.Text = "executions"
 	names := make([]string, len(buckets))
 	for i := range buckets {
 		switch {
@@ -184,15 +174,11 @@ func render(path, title string, counts map[string]float64, bounds, buckets []flo
 			names[i] = ">" + seconds(bounds[len(bounds)-1])
 		}
 	}
-	hb, err := plotter.NewBarChart(plotter.Values(buckets), vg.Points(14))
+	hist, err := barPlot("idem_handler_duration_seconds: executions by bucket", "executions", names, buckets, 14,
+		color.RGBA{R: 0xd9, G: 0x6c, B: 0x1e, A: 0xff})
 	if err != nil {
 		return err
 	}
-	hb.Color = color.RGBA{R: 0xd9, G: 0x6c, B: 0x1e, A: 0xff}
-	hist.Add(hb)
-	hist.NominalX(names...)
-	hist.X.Tick.Label.Rotation = 0.6
-	hist.X.Tick.Label.XAlign = draw.XRight
 
 	w, h := 12*vg.Inch, 4.8*vg.Inch
 	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(100), vgimg.UseBackgroundColor(color.White))
@@ -226,4 +212,22 @@ func texts(v plotter.Values) []string {
 		out[i] = strconv.FormatFloat(y, 'f', 0, 64)
 	}
 	return out
+}
+
+// barPlot is a bar chart of vals named by names (slanted labels), bars
+// width points wide.
+func barPlot(title, ylabel string, names []string, vals plotter.Values, width float64, c color.Color) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = title
+	p.Y.Label.Text = ylabel
+	bars, err := plotter.NewBarChart(vals, vg.Points(width))
+	if err != nil {
+		return nil, err
+	}
+	bars.Color = c
+	p.Add(bars)
+	p.NominalX(names...)
+	p.X.Tick.Label.Rotation = 0.6
+	p.X.Tick.Label.XAlign = draw.XRight
+	return p, nil
 }
