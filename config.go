@@ -344,12 +344,12 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-func (c Config) validate() error {
+func (c Config) validate(forHTTP bool) error {
 	var errs []error
 	if c.Store == nil {
 		errs = append(errs, errors.New("Store is required"))
 	}
-	if c.Scope == nil {
+	if c.Scope == nil && forHTTP {
 		errs = append(errs, errors.New("Scope is required: name the owner of each request's key (idem.SingleTenant for an API with one owner)"))
 	}
 	if c.LeaseDuration < time.Second {

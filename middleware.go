@@ -39,9 +39,12 @@ var neverReplayed = map[string]bool{
 
 // New validates cfg (after WithDefaults) and returns the middleware. The
 // error names every invalid field.
-func New(cfg Config) (*Middleware, error) {
+func New(cfg Config) (*Middleware, error) { return newMiddleware(cfg, true) }
+
+// newMiddleware is New; forHTTP requires Config.Scope (NewEngine does not).
+func newMiddleware(cfg Config, forHTTP bool) (*Middleware, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.validate(forHTTP); err != nil {
 		return nil, err
 	}
 	m := &Middleware{cfg: cfg, methods: map[string]bool{}, replay: map[string]bool{}}
@@ -128,14 +131,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		LeaseDuration: m.cfg.LeaseDuration, Retention: m.cfg.Retention,
 		Owner: m.cfg.Owner,
 	}
-	// Detached from the client: a hang-up must not cancel a claim that the
-	// database may already have committed, which would leave the key
-	// PROCESSING with nobody running it for a whole lease.
-	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.ClaimTimeout)
-	claimSent := time.Now() // the lease runs from the database's now, no earlier
-	res, err := m.cfg.Store.Claim(claimCtx, params)
-	cancel()
-	ev := Event{Method: r.Method, Scope: scope, Key: key, Claim: time.Since(claimSent)}
+	ev := Event{Method: r.Method, Scope: scope, Key: key}
+	res, claimSent, err := m.claim(r.Context(), params, &ev)
 	if errors.Is(err, idemdriver.ErrUnstorable) {
 		// The scope passed idem's rules but not this database's: a server
 		// fault that every retry would meet again.
@@ -150,7 +147,6 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.observe(r.Context(), &ev)
 		return
 	}
-	ev.Attempt = res.Record.Attempts
 	if !res.Claimed {
 		ev.Kind, ev.Status = m.answer(r.Context(), w, res.Record, params)
 		ev.Route = m.route(r, nil)
@@ -195,14 +191,15 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 // it lost to (CONTRACT section 3), and returns the event kind and the status
 // sent. The handler does not run.
 func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, rec idemdriver.Record, p idemdriver.ClaimParams) (EventKind, int) {
+	decision := lostTo(rec, p)
 	switch {
-	case rec.Method != p.Method || rec.Path != p.Path:
+	case decision == idemdriver.DecisionKeyReused && (rec.Method != p.Method || rec.Path != p.Path):
 		return EventKeyReused, writeProblem(w, ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used for %s %s; a key names one request", HeaderKey, rec.Method, rec.Path)))
-	case !bytes.Equal(rec.Fingerprint, p.Fingerprint):
+	case decision == idemdriver.DecisionKeyReused:
 		return EventKeyReused, writeProblem(w, ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used with a different request body or query; use a new key for a new request", HeaderKey)))
-	case rec.State == idemdriver.StateSucceeded && rec.Response != nil:
+	case decision == idemdriver.DecisionReplay && rec.Response != nil:
 		return EventReplayed, m.replayResponse(w, rec.Response)
-	case rec.State == idemdriver.StateSucceeded:
+	case decision == idemdriver.DecisionReplay:
 		// Damaged by hand or by a partial restore: no retry will ever find
 		// the response, so say so instead of 409 forever.
 		m.cfg.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
@@ -306,159 +303,46 @@ func (m *Middleware) storedResponse(c *captureWriter) idemdriver.Response {
 	return resp
 }
 
-// execute runs next as the owner of a claim and records its outcome, then
-// reports ev (the claim's event, its Claim duration and Attempt set) to the
-// Observer.
+// execute runs next as the owner of a claim (the protocol is run's),
+// writes the answer its verdict calls for, and reports ev to the Observer.
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, res idemdriver.ClaimResult, p idemdriver.ClaimParams, claimSent time.Time, ev *Event) {
-	rec := res.Record
 	ctx := r.Context()
-	e := newExecution(m, ctx, rec, p)
-	defer e.cancel(nil)
-	hb := e.startHeartbeat(claimSent)
-
 	cw := newCaptureWriter(w)
-	hr := r.WithContext(e.ctx)
-	ran := time.Now()
-	panicked, recovered := runHandler(next, cw, hr)
-	ev.Handler = time.Since(ran)
-	hb.stop()
-	ev.Route = m.route(r, hr)
-	executed := EventExecuted
-	if res.TookOver {
-		executed = EventTakenOver
-	}
-	// done reports the event: kind, the status sent, and its cause.
-	recording := time.Now()
-	done := func(kind EventKind, status int, err error) {
-		ev.Completion = time.Since(recording)
-		ev.Kind, ev.Status, ev.Err = kind, status, err
-		m.observe(ctx, ev)
-	}
-
-	cause := context.Cause(e.ctx)
-	lost, unreachable := errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrStoreUnavailable)
-	// Past MaxExecution a handler that used the claim's transaction cannot
-	// be recorded as it answered: its context was cancelled, and
-	// database/sql rolls a transaction back when the context it began on
-	// ends (MySQL, SQLite), so its writes may be gone. Nor can a handler
-	// that returned after its lease ran out: its record may expire before
-	// anyone replays it (Config.Retention). Roll back and record FAILED
-	// everywhere, so the retry runs again under the same relayed key.
-	timedOut := errors.Is(cause, ErrExecutionTimeout) && (e.txBegun() || hb.leaseRanOut())
-	if panicked {
-		e.rollback()
-		switch {
-		case lost:
-			done(EventLeaseLost, 0, cause)
-		case unreachable:
-			done(EventStoreUnavailable, 0, cause)
-		case !e.fail():
-			done(EventLeaseLost, 0, ErrLeaseLost)
-		default:
-			ev.Outcome = Failed
-			done(executed, 0, fmt.Errorf("idem: the handler panicked: %v", recovered))
-		}
-		panic(recovered)
-	}
-	switch {
-	case lost:
-		e.rollback()
-		done(EventLeaseLost, m.leaseLost(w), cause)
-		return
-	case timedOut:
-		e.rollback()
-		if !e.fail() {
-			done(EventLeaseLost, m.leaseLost(w), ErrLeaseLost)
-			return
-		}
-		ev.Outcome = Failed
-		done(executed, m.outcomeUnknown(ctx, w, cause, fmt.Sprintf("the request ran past its time limit (%s) and its result was not recorded "+
-			"(in transactional mode its writes were rolled back); retry with the same key: the request runs again", m.cfg.MaxExecution)), cause)
-		return
-	case unreachable:
-		// The lease could not be renewed: the outcome cannot be recorded as
-		// ours. The record stays PROCESSING until its lease runs out.
-		e.rollback()
-		done(EventStoreUnavailable, m.outcomeUnknown(ctx, w, cause, fmt.Sprintf("the idempotency store stopped answering while the request ran, so its result was not recorded; "+
-			"retry with the same key: once the store answers and the lease (%s) runs out, the request runs again", m.cfg.LeaseDuration)), cause)
-		return
-	}
-	outcome := m.cfg.Outcome(cw.statusCode())
-	if e.released() {
-		outcome = Released
-	}
-	ev.Outcome = outcome
-	switch outcome {
-	case Released:
-		e.rollback()
-		owned, err := e.release()
-		switch {
-		case err != nil:
-			// The key could not be released: a corrected request would
-			// meet key-reused. Mark it FAILED if the store answers, so the
-			// same request runs again at once, and say so rather than send
-			// an answer whose key stays burned.
-			e.fail()
-			done(EventCompletionFailed, m.outcomeUnknown(ctx, w, err, fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
-				"retry the same request with the same key", cw.statusCode())), err)
-		case !owned:
-			done(EventLeaseLost, m.leaseLost(w), ErrLeaseLost)
-		default:
-			cw.send()
-			done(EventReleased, cw.statusCode(), nil)
-		}
-		return
-	case Failed:
-		e.rollback()
-		if !e.fail() {
-			done(EventLeaseLost, m.leaseLost(w), ErrLeaseLost) // another worker owns the key now: its answer counts
-			return
-		}
+	fin := m.run(ctx, res, p, claimSent, ev, func(ectx context.Context) (int, bool, any) {
+		hr := r.WithContext(ectx)
+		panicked, recovered := runHandler(next, cw, hr)
+		ev.Route = m.route(r, hr)
+		return cw.statusCode(), panicked, recovered
+	}, func() idemdriver.Response { return m.storedResponse(cw) })
+	switch fin.verdict {
+	case verdictSend:
 		cw.send()
-		done(executed, cw.statusCode(), nil)
-		return
+		ev.Status = cw.statusCode()
+	case verdictLeaseLost:
+		ev.Status = m.leaseLost(w)
+	case verdictTimedOut:
+		ev.Status = m.outcomeUnknown(ctx, w, fin.err, fmt.Sprintf("the request ran past its time limit (%s) and its result was not recorded "+
+			"(in transactional mode its writes were rolled back); retry with the same key: the request runs again", m.cfg.MaxExecution))
+	case verdictUnreachable:
+		ev.Status = m.outcomeUnknown(ctx, w, fin.err, fmt.Sprintf("the idempotency store stopped answering while the request ran, so its result was not recorded; "+
+			"retry with the same key: once the store answers and the lease (%s) runs out, the request runs again", m.cfg.LeaseDuration))
+	case verdictReleaseFailed:
+		ev.Status = m.outcomeUnknown(ctx, w, fin.err, fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
+			"retry the same request with the same key", cw.statusCode()))
+	case verdictTxAborted:
+		ev.Status = writeProblem(w, ProblemFor(ErrTxAborted, fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
+			"(the server answered %d regardless); retry with the same key: the request runs again", cw.statusCode())))
+	case verdictCompletionUnknown:
+		ev.Status = m.outcomeUnknown(ctx, w, fin.err, fmt.Sprintf("the idempotency store failed while recording the result; "+
+			"retry with the same key: it gets the result if it was recorded, or runs again once the lease (%s) runs out", m.cfg.LeaseDuration))
+	case verdictCompletionNotRecorded:
+		ev.Status = m.outcomeUnknown(ctx, w, fin.err, "the idempotency store failed while recording the result, which was not recorded "+
+			"(in transactional mode the request's writes were rolled back with it); retry with the same key: the request runs again")
+	case verdictCompletionMovedOn:
+		ev.Status = m.outcomeUnknown(ctx, w, fin.err, "the idempotency store reported an error while recording the result, but the key's record "+
+			"has moved on (the result was recorded after all, or another request took the key over); retry with the same key to get its result")
 	}
-	ok, err := e.complete(m.storedResponse(cw))
-	switch {
-	case errors.Is(err, ErrTxAborted):
-		m.cfg.Logger.ErrorContext(ctx, "idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
-			"its writes are gone: answer an error when a statement fails", "scope", p.Scope, "key", p.Key, "status", cw.statusCode())
-		e.rollback()
-		if !e.fail() {
-			done(EventLeaseLost, m.leaseLost(w), ErrLeaseLost)
-			return
-		}
-		ev.Outcome = Failed
-		done(executed, writeProblem(w, ProblemFor(ErrTxAborted, fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
-			"(the server answered %d regardless); retry with the same key: the request runs again", cw.statusCode()))), ErrTxAborted)
-	case err != nil:
-		// The completion (or the COMMIT that carries it) failed, perhaps
-		// after it took effect. Fail is fenced on a PROCESSING record under
-		// this execution's token, and waits for the row lock a transaction
-		// still in flight holds: it marks the record FAILED only when the
-		// outcome did not commit, so the retry runs at once instead of
-		// waiting out the lease.
-		owned, ferr := e.failed()
-		var status int
-		switch {
-		case ferr != nil:
-			status = m.outcomeUnknown(ctx, w, err, fmt.Sprintf("the idempotency store failed while recording the result; "+
-				"retry with the same key: it gets the result if it was recorded, or runs again once the lease (%s) runs out", m.cfg.LeaseDuration))
-		case owned:
-			status = m.outcomeUnknown(ctx, w, err, "the idempotency store failed while recording the result, which was not recorded "+
-				"(in transactional mode the request's writes were rolled back with it); retry with the same key: the request runs again")
-		default:
-			status = m.outcomeUnknown(ctx, w, err, "the idempotency store reported an error while recording the result, but the key's record "+
-				"has moved on (the result was recorded after all, or another request took the key over); retry with the same key to get its result")
-		}
-		done(EventCompletionFailed, status, err)
-	case !ok:
-		m.cfg.Logger.WarnContext(ctx, "idem: completion fenced out", "scope", p.Scope, "key", p.Key, "fencing_token", rec.FencingToken)
-		done(EventLeaseLost, m.leaseLost(w), ErrLeaseLost)
-	default:
-		cw.send()
-		done(executed, cw.statusCode(), nil)
-	}
+	m.observe(ctx, ev)
 }
 
 // runHandler calls next, recovering a panic so the claim can be released
