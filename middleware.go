@@ -34,8 +34,17 @@ var neverReplayed = map[string]bool{
 	"Set-Cookie": true, "Date": true, "Content-Length": true, "Connection": true,
 	"Keep-Alive": true, "Proxy-Connection": true, "Transfer-Encoding": true,
 	"Te": true, "Trailer": true, "Upgrade": true, "Proxy-Authenticate": true,
-	HeaderReplayed: true,
+	HeaderReplayed: true, HeaderKey: true, HeaderKeyExpires: true,
 }
+
+// HeaderKeyExpires is the response header that advertises when the key of
+// a protected request expires: the record's expires_at (database clock) as
+// an RFC 9110 HTTP-date (section 5.6.7, as Expires and Retry-After carry
+// it; rounded down to the second, so never later than the truth). A retry
+// with the key after it names a new request (Config.Retention). It is sent
+// on every answer to a request that reached the claim, except when the
+// claim failed (503) or the execution was released (no record is left).
+const HeaderKeyExpires = "Idempotency-Key-Expires"
 
 // New validates cfg (after WithDefaults) and returns the middleware. The
 // error names every invalid field.
@@ -87,9 +96,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			kind = ErrMissingKey
 			err = fmt.Errorf("this endpoint requires an %s header: a unique value per logical request, sent again unchanged on every retry", HeaderKey)
 		}
-		ProblemFor(kind, strings.TrimPrefix(err.Error(), "idem: ")).Write(w)
+		m.writeProblem(w, r, ProblemFor(kind, strings.TrimPrefix(err.Error(), "idem: ")))
 		return
 	}
+	// Echoed as sent on every answer from here on, the replay included, so
+	// a client (stripe-go's LastResponse.IdempotencyKey) can tell which key
+	// an answer is for.
+	w.Header().Set(HeaderKey, values[0])
 	scope, err := m.cfg.Scope(r)
 	if err == nil && scope == "" {
 		// Most often an unauthenticated request read as the zero value:
@@ -97,14 +110,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		err = errors.New("this request names no owner for its key; authenticate first")
 	}
 	if err != nil {
-		ProblemFor(ErrMissingScope, err.Error()).Write(w)
+		m.writeProblem(w, r, ProblemFor(ErrMissingScope, err.Error()))
 		return
 	}
 	if why := unstorableScope(scope); why != "" {
 		// The server's Scope function is at fault, not the client: a 500
 		// that retries cannot cure, rather than a 503 that invites them.
 		m.cfg.Logger.ErrorContext(r.Context(), "idem: Scope returned a scope no store can hold", "reason", why, "length", len(scope))
-		ProblemFor(ErrScopeUnstorable, "the server could not scope this request").Write(w)
+		m.writeProblem(w, r, ProblemFor(ErrScopeUnstorable, "the server could not scope this request"))
 		return
 	}
 	path := r.URL.EscapedPath()
@@ -112,17 +125,17 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// A client mistake every store could not hold (MySQL's column
 		// holds 64 KiB): answered here, not as a store error (a 503 that
 		// invites retries that cannot succeed).
-		ProblemFor(ErrPathTooLong, fmt.Sprintf("the request path is %d bytes; a protected request's path may have at most %d", len(path), MaxPathLength)).Write(w)
+		m.writeProblem(w, r, ProblemFor(ErrPathTooLong, fmt.Sprintf("the request path is %d bytes; a protected request's path may have at most %d", len(path), MaxPathLength)))
 		return
 	}
 	body, err := readBody(r, m.cfg.MaxRequestBytes)
 	if errors.Is(err, ErrRequestTooLarge) {
-		ProblemFor(ErrRequestTooLarge, fmt.Sprintf("the request body exceeds %d bytes", m.cfg.MaxRequestBytes)).Write(w)
+		m.writeProblem(w, r, ProblemFor(ErrRequestTooLarge, fmt.Sprintf("the request body exceeds %d bytes", m.cfg.MaxRequestBytes)))
 		return
 	}
 	if err != nil {
 		// The client stopped sending mid-body: nothing was claimed.
-		ProblemFor(ErrBodyUnreadable, "the request body could not be read to its end; nothing was processed, send the request again with the same key").Write(w)
+		m.writeProblem(w, r, ProblemFor(ErrBodyUnreadable, "the request body could not be read to its end; nothing was processed, send the request again with the same key"))
 		return
 	}
 	params := idemdriver.ClaimParams{
@@ -137,18 +150,21 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// The scope passed idem's rules but not this database's: a server
 		// fault that every retry would meet again.
 		m.cfg.Logger.ErrorContext(r.Context(), "idem: the store cannot hold this request's scope", "err", err)
-		ProblemFor(ErrScopeUnstorable, "the server could not scope this request").Write(w)
+		m.writeProblem(w, r, ProblemFor(ErrScopeUnstorable, "the server could not scope this request"))
 		return
 	}
 	if err != nil {
 		serr := &StoreError{Op: "claim", Err: err}
-		m.storeUnavailable(r.Context(), w, serr)
+		m.storeUnavailable(w, r, serr)
 		ev.Kind, ev.Status, ev.Err, ev.Route = EventStoreUnavailable, http.StatusServiceUnavailable, serr, m.route(r, nil)
 		m.observe(r.Context(), &ev)
 		return
 	}
+	if !res.Record.ExpiresAt.IsZero() {
+		w.Header().Set(HeaderKeyExpires, res.Record.ExpiresAt.UTC().Format(http.TimeFormat))
+	}
 	if !res.Claimed {
-		ev.Kind, ev.Status = m.answer(r.Context(), w, res.Record, params)
+		ev.Kind, ev.Status = m.answer(w, r, res.Record, params)
 		ev.Route = m.route(r, nil)
 		m.observe(r.Context(), &ev)
 		return
@@ -190,35 +206,67 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 // answer responds to a request that did not win the claim, from the record
 // it lost to (CONTRACT section 3), and returns the event kind and the status
 // sent. The handler does not run.
-func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, rec idemdriver.Record, p idemdriver.ClaimParams) (EventKind, int) {
+func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, rec idemdriver.Record, p idemdriver.ClaimParams) (EventKind, int) {
 	decision := lostTo(rec, p)
 	switch {
 	case decision == idemdriver.DecisionKeyReused && (rec.Method != p.Method || rec.Path != p.Path):
-		return EventKeyReused, writeProblem(w, ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used for %s %s; a key names one request", HeaderKey, rec.Method, rec.Path)))
+		return EventKeyReused, m.writeProblem(w, r, ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used for %s %s; a key names one request", HeaderKey, rec.Method, rec.Path)))
 	case decision == idemdriver.DecisionKeyReused:
-		return EventKeyReused, writeProblem(w, ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used with a different request body or query; use a new key for a new request", HeaderKey)))
+		return EventKeyReused, m.writeProblem(w, r, ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used with a different request body or query; use a new key for a new request", HeaderKey)))
 	case decision == idemdriver.DecisionReplay && rec.Response != nil:
-		return EventReplayed, m.replayResponse(w, rec.Response)
+		return EventReplayed, m.replayResponse(w, r, rec.Response)
 	case decision == idemdriver.DecisionReplay:
 		// Damaged by hand or by a partial restore: no retry will ever find
 		// the response, so say so instead of 409 forever.
-		m.cfg.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
-		return EventReplayed, writeProblem(w, ProblemFor(ErrResponseMissing, "the request with this key succeeded, but its stored response is missing from the idempotency store; "+
+		m.cfg.Logger.ErrorContext(r.Context(), "idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
+		return EventReplayed, m.writeProblem(w, r, ProblemFor(ErrResponseMissing, "the request with this key succeeded, but its stored response is missing from the idempotency store; "+
 			"it will not run again: ask the operator to release the key, or use a new key only if you know the first request had no effect"))
 	default:
 		// PROCESSING under a live lease; or a record that changed between the
 		// claim and its answer (the driver retries those): ask to come back.
 		pr := ProblemFor(ErrInFlight, "another request with this key is being processed; retry after the Retry-After delay to get its result")
 		pr.RetryAfter = m.inFlightRetryAfter(rec.LeaseLeft)
-		return EventInFlight, writeProblem(w, pr)
+		return EventInFlight, m.writeProblem(w, r, pr)
 	}
 }
 
-// writeProblem writes pr and returns its status.
-func writeProblem(w http.ResponseWriter, pr Problem) int {
-	pr.Write(w)
-	return pr.Status
+// writeProblem writes pr, through Config.ProblemWriter when set, and
+// returns the status sent.
+func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, pr Problem) int {
+	if m.cfg.ProblemWriter == nil {
+		pr.Write(w)
+		return pr.Status
+	}
+	sw := &statusWriter{ResponseWriter: w}
+	m.cfg.ProblemWriter(sw, r, pr)
+	if sw.status == 0 {
+		return http.StatusOK
+	}
+	return sw.status
 }
+
+// statusWriter remembers the status a ProblemWriter sent.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(status int) {
+	if s.status == 0 {
+		s.status = status
+	}
+	s.ResponseWriter.WriteHeader(status)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// Unwrap returns the client's writer (for http.ResponseController).
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // inFlightRetryAfter is the Retry-After of a 409 request-in-flight: the
 // configured in-flight delay, never beyond what is left of the owner's lease
@@ -230,7 +278,7 @@ func (m *Middleware) inFlightRetryAfter(leaseLeft time.Duration) time.Duration {
 
 // replayResponse sends a stored response byte-exact (CONTRACT section 5)
 // and returns the status sent.
-func (m *Middleware) replayResponse(w http.ResponseWriter, resp *idemdriver.Response) int {
+func (m *Middleware) replayResponse(w http.ResponseWriter, r *http.Request, resp *idemdriver.Response) int {
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = v
@@ -248,7 +296,7 @@ func (m *Middleware) replayResponse(w http.ResponseWriter, resp *idemdriver.Resp
 			"the request with this key succeeded with status %d, but its %d-byte response exceeded the replay limit and was not stored; it will not run again",
 			resp.Status, resp.BodySize))
 		pr.Extra = map[string]any{"original_status": resp.Status}
-		return writeProblem(w, pr)
+		return m.writeProblem(w, r, pr)
 	}
 	writeResponse(w, resp.Status, resp.Body)
 	return resp.Status
@@ -257,27 +305,27 @@ func (m *Middleware) replayResponse(w http.ResponseWriter, resp *idemdriver.Resp
 // leaseLost answers the caller of a fenced-out execution: its outcome was not
 // recorded (and, in transactional mode, its writes rolled back); the key's
 // new owner has the answer.
-func (m *Middleware) leaseLost(w http.ResponseWriter) int {
+func (m *Middleware) leaseLost(w http.ResponseWriter, r *http.Request) int {
 	pr := ProblemFor(ErrLeaseLost, "this request's lease ran out and another request took its key over; its result was not recorded; retry with the same key to get the new owner's result")
 	pr.RetryAfter = time.Second
-	return writeProblem(w, pr)
+	return m.writeProblem(w, r, pr)
 }
 
 // outcomeUnknown answers 503 store-unavailable for an execution that ran
 // but whose outcome could not be recorded as this request's; detail says
 // what a retry with the same key will get.
-func (m *Middleware) outcomeUnknown(ctx context.Context, w http.ResponseWriter, err error, detail string) int {
-	m.cfg.Logger.ErrorContext(ctx, "idem: outcome not recorded", "err", err)
+func (m *Middleware) outcomeUnknown(w http.ResponseWriter, r *http.Request, err error, detail string) int {
+	m.cfg.Logger.ErrorContext(r.Context(), "idem: outcome not recorded", "err", err)
 	pr := ProblemFor(ErrStoreUnavailable, detail)
 	pr.RetryAfter = m.cfg.StoreRetryAfter
-	return writeProblem(w, pr)
+	return m.writeProblem(w, r, pr)
 }
 
-func (m *Middleware) storeUnavailable(ctx context.Context, w http.ResponseWriter, err error) {
-	m.cfg.Logger.ErrorContext(ctx, "idem: store unavailable", "err", err)
+func (m *Middleware) storeUnavailable(w http.ResponseWriter, r *http.Request, err error) {
+	m.cfg.Logger.ErrorContext(r.Context(), "idem: store unavailable", "err", err)
 	pr := ProblemFor(ErrStoreUnavailable, "the idempotency store did not answer; the request was not processed, retry later with the same key")
 	pr.RetryAfter = m.cfg.StoreRetryAfter
-	pr.Write(w)
+	m.writeProblem(w, r, pr)
 }
 
 // storedResponse is what the completion records of a captured response:
@@ -316,30 +364,33 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	}, func() idemdriver.Response { return m.storedResponse(cw) })
 	switch fin.verdict {
 	case verdictSend:
+		if ev.Kind == EventReleased {
+			w.Header().Del(HeaderKeyExpires) // no record is left
+		}
 		cw.send()
 		ev.Status = cw.statusCode()
 	case verdictLeaseLost:
-		ev.Status = m.leaseLost(w)
+		ev.Status = m.leaseLost(w, r)
 	case verdictTimedOut:
-		ev.Status = m.outcomeUnknown(ctx, w, fin.err, fmt.Sprintf("the request ran past its time limit (%s) and its result was not recorded "+
+		ev.Status = m.outcomeUnknown(w, r, fin.err, fmt.Sprintf("the request ran past its time limit (%s) and its result was not recorded "+
 			"(in transactional mode its writes were rolled back); retry with the same key: the request runs again", m.cfg.MaxExecution))
 	case verdictUnreachable:
-		ev.Status = m.outcomeUnknown(ctx, w, fin.err, fmt.Sprintf("the idempotency store stopped answering while the request ran, so its result was not recorded; "+
+		ev.Status = m.outcomeUnknown(w, r, fin.err, fmt.Sprintf("the idempotency store stopped answering while the request ran, so its result was not recorded; "+
 			"retry with the same key: once the store answers and the lease (%s) runs out, the request runs again", m.cfg.LeaseDuration))
 	case verdictReleaseFailed:
-		ev.Status = m.outcomeUnknown(ctx, w, fin.err, fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
+		ev.Status = m.outcomeUnknown(w, r, fin.err, fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
 			"retry the same request with the same key", cw.statusCode()))
 	case verdictTxAborted:
-		ev.Status = writeProblem(w, ProblemFor(ErrTxAborted, fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
+		ev.Status = m.writeProblem(w, r, ProblemFor(ErrTxAborted, fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
 			"(the server answered %d regardless); retry with the same key: the request runs again", cw.statusCode())))
 	case verdictCompletionUnknown:
-		ev.Status = m.outcomeUnknown(ctx, w, fin.err, fmt.Sprintf("the idempotency store failed while recording the result; "+
+		ev.Status = m.outcomeUnknown(w, r, fin.err, fmt.Sprintf("the idempotency store failed while recording the result; "+
 			"retry with the same key: it gets the result if it was recorded, or runs again once the lease (%s) runs out", m.cfg.LeaseDuration))
 	case verdictCompletionNotRecorded:
-		ev.Status = m.outcomeUnknown(ctx, w, fin.err, "the idempotency store failed while recording the result, which was not recorded "+
+		ev.Status = m.outcomeUnknown(w, r, fin.err, "the idempotency store failed while recording the result, which was not recorded "+
 			"(in transactional mode the request's writes were rolled back with it); retry with the same key: the request runs again")
 	case verdictCompletionMovedOn:
-		ev.Status = m.outcomeUnknown(ctx, w, fin.err, "the idempotency store reported an error while recording the result, but the key's record "+
+		ev.Status = m.outcomeUnknown(w, r, fin.err, "the idempotency store reported an error while recording the result, but the key's record "+
 			"has moved on (the result was recorded after all, or another request took the key over); retry with the same key to get its result")
 	}
 	m.observe(ctx, ev)
