@@ -234,7 +234,11 @@ type Config struct {
 	ClaimTimeout time.Duration
 
 	// CompleteTimeout bounds the statements that record an outcome, which run
-	// on a context detached from the client's. Default: 10 s.
+	// on a context detached from the client's. Default: 10 s. The statement
+	// that commits the outcome is never cancelled (a cancelled wait for a
+	// synchronous standby would leave it committed locally only): past the
+	// bound the request is answered 503 with cause ErrCommitPending while the
+	// commit goes on (docs/deployment.md).
 	CompleteTimeout time.Duration
 
 	// MaxExecution bounds how long one execution may own its key (CONTRACT

@@ -171,6 +171,11 @@ func (m *Middleware) run(ctx context.Context, res idemdriver.ClaimResult, p idem
 		// waiting out the lease.
 		owned, ferr := e.failed()
 		switch {
+		case !owned && e.takenOver():
+			// The COMMIT failed because another request took the key over
+			// (on Galera, a certification failure, 1213, against a takeover
+			// on another node): the lease was lost, as on one server.
+			return end(EventLeaseLost, verdictLeaseLost, ErrLeaseLost)
 		case ferr != nil:
 			return end(EventCompletionFailed, verdictCompletionUnknown, err)
 		case owned:
