@@ -104,13 +104,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// an answer is for.
 	w.Header().Set(HeaderKey, values[0])
 	scope, err := m.cfg.Scope(r)
-	if err == nil && scope == "" {
-		// Most often an unauthenticated request read as the zero value:
-		// sharing one empty scope would let strangers' keys meet.
-		err = errors.New("this request names no owner for its key; authenticate first")
-	}
-	if err != nil {
-		m.writeProblem(w, r, ProblemFor(ErrMissingScope, err.Error()))
+	if err != nil || scope == "" {
+		// An empty scope is most often an unauthenticated request read as
+		// the zero value: sharing one empty scope would let strangers' keys
+		// meet. The Scope function's error is the server's (a session store's
+		// failure, say) and may name its internals: logged, never sent.
+		if err != nil {
+			m.cfg.Logger.InfoContext(r.Context(), "idem: Scope refused the request", "err", err)
+		}
+		m.writeProblem(w, r, ProblemFor(ErrMissingScope, "this request names no owner for its key; authenticate first"))
 		return
 	}
 	if why := unstorableScope(scope); why != "" {
@@ -212,7 +214,7 @@ func (m *Middleware) answer(w http.ResponseWriter, r *http.Request, rec idemdriv
 	case decision == idemdriver.DecisionKeyReused && (rec.Method != p.Method || rec.Path != p.Path):
 		return EventKeyReused, m.writeProblem(w, r, ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used for %s %s; a key names one request", HeaderKey, rec.Method, rec.Path)))
 	case decision == idemdriver.DecisionKeyReused:
-		return EventKeyReused, m.writeProblem(w, r, ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used with a different request body or query; use a new key for a new request", HeaderKey)))
+		return EventKeyReused, m.writeProblem(w, r, ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used with a different request (its body, query or media type differ); use a new key for a new request", HeaderKey)))
 	case decision == idemdriver.DecisionReplay && rec.Response != nil:
 		return EventReplayed, m.replayResponse(w, r, rec.Response)
 	case decision == idemdriver.DecisionReplay:
