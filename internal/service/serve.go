@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 )
 
@@ -79,4 +82,54 @@ func CloseDatabase(log *slog.Logger, db io.Closer) {
 		log.Warn("closing the database", "err", err)
 	}
 	log.Info("database closed")
+}
+
+// Process is a service's run once its flags are parsed (Run).
+type Process[S io.Closer] struct {
+	// LogFormat is --log-format: "text" or "json" (NewLogger), on stderr.
+	LogFormat string
+	// Addr and ShutdownTimeout are Server's (--addr, --shutdown-timeout).
+	Addr            string
+	ShutdownTimeout time.Duration
+	// Open opens and migrates the service's store.
+	Open func(ctx context.Context) (S, error)
+	// Serve builds the handler on the open store.
+	Serve func(ctx context.Context, log *slog.Logger, store S) (Served, error)
+}
+
+// Served is what Process.Serve returns.
+type Served struct {
+	Handler http.Handler
+	// Attrs follow "addr" in the "listening" line (slog's key-value pairs).
+	Attrs []any
+	// Close, when not nil, runs after the shutdown, before the store is
+	// closed.
+	Close func()
+}
+
+// Run runs p until ctx is done or SIGINT/SIGTERM arrives: it opens the
+// store, builds the handler and serves it (Server.Serve), then shuts down
+// cleanly: stop accepting, wait for in-flight requests (at most
+// p.ShutdownTimeout), run Served.Close, close the store (CloseDatabase). It
+// returns the first error of opening, building or serving.
+func Run[S io.Closer](ctx context.Context, stderr io.Writer, p Process[S]) error {
+	log := NewLogger(stderr, p.LogFormat)
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	store, err := p.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer CloseDatabase(log, store)
+	served, err := p.Serve(ctx, log, store)
+	if err != nil {
+		return err
+	}
+	if served.Close != nil {
+		defer served.Close()
+	}
+	srv := Server{Addr: p.Addr, Handler: served.Handler, Log: log, ShutdownTimeout: p.ShutdownTimeout, Stop: stop}
+	return srv.Serve(ctx, served.Attrs...)
 }
