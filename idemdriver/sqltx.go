@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // SQLTx is the business transaction of a driver on database/sql (idemmysql,
@@ -38,3 +39,42 @@ func (t *SQLTx) Rollback(context.Context) error {
 
 // Native implements Tx: the *sql.Tx.
 func (t *SQLTx) Native() any { return t.Tx }
+
+// SQLQueryer is what QueryScopeCounts needs of database/sql: a *sql.DB,
+// *sql.Conn or *sql.Tx.
+type SQLQueryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// QueryScopeCounts runs query on q and reads its rows of (scope, count), in
+// the query's order: StatsResult.TopScopes for a driver on database/sql. It
+// returns nil for no rows.
+func QueryScopeCounts(ctx context.Context, q SQLQueryer, query string, args ...any) ([]ScopeCount, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var counts []ScopeCount
+	for rows.Next() {
+		var sc ScopeCount
+		if err := rows.Scan(&sc.Scope, &sc.Count); err != nil {
+			return counts, err
+		}
+		counts = append(counts, sc)
+	}
+	return counts, rows.Err()
+}
+
+// MicrosTime is the UTC time of us, microseconds since the Unix epoch (the
+// timestamp columns of idemmysql and idemsqlite).
+func MicrosTime(us int64) time.Time { return time.UnixMicro(us).UTC() }
+
+// NullMicrosTime is MicrosTime of a nullable column: nil for NULL.
+func NullMicrosTime(v sql.NullInt64) *time.Time {
+	if !v.Valid {
+		return nil
+	}
+	t := MicrosTime(v.Int64)
+	return &t
+}

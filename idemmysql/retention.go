@@ -203,7 +203,7 @@ func (d *Driver) Now(ctx context.Context, offset time.Duration) (time.Time, erro
 	if err := d.db.QueryRowContext(ctx, `SELECT `+micros(now), offset.Microseconds()).Scan(&us); err != nil {
 		return time.Time{}, err
 	}
-	return usTime(us), nil
+	return idemdriver.MicrosTime(us), nil
 }
 
 // statsSQL counts in one pass (a full scan of idem_keys). Args: offset x 3.
@@ -234,27 +234,13 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 	if err != nil {
 		return st, err
 	}
-	st.Now, st.Oldest = usTime(nowUS), nullTime(oldest)
+	st.Now, st.Oldest = idemdriver.MicrosTime(nowUS), idemdriver.NullMicrosTime(oldest)
 	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
 	if p.TopScopes > 0 {
-		rows, err := tx.QueryContext(ctx, `SELECT scope, COUNT(*) FROM idem_keys GROUP BY scope
+		st.TopScopes, err = idemdriver.QueryScopeCounts(ctx, tx, `SELECT scope, COUNT(*) FROM idem_keys GROUP BY scope
 			ORDER BY COUNT(*) DESC, scope LIMIT ?`, p.TopScopes)
-		if err != nil {
-			return st, err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var sc idemdriver.ScopeCount
-			if err := rows.Scan(&sc.Scope, &sc.Count); err != nil {
-				return st, err
-			}
-			st.TopScopes = append(st.TopScopes, sc)
-		}
-		if err := rows.Err(); err != nil {
-			return st, err
-		}
 	}
-	return st, nil
+	return st, err
 }
 
 // stuckSQL reads a range of the index idem_keys_processing (state,

@@ -107,7 +107,7 @@ func (d *Driver) TryLockMaintenance(ctx context.Context, p idemdriver.LockParams
 func (d *Driver) Now(ctx context.Context, offset time.Duration) (time.Time, error) {
 	var us int64
 	err := d.db.QueryRowContext(ctx, `SELECT `+now, sql.Named("offset", offset.Microseconds())).Scan(&us)
-	return micros(us), err
+	return idemdriver.MicrosTime(us), err
 }
 
 // Stats implements idemdriver.Inspector: two aggregate reads in one read
@@ -139,27 +139,13 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 	if err != nil {
 		return st, err
 	}
-	st.Now, st.Oldest = micros(nowUS), nullMicros(oldest)
+	st.Now, st.Oldest = idemdriver.MicrosTime(nowUS), idemdriver.NullMicrosTime(oldest)
 	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
 	if p.TopScopes > 0 {
-		rows, err := conn.QueryContext(ctx, `SELECT scope, count(*) FROM idem_keys GROUP BY scope
+		st.TopScopes, err = idemdriver.QueryScopeCounts(ctx, conn, `SELECT scope, count(*) FROM idem_keys GROUP BY scope
 			ORDER BY count(*) DESC, scope LIMIT ?`, p.TopScopes)
-		if err != nil {
-			return st, err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var sc idemdriver.ScopeCount
-			if err := rows.Scan(&sc.Scope, &sc.Count); err != nil {
-				return st, err
-			}
-			st.TopScopes = append(st.TopScopes, sc)
-		}
-		if err := rows.Err(); err != nil {
-			return st, err
-		}
 	}
-	return st, nil
+	return st, err
 }
 
 var stuckSQL = `SELECT ` + columns + `, ` + now + ` - locked_until
