@@ -10,12 +10,7 @@ import (
 	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )
 
-var (
-	_ idemdriver.Purger            = (*Driver)(nil)
-	_ idemdriver.MaintenanceLocker = (*Driver)(nil)
-	_ idemdriver.Inspector         = (*Driver)(nil)
-	_ idemdriver.Migrator          = (*Driver)(nil)
-)
+var _ idemdriver.Maintainable = (*Driver)(nil)
 
 // purgeable is the condition of a record a purge may delete: expired for
 // longer than @older, and not a PROCESSING record under a live lease.
