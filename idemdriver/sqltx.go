@@ -40,16 +40,44 @@ func (t *SQLTx) Rollback(context.Context) error {
 // Native implements Tx: the *sql.Tx.
 func (t *SQLTx) Native() any { return t.Tx }
 
-// SQLQueryer is what QueryScopeCounts needs of database/sql: a *sql.DB,
-// *sql.Conn or *sql.Tx.
+// SQLQueryer is what QueryStats needs of database/sql:
+// a *sql.DB, *sql.Conn or *sql.Tx.
 type SQLQueryer interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// QueryScopeCounts runs query on q and reads its rows of (scope, count), in
+// QueryStats is Inspector.Stats for a driver on database/sql, run on q (a
+// connection or transaction that reads one snapshot). statsQuery, with
+// statsArgs, returns one row of (now, total, PROCESSING count, SUCCEEDED
+// count, FAILED count, oldest created_at or NULL, expired count, stuck
+// count), times in microseconds since the Unix epoch; when top > 0,
+// topQuery, given top as its one argument, returns the (scope, count) rows
+// of the largest scopes (queryScopeCounts). On an error it returns what it
+// had read.
+func QueryStats(ctx context.Context, q SQLQueryer, statsQuery string, statsArgs []any, topQuery string, top int) (Stats, error) {
+	st := Stats{ByState: map[State]int64{}}
+	var (
+		nowUS, processing, succeeded, failed int64
+		oldest                               sql.NullInt64
+	)
+	err := q.QueryRowContext(ctx, statsQuery, statsArgs...).
+		Scan(&nowUS, &st.Total, &processing, &succeeded, &failed, &oldest, &st.Expired, &st.Stuck)
+	if err != nil {
+		return st, err
+	}
+	st.Now, st.Oldest = MicrosTime(nowUS), NullMicrosTime(oldest)
+	st.ByState[StateProcessing], st.ByState[StateSucceeded], st.ByState[StateFailed] = processing, succeeded, failed
+	if top > 0 {
+		st.TopScopes, err = queryScopeCounts(ctx, q, topQuery, top)
+	}
+	return st, err
+}
+
+// queryScopeCounts runs query on q and reads its rows of (scope, count), in
 // the query's order: StatsResult.TopScopes for a driver on database/sql. It
 // returns nil for no rows.
-func QueryScopeCounts(ctx context.Context, q SQLQueryer, query string, args ...any) ([]ScopeCount, error) {
+func queryScopeCounts(ctx context.Context, q SQLQueryer, query string, args ...any) ([]ScopeCount, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err

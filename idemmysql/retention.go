@@ -219,23 +219,9 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 		return st, err
 	}
 	defer tx.Rollback() //nolint:errcheck // read only
-	var (
-		nowUS, processing, succeeded, failed int64
-		oldest                               sql.NullInt64
-	)
 	off := p.ClockOffset.Microseconds()
-	err = tx.QueryRowContext(ctx, statsSQL, off, off, off).
-		Scan(&nowUS, &st.Total, &processing, &succeeded, &failed, &oldest, &st.Expired, &st.Stuck)
-	if err != nil {
-		return st, err
-	}
-	st.Now, st.Oldest = idemdriver.MicrosTime(nowUS), idemdriver.NullMicrosTime(oldest)
-	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
-	if p.TopScopes > 0 {
-		st.TopScopes, err = idemdriver.QueryScopeCounts(ctx, tx, `SELECT scope, COUNT(*) FROM idem_keys GROUP BY scope
-			ORDER BY COUNT(*) DESC, scope LIMIT ?`, p.TopScopes)
-	}
-	return st, err
+	return idemdriver.QueryStats(ctx, tx, statsSQL, []any{off, off, off}, `SELECT scope, COUNT(*) FROM idem_keys GROUP BY scope
+		ORDER BY COUNT(*) DESC, scope LIMIT ?`, p.TopScopes)
 }
 
 // stuckSQL reads a range of the index idem_keys_processing (state,

@@ -120,27 +120,14 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 		return st, err
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`) //nolint:errcheck // read only
-	var (
-		nowUS, processing, succeeded, failed int64
-		oldest                               sql.NullInt64
-	)
-	err = conn.QueryRowContext(ctx, `SELECT `+now+`, count(*),
+	return idemdriver.QueryStats(ctx, conn, `SELECT `+now+`, count(*),
 		count(*) FILTER (WHERE state = 'PROCESSING'), count(*) FILTER (WHERE state = 'SUCCEEDED'),
 		count(*) FILTER (WHERE state = 'FAILED'), min(created_at),
 		count(*) FILTER (WHERE expires_at <= `+now+`),
 		count(*) FILTER (WHERE state = 'PROCESSING' AND locked_until <= `+now+`)
-		FROM idem_keys`, sql.Named("offset", p.ClockOffset.Microseconds())).
-		Scan(&nowUS, &st.Total, &processing, &succeeded, &failed, &oldest, &st.Expired, &st.Stuck)
-	if err != nil {
-		return st, err
-	}
-	st.Now, st.Oldest = idemdriver.MicrosTime(nowUS), idemdriver.NullMicrosTime(oldest)
-	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
-	if p.TopScopes > 0 {
-		st.TopScopes, err = idemdriver.QueryScopeCounts(ctx, conn, `SELECT scope, count(*) FROM idem_keys GROUP BY scope
-			ORDER BY count(*) DESC, scope LIMIT ?`, p.TopScopes)
-	}
-	return st, err
+		FROM idem_keys`, []any{sql.Named("offset", p.ClockOffset.Microseconds())},
+		`SELECT scope, count(*) FROM idem_keys GROUP BY scope
+		ORDER BY count(*) DESC, scope LIMIT ?`, p.TopScopes)
 }
 
 var stuckSQL = `SELECT ` + columns + `, ` + now + ` - locked_until
