@@ -31,6 +31,7 @@ type options struct {
 	hang            time.Duration
 	shutdownTimeout time.Duration
 	logFormat       string
+	otelTraces      string
 }
 
 func parseFlags(args []string, output io.Writer) (options, error) {
@@ -47,6 +48,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.DurationVar(&o.hang, "hang", time.Minute, "how long a withheld answer (--timeout-rate) is held before it is sent anyway")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long to wait for in-flight requests on SIGINT/SIGTERM")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
+	fs.StringVar(&o.otelTraces, "otel-traces", service.TracesNone, "OpenTelemetry spans of each request and of idem's claim, execute and complete: none, or stdout (one JSON object each on stdout); metrics are served at GET /metrics either way")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -55,6 +57,8 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	case o.logFormat != "json" && o.logFormat != "text":
 		return o, fmt.Errorf("--log-format must be json or text, not %q", o.logFormat)
+	case !service.ValidTraces(o.otelTraces):
+		return o, fmt.Errorf("--otel-traces must be none or stdout, not %q", o.otelTraces)
 	case o.lease < time.Second:
 		return o, errors.New("--lease must be at least 1s")
 	case o.latency < 0 || o.hang < 0:
@@ -77,12 +81,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	return service.Run(ctx, stderr, service.Process[Store]{
-		LogFormat: o.logFormat, Addr: o.addr, ShutdownTimeout: o.shutdownTimeout,
+		LogFormat: o.logFormat, Addr: o.addr, ShutdownTimeout: o.shutdownTimeout, Name: "fakepsp", Traces: o.otelTraces,
 		Open: func(ctx context.Context) (Store, error) { return openStore(ctx, o.databaseURL) },
-		Serve: func(_ context.Context, log *slog.Logger, store Store) (service.Served, error) {
+		Serve: func(_ context.Context, log *slog.Logger, store Store, tel *service.Telemetry) (service.Served, error) {
 			handler, err := newHandler(handlerConfig{
 				Store: store, Logger: log, Lease: o.lease, Latency: o.latency,
 				FailRate: o.failRate, TimeoutRate: o.timeoutRate, Hang: o.hang,
+				Observer: tel.Observer, Metrics: tel.Metrics,
 			})
 			kind, target, _ := parseDatabaseURL(o.databaseURL) // openStore took it
 			return service.Served{Handler: handler, Attrs: []any{"database", service.DescribeDatabase(kind, target),

@@ -37,6 +37,7 @@ type options struct {
 	writeMode       WriteMode
 	shutdownTimeout time.Duration
 	logFormat       string
+	otelTraces      string
 
 	// faults are the fault-injection flags (-tags idemfaults only).
 	faults faultOptions
@@ -63,6 +64,7 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	mode := fs.String("write-mode", string(WriteInClaim), "where a payment's rows are written: claim (in the claim's transaction, committed with idem's record) or separate (committed on their own first; for comparison)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long to wait for in-flight requests on SIGINT/SIGTERM")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
+	fs.StringVar(&o.otelTraces, "otel-traces", service.TracesNone, "OpenTelemetry spans of each request and of idem's claim, execute and complete: none, or stdout (one JSON object each on stdout); metrics are served at GET /metrics either way")
 	o.faults.register(fs)
 	registerNaiveFlags(fs, &o.naive)
 	if err := fs.Parse(args); err != nil {
@@ -80,6 +82,8 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	case o.logFormat != "json" && o.logFormat != "text":
 		return o, fmt.Errorf("--log-format must be json or text, not %q", o.logFormat)
+	case !service.ValidTraces(o.otelTraces):
+		return o, fmt.Errorf("--otel-traces must be none or stdout, not %q", o.otelTraces)
 	case o.pspLatency < 0:
 		return o, errors.New("--psp-latency must not be negative")
 	case o.lease < time.Second:
@@ -113,17 +117,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	return service.Run(ctx, stderr, service.Process[Store]{
-		LogFormat: o.logFormat, Addr: o.addr, ShutdownTimeout: o.shutdownTimeout,
-		Open: func(ctx context.Context) (Store, error) { return openStore(ctx, o.databaseURL) },
-		Serve: func(ctx context.Context, log *slog.Logger, store Store) (service.Served, error) {
-			return o.serve(ctx, log, store)
-		},
+		LogFormat: o.logFormat, Addr: o.addr, ShutdownTimeout: o.shutdownTimeout, Name: "paymentsd", Traces: o.otelTraces,
+		Open:  func(ctx context.Context) (Store, error) { return openStore(ctx, o.databaseURL) },
+		Serve: o.serve,
 	})
 }
 
 // serve builds the handler of o on store: idem's, or the naive cache's
-// with --naive (its Redis client closed by Served.Close).
-func (o options) serve(ctx context.Context, log *slog.Logger, store Store) (service.Served, error) {
+// with --naive (its Redis client closed by Served.Close), observed by tel.
+func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *service.Telemetry) (service.Served, error) {
 	var provider Provider = NewFakeProvider(o.pspLatency)
 	psp := "in-process fake, latency " + o.pspLatency.String()
 	if o.pspURL != "" {
@@ -134,6 +136,7 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store) (serv
 	hcfg := handlerConfig{
 		Store: store, Provider: provider, Logger: log, Lease: o.lease,
 		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt,
+		Observer: tel.Observer, Metrics: tel.Metrics,
 	}
 	var served service.Served
 	var err error

@@ -91,10 +91,15 @@ type Process[S io.Closer] struct {
 	// Addr and ShutdownTimeout are Server's (--addr, --shutdown-timeout).
 	Addr            string
 	ShutdownTimeout time.Duration
+	// Name is the service's name in its telemetry (NewTelemetry).
+	Name string
+	// Traces is --otel-traces (NewTelemetry's traces).
+	Traces string
 	// Open opens and migrates the service's store.
 	Open func(ctx context.Context) (S, error)
-	// Serve builds the handler on the open store.
-	Serve func(ctx context.Context, log *slog.Logger, store S) (Served, error)
+	// Serve builds the handler on the open store; tel's Observer and Metrics
+	// are for the handler, which Run wraps in tel.Handler.
+	Serve func(ctx context.Context, log *slog.Logger, store S, tel *Telemetry) (Served, error)
 }
 
 // Served is what Process.Serve returns.
@@ -108,9 +113,10 @@ type Served struct {
 }
 
 // Run runs p until ctx is done or SIGINT/SIGTERM arrives: it opens the
-// store, builds the handler and serves it (Server.Serve), then shuts down
-// cleanly: stop accepting, wait for in-flight requests (at most
-// p.ShutdownTimeout), run Served.Close, close the store (CloseDatabase). It
+// store, starts the telemetry (NewTelemetry, traces to stdout), builds the
+// handler and serves it (Server.Serve), then shuts down cleanly: stop
+// accepting, wait for in-flight requests (at most p.ShutdownTimeout), run
+// Served.Close, shut the telemetry down, close the store (CloseDatabase). It
 // returns the first error of opening, building or serving.
 func Run[S io.Closer](ctx context.Context, stderr io.Writer, p Process[S]) error {
 	log := NewLogger(stderr, p.LogFormat)
@@ -123,13 +129,18 @@ func Run[S io.Closer](ctx context.Context, stderr io.Writer, p Process[S]) error
 		return err
 	}
 	defer CloseDatabase(log, store)
-	served, err := p.Serve(ctx, log, store)
+	tel, err := NewTelemetry(p.Name, p.Traces, os.Stdout)
+	if err != nil {
+		return err
+	}
+	defer ShutdownTelemetry(log, tel)
+	served, err := p.Serve(ctx, log, store, tel)
 	if err != nil {
 		return err
 	}
 	if served.Close != nil {
 		defer served.Close()
 	}
-	srv := Server{Addr: p.Addr, Handler: served.Handler, Log: log, ShutdownTimeout: p.ShutdownTimeout, Stop: stop}
+	srv := Server{Addr: p.Addr, Handler: tel.Handler(served.Handler), Log: log, ShutdownTimeout: p.ShutdownTimeout, Stop: stop}
 	return srv.Serve(ctx, served.Attrs...)
 }
