@@ -125,13 +125,7 @@ var lockKeySQL = bind([]string{"scope", "key"}, `SELECT pg_advisory_xact_lock(ha
 // between is seen: the UPDATE then matches nothing while "cur" still shows
 // the row claimable, and that stale row is not the answer (no row comes
 // back, and claimPartitioned asks again).
-var claimPartitionedSQL = bind(claimParams, `WITH cur AS (
-	SELECT `+columns+`,
-		NOT (state = 'PROCESSING' AND locked_until > `+nowTx+`)
-		AND (expires_at <= `+nowTx+`
-			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING'))) AS claimable
-	FROM idem_keys WHERE scope = @scope AND key = @key
-), locked AS (
+var claimPartitionedSQL = bind(claimParams, `WITH `+curCTE(nowTx)+`, locked AS (
 	SELECT 1 FROM idem_keys WHERE scope = @scope AND key = @key
 		AND EXISTS (SELECT 1 FROM cur WHERE claimable)
 	FOR UPDATE

@@ -108,6 +108,30 @@ func withStore(cmd *cobra.Command, g *globals, f func(ctx context.Context, s *st
 	return openAnd(cmd, g, false, f)
 }
 
+// readStore is withStore for a command that reads one value from the store
+// and prints it.
+func readStore[T any](cmd *cobra.Command, g *globals, read func(ctx context.Context, s *store) (T, error), print func(T) error) error {
+	return withStore(cmd, g, func(ctx context.Context, s *store) error {
+		v, err := read(ctx, s)
+		if err != nil {
+			return err
+		}
+		return print(v)
+	})
+}
+
+// partitions is readStore through the store's Partitioner, printing the
+// partitions read under verb (printPartitions).
+func partitions(cmd *cobra.Command, g *globals, out io.Writer, verb string, read func(ctx context.Context, p idemdriver.Partitioner) ([]idemdriver.Partition, error)) error {
+	return readStore(cmd, g, func(ctx context.Context, s *store) ([]idemdriver.Partition, error) {
+		p, err := s.partitioner()
+		if err != nil {
+			return nil, err
+		}
+		return read(ctx, p)
+	}, func(parts []idemdriver.Partition) error { return printPartitions(out, g.json, verb, parts) })
+}
+
 // withNewStore is withStore for migrate up, which may create the SQLite file.
 func withNewStore(cmd *cobra.Command, g *globals, f func(ctx context.Context, s *store) error) error {
 	return openAnd(cmd, g, true, f)
@@ -262,16 +286,8 @@ record in them has expired; an idem.Maintainer does both every cycle.`,
 		Short: "Create the missing partitions of today through today + --days-ahead (UTC days)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				p, err := s.partitioner()
-				if err != nil {
-					return err
-				}
-				created, err := p.EnsurePartitions(ctx, idemdriver.PartitionParams{DaysAhead: daysAhead})
-				if err != nil {
-					return err
-				}
-				return printPartitions(out, g.json, "created", created)
+			return partitions(cmd, g, out, "created", func(ctx context.Context, p idemdriver.Partitioner) ([]idemdriver.Partition, error) {
+				return p.EnsurePartitions(ctx, idemdriver.PartitionParams{DaysAhead: daysAhead})
 			})
 		},
 	}
@@ -294,20 +310,12 @@ vacuum, and claims are not blocked.`,
 			if olderThan < 0 {
 				return usageError{errors.New("--older-than must not be negative")}
 			}
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				p, err := s.partitioner()
-				if err != nil {
-					return err
-				}
-				dropped, err := p.DropPartitions(ctx, idemdriver.PartitionParams{OlderThan: olderThan, DryRun: dryRun})
-				if err != nil {
-					return err
-				}
-				verb := "dropped"
-				if dryRun {
-					verb = "would drop"
-				}
-				return printPartitions(out, g.json, verb, dropped)
+			verb := "dropped"
+			if dryRun {
+				verb = "would drop"
+			}
+			return partitions(cmd, g, out, verb, func(ctx context.Context, p idemdriver.Partitioner) ([]idemdriver.Partition, error) {
+				return p.DropPartitions(ctx, idemdriver.PartitionParams{OlderThan: olderThan, DryRun: dryRun})
 			})
 		},
 	}
@@ -318,16 +326,8 @@ vacuum, and claims are not blocked.`,
 		Short: "List the partitions, oldest first",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				p, err := s.partitioner()
-				if err != nil {
-					return err
-				}
-				parts, err := p.Partitions(ctx)
-				if err != nil {
-					return err
-				}
-				return printPartitions(out, g.json, "", parts)
+			return partitions(cmd, g, out, "", func(ctx context.Context, p idemdriver.Partitioner) ([]idemdriver.Partition, error) {
+				return p.Partitions(ctx)
 			})
 		},
 	}
@@ -634,13 +634,9 @@ is not needed, and releasing the record would lose that key (see
 			if limit <= 0 {
 				return usageError{errors.New("--limit must be positive")}
 			}
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				recs, err := s.driver.Stuck(ctx, idemdriver.StuckParams{Limit: limit})
-				if err != nil {
-					return err
-				}
-				return printStuck(out, g.json, recs)
-			})
+			return readStore(cmd, g, func(ctx context.Context, s *store) ([]idemdriver.StuckRecord, error) {
+				return s.driver.Stuck(ctx, idemdriver.StuckParams{Limit: limit})
+			}, func(recs []idemdriver.StuckRecord) error { return printStuck(out, g.json, recs) })
 		},
 	}
 	c.Flags().IntVar(&limit, "limit", 50, "list at most this many")
@@ -661,13 +657,9 @@ table, so on a large store run it on a replica or at a quiet hour.`,
 			if top < 0 {
 				return usageError{errors.New("--top must not be negative")}
 			}
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				st, err := s.driver.Stats(ctx, idemdriver.StatsParams{TopScopes: top})
-				if err != nil {
-					return err
-				}
-				return printStats(out, g.json, st)
-			})
+			return readStore(cmd, g, func(ctx context.Context, s *store) (idemdriver.Stats, error) {
+				return s.driver.Stats(ctx, idemdriver.StatsParams{TopScopes: top})
+			}, func(st idemdriver.Stats) error { return printStats(out, g.json, st) })
 		},
 	}
 	c.Flags().IntVar(&top, "top", 10, "list this many scopes, largest first")

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/naivecache"
 )
 
 // The routes of the server under test, one per way of serving POST
@@ -285,10 +286,9 @@ func (a *app) held(w http.ResponseWriter, r *http.Request) {
 }
 
 // naiveCache is the article's naive idempotency middleware, for comparison
-// only (a minimal equivalent of cmd/paymentsd's --naive, which lives in that
-// command's main package): GET the key from Redis; on a hit replay the
-// stored response; on a miss run the handler and SET its response with a
-// TTL. No lock, no fingerprint, fails open: it double-executes concurrent
+// only (internal/naivecache, the one cmd/paymentsd's --naive runs): GET the
+// key from Redis; on a hit replay the stored response; on a miss run the
+// handler and SET its response with a TTL. No lock, no fingerprint, fails open: it double-executes concurrent
 // duplicates (README, "Why not cache the response in Redis?").
 type naiveCache struct {
 	rdb    *redis.Client
@@ -338,71 +338,16 @@ func (n *naiveCache) close() error {
 	return errors.Join(err, iter.Err(), n.rdb.Close())
 }
 
-// cachedResponse is a response as the naive cache stores it.
-type cachedResponse struct {
-	Status int         `json:"status"`
-	Header http.Header `json:"header"`
-	Body   []byte      `json:"body"`
-}
-
+// wrap is naivecache.Middleware on (scope, Idempotency-Key) of any request
+// with the header; Redis errors are ignored (a miss runs the handler, fail
+// open).
 func (n *naiveCache) wrap(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return naivecache.Middleware(naivecache.Config{Cache: &naivecache.Redis{Client: n.rdb}, TTL: n.ttl, Key: func(r *http.Request) string {
 		key := r.Header.Get(idem.HeaderKey)
 		if key == "" {
-			next.ServeHTTP(w, r)
-			return
+			return ""
 		}
 		scope, _ := scopeOf(r)
-		cacheKey := n.prefix + scope + ":" + key
-		b, err := n.rdb.Get(r.Context(), cacheKey).Bytes()
-		var cached cachedResponse
-		if err == nil && json.Unmarshal(b, &cached) == nil {
-			for k, v := range cached.Header {
-				w.Header()[k] = v
-			}
-			w.Header().Set(idem.HeaderReplayed, "true")
-			w.WriteHeader(cached.Status)
-			_, _ = w.Write(cached.Body)
-			return
-		}
-		// A miss, or Redis failed: run unprotected (fail open).
-		rec := &teeRecorder{ResponseWriter: w}
-		next.ServeHTTP(rec, r)
-		if rec.status == 0 || rec.status >= 500 {
-			return
-		}
-		stored := cachedResponse{Status: rec.status, Header: http.Header{}, Body: rec.body.Bytes()}
-		for _, h := range []string{"Content-Type", "Location"} {
-			if v := rec.Header().Values(h); len(v) > 0 {
-				stored.Header[h] = v
-			}
-		}
-		if value, err := json.Marshal(stored); err == nil {
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-			_ = n.rdb.Set(ctx, cacheKey, value, n.ttl).Err()
-			cancel()
-		}
-	})
-}
-
-// teeRecorder passes a response through and keeps a copy.
-type teeRecorder struct {
-	http.ResponseWriter
-	status int
-	body   bytes.Buffer
-}
-
-func (t *teeRecorder) WriteHeader(status int) {
-	if t.status == 0 {
-		t.status = status
-	}
-	t.ResponseWriter.WriteHeader(status)
-}
-
-func (t *teeRecorder) Write(b []byte) (int, error) {
-	if t.status == 0 {
-		t.status = http.StatusOK
-	}
-	t.body.Write(b)
-	return t.ResponseWriter.Write(b)
+		return n.prefix + scope + ":" + key
+	}}, next)
 }

@@ -224,14 +224,8 @@ func readPayment(w http.ResponseWriter, r *http.Request, body io.Reader) (paymen
 	if err != nil {
 		releaseKey(r)
 	}
-	var ie *inputError
-	switch {
-	case errors.Is(err, errUnsupportedMedia):
-		svc.WriteProblem(w, service.ProblemUnsupportedMedia, http.StatusUnsupportedMediaType, err.Error())
-	case errors.As(err, &ie) && ie.params != nil:
-		writeInvalidParams(w, ie.params)
-	case err != nil:
-		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, err.Error())
+	if err != nil {
+		svc.WriteInputError(w, err, func(ie *inputError) string { return invalidParamsDetail(ie.Params) })
 	}
 	return in, err == nil
 }
