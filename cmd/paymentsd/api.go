@@ -88,7 +88,11 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		cfg.WriteMode = WriteInClaim
 	}
 	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults}
-	return a.serve(a.routes(cfg.Faults.wrap(service.KeepClaiming(mw.Handler(http.HandlerFunc(a.createPayment)))))), nil
+	routes := a.routes(cfg.Faults.wrap(service.KeepClaiming(mw.Handler(http.HandlerFunc(a.createPayment)))))
+	if err := a.stripeRoutes(routes, cfg, store); err != nil { // POST /v1/payment_intents (stripe.go)
+		return nil, err
+	}
+	return a.serve(routes), nil
 }
 
 // routes returns the authenticated routes, with create as POST
