@@ -55,7 +55,8 @@ func statusLines(out string) []string {
 // TestCurlRetryAllErrors: curl's --retry alone does not retry a 409 (it is
 // no "transient" error to curl), so a duplicate sent while its key is in
 // flight ends at the 409; with --fail-with-body --retry-all-errors it
-// waits (Retry-After, then its own doubling delay) and gets the replay,
+// waits (its own doubling delay: curl reads no Retry-After on a 409) and
+// gets the replay,
 // with the same key: one charge (docs/clients.md).
 func TestCurlRetryAllErrors(t *testing.T) {
 	t.Parallel()
