@@ -203,16 +203,16 @@ type paymentIntentInput struct {
 }
 
 // stripeRoutes registers POST /v1/payment_intents on routes, protected by
-// its own idem middleware on store, scoped by merchant:
+// its own idem middleware on cfg's store, scoped by merchant:
 //
-//	stripeErrors -> service.KeepClaiming -> idem -> createPaymentIntent
+//	stripeErrors -> idem -> createPaymentIntent
 //
 // Its outcome policy is idem.ReleaseValidationFailures: Stripe saves no
 // idempotent result for a request whose parameters failed validation, so a
 // corrected retry with the same key runs.
-func (a *api) stripeRoutes(routes *http.ServeMux, cfg handlerConfig, store idem.Store) error {
+func (a *api) stripeRoutes(routes *http.ServeMux, cfg handlerConfig) error {
 	mw, err := idem.New(idem.Config{
-		Store:         store,
+		Store:         cfg.Faults.store(cfg.Store.Idem()),
 		Scope:         service.Scope,
 		LeaseDuration: cfg.Lease,
 		RelaySecret:   cfg.RelaySecret,
@@ -222,7 +222,7 @@ func (a *api) stripeRoutes(routes *http.ServeMux, cfg handlerConfig, store idem.
 	if err != nil {
 		return err
 	}
-	routes.Handle("POST /v1/payment_intents", stripeErrors(service.KeepClaiming(mw.Handler(http.HandlerFunc(a.createPaymentIntent)))))
+	routes.Handle("POST /v1/payment_intents", stripeErrors(mw.Handler(http.HandlerFunc(a.createPaymentIntent))))
 	routes.Handle("/v1/payment_intents", methodNotAllowed("POST"))
 	return nil
 }
