@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/idemgo/idem"
@@ -84,13 +85,18 @@ func (s stripeAnswer) write(w http.ResponseWriter) {
 // and a request that meets another on the same object 429 lock_timeout,
 // which its clients retry after a backoff; stripe-go retries a 429 only
 // with that code.
-func stripeAnswerFor(p idem.Problem, retryAfter string) stripeAnswer {
+func stripeAnswerFor(p idem.Problem) stripeAnswer {
 	slug := strings.TrimPrefix(p.Type, idem.ProblemTypeBase)
 	message := p.Title
 	if p.Detail != "" {
 		message = p.Detail
 	}
 	a := stripeAnswer{status: p.Status, body: stripeErrorBody{Message: message}}
+	retryAfter := ""
+	if p.RetryAfter > 0 {
+		// Whole seconds, rounded up, at least 1 (RFC 9110 section 10.2.3).
+		retryAfter = strconv.FormatInt(int64((p.RetryAfter+time.Second-1)/time.Second), 10)
+	}
 	switch {
 	case slug == "request-in-flight":
 		a.status = http.StatusTooManyRequests
@@ -113,16 +119,24 @@ func stripeAnswerFor(p idem.Problem, retryAfter string) stripeAnswer {
 	return a
 }
 
-// stripeErrors answers idem's own problems (application/problem+json) in
-// Stripe's error shape (stripeAnswerFor), and echoes the request's
-// Idempotency-Key on every answer, as Stripe does (stripe-go reads it into
+// writeStripeProblem writes one of idem's problems in Stripe's error shape
+// (stripeAnswerFor). Its signature is that of a hook that shapes idem's own
+// error answers, the ProblemWriter of idem's Config.
+func writeStripeProblem(w http.ResponseWriter, _ *http.Request, p idem.Problem) {
+	stripeAnswerFor(p).write(w)
+}
+
+// stripeErrors answers idem's own problems (application/problem+json) with
+// writeStripeProblem, and echoes the request's Idempotency-Key on every
+// answer, as Stripe does (stripe-go reads it into
 // LastResponse.IdempotencyKey). The handler's own answers pass through as
-// they are. It sits right outside idem's middleware.
+// they are. It sits right outside idem's middleware, while idem has no hook
+// to shape its error answers.
 func stripeErrors(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := &stripeWriter{ResponseWriter: w, key: r.Header.Get("Idempotency-Key")}
 		next.ServeHTTP(sw, r)
-		sw.finish()
+		sw.finish(r)
 	})
 }
 
@@ -164,17 +178,20 @@ func (s *stripeWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the connection.
 func (s *stripeWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// finish writes the held-back problem in Stripe's shape.
-func (s *stripeWriter) finish() {
+// finish writes the held-back problem in Stripe's shape, its Retry-After
+// read back into the problem.
+func (s *stripeWriter) finish(r *http.Request) {
 	if s.problem == nil {
 		return
 	}
 	p := *s.problem
 	_ = json.Unmarshal(s.body.Bytes(), &p) // keeps the status if the body is not a problem
 	h := s.ResponseWriter.Header()
-	retryAfter := h.Get("Retry-After")
+	if secs, err := strconv.ParseInt(h.Get("Retry-After"), 10, 64); err == nil && secs > 0 {
+		p.RetryAfter = time.Duration(secs) * time.Second
+	}
 	h.Del("Retry-After")
-	stripeAnswerFor(p, retryAfter).write(s.ResponseWriter)
+	writeStripeProblem(s.ResponseWriter, r, p)
 }
 
 // paymentIntentJSON is a PaymentIntent as Stripe shows it (the fields

@@ -258,11 +258,18 @@ func TestStripeAnswerForIdemProblems(t *testing.T) {
 		{idem.ErrResponseMissing, 500, "api_error", false},
 		{idem.ErrScopeUnstorable, 500, "api_error", false},
 	} {
-		a := stripeAnswerFor(idem.ProblemFor(tc.kind, "why"), "2")
+		p := idem.ProblemFor(tc.kind, "why")
+		p.RetryAfter = 1500 * time.Millisecond
+		a := stripeAnswerFor(p)
 		assert.Equal(t, tc.status, a.status, "%v", tc.kind)
 		assert.Equal(t, tc.typ, a.body.Type, "%v", tc.kind)
 		assert.Equal(t, tc.retry, a.shouldRetry, "%v", tc.kind)
 		assert.Equal(t, "why", a.body.Message, "%v", tc.kind)
+		if tc.retry && tc.kind != idem.ErrTxAborted {
+			assert.Equal(t, "2", a.retryAfter, "%v: Retry-After rounded up", tc.kind)
+		} else {
+			assert.Empty(t, a.retryAfter, "%v", tc.kind)
+		}
 	}
 }
 
