@@ -83,8 +83,14 @@ func (s stripeAnswer) write(w http.ResponseWriter) {
 //
 // Stripe answers a key reused with other parameters 400 idempotency_error,
 // and a request that meets another on the same object 429 lock_timeout,
-// which its clients retry after a backoff; stripe-go retries a 429 only
-// with that code.
+// which its clients retry after a backoff. stripe-go v82 retries no Stripe
+// error but that one (not even a 409 idempotency_key_in_use), so a key in
+// flight is answered as a lock timeout.
+//
+// Unlike Stripe, which saves a 500 under its key, idem records every 5xx
+// as FAILED: the retry runs the handler again, with the same relayed key at
+// the provider. So a 5xx the handler or idem answers says
+// Stripe-Should-Retry: true where a retry can succeed.
 func stripeAnswerFor(p idem.Problem) stripeAnswer {
 	slug := strings.TrimPrefix(p.Type, idem.ProblemTypeBase)
 	message := p.Title
