@@ -241,6 +241,7 @@ func (a *api) stripeRoutes(routes *http.ServeMux, cfg handlerConfig) error {
 		RelaySecret:   cfg.RelaySecret,
 		Outcome:       idem.ReleaseValidationFailures,
 		Logger:        cfg.Logger,
+		Observer:      cfg.Observer,
 	})
 	if err != nil {
 		return err
