@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -125,79 +123,10 @@ func stripeAnswerFor(p idem.Problem) stripeAnswer {
 	return a
 }
 
-// writeStripeProblem writes one of idem's problems in Stripe's error shape
-// (stripeAnswerFor). Its signature is that of a hook that shapes idem's own
-// error answers, the ProblemWriter of idem's Config.
+// writeStripeProblem is idem's Config.ProblemWriter on this route: it
+// writes idem's own problems in Stripe's error shape (stripeAnswerFor).
 func writeStripeProblem(w http.ResponseWriter, _ *http.Request, p idem.Problem) {
 	stripeAnswerFor(p).write(w)
-}
-
-// stripeErrors answers idem's own problems (application/problem+json) with
-// writeStripeProblem, and echoes the request's Idempotency-Key on every
-// answer, as Stripe does (stripe-go reads it into
-// LastResponse.IdempotencyKey). The handler's own answers pass through as
-// they are. It sits right outside idem's middleware, while idem has no hook
-// to shape its error answers.
-func stripeErrors(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sw := &stripeWriter{ResponseWriter: w, key: r.Header.Get("Idempotency-Key")}
-		next.ServeHTTP(sw, r)
-		sw.finish(r)
-	})
-}
-
-// stripeWriter holds back a problem+json answer to rewrite it.
-type stripeWriter struct {
-	http.ResponseWriter
-	key     string
-	problem *idem.Problem // set once a problem's header is written
-	body    bytes.Buffer
-	wrote   bool
-}
-
-func (s *stripeWriter) WriteHeader(status int) {
-	if s.wrote {
-		return
-	}
-	s.wrote = true
-	h := s.ResponseWriter.Header()
-	if s.key != "" && h.Get("Idempotency-Key") == "" {
-		h.Set("Idempotency-Key", s.key)
-	}
-	if mt, _, _ := mime.ParseMediaType(h.Get("Content-Type")); mt == "application/problem+json" {
-		s.problem = &idem.Problem{Status: status}
-		return
-	}
-	s.ResponseWriter.WriteHeader(status)
-}
-
-func (s *stripeWriter) Write(b []byte) (int, error) {
-	if !s.wrote {
-		s.WriteHeader(http.StatusOK)
-	}
-	if s.problem != nil {
-		return s.body.Write(b)
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the connection.
-func (s *stripeWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
-// finish writes the held-back problem in Stripe's shape, its Retry-After
-// read back into the problem.
-func (s *stripeWriter) finish(r *http.Request) {
-	if s.problem == nil {
-		return
-	}
-	p := *s.problem
-	_ = json.Unmarshal(s.body.Bytes(), &p) // keeps the status if the body is not a problem
-	h := s.ResponseWriter.Header()
-	if secs, err := strconv.ParseInt(h.Get("Retry-After"), 10, 64); err == nil && secs > 0 {
-		p.RetryAfter = time.Duration(secs) * time.Second
-	}
-	h.Del("Retry-After")
-	writeStripeProblem(s.ResponseWriter, r, p)
 }
 
 // paymentIntentJSON is a PaymentIntent as Stripe shows it (the fields
@@ -226,9 +155,10 @@ type paymentIntentInput struct {
 }
 
 // stripeRoutes registers POST /v1/payment_intents on routes, protected by
-// its own idem middleware on cfg's store, scoped by merchant:
-//
-//	stripeErrors -> idem -> createPaymentIntent
+// its own idem middleware on cfg's store, scoped by merchant, whose own
+// error answers are Stripe's (Config.ProblemWriter: writeStripeProblem).
+// idem echoes the request's Idempotency-Key on every answer, as Stripe does
+// (stripe-go reads it into LastResponse.IdempotencyKey).
 //
 // Its outcome policy is idem.ReleaseValidationFailures: Stripe saves no
 // idempotent result for a request whose parameters failed validation, so a
@@ -242,11 +172,12 @@ func (a *api) stripeRoutes(routes *http.ServeMux, cfg handlerConfig) error {
 		Outcome:       idem.ReleaseValidationFailures,
 		Logger:        cfg.Logger,
 		Observer:      cfg.Observer,
+		ProblemWriter: writeStripeProblem,
 	})
 	if err != nil {
 		return err
 	}
-	routes.Handle("POST /v1/payment_intents", stripeErrors(mw.Handler(http.HandlerFunc(a.createPaymentIntent))))
+	routes.Handle("POST /v1/payment_intents", mw.Handler(http.HandlerFunc(a.createPaymentIntent)))
 	routes.Handle("/v1/payment_intents", methodNotAllowed("POST"))
 	return nil
 }

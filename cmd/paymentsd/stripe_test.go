@@ -110,6 +110,8 @@ func TestStripeGoConcurrentCallsOneKey(t *testing.T) {
 				assert.Equal(t, "cus_42", pi.Customer.ID)
 				assert.Equal(t, map[string]string{"order_id": "6735"}, pi.Metadata)
 				assert.Equal(t, "order-6735", pi.LastResponse.IdempotencyKey, "call %d", i)
+				_, err := http.ParseTime(pi.LastResponse.Header.Get(idem.HeaderKeyExpires))
+				assert.NoError(t, err, "call %d: %s", i, idem.HeaderKeyExpires)
 			}
 			assert.Equal(t, 1, s.provider.Charges(), "charges")
 			assert.Equal(t, int64(1), s.balance("acme").Payments, "payment rows")

@@ -33,7 +33,8 @@ async function post(api, key) {
       body: '{"sku":"tea"}',
     });
     return {status: r.status, replayed: r.headers.get("Idempotent-Replayed"),
-            retryAfter: r.headers.get("Retry-After"), body: await r.text()};
+            retryAfter: r.headers.get("Retry-After"), key: r.headers.get("Idempotency-Key"),
+            expires: r.headers.get("Idempotency-Key-Expires"), body: await r.text()};
   } catch (e) {
     return {error: String(e)};
   }
@@ -45,6 +46,8 @@ type answer struct {
 	Status     int     `json:"status"`
 	Replayed   *string `json:"replayed"`
 	RetryAfter *string `json:"retryAfter"`
+	Key        *string `json:"key"`
+	Expires    *string `json:"expires"`
 	Body       string  `json:"body"`
 	Error      string  `json:"error"`
 }
@@ -197,6 +200,11 @@ func TestBrowserReadsReplayAndRetryAfter(t *testing.T) {
 		require.NotNil(t, second.Replayed, "the page cannot read Idempotent-Replayed")
 		assert.Equal(t, "true", *second.Replayed)
 		assert.Equal(t, first.Body, second.Body)
+		require.NotNil(t, second.Key, "the page cannot read Idempotency-Key")
+		assert.Equal(t, "order-1", *second.Key)
+		require.NotNil(t, second.Expires, "the page cannot read Idempotency-Key-Expires")
+		_, err := http.ParseTime(*second.Expires)
+		assert.NoError(t, err)
 		assert.Equal(t, int64(1), good.executions.Load())
 	})
 

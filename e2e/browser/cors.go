@@ -11,12 +11,13 @@ import (
 // ExposedHeaders are the response headers a page must be allowed to read
 // (Access-Control-Expose-Headers; Fetch standard, section 3.2.3) to act on
 // idem's answers: Idempotent-Replayed (a replay), Retry-After (when to send
-// a 409 request-in-flight or a 503 again), Idempotency-Key (the key, where
-// the server echoes it) and Location (a created resource). Without them
+// a 409 request-in-flight or a 503 again), Idempotency-Key (the key, which
+// idem echoes), Idempotency-Key-Expires (until when the key is remembered)
+// and Location (a created resource). Without them
 // fetch() sees only the CORS-safelisted response headers, and
 // Headers.get returns null for these.
 func ExposedHeaders() []string {
-	return []string{idem.HeaderReplayed, "Retry-After", idem.HeaderKey, "Location"}
+	return []string{idem.HeaderReplayed, "Retry-After", idem.HeaderKey, idem.HeaderKeyExpires, "Location"}
 }
 
 // WithCORS returns next protected by mw, inside rs/cors' middleware for the
