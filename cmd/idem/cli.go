@@ -36,6 +36,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	fmt.Fprintln(stderr, "idem:", err)
+	if missingTable(err) {
+		fmt.Fprintln(stderr, "idem: hint: idem's table is not in this database: check the URL's schema "+
+			"(PostgreSQL: search_path=... or idem_schema=...; MySQL: the database name; SQLite: the file's path), or run `idem migrate up`")
+	}
 	var ue usageError
 	if errors.As(err, &ue) || cmd == nil || !cmd.Runnable() || isFlagError(err) {
 		return 2
@@ -61,14 +65,18 @@ func newRoot(g *globals, stdout io.Writer) *cobra.Command {
 		Short: "Operate an idem store: migrations, retention, and the story of a key",
 		Long: `idem operates the store of github.com/idemgo/idem: its migrations, the
 retention of its records (purge, partitions), and what an operator needs to
-see at 3 a.m. without writing SQL (inspect, list, stuck, stats) and the
-fix (release).
+see at 3 a.m. without writing SQL (inspect, list, stuck, stats), and
+release, which deletes a record: a stuck or FAILED record needs no action
+(its next request takes it over under the same relayed key), and releasing
+one can make a provider charge again (see ` + "`idem release --help`" + `).
 
 Every time is the database's clock. Output is a table, or JSON with --json.
 
 The database comes from --database-url (or IDEM_DATABASE_URL):
   postgres://... or postgresql://...  PostgreSQL (add search_path=... for a schema);
-                                      a partitioned idem_keys is detected
+                                      a partitioned idem_keys is detected; behind
+                                      pgbouncer add idem_pooler=transaction and
+                                      idem_schema=NAME (docs/deployment.md)
   mysql://user:pass@host:port/db      MySQL / MariaDB
   sqlite:PATH, file:PATH or PATH      the SQLite file at PATH`,
 		SilenceUsage:  true,
@@ -511,21 +519,38 @@ func releaseCmd(g *globals, out io.Writer) *cobra.Command {
 		force      bool
 	)
 	c := &cobra.Command{
-		Use:   "release --scope S --key K [--force]",
-		Short: "Remove one key's record, so that its next request runs as new",
-		Long: `Remove one key's record, fenced: only the record as just read (its fencing
+		Use:   "release --scope S --key K --force",
+		Short: "Delete one key's record, so that its next request runs as new (needs --force: a provider may charge again)",
+		Long: `Delete one key's record, fenced: only the record as just read (its fencing
 token and created_at, and its state) is removed, so a request that claims the
 key meanwhile keeps it. The next request with the key then runs as a new one.
 
-  PROCESSING past its lease (its worker died: see stuck)  released (Driver.Release)
+The record is what keeps the key's relayed key stable: idem.DeriveKey mixes
+in the record's created_at (docs/crash-semantics.md), so while the record
+lives, every execution of the key sends the provider the same relayed key,
+and a provider that already charged answers with that charge. A stuck
+record (PROCESSING past its lease, see stuck) or a FAILED one needs
+nothing: the next request with the key takes it over, or runs again, under
+the same relayed key. Released, the next request runs as new, with a new
+created_at and so a new relayed key: a provider that already charged will
+charge again.
+
+Release a record only when you know no side effect happened (a validation
+failure, say, that a client must retry with another body), or when you have
+reconciled with the provider. So every record needs --force:
+
+  PROCESSING past its lease       refused unless --force: the next request
+                                  takes it over with the same relayed key
   PROCESSING under a live lease   refused unless --force: its owner may still
                                   be running, and the next request would run
                                   a second execution beside it
-  FAILED                          released: the next request runs as new
-                                  (with another body, say, instead of 422)
-  SUCCEEDED without its response  released (a damaged record)
-  SUCCEEDED with its response     refused unless --force: the next request
-                                  would run again instead of being replayed`,
+  FAILED                          refused unless --force: the next request
+                                  runs again with the same relayed key
+  SUCCEEDED                       refused unless --force: the next request
+                                  would run again instead of being replayed
+                                  (without its response, a damaged record,
+                                  it is answered 500 response-missing until
+                                  released; its side effect did happen)`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if key == "" || !cmd.Flags().Changed("scope") {
@@ -536,8 +561,10 @@ key meanwhile keeps it. The next request with the key then runs as a new one.
 				if err != nil {
 					return err
 				}
-				if why := releaseRefusal(rec); why != "" && !force {
-					return fmt.Errorf("not released: %s; give --force to release it anyway", why)
+				if why := releaseRefusal(rec); !force {
+					return fmt.Errorf("not released: %s. Released, the next request would run as new under a new relayed key, "+
+						"and a provider that already charged would charge again; give --force only when you know no side effect "+
+						"happened (a validation failure, say) or have reconciled with the provider", why)
 				}
 				fence := idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt}
 				var released bool
@@ -561,12 +588,14 @@ key meanwhile keeps it. The next request with the key then runs as a new one.
 	}
 	c.Flags().StringVar(&scope, "scope", "", "the key's scope (tenant, account)")
 	c.Flags().StringVar(&key, "key", "", "the Idempotency-Key, unquoted")
-	c.Flags().BoolVar(&force, "force", false, "release a record under a live lease, or one with a stored response")
+	c.Flags().BoolVar(&force, "force", false,
+		"delete the record: only when no side effect happened or you have reconciled with the provider (see above)")
 	return c
 }
 
-// releaseRefusal says why releasing rec needs --force ("" when it does
-// not): a live lease, or a stored response that a replay would send.
+// releaseRefusal says why releasing rec needs --force, which every record
+// does: the record keeps the key's relayed key stable (idem.DeriveKey
+// mixes in its created_at), so what to do instead depends on its state.
 func releaseRefusal(rec idemdriver.Record) string {
 	switch {
 	case rec.State == idemdriver.StateProcessing && rec.LeaseLeft > 0:
@@ -575,10 +604,17 @@ func releaseRefusal(rec idemdriver.Record) string {
 			owner = " (" + rec.Owner + ")"
 		}
 		return fmt.Sprintf("its lease is live for %s more: its owner%s may still be running, and the next request would run beside it", dur(rec.LeaseLeft), owner)
-	case rec.State == idemdriver.StateSucceeded && rec.Response != nil:
+	case rec.State == idemdriver.StateProcessing:
+		return "its lease ran out (its worker died or stalled): there is nothing to release, " +
+			"the next request with the key takes it over under the same relayed key"
+	case rec.State == idemdriver.StateFailed:
+		return "it FAILED with a retryable outcome: there is nothing to release, " +
+			"the next request with the key runs again under the same relayed key"
+	case rec.Response != nil:
 		return fmt.Sprintf("it succeeded and its %d response is replayed; released, the next request would run again", rec.Response.Status)
+	default:
+		return "it succeeded, but its response is missing (a damaged record, answered 500 response-missing): its side effect happened"
 	}
-	return ""
 }
 
 func stuckCmd(g *globals, out io.Writer) *cobra.Command {
@@ -589,7 +625,10 @@ func stuckCmd(g *globals, out io.Writer) *cobra.Command {
 		Long: `List the PROCESSING records whose lease ran out (locked_until <= now, by
 the database's clock): their worker died or stalled before recording an
 outcome. The next request with such a key takes it over and runs again, with
-the next fencing token.`,
+the next fencing token and the same relayed key (the record's created_at is
+kept), so a provider that already charged answers with that charge: release
+is not needed, and releasing the record would lose that key (see
+` + "`idem release --help`" + `).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if limit <= 0 {
