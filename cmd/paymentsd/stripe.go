@@ -309,8 +309,8 @@ func parsePaymentIntent(contentType string, body []byte) (paymentIntentInput, *s
 	}
 	p, err := validatePayment(fields)
 	var ie *inputError
-	if errors.As(err, &ie) && len(ie.params) > 0 {
-		first := ie.params[0]
+	if errors.As(err, &ie) && len(ie.Params) > 0 {
+		first := ie.Params[0]
 		code := ""
 		switch {
 		case first.Reason == "is required":
