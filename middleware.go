@@ -128,6 +128,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		LeaseDuration: m.cfg.LeaseDuration, Retention: m.cfg.Retention,
 		Owner: m.cfg.Owner,
 	}
+	if m.cfg.OneCommit {
+		m.serveOneCommit(w, r, next, params, body)
+		return
+	}
 	// Detached from the client: a hang-up must not cancel a claim that the
 	// database may already have committed, which would leave the key
 	// PROCESSING with nobody running it for a whole lease.
