@@ -235,7 +235,11 @@ type Config struct {
 	ClaimTimeout time.Duration
 
 	// CompleteTimeout bounds the statements that record an outcome, which run
-	// on a context detached from the client's. Default: 10 s.
+	// on a context detached from the client's. Default: 10 s. The statement
+	// that commits the outcome is never cancelled (a cancelled wait for a
+	// synchronous standby would leave it committed locally only): past the
+	// bound the request is answered 503 with cause ErrCommitPending while the
+	// commit goes on (docs/deployment.md).
 	CompleteTimeout time.Duration
 
 	// MaxExecution bounds how long one execution may own its key (CONTRACT
@@ -293,8 +297,25 @@ type Config struct {
 	// SQLite it is the wait for the database's write lock. Default: 2 s.
 	OneCommitWait time.Duration
 
-	// Logger receives store errors and lost leases. Default: slog.Default().
+	// Logger receives store errors and lost leases, each call with the
+	// request's context (Logger.ErrorContext and the like), so a handler
+	// that carries trace ids in its context finds them in idem's records.
+	// Default: slog.Default().
 	Logger *slog.Logger
+
+	// Observer receives one Event per decision (executed, replayed, in
+	// flight, key reused, released, taken over, lease lost, store
+	// unavailable, completion failed) with its route, attempt, status and
+	// durations: the hook for metrics and traces (docs/observability.md).
+	// Default: none (nil), and no event is built.
+	Observer Observer
+
+	// Route names a request's route for Event.Route when the request has no
+	// ServeMux pattern (r.Pattern is empty: chi, gorilla/mux, or idem
+	// wrapping the ServeMux itself). Return a bounded set of names, such as
+	// the router's route template: never the raw path, whose cardinality a
+	// metric cannot bear. Default: none (Event.Route is "").
+	Route func(r *http.Request) string
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.

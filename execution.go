@@ -137,9 +137,46 @@ func (e *execution) detached() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(e.parent), e.m.cfg.CompleteTimeout)
 }
 
+// ErrCommitPending is the cause of the store error answered when the
+// statement that commits an outcome has not returned within CompleteTimeout.
+// It keeps running: idem never cancels it (see durable).
+var ErrCommitPending = errors.New("idem: the commit of the outcome did not return within CompleteTimeout; it was not cancelled and may still take effect")
+
+// durable runs f, a statement that commits an outcome, on a context that is
+// never cancelled, and waits for it at most CompleteTimeout. Cancelling a
+// COMMIT can leave it committed locally but not as durable as the server is
+// configured to make it: PostgreSQL answers a cancelled wait for synchronous
+// replication with "canceling wait for synchronous replication ... already
+// committed locally", and the outcome, visible to replays, is lost in a
+// failover (docs/deployment.md). Past CompleteTimeout the request gets
+// ErrCommitPending while the statement goes on: the record stays locked, and
+// invisible to replays, until the server has made it durable (or not).
+func (e *execution) durable(f func(context.Context) (bool, error)) (bool, error) {
+	type result struct {
+		ok  bool
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ok, err := f(context.WithoutCancel(e.parent))
+		done <- result{ok, err}
+	}()
+	t := time.NewTimer(e.m.cfg.CompleteTimeout)
+	defer t.Stop()
+	select {
+	case r := <-done:
+		return r.ok, r.err
+	case <-t.C:
+		e.m.cfg.Logger.Warn("idem: the commit of an outcome is still running past CompleteTimeout; not cancelling it",
+			"scope", e.fence.Scope, "key", e.fence.Key, "complete_timeout", e.m.cfg.CompleteTimeout)
+		return false, ErrCommitPending
+	}
+}
+
 // complete records SUCCEEDED, in the business transaction when the handler
 // used one (committing both together), else in one statement. It reports
-// false when the execution was fenced out.
+// false when the execution was fenced out. The statement that commits the
+// outcome is never cancelled (see durable).
 //
 // A business transaction that had aborted (idemdriver.ErrTxAborted: a
 // statement of the handler failed) is rolled back and the response is
@@ -152,7 +189,7 @@ func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 	p := idemdriver.CompleteParams{FenceParams: e.fence, Response: resp}
 	tx := e.endTx()
 	if tx == nil {
-		return e.completeAlone(ctx, p)
+		return e.completeAlone(p)
 	}
 	ok, err := tx.Complete(ctx, p)
 	switch {
@@ -160,17 +197,17 @@ func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 		// The handler ended the transaction itself, against the contract:
 		// its writes are committed (or gone) already. Record the outcome on
 		// its own, so the next request replays instead of running again.
-		e.m.cfg.Logger.Error("idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
+		e.m.cfg.Logger.ErrorContext(e.parent, "idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
 			"scope", e.fence.Scope, "key", e.fence.Key)
-		return e.completeAlone(ctx, p)
+		return e.completeAlone(p)
 	case errors.Is(err, idemdriver.ErrTxAborted):
 		if rerr := tx.Rollback(ctx); rerr != nil {
-			e.m.cfg.Logger.Warn("idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", rerr)
+			e.m.cfg.Logger.WarnContext(e.parent, "idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", rerr)
 		}
 		if resp.Status >= 200 && resp.Status < 300 {
 			return false, ErrTxAborted
 		}
-		return e.completeAlone(ctx, p)
+		return e.completeAlone(p)
 	case err != nil || !ok:
 		_ = tx.Rollback(ctx)
 		if err != nil {
@@ -178,15 +215,16 @@ func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 		}
 		return false, nil
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if _, err := e.durable(func(ctx context.Context) (bool, error) { return true, tx.Commit(ctx) }); err != nil {
 		return false, &StoreError{Op: "commit", Err: err}
 	}
 	return true, nil
 }
 
-// completeAlone records SUCCEEDED in one statement of its own.
-func (e *execution) completeAlone(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	ok, err := e.m.cfg.Store.Complete(ctx, p)
+// completeAlone records SUCCEEDED in one statement of its own, never
+// cancelled (see durable).
+func (e *execution) completeAlone(p idemdriver.CompleteParams) (bool, error) {
+	ok, err := e.durable(func(ctx context.Context) (bool, error) { return e.m.cfg.Store.Complete(ctx, p) })
 	if err != nil {
 		return false, &StoreError{Op: "complete", Err: err}
 	}
@@ -199,7 +237,7 @@ func (e *execution) rollback() {
 		ctx, cancel := e.detached()
 		defer cancel()
 		if err := tx.Rollback(ctx); err != nil {
-			e.m.cfg.Logger.Warn("idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+			e.m.cfg.Logger.WarnContext(e.parent, "idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 		}
 	}
 }
@@ -223,9 +261,19 @@ func (e *execution) failed() (owned bool, err error) {
 	defer cancel()
 	owned, err = e.m.cfg.Store.Fail(ctx, e.fence)
 	if err != nil {
-		e.m.cfg.Logger.Warn("idem: recording FAILED", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+		e.m.cfg.Logger.WarnContext(e.parent, "idem: recording FAILED", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 	}
 	return owned, err
+}
+
+// takenOver reports whether the key's record now belongs to another claim
+// (another fencing token, or a new life of the key): this execution's
+// outcome did not commit, and the new owner's counts.
+func (e *execution) takenOver() bool {
+	ctx, cancel := e.detached()
+	defer cancel()
+	rec, err := e.m.cfg.Store.Get(ctx, idemdriver.GetParams{Scope: e.fence.Scope, Key: e.fence.Key})
+	return err == nil && (rec.FencingToken != e.fence.FencingToken || !rec.CreatedAt.Equal(e.fence.CreatedAt))
 }
 
 // released reports whether the handler called ReleaseKey.
@@ -301,7 +349,7 @@ func (e *execution) startHeartbeat(claimSent time.Time) *heartbeat {
 					return
 				default:
 				}
-				e.m.cfg.Logger.Warn("idem: execution ran past MaxExecution; no longer renewing its lease",
+				e.m.cfg.Logger.WarnContext(e.parent, "idem: execution ran past MaxExecution; no longer renewing its lease",
 					"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.m.cfg.MaxExecution)
 				e.cancel(ErrExecutionTimeout)
 				return
@@ -334,7 +382,7 @@ func (e *execution) startHeartbeat(claimSent time.Time) *heartbeat {
 			case err == nil && ok:
 				hb.lastOK = sent
 			case err == nil && !ok:
-				e.m.cfg.Logger.Warn("idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
+				e.m.cfg.Logger.WarnContext(e.parent, "idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
 				e.cancel(ErrLeaseLost)
 				return
 			case errors.Is(err, idemdriver.ErrBusy):
@@ -342,7 +390,7 @@ func (e *execution) startHeartbeat(claimSent time.Time) *heartbeat {
 				// writer): no claim can take the key over while it is held.
 				hb.lastOK = time.Now()
 			case time.Since(hb.lastOK) >= lease:
-				e.m.cfg.Logger.Warn("idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+				e.m.cfg.Logger.WarnContext(e.parent, "idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 				e.cancel(&StoreError{Op: "heartbeat", Err: err})
 				return
 			}

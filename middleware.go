@@ -100,7 +100,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if why := unstorableScope(scope); why != "" {
 		// The server's Scope function is at fault, not the client: a 500
 		// that retries cannot cure, rather than a 503 that invites them.
-		m.cfg.Logger.Error("idem: Scope returned a scope no store can hold", "reason", why, "length", len(scope))
+		m.cfg.Logger.ErrorContext(r.Context(), "idem: Scope returned a scope no store can hold", "reason", why, "length", len(scope))
 		ProblemFor(ErrScopeUnstorable, "the server could not scope this request").Write(w)
 		return
 	}
@@ -139,23 +139,30 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	claimSent := time.Now() // the lease runs from the database's now, no earlier
 	res, err := m.cfg.Store.Claim(claimCtx, params)
 	cancel()
+	ev := Event{Method: r.Method, Scope: scope, Key: key, Claim: time.Since(claimSent)}
 	if errors.Is(err, idemdriver.ErrUnstorable) {
 		// The scope passed idem's rules but not this database's: a server
 		// fault that every retry would meet again.
-		m.cfg.Logger.Error("idem: the store cannot hold this request's scope", "err", err)
+		m.cfg.Logger.ErrorContext(r.Context(), "idem: the store cannot hold this request's scope", "err", err)
 		ProblemFor(ErrScopeUnstorable, "the server could not scope this request").Write(w)
 		return
 	}
 	if err != nil {
-		m.storeUnavailable(w, &StoreError{Op: "claim", Err: err})
+		serr := &StoreError{Op: "claim", Err: err}
+		m.storeUnavailable(r.Context(), w, serr)
+		ev.Kind, ev.Status, ev.Err, ev.Route = EventStoreUnavailable, http.StatusServiceUnavailable, serr, m.route(r, nil)
+		m.observe(r.Context(), &ev)
 		return
 	}
+	ev.Attempt = res.Record.Attempts
 	if !res.Claimed {
-		m.answer(w, res.Record, params)
+		ev.Kind, ev.Status = m.answer(r.Context(), w, res.Record, params)
+		ev.Route = m.route(r, nil)
+		m.observe(r.Context(), &ev)
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	m.execute(w, r, next, res.Record, params, claimSent)
+	m.execute(w, r, next, res, params, claimSent, &ev)
 }
 
 // unstorableScope says why no store can hold scope (ScopeFunc's rules), or
@@ -189,28 +196,35 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 }
 
 // answer responds to a request that did not win the claim, from the record
-// it lost to (CONTRACT section 3). The handler does not run.
-func (m *Middleware) answer(w http.ResponseWriter, rec idemdriver.Record, p idemdriver.ClaimParams) {
+// it lost to (CONTRACT section 3), and returns the event kind and the status
+// sent. The handler does not run.
+func (m *Middleware) answer(ctx context.Context, w http.ResponseWriter, rec idemdriver.Record, p idemdriver.ClaimParams) (EventKind, int) {
 	switch {
 	case rec.Method != p.Method || rec.Path != p.Path:
-		ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used for %s %s; a key names one request", HeaderKey, rec.Method, rec.Path)).Write(w)
+		return EventKeyReused, writeProblem(w, ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used for %s %s; a key names one request", HeaderKey, rec.Method, rec.Path)))
 	case !bytes.Equal(rec.Fingerprint, p.Fingerprint):
-		ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used with a different request body or query; use a new key for a new request", HeaderKey)).Write(w)
+		return EventKeyReused, writeProblem(w, ProblemFor(ErrKeyReused, fmt.Sprintf("this %s was first used with a different request body or query; use a new key for a new request", HeaderKey)))
 	case rec.State == idemdriver.StateSucceeded && rec.Response != nil:
-		m.replayResponse(w, rec.Response)
+		return EventReplayed, m.replayResponse(w, rec.Response)
 	case rec.State == idemdriver.StateSucceeded:
 		// Damaged by hand or by a partial restore: no retry will ever find
 		// the response, so say so instead of 409 forever.
-		m.cfg.Logger.Error("idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
-		ProblemFor(ErrResponseMissing, "the request with this key succeeded, but its stored response is missing from the idempotency store; "+
-			"it will not run again: ask the operator to release the key, or use a new key only if you know the first request had no effect").Write(w)
+		m.cfg.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
+		return EventReplayed, writeProblem(w, ProblemFor(ErrResponseMissing, "the request with this key succeeded, but its stored response is missing from the idempotency store; "+
+			"it will not run again: ask the operator to release the key, or use a new key only if you know the first request had no effect"))
 	default:
 		// PROCESSING under a live lease; or a record that changed between the
 		// claim and its answer (the driver retries those): ask to come back.
 		pr := ProblemFor(ErrInFlight, "another request with this key is being processed; retry after the Retry-After delay to get its result")
 		pr.RetryAfter = m.inFlightRetryAfter(rec.LeaseLeft)
-		pr.Write(w)
+		return EventInFlight, writeProblem(w, pr)
 	}
+}
+
+// writeProblem writes pr and returns its status.
+func writeProblem(w http.ResponseWriter, pr Problem) int {
+	pr.Write(w)
+	return pr.Status
 }
 
 // inFlightRetryAfter is the Retry-After of a 409 request-in-flight: the
@@ -221,8 +235,9 @@ func (m *Middleware) inFlightRetryAfter(leaseLeft time.Duration) time.Duration {
 	return max(time.Second, min(m.cfg.InFlightRetryAfter, leaseLeft, m.cfg.LeaseDuration))
 }
 
-// replayResponse sends a stored response byte-exact (CONTRACT section 5).
-func (m *Middleware) replayResponse(w http.ResponseWriter, resp *idemdriver.Response) {
+// replayResponse sends a stored response byte-exact (CONTRACT section 5)
+// and returns the status sent.
+func (m *Middleware) replayResponse(w http.ResponseWriter, resp *idemdriver.Response) int {
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = v
@@ -240,33 +255,33 @@ func (m *Middleware) replayResponse(w http.ResponseWriter, resp *idemdriver.Resp
 			"the request with this key succeeded with status %d, but its %d-byte response exceeded the replay limit and was not stored; it will not run again",
 			resp.Status, resp.BodySize))
 		pr.Extra = map[string]any{"original_status": resp.Status}
-		pr.Write(w)
-		return
+		return writeProblem(w, pr)
 	}
 	writeResponse(w, resp.Status, resp.Body)
+	return resp.Status
 }
 
 // leaseLost answers the caller of a fenced-out execution: its outcome was not
 // recorded (and, in transactional mode, its writes rolled back); the key's
 // new owner has the answer.
-func (m *Middleware) leaseLost(w http.ResponseWriter) {
+func (m *Middleware) leaseLost(w http.ResponseWriter) int {
 	pr := ProblemFor(ErrLeaseLost, "this request's lease ran out and another request took its key over; its result was not recorded; retry with the same key to get the new owner's result")
 	pr.RetryAfter = time.Second
-	pr.Write(w)
+	return writeProblem(w, pr)
 }
 
 // outcomeUnknown answers 503 store-unavailable for an execution that ran
 // but whose outcome could not be recorded as this request's; detail says
 // what a retry with the same key will get.
-func (m *Middleware) outcomeUnknown(w http.ResponseWriter, err error, detail string) {
-	m.cfg.Logger.Error("idem: outcome not recorded", "err", err)
+func (m *Middleware) outcomeUnknown(ctx context.Context, w http.ResponseWriter, err error, detail string) int {
+	m.cfg.Logger.ErrorContext(ctx, "idem: outcome not recorded", "err", err)
 	pr := ProblemFor(ErrStoreUnavailable, detail)
 	pr.RetryAfter = m.cfg.StoreRetryAfter
-	pr.Write(w)
+	return writeProblem(w, pr)
 }
 
-func (m *Middleware) storeUnavailable(w http.ResponseWriter, err error) {
-	m.cfg.Logger.Error("idem: store unavailable", "err", err)
+func (m *Middleware) storeUnavailable(ctx context.Context, w http.ResponseWriter, err error) {
+	m.cfg.Logger.ErrorContext(ctx, "idem: store unavailable", "err", err)
 	pr := ProblemFor(ErrStoreUnavailable, "the idempotency store did not answer; the request was not processed, retry later with the same key")
 	pr.RetryAfter = m.cfg.StoreRetryAfter
 	pr.Write(w)
@@ -295,15 +310,34 @@ func (m *Middleware) storedResponse(c *captureWriter) idemdriver.Response {
 	return resp
 }
 
-// execute runs next as the owner of a claim and records its outcome.
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, rec idemdriver.Record, p idemdriver.ClaimParams, claimSent time.Time) {
-	e := newExecution(m, r.Context(), rec, p)
+// execute runs next as the owner of a claim and records its outcome, then
+// reports ev (the claim's event, its Claim duration and Attempt set) to the
+// Observer.
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, res idemdriver.ClaimResult, p idemdriver.ClaimParams, claimSent time.Time, ev *Event) {
+	rec := res.Record
+	ctx := r.Context()
+	e := newExecution(m, ctx, rec, p)
 	defer e.cancel(nil)
 	hb := e.startHeartbeat(claimSent)
 
 	cw := newCaptureWriter(w)
-	panicked, recovered := runHandler(next, cw, r.WithContext(e.ctx))
+	hr := r.WithContext(e.ctx)
+	ran := time.Now()
+	panicked, recovered := runHandler(next, cw, hr)
+	ev.Handler = time.Since(ran)
 	hb.stop()
+	ev.Route = m.route(r, hr)
+	executed := EventExecuted
+	if res.TookOver {
+		executed = EventTakenOver
+	}
+	// done reports the event: kind, the status sent, and its cause.
+	recording := time.Now()
+	done := func(kind EventKind, status int, err error) {
+		ev.Completion = time.Since(recording)
+		ev.Kind, ev.Status, ev.Err = kind, status, err
+		m.observe(ctx, ev)
+	}
 
 	cause := context.Cause(e.ctx)
 	lost, unreachable := errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrStoreUnavailable)
@@ -317,37 +351,47 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	timedOut := errors.Is(cause, ErrExecutionTimeout) && (e.txBegun() || hb.leaseRanOut())
 	if panicked {
 		e.rollback()
-		if !lost && !unreachable {
-			e.fail()
+		switch {
+		case lost:
+			done(EventLeaseLost, 0, cause)
+		case unreachable:
+			done(EventStoreUnavailable, 0, cause)
+		case !e.fail():
+			done(EventLeaseLost, 0, ErrLeaseLost)
+		default:
+			ev.Outcome = Failed
+			done(executed, 0, fmt.Errorf("idem: the handler panicked: %v", recovered))
 		}
 		panic(recovered)
 	}
 	switch {
 	case lost:
 		e.rollback()
-		m.leaseLost(w)
+		done(EventLeaseLost, m.leaseLost(w), cause)
 		return
 	case timedOut:
 		e.rollback()
 		if !e.fail() {
-			m.leaseLost(w)
+			done(EventLeaseLost, m.leaseLost(w), ErrLeaseLost)
 			return
 		}
-		m.outcomeUnknown(w, cause, fmt.Sprintf("the request ran past its time limit (%s) and its result was not recorded "+
-			"(in transactional mode its writes were rolled back); retry with the same key: the request runs again", m.cfg.MaxExecution))
+		ev.Outcome = Failed
+		done(executed, m.outcomeUnknown(ctx, w, cause, fmt.Sprintf("the request ran past its time limit (%s) and its result was not recorded "+
+			"(in transactional mode its writes were rolled back); retry with the same key: the request runs again", m.cfg.MaxExecution)), cause)
 		return
 	case unreachable:
 		// The lease could not be renewed: the outcome cannot be recorded as
 		// ours. The record stays PROCESSING until its lease runs out.
 		e.rollback()
-		m.outcomeUnknown(w, cause, fmt.Sprintf("the idempotency store stopped answering while the request ran, so its result was not recorded; "+
-			"retry with the same key: once the store answers and the lease (%s) runs out, the request runs again", m.cfg.LeaseDuration))
+		done(EventStoreUnavailable, m.outcomeUnknown(ctx, w, cause, fmt.Sprintf("the idempotency store stopped answering while the request ran, so its result was not recorded; "+
+			"retry with the same key: once the store answers and the lease (%s) runs out, the request runs again", m.cfg.LeaseDuration)), cause)
 		return
 	}
 	outcome := m.cfg.Outcome(cw.statusCode())
 	if e.released() {
 		outcome = Released
 	}
+	ev.Outcome = outcome
 	switch outcome {
 	case Released:
 		e.rollback()
@@ -359,35 +403,38 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			// same request runs again at once, and say so rather than send
 			// an answer whose key stays burned.
 			e.fail()
-			m.outcomeUnknown(w, err, fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
-				"retry the same request with the same key", cw.statusCode()))
+			done(EventCompletionFailed, m.outcomeUnknown(ctx, w, err, fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
+				"retry the same request with the same key", cw.statusCode())), err)
 		case !owned:
-			m.leaseLost(w)
+			done(EventLeaseLost, m.leaseLost(w), ErrLeaseLost)
 		default:
 			cw.send()
+			done(EventReleased, cw.statusCode(), nil)
 		}
 		return
 	case Failed:
 		e.rollback()
 		if !e.fail() {
-			m.leaseLost(w) // another worker owns the key now: its answer counts
+			done(EventLeaseLost, m.leaseLost(w), ErrLeaseLost) // another worker owns the key now: its answer counts
 			return
 		}
 		cw.send()
+		done(executed, cw.statusCode(), nil)
 		return
 	}
 	ok, err := e.complete(m.storedResponse(cw))
 	switch {
 	case errors.Is(err, ErrTxAborted):
-		m.cfg.Logger.Error("idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
+		m.cfg.Logger.ErrorContext(ctx, "idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
 			"its writes are gone: answer an error when a statement fails", "scope", p.Scope, "key", p.Key, "status", cw.statusCode())
 		e.rollback()
 		if !e.fail() {
-			m.leaseLost(w)
+			done(EventLeaseLost, m.leaseLost(w), ErrLeaseLost)
 			return
 		}
-		ProblemFor(ErrTxAborted, fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
-			"(the server answered %d regardless); retry with the same key: the request runs again", cw.statusCode())).Write(w)
+		ev.Outcome = Failed
+		done(executed, writeProblem(w, ProblemFor(ErrTxAborted, fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
+			"(the server answered %d regardless); retry with the same key: the request runs again", cw.statusCode()))), ErrTxAborted)
 	case err != nil:
 		// The completion (or the COMMIT that carries it) failed, perhaps
 		// after it took effect. Fail is fenced on a PROCESSING record under
@@ -396,22 +443,30 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		// outcome did not commit, so the retry runs at once instead of
 		// waiting out the lease.
 		owned, ferr := e.failed()
+		var status int
 		switch {
+		case !owned && e.takenOver():
+			// The COMMIT failed because another request took the key over
+			// (on Galera, a certification failure, 1213, against a takeover
+			// on another node): the lease was lost, as on one server.
+			m.leaseLost(w)
 		case ferr != nil:
-			m.outcomeUnknown(w, err, fmt.Sprintf("the idempotency store failed while recording the result; "+
+			status = m.outcomeUnknown(ctx, w, err, fmt.Sprintf("the idempotency store failed while recording the result; "+
 				"retry with the same key: it gets the result if it was recorded, or runs again once the lease (%s) runs out", m.cfg.LeaseDuration))
 		case owned:
-			m.outcomeUnknown(w, err, "the idempotency store failed while recording the result, which was not recorded "+
+			status = m.outcomeUnknown(ctx, w, err, "the idempotency store failed while recording the result, which was not recorded "+
 				"(in transactional mode the request's writes were rolled back with it); retry with the same key: the request runs again")
 		default:
-			m.outcomeUnknown(w, err, "the idempotency store reported an error while recording the result, but the key's record "+
+			status = m.outcomeUnknown(ctx, w, err, "the idempotency store reported an error while recording the result, but the key's record "+
 				"has moved on (the result was recorded after all, or another request took the key over); retry with the same key to get its result")
 		}
+		done(EventCompletionFailed, status, err)
 	case !ok:
-		m.cfg.Logger.Warn("idem: completion fenced out", "scope", p.Scope, "key", p.Key, "fencing_token", rec.FencingToken)
-		m.leaseLost(w)
+		m.cfg.Logger.WarnContext(ctx, "idem: completion fenced out", "scope", p.Scope, "key", p.Key, "fencing_token", rec.FencingToken)
+		done(EventLeaseLost, m.leaseLost(w), ErrLeaseLost)
 	default:
 		cw.send()
+		done(executed, cw.statusCode(), nil)
 	}
 }
 

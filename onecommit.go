@@ -31,48 +31,74 @@ func (c Config) validateOneCommit() []error {
 }
 
 // serveOneCommit serves a protected request in the one-commit mode, from
-// the claim on (serve has parsed the key, the scope and the body).
+// the claim on (serve has parsed the key, the scope and the body). It
+// reports one Event, as serve and execute do.
 func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next http.Handler, p idemdriver.ClaimParams, body []byte) {
+	ctx := r.Context()
 	// Detached from the client, like the durable claim; bounded as a whole
 	// (database/sql ends a transaction when the context it began on ends).
-	txCtx, cancelTx := context.WithTimeout(context.WithoutCancel(r.Context()),
+	txCtx, cancelTx := context.WithTimeout(context.WithoutCancel(ctx),
 		m.cfg.ClaimTimeout+m.cfg.MaxExecution+m.cfg.CompleteTimeout)
 	defer cancelTx()
+	claimSent := time.Now()
 	res, tx, err := m.cfg.Store.(idemdriver.TxClaimer).ClaimTx(txCtx, p, m.cfg.OneCommitWait)
+	ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Claim: time.Since(claimSent), Attempt: res.Record.Attempts}
 	switch {
 	case errors.Is(err, idemdriver.ErrLockWait):
 		// Another one-commit execution of the key holds its row past the
 		// wait bound: it is in flight, though no lease says so.
 		pr := ProblemFor(ErrInFlight, "another request with this key is being processed; retry after the Retry-After delay to get its result")
 		pr.RetryAfter = m.inFlightRetryAfter(m.cfg.LeaseDuration)
-		pr.Write(w)
-		return
+		ev.Kind, ev.Status = EventInFlight, writeProblem(w, pr)
 	case errors.Is(err, idemdriver.ErrUnstorable):
-		m.cfg.Logger.Error("idem: the store cannot hold this request's scope", "err", err)
+		m.cfg.Logger.ErrorContext(ctx, "idem: the store cannot hold this request's scope", "err", err)
 		ProblemFor(ErrScopeUnstorable, "the server could not scope this request").Write(w)
 		return
 	case err != nil:
-		m.storeUnavailable(w, &StoreError{Op: "claim", Err: err})
-		return
+		serr := &StoreError{Op: "claim", Err: err}
+		m.storeUnavailable(ctx, w, serr)
+		ev.Kind, ev.Status, ev.Err = EventStoreUnavailable, http.StatusServiceUnavailable, serr
 	case !res.Claimed:
-		m.answer(w, res.Record, p)
+		ev.Kind, ev.Status = m.answer(ctx, w, res.Record, p)
+	default:
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		m.executeOneCommit(w, r, next, res, tx, p, &ev)
 		return
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	ev.Route = m.route(r, nil)
+	m.observe(ctx, &ev)
+}
+
+// executeOneCommit runs next as the owner of the uncommitted claim res,
+// in tx, and commits or rolls back.
+func (m *Middleware) executeOneCommit(w http.ResponseWriter, r *http.Request, next http.Handler, res idemdriver.ClaimResult, tx idemdriver.Tx,
+	p idemdriver.ClaimParams, ev *Event) {
 	e := newExecution(m, r.Context(), res.Record, p)
 	defer e.cancel(nil)
 	e.tx = tx // the claim's own transaction: TxFromContext returns it
 	limit := time.AfterFunc(m.cfg.MaxExecution, func() { e.cancel(ErrExecutionTimeout) })
 	cw := newCaptureWriter(w)
-	panicked, recovered := runHandler(next, cw, r.WithContext(e.ctx))
+	hr := r.WithContext(e.ctx)
+	ran := time.Now()
+	panicked, recovered := runHandler(next, cw, hr)
 	limit.Stop()
+	ev.Handler, ev.Route, ev.Kind = time.Since(ran), m.route(r, hr), EventExecuted
+	recording := time.Now()
+	defer func() {
+		if ev.Completion == 0 {
+			ev.Completion = time.Since(recording)
+		}
+		m.observe(r.Context(), ev)
+	}()
 	if panicked {
 		e.rollback() // the claim with it: the retry runs at once
+		ev.Outcome = Failed
 		panic(recovered)
 	}
 	if errors.Is(context.Cause(e.ctx), ErrExecutionTimeout) {
 		e.rollback()
-		m.outcomeUnknown(w, ErrExecutionTimeout, fmt.Sprintf("the request ran past its time limit (%s); its writes were rolled back "+
+		ev.Outcome, ev.Err = Failed, ErrExecutionTimeout
+		ev.Status = m.outcomeUnknown(r.Context(), w, ErrExecutionTimeout, fmt.Sprintf("the request ran past its time limit (%s); its writes were rolled back "+
 			"and nothing was recorded; retry with the same key: the request runs again", m.cfg.MaxExecution))
 		return
 	}
@@ -80,31 +106,38 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 	if e.released() {
 		outcome = Released
 	}
+	ev.Outcome = outcome
 	switch outcome {
 	case Failed:
 		// The rollback is the FAILED outcome: the record is as it was
 		// before the claim (none for a new key), and the retry runs at once.
 		e.rollback()
-		cw.send()
+		ev.Status = sendCaptured(cw)
 		return
 	case Released:
 		e.rollback()
+		ev.Kind = EventReleased
 		if res.Record.FencingToken > 1 && !m.releaseAfterRollback(p) {
 			// The key's earlier record (FAILED, say) is back and could not
 			// be removed: a corrected request would meet key-reused.
-			m.outcomeUnknown(w, errors.New("release after rollback"), fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
+			ev.Kind = EventCompletionFailed
+			ev.Status = m.outcomeUnknown(r.Context(), w, errors.New("release after rollback"), fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
 				"retry the same request with the same key", cw.statusCode()))
 			return
 		}
-		cw.send()
+		ev.Status = sendCaptured(cw)
 		return
 	}
-	m.commitOneCommit(w, e, cw, p)
+	ev.Status, ev.Err = m.commitOneCommit(w, e, cw, p)
+	if ev.Err != nil && !errors.Is(ev.Err, ErrTxAborted) {
+		ev.Kind = EventCompletionFailed
+	}
 }
 
 // commitOneCommit writes the completion in the claim's transaction and
-// commits: claim, business writes and outcome together.
-func (m *Middleware) commitOneCommit(w http.ResponseWriter, e *execution, cw *captureWriter, p idemdriver.ClaimParams) {
+// commits: claim, business writes and outcome together. It returns the
+// status sent and what went wrong, if anything.
+func (m *Middleware) commitOneCommit(w http.ResponseWriter, e *execution, cw *captureWriter, p idemdriver.ClaimParams) (int, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
 	cp := idemdriver.CompleteParams{FenceParams: e.fence, Response: m.storedResponse(cw)}
@@ -115,46 +148,45 @@ func (m *Middleware) commitOneCommit(w http.ResponseWriter, e *execution, cw *ca
 		// The handler ended the transaction itself, against the contract:
 		// a commit took the claim with it (record the outcome on its own); a
 		// rollback took it away (nothing to record: the retry runs again).
-		m.cfg.Logger.Error("idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
+		m.cfg.Logger.ErrorContext(e.parent, "idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
 			"scope", p.Scope, "key", p.Key)
-		if _, err := e.completeAlone(ctx, cp); err != nil {
-			m.outcomeUnknown(w, err, "the idempotency store failed while recording the result; retry with the same key")
-			return
+		if _, err := e.completeAlone(cp); err != nil {
+			return m.outcomeUnknown(e.parent, w, err, "the idempotency store failed while recording the result; retry with the same key"), err
 		}
-		cw.send()
+		return sendCaptured(cw), nil
 	case errors.Is(err, idemdriver.ErrTxAborted):
 		_ = tx.Rollback(ctx)
 		if cp.Response.Status >= 200 && cp.Response.Status < 300 {
-			m.cfg.Logger.Error("idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
+			m.cfg.Logger.ErrorContext(e.parent, "idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
 				"its writes are gone: answer an error when a statement fails", "scope", p.Scope, "key", p.Key, "status", cp.Response.Status)
-			ProblemFor(ErrTxAborted, fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
-				"(the server answered %d regardless); retry with the same key: the request runs again", cp.Response.Status)).Write(w)
-			return
+			return writeProblem(w, ProblemFor(ErrTxAborted, fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
+				"(the server answered %d regardless); retry with the same key: the request runs again", cp.Response.Status))), ErrTxAborted
 		}
 		// The claim went with the aborted transaction: record the answer
 		// on its own (a claim and a completion), so that it is replayed as
 		// in the default mode.
 		if !m.recordAfterRollback(ctx, p, cp.Response) {
-			m.outcomeUnknown(w, errors.New("record after rollback"), "the request's transaction failed and its answer could not be recorded; retry with the same key: the request runs again")
-			return
+			err := errors.New("idem: the answer of an aborted one-commit transaction could not be recorded")
+			return m.outcomeUnknown(e.parent, w, err, "the request's transaction failed and its answer could not be recorded; retry with the same key: the request runs again"), err
 		}
-		cw.send()
+		return sendCaptured(cw), nil
 	case err != nil:
 		_ = tx.Rollback(ctx)
-		m.outcomeUnknown(w, err, "the idempotency store failed while recording the result, which was not recorded "+
-			"(the request's writes were rolled back with it); retry with the same key: the request runs again")
+		serr := &StoreError{Op: "complete", Err: err}
+		return m.outcomeUnknown(e.parent, w, serr, "the idempotency store failed while recording the result, which was not recorded "+
+			"(the request's writes were rolled back with it); retry with the same key: the request runs again"), serr
 	case !ok:
 		// Only the handler itself can have changed the row its claim locks.
 		_ = tx.Rollback(ctx)
-		m.leaseLost(w)
-	default:
-		if err := tx.Commit(ctx); err != nil {
-			m.outcomeUnknown(w, &StoreError{Op: "commit", Err: err}, "the idempotency store failed while committing the request's writes and result; "+
-				"retry with the same key: it gets the result if the commit took effect, or the request runs again")
-			return
-		}
-		cw.send()
+		return m.leaseLost(w), ErrLeaseLost
 	}
+	// The COMMIT is never cancelled (see execution.durable).
+	if _, err := e.durable(func(ctx context.Context) (bool, error) { return true, tx.Commit(ctx) }); err != nil {
+		serr := &StoreError{Op: "commit", Err: err}
+		return m.outcomeUnknown(e.parent, w, serr, "the idempotency store failed while committing the request's writes and result; "+
+			"retry with the same key: it gets the result if the commit took effect, or the request runs again"), serr
+	}
+	return sendCaptured(cw), nil
 }
 
 // recordAfterRollback records resp for p after the claim's transaction was
@@ -188,4 +220,10 @@ func (m *Middleware) releaseAfterRollback(p idemdriver.ClaimParams) bool {
 	f := idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt}
 	ok, err := m.cfg.Store.Release(ctx, f)
 	return err == nil && ok
+}
+
+// sendCaptured sends the captured response and returns its status.
+func sendCaptured(cw *captureWriter) int {
+	cw.send()
+	return cw.statusCode()
 }

@@ -205,12 +205,12 @@ func requireNotRecorded(t *testing.T, owner *proc, r response) {
 	case http.StatusConflict:
 		require.Equal(t, idem.ProblemTypeBase+"request-in-flight", r.problemType(), "%s", r)
 		require.Positive(t, owner.waitLogged(t, 1, "idem: lease lost")+owner.logged("idem: completion fenced out"),
-			"idem fenced %s out", owner.name)
+			"idem fenced %s out", owner.Name)
 	case http.StatusServiceUnavailable:
 		require.Equal(t, idem.ProblemTypeBase+"store-unavailable", r.problemType(), "%s", r)
-		require.Equal(t, 1, owner.waitLogged(t, 1, "idem: lease not renewed for a whole lease; giving up"), "why %s answered 503", owner.name)
+		require.Equal(t, 1, owner.waitLogged(t, 1, "idem: lease not renewed for a whole lease; giving up"), "why %s answered 503", owner.Name)
 	default:
-		t.Fatalf("%s's outcome must not be recorded: %s", owner.name, r)
+		t.Fatalf("%s's outcome must not be recorded: %s", owner.Name, r)
 	}
 }
 

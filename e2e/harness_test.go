@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,6 +27,7 @@ import (
 	"github.com/idemgo/idem/idemmysql"
 	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/internal/supervise"
 )
 
 // The binaries under test, built once per test binary (see binaries).
@@ -47,8 +47,8 @@ func TestMain(m *testing.M) {
 }
 
 // binaries builds cmd/paymentsd and cmd/fakepsp into a temporary directory
-// on first use (with -race when this test binary has it) and returns their
-// paths.
+// on first use, with -tags idemfaults (paymentsd's crash points and stalls)
+// and with -race when this test binary has it, and returns their paths.
 func binaries(t *testing.T) (paymentsd, fakepsp string) {
 	t.Helper()
 	build.once.Do(func() {
@@ -62,7 +62,9 @@ func binaries(t *testing.T) (paymentsd, fakepsp string) {
 			return
 		}
 		for _, name := range []string{"paymentsd", "fakepsp"} {
-			args := []string{"build"}
+			// -tags idemfaults: paymentsd's fault injection (--crash-*,
+			// --stall-after-charge), which a normal build does not carry.
+			args := []string{"build", "-tags", "idemfaults"}
 			if raceEnabled {
 				args = append(args, "-race")
 			}
@@ -112,22 +114,15 @@ func forEachTarget(t *testing.T, f func(t *testing.T, tgt target)) {
 	}
 }
 
-// proc is one service run as a child process; restarts keep its address,
-// arguments (unless replaced) and log.
+// proc is one service run as a child process (internal/supervise, as
+// cmd/idemstorm's fleet); restarts keep its address, arguments (unless
+// replaced) and log.
 type proc struct {
-	t    *testing.T
-	name string
-	bin  string
-	args []string
-	env  []string
-	addr string
+	t *testing.T
+	*supervise.Process
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	state   *os.ProcessState
-	logs    []*logBuffer // one per generation
-	stopped bool         // by SIGSTOP
+	mu   sync.Mutex
+	logs []*logBuffer // one per generation
 }
 
 // logBuffer collects a child's stderr.
@@ -153,12 +148,23 @@ func (l *logBuffer) String() string {
 // data race in them fails t).
 func startProc(t *testing.T, name, bin string, args []string, env ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, bin: bin, args: args, env: env}
+	p := &proc{t: t}
+	p.Process = &supervise.Process{Name: name, Bin: bin, Args: args,
+		Env: append(append(os.Environ(), "GORACE=atexit_sleep_ms=0"), env...),
+		Output: func(int) (io.Writer, func(), error) {
+			log := &logBuffer{}
+			p.mu.Lock()
+			p.logs = append(p.logs, log)
+			p.mu.Unlock()
+			return log, func() {}, nil
+		}}
 	t.Cleanup(p.cleanup)
 	var err error
 	for range 5 {
-		p.addr = freeAddr(t)
-		if err = p.start(); err == nil {
+		if p.Addr, err = supervise.FreeAddr(); err != nil {
+			break
+		}
+		if err = p.Start(); err == nil {
 			return p
 		}
 		if !strings.Contains(p.lastLog(), "address already in use") {
@@ -169,62 +175,7 @@ func startProc(t *testing.T, name, bin string, args []string, env ...string) *pr
 	return nil
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func (p *proc) url() string { return "http://" + p.addr }
-
-// start launches a new generation of the process and waits for its health.
-func (p *proc) start() error {
-	log := &logBuffer{}
-	cmd := exec.Command(p.bin, append([]string{"--addr", p.addr}, p.args...)...)
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0")
-	cmd.Env = append(cmd.Env, p.env...)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	exited := make(chan struct{})
-	p.mu.Lock()
-	p.cmd, p.exited, p.state, p.stopped = cmd, exited, nil, false
-	p.logs = append(p.logs, log)
-	p.mu.Unlock()
-	go func() {
-		_ = cmd.Wait()
-		p.mu.Lock()
-		if p.cmd == cmd {
-			p.state = cmd.ProcessState
-		}
-		p.mu.Unlock()
-		close(exited)
-	}()
-	return p.waitHealthy(exited, 30*time.Second)
-}
-
-func (p *proc) waitHealthy(exited chan struct{}, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			return fmt.Errorf("%s exited before it was healthy", p.name)
-		default:
-		}
-		resp, err := httpClient.Get(p.url() + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("%s not healthy after %s", p.name, timeout)
-}
+func (p *proc) url() string { return p.URL() }
 
 // restart starts a new generation on the same address, with args replacing
 // the arguments when given. The previous generation must have exited.
@@ -239,84 +190,47 @@ func (p *proc) restart(args ...string) {
 // the error instead of failing the test.
 func (p *proc) tryRestart(args ...string) error {
 	if args != nil {
-		p.args = args
+		p.Args = args
 	}
-	var err error
-	for range 50 {
-		if err = p.start(); err == nil {
-			return nil
-		}
+	err := p.StartRetrying(50, 100*time.Millisecond, func(error) bool {
 		// The old socket may take a moment to go; and a paymentsd with
 		// --crash-after-charge serves the clients' retries at once, so
 		// its injected crash may come before the health check answered.
-		if log := p.lastLog(); !strings.Contains(log, "address already in use") &&
-			!strings.Contains(log, "fault injected: crashing now") {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+		log := p.lastLog()
+		return strings.Contains(log, "address already in use") || strings.Contains(log, "fault injected: crashing now")
+	})
+	if err != nil {
+		return fmt.Errorf("%s did not restart: %v\n%s", p.Name, err, p.lastLog())
 	}
-	return fmt.Errorf("%s did not restart: %v\n%s", p.name, err, p.lastLog())
+	return nil
 }
 
 // exitedChan is closed when the current generation exits.
-func (p *proc) exitedChan() chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.exited
-}
+func (p *proc) exitedChan() <-chan struct{} { return p.Exited() }
 
 // waitExit waits for the current generation to exit and returns its state.
 func (p *proc) waitExit(timeout time.Duration) *os.ProcessState {
 	p.t.Helper()
 	select {
-	case <-p.exitedChan():
+	case <-p.Exited():
 	case <-time.After(timeout):
-		p.t.Fatalf("%s did not exit within %s", p.name, timeout)
+		p.t.Fatalf("%s did not exit within %s", p.Name, timeout)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.state
+	return p.State()
 }
 
 // running reports whether the current generation is alive.
-func (p *proc) running() bool {
-	select {
-	case <-p.exitedChan():
-		return false
-	default:
-		return true
-	}
-}
+func (p *proc) running() bool { return p.Running() }
 
 // signal sends sig to the current generation.
 func (p *proc) signal(sig syscall.Signal) {
 	p.t.Helper()
-	p.mu.Lock()
-	cmd := p.cmd
-	if sig == syscall.SIGSTOP {
-		p.stopped = true
-	}
-	if sig == syscall.SIGCONT {
-		p.stopped = false
-	}
-	p.mu.Unlock()
-	require.NoError(p.t, cmd.Process.Signal(sig), "%s: %s", p.name, sig)
+	require.NoError(p.t, p.Signal(sig), "%s: %s", p.Name, sig)
 }
 
 // kill9 kills the current generation with SIGKILL and waits for it (at
 // most 10 s; false if it did not die). Safe from any goroutine.
-func (p *proc) kill9() bool {
-	p.mu.Lock()
-	cmd, exited := p.cmd, p.exited
-	p.mu.Unlock()
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	select {
-	case <-exited:
-		return true
-	case <-time.After(10 * time.Second):
-		return false
-	}
-}
+func (p *proc) kill9() bool { return p.Kill(10 * time.Second) }
 
 // killedBySIGKILL reports whether state is a death by SIGKILL.
 func killedBySIGKILL(state *os.ProcessState) bool {
@@ -339,7 +253,7 @@ func (p *proc) allLogs() string {
 	defer p.mu.Unlock()
 	var b strings.Builder
 	for i, l := range p.logs {
-		fmt.Fprintf(&b, "--- %s generation %d ---\n%s", p.name, i+1, l.String())
+		fmt.Fprintf(&b, "--- %s generation %d ---\n%s", p.Name, i+1, l.String())
 	}
 	return b.String()
 }
@@ -397,32 +311,14 @@ func (p *proc) waitLogged(t *testing.T, n int, msg string, fields ...any) int {
 // cleanup stops the process (SIGTERM, then SIGKILL), fails t on a data race
 // in any generation's output, and shows the logs when t failed.
 func (p *proc) cleanup() {
-	p.mu.Lock()
-	cmd, exited, stopped := p.cmd, p.exited, p.stopped
-	p.mu.Unlock()
-	if cmd != nil {
-		select {
-		case <-exited:
-		default:
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			if stopped {
-				_ = cmd.Process.Signal(syscall.SIGCONT)
-			}
-			select {
-			case <-exited:
-			case <-time.After(15 * time.Second):
-				_ = cmd.Process.Signal(syscall.SIGKILL)
-				<-exited
-			}
-		}
-	}
+	p.Stop(15 * time.Second) // with SIGCONT, for a process left stopped
 	logs := p.allLogs()
 	if dir := os.Getenv("E2E_LOG_DIR"); dir != "" { // keep every process's output, for debugging
-		name := strings.NewReplacer("/", "_").Replace(p.t.Name()) + "." + p.name + "." + strings.ReplaceAll(p.addr, ":", "_") + ".log"
+		name := strings.NewReplacer("/", "_").Replace(p.t.Name()) + "." + p.Name + "." + strings.ReplaceAll(p.Addr, ":", "_") + ".log"
 		_ = os.WriteFile(filepath.Join(dir, name), []byte(logs), 0o644)
 	}
 	if strings.Contains(logs, "WARNING: DATA RACE") {
-		p.t.Errorf("%s reported a data race:\n%s", p.name, logs)
+		p.t.Errorf("%s reported a data race:\n%s", p.Name, logs)
 		return
 	}
 	if p.t.Failed() {
@@ -430,7 +326,7 @@ func (p *proc) cleanup() {
 		if len(logs) > max {
 			logs = "...\n" + logs[len(logs)-max:]
 		}
-		p.t.Logf("%s output:\n%s", p.name, logs)
+		p.t.Logf("%s output:\n%s", p.Name, logs)
 	}
 }
 

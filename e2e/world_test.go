@@ -60,7 +60,7 @@ func (w *world) paymentsd(name, databaseURL string, extra ...string) *proc {
 func requireCrashed(t *testing.T, p *proc, point string) {
 	t.Helper()
 	state := p.waitExit(30 * time.Second)
-	require.True(t, killedBySIGKILL(state), "%s: %v", p.name, state)
+	require.True(t, killedBySIGKILL(state), "%s: %v", p.Name, state)
 	require.Equal(t, 1, p.logged("fault injected: crashing now (SIGKILL)", "point", point), "the crash line of %s", point)
 }
 

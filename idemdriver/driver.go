@@ -98,6 +98,13 @@ type ClaimResult struct {
 	// one, a takeover of a PROCESSING record whose lease expired, or a re-claim
 	// of a FAILED record. The caller owns the execution under Record.FencingToken.
 	Claimed bool
+	// TookOver is true when the claim took over a PROCESSING record whose
+	// lease had run out (idemdriver.DecisionTakeOver: its worker died or
+	// stalled, so the execution that follows is a re-execution whose side
+	// effects may already have reached a provider once). False for every
+	// other decision, a re-claim of FAILED included. The core reports it to
+	// Config.Observer; it takes no part in the protocol.
+	TookOver bool
 	// Record is the record as stored after the statement: the caller's own
 	// claim when Claimed, otherwise the row it lost to.
 	Record Record

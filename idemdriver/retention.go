@@ -261,3 +261,58 @@ type RetentionLimiter interface {
 	// MaxRetention is the longest Retention a claim may ask for.
 	MaxRetention() time.Duration
 }
+
+// ListParams select one page of records for Lister.List.
+type ListParams struct {
+	// State keeps the records in this state; empty keeps every state.
+	State State
+	// Scope keeps the records of this scope; empty keeps every scope.
+	Scope string
+	// Key keeps the records of this key (in every scope Scope allows);
+	// empty keeps every key.
+	Key string
+	// AfterScope and AfterKey start the page after the record (AfterScope,
+	// AfterKey) in (scope, key) order: give the last record of the previous
+	// page. Both empty start at the first record (keys are never empty).
+	AfterScope, AfterKey string
+	// Limit is the most records returned. Must be positive.
+	Limit int
+	// ClockOffset is added to the database's clock (tests only).
+	ClockOffset time.Duration
+}
+
+// Lister pages through the stored records for operators (cmd/idem's list,
+// and inspect across scopes). It only reads.
+type Lister interface {
+	// List returns at most p.Limit records matching p, in (scope, key)
+	// order, starting after (p.AfterScope, p.AfterKey). Fewer than p.Limit
+	// records means the last page. Expired records not purged yet are
+	// listed too (ExpiresAt tells them apart). LeaseLeft is measured
+	// against the database's clock.
+	List(ctx context.Context, p ListParams) ([]Record, error)
+}
+
+// RemoveParams name the record Remover.Remove deletes: as read, so that a
+// claim or completion written since keeps it.
+type RemoveParams struct {
+	// FenceParams name the record's life (Scope, Key, FencingToken,
+	// CreatedAt, as Get or List returned them); LeaseDuration and
+	// ClockOffset are unused.
+	FenceParams
+	// State is the record's state as read.
+	State State
+}
+
+// Remover deletes one record whatever its state, for operators (cmd/idem
+// release): a FAILED record whose next request must run as new, or a
+// SUCCEEDED one whose stored response is damaged (CONTRACT section 3's
+// records are otherwise only removed by the purge, once expired). Driver's
+// Release removes a PROCESSING record its owner holds; Remove is for the
+// records no owner holds.
+type Remover interface {
+	// Remove deletes the record of p.Scope and p.Key when its fencing token,
+	// created_at and state are still p's, and reports whether it did: false
+	// when the record changed since it was read (a request claimed it) or is
+	// gone.
+	Remove(ctx context.Context, p RemoveParams) (bool, error)
+}

@@ -159,6 +159,14 @@ func ParseURL(rawURL string) (*mysql.Config, error) {
 // variable's name on the server at hand (transaction_isolation on MySQL 8 and
 // MariaDB 11.1+, tx_isolation on older MariaDB), so that Begin need not send
 // SET TRANSACTION before each business transaction.
+//
+// On a Galera node (wsrep_on ON) whose URL does not set wsrep_sync_wait,
+// Open sets it to 1 for its sessions: each read waits until the node has
+// applied every write set committed anywhere in the cluster before it began,
+// so a claim on one node sees the outcome a request recorded a moment ago on
+// another and replays it (without, a duplicate could get 409 from a stale
+// PROCESSING row). It costs about a cluster round trip per read (see
+// docs/deployment.md for the figure). wsrep_sync_wait=0 in the URL turns it off.
 func Open(ctx context.Context, url string) (*Driver, error) { return open(ctx, url, nil) }
 
 // open is Open with a hook that wraps the connector (tests count statements).
@@ -205,6 +213,16 @@ func openPool(ctx context.Context, cfg *mysql.Config, isolation string, wrap fun
 		db.Close()
 		return nil, fmt.Errorf("idemmysql: open %s@%s/%s: %w", cfg.User, cfg.Addr, cfg.DBName, err)
 	}
+	if _, set := cfg.Params["wsrep_sync_wait"]; !set {
+		if on, err := galera(ctx, db); err != nil || on {
+			db.Close()
+			if err != nil {
+				return nil, fmt.Errorf("idemmysql: open: reading wsrep_on: %w", err)
+			}
+			cfg.Params["wsrep_sync_wait"] = "1"
+			return openPool(ctx, cfg, isolation, wrap)
+		}
+	}
 	d := New(db)
 	d.owned = true
 	if _, err := d.packetLimit(ctx); err != nil {
@@ -215,6 +233,17 @@ func openPool(ctx context.Context, cfg *mysql.Config, isolation string, wrap fun
 		d.beginOpts = nil // READ COMMITTED is the sessions' default already
 	}
 	return d, nil
+}
+
+// galera reports whether the server is a Galera node (wsrep_on is ON; MySQL
+// has no such variable).
+func galera(ctx context.Context, db *sql.DB) (bool, error) {
+	var name, value string
+	err := db.QueryRowContext(ctx, "SHOW VARIABLES LIKE 'wsrep_on'").Scan(&name, &value)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return strings.EqualFold(value, "ON"), err
 }
 
 // New returns a driver on an existing pool; idem_keys lives in the pool's
@@ -578,7 +607,11 @@ func (d *Driver) takeover(ctx context.Context, tx *sql.Tx, p idemdriver.ClaimPar
 	if err != nil || n != 1 {
 		return idemdriver.ClaimResult{}, false, err
 	}
-	return claimed(p, snap.rec.FencingToken+1, attempts, createdUS, snap.nowUS, expiresUS, lockedUS), true, nil
+	// The UPDATE is fenced on the state read, so the state it replaced is
+	// snap's.
+	won := claimed(p, snap.rec.FencingToken+1, attempts, createdUS, snap.nowUS, expiresUS, lockedUS)
+	won.TookOver = continues && snap.rec.State == idemdriver.StateProcessing
+	return won, true, nil
 }
 
 // claimed is the record a won claim wrote. Its LockedUntil and LeaseLeft

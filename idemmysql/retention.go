@@ -310,3 +310,48 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 	}
 	return m.Down(ctx)
 }
+
+// listSQL reads one page of records in primary-key order, each filter off
+// when its parameter is empty. Args: offset, state twice, scope twice, key
+// twice, after scope, after key, limit.
+var listSQL = `SELECT ` + micros(`n.now`) + `, ` + recordColumns + `
+FROM ` + nowTable + `
+JOIN idem_keys AS k ON (? = '' OR k.state = ?) AND (? = '' OR k.scope = ?) AND (? = '' OR k.` + "`key`" + ` = ?)
+	AND (k.scope, k.` + "`key`" + `) > (?, ?)
+ORDER BY k.scope, k.` + "`key`" + ` LIMIT ?`
+
+// List implements idemdriver.Lister.
+func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.Record, error) {
+	if p.Limit <= 0 {
+		return nil, fmt.Errorf("idemmysql: list: Limit %d must be positive", p.Limit)
+	}
+	state := string(p.State)
+	rows, err := d.db.QueryContext(ctx, listSQL, p.ClockOffset.Microseconds(), state, state, p.Scope, p.Scope,
+		p.Key, p.Key, p.AfterScope, p.AfterKey, p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []idemdriver.Record
+	for rows.Next() {
+		s, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s.rec)
+	}
+	return out, rows.Err()
+}
+
+// removeSQL: args scope, key, token, created_at (µs), state.
+var removeSQL = "DELETE FROM idem_keys WHERE scope = ? AND `key` = ? AND fencing_token = ? AND created_at = " + at + " AND state = ?"
+
+// Remove implements idemdriver.Remover.
+func (d *Driver) Remove(ctx context.Context, p idemdriver.RemoveParams) (bool, error) {
+	res, err := d.db.ExecContext(ctx, removeSQL, p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro(), string(p.State))
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}

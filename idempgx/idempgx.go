@@ -160,9 +160,9 @@ var claimSQL = bind(claimParams, `WITH cur AS (
 		AND (k.expires_at <= excluded.created_at OR `+pgContinues+`)
 	RETURNING `+columns+`
 )
-SELECT true, * FROM claim
+SELECT true, *, coalesce((SELECT state = 'PROCESSING' FROM cur), false) AND attempts > 1 FROM claim
 UNION ALL
-SELECT false, `+columns+` FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM claim)`)
+SELECT false, `+columns+`, false FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM claim)`)
 
 // pgContinues: the stored record k is the same request as excluded,
 // unfinished (under the claim's "no live lease", PROCESSING means past its
@@ -359,7 +359,9 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		}
 		found := false
 		for rows.Next() {
-			res.Record, err = scanRecord(rows, &res.Claimed)
+			// The last column: the claim took over a PROCESSING record
+			// past its lease (the state "cur" read, and a continued life).
+			res.Record, err = scanRecord(rows, &res.Claimed, &res.TookOver)
 			found = true
 		}
 		rows.Close()

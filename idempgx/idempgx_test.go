@@ -91,7 +91,14 @@ func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatc
 // secondDriver opens another pool on d's schema, as another process would.
 func secondDriver(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
 	pd := d.(*idempgx.Driver)
-	pool, err := pgxpool.NewWithConfig(context.Background(), pd.Pool().Config())
+	cfg := pd.Pool().Config()
+	if n, ok := idemdrivertest.SecondNode(t, idemdrivertest.EnvSecondPostgres); ok { // another way to the database
+		cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = n.Host, n.Port, nil
+		if n.HasUser {
+			cfg.ConnConfig.User, cfg.ConnConfig.Password = n.User, n.Password
+		}
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	if pd.Partitioned() {

@@ -79,7 +79,7 @@ func (d *Driver) claimIn(ctx context.Context, tx pgx.Tx, args []any) (res idemdr
 			rows.Close()
 			return res, errors.New("idempgx: more than one record for one (scope, key)")
 		}
-		res.Record, err = scanRecord(rows, &res.Claimed)
+		res.Record, err = scanRecord(rows, &res.Claimed, &res.TookOver) // as in Claim
 		found = true
 	}
 	rows.Close()

@@ -159,11 +159,11 @@ var claimPartitionedSQL = bind(claimParams, `WITH cur AS (
 	WHERE NOT EXISTS (SELECT 1 FROM cur)
 	RETURNING `+columns+`
 )
-SELECT true, * FROM upd
+SELECT true, *, coalesce((SELECT state = 'PROCESSING' FROM cur), false) AND attempts > 1 FROM upd
 UNION ALL
-SELECT true, * FROM ins
+SELECT true, *, false FROM ins
 UNION ALL
-SELECT false, `+columns+` FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM upd)`)
+SELECT false, `+columns+`, false FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM upd)`)
 
 // partContinues is pgContinues for the partitioned claim's UPDATE.
 const partContinues = `(k.method = @method AND k.path = @path AND k.fingerprint = @fingerprint
@@ -232,7 +232,7 @@ func (d *Driver) claimBatch(ctx context.Context, args []any) (res idemdriver.Cla
 			rows.Close()
 			return res, errors.New("idempgx: more than one record for one (scope, key) in the partitioned table")
 		}
-		res.Record, err = scanRecord(rows, &res.Claimed)
+		res.Record, err = scanRecord(rows, &res.Claimed, &res.TookOver) // as in Claim
 		found = true
 	}
 	rows.Close()

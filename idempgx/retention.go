@@ -199,3 +199,34 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 	mig, err := m.Down(ctx)
 	return mig, poolerErr(err)
 }
+
+// listSQL reads one page of records in primary-key order, each filter off
+// when its parameter is empty.
+var listSQL = `SELECT ` + columns + ` FROM idem_keys
+	WHERE (@state = '' OR state = @state) AND (@scope = '' OR scope = @scope) AND (@key = '' OR key = @key)
+	AND (scope, key) > (@after_scope, @after_key)
+	ORDER BY scope, key LIMIT @limit`
+
+// List implements idemdriver.Lister.
+func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.Record, error) {
+	if p.Limit <= 0 {
+		return nil, fmt.Errorf("idempgx: list: Limit %d must be positive", p.Limit)
+	}
+	rows, err := d.pool.Query(ctx, d.q(listSQL), pgx.NamedArgs{"state": string(p.State), "scope": p.Scope, "key": p.Key,
+		"after_scope": p.AfterScope, "after_key": p.AfterKey, "limit": p.Limit, "offset": p.ClockOffset.Microseconds()})
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (idemdriver.Record, error) {
+		return scanRecord(row, nil)
+	})
+}
+
+var removeSQL = `DELETE FROM idem_keys WHERE scope = @scope AND key = @key AND fencing_token = @token
+	AND created_at = @created AND state = @state`
+
+// Remove implements idemdriver.Remover.
+func (d *Driver) Remove(ctx context.Context, p idemdriver.RemoveParams) (bool, error) {
+	return execFenced(ctx, d.pool, d.q(removeSQL), []any{pgx.NamedArgs{"scope": p.Scope, "key": p.Key,
+		"token": p.FencingToken, "created": p.CreatedAt, "state": string(p.State)}})
+}

@@ -265,7 +265,11 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		})
 		switch {
 		case err == nil:
-			return idemdriver.ClaimResult{Claimed: true, Record: rec}, nil
+			// A takeover is told from the state read just before the
+			// upsert: a late owner's FAILED written in between (a reclaim
+			// then) would still be reported as a takeover.
+			tookOver := found && read.State == idemdriver.StateProcessing && rec.Attempts > 1
+			return idemdriver.ClaimResult{Claimed: true, TookOver: tookOver, Record: rec}, nil
 		case found && queued(ctx, err):
 			// Another transaction holds the write lock for the whole claim:
 			// the record's owner, most likely, in its business transaction

@@ -34,6 +34,7 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 	}
 	var expired bool
 	read, err := scanRecord(d.stmts.claimRead.QueryRowContext(ctx, args...), &expired)
+	found := err == nil
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
@@ -66,7 +67,8 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 	rec, err := scanRecord(tx.StmtContext(ctx, d.stmts.claim).QueryRowContext(ctx, args...), nil)
 	if err == nil {
 		stmt := d.stmts.complete
-		return idemdriver.ClaimResult{Claimed: true, Record: rec}, &oneCommitTx{SQLTx: idemdriver.SQLTx{Tx: tx,
+		tookOver := found && read.State == idemdriver.StateProcessing && rec.Attempts > 1 // as in Claim
+		return idemdriver.ClaimResult{Claimed: true, TookOver: tookOver, Record: rec}, &oneCommitTx{SQLTx: idemdriver.SQLTx{Tx: tx,
 			CompleteIn: func(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
 				return complete(ctx, tx.StmtContext(ctx, stmt), p)
 			}}, cancel: cancel}, nil

@@ -207,3 +207,51 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 	}
 	return m.Down(ctx)
 }
+
+// listSQL reads one page of records in primary-key order, each filter off
+// when its parameter is empty.
+var listSQL = `SELECT ` + columns + ` FROM idem_keys
+	WHERE (@state = '' OR state = @state) AND (@scope = '' OR scope = @scope) AND (@key = '' OR key = @key)
+	AND (scope, key) > (@after_scope, @after_key)
+	ORDER BY scope, key LIMIT @limit`
+
+// List implements idemdriver.Lister.
+func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.Record, error) {
+	if p.Limit <= 0 {
+		return nil, fmt.Errorf("idemsqlite: list: Limit %d must be positive", p.Limit)
+	}
+	rows, err := d.db.QueryContext(ctx, listSQL, sql.Named("state", string(p.State)), sql.Named("scope", p.Scope),
+		sql.Named("key", p.Key), sql.Named("after_scope", p.AfterScope), sql.Named("after_key", p.AfterKey),
+		sql.Named("limit", p.Limit), sql.Named("offset", p.ClockOffset.Microseconds()))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []idemdriver.Record
+	for rows.Next() {
+		rec, err := scanRecord(rows, nil)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	return out, rows.Err()
+}
+
+var removeSQL = `DELETE FROM idem_keys WHERE scope = @scope AND key = @key AND fencing_token = @token
+	AND created_at = @created AND state = @state`
+
+// Remove implements idemdriver.Remover.
+func (d *Driver) Remove(ctx context.Context, p idemdriver.RemoveParams) (bool, error) {
+	var n int64
+	err := retryBusy(ctx, func() error {
+		res, err := d.db.ExecContext(ctx, removeSQL, sql.Named("scope", p.Scope), sql.Named("key", p.Key),
+			sql.Named("token", p.FencingToken), sql.Named("created", p.CreatedAt.UnixMicro()), sql.Named("state", string(p.State)))
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n == 1, err
+}

@@ -50,9 +50,15 @@ type api struct {
 //	service.LogRequests (status 0 when no answer was sent) -> logWithheld
 //	  GET /healthz                      (no authentication)
 //	  GET /v1/charges/stats             (no authentication: a test-mode view)
-//	  everything else: svc.Authenticate -> withhold -> service.KeepClaiming -> idem -> routes below
-//	    POST /v1/charges                (Idempotency-Key required)
+//	  everything else: svc.Authenticate -> routes below
+//	    POST /v1/charges                withhold -> idem -> createCharge
+//	                                    (Idempotency-Key required)
 //	    GET  /v1/charges/{id}
+//	    anything else                   404
+//
+// idem protects the one route with a side effect, not the router: a key
+// sent to a mistyped path gets the 404 without a record, so the client can
+// correct the request and keep its key.
 func newHandler(cfg handlerConfig) (http.Handler, error) {
 	if cfg.Roll == nil {
 		cfg.Roll = rand.Float64
@@ -69,14 +75,14 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	a := &api{store: cfg.Store, log: cfg.Logger, cfg: cfg}
 
 	routes := http.NewServeMux()
-	routes.HandleFunc("POST /v1/charges", a.createCharge)
+	routes.Handle("POST /v1/charges", a.withhold(mw.Handler(http.HandlerFunc(a.createCharge))))
 	routes.HandleFunc("GET /v1/charges/{id}", a.getCharge)
 	routes.HandleFunc("/", notFound)
 
 	root := http.NewServeMux()
 	root.HandleFunc("GET /healthz", a.health)
 	root.HandleFunc("GET /v1/charges/stats", a.stats)
-	root.Handle("/", svc.Authenticate(a.withhold(service.KeepClaiming(mw.Handler(routes)))))
+	root.Handle("/", svc.Authenticate(routes))
 	return service.LogRequests(cfg.Logger, 0, logWithheld(root)), nil
 }
 
@@ -108,10 +114,14 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 	merchant, _ := service.Merchant(ctx)
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
+		a.releaseKey(ctx)
 		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, "the request body could not be read")
 		return
 	}
 	in, err := parseChargeInput(r.Header.Get("Content-Type"), body)
+	if err != nil {
+		a.releaseKey(ctx)
+	}
 	var ie *inputError
 	switch {
 	case errors.Is(err, errUnsupportedMedia):
@@ -162,6 +172,15 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 	svc.WriteJSON(w, http.StatusCreated, toJSON(c))
 }
 
+// releaseKey asks idem not to record this execution's answer: a
+// validation failure, before any charge, so the corrected request with the
+// same key runs instead of getting 422 key-reused (issue 13 item 10).
+func (a *api) releaseKey(ctx context.Context) {
+	if err := idem.ReleaseKey(ctx); err != nil {
+		a.log.ErrorContext(ctx, "releasing the key of an invalid charge", "err", err)
+	}
+}
+
 // getCharge is GET /v1/charges/{id}: one of the merchant's charges.
 func (a *api) getCharge(w http.ResponseWriter, r *http.Request) {
 	merchant, _ := service.Merchant(r.Context())
@@ -179,21 +198,32 @@ func (a *api) getCharge(w http.ResponseWriter, r *http.Request) {
 
 // stats is GET /v1/charges/stats: the distinct charges made, per merchant
 // and in total, e.g.
-// {"merchants":{"acme":{"charges":3,"amount":{"JPY":3000}}},"charges":3}.
+// {"merchants":{"acme":{"charges":3,"amount":{"JPY":3000}}},"charges":3},
+// each amount the exact sum (a JSON number past 2^63 if need be). 503 when
+// the database fails.
 func (a *api) stats(w http.ResponseWriter, r *http.Request) {
 	st, err := a.store.Stats(r.Context())
 	if err != nil {
 		a.log.ErrorContext(r.Context(), "counting charges", "err", err)
-		svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the charges could not be counted")
+		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while counting the charges; retry later")
+		p.RetryAfter = time.Second
+		p.Write(w)
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, st)
 }
 
-// health is GET /healthz: 200 when the database answers a ping.
+// health is GET /healthz: 200 when the database answers a ping and, on
+// SQLite, the file at the database's path is still the one open.
 func (a *api) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
 	defer cancel()
+	if err := a.store.CheckFile(); err != nil {
+		a.log.ErrorContext(ctx, "health check: the database file is gone", "err", err)
+		svc.WriteProblem(w, service.ProblemUnavailable, http.StatusServiceUnavailable,
+			"the database file was deleted or replaced since the service opened it; restart the service")
+		return
+	}
 	if err := a.store.Ping(ctx); err != nil {
 		svc.WriteProblem(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
 		return

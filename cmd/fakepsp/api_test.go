@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -121,8 +123,8 @@ func TestChargeAndReplay(t *testing.T) {
 
 	st := p.stats()
 	require.EqualValues(t, 3, st.Charges)
-	require.Equal(t, &MerchantStats{Charges: 2, Amount: map[string]int64{"JPY": 1000, "USD": 500}}, st.Merchants["acme"])
-	require.Equal(t, &MerchantStats{Charges: 1, Amount: map[string]int64{"JPY": 1000}}, st.Merchants["globex"])
+	require.Equal(t, &MerchantStats{Charges: 2, Amount: map[string]*big.Int{"JPY": big.NewInt(1000), "USD": big.NewInt(500)}}, st.Merchants["acme"])
+	require.Equal(t, &MerchantStats{Charges: 1, Amount: map[string]*big.Int{"JPY": big.NewInt(1000)}}, st.Merchants["globex"])
 
 	// The merchant reads its charge; another merchant does not find it.
 	r, err := p.do(http.DefaultClient, http.MethodGet, "/v1/charges/"+c.ID, "", "Authorization", "Bearer sk_test_acme")
@@ -278,5 +280,63 @@ func TestPostgres(t *testing.T) {
 	require.Equal(t, http.StatusCreated, p.charge("acme", "pg-2", "application/x-www-form-urlencoded", "amount=7&currency=EUR&customer=c").status)
 	st := p.stats()
 	require.EqualValues(t, 2, st.Charges)
-	require.Equal(t, map[string]int64{"JPY": 1000, "EUR": 7}, st.Merchants["acme"].Amount)
+	require.Equal(t, map[string]*big.Int{"JPY": big.NewInt(1000), "EUR": big.NewInt(7)}, st.Merchants["acme"].Amount)
+}
+
+// A key sent to a mistyped path gets the 404 without a record: idem wraps
+// the POST /v1/charges route, not the router, so the corrected request with
+// the same key is charged (regression: idem wrapped the whole router, the
+// 404 was recorded, and the corrected request got 422 key-reused).
+func TestMistypedPathKeepsTheKey(t *testing.T) {
+	t.Parallel()
+	p := startPSP(t, handlerConfig{})
+	headers := []string{"Authorization", "Bearer sk_test_acme", "Idempotency-Key", "typo-1", "Content-Type", "application/json"}
+	for _, path := range []string{"/v1/chargez", "/v1/charges/"} {
+		r, err := p.do(http.DefaultClient, http.MethodPost, path, chargeBody, headers...)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusNotFound, r.status, "%s: %s", path, r.body)
+		require.Empty(t, r.header.Get(idem.HeaderReplayed), path)
+	}
+	r := p.charge("acme", "typo-1", "application/json", chargeBody)
+	require.Equal(t, http.StatusCreated, r.status, "the key is not used up: %s", r.body)
+	require.EqualValues(t, 1, p.stats().Charges)
+}
+
+// GET /healthz answers 503 once the SQLite file was deleted (regression:
+// 200, the ping served by the deleted inode).
+func TestHealthzNoticesTheSQLiteFileGone(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "fakepsp.db")
+	store, err := openStore(context.Background(), path)
+	require.NoError(t, err)
+	t.Cleanup(func() { store.Close() })
+	p := startPSP(t, handlerConfig{Store: store})
+	r, err := p.do(http.DefaultClient, http.MethodGet, "/healthz", "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, r.status)
+	require.NoError(t, os.Remove(path))
+	r, err = p.do(http.DefaultClient, http.MethodGet, "/healthz", "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "body: %s", r.body)
+}
+
+// A charge refused by fakepsp's own validation (400, 415) does not burn its
+// key: the corrected request with the same key is charged (regression,
+// issue 13 item 10: the refusal was recorded and replayed, and the
+// corrected request got 422 key-reused).
+func TestValidationFailureKeepsTheKey(t *testing.T) {
+	t.Parallel()
+	p := startPSP(t, handlerConfig{})
+	for key, bad := range map[string][2]string{
+		"fix-415": {"text/plain", chargeBody},
+		"fix-400": {"application/json", `{"amount":0,"currency":"jpy","customer":"c"}`},
+	} {
+		r := p.charge("acme", key, bad[0], bad[1])
+		require.Contains(t, []int{http.StatusBadRequest, http.StatusUnsupportedMediaType}, r.status, "%s: %s", key, r.body)
+		again := p.charge("acme", key, bad[0], bad[1])
+		require.Empty(t, again.header.Get(idem.HeaderReplayed), "%s: validated again, not replayed", key)
+		fixed := p.charge("acme", key, "application/json", chargeBody)
+		require.Equal(t, http.StatusCreated, fixed.status, "%s: the corrected request runs: %s", key, fixed.body)
+	}
+	require.EqualValues(t, 2, p.stats().Charges)
 }

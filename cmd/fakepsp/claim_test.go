@@ -35,7 +35,8 @@ func (d slowClaimDriver) Claim(ctx context.Context, p idemdriver.ClaimParams) (i
 }
 
 // TestClientHangUpDuringClaim: the client hangs up while idem's claim
-// statement runs. service.KeepClaiming detaches the claim from the client, so the
+// statement runs. idem's claim does not hang on the client's context (it no longer needs
+// the KeepClaiming wrapper the services once had), so the
 // charge is made and recorded, and the retry gets it at once; without it,
 // the key would stay claimed by nobody, answering 409 for a whole lease.
 func TestClientHangUpDuringClaim(t *testing.T) {

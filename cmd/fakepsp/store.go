@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"errors"
+	"math/big"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -40,8 +41,11 @@ type Charge struct {
 
 // MerchantStats counts one merchant's charges.
 type MerchantStats struct {
-	Charges int64            `json:"charges"`
-	Amount  map[string]int64 `json:"amount"` // currency -> sum, minor units
+	Charges int64 `json:"charges"`
+	// Amount maps a currency to the exact sum of the charges' amounts, in
+	// minor units: unbounded (1024 charges of MaxAmount pass the largest
+	// int64), encoded as an exact JSON number.
+	Amount map[string]*big.Int `json:"amount"`
 }
 
 // Stats counts the distinct charges made, per merchant and in total: a
@@ -67,6 +71,10 @@ type Store interface {
 	Stats(ctx context.Context) (Stats, error)
 	// Ping checks that the database answers.
 	Ping(ctx context.Context) error
+	// CheckFile reports an error when the SQLite file at the database's
+	// path is not the one open (deleted or replaced); nil on PostgreSQL
+	// (service.DB.CheckFile).
+	CheckFile() error
 	// Close closes the database.
 	Close() error
 }
@@ -108,25 +116,33 @@ func parseDatabaseURL(s string) (kind, target string, err error) {
 	return kind, target, err
 }
 
-// readStats reads the stats from rows of (merchant, currency, count,
-// amount), one per merchant and currency.
+// statsSQL counts the charges per merchant and currency, the amounts
+// summed exactly in two columns (service.SumColumns); cast wraps each sum
+// for the database.
+func statsSQL(cast func(sum string) string) string {
+	return `SELECT merchant, currency, COUNT(*), ` + service.SumColumns(`amount`, cast) + ` FROM charges
+		GROUP BY merchant, currency ORDER BY merchant, currency`
+}
+
+// readStats reads the stats from rows of statsSQL: (merchant, currency,
+// count, high, low), one per merchant and currency.
 func readStats(rows service.Rows) (Stats, error) {
 	st := Stats{Merchants: map[string]*MerchantStats{}}
 	for rows.Next() {
 		var (
 			merchant, currency string
-			count, amount      int64
+			count, high, low   int64
 		)
-		if err := rows.Scan(&merchant, &currency, &count, &amount); err != nil {
+		if err := rows.Scan(&merchant, &currency, &count, &high, &low); err != nil {
 			return Stats{}, err
 		}
 		m := st.Merchants[merchant]
 		if m == nil {
-			m = &MerchantStats{Amount: map[string]int64{}}
+			m = &MerchantStats{Amount: map[string]*big.Int{}}
 			st.Merchants[merchant] = m
 		}
 		m.Charges += count
-		m.Amount[currency] += amount
+		m.Amount[currency] = service.JoinSum(high, low)
 		st.Charges += count
 	}
 	return st, rows.Err()

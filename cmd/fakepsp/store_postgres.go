@@ -44,8 +44,7 @@ func (s *postgresStore) Charge(ctx context.Context, merchant, id string) (Charge
 }
 
 func (s *postgresStore) Stats(ctx context.Context) (Stats, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT merchant, currency, COUNT(*), SUM(amount)::bigint FROM charges
-		GROUP BY merchant, currency ORDER BY merchant, currency`)
+	rows, err := s.Pool.Query(ctx, statsSQL(func(sum string) string { return sum + `::bigint` }))
 	if err != nil {
 		return Stats{}, err
 	}

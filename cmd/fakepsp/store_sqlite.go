@@ -51,8 +51,7 @@ func (s *sqliteStore) Charge(ctx context.Context, merchant, id string) (Charge, 
 }
 
 func (s *sqliteStore) Stats(ctx context.Context) (Stats, error) {
-	rows, err := s.SQL.QueryContext(ctx, `SELECT merchant, currency, COUNT(*), SUM(amount) FROM charges
-		GROUP BY merchant, currency ORDER BY merchant, currency`)
+	rows, err := s.SQL.QueryContext(ctx, statsSQL(func(sum string) string { return sum }))
 	if err != nil {
 		return Stats{}, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -60,7 +61,8 @@ func newRoot(g *globals, stdout io.Writer) *cobra.Command {
 		Short: "Operate an idem store: migrations, retention, and the story of a key",
 		Long: `idem operates the store of github.com/idemgo/idem: its migrations, the
 retention of its records (purge, partitions), and what an operator needs to
-see at 3 a.m. without writing SQL (inspect, stuck, stats).
+see at 3 a.m. without writing SQL (inspect, list, stuck, stats) and the
+fix (release).
 
 Every time is the database's clock. Output is a table, or JSON with --json.
 
@@ -88,7 +90,7 @@ The database comes from --database-url (or IDEM_DATABASE_URL):
 	pf.DurationVar(&g.timeout, "timeout", 10*time.Minute, "give up after this long")
 
 	root.AddCommand(migrateCmd(g, stdout), purgeCmd(g, stdout), partitionsCmd(g, stdout),
-		inspectCmd(g, stdout), stuckCmd(g, stdout), statsCmd(g, stdout))
+		inspectCmd(g, stdout), listCmd(g, stdout), releaseCmd(g, stdout), stuckCmd(g, stdout), statsCmd(g, stdout))
 	return root
 }
 
@@ -110,7 +112,7 @@ func openAnd(cmd *cobra.Command, g *globals, create bool, f func(ctx context.Con
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.Close()
 	return f(ctx, s)
 }
 
@@ -326,20 +328,29 @@ vacuum, and claims are not blocked.`,
 }
 
 func inspectCmd(g *globals, out io.Writer) *cobra.Command {
-	var scope, key string
+	var (
+		scope, key string
+		body       bool
+	)
 	c := &cobra.Command{
-		Use:   "inspect --scope S --key K",
+		Use:   "inspect --key K [--scope S] [--body]",
 		Short: "Show one key's record: its state, lease, fencing token, response and what its next request gets",
-		Args:  noArgs,
+		Long: `Show one key's record: its state, owner, lease, fencing token, stored
+response and what the next request with the key gets.
+
+Without --scope, every scope is searched for the key: one record is shown;
+when several scopes hold the key, they are listed and --scope must choose.
+--body prints the whole stored response body (the table shows its first
+64 bytes): as is when it is UTF-8 text, else as a hex dump; --json adds it
+as body (text) and body_base64 (the exact bytes).`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if key == "" {
-				return usageError{errors.New("--key is required (and --scope, unless the scope is the default \"global\")")}
+				return usageError{errors.New("--key is required (--scope too when several scopes hold the key)")}
 			}
+			scoped := cmd.Flags().Changed("scope")
 			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				rec, err := s.driver.Get(ctx, idemdriver.GetParams{Scope: scope, Key: key})
-				if errors.Is(err, idemdriver.ErrNotFound) {
-					return fmt.Errorf("no record for scope %q and key %q (never seen, or purged after it expired)", scope, key)
-				}
+				rec, err := findRecord(ctx, s, out, g.json, scope, scoped, key)
 				if err != nil {
 					return err
 				}
@@ -347,13 +358,227 @@ func inspectCmd(g *globals, out io.Writer) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printRecord(out, g.json, rec, now)
+				return printRecord(out, g.json, rec, now, body)
 			})
 		},
 	}
-	c.Flags().StringVar(&scope, "scope", "global", "the key's scope (tenant, account)")
+	c.Flags().StringVar(&scope, "scope", "", "the key's scope (tenant, account); default: search every scope")
 	c.Flags().StringVar(&key, "key", "", "the Idempotency-Key, unquoted")
+	c.Flags().BoolVar(&body, "body", false, "print the whole stored response body")
 	return c
+}
+
+// maxScopesShown bounds the scopes findRecord lists for a key held by
+// several.
+const maxScopesShown = 20
+
+// findRecord reads the record of key in scope when scoped, else searches
+// every scope for it (Lister.List by key): the one record, or an error
+// that lists the scopes holding the key when there are several (printed to
+// out as a table, or JSON) or says that none does.
+func findRecord(ctx context.Context, s *store, out io.Writer, asJSON bool, scope string, scoped bool, key string) (idemdriver.Record, error) {
+	if scoped {
+		rec, err := s.driver.Get(ctx, idemdriver.GetParams{Scope: scope, Key: key})
+		if errors.Is(err, idemdriver.ErrNotFound) {
+			return rec, fmt.Errorf("no record for scope %q and key %q (never seen, or purged after it expired)", scope, key)
+		}
+		return rec, err
+	}
+	recs, err := s.driver.List(ctx, idemdriver.ListParams{Key: key, Limit: maxScopesShown + 1})
+	switch {
+	case err != nil:
+		return idemdriver.Record{}, err
+	case len(recs) == 0:
+		return idemdriver.Record{}, fmt.Errorf("no record for key %q in any scope (never seen, or purged after it expired)", key)
+	case len(recs) == 1:
+		return recs[0], nil
+	}
+	more := len(recs) > maxScopesShown
+	recs = recs[:min(len(recs), maxScopesShown)]
+	now, err := s.driver.Now(ctx, 0)
+	if err != nil {
+		return idemdriver.Record{}, err
+	}
+	if err := printRecords(out, asJSON, recs, now, nil); err != nil {
+		return idemdriver.Record{}, err
+	}
+	n := fmt.Sprint(len(recs))
+	if more {
+		n = "more than " + n
+	}
+	return idemdriver.Record{}, usageError{fmt.Errorf("%s scopes hold key %q (listed above): give --scope", n, key)}
+}
+
+// maxListLimit bounds --limit of idem list.
+const maxListLimit = 10000
+
+func listCmd(g *globals, out io.Writer) *cobra.Command {
+	var (
+		state, scope, afterScope, afterKey string
+		limit                              int
+	)
+	c := &cobra.Command{
+		Use:   "list --state FAILED|PROCESSING|SUCCEEDED [--scope S] [--limit N]",
+		Short: "List the records in one state (of one scope), a page at a time",
+		Long: `List the records in a state (--state; every state when omitted), of one
+scope (--scope; every scope when omitted), in (scope, key) order, --limit per
+page. A full page ends with the command that lists the next one
+(--after-scope and --after-key name the last record shown); with --json,
+"next" holds them, null on the last page.
+
+FAILED records run again on their next request; PROCESSING ones are
+running, or stuck once their lease ran out (see stuck); SUCCEEDED ones are
+replayed. Expired records not purged yet are listed too.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := parseState(state)
+			if err != nil {
+				return usageError{err}
+			}
+			if limit <= 0 || limit > maxListLimit {
+				return usageError{fmt.Errorf("--limit must be from 1 to %d", maxListLimit)}
+			}
+			if afterKey == "" && afterScope != "" {
+				return usageError{errors.New("--after-scope needs --after-key (the last record of the previous page)")}
+			}
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				recs, err := s.driver.List(ctx, idemdriver.ListParams{State: st, Scope: scope,
+					AfterScope: afterScope, AfterKey: afterKey, Limit: limit + 1})
+				if err != nil {
+					return err
+				}
+				var next *idemdriver.Record
+				if len(recs) > limit {
+					recs = recs[:limit]
+					next = &recs[limit-1]
+				}
+				now, err := s.driver.Now(ctx, 0)
+				if err != nil {
+					return err
+				}
+				if err := printRecords(out, g.json, recs, now, next); err != nil {
+					return err
+				}
+				if next != nil && !g.json {
+					args := []string{"idem", "list"}
+					if state != "" {
+						args = append(args, "--state", string(st))
+					}
+					if scope != "" {
+						args = append(args, "--scope", shellQuote(scope))
+					}
+					args = append(args, "--limit", fmt.Sprint(limit),
+						"--after-scope", shellQuote(next.Scope), "--after-key", shellQuote(next.Key))
+					_, err = fmt.Fprintf(out, "\nnext page: %s\n", strings.Join(args, " "))
+				}
+				return err
+			})
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&state, "state", "", "FAILED, PROCESSING or SUCCEEDED (any case); default: every state")
+	f.StringVar(&scope, "scope", "", "list only this scope's records; default: every scope")
+	f.IntVar(&limit, "limit", 50, "records per page")
+	f.StringVar(&afterScope, "after-scope", "", "start after this scope's record --after-key (the previous page's last)")
+	f.StringVar(&afterKey, "after-key", "", "start after this key (with --after-scope)")
+	return c
+}
+
+// parseState reads --state: empty, or a state's name in any case.
+func parseState(s string) (idemdriver.State, error) {
+	if s == "" {
+		return "", nil
+	}
+	for _, st := range []idemdriver.State{idemdriver.StateFailed, idemdriver.StateProcessing, idemdriver.StateSucceeded} {
+		if strings.EqualFold(s, string(st)) {
+			return st, nil
+		}
+	}
+	return "", fmt.Errorf("--state must be FAILED, PROCESSING or SUCCEEDED, not %q", s)
+}
+
+// shellQuote quotes s for a POSIX shell when it is not a plain word.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.:/@+=,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func releaseCmd(g *globals, out io.Writer) *cobra.Command {
+	var (
+		scope, key string
+		force      bool
+	)
+	c := &cobra.Command{
+		Use:   "release --scope S --key K [--force]",
+		Short: "Remove one key's record, so that its next request runs as new",
+		Long: `Remove one key's record, fenced: only the record as just read (its fencing
+token and created_at, and its state) is removed, so a request that claims the
+key meanwhile keeps it. The next request with the key then runs as a new one.
+
+  PROCESSING past its lease (its worker died: see stuck)  released (Driver.Release)
+  PROCESSING under a live lease   refused unless --force: its owner may still
+                                  be running, and the next request would run
+                                  a second execution beside it
+  FAILED                          released: the next request runs as new
+                                  (with another body, say, instead of 422)
+  SUCCEEDED without its response  released (a damaged record)
+  SUCCEEDED with its response     refused unless --force: the next request
+                                  would run again instead of being replayed`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if key == "" || !cmd.Flags().Changed("scope") {
+				return usageError{errors.New("--scope and --key are required")}
+			}
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				rec, err := findRecord(ctx, s, out, g.json, scope, true, key)
+				if err != nil {
+					return err
+				}
+				if why := releaseRefusal(rec); why != "" && !force {
+					return fmt.Errorf("not released: %s; give --force to release it anyway", why)
+				}
+				fence := idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt}
+				var released bool
+				if rec.State == idemdriver.StateProcessing {
+					released, err = s.driver.Release(ctx, fence)
+				} else {
+					released, err = s.driver.Remove(ctx, idemdriver.RemoveParams{FenceParams: fence, State: rec.State})
+				}
+				if err != nil {
+					return err
+				}
+				if !released {
+					return fmt.Errorf("not released: the record changed since it was read (a request claimed or completed it); inspect it again")
+				}
+				return printLine(out, g.json,
+					fmt.Sprintf("released %s/%s (%s, fencing token %d): its next request runs as new", rec.Scope, rec.Key, rec.State, rec.FencingToken),
+					map[string]any{"released": map[string]any{"scope": rec.Scope, "key": rec.Key, "state": rec.State,
+						"fencing_token": rec.FencingToken, "owner": rec.Owner}})
+			})
+		},
+	}
+	c.Flags().StringVar(&scope, "scope", "", "the key's scope (tenant, account)")
+	c.Flags().StringVar(&key, "key", "", "the Idempotency-Key, unquoted")
+	c.Flags().BoolVar(&force, "force", false, "release a record under a live lease, or one with a stored response")
+	return c
+}
+
+// releaseRefusal says why releasing rec needs --force ("" when it does
+// not): a live lease, or a stored response that a replay would send.
+func releaseRefusal(rec idemdriver.Record) string {
+	switch {
+	case rec.State == idemdriver.StateProcessing && rec.LeaseLeft > 0:
+		owner := ""
+		if rec.Owner != "" {
+			owner = " (" + rec.Owner + ")"
+		}
+		return fmt.Sprintf("its lease is live for %s more: its owner%s may still be running, and the next request would run beside it", dur(rec.LeaseLeft), owner)
+	case rec.State == idemdriver.StateSucceeded && rec.Response != nil:
+		return fmt.Sprintf("it succeeded and its %d response is replayed; released, the next request would run again", rec.Response.Status)
+	}
+	return ""
 }
 
 func stuckCmd(g *globals, out io.Writer) *cobra.Command {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -56,7 +57,8 @@ func (c cli) json(args ...string) map[string]any {
 
 func fp(s string) []byte { sum := sha256.Sum256([]byte(s)); return sum[:] }
 
-// seed writes, with the database clock moved, the records of the tests:
+// seed writes, with the database clock moved, the records of the tests
+// (each claimed by owner "web-1/<key>"):
 // acct_1/paid SUCCEEDED, acct_1/busy PROCESSING under its lease, acct_1/failed
 // FAILED, acct_2/dead PROCESSING whose lease ran out 9m30s ago, acct_2/old
 // SUCCEEDED and expired an hour ago.
@@ -69,7 +71,8 @@ func seed(t *testing.T, d idemdriver.Driver) {
 	}
 	claim := func(scope, key string, offset, lease time.Duration) idemdriver.Record {
 		res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: scope, Key: key, Method: "POST", Path: "/v1/payments",
-			Fingerprint: fp(key), LeaseDuration: lease, Retention: 24 * time.Hour, ClockOffset: offset})
+			Fingerprint: fp(key), LeaseDuration: lease, Retention: 24 * time.Hour, ClockOffset: offset,
+			Owner: "web-1/" + key})
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
 		return res.Record
@@ -141,6 +144,14 @@ func mysqlBackend(t *testing.T, _ bool) (string, idemdriver.Driver) {
 	return url, d
 }
 
+// migrateUp is the command line of migrate up on b.
+func (b backend) migrateUp() []string {
+	if b.partitioned {
+		return []string{"migrate", "up", "--partitioned"}
+	}
+	return []string{"migrate", "up"}
+}
+
 var backends = []backend{
 	{"SQLite", false, sqliteBackend},
 	{"PostgreSQL", false, postgresBackend},
@@ -156,10 +167,7 @@ func TestCommands(t *testing.T) {
 			c := cli{t: t, url: url}
 
 			// migrate
-			up := []string{"migrate", "up"}
-			if b.partitioned {
-				up = append(up, "--partitioned")
-			}
+			up := b.migrateUp()
 			out := c.ok(up...)
 			require.Contains(t, out, "VERSION")
 			require.Contains(t, out, "00001_idem_keys.sql")
@@ -368,4 +376,165 @@ func TestMissingSQLiteFile(t *testing.T) {
 	c.ok("migrate", "up")
 	require.FileExists(t, path)
 	c.ok("stats")
+}
+
+// forEachSeeded runs f as a parallel subtest per backend, on a migrated
+// store seeded by seed.
+func forEachSeeded(t *testing.T, f func(t *testing.T, c cli, d idemdriver.Driver)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			url, d := b.setup(t, b.partitioned)
+			c := cli{t: t, url: url}
+			c.ok(b.migrateUp()...)
+			seed(t, d)
+			f(t, c, d)
+		})
+	}
+}
+
+// The 3 a.m. commands (issue 13 item 11) on every database: list by state
+// and scope, a page at a time; inspect --body; inspect without --scope
+// searching every scope instead of the "global" one.
+func TestListAndInspectAcrossScopes(t *testing.T) {
+	forEachSeeded(t, func(t *testing.T, c cli, d idemdriver.Driver) {
+
+		// list --state, with and without --scope
+		out := c.ok("list", "--state", "processing")
+		require.Regexp(t, `SCOPE\s+KEY\s+STATE`, out)
+		require.Regexp(t, `acct_1\s+busy\s+PROCESSING\s+1\s+1\s+POST /v1/payments`, out)
+		require.Regexp(t, `acct_2\s+dead\s+PROCESSING`, out)
+		require.NotContains(t, out, "paid")
+		require.NotContains(t, out, "next page")
+		l := c.json("list", "--state", "SUCCEEDED")
+		recs := l["records"].([]any)
+		require.Len(t, recs, 2)
+		require.Equal(t, "acct_1", recs[0].(map[string]any)["scope"])
+		require.Equal(t, "paid", recs[0].(map[string]any)["key"])
+		require.EqualValues(t, 201, recs[0].(map[string]any)["response_status"])
+		require.Equal(t, "old", recs[1].(map[string]any)["key"], "expired records are listed until purged")
+		require.Nil(t, l["next"])
+		l = c.json("list", "--state", "FAILED", "--scope", "acct_1")
+		require.Len(t, l["records"], 1)
+		require.Equal(t, "failed", l["records"].([]any)[0].(map[string]any)["key"])
+		require.Empty(t, c.json("list", "--state", "FAILED", "--scope", "acct_2")["records"])
+		require.Contains(t, c.ok("list", "--state", "FAILED", "--scope", "acct_2"), "no record")
+
+		// pages: every record once, in (scope, key) order
+		var seen []string
+		after := []string{}
+		for range 10 {
+			page := c.json(append([]string{"list", "--limit", "2"}, after...)...)
+			for _, r := range page["records"].([]any) {
+				m := r.(map[string]any)
+				seen = append(seen, m["scope"].(string)+"/"+m["key"].(string))
+			}
+			next, ok := page["next"].(map[string]any)
+			if !ok {
+				break
+			}
+			after = []string{"--after-scope", next["after_scope"].(string), "--after-key", next["after_key"].(string)}
+		}
+		require.Equal(t, []string{"acct_1/busy", "acct_1/failed", "acct_1/paid", "acct_2/dead", "acct_2/old"}, seen)
+		out = c.ok("list", "--limit", "2")
+		require.Contains(t, out, "next page: idem list --limit 2 --after-scope acct_1 --after-key failed")
+		for _, bad := range [][]string{{"list", "--state", "DONE"}, {"list", "--limit", "0"}, {"list", "--after-scope", "a"}} {
+			_, _, code := c.run(bad...)
+			require.Equal(t, 2, code, bad)
+		}
+
+		// inspect --body: the whole body, not its first 64 bytes
+		whole := `{"id":"pay_1","amount":1000,"currency":"JPY","customer":"cus_42","status":"succeeded"}`
+		out = c.ok("inspect", "--scope", "acct_1", "--key", "paid", "--body")
+		require.Contains(t, out, fmt.Sprintf("body (%d bytes):\n%s\n", len(whole), whole))
+		rec := c.json("inspect", "--scope", "acct_1", "--key", "paid", "--body")
+		resp := rec["response"].(map[string]any)
+		require.Equal(t, whole, resp["body"])
+		require.Equal(t, base64.StdEncoding.EncodeToString([]byte(whole)), resp["body_base64"])
+		require.NotContains(t, c.json("inspect", "--scope", "acct_1", "--key", "paid")["response"], "body")
+
+		// inspect without --scope: every scope is searched
+		rec = c.json("inspect", "--key", "dead")
+		require.Equal(t, "acct_2", rec["scope"], "found in its scope, not looked up in \"global\"")
+		_, errOut, code := c.run("inspect", "--key", "nope")
+		require.Equal(t, 1, code)
+		require.Contains(t, errOut, `no record for key "nope" in any scope`)
+		claimed, err := d.Claim(context.Background(), idemdriver.ClaimParams{Scope: "acct_3", Key: "busy", Method: "POST",
+			Path: "/v1/payments", Fingerprint: fp("busy"), LeaseDuration: time.Minute, Retention: time.Hour})
+		require.NoError(t, err)
+		require.True(t, claimed.Claimed)
+		out, errOut, code = c.run("inspect", "--key", "busy")
+		require.Equal(t, 2, code, "two scopes hold the key: --scope must choose")
+		require.Contains(t, errOut, `2 scopes hold key "busy" (listed above): give --scope`)
+		require.Regexp(t, `acct_1\s+busy`, out)
+		require.Regexp(t, `acct_3\s+busy`, out)
+		require.Equal(t, "acct_3", c.json("inspect", "--key", "busy", "--scope", "acct_3")["scope"])
+	})
+}
+
+// stuck says whose worker died (the claim's owner); release removes one
+// record, fenced, refusing a live lease or a stored response without
+// --force (issue 13 item 11), on every database.
+func TestStuckOwnerAndRelease(t *testing.T) {
+	forEachSeeded(t, func(t *testing.T, c cli, d idemdriver.Driver) {
+		ctx := context.Background()
+
+		// stuck and inspect name the owner
+		require.Regexp(t, `acct_2\s+dead\s+9m\d+s ago.*web-1/dead\n`, c.ok("stuck"))
+		require.Equal(t, "web-1/dead", c.json("stuck")["stuck"].([]any)[0].(map[string]any)["owner"])
+		require.Regexp(t, `owner\s+web-1/busy\n`, c.ok("inspect", "--scope", "acct_1", "--key", "busy"))
+		require.Equal(t, "web-1/busy", c.json("inspect", "--scope", "acct_1", "--key", "busy")["owner"])
+		require.Regexp(t, `acct_1\s+failed\s+FAILED.*web-1/failed`, c.ok("list", "--state", "FAILED"))
+
+		// a stuck record: released; its next claim is a new life
+		require.Contains(t, c.ok("release", "--scope", "acct_2", "--key", "dead"),
+			"released acct_2/dead (PROCESSING, fencing token 1): its next request runs as new")
+		_, errOut, code := c.run("inspect", "--scope", "acct_2", "--key", "dead")
+		require.Equal(t, 1, code, errOut)
+		res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct_2", Key: "dead", Method: "POST", Path: "/v1/other",
+			Fingerprint: fp("other"), LeaseDuration: time.Second, Retention: time.Hour})
+		require.NoError(t, err)
+		require.True(t, res.Claimed, "another request takes the released key")
+
+		// a live lease: refused, then --force
+		_, errOut, code = c.run("release", "--scope", "acct_1", "--key", "busy")
+		require.Equal(t, 1, code)
+		require.Contains(t, errOut, "not released: its lease is live for")
+		require.Contains(t, errOut, "(web-1/busy)")
+		require.Contains(t, errOut, "--force")
+		require.Equal(t, "PROCESSING", c.json("inspect", "--scope", "acct_1", "--key", "busy")["state"], "nothing removed")
+		rel := c.json("release", "--scope", "acct_1", "--key", "busy", "--force")["released"].(map[string]any)
+		require.Equal(t, "web-1/busy", rel["owner"])
+		_, _, code = c.run("inspect", "--scope", "acct_1", "--key", "busy")
+		require.Equal(t, 1, code)
+
+		// FAILED: released without --force
+		require.Contains(t, c.ok("release", "--scope", "acct_1", "--key", "failed"), "released acct_1/failed (FAILED")
+
+		// SUCCEEDED with a response: refused, then --force
+		_, errOut, code = c.run("release", "--scope", "acct_1", "--key", "paid")
+		require.Equal(t, 1, code)
+		require.Contains(t, errOut, "it succeeded and its 201 response is replayed")
+		require.Contains(t, c.ok("release", "--scope", "acct_1", "--key", "paid", "--force"), "released acct_1/paid (SUCCEEDED")
+
+		// fenced: a record that changed since it was read is kept
+		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct_2", Key: "dead"})
+		require.NoError(t, err)
+		removed, err := d.(idemdriver.Remover).Remove(ctx, idemdriver.RemoveParams{State: idemdriver.StateFailed,
+			FenceParams: idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt}})
+		require.NoError(t, err)
+		require.False(t, removed, "the record is PROCESSING, not the FAILED record read")
+		removed, err = d.(idemdriver.Remover).Remove(ctx, idemdriver.RemoveParams{State: rec.State,
+			FenceParams: idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken + 1, CreatedAt: rec.CreatedAt}})
+		require.NoError(t, err)
+		require.False(t, removed, "another fencing token")
+
+		_, errOut, code = c.run("release", "--scope", "acct_1", "--key", "nope")
+		require.Equal(t, 1, code)
+		require.Contains(t, errOut, `no record for scope "acct_1" and key "nope"`)
+		for _, bad := range [][]string{{"release", "--key", "k"}, {"release", "--scope", "s"}} {
+			_, _, code := c.run(bad...)
+			require.Equal(t, 2, code, bad)
+		}
+	})
 }

@@ -5,7 +5,9 @@
 //	idem --database-url URL migrate up|down|status [--partitioned]
 //	idem --database-url URL purge [--older-than D] [--batch N] [--max-batches M] [--dry-run]
 //	idem --database-url URL partitions ensure [--days-ahead N] | drop [--older-than D] [--dry-run] | list
-//	idem --database-url URL inspect --scope S --key K
+//	idem --database-url URL inspect --key K [--scope S] [--body]
+//	idem --database-url URL list [--state FAILED|PROCESSING|SUCCEEDED] [--scope S] [--limit N] [--after-scope S --after-key K]
+//	idem --database-url URL release --scope S --key K [--force]
 //	idem --database-url URL stuck [--limit N]
 //	idem --database-url URL stats [--top N]
 //

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemgo/idem/idemdriver"
 )
@@ -70,7 +72,7 @@ func printMigrations(out io.Writer, asJSON bool, s *store, list []idemdriver.Mig
 		for _, m := range list {
 			ms = append(ms, migration{m.Version, m.Name, m.Applied, m.AppliedAt, m.Missing})
 		}
-		return writeJSON(out, map[string]any{"database": s.kind, "partitioned": s.partitioned, "migrations": ms})
+		return writeJSON(out, map[string]any{"database": s.Kind, "partitioned": s.Partitioned, "migrations": ms})
 	}
 	w := table(out)
 	fmt.Fprintln(w, "VERSION\tNAME\tSTATE\tAPPLIED AT")
@@ -185,10 +187,12 @@ func nextRequest(rec idemdriver.Record, now time.Time) string {
 	}
 }
 
-func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Time) error {
+// printRecord prints one record; withBody adds the whole stored response
+// body.
+func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Time, withBody bool) error {
 	if asJSON {
 		v := map[string]any{
-			"scope": rec.Scope, "key": rec.Key, "state": rec.State, "method": rec.Method, "path": rec.Path,
+			"scope": rec.Scope, "key": rec.Key, "state": rec.State, "owner": rec.Owner, "method": rec.Method, "path": rec.Path,
 			"fingerprint": hex.EncodeToString(rec.Fingerprint), "fencing_token": rec.FencingToken,
 			"attempts": rec.Attempts, "lease_left_seconds": rec.LeaseLeft.Seconds(), "locked_until": rec.LockedUntil,
 			"created_at": rec.CreatedAt, "updated_at": rec.UpdatedAt, "completed_at": rec.CompletedAt,
@@ -197,8 +201,15 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 		}
 		if r := rec.Response; r != nil {
 			head := r.Body[:min(len(r.Body), bodyPreview)]
-			v["response"] = map[string]any{"status": r.Status, "headers": r.Header, "body_size": r.BodySize,
+			resp := map[string]any{"status": r.Status, "headers": r.Header, "body_size": r.BodySize,
 				"body_stored": r.BodyStored, "body_head": string(head), "body_head_hex": hex.EncodeToString(head)}
+			if withBody && r.BodyStored {
+				resp["body_base64"] = base64.StdEncoding.EncodeToString(r.Body)
+				if utf8.Valid(r.Body) {
+					resp["body"] = string(r.Body)
+				}
+			}
+			v["response"] = resp
 		}
 		return writeJSON(out, v)
 	}
@@ -207,6 +218,7 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 	row("scope", rec.Scope)
 	row("key", rec.Key)
 	row("state", string(rec.State))
+	row("owner", orDash(rec.Owner))
 	row("next request", nextRequest(rec, now))
 	row("method", rec.Method)
 	row("path", rec.Path)
@@ -259,6 +271,77 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 		row("response", "-")
 	}
 	row("now (database)", ts(now))
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if withBody {
+		return printBody(out, rec.Response)
+	}
+	return nil
+}
+
+// printBody prints a stored response body whole, after a blank line: as is
+// when it is UTF-8 text, else as a hex dump.
+func printBody(out io.Writer, r *idemdriver.Response) error {
+	var err error
+	switch {
+	case r == nil:
+		_, err = fmt.Fprintln(out, "\nno stored response")
+	case !r.BodyStored:
+		_, err = fmt.Fprintf(out, "\nthe body (%d bytes) was not stored: larger than MaxResponseBytes\n", r.BodySize)
+	case utf8.Valid(r.Body):
+		_, err = fmt.Fprintf(out, "\nbody (%d bytes):\n%s\n", len(r.Body), r.Body)
+	default:
+		_, err = fmt.Fprintf(out, "\nbody (%d bytes, not UTF-8 text):\n%s", len(r.Body), hex.Dump(r.Body))
+	}
+	return err
+}
+
+// printRecords prints records as a table (one line each), or JSON with
+// next, the page's last record when another page follows (nil: none).
+func printRecords(out io.Writer, asJSON bool, recs []idemdriver.Record, now time.Time, next *idemdriver.Record) error {
+	if asJSON {
+		type record struct {
+			Scope         string           `json:"scope"`
+			Key           string           `json:"key"`
+			State         idemdriver.State `json:"state"`
+			Owner         string           `json:"owner"`
+			Attempts      int              `json:"attempts"`
+			FencingToken  int64            `json:"fencing_token"`
+			Method        string           `json:"method"`
+			Path          string           `json:"path"`
+			Status        *int             `json:"response_status"`
+			LeaseLeftSecs float64          `json:"lease_left_seconds"`
+			CreatedAt     time.Time        `json:"created_at"`
+			UpdatedAt     time.Time        `json:"updated_at"`
+			ExpiresAt     time.Time        `json:"expires_at"`
+			NextRequest   string           `json:"next_request"`
+		}
+		list := []record{}
+		for _, r := range recs {
+			var status *int
+			if r.Response != nil {
+				status = &r.Response.Status
+			}
+			list = append(list, record{r.Scope, r.Key, r.State, r.Owner, r.Attempts, r.FencingToken, r.Method, r.Path, status,
+				r.LeaseLeft.Seconds(), r.CreatedAt, r.UpdatedAt, r.ExpiresAt, nextRequest(r, now)})
+		}
+		var nextPage any
+		if next != nil {
+			nextPage = map[string]string{"after_scope": next.Scope, "after_key": next.Key}
+		}
+		return writeJSON(out, map[string]any{"records": list, "next": nextPage, "now": now})
+	}
+	if len(recs) == 0 {
+		_, err := fmt.Fprintln(out, "no record")
+		return err
+	}
+	w := table(out)
+	fmt.Fprintln(w, "SCOPE\tKEY\tSTATE\tATTEMPTS\tFENCING TOKEN\tREQUEST\tUPDATED AT\tOWNER\tNEXT REQUEST")
+	for _, r := range recs {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s %s\t%s\t%s\t%s\n", r.Scope, r.Key, r.State, r.Attempts, r.FencingToken,
+			r.Method, r.Path, ts(r.UpdatedAt), orDash(r.Owner), nextRequest(r, now))
+	}
 	return w.Flush()
 }
 
@@ -267,6 +350,7 @@ func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error
 		type stuck struct {
 			Scope          string     `json:"scope"`
 			Key            string     `json:"key"`
+			Owner          string     `json:"owner"`
 			OverdueSeconds float64    `json:"overdue_seconds"`
 			Attempts       int        `json:"attempts"`
 			FencingToken   int64      `json:"fencing_token"`
@@ -277,7 +361,7 @@ func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error
 		}
 		list := []stuck{}
 		for _, r := range recs {
-			list = append(list, stuck{r.Scope, r.Key, r.Overdue.Seconds(), r.Attempts, r.FencingToken,
+			list = append(list, stuck{r.Scope, r.Key, r.Owner, r.Overdue.Seconds(), r.Attempts, r.FencingToken,
 				r.Method, r.Path, r.LockedUntil, r.CreatedAt})
 		}
 		return writeJSON(out, map[string]any{"stuck": list})
@@ -287,10 +371,10 @@ func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error
 		return err
 	}
 	w := table(out)
-	fmt.Fprintln(w, "SCOPE\tKEY\tLEASE RAN OUT\tATTEMPTS\tFENCING TOKEN\tREQUEST\tCREATED AT")
+	fmt.Fprintln(w, "SCOPE\tKEY\tLEASE RAN OUT\tATTEMPTS\tFENCING TOKEN\tREQUEST\tCREATED AT\tOWNER")
 	for _, r := range recs {
-		fmt.Fprintf(w, "%s\t%s\t%s ago\t%d\t%d\t%s %s\t%s\n", r.Scope, r.Key, dur(r.Overdue), r.Attempts,
-			r.FencingToken, r.Method, r.Path, ts(r.CreatedAt))
+		fmt.Fprintf(w, "%s\t%s\t%s ago\t%d\t%d\t%s %s\t%s\t%s\n", r.Scope, r.Key, dur(r.Overdue), r.Attempts,
+			r.FencingToken, r.Method, r.Path, ts(r.CreatedAt), orDash(r.Owner))
 	}
 	return w.Flush()
 }
@@ -331,4 +415,13 @@ func printStats(out io.Writer, asJSON bool, st idemdriver.Stats) error {
 		fmt.Fprintf(w, "%s\t%d\n", sc.Scope, sc.Count)
 	}
 	return w.Flush()
+}
+
+// orDash is s, or "-" when empty (an owner not recorded: a claim made
+// before owners were, or by a process that names none).
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

@@ -22,8 +22,9 @@
 //
 // --url URL (repeatable, or comma-separated) storms paymentsd servers that
 // are already running. Otherwise idemstorm starts --servers paymentsd
-// processes itself (--paymentsd-bin, or a binary built with `go build` into
-// a temporary directory, which needs the idem module as working directory),
+// processes itself (--paymentsd-bin, or a binary built with `go build -tags
+// idemfaults`, which has paymentsd's fault-injection flags, into a temporary
+// directory, which needs the idem module as working directory),
 // all on one --database-url (default: a new SQLite file in a temporary
 // directory), on free loopback ports, with --lease (default 3s) and the
 // flags after "--" (for example --crash-after-charge 0.05 or --psp-latency

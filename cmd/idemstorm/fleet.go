@@ -6,17 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/idemgo/idem/internal/supervise"
 )
 
 // Bounds of the fleet's loops.
@@ -45,23 +44,39 @@ type fleet struct {
 	errs []string // restarts that failed
 }
 
-// server is one paymentsd process on a fixed address, restarted there.
+// server is one paymentsd process on a fixed address, restarted there
+// (internal/supervise runs the process), its generations' output appended
+// to logPath.
 type server struct {
 	name    string
-	addr    string
 	logPath string
+	proc    *supervise.Process
 
-	mu          sync.Mutex
-	cmd         *exec.Cmd
-	exited      chan struct{}
-	up          bool // answered GET /healthz and not known dead
-	killedByUs  bool // the current generation got our SIGKILL
-	stopping    bool
-	generations int
+	mu         sync.Mutex
+	up         bool // answered GET /healthz and not known dead
+	killedByUs bool // the current generation got our SIGKILL
+	stopping   bool
 }
 
-// healthClient checks GET /healthz.
-var healthClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+// newServer is server i (from 1) of the fleet, on addr.
+func (f *fleet) newServer(i int, addr string) *server {
+	s := &server{name: fmt.Sprintf("paymentsd-%d", i), logPath: filepath.Join(f.logDir, fmt.Sprintf("paymentsd-%d.log", i))}
+	s.proc = &supervise.Process{Name: s.name, Bin: f.bin, Args: f.args, Addr: addr, HealthTimeout: healthTimeout,
+		Output: func(gen int) (io.Writer, func(), error) {
+			logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+			if err != nil {
+				return nil, nil, err
+			}
+			fmt.Fprintf(logf, "--- idemstorm: %s generation %d on %s ---\n", s.name, gen, addr)
+			return logf, func() { logf.Close() }, nil
+		},
+		OnExit: func(int) {
+			s.mu.Lock()
+			s.up = false
+			s.mu.Unlock()
+		}}
+	return s
+}
 
 // startFleet builds (or takes) the paymentsd binary and starts o.servers
 // processes on o.databaseURL (a new SQLite file when empty; o.databaseURL
@@ -120,17 +135,25 @@ func startFleet(ctx context.Context, o *options, stderr io.Writer) (*fleet, func
 	}
 	f.args = append(f.args, o.paymentsdArgs...) // last: a flag given twice takes the last value
 	for i := range o.servers {
-		s := &server{name: fmt.Sprintf("paymentsd-%d", i+1), logPath: filepath.Join(f.logDir, fmt.Sprintf("paymentsd-%d.log", i+1))}
-		f.servers = append(f.servers, s)
-		var err error
+		var (
+			s   *server
+			err error
+		)
 		for range 5 { // a free port may be taken before we bind it
-			if s.addr, err = freeAddr(); err != nil {
+			addr, aerr := supervise.FreeAddr()
+			if aerr != nil {
+				err = aerr
 				break
 			}
-			if err = f.start(s); err == nil || !strings.Contains(tail(s.logPath, 4096), "address already in use") {
+			s = f.newServer(i+1, addr)
+			if err = f.start(s); err == nil || !f.addrInUse(s) {
 				break
 			}
 		}
+		if s == nil {
+			return fail(err)
+		}
+		f.servers = append(f.servers, s)
 		if err != nil {
 			return fail(fmt.Errorf("%s did not start: %w\n%s", s.name, err, tail(s.logPath, 4096)))
 		}
@@ -138,9 +161,10 @@ func startFleet(ctx context.Context, o *options, stderr io.Writer) (*fleet, func
 	return f, cleanup, nil
 }
 
-// buildPaymentsd builds ./cmd/paymentsd of the idem module into dir, without
-// -race (the storm measures the service, not its race detector; e2e builds
-// it with -race).
+// buildPaymentsd builds ./cmd/paymentsd of the idem module into dir, with
+// -tags idemfaults (its --crash-* and --stall-after-charge fault injection,
+// which a normal build does not carry) and without -race (the storm
+// measures the service, not its race detector; e2e builds it with -race).
 func buildPaymentsd(ctx context.Context, dir string, stderr io.Writer) (string, error) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -148,7 +172,7 @@ func buildPaymentsd(ctx context.Context, dir string, stderr io.Writer) (string, 
 	}
 	out := filepath.Join(dir, "paymentsd")
 	fmt.Fprintln(stderr, "idemstorm: building paymentsd")
-	cmd := exec.CommandContext(ctx, goTool, "build", "-o", out, "github.com/idemgo/idem/cmd/paymentsd")
+	cmd := exec.CommandContext(ctx, goTool, "build", "-tags", "idemfaults", "-o", out, "github.com/idemgo/idem/cmd/paymentsd")
 	var b bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &b, &b
 	if err := cmd.Run(); err != nil {
@@ -157,58 +181,26 @@ func buildPaymentsd(ctx context.Context, dir string, stderr io.Writer) (string, 
 	return out, nil
 }
 
-// freeAddr returns a loopback address with a port free right now.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
 func (f *fleet) urls() []string {
 	var out []string
 	for _, s := range f.servers {
-		out = append(out, "http://"+s.addr)
+		out = append(out, s.proc.URL())
 	}
 	return out
 }
 
+// addrInUse reports whether s's last start failed on its address still
+// being taken.
+func (f *fleet) addrInUse(s *server) bool {
+	return strings.Contains(tail(s.logPath, 4096), "address already in use")
+}
+
 // start launches a new generation of s and waits until it is healthy.
 func (f *fleet) start(s *server) error {
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
 	s.mu.Lock()
-	s.generations++
-	fmt.Fprintf(logf, "--- idemstorm: %s generation %d on %s ---\n", s.name, s.generations, s.addr)
+	s.killedByUs, s.up = false, false
 	s.mu.Unlock()
-	cmd := exec.Command(f.bin, append([]string{"--addr", s.addr}, f.args...)...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = childProcAttr()
-	if err := startCmd(cmd); err != nil {
-		logf.Close()
-		return err
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		logf.Close()
-		s.mu.Lock()
-		if s.cmd == cmd {
-			s.up = false
-		}
-		s.mu.Unlock()
-		close(exited)
-	}()
-	s.mu.Lock()
-	s.cmd, s.exited, s.killedByUs, s.up = cmd, exited, false, false
-	s.mu.Unlock()
-	if err := waitHealthy("http://"+s.addr, exited, healthTimeout); err != nil {
-		_ = cmd.Process.Kill()
-		<-exited
+	if err := s.proc.Start(); err != nil {
 		if lf, ferr := os.OpenFile(s.logPath, os.O_WRONLY|os.O_APPEND, 0o644); ferr == nil {
 			fmt.Fprintf(lf, "--- idemstorm: %s did not start: %v ---\n", s.name, err)
 			lf.Close()
@@ -221,61 +213,6 @@ func (f *fleet) start(s *server) error {
 	return nil
 }
 
-// spawner starts the child processes from one goroutine locked to its OS
-// thread for the life of idemstorm: the parent-death signal of
-// childProcAttr is sent when the thread that forked the child ends, not the
-// process (go.dev/issue/27505), and a thread the runtime may retire would
-// kill a healthy server at random.
-var spawner struct {
-	once sync.Once
-	reqs chan spawnRequest
-}
-
-type spawnRequest struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-// startCmd runs cmd.Start on the spawner's thread.
-func startCmd(cmd *exec.Cmd) error {
-	spawner.once.Do(func() {
-		spawner.reqs = make(chan spawnRequest)
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
-			for r := range spawner.reqs {
-				r.done <- r.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	spawner.reqs <- spawnRequest{cmd: cmd, done: done}
-	return <-done
-}
-
-// errExited is waitHealthy's error when the process exits first.
-var errExited = errors.New("exited before it was healthy")
-
-// waitHealthy polls GET /healthz until it answers 200; errExited when
-// exited closes first.
-func waitHealthy(base string, exited <-chan struct{}, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			return errExited
-		default:
-		}
-		if resp, err := healthClient.Get(base + "/healthz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("not healthy after %s", timeout)
-}
-
 // restart starts a new generation of s on its address, retrying while the
 // old socket is still taken.
 func (f *fleet) restart(s *server) error {
@@ -285,7 +222,7 @@ func (f *fleet) restart(s *server) error {
 			f.restarts.Add(1)
 			return nil
 		}
-		if !strings.Contains(tail(s.logPath, 4096), "address already in use") {
+		if !f.addrInUse(s) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -315,13 +252,10 @@ const maxStartFailures = 10
 func (f *fleet) watch(ctx context.Context, s *server, onFatal func(error)) {
 	failures := 0
 	for range maxRestarts {
-		s.mu.Lock()
-		exited := s.exited
-		s.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return
-		case <-exited:
+		case <-s.proc.Exited():
 		}
 		s.mu.Lock()
 		stopping := s.stopping
@@ -380,7 +314,7 @@ func (f *fleet) chaos(ctx context.Context, every time.Duration) {
 		s.mu.Lock()
 		if s.up {
 			s.killedByUs, s.up = true, false
-			_ = s.cmd.Process.Signal(syscall.SIGKILL)
+			_ = s.proc.Signal(syscall.SIGKILL)
 			f.kills.Add(1)
 		}
 		s.mu.Unlock()
@@ -404,9 +338,7 @@ func (f *fleet) waitAllHealthy(ctx context.Context, timeout time.Duration) error
 			if left <= 0 {
 				return fmt.Errorf("%s: not healthy after %s\n%s", s.name, timeout, tail(s.logPath, 4096))
 			}
-			s.mu.Lock()
-			exited := s.exited
-			s.mu.Unlock()
+			exited := s.proc.Exited()
 			select {
 			case <-exited:
 				f.noteDeath(s)
@@ -416,11 +348,11 @@ func (f *fleet) waitAllHealthy(ctx context.Context, timeout time.Duration) error
 				continue // check the new generation like any other
 			default:
 			}
-			err := waitHealthy("http://"+s.addr, exited, left)
+			err := supervise.WaitHealthy(s.proc.URL(), exited, left)
 			if err == nil {
 				break
 			}
-			if !errors.Is(err, errExited) {
+			if !errors.Is(err, supervise.ErrExited) {
 				return fmt.Errorf("%s: %w\n%s", s.name, err, tail(s.logPath, 4096))
 			}
 		}
@@ -434,25 +366,8 @@ func (f *fleet) stop() {
 	for _, s := range f.servers {
 		s.mu.Lock()
 		s.stopping = true
-		cmd, exited := s.cmd, s.exited
 		s.mu.Unlock()
-		if cmd == nil {
-			continue
-		}
-		wg.Go(func() {
-			select {
-			case <-exited:
-				return
-			default:
-			}
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(stopGracePeriod):
-				_ = cmd.Process.Kill()
-				<-exited
-			}
-		})
+		wg.Go(func() { s.proc.Stop(stopGracePeriod) })
 	}
 	wg.Wait()
 }
@@ -482,9 +397,7 @@ func (f *fleet) summary() *ServersSummary {
 	sum := &ServersSummary{Count: len(f.servers), Kills: f.kills.Load(), Crashes: f.exits.Load(),
 		Restarts: f.restarts.Load(), Args: redactArgs(f.args)}
 	for _, s := range f.servers {
-		s.mu.Lock()
-		sum.Generations = append(sum.Generations, s.generations)
-		s.mu.Unlock()
+		sum.Generations = append(sum.Generations, s.proc.Generation())
 		if b, err := os.ReadFile(s.logPath); err == nil {
 			sum.InjectedCrashes += bytes.Count(b, []byte("fault injected: crashing now"))
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"net/http"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -31,13 +32,13 @@ func TestWaitAllHealthyRestartsAServerThatJustDied(t *testing.T) {
 		s := fl.servers[round%2]
 		s.mu.Lock()
 		s.killedByUs = true
-		require.NoError(t, s.cmd.Process.Signal(syscall.SIGKILL))
+		require.NoError(t, s.proc.Signal(syscall.SIGKILL))
 		s.mu.Unlock()
 		// No wait for the exit: waitAllHealthy starts while the process
 		// is dying, as it does after the last kill of a storm.
 		require.NoError(t, fl.waitAllHealthy(context.Background(), time.Minute))
 		for _, s := range fl.servers {
-			resp, err := healthClient.Get("http://" + s.addr + "/healthz")
+			resp, err := http.Get(s.proc.URL() + "/healthz")
 			require.NoError(t, err, s.name)
 			resp.Body.Close()
 			require.Equal(t, 200, resp.StatusCode, s.name)

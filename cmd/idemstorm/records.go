@@ -6,12 +6,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/idemmysql"
-	"github.com/idemgo/idem/idempgx"
-	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dburl"
 )
 
 // stuckLimit bounds the stuck records read (the idem stuck query).
@@ -36,62 +32,21 @@ type RecordsCheck struct {
 	TableStuck int64 `json:"table_stuck"`
 }
 
-// inspected is what checkRecords needs of a driver.
-type inspected interface {
-	idemdriver.Driver
-	idemdriver.Inspector
-}
-
-// openInspected opens idem's store on the database paymentsd uses (the URL
-// forms of paymentsd's --database-url).
-func openInspected(ctx context.Context, databaseURL string) (inspected, func(), error) {
-	switch {
-	case strings.HasPrefix(databaseURL, "postgres://"), strings.HasPrefix(databaseURL, "postgresql://"):
-		pool, err := pgxpool.New(ctx, databaseURL)
-		if err != nil {
-			return nil, nil, err
-		}
-		_, partitioned, err := idempgx.IsPartitioned(ctx, pool)
-		if err != nil {
-			pool.Close()
-			return nil, nil, err
-		}
-		if partitioned {
-			return idempgx.NewPartitioned(pool, idempgx.PartitionConfig{}), pool.Close, nil
-		}
-		return idempgx.New(pool), pool.Close, nil
-	case strings.HasPrefix(databaseURL, "mysql://"), strings.HasPrefix(databaseURL, "mariadb://"):
-		d, err := idemmysql.Open(ctx, databaseURL)
-		if err != nil {
-			return nil, nil, err
-		}
-		return d, func() { d.Close() }, nil
-	}
-	path := databaseURL
-	for _, prefix := range []string{"sqlite:", "file:"} {
-		if rest, ok := strings.CutPrefix(path, prefix); ok {
-			path = strings.TrimPrefix(rest, "//")
-			break
-		}
-	}
-	if path == "" || strings.Contains(path, "://") {
-		return nil, nil, fmt.Errorf("unsupported database URL %q", redactURL(databaseURL))
-	}
-	d, err := idemsqlite.Open(ctx, path)
-	if err != nil {
-		return nil, nil, err
-	}
-	return d, func() { d.Close() }, nil
-}
-
 // checkRecords reads idem's record of every logical payment's key, and the
 // run's stuck records.
 func checkRecords(ctx context.Context, databaseURL string, p *plan) (*RecordsCheck, error) {
-	d, closeFn, err := openInspected(ctx, databaseURL)
+	// The URL rules and the opener are paymentsd's own (internal/dburl),
+	// so the check reads the database the servers wrote.
+	kind, target, err := dburl.Parse(databaseURL)
 	if err != nil {
 		return nil, err
 	}
-	defer closeFn()
+	store, err := dburl.Open(ctx, kind, target, dburl.Options{MustExist: true})
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+	d := store.Driver
 	rc := &RecordsCheck{ByState: map[string]int{}}
 	for _, lp := range p.payments {
 		r, err := d.Get(ctx, idemdriver.GetParams{Scope: lp.Merchant, Key: lp.Key})

@@ -5,8 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/internal/supervise"
 )
 
 // The paymentsd binary under test, built once per test binary.
@@ -49,11 +50,8 @@ func paymentsdBin(t *testing.T) string {
 		if build.err != nil {
 			return
 		}
-		build.bin = filepath.Join(build.dir, "paymentsd")
-		cmd := exec.Command("go", "build", "-o", build.bin, "github.com/idemgo/idem/cmd/paymentsd")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			build.err = fmt.Errorf("go build paymentsd: %v\n%s", err, out)
-		}
+		// As idemstorm builds it: with its fault injection (-tags idemfaults).
+		build.bin, build.err = buildPaymentsd(context.Background(), build.dir, io.Discard)
 	})
 	if build.err != nil {
 		t.Fatal(build.err)
@@ -156,19 +154,14 @@ func TestStormPostgresChaos(t *testing.T) {
 func TestStormAgainstRunningServer(t *testing.T) {
 	t.Parallel()
 	db := "sqlite:" + filepath.Join(t.TempDir(), "p.db")
-	addr, err := freeAddr()
+	addr, err := supervise.FreeAddr()
 	require.NoError(t, err)
-	cmd := exec.Command(paymentsdBin(t), "--addr", addr, "--database-url", db, "--psp-latency", "10ms", "--lease", "2s")
 	var logs syncBuffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	require.NoError(t, waitHealthy("http://"+addr, exited, 30*time.Second), "%s", logs.String())
+	pd := &supervise.Process{Name: "paymentsd", Bin: paymentsdBin(t), Addr: addr,
+		Args:   []string{"--database-url", db, "--psp-latency", "10ms", "--lease", "2s"},
+		Output: func(int) (io.Writer, func(), error) { return &logs, func() {}, nil }}
+	t.Cleanup(func() { pd.Kill(time.Minute) })
+	require.NoError(t, pd.Start(), "%s", logs.String())
 
 	code, rep, out := runStorm(t, []string{"--url", "http://" + addr, "--database-url", db,
 		"--payments", "30", "--merchants", "5", "--duplicates", "3"})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net/http"
 	"strconv"
 	"time"
@@ -41,7 +42,8 @@ type handlerConfig struct {
 	// WriteMode says where the payment's rows are written; empty means
 	// WriteInClaim.
 	WriteMode WriteMode
-	// Faults are the injected crashes and stalls; nil injects none.
+	// Faults are the injected crashes and stalls (built with -tags
+	// idemfaults only); nil injects none.
 	Faults *faults
 }
 
@@ -59,7 +61,7 @@ type api struct {
 //	service.LogRequests
 //	  GET /healthz                      (no authentication)
 //	  everything else: svc.Authenticate -> routes below
-//	    POST /v1/payments               fault injection -> service.KeepClaiming -> idem -> createPayment
+//	    POST /v1/payments               fault injection -> idem -> createPayment
 //	                                    (Idempotency-Key required)
 //	    GET  /v1/payments/{id}
 //	    GET  /v1/payments?limit=N
@@ -70,12 +72,8 @@ type api struct {
 // sent to a mistyped path or with another method gets the 404 or 405
 // without a record, so the client can correct the request and keep its key.
 func newHandler(cfg handlerConfig) (http.Handler, error) {
-	store := cfg.Store.Idem()
-	if cfg.Faults != nil && cfg.Faults.stallAfterCharge > 0 {
-		store = &stallingStore{Store: store, faults: cfg.Faults}
-	}
 	mw, err := idem.New(idem.Config{
-		Store:         store,
+		Store:         cfg.Faults.store(cfg.Store.Idem()),
 		Scope:         service.Scope,
 		LeaseDuration: cfg.Lease,
 		RelaySecret:   cfg.RelaySecret,
@@ -88,7 +86,7 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		cfg.WriteMode = WriteInClaim
 	}
 	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults}
-	return a.serve(a.routes(cfg.Faults.wrap(service.KeepClaiming(mw.Handler(http.HandlerFunc(a.createPayment)))))), nil
+	return a.serve(a.routes(cfg.Faults.wrap(mw.Handler(http.HandlerFunc(a.createPayment))))), nil
 }
 
 // routes returns the authenticated routes, with create as POST
@@ -152,7 +150,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	a.faults.maybeCrash(ctx, crashBeforeCharge)
+	a.faults.beforeCharge(ctx)
 
 	// Charge first, then write: the claim's transaction (and with SQLite the
 	// database's one write lock) is only taken once the slow call is over.
@@ -173,7 +171,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	a.log.InfoContext(ctx, "charged", "merchant", merchant, "charge", charge.ID, "provider_replayed", charge.Replayed,
 		"relay_key", relay, "attempt", exec.Attempt, "fencing_token", exec.FencingToken)
-	a.faults.maybeCrash(ctx, crashAfterCharge, "charge", charge.ID)
+	a.faults.afterCharge(ctx, charge.ID)
 	a.faults.stall(ctx)
 
 	p, err := a.store.CreatePayment(ctx, in.payment(merchant, charge.ID), a.writeMode)
@@ -191,7 +189,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the provider's charge is already recorded for another payment")
 		return
 	}
-	a.faults.maybeCrash(ctx, crashAfterWrite, "charge", charge.ID, "payment", p.ID, "write_mode", string(a.writeMode))
+	a.faults.afterWrite(ctx, charge.ID, p.ID, a.writeMode)
 	w.Header().Set("Location", "/v1/payments/"+p.ID)
 	svc.WriteJSON(w, http.StatusCreated, toJSON(p))
 }
@@ -199,14 +197,20 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 // readPayment reads body (all or part of r's) and validates it as a
 // payment. When it is not valid it answers: 415 unsupported-media-type, or
 // 400 invalid-request (with invalid-params when fields are wrong), and
-// returns false.
+// returns false. Under idem, such an answer releases the key
+// (idem.ReleaseKey: nothing was charged yet), so the corrected request with
+// the same key runs instead of getting 422 key-reused (issue 13 item 10).
 func readPayment(w http.ResponseWriter, r *http.Request, body io.Reader) (paymentInput, bool) {
 	b, err := io.ReadAll(body)
 	if err != nil {
+		releaseKey(r)
 		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, "the request body could not be read")
 		return paymentInput{}, false
 	}
 	in, err := parsePaymentInput(r.Header.Get("Content-Type"), b)
+	if err != nil {
+		releaseKey(r)
+	}
 	var ie *inputError
 	switch {
 	case errors.Is(err, errUnsupportedMedia):
@@ -217,6 +221,13 @@ func readPayment(w http.ResponseWriter, r *http.Request, body io.Reader) (paymen
 		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, err.Error())
 	}
 	return in, err == nil
+}
+
+// releaseKey asks idem not to record the answer of r's execution: a
+// validation failure, before any side effect. Outside idem (the naive
+// handler) there is no execution to release.
+func releaseKey(r *http.Request) {
+	_ = idem.ReleaseKey(r.Context()) // idemdriver.ErrNoExecution outside idem: nothing to release
 }
 
 // chargeRequest is the provider's charge for in, keyed with key.
@@ -315,7 +326,8 @@ func parseLimit(values []string) (int, string) {
 	return n, ""
 }
 
-// balance is GET /v1/balance: the merchant's ledger summed per currency.
+// balance is GET /v1/balance: the merchant's ledger summed per currency,
+// exactly (a total past 2^63 is still its exact JSON number).
 func (a *api) balance(w http.ResponseWriter, r *http.Request) {
 	merchant, _ := service.Merchant(r.Context())
 	b, err := a.store.Balance(r.Context(), merchant)
@@ -324,18 +336,29 @@ func (a *api) balance(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, struct {
-		Merchant string           `json:"merchant"`
-		Payments int64            `json:"payments"`
-		Totals   map[string]int64 `json:"totals"`
+		Merchant string              `json:"merchant"`
+		Payments int64               `json:"payments"`
+		Totals   map[string]*big.Int `json:"totals"` // exact JSON numbers, unbounded
 	}{b.Merchant, b.Payments, b.Totals})
 }
 
 // health is GET /healthz: 200 when the database answers a read of idem's
 // table and of the payments table (a ping alone would pass with the tables
-// gone, while every POST fails).
+// gone, while every POST fails) and, on SQLite, the file at the database's
+// path is still the one open (a deleted file keeps answering).
 func (a *api) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
 	defer cancel()
+	if err := a.store.CheckFile(); err != nil {
+		// Every read still succeeds on the deleted inode; the writes would be
+		// lost at the next start.
+		a.log.ErrorContext(ctx, "health check: the database file is gone", "err", err)
+		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable,
+			"the database file was deleted or replaced since the service opened it; restart the service")
+		p.RetryAfter = time.Second
+		p.Write(w)
+		return
+	}
 	// The two reads reach the database (no separate ping needed) and fail
 	// when a table is gone, which a ping would not notice.
 	_, err := a.store.Idem().Get(ctx, idemdriver.GetParams{Scope: healthProbe, Key: healthProbe})

@@ -33,7 +33,8 @@ func (d slowClaimDriver) Claim(ctx context.Context, p idemdriver.ClaimParams) (i
 }
 
 // TestClientHangUpDuringClaim: the client hangs up while idem's claim
-// statement runs. service.KeepClaiming detaches the claim from the client, so the
+// statement runs. idem's claim does not hang on the client's context (it no longer needs
+// the KeepClaiming wrapper the services once had), so the
 // payment is made, and the retry gets it at once instead of 409 for a whole
 // lease from a key claimed by nobody.
 func TestClientHangUpDuringClaim(t *testing.T) {

@@ -8,7 +8,7 @@
 //	          [--psp-url URL] [--psp-timeout 5s] [--psp-latency 300ms]
 //	          [--relay-secret S] [--lease 30s] [--write-mode claim|separate]
 //	          [--shutdown-timeout 15s] [--log-format json|text]
-//	          [--crash-<point> P] [--stall-after-charge D]
+//	          [--crash-<point> P] [--stall-after-charge D]   (-tags idemfaults)
 //	          [--naive [--redis-url URL] [--naive-ttl 24h]]
 //
 // --database-url selects the database: empty (an SQLite file paymentsd.db in
@@ -39,10 +39,13 @@
 //	GET  /v1/payments/{id}   one payment of the merchant, else 404
 //	GET  /v1/payments?limit=N  the newest N (default 10, at most 100):
 //	                         {"data":[...],"has_more":bool}
-//	GET  /v1/balance         {"merchant":..,"payments":N,"totals":{"JPY":..}}
+//	GET  /v1/balance         {"merchant":..,"payments":N,"totals":{"JPY":..}},
+//	                         each total the exact sum (a JSON number past
+//	                         2^63 if need be)
 //	GET  /healthz            200 {"status":"ok"} when the database answers a
-//	                         read of idem's table and the payments table,
-//	                         else 503
+//	                         read of idem's table and the payments table
+//	                         and, on SQLite, the file at the path is the one
+//	                         open (not deleted or replaced); else 503
 //
 // Only POST /v1/payments goes through idem: a key sent to another route or
 // with another method gets its 404 or 405 without a record. The reads
@@ -65,6 +68,10 @@
 // Idempotency-Key: the relayed key; --psp-timeout bounds each charge.
 //
 // # Fault injection
+//
+// Only a binary built with the tag idemfaults (go build -tags idemfaults
+// ./cmd/paymentsd; e2e and cmd/idemstorm build it so) has these flags; a
+// normal build carries no fault injection at all.
 //
 // --crash-<point> P kills the process with SIGKILL, with probability P, when
 // a POST /v1/payments reaches point: before-claim, before-charge,

@@ -1,11 +1,16 @@
+//go:build idemfaults
+
 package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +18,12 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/internal/service"
 )
+
+// This file and crash_*.go are the fault injection of the crash and storm
+// proofs (e2e, cmd/idemstorm): compiled only with the build tag idemfaults
+// (go build -tags idemfaults ./cmd/paymentsd). The binary built without it
+// has no --crash-* or --stall-after-charge flag and carries none of this
+// (nofaults.go: the hooks do nothing).
 
 // Crash points of a POST /v1/payments, in the order a request passes them.
 // The flag --crash-<point> P makes the process kill itself (SIGKILL: no
@@ -211,6 +222,83 @@ func (c *crashWriter) Write(b []byte) (int, error) {
 
 // Unwrap keeps http.ResponseController working through the wrapper.
 func (c *crashWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// faultOptions are the fault-injection flags.
+type faultOptions struct {
+	// crash maps each crash point to its --crash-<point> probability.
+	crash            map[string]float64
+	stallAfterCharge time.Duration
+	rates            []float64 // the flags' values, in crashPoints order
+}
+
+// register adds --crash-<point> and --stall-after-charge to fs.
+func (o *faultOptions) register(fs *flag.FlagSet) {
+	o.crash = map[string]float64{}
+	o.rates = make([]float64, len(crashPoints))
+	for i, point := range crashPoints {
+		fs.Float64Var(&o.rates[i], "crash-"+point, 0, "fault injection: probability (0 to 1) of killing the process (SIGKILL) at the crash point "+point+" of a POST /v1/payments")
+	}
+	fs.DurationVar(&o.stallAfterCharge, "stall-after-charge", 0, "fault injection: after each charge, pause the request and lease renewal for this long, then write (a slow, not dead, owner)")
+}
+
+// validate checks the parsed flags and fills crash.
+func (o *faultOptions) validate() error {
+	for i, point := range crashPoints {
+		if err := parseRate("crash-"+point, o.rates[i]); err != nil {
+			return err
+		}
+		if o.rates[i] > 0 {
+			o.crash[point] = o.rates[i]
+		}
+	}
+	if o.stallAfterCharge < 0 {
+		return errors.New("--stall-after-charge must not be negative")
+	}
+	return nil
+}
+
+// build returns the faults the flags ask for, nil when none.
+func (o *faultOptions) build(log *slog.Logger) *faults {
+	if len(o.crash) == 0 && o.stallAfterCharge <= 0 {
+		return nil
+	}
+	return &faults{crash: o.crash, stallAfterCharge: o.stallAfterCharge, log: log}
+}
+
+// describe lists the injected faults for the log ("" for none).
+func (o *faultOptions) describe() string {
+	var parts []string
+	for _, point := range crashPoints {
+		if p := o.crash[point]; p > 0 {
+			parts = append(parts, fmt.Sprintf("crash-%s=%g", point, p))
+		}
+	}
+	if o.stallAfterCharge > 0 {
+		parts = append(parts, "stall-after-charge="+o.stallAfterCharge.String())
+	}
+	return strings.Join(parts, " ")
+}
+
+// store returns idem's store as the faults need it: with lease renewals
+// that wait out a stall (stallingStore) when --stall-after-charge is set.
+func (f *faults) store(s idem.Store) idem.Store {
+	if f == nil || f.stallAfterCharge <= 0 {
+		return s
+	}
+	return &stallingStore{Store: s, faults: f}
+}
+
+// beforeCharge, afterCharge and afterWrite are the crash points inside
+// the handler.
+func (f *faults) beforeCharge(ctx context.Context) { f.maybeCrash(ctx, crashBeforeCharge) }
+
+func (f *faults) afterCharge(ctx context.Context, charge string) {
+	f.maybeCrash(ctx, crashAfterCharge, "charge", charge)
+}
+
+func (f *faults) afterWrite(ctx context.Context, charge, payment string, mode WriteMode) {
+	f.maybeCrash(ctx, crashAfterWrite, "charge", charge, "payment", payment, "write_mode", string(mode))
+}
 
 // parseRate reads a probability from 0 to 1.
 func parseRate(name string, p float64) error {

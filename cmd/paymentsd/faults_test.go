@@ -1,7 +1,10 @@
+//go:build idemfaults
+
 package main
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -174,4 +177,38 @@ func testStalledOwnerIsFencedOut(t *testing.T, store Store, mode WriteMode) {
 	again := a.postJSON("acme", "stall-1", paymentBody)
 	require.Equal(t, "true", again.header.Get(idem.HeaderReplayed))
 	require.Equal(t, r.body, again.body, "the key's result is B's")
+}
+
+func TestStalledOwnerIsFencedOutPostgres(t *testing.T) {
+	t.Parallel()
+	testStalledOwnerIsFencedOut(t, newPGTestStore(t), WriteInClaim)
+}
+
+func TestStalledOwnerIsFencedOutMySQL(t *testing.T) {
+	t.Parallel()
+	testStalledOwnerIsFencedOut(t, newMySQLTestStore(t), WriteInClaim)
+}
+
+// The fault-injection flags (TestParseFlags has the others).
+func TestParseFaultFlags(t *testing.T) {
+	t.Parallel()
+	o, err := parseFlags(nil, io.Discard, nil)
+	require.NoError(t, err)
+	require.Empty(t, o.faults.crash)
+	require.Zero(t, o.faults.stallAfterCharge)
+	require.Empty(t, o.faults.describe())
+	require.Nil(t, o.faults.build(discardLogger()))
+
+	o, err = parseFlags([]string{"--crash-after-charge", "1", "--crash-on-replay", "0.25", "--stall-after-charge", "3s"}, io.Discard, nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]float64{crashAfterCharge: 1, crashOnReplay: 0.25}, o.faults.crash)
+	require.Equal(t, 3*time.Second, o.faults.stallAfterCharge)
+	require.Equal(t, "crash-after-charge=1 crash-on-replay=0.25 stall-after-charge=3s", o.faults.describe())
+	require.True(t, o.faults.build(discardLogger()).enabled())
+
+	for _, bad := range [][]string{{"--crash-after-charge", "1.5"}, {"--crash-before-claim", "-0.1"},
+		{"--crash-after-commit", "NaN"}, {"--stall-after-charge", "-1s"}} {
+		_, err := parseFlags(bad, io.Discard, nil)
+		require.Error(t, err, "%v", bad)
+	}
 }

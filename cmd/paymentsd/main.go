@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -41,9 +40,8 @@ type options struct {
 	shutdownTimeout time.Duration
 	logFormat       string
 
-	// crash maps each crash point to its --crash-<point> probability.
-	crash            map[string]float64
-	stallAfterCharge time.Duration
+	// faults are the fault-injection flags (-tags idemfaults only).
+	faults faultOptions
 
 	// naive replaces idem with the naive Redis cache, for comparison
 	// (naive.go).
@@ -53,7 +51,7 @@ type options struct {
 // parseFlags reads the command line; getenv supplies EnvRelaySecret when
 // --relay-secret is absent.
 func parseFlags(args []string, output io.Writer, getenv func(string) string) (options, error) {
-	o := options{crash: map[string]float64{}}
+	var o options
 	fs := flag.NewFlagSet("paymentsd", flag.ContinueOnError)
 	fs.SetOutput(output)
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "address to listen on")
@@ -67,22 +65,13 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	mode := fs.String("write-mode", string(WriteInClaim), "where a payment's rows are written: claim (in the claim's transaction, committed with idem's record) or separate (committed on their own first; for comparison)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long to wait for in-flight requests on SIGINT/SIGTERM")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
-	crash := make([]float64, len(crashPoints))
-	for i, point := range crashPoints {
-		fs.Float64Var(&crash[i], "crash-"+point, 0, "fault injection: probability (0 to 1) of killing the process (SIGKILL) at the crash point "+point+" of a POST /v1/payments")
-	}
-	fs.DurationVar(&o.stallAfterCharge, "stall-after-charge", 0, "fault injection: after each charge, pause the request and lease renewal for this long, then write (a slow, not dead, owner)")
+	o.faults.register(fs)
 	registerNaiveFlags(fs, &o.naive)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
-	for i, point := range crashPoints {
-		if err := parseRate("crash-"+point, crash[i]); err != nil {
-			return o, err
-		}
-		if crash[i] > 0 {
-			o.crash[point] = crash[i]
-		}
+	if err := o.faults.validate(); err != nil {
+		return o, err
 	}
 	o.writeMode = WriteMode(*mode)
 	if o.relaySecret == "" && getenv != nil {
@@ -101,8 +90,6 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 		return o, errors.New("--psp-timeout must be positive")
 	case o.writeMode != WriteInClaim && o.writeMode != WriteSeparate:
 		return o, fmt.Errorf("--write-mode must be claim or separate, not %q", o.writeMode)
-	case o.stallAfterCharge < 0:
-		return o, errors.New("--stall-after-charge must not be negative")
 	}
 	if err := o.naive.validate(); err != nil {
 		return o, err
@@ -144,10 +131,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		provider = NewHTTPProvider(o.pspURL, o.pspTimeout)
 		psp = o.pspURL + ", timeout " + o.pspTimeout.String()
 	}
-	var flt *faults
-	if len(o.crash) > 0 || o.stallAfterCharge > 0 {
-		flt = &faults{crash: o.crash, stallAfterCharge: o.stallAfterCharge, log: log}
-	}
+	flt := o.faults.build(log)
 	hcfg := handlerConfig{
 		Store: store, Provider: provider, Logger: log, Lease: o.lease,
 		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt,
@@ -169,26 +153,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	kind, target, _ := parseDatabaseURL(o.databaseURL) // openStore took it
 	attrs := []any{"database", service.DescribeDatabase(kind, target),
 		"psp", psp, "lease", o.lease.String(), "write_mode", string(o.writeMode), "relay_secret", o.relaySecret != ""}
-	if flt.enabled() {
-		attrs = append(attrs, "faults", describeFaults(o))
+	if d := o.faults.describe(); d != "" {
+		attrs = append(attrs, "faults", d)
 	}
 	if o.naive.enabled {
 		attrs = append(attrs, "mode", o.naive.describe())
 	}
 	srv := service.Server{Addr: o.addr, Handler: handler, Log: log, ShutdownTimeout: o.shutdownTimeout, Stop: stop}
 	return srv.Serve(ctx, attrs...)
-}
-
-// describeFaults lists the injected faults for the log.
-func describeFaults(o options) string {
-	var parts []string
-	for _, point := range crashPoints {
-		if p := o.crash[point]; p > 0 {
-			parts = append(parts, fmt.Sprintf("crash-%s=%g", point, p))
-		}
-	}
-	if o.stallAfterCharge > 0 {
-		parts = append(parts, "stall-after-charge="+o.stallAfterCharge.String())
-	}
-	return strings.Join(parts, " ")
 }

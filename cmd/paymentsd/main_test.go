@@ -43,11 +43,10 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, options{addr: "127.0.0.1:8080", pspLatency: 300 * time.Millisecond, pspTimeout: 5 * time.Second,
 		lease: 30 * time.Second, writeMode: WriteInClaim, shutdownTimeout: 15 * time.Second, logFormat: "json",
-		crash: map[string]float64{}}, o)
+		faults: o.faults}, o) // faultOptions: TestParseFaultFlags (-tags idemfaults)
 
 	o, err = parseFlags([]string{"--addr", ":9", "--database-url", "x.db", "--psp-latency", "1s", "--lease", "5s", "--log-format", "text",
-		"--psp-url", "http://127.0.0.1:8090", "--psp-timeout", "2s", "--write-mode", "separate",
-		"--crash-after-charge", "1", "--crash-on-replay", "0.25", "--stall-after-charge", "3s"}, io.Discard, nil)
+		"--psp-url", "http://127.0.0.1:8090", "--psp-timeout", "2s", "--write-mode", "separate"}, io.Discard, nil)
 	require.NoError(t, err)
 	require.Equal(t, ":9", o.addr)
 	require.Equal(t, "x.db", o.databaseURL)
@@ -56,9 +55,6 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, "http://127.0.0.1:8090", o.pspURL)
 	require.Equal(t, 2*time.Second, o.pspTimeout)
 	require.Equal(t, WriteSeparate, o.writeMode)
-	require.Equal(t, map[string]float64{crashAfterCharge: 1, crashOnReplay: 0.25}, o.crash)
-	require.Equal(t, 3*time.Second, o.stallAfterCharge)
-	require.Equal(t, "crash-after-charge=1 crash-on-replay=0.25 stall-after-charge=3s", describeFaults(o))
 
 	// The relay secret: the flag, else the environment.
 	env := func(name string) string { return map[string]string{EnvRelaySecret: "from-env"}[name] }
@@ -70,8 +66,7 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, "from-flag", o.relaySecret)
 
 	for _, bad := range [][]string{{"--lease", "500ms"}, {"--psp-latency", "-1s"}, {"--log-format", "xml"}, {"extra"}, {"--nope"},
-		{"--psp-timeout", "0s"}, {"--write-mode", "both"}, {"--crash-after-charge", "1.5"}, {"--crash-before-claim", "-0.1"},
-		{"--crash-after-commit", "NaN"}, {"--stall-after-charge", "-1s"}, {"--psp-url", "127.0.0.1:8090"},
+		{"--psp-timeout", "0s"}, {"--write-mode", "both"}, {"--psp-url", "127.0.0.1:8090"},
 		{"--psp-url", "ftp://h"}, {"--psp-url", "http://h?x=1"}} {
 		_, err := parseFlags(bad, io.Discard, nil)
 		require.Error(t, err, "%v", bad)

@@ -43,8 +43,3 @@ func TestChargeRecordedOnceMySQL(t *testing.T) {
 		})
 	}
 }
-
-func TestStalledOwnerIsFencedOutMySQL(t *testing.T) {
-	t.Parallel()
-	testStalledOwnerIsFencedOut(t, newMySQLTestStore(t), WriteInClaim)
-}

@@ -289,7 +289,7 @@ func (a *api) createPaymentNaive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	a.faults.maybeCrash(ctx, crashBeforeCharge)
+	a.faults.beforeCharge(ctx)
 	// No relayed key: each execution asks for a new charge.
 	providerKey := service.NewID("naive")
 	charge, err := a.provider.Charge(ctx, in.chargeRequest(providerKey, merchant))
@@ -297,14 +297,14 @@ func (a *api) createPaymentNaive(w http.ResponseWriter, r *http.Request) {
 		a.providerFailed(w, r, providerKey, err)
 		return
 	}
-	a.faults.maybeCrash(ctx, crashAfterCharge, "charge", charge.ID)
+	a.faults.afterCharge(ctx, charge.ID)
 	a.faults.stall(ctx)
 	p, err := a.store.CreatePayment(ctx, in.payment(merchant, charge.ID), WriteSeparate)
 	if err != nil {
 		a.storeFailed(w, r, "recording the payment", err)
 		return
 	}
-	a.faults.maybeCrash(ctx, crashAfterWrite, "charge", charge.ID, "payment", p.ID, "write_mode", string(WriteSeparate))
+	a.faults.afterWrite(ctx, charge.ID, p.ID, WriteSeparate)
 	w.Header().Set("Location", "/v1/payments/"+p.ID)
 	svc.WriteJSON(w, http.StatusCreated, toJSON(p))
 }

@@ -25,8 +25,3 @@ func TestChargeRecordedOncePostgres(t *testing.T) {
 		})
 	}
 }
-
-func TestStalledOwnerIsFencedOutPostgres(t *testing.T) {
-	t.Parallel()
-	testStalledOwnerIsFencedOut(t, newPGTestStore(t), WriteInClaim)
-}

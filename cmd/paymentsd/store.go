@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"errors"
+	"math/big"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -43,8 +44,11 @@ type Payment struct {
 // Balance sums a merchant's ledger.
 type Balance struct {
 	Merchant string
-	Payments int64            // ledger entries (one per payment)
-	Totals   map[string]int64 // currency -> sum of amounts, minor units
+	Payments int64 // ledger entries (one per payment)
+	// Totals maps a currency to the exact sum of its amounts, in minor
+	// units: unbounded (1024 payments of MaxAmount already pass the largest
+	// int64), so it is never wrapped or clamped.
+	Totals map[string]*big.Int
 }
 
 // WriteMode says where POST /v1/payments writes its rows (--write-mode).
@@ -84,6 +88,10 @@ type Store interface {
 	Payments(ctx context.Context, merchant string, limit int) ([]Payment, error)
 	// Balance sums the merchant's ledger entries per currency.
 	Balance(ctx context.Context, merchant string) (Balance, error)
+	// CheckFile reports an error when the SQLite file at the database's
+	// path is not the one open (deleted or replaced); nil on the servers
+	// (service.DB.CheckFile).
+	CheckFile() error
 	// Close closes the database.
 	Close() error
 }
@@ -116,20 +124,21 @@ func openStore(ctx context.Context, databaseURL string) (Store, error) {
 	}
 }
 
-// sumBalance reads merchant's balance from rows of (currency, count,
-// total), one per currency.
+// sumBalance reads merchant's balance from rows of (currency, count, high,
+// low), one per currency, where high and low sum the amounts' high and low
+// 32 bits (service.SumColumns).
 func sumBalance(merchant string, rows service.Rows) (Balance, error) {
-	b := Balance{Merchant: merchant, Totals: map[string]int64{}}
+	b := Balance{Merchant: merchant, Totals: map[string]*big.Int{}}
 	for rows.Next() {
 		var (
-			currency     string
-			count, total int64
+			currency         string
+			count, high, low int64
 		)
-		if err := rows.Scan(&currency, &count, &total); err != nil {
+		if err := rows.Scan(&currency, &count, &high, &low); err != nil {
 			return Balance{}, err
 		}
 		b.Payments += count
-		b.Totals[currency] = total
+		b.Totals[currency] = service.JoinSum(high, low)
 	}
 	return b, rows.Err()
 }

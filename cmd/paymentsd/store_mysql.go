@@ -18,7 +18,7 @@ import (
 // on its own commits in READ COMMITTED.
 func onMySQL(db *service.DB) *sqlStore {
 	return &sqlStore{DB: db, separateTx: &sql.TxOptions{Isolation: sql.LevelReadCommitted}, claimTx: idemmysql.Tx,
-		insert: insertMySQLPayment, scan: scanMySQLPayment, sumAmount: `CAST(SUM(amount) AS SIGNED)`}
+		insert: insertMySQLPayment, scan: scanMySQLPayment, sumAmount: service.SumColumns(`amount`, func(sum string) string { return `CAST(` + sum + ` AS SIGNED)` })}
 }
 
 // insertMySQLPayment writes p and its ledger entry in tx (READ COMMITTED),

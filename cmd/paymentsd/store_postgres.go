@@ -91,7 +91,7 @@ func (s *postgresStore) Payments(ctx context.Context, merchant string, limit int
 }
 
 func (s *postgresStore) Balance(ctx context.Context, merchant string) (Balance, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT currency, COUNT(*), SUM(amount)::bigint FROM ledger_entries
+	rows, err := s.Pool.Query(ctx, `SELECT currency, COUNT(*), `+service.SumColumns(`amount`, func(sum string) string { return sum + `::bigint` })+` FROM ledger_entries
 		WHERE merchant = $1 GROUP BY currency ORDER BY currency`, merchant)
 	if err != nil {
 		return Balance{}, err

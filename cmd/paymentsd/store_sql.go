@@ -23,7 +23,8 @@ type sqlStore struct {
 	insert func(ctx context.Context, tx *sql.Tx, p NewPayment) (Payment, error)
 	// scan reads a payment selected as paymentColumns.
 	scan func(row scanner) (Payment, error)
-	// sumAmount sums ledger_entries.amount as a 64-bit integer, in SQL.
+	// sumAmount is service.SumColumns of amount for the database: two
+	// 64-bit sums that make the exact total.
 	sumAmount string
 }
 

@@ -14,7 +14,7 @@ import (
 // onSQLite is the Store on an embedded SQLite file (idemsqlite).
 func onSQLite(db *service.DB) *sqlStore {
 	return &sqlStore{DB: db, claimTx: idemsqlite.Tx, insert: insertSQLitePayment, scan: scanSQLitePayment,
-		sumAmount: `SUM(amount)`}
+		sumAmount: service.SumColumns(`amount`, func(sum string) string { return sum })}
 }
 
 // sqliteNow is SQLite's clock in integer microseconds.

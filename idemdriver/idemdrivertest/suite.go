@@ -277,6 +277,7 @@ func runDriver(t *testing.T, h Harness) {
 				require.NoError(t, err)
 				requireDecision(t, tc.want, read, res, p)
 				require.Equal(t, tc.wantClaimed, res.Claimed)
+				require.Equal(t, tc.want == idemdriver.DecisionTakeOver, res.TookOver, "TookOver says a takeover, and only a takeover")
 				require.Equal(t, tc.wantState, res.Record.State)
 				if tc.wantClaimed {
 					require.Equal(t, p.Fingerprint, res.Record.Fingerprint)

@@ -1,6 +1,7 @@
 // Package dburl reads the --database-url of idem's commands (paymentsd,
-// fakepsp, idem): one set of rules, so the same URL names the same database
-// in each of them.
+// fakepsp, idem, idemstorm) and opens idem's store on it: one set of rules
+// (Parse) and one opener (Open), so the same URL names the same database,
+// opened the same way, in each of them.
 package dburl
 
 import (

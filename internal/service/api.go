@@ -180,21 +180,6 @@ func ParseAuthorization(values []string) (string, error) {
 	return merchant, nil
 }
 
-// KeepClaiming detaches the request's context from the client's connection
-// before idem claims the key. idem runs its claim statement on the request's
-// context: when the client hangs up during that statement, the database may
-// commit the claim (PROCESSING) while the driver reports the cancellation,
-// and idem then returns without running the handler, so the key stays
-// claimed by nobody until its lease runs out (30 s by default), answering
-// 409 to every retry meanwhile. Detached, the claim completes and the
-// handler runs (idem detaches the handler's own context anyway), and the
-// client's retry gets its result. Put it right before idem's middleware.
-func KeepClaiming(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
-	})
-}
-
 // NewID returns prefix + "_" + a version 7 (time-ordered) UUID, for
 // example "pay_01a22bbf-f66a-73bd-accc-26f42c5fbd2c"; a random (version 4)
 // UUID if the clock cannot give one.

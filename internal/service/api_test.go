@@ -133,18 +133,6 @@ func TestWriteJSON(t *testing.T) {
 	require.Contains(t, w.Body.String(), `"type":"https://example.com/svctest#internal-error"`)
 }
 
-func TestKeepClaiming(t *testing.T) {
-	t.Parallel()
-	type key struct{}
-	var nextCtx context.Context
-	h := KeepClaiming(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { nextCtx = r.Context() }))
-	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
-	cancel() // the client hung up
-	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/", nil).WithContext(ctx))
-	require.NoError(t, nextCtx.Err(), "detached from the client")
-	require.Equal(t, "v", nextCtx.Value(key{}), "with the request's values")
-}
-
 func TestNewID(t *testing.T) {
 	t.Parallel()
 	id := NewID("pay")

@@ -12,9 +12,6 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/idemmysql"
-	"github.com/idemgo/idem/idempgx"
-	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dburl"
 )
 
@@ -55,7 +52,8 @@ type DB struct {
 		Migrate(ctx context.Context) error
 		MigrateFS(ctx context.Context, fsys fs.FS, versionTable string) error
 	}
-	close func() error
+	close     func() error
+	checkFile func() error
 }
 
 // Rows is what the rows of a query on database/sql (*sql.Rows) and on pgx
@@ -96,10 +94,13 @@ func DescribeDatabase(kind, target string) string {
 // and migrates it: idem's migrations first, then schema's, with goose,
 // recorded in schema.VersionTable. Migrating is safe on every start.
 //
+// The database is opened by dburl.Open, the opener every command shares.
+//
 //   - PostgreSQL (dburl.Postgres): a pgxpool on the URL (pgxpool syntax:
 //     search_path=SCHEMA picks the schema; behind pgbouncer's transaction
-//     pooling add default_query_exec_mode=exec), pinged before use. Errors
-//     opening it start with "postgres: ".
+//     pooling add default_query_exec_mode=exec), checked by reading whether
+//     idem_keys is partitioned (a partitioned table gets idempgx's
+//     partitioned driver). Errors opening it start with "postgres: ".
 //   - MySQL or MariaDB (dburl.MySQL): idemmysql.Open (idemmysql.ParseURL's
 //     URL form); an error when the URL names no database. A migration that
 //     fails part-way is an *idemmysql.MigrateError.
@@ -114,33 +115,14 @@ func DescribeDatabase(kind, target string) string {
 // (idemmigrate.DefaultLockTimeout); one left by a process that died runs
 // out within 30 seconds. On any error, nothing is left open.
 func Open(ctx context.Context, kind, target string, schema Schema) (*DB, error) {
-	var d *DB
-	switch kind {
-	case dburl.Postgres:
-		pool, err := pgxpool.New(ctx, target)
-		if err != nil {
-			return nil, fmt.Errorf("postgres: %w", err)
-		}
-		if err := pool.Ping(ctx); err != nil {
-			pool.Close()
-			return nil, fmt.Errorf("postgres: %w", err)
-		}
-		d = &DB{Kind: kind, Pool: pool, driver: idempgx.New(pool), close: func() error { pool.Close(); return nil }}
-	case dburl.MySQL:
-		drv, err := idemmysql.Open(ctx, target)
-		if err != nil {
-			return nil, err
-		}
-		d = &DB{Kind: kind, SQL: drv.DB(), driver: drv, close: drv.Close}
-	case dburl.SQLite:
-		drv, err := idemsqlite.Open(ctx, target)
-		if err != nil {
-			return nil, err
-		}
-		d = &DB{Kind: kind, SQL: drv.DB(), driver: drv, close: drv.Close}
-	default:
+	if kind != dburl.Postgres && kind != dburl.MySQL && kind != dburl.SQLite {
 		return nil, fmt.Errorf("%s: unknown kind of database %q", schema.Service, kind)
 	}
+	st, err := dburl.Open(ctx, kind, target, dburl.Options{})
+	if err != nil {
+		return nil, err
+	}
+	d := &DB{Kind: kind, Pool: st.Pool, SQL: st.SQL, driver: st.Driver, close: st.Close, checkFile: st.CheckFile}
 	if err := d.migrate(ctx, schema); err != nil {
 		d.Close()
 		return nil, err
@@ -158,6 +140,12 @@ func (d *DB) Ping(ctx context.Context) error {
 	}
 	return d.SQL.PingContext(ctx)
 }
+
+// CheckFile reports an error wrapping dburl.ErrFileChanged when the SQLite
+// file at the database's path was deleted or replaced since Open (the
+// service would write to a file nothing opens again); nil on PostgreSQL and
+// MySQL. See dburl.Store.CheckFile.
+func (d *DB) CheckFile() error { return d.checkFile() }
 
 // Close closes the database (idem's driver and the pool under it).
 func (d *DB) Close() error { return d.close() }

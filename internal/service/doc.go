@@ -2,10 +2,12 @@
 // and cmd/fakepsp, share; each command keeps its own flags, schema and
 // handlers.
 //
-//   - The database (Open, DB): the --database-url opened as idem's driver
-//     (idempgx, idemmysql or idemsqlite) plus a handle for the service's own
-//     queries, migrated first with idem's migrations and then with the
-//     service's goose migrations (Schema), recorded in its own version table.
+//   - The database (Open, DB): the --database-url opened by dburl.Open as
+//     idem's driver (idempgx, idemmysql or idemsqlite) plus a handle for the
+//     service's own queries, migrated first with idem's migrations and then
+//     with the service's goose migrations (Schema), recorded in its own
+//     version table; DB.CheckFile notices a SQLite file deleted under it.
+//   - Exact sums (SumColumns, JoinSum): totals of amounts past 2^63.
 //   - The API key (API.Authenticate, Merchant, Scope): "Authorization: Bearer
 //     sk_test_<merchant>", where the merchant is idem's scope, and the 401
 //     problem when it is missing or invalid.
@@ -20,5 +22,7 @@
 //
 //	LogRequests
 //	  GET /healthz (no authentication)
-//	  everything else: API.Authenticate -> ... -> KeepClaiming -> idem -> routes
+//	  everything else: API.Authenticate -> routes, idem wrapping only the
+//	  routes with a side effect (never the router: a mistyped path's 404
+//	  would use the key up)
 package service
