@@ -73,19 +73,7 @@ func (d *Driver) claimIn(ctx context.Context, tx pgx.Tx, args []any) (res idemdr
 	if err != nil {
 		return res, err
 	}
-	found := false
-	for rows.Next() {
-		if found {
-			rows.Close()
-			return res, errors.New("idempgx: more than one record for one (scope, key)")
-		}
-		res.Record, err = scanRecord(rows, &res.Claimed, &res.TookOver) // as in Claim
-		found = true
-	}
-	rows.Close()
-	if err == nil {
-		err = rows.Err()
-	}
+	res, found, err := scanClaim(rows)
 	if err == nil && !found {
 		err = errClaimRaced
 	}

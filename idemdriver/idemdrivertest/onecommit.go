@@ -122,17 +122,12 @@ func runOneCommit(t *testing.T, h Harness) {
 		_, tc := claimer(t)
 		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
 		require.True(t, res.Claimed)
-		type result struct {
-			res idemdriver.ClaimResult
-			tx  idemdriver.Tx
-			err error
-		}
-		dup := make(chan result, 1)
+		dup := make(chan claimTxResult, 1)
 		started := make(chan struct{})
 		go func() {
 			close(started)
 			r, tx, err := tc.ClaimTx(ctx, params("acct", "k", "body"), 20*time.Second)
-			dup <- result{r, tx, err}
+			dup <- claimTxResult{r, tx, err}
 		}()
 		<-started
 		completeCommit(t, tx, res.Record, `{"id":1}`)
@@ -149,15 +144,10 @@ func runOneCommit(t *testing.T, h Harness) {
 		d, tc := claimer(t)
 		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
 		require.True(t, res.Claimed)
-		type result struct {
-			res idemdriver.ClaimResult
-			tx  idemdriver.Tx
-			err error
-		}
-		dup := make(chan result, 1)
+		dup := make(chan claimTxResult, 1)
 		go func() {
 			r, tx, err := tc.ClaimTx(ctx, params("acct", "k", "body"), 20*time.Second)
-			dup <- result{r, tx, err}
+			dup <- claimTxResult{r, tx, err}
 		}()
 		require.NoError(t, tx.Rollback(ctx))
 		got := <-dup
@@ -330,6 +320,13 @@ func runOneCommit(t *testing.T, h Harness) {
 		require.True(t, strings.Contains(err.Error(), "TxClaimer"), err.Error())
 		require.False(t, errors.Is(err, idemdriver.ErrLockWait))
 	})
+}
+
+// claimTxResult is what a concurrent ClaimTx returned.
+type claimTxResult struct {
+	res idemdriver.ClaimResult
+	tx  idemdriver.Tx
+	err error
 }
 
 // noTxClaimer hides a driver's optional interfaces.
