@@ -293,8 +293,10 @@ type Config struct {
 	// key that a one-commit execution holds, before it is answered 409
 	// request-in-flight; when the owner commits first, the request gets the
 	// replay. The waiting request holds a connection of the store's pool
-	// meanwhile. MySQL counts this wait in whole seconds (rounded up); on
-	// SQLite it is the wait for the database's write lock. Default: 2 s.
+	// meanwhile. SQLite does not use it: there a request waits for the
+	// database's single write lock (idemsqlite.BusyTimeout), which every
+	// key's transaction takes, and gets the replay once the owner commits.
+	// Default: 2 s.
 	OneCommitWait time.Duration
 
 	// Logger receives store errors and lost leases, each call with the

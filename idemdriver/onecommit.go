@@ -28,9 +28,10 @@ var ErrLockWait = errors.New("idemdriver: the key's record stayed locked by anot
 // it claims.
 type TxClaimer interface {
 	// ClaimTx begins a transaction and runs Claim's decision in it (the
-	// rows of Driver.Claim and Decide), waiting at most wait (at least one
-	// second on MySQL, whose lock wait timeout counts whole seconds) for a
-	// row lock another transaction holds on the key.
+	// rows of Driver.Claim and Decide), waiting at most wait for a row lock
+	// another transaction holds on the key. A single-writer database
+	// (SingleWriter) waits for its write lock as every transaction does
+	// instead, and never returns ErrLockWait.
 	//
 	// When the result is Claimed, tx is open: the record is PROCESSING in
 	// it, uncommitted, and the caller writes in tx, completes with

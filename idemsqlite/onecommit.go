@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
@@ -17,8 +16,10 @@ var _ idemdriver.TxClaimer = (*Driver)(nil)
 // be claimed is answered from that read (one statement; WAL readers never
 // wait for the writer). Otherwise it begins the transaction (BEGIN
 // IMMEDIATE: it waits for SQLite's single write lock, which a one-commit
-// execution of any key holds until it commits, for at most wait, then
-// reports idemdriver.ErrLockWait) and runs the claim's upsert in it; when
+// execution of any key holds until it commits, up to BusyTimeout as every
+// transaction does; wait is not used and ErrLockWait never returned: a
+// bound for one key's wait would refuse other keys' requests, which queue
+// for the same lock) and runs the claim's upsert in it; when
 // the upsert loses (the record changed between the read and BEGIN), the
 // record is read again under the write lock and answered. Statements of a
 // first execution: the read, BEGIN and the upsert.
@@ -43,26 +44,14 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 		return idemdriver.ClaimResult{Record: read}, nil, nil
 	}
 
-	// database/sql ends the transaction when the context it began on ends:
-	// bound the wait for BEGIN by cancelling that context only while BEGIN
-	// has not returned.
-	bctx, cancel := context.WithCancel(ctx)
-	timer := time.AfterFunc(max(wait, time.Millisecond), cancel)
-	tx, err := d.db.BeginTx(bctx, nil)
-	if !timer.Stop() {
-		if err == nil {
-			_ = tx.Rollback()
-		}
-		return idemdriver.ClaimResult{}, nil, fmt.Errorf("idemsqlite: %w (%s)", idemdriver.ErrLockWait, wait)
-	}
-	if isBusy(err) {
-		cancel()
-		return idemdriver.ClaimResult{}, nil, fmt.Errorf("idemsqlite: %w: %w", idemdriver.ErrLockWait, err)
-	}
+	// BEGIN IMMEDIATE waits for the write lock as every transaction does
+	// (BusyTimeout): the lock is the database's, not the key's, so a bound
+	// of one key's wait would refuse other keys' requests under load.
+	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
-		cancel()
 		return idemdriver.ClaimResult{}, nil, err
 	}
+	cancel := func() {}
 	end := func() { _ = tx.Rollback(); cancel() }
 	rec, err := scanRecord(tx.StmtContext(ctx, d.stmts.claim).QueryRowContext(ctx, args...), nil)
 	if err == nil {
