@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -213,6 +214,41 @@ func runOneCommit(t *testing.T, h Harness) {
 		require.Equal(t, 1, n, "exactly one business row")
 		require.Equal(t, racers, counts[201]+counts[409], "answers: %v", counts)
 		require.Equal(t, counts[201]-1, replays, "every 201 but the owner's is a replay")
+	})
+
+	// Requests of distinct keys never answer each other's wait: on a
+	// single writer they queue for the write lock (a bound on one key's
+	// wait must not refuse them), elsewhere they lock distinct rows.
+	t.Run("DistinctKeysAllRun", func(t *testing.T) {
+		t.Parallel()
+		d, _ := claimer(t)
+		biz := h.Business(t, d)
+		a := &app{biz: biz, rowPrefix: "dk:"}
+		cfg := idem.Config{OneCommit: true}
+		if h.SingleWriter {
+			cfg.OneCommitWait = time.Millisecond // the bound that would refuse queued writers
+		}
+		s := newServer(t, d, cfg, a)
+		const n = 32
+		var wg sync.WaitGroup
+		statuses := make(chan int, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				a := s.post(t, "key-"+strconv.Itoa(i), `{"amount":1}`)
+				require.NoError(t, a.err)
+				statuses <- a.status
+			}()
+		}
+		wg.Wait()
+		close(statuses)
+		counts := map[int]int{}
+		for st := range statuses {
+			counts[st]++
+		}
+		require.Equal(t, map[int]int{201: n}, counts, "every distinct key runs once")
+		require.EqualValues(t, n, a.runs.Load())
 	})
 
 	// A handler that fails (5xx) or panics rolls its claim back with its
