@@ -43,23 +43,26 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 	claimSent := time.Now()
 	res, tx, err := m.cfg.Store.(idemdriver.TxClaimer).ClaimTx(txCtx, p, m.cfg.OneCommitWait)
 	ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Claim: time.Since(claimSent), Attempt: res.Record.Attempts}
+	if err == nil && !res.Record.ExpiresAt.IsZero() {
+		w.Header().Set(HeaderKeyExpires, res.Record.ExpiresAt.UTC().Format(http.TimeFormat)) // as serve does
+	}
 	switch {
 	case errors.Is(err, idemdriver.ErrLockWait):
 		// Another one-commit execution of the key holds its row past the
 		// wait bound: it is in flight, though no lease says so.
 		pr := ProblemFor(ErrInFlight, "another request with this key is being processed; retry after the Retry-After delay to get its result")
 		pr.RetryAfter = m.inFlightRetryAfter(m.cfg.LeaseDuration)
-		ev.Kind, ev.Status = EventInFlight, writeProblem(w, pr)
+		ev.Kind, ev.Status = EventInFlight, m.writeProblem(w, r, pr)
 	case errors.Is(err, idemdriver.ErrUnstorable):
 		m.cfg.Logger.ErrorContext(ctx, "idem: the store cannot hold this request's scope", "err", err)
-		ProblemFor(ErrScopeUnstorable, "the server could not scope this request").Write(w)
+		m.writeProblem(w, r, ProblemFor(ErrScopeUnstorable, "the server could not scope this request"))
 		return
 	case err != nil:
 		serr := &StoreError{Op: "claim", Err: err}
-		m.storeUnavailable(ctx, w, serr)
+		m.storeUnavailable(w, r, serr)
 		ev.Kind, ev.Status, ev.Err = EventStoreUnavailable, http.StatusServiceUnavailable, serr
 	case !res.Claimed:
-		ev.Kind, ev.Status = m.answer(ctx, w, res.Record, p)
+		ev.Kind, ev.Status = m.answer(w, r, res.Record, p)
 	default:
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		m.executeOneCommit(w, r, next, res, tx, p, &ev)
@@ -98,7 +101,7 @@ func (m *Middleware) executeOneCommit(w http.ResponseWriter, r *http.Request, ne
 	if errors.Is(context.Cause(e.ctx), ErrExecutionTimeout) {
 		e.rollback()
 		ev.Outcome, ev.Err = Failed, ErrExecutionTimeout
-		ev.Status = m.outcomeUnknown(r.Context(), w, ErrExecutionTimeout, fmt.Sprintf("the request ran past its time limit (%s); its writes were rolled back "+
+		ev.Status = m.outcomeUnknown(w, r, ErrExecutionTimeout, fmt.Sprintf("the request ran past its time limit (%s); its writes were rolled back "+
 			"and nothing was recorded; retry with the same key: the request runs again", m.cfg.MaxExecution))
 		return
 	}
@@ -121,14 +124,14 @@ func (m *Middleware) executeOneCommit(w http.ResponseWriter, r *http.Request, ne
 			// The key's earlier record (FAILED, say) is back and could not
 			// be removed: a corrected request would meet key-reused.
 			ev.Kind = EventCompletionFailed
-			ev.Status = m.outcomeUnknown(r.Context(), w, errors.New("release after rollback"), fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
+			ev.Status = m.outcomeUnknown(w, r, errors.New("release after rollback"), fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
 				"retry the same request with the same key", cw.statusCode()))
 			return
 		}
 		ev.Status = sendCaptured(cw)
 		return
 	}
-	ev.Status, ev.Err = m.commitOneCommit(w, e, cw, p)
+	ev.Status, ev.Err = m.commitOneCommit(w, r, e, cw, p)
 	if ev.Err != nil && !errors.Is(ev.Err, ErrTxAborted) {
 		ev.Kind = EventCompletionFailed
 	}
@@ -137,7 +140,7 @@ func (m *Middleware) executeOneCommit(w http.ResponseWriter, r *http.Request, ne
 // commitOneCommit writes the completion in the claim's transaction and
 // commits: claim, business writes and outcome together. It returns the
 // status sent and what went wrong, if anything.
-func (m *Middleware) commitOneCommit(w http.ResponseWriter, e *execution, cw *captureWriter, p idemdriver.ClaimParams) (int, error) {
+func (m *Middleware) commitOneCommit(w http.ResponseWriter, r *http.Request, e *execution, cw *captureWriter, p idemdriver.ClaimParams) (int, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
 	cp := idemdriver.CompleteParams{FenceParams: e.fence, Response: m.storedResponse(cw)}
@@ -151,7 +154,7 @@ func (m *Middleware) commitOneCommit(w http.ResponseWriter, e *execution, cw *ca
 		m.cfg.Logger.ErrorContext(e.parent, "idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
 			"scope", p.Scope, "key", p.Key)
 		if _, err := e.completeAlone(cp); err != nil {
-			return m.outcomeUnknown(e.parent, w, err, "the idempotency store failed while recording the result; retry with the same key"), err
+			return m.outcomeUnknown(w, r, err, "the idempotency store failed while recording the result; retry with the same key"), err
 		}
 		return sendCaptured(cw), nil
 	case errors.Is(err, idemdriver.ErrTxAborted):
@@ -159,7 +162,7 @@ func (m *Middleware) commitOneCommit(w http.ResponseWriter, e *execution, cw *ca
 		if cp.Response.Status >= 200 && cp.Response.Status < 300 {
 			m.cfg.Logger.ErrorContext(e.parent, "idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
 				"its writes are gone: answer an error when a statement fails", "scope", p.Scope, "key", p.Key, "status", cp.Response.Status)
-			return writeProblem(w, ProblemFor(ErrTxAborted, fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
+			return m.writeProblem(w, r, ProblemFor(ErrTxAborted, fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
 				"(the server answered %d regardless); retry with the same key: the request runs again", cp.Response.Status))), ErrTxAborted
 		}
 		// The claim went with the aborted transaction: record the answer
@@ -167,23 +170,23 @@ func (m *Middleware) commitOneCommit(w http.ResponseWriter, e *execution, cw *ca
 		// in the default mode.
 		if !m.recordAfterRollback(ctx, p, cp.Response) {
 			err := errors.New("idem: the answer of an aborted one-commit transaction could not be recorded")
-			return m.outcomeUnknown(e.parent, w, err, "the request's transaction failed and its answer could not be recorded; retry with the same key: the request runs again"), err
+			return m.outcomeUnknown(w, r, err, "the request's transaction failed and its answer could not be recorded; retry with the same key: the request runs again"), err
 		}
 		return sendCaptured(cw), nil
 	case err != nil:
 		_ = tx.Rollback(ctx)
 		serr := &StoreError{Op: "complete", Err: err}
-		return m.outcomeUnknown(e.parent, w, serr, "the idempotency store failed while recording the result, which was not recorded "+
+		return m.outcomeUnknown(w, r, serr, "the idempotency store failed while recording the result, which was not recorded "+
 			"(the request's writes were rolled back with it); retry with the same key: the request runs again"), serr
 	case !ok:
 		// Only the handler itself can have changed the row its claim locks.
 		_ = tx.Rollback(ctx)
-		return m.leaseLost(w), ErrLeaseLost
+		return m.leaseLost(w, r), ErrLeaseLost
 	}
 	// The COMMIT is never cancelled (see execution.durable).
 	if _, err := e.durable(func(ctx context.Context) (bool, error) { return true, tx.Commit(ctx) }); err != nil {
 		serr := &StoreError{Op: "commit", Err: err}
-		return m.outcomeUnknown(e.parent, w, serr, "the idempotency store failed while committing the request's writes and result; "+
+		return m.outcomeUnknown(w, r, serr, "the idempotency store failed while committing the request's writes and result; "+
 			"retry with the same key: it gets the result if the commit took effect, or the request runs again"), serr
 	}
 	return sendCaptured(cw), nil
