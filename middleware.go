@@ -146,6 +146,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		LeaseDuration: m.cfg.LeaseDuration, Retention: m.cfg.Retention,
 		Owner: m.cfg.Owner,
 	}
+	if m.cfg.OneCommit {
+		m.serveOneCommit(w, r, next, params, body)
+		return
+	}
 	ev := Event{Method: r.Method, Scope: scope, Key: key}
 	res, claimSent, err := m.claim(r.Context(), params, &ev)
 	if errors.Is(err, idemdriver.ErrUnstorable) {

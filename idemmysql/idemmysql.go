@@ -518,10 +518,10 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 			// (After a lock wait too: with no committed row there is nothing
 			// to answer from. idem's own INSERTs commit at once, so only a
 			// transaction of someone else's can hold an uncommitted key.)
-			res, err = d.insert(ctx, p, snap.nowUS)
+			res, err = d.insert(ctx, nil, p, snap.nowUS)
 			won = err == nil
 		} else {
-			res, won, err = d.takeover(ctx, p, snap, dec.Continues())
+			res, won, err = d.takeover(ctx, nil, p, snap, dec.Continues())
 			if err == nil && !won {
 				d.resolved[kindRaced].Add(1)
 			}
@@ -571,8 +571,8 @@ func (d *Driver) read(ctx context.Context, scope, key string, offset int64) (sna
 	return scanSnapshot(s.QueryRowContext(ctx, offset, scope, key))
 }
 
-func (d *Driver) insert(ctx context.Context, p idemdriver.ClaimParams, nowUS int64) (idemdriver.ClaimResult, error) {
-	s, err := d.stmt(ctx, stInsert)
+func (d *Driver) insert(ctx context.Context, tx *sql.Tx, p idemdriver.ClaimParams, nowUS int64) (idemdriver.ClaimResult, error) {
+	s, err := d.txStmt(ctx, tx, stInsert)
 	if err != nil {
 		return idemdriver.ClaimResult{}, err
 	}
@@ -585,8 +585,8 @@ func (d *Driver) insert(ctx context.Context, p idemdriver.ClaimParams, nowUS int
 	return claimed(p, 1, 1, nowUS, nowUS, expiresUS, lockedUS), nil
 }
 
-func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap snapshot, continues bool) (idemdriver.ClaimResult, bool, error) {
-	s, err := d.stmt(ctx, stTakeover)
+func (d *Driver) takeover(ctx context.Context, tx *sql.Tx, p idemdriver.ClaimParams, snap snapshot, continues bool) (idemdriver.ClaimResult, bool, error) {
+	s, err := d.txStmt(ctx, tx, stTakeover)
 	if err != nil {
 		return idemdriver.ClaimResult{}, false, err
 	}

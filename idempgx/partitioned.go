@@ -220,19 +220,7 @@ func (d *Driver) claimBatch(ctx context.Context, args []any) (res idemdriver.Cla
 	if err != nil {
 		return res, err
 	}
-	found := false
-	for rows.Next() {
-		if found {
-			rows.Close()
-			return res, errors.New("idempgx: more than one record for one (scope, key) in the partitioned table")
-		}
-		res.Record, err = scanRecord(rows, &res.Claimed, &res.TookOver) // as in Claim
-		found = true
-	}
-	rows.Close()
-	if err == nil {
-		err = rows.Err()
-	}
+	res, found, err := scanClaim(rows)
 	if err != nil {
 		return res, err
 	}
@@ -246,6 +234,23 @@ func (d *Driver) claimBatch(ctx context.Context, args []any) (res idemdriver.Cla
 		return res, errClaimRaced
 	}
 	return res, nil
+}
+
+// scanClaim reads the claim statement's answer: at most one row.
+func scanClaim(rows pgx.Rows) (res idemdriver.ClaimResult, found bool, err error) {
+	defer rows.Close()
+	for rows.Next() {
+		if found {
+			return res, found, errors.New("idempgx: more than one record for one (scope, key)")
+		}
+		res.Record, err = scanRecord(rows, &res.Claimed, &res.TookOver) // as in Claim
+		found = true
+	}
+	rows.Close()
+	if err == nil {
+		err = rows.Err()
+	}
+	return res, found, err
 }
 
 // partitionName returns the name of the partition of the UTC day of t.

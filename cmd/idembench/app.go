@@ -26,12 +26,13 @@ import (
 // The routes of the server under test, one per way of serving POST
 // /payments (see the variants in variants.go).
 const (
-	routeBare    = "/bare/payments"     // no idempotency; the handler commits its own transaction
-	routeClaimTx = "/idem-tx/payments"  // idem; the handler writes in the claim's transaction
-	routeOwnTx   = "/idem-own/payments" // idem; the handler commits its own transaction
-	routeFloor   = "/floor/payments"    // idem's statements sent by hand
-	routeNaive   = "/naive/payments"    // the article's naive Redis cache
-	routeHold    = "/hold/payments"     // idem; the handler waits for release (409s)
+	routeBare      = "/bare/payments"     // no idempotency; the handler commits its own transaction
+	routeClaimTx   = "/idem-tx/payments"  // idem; the handler writes in the claim's transaction
+	routeOwnTx     = "/idem-own/payments" // idem; the handler commits its own transaction
+	routeOneCommit = "/idem-1c/payments"  // idem in the one-commit mode; the handler writes in the claim's transaction
+	routeFloor     = "/floor/payments"    // idem's statements sent by hand
+	routeNaive     = "/naive/payments"    // the article's naive Redis cache
+	routeHold      = "/hold/payments"     // idem; the handler waits for release (409s)
 )
 
 // The request of every variant: a payment as cmd/paymentsd takes it.
@@ -77,7 +78,8 @@ type paymentJSON struct {
 type app struct {
 	t     *target
 	mw    *idem.Middleware
-	naive *naiveCache // nil without Redis
+	mw1c  *idem.Middleware // Config.OneCommit
+	naive *naiveCache      // nil without Redis
 	hold  holdGate
 	log   *slog.Logger
 }
@@ -87,7 +89,11 @@ func newApp(t *target, naive *naiveCache, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &app{t: t, mw: mw, naive: naive, log: log}, nil
+	mw1c, err := idem.New(idem.Config{Store: t.store, Scope: scopeOf, Logger: log, OneCommit: true})
+	if err != nil {
+		return nil, err
+	}
+	return &app{t: t, mw: mw, mw1c: mw1c, naive: naive, log: log}, nil
 }
 
 func (a *app) routes() http.Handler {
@@ -95,6 +101,7 @@ func (a *app) routes() http.Handler {
 	mux.Handle("POST "+routeBare, http.HandlerFunc(a.createOwnTx))
 	mux.Handle("POST "+routeClaimTx, a.mw.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeOwnTx, a.mw.Handler(http.HandlerFunc(a.createOwnTx)))
+	mux.Handle("POST "+routeOneCommit, a.mw1c.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeFloor, http.HandlerFunc(a.createFloor))
 	mux.Handle("POST "+routeHold, a.mw.Handler(http.HandlerFunc(a.held)))
 	if a.naive != nil {
