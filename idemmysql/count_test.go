@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql/driver"
 	"sync/atomic"
+
+	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // countingConnector wraps go-sql-driver's connector and counts the SQL
@@ -67,7 +69,7 @@ func (c *countingConn) BeginTx(ctx context.Context, o driver.TxOptions) (driver.
 	if err != nil {
 		return nil, err
 	}
-	return countingTx{inner: tx, n: c.n}, nil
+	return dbtest.CountingTx{Inner: tx, N: c.n}, nil
 }
 func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
 	s, err := c.inner.PrepareContext(ctx, q)
@@ -94,14 +96,6 @@ func (c *countingConn) QueryContext(ctx context.Context, q string, a []driver.Na
 	}
 	return rows, err
 }
-
-type countingTx struct {
-	inner driver.Tx
-	n     *atomic.Int64
-}
-
-func (t countingTx) Commit() error   { t.n.Add(1); return t.inner.Commit() }
-func (t countingTx) Rollback() error { t.n.Add(1); return t.inner.Rollback() }
 
 type mysqlStmt interface {
 	driver.Stmt

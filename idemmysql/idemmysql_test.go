@@ -83,18 +83,6 @@ func sep(url string) string {
 
 func newDriver(t testing.TB) idemdriver.Driver { return open(t, "") }
 
-type business struct{ db *sql.DB }
-
-func (b business) Insert(ctx context.Context, tx idemdriver.Tx, id string) error {
-	_, err := tx.Native().(*sql.Tx).ExecContext(ctx, `INSERT INTO business_rows (id) VALUES (?)`, id)
-	return err
-}
-
-func (b business) Count(ctx context.Context, id string) (n int, err error) {
-	err = b.db.QueryRowContext(ctx, `SELECT count(*) FROM business_rows WHERE id = ?`, id).Scan(&n)
-	return n, err
-}
-
 func TestConformance(t *testing.T) {
 	idemdrivertest.Run(t, idemdrivertest.Harness{
 		NewDriver: func(t *testing.T) idemdriver.Driver { return newDriver(t) },
@@ -108,7 +96,7 @@ func TestConformance(t *testing.T) {
 			db := d.(*idemmysql.Driver).DB()
 			_, err := db.Exec(`CREATE TABLE business_rows (id VARCHAR(255) PRIMARY KEY) ENGINE = InnoDB`)
 			require.NoError(t, err)
-			return business{db}
+			return dbtest.SQLBusiness{DB: db}
 		},
 		NewCountingDriver: func(t *testing.T) (idemdriver.Driver, func() int64) {
 			wrap, n := counting()

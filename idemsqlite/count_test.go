@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 
 	"modernc.org/sqlite"
+
+	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // countingConnector opens modernc.org/sqlite connections that count every
@@ -66,7 +68,7 @@ func (c *countingConn) BeginTx(ctx context.Context, o driver.TxOptions) (driver.
 	if err != nil {
 		return nil, err
 	}
-	return countingTx{inner: tx, n: c.n}, nil
+	return dbtest.CountingTx{Inner: tx, N: c.n}, nil
 }
 func (c *countingConn) ExecContext(ctx context.Context, q string, a []driver.NamedValue) (driver.Result, error) {
 	c.n.Add(1)
@@ -76,14 +78,6 @@ func (c *countingConn) QueryContext(ctx context.Context, q string, a []driver.Na
 	c.n.Add(1)
 	return c.conn().QueryContext(ctx, q, a)
 }
-
-type countingTx struct {
-	inner driver.Tx
-	n     *atomic.Int64
-}
-
-func (t countingTx) Commit() error   { t.n.Add(1); return t.inner.Commit() }
-func (t countingTx) Rollback() error { t.n.Add(1); return t.inner.Rollback() }
 
 type sqliteStmt interface {
 	driver.Stmt
