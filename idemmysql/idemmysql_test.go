@@ -61,6 +61,19 @@ func secondDriver(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
 	return idemmysql.New(db)
 }
 
+// fromConfig returns a driver (idemmysql.New) on a pool opened with cfg, and
+// the pool; both close when the test ends.
+func fromConfig(t *testing.T, cfg *mysql.Config) (*idemmysql.Driver, *sql.DB) {
+	t.Helper()
+	connector, err := mysql.NewConnector(cfg)
+	require.NoError(t, err)
+	db := sql.OpenDB(connector)
+	t.Cleanup(func() { db.Close() })
+	d := idemmysql.New(db)
+	t.Cleanup(func() { d.Close() })
+	return d, db
+}
+
 // waitForDatabase waits until cfg's node has applied the CREATE DATABASE
 // of another node.
 func waitForDatabase(t *testing.T, cfg *mysql.Config) {

@@ -463,12 +463,7 @@ func TestFencedWriteAlwaysCounts(t *testing.T) {
 	cfg, err := idemmysql.ParseURL(url + sep(url) + frozen)
 	require.NoError(t, err)
 	cfg.ClientFoundRows = true
-	connector, err := mysql.NewConnector(cfg)
-	require.NoError(t, err)
-	db := sql.OpenDB(connector)
-	t.Cleanup(func() { db.Close() })
-	found := idemmysql.New(db)
-	t.Cleanup(func() { found.Close() })
+	found, _ := fromConfig(t, cfg)
 
 	for _, tc := range []struct {
 		name string
@@ -688,12 +683,7 @@ func TestNewOnPlainPool(t *testing.T) {
 	cfg, err := mysql.ParseDSN(dbtest.MySQLDSN(t))
 	require.NoError(t, err)
 	cfg.ParseTime, cfg.Loc = false, time.FixedZone("JST", 9*3600)
-	connector, err := mysql.NewConnector(cfg)
-	require.NoError(t, err)
-	db := sql.OpenDB(connector)
-	t.Cleanup(func() { db.Close() })
-	d := idemmysql.New(db)
-	t.Cleanup(func() { d.Close() })
+	d, db := fromConfig(t, cfg)
 	require.NoError(t, d.Migrate(ctx))
 	res, err := d.Claim(ctx, params("acct", "k", "b"))
 	require.NoError(t, err)
