@@ -60,7 +60,7 @@ func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stm
 	if err != nil {
 		return nil, err
 	}
-	return &countingStmt{inner: s, n: c.n}, nil
+	return &dbtest.CountingStmt{Inner: s, N: c.n}, nil
 }
 func (c *countingConn) BeginTx(ctx context.Context, o driver.TxOptions) (driver.Tx, error) {
 	c.n.Add(1)
@@ -77,37 +77,6 @@ func (c *countingConn) ExecContext(ctx context.Context, q string, a []driver.Nam
 func (c *countingConn) QueryContext(ctx context.Context, q string, a []driver.NamedValue) (driver.Rows, error) {
 	c.n.Add(1)
 	return c.conn().QueryContext(ctx, q, a)
-}
-
-type sqliteStmt interface {
-	driver.Stmt
-	driver.StmtExecContext
-	driver.StmtQueryContext
-}
-
-type countingStmt struct {
-	inner driver.Stmt
-	n     *atomic.Int64
-}
-
-func (s *countingStmt) stmt() sqliteStmt { return s.inner.(sqliteStmt) }
-func (s *countingStmt) Close() error     { return s.inner.Close() }
-func (s *countingStmt) NumInput() int    { return s.inner.NumInput() }
-func (s *countingStmt) Exec(a []driver.Value) (driver.Result, error) {
-	s.n.Add(1)
-	return s.inner.Exec(a) //nolint:staticcheck // required by driver.Stmt
-}
-func (s *countingStmt) Query(a []driver.Value) (driver.Rows, error) {
-	s.n.Add(1)
-	return s.inner.Query(a) //nolint:staticcheck // required by driver.Stmt
-}
-func (s *countingStmt) ExecContext(ctx context.Context, a []driver.NamedValue) (driver.Result, error) {
-	s.n.Add(1)
-	return s.stmt().ExecContext(ctx, a)
-}
-func (s *countingStmt) QueryContext(ctx context.Context, a []driver.NamedValue) (driver.Rows, error) {
-	s.n.Add(1)
-	return s.stmt().QueryContext(ctx, a)
 }
 
 func openCounting(dsn string) (*sql.DB, *atomic.Int64) {

@@ -40,3 +40,55 @@ func (t CountingTx) Commit() error { t.N.Add(1); return t.Inner.Commit() }
 
 // Rollback counts one round trip and rolls Inner back.
 func (t CountingTx) Rollback() error { t.N.Add(1); return t.Inner.Rollback() }
+
+// CountingStmt wraps a database/sql/driver statement, which must implement
+// driver.StmtExecContext and driver.StmtQueryContext, and adds one to N for
+// each execution: a round trip, for the statement budgets.
+type CountingStmt struct {
+	Inner driver.Stmt
+	N     *atomic.Int64
+}
+
+type contextStmt interface {
+	driver.StmtExecContext
+	driver.StmtQueryContext
+}
+
+// Close closes Inner.
+func (s *CountingStmt) Close() error { return s.Inner.Close() }
+
+// NumInput returns Inner's.
+func (s *CountingStmt) NumInput() int { return s.Inner.NumInput() }
+
+// CheckNamedValue is Inner's when it has one, else driver.ErrSkip (the
+// connection's or database/sql's conversion applies).
+func (s *CountingStmt) CheckNamedValue(nv *driver.NamedValue) error {
+	if c, ok := s.Inner.(driver.NamedValueChecker); ok {
+		return c.CheckNamedValue(nv)
+	}
+	return driver.ErrSkip
+}
+
+// Exec counts one round trip and executes Inner.
+func (s *CountingStmt) Exec(a []driver.Value) (driver.Result, error) {
+	s.N.Add(1)
+	return s.Inner.Exec(a) //nolint:staticcheck // required by driver.Stmt
+}
+
+// Query counts one round trip and queries Inner.
+func (s *CountingStmt) Query(a []driver.Value) (driver.Rows, error) {
+	s.N.Add(1)
+	return s.Inner.Query(a) //nolint:staticcheck // required by driver.Stmt
+}
+
+// ExecContext counts one round trip and executes Inner.
+func (s *CountingStmt) ExecContext(ctx context.Context, a []driver.NamedValue) (driver.Result, error) {
+	s.N.Add(1)
+	return s.Inner.(contextStmt).ExecContext(ctx, a)
+}
+
+// QueryContext counts one round trip and queries Inner.
+func (s *CountingStmt) QueryContext(ctx context.Context, a []driver.NamedValue) (driver.Rows, error) {
+	s.N.Add(1)
+	return s.Inner.(contextStmt).QueryContext(ctx, a)
+}
