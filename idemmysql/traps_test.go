@@ -80,31 +80,8 @@ func barrier(n int) func() {
 // fails the test on any error.
 func race(t *testing.T, d idemdriver.Driver, p idemdriver.ClaimParams) []idemdriver.ClaimResult {
 	t.Helper()
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		results []idemdriver.ClaimResult
-		errs    []error
-		start   = make(chan struct{})
-	)
-	for i := 0; i < racers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			res, err := d.Claim(context.Background(), p)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
-				return
-			}
-			results = append(results, res)
-		}()
-	}
-	close(start)
-	wg.Wait()
-	require.NoError(t, errors.Join(errs...))
+	results, err := dbtest.Race(racers, func() (idemdriver.ClaimResult, error) { return d.Claim(context.Background(), p) })
+	require.NoError(t, err)
 	return results
 }
 
