@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,7 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemclient"
-	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // Eight clients send the same request with the same key while the first run
@@ -150,11 +149,7 @@ func TestAgainstIdemKeyReusedNotRetried(t *testing.T) {
 // SQLite store in the test's temporary directory, closed when the test ends.
 func newMiddleware(t *testing.T) *idem.Middleware {
 	t.Helper()
-	store, err := idemsqlite.Open(t.Context(), filepath.Join(t.TempDir(), "idem.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	require.NoError(t, store.Migrate(t.Context()))
-	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
+	mw, err := idem.New(idem.Config{Store: dbtest.SQLite(t), Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	return mw
 }

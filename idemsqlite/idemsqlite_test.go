@@ -18,11 +18,7 @@ import (
 
 func newDriver(t testing.TB) idemdriver.Driver {
 	t.Helper()
-	d, err := idemsqlite.Open(context.Background(), dbtest.SQLitePath(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.Migrate(context.Background()))
-	return d
+	return dbtest.SQLite(t)
 }
 
 func TestConformance(t *testing.T) {
