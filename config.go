@@ -286,6 +286,21 @@ type Config struct {
 	// Default: none (nil), and no event is built.
 	Observer Observer
 
+	// ProblemWriter writes the error answers idem makes itself (every
+	// problem of docs/problems.md: 400 missing-key, 409 request-in-flight,
+	// 422 key-reused, 503 store-unavailable, ...), so an API can answer in
+	// its own error format (Stripe's error object, for one). p is the
+	// problem idem would send: p.Type names the kind (ProblemTypeBase + the
+	// slug), p.Status the status, p.RetryAfter the delay to send as
+	// Retry-After. The writer chooses the status, headers and body it sends;
+	// Event.Status reports the status it wrote. Answers the handler wrote
+	// (and their replays) never go through it. Default: nil, p.Write: RFC
+	// 9457 problem details as application/problem+json, by which
+	// adapters/idemconnect recognises idem's answers (a ProblemWriter that
+	// sends another Content-Type makes idemconnect pass them through as the
+	// handler's).
+	ProblemWriter func(w http.ResponseWriter, r *http.Request, p Problem)
+
 	// Route names a request's route for Event.Route when the request has no
 	// ServeMux pattern (r.Pattern is empty: chi, gorilla/mux, or idem
 	// wrapping the ServeMux itself). Return a bounded set of names, such as
@@ -348,12 +363,12 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-func (c Config) validate() error {
+func (c Config) validate(forHTTP bool) error {
 	var errs []error
 	if c.Store == nil {
 		errs = append(errs, errors.New("Store is required"))
 	}
-	if c.Scope == nil {
+	if c.Scope == nil && forHTTP {
 		errs = append(errs, errors.New("Scope is required: name the owner of each request's key (idem.SingleTenant for an API with one owner)"))
 	}
 	if c.LeaseDuration < time.Second {
