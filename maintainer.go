@@ -1,5 +1,7 @@
 package idem
 
+//lint:file-ignore ST1005 validation errors start with the Config field they name (Store, Retention, Interval...), as New joins them
+
 import (
 	"context"
 	"errors"

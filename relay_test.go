@@ -61,7 +61,7 @@ func TestRelayTransport(t *testing.T) {
 		req.Header.Set(idem.HeaderKey, r.Header.Get(idem.HeaderKey)) // a careless handler forwards the raw key
 		resp, err := client.Do(req)
 		if err != nil {
-			http.Error(w, err.Error(), 502)
+			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
 		resp.Body.Close()

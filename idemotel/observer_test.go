@@ -135,7 +135,7 @@ func histogram(t *testing.T, ms map[string]metricdata.Metrics, name string) metr
 
 func attr(set attribute.Set, k attribute.Key) string {
 	v, _ := set.Value(k)
-	return v.Emit()
+	return v.String()
 }
 
 // Every decision idem makes, driven through a real middleware on SQLite,

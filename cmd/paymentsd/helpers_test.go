@@ -158,8 +158,6 @@ func invalidParamNames(t *testing.T, p map[string]any) []string {
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-func stringsReader(s string) io.Reader { return strings.NewReader(s) }
-
 // startRun runs the command as main does, with args and --addr on a free
 // port, its log in a file, and waits until its /healthz answers 200. stop
 // cancels run's context (as SIGINT/SIGTERM do), requires run to return nil
