@@ -163,6 +163,7 @@ pgbouncer_start() {
 		unix_socket_dir =
 		auth_type = trust
 		auth_file = $dir/userlist.txt
+		auth_user = postgres
 		admin_users = postgres
 		pool_mode = $mode
 		default_pool_size = $pool
