@@ -2,7 +2,8 @@
 # pgbouncer-session): one PostgreSQL server, pgbouncer in front of it in
 # POOL_MODE. Checks:
 #   - idempgx's conformance suite through pgbouncer (its second process,
-#     the other maintainer, straight on the server: TEST_DATABASE_URL_2),
+#     the other maintainer, straight on the server: TEST_DATABASE_URL_2;
+#     the partitioned store as a role whose search_path names its schema),
 #     under pgx's default exec mode and, in transaction pooling, under the
 #     others (default_query_exec_mode in the URL); a mode idempgx cannot
 #     use behind the pooler must be refused with an error that names
@@ -102,8 +103,17 @@ pgbouncer_topology() {
 suite_or_refused() {
 	local m=$1
 	shift
-	go_suite "$m" "$@" -- -run 'TestConformance' ./idempgx/ && return 0
 	local out="$TOPO_DIR/logs/suite.$m.txt"
+	if go_suite "$m" "$@" -- -v -run 'TestConformance' ./idempgx/; then
+		# each suite ran through the pooler, none skipped: the plain store,
+		# Options.Schema, and the partitioned store (as a role whose
+		# search_path names its schema)
+		local t
+		for t in TestConformance TestConformanceSchemaOption TestConformancePartitioned; do
+			go_test_ran "$m" "$t" || { log "$t did not pass (skipped?) in exec mode $m"; return 1; }
+		done
+		return 0
+	fi
 	if grep -q 'default_query_exec_mode' "$out" && ! grep -qE 'SQLSTATE (42P05|26000)|prepared statement' "$out"; then
 		log "exec mode $m refused, naming default_query_exec_mode"
 		return 0
