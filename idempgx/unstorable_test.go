@@ -36,15 +36,8 @@ func TestUnstorableInEveryExecMode(t *testing.T) {
 				cfg, err := pgxpool.ParseConfig(url + "&default_query_exec_mode=" + mode)
 				require.NoError(t, err)
 				cfg.MaxConns = 2
-				pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-				require.NoError(t, err)
-				t.Cleanup(pool.Close)
-				d := idempgx.New(pool)
-				if partitioned {
-					d = idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
-				}
+				d := storeOn(t, cfg, partitioned)
 				ctx := context.Background()
-				require.NoError(t, d.Migrate(ctx))
 				for what, v := range odd {
 					fp := idemdriver.FenceParams{Scope: v, Key: "k", FencingToken: 1, CreatedAt: time.Now(), LeaseDuration: time.Minute}
 					calls := map[string]func() error{
@@ -106,4 +99,19 @@ func TestUnstorableInEveryExecMode(t *testing.T) {
 			})
 		}
 	}
+}
+
+// storeOn returns a migrated store, plain or partitioned, on a pool of cfg,
+// closed when the test ends.
+func storeOn(t testing.TB, cfg *pgxpool.Config, partitioned bool) *idempgx.Driver {
+	t.Helper()
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	d := idempgx.New(pool)
+	if partitioned {
+		d = idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
+	}
+	require.NoError(t, d.Migrate(context.Background()))
+	return d
 }
