@@ -37,6 +37,11 @@ type handlerConfig struct {
 	Hang time.Duration
 	// Roll returns a number in [0, 1) for the injections; default rand.Float64.
 	Roll func() float64
+	// Observer is idem's Config.Observer (service.Telemetry); nil: none.
+	Observer idem.Observer
+	// Metrics, when not nil, is served at GET /metrics, without
+	// authentication (service.Telemetry.Metrics).
+	Metrics http.Handler
 }
 
 type api struct {
@@ -50,6 +55,7 @@ type api struct {
 //	service.LogRequests (status 0 when no answer was sent) -> logWithheld
 //	  GET /healthz                      (no authentication)
 //	  GET /v1/charges/stats             (no authentication: a test-mode view)
+//	  GET /metrics                      (no authentication; with cfg.Metrics)
 //	  everything else: svc.Authenticate -> routes below
 //	    POST /v1/charges                withhold -> idem -> createCharge
 //	                                    (Idempotency-Key required)
@@ -68,6 +74,7 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		Scope:         service.Scope,
 		LeaseDuration: cfg.Lease,
 		Logger:        cfg.Logger,
+		Observer:      cfg.Observer,
 	})
 	if err != nil {
 		return nil, err
@@ -82,6 +89,9 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	root := http.NewServeMux()
 	root.HandleFunc("GET /healthz", a.health)
 	root.HandleFunc("GET /v1/charges/stats", a.stats)
+	if cfg.Metrics != nil {
+		root.Handle("GET /metrics", cfg.Metrics)
+	}
 	root.Handle("/", svc.Authenticate(routes))
 	return service.LogRequests(cfg.Logger, 0, logWithheld(root)), nil
 }

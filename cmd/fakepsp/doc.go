@@ -11,6 +11,7 @@
 //	fakepsp [--addr 127.0.0.1:8090] [--database-url URL] [--lease 30s]
 //	        [--latency 0s] [--fail-rate P] [--timeout-rate P] [--hang 1m]
 //	        [--shutdown-timeout 15s] [--log-format json|text]
+//	        [--otel-traces none|stdout]
 //
 // --database-url takes what paymentsd's does: empty (the SQLite file
 // fakepsp.db in the working directory), sqlite:PATH, file:PATH or PATH, or
@@ -30,6 +31,8 @@
 //	                        no authentication (a test-mode view):
 //	                        {"merchants":{"acme":{"charges":3,"amount":{"JPY":3000}}},"charges":3}
 //	GET  /healthz           200 {"status":"ok"} when the database answers
+//	GET  /metrics           idem's decisions in Prometheus' text format, no
+//	                        authentication (docs/observability.md)
 //
 // A charge is written in the claim's transaction (idemsqlite.Tx,
 // idempgx.Tx), so it commits together with idem's record of the 201: a

@@ -32,6 +32,7 @@ type options struct {
 	hang            time.Duration
 	shutdownTimeout time.Duration
 	logFormat       string
+	otelTraces      string
 }
 
 func parseFlags(args []string, output io.Writer) (options, error) {
@@ -48,6 +49,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.DurationVar(&o.hang, "hang", time.Minute, "how long a withheld answer (--timeout-rate) is held before it is sent anyway")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long to wait for in-flight requests on SIGINT/SIGTERM")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
+	fs.StringVar(&o.otelTraces, "otel-traces", service.TracesNone, "OpenTelemetry spans of each request and of idem's claim, execute and complete: none, or stdout (one JSON object each on stdout); metrics are served at GET /metrics either way")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -56,6 +58,8 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	case o.logFormat != "json" && o.logFormat != "text":
 		return o, fmt.Errorf("--log-format must be json or text, not %q", o.logFormat)
+	case !service.ValidTraces(o.otelTraces):
+		return o, fmt.Errorf("--otel-traces must be none or stdout, not %q", o.otelTraces)
 	case o.lease < time.Second:
 		return o, errors.New("--lease must be at least 1s")
 	case o.latency < 0 || o.hang < 0:
@@ -88,15 +92,21 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer service.CloseDatabase(log, store)
 
+	tel, err := service.NewTelemetry("fakepsp", o.otelTraces, os.Stdout)
+	if err != nil {
+		return err
+	}
+	defer service.ShutdownTelemetry(log, tel)
 	handler, err := newHandler(handlerConfig{
 		Store: store, Logger: log, Lease: o.lease, Latency: o.latency,
 		FailRate: o.failRate, TimeoutRate: o.timeoutRate, Hang: o.hang,
+		Observer: tel.Observer, Metrics: tel.Metrics,
 	})
 	if err != nil {
 		return err
 	}
 	kind, target, _ := parseDatabaseURL(o.databaseURL) // openStore took it
-	srv := service.Server{Addr: o.addr, Handler: handler, Log: log, ShutdownTimeout: o.shutdownTimeout, Stop: stop}
+	srv := service.Server{Addr: o.addr, Handler: tel.Handler(handler), Log: log, ShutdownTimeout: o.shutdownTimeout, Stop: stop}
 	return srv.Serve(ctx, "database", service.DescribeDatabase(kind, target),
 		"lease", o.lease.String(), "latency", o.latency.String(),
 		"fail_rate", o.failRate, "timeout_rate", o.timeoutRate, "hang", o.hang.String())

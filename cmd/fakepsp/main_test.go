@@ -18,7 +18,7 @@ func TestParseFlags(t *testing.T) {
 	o, err := parseFlags(nil, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, options{addr: "127.0.0.1:8090", lease: 30 * time.Second, hang: time.Minute,
-		shutdownTimeout: 15 * time.Second, logFormat: "json"}, o)
+		shutdownTimeout: 15 * time.Second, logFormat: "json", otelTraces: "none"}, o)
 	o, err = parseFlags([]string{"--latency", "20ms", "--fail-rate", "0.1", "--timeout-rate", "1", "--hang", "5s", "--lease", "2s"}, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, 20*time.Millisecond, o.latency)
@@ -26,7 +26,7 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 1.0, o.timeoutRate)
 	require.Equal(t, 5*time.Second, o.hang)
 	require.Equal(t, 2*time.Second, o.lease)
-	for _, bad := range [][]string{{"--fail-rate", "2"}, {"--timeout-rate", "-1"}, {"--lease", "10ms"}, {"--latency", "-1s"}, {"x"}} {
+	for _, bad := range [][]string{{"--fail-rate", "2"}, {"--timeout-rate", "-1"}, {"--lease", "10ms"}, {"--latency", "-1s"}, {"x"}, {"--otel-traces", "otlp"}} {
 		_, err := parseFlags(bad, io.Discard)
 		require.Error(t, err, "%v", bad)
 	}

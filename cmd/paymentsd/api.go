@@ -45,6 +45,11 @@ type handlerConfig struct {
 	// Faults are the injected crashes and stalls (built with -tags
 	// idemfaults only); nil injects none.
 	Faults *faults
+	// Observer is idem's Config.Observer (service.Telemetry); nil: none.
+	Observer idem.Observer
+	// Metrics, when not nil, is served at GET /metrics, without
+	// authentication (service.Telemetry.Metrics).
+	Metrics http.Handler
 }
 
 // api serves the payments API.
@@ -54,12 +59,14 @@ type api struct {
 	log       *slog.Logger
 	writeMode WriteMode
 	faults    *faults
+	metrics   http.Handler
 }
 
 // newHandler returns the service's whole HTTP handler:
 //
 //	service.LogRequests
 //	  GET /healthz                      (no authentication)
+//	  GET /metrics                      (no authentication; with cfg.Metrics)
 //	  everything else: svc.Authenticate -> routes below
 //	    POST /v1/payments               fault injection -> idem -> createPayment
 //	                                    (Idempotency-Key required)
@@ -78,6 +85,7 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		LeaseDuration: cfg.Lease,
 		RelaySecret:   cfg.RelaySecret,
 		Logger:        cfg.Logger,
+		Observer:      cfg.Observer,
 	})
 	if err != nil {
 		return nil, err
@@ -85,7 +93,7 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	if cfg.WriteMode == "" {
 		cfg.WriteMode = WriteInClaim
 	}
-	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults}
+	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults, metrics: cfg.Metrics}
 	return a.serve(a.routes(cfg.Faults.wrap(mw.Handler(http.HandlerFunc(a.createPayment))))), nil
 }
 
@@ -106,12 +114,17 @@ func (a *api) routes(create http.Handler) *http.ServeMux {
 	return routes
 }
 
-// serve returns the whole handler: the request log, GET /healthz, and
-// everything else authenticated, then handled by routes.
+// serve returns the whole handler: the request log, GET /healthz, GET
+// /metrics (with a.metrics), and everything else authenticated, then
+// handled by routes.
 func (a *api) serve(routes http.Handler) http.Handler {
 	root := http.NewServeMux()
 	root.HandleFunc("GET /healthz", a.health)
 	root.Handle("/healthz", methodNotAllowed("GET, HEAD"))
+	if a.metrics != nil {
+		root.Handle("GET /metrics", a.metrics)
+		root.Handle("/metrics", methodNotAllowed("GET, HEAD"))
+	}
 	root.Handle("/", svc.Authenticate(routes))
 	return service.LogRequests(a.log, http.StatusOK, root)
 }

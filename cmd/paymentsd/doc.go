@@ -8,6 +8,7 @@
 //	          [--psp-url URL] [--psp-timeout 5s] [--psp-latency 300ms]
 //	          [--relay-secret S] [--lease 30s] [--write-mode claim|separate]
 //	          [--shutdown-timeout 15s] [--log-format json|text]
+//	          [--otel-traces none|stdout]
 //	          [--crash-<point> P] [--stall-after-charge D]   (-tags idemfaults)
 //	          [--naive [--redis-url URL] [--naive-ttl 24h]]
 //
@@ -22,7 +23,7 @@
 //
 // # Requests
 //
-// Every route but GET /healthz needs "Authorization: Bearer sk_test_<merchant>",
+// Every route but GET /healthz and GET /metrics needs "Authorization: Bearer sk_test_<merchant>",
 // where the merchant is 1 to 64 characters of A-Z, a-z, 0-9, '_' and '-'. The
 // merchant is idem's scope: keys of different merchants never meet. The
 // check runs before idem, so an unauthenticated request never reaches the
@@ -46,6 +47,9 @@
 //	                         read of idem's table and the payments table
 //	                         and, on SQLite, the file at the path is the one
 //	                         open (not deleted or replaced); else 503
+//	GET  /metrics            idem's decisions in Prometheus' text format
+//	                         (docs/observability.md); --otel-traces stdout
+//	                         also writes each request's spans to stdout
 //
 // Only POST /v1/payments goes through idem: a key sent to another route or
 // with another method gets its 404 or 405 without a record. The reads

@@ -39,6 +39,7 @@ type options struct {
 	writeMode       WriteMode
 	shutdownTimeout time.Duration
 	logFormat       string
+	otelTraces      string
 
 	// faults are the fault-injection flags (-tags idemfaults only).
 	faults faultOptions
@@ -65,6 +66,7 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	mode := fs.String("write-mode", string(WriteInClaim), "where a payment's rows are written: claim (in the claim's transaction, committed with idem's record) or separate (committed on their own first; for comparison)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long to wait for in-flight requests on SIGINT/SIGTERM")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
+	fs.StringVar(&o.otelTraces, "otel-traces", service.TracesNone, "OpenTelemetry spans of each request and of idem's claim, execute and complete: none, or stdout (one JSON object each on stdout); metrics are served at GET /metrics either way")
 	o.faults.register(fs)
 	registerNaiveFlags(fs, &o.naive)
 	if err := fs.Parse(args); err != nil {
@@ -82,6 +84,8 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	case o.logFormat != "json" && o.logFormat != "text":
 		return o, fmt.Errorf("--log-format must be json or text, not %q", o.logFormat)
+	case !service.ValidTraces(o.otelTraces):
+		return o, fmt.Errorf("--otel-traces must be none or stdout, not %q", o.otelTraces)
 	case o.pspLatency < 0:
 		return o, errors.New("--psp-latency must not be negative")
 	case o.lease < time.Second:
@@ -131,10 +135,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		provider = NewHTTPProvider(o.pspURL, o.pspTimeout)
 		psp = o.pspURL + ", timeout " + o.pspTimeout.String()
 	}
+	tel, err := service.NewTelemetry("paymentsd", o.otelTraces, os.Stdout)
+	if err != nil {
+		return err
+	}
+	defer service.ShutdownTelemetry(log, tel)
 	flt := o.faults.build(log)
 	hcfg := handlerConfig{
 		Store: store, Provider: provider, Logger: log, Lease: o.lease,
 		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt,
+		Observer: tel.Observer, Metrics: tel.Metrics,
 	}
 	var handler http.Handler
 	if o.naive.enabled {
@@ -159,6 +169,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if o.naive.enabled {
 		attrs = append(attrs, "mode", o.naive.describe())
 	}
-	srv := service.Server{Addr: o.addr, Handler: handler, Log: log, ShutdownTimeout: o.shutdownTimeout, Stop: stop}
+	srv := service.Server{Addr: o.addr, Handler: tel.Handler(handler), Log: log, ShutdownTimeout: o.shutdownTimeout, Stop: stop}
 	return srv.Serve(ctx, attrs...)
 }

@@ -43,7 +43,7 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, options{addr: "127.0.0.1:8080", pspLatency: 300 * time.Millisecond, pspTimeout: 5 * time.Second,
 		lease: 30 * time.Second, writeMode: WriteInClaim, shutdownTimeout: 15 * time.Second, logFormat: "json",
-		faults: o.faults}, o) // faultOptions: TestParseFaultFlags (-tags idemfaults)
+		otelTraces: "none", faults: o.faults}, o) // faultOptions: TestParseFaultFlags (-tags idemfaults)
 
 	o, err = parseFlags([]string{"--addr", ":9", "--database-url", "x.db", "--psp-latency", "1s", "--lease", "5s", "--log-format", "text",
 		"--psp-url", "http://127.0.0.1:8090", "--psp-timeout", "2s", "--write-mode", "separate"}, io.Discard, nil)
@@ -67,7 +67,7 @@ func TestParseFlags(t *testing.T) {
 
 	for _, bad := range [][]string{{"--lease", "500ms"}, {"--psp-latency", "-1s"}, {"--log-format", "xml"}, {"extra"}, {"--nope"},
 		{"--psp-timeout", "0s"}, {"--write-mode", "both"}, {"--psp-url", "127.0.0.1:8090"},
-		{"--psp-url", "ftp://h"}, {"--psp-url", "http://h?x=1"}} {
+		{"--psp-url", "ftp://h"}, {"--psp-url", "http://h?x=1"}, {"--otel-traces", "otlp"}} {
 		_, err := parseFlags(bad, io.Discard, nil)
 		require.Error(t, err, "%v", bad)
 	}

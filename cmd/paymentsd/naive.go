@@ -268,7 +268,7 @@ func newNaiveHandler(cfg handlerConfig, cache responseCache, ttl time.Duration) 
 	if ttl <= 0 {
 		ttl = DefaultNaiveTTL
 	}
-	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: WriteSeparate, faults: cfg.Faults}
+	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: WriteSeparate, faults: cfg.Faults, metrics: cfg.Metrics}
 
 	return a.serve(a.routes(cfg.Faults.wrap(naiveCache(cache, ttl, cfg.Logger, http.HandlerFunc(a.createPaymentNaive))))), nil
 }

@@ -1,0 +1,14 @@
+// Package idemotel records idem's decisions as OpenTelemetry metrics and
+// spans: an idem.Observer (idem.Config.Observer) built on the providers the
+// options name, the global ones by default, in the shape of OpenTelemetry
+// contrib's instrumentation packages.
+//
+//	obs, err := idemotel.NewObserver(idemotel.WithMeterProvider(mp), idemotel.WithTracerProvider(tp))
+//	mw, err := idem.New(idem.Config{Store: store, Scope: scope, Observer: obs})
+//
+// It lives in its own module so that the core module imports no
+// OpenTelemetry package. Metric names, units and attributes follow
+// OpenTelemetry's semantic conventions (durations in seconds, http.route,
+// http.request.method); the dashboard-ready list and the alerts are in
+// docs/observability.md.
+package idemotel
