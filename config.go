@@ -24,6 +24,7 @@ const (
 	DefaultCompleteTimeout    = 10 * time.Second
 	DefaultClaimTimeout       = 10 * time.Second
 	DefaultMaxExecution       = 10 * time.Minute
+	DefaultOneCommitWait      = 2 * time.Second
 )
 
 // DefaultMethods returns the methods protected when Config.Methods is empty:
@@ -273,6 +274,31 @@ type Config struct {
 	// refuses longer). Default: "<hostname>/<pid>".
 	Owner string
 
+	// OneCommit selects the one-commit mode (docs/contract.md, "Modes";
+	// CONTRACT section 10): the claim, the handler's writes in the claim's
+	// transaction (idempgx.Tx, idemmysql.Tx, idemsqlite.Tx) and the
+	// completion are one transaction with one COMMIT, so a crash or a
+	// rollback leaves no record and no lease, and the retry runs at once. Only
+	// for handlers whose side effects all live in the store's database: the
+	// claim is not durable before the handler runs, so a handler that calls
+	// a provider (with a relayed key) must use the default mode, whose claim
+	// commits first and survives a crash. The Store must implement
+	// idemdriver.TxClaimer (New refuses one that does not). The handler
+	// always runs in the transaction; a 5xx answer (FAILED), ReleaseKey or
+	// a panic roll it back, claim included. No lease is renewed: the
+	// uncommitted claim's row lock holds the key. Default: false.
+	OneCommit bool
+
+	// OneCommitWait bounds how long a request waits for the row lock of a
+	// key that a one-commit execution holds, before it is answered 409
+	// request-in-flight; when the owner commits first, the request gets the
+	// replay. The waiting request holds a connection of the store's pool
+	// meanwhile. SQLite does not use it: there a request waits for the
+	// database's single write lock (idemsqlite.BusyTimeout), which every
+	// key's transaction takes, and gets the replay once the owner commits.
+	// Default: 2 s.
+	OneCommitWait time.Duration
+
 	// Logger receives store errors and lost leases, each call with the
 	// request's context (Logger.ErrorContext and the like), so a handler
 	// that carries trace ids in its context finds them in idem's records.
@@ -285,6 +311,21 @@ type Config struct {
 	// durations: the hook for metrics and traces (docs/observability.md).
 	// Default: none (nil), and no event is built.
 	Observer Observer
+
+	// ProblemWriter writes the error answers idem makes itself (every
+	// problem of docs/problems.md: 400 missing-key, 409 request-in-flight,
+	// 422 key-reused, 503 store-unavailable, ...), so an API can answer in
+	// its own error format (Stripe's error object, for one). p is the
+	// problem idem would send: p.Type names the kind (ProblemTypeBase + the
+	// slug), p.Status the status, p.RetryAfter the delay to send as
+	// Retry-After. The writer chooses the status, headers and body it sends;
+	// Event.Status reports the status it wrote. Answers the handler wrote
+	// (and their replays) never go through it. Default: nil, p.Write: RFC
+	// 9457 problem details as application/problem+json, by which
+	// adapters/idemconnect recognises idem's answers (a ProblemWriter that
+	// sends another Content-Type makes idemconnect pass them through as the
+	// handler's).
+	ProblemWriter func(w http.ResponseWriter, r *http.Request, p Problem)
 
 	// Route names a request's route for Event.Route when the request has no
 	// ServeMux pattern (r.Pattern is empty: chi, gorilla/mux, or idem
@@ -342,18 +383,21 @@ func (c Config) WithDefaults() Config {
 			c.Owner = c.Owner[len(c.Owner)-idemdriver.MaxOwnerBytes:] // the pid end is the telling one
 		}
 	}
+	if c.OneCommitWait == 0 {
+		c.OneCommitWait = DefaultOneCommitWait
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c
 }
 
-func (c Config) validate() error {
+func (c Config) validate(forHTTP bool) error {
 	var errs []error
 	if c.Store == nil {
 		errs = append(errs, errors.New("Store is required"))
 	}
-	if c.Scope == nil {
+	if c.Scope == nil && forHTTP {
 		errs = append(errs, errors.New("Scope is required: name the owner of each request's key (idem.SingleTenant for an API with one owner)"))
 	}
 	if c.LeaseDuration < time.Second {
@@ -383,6 +427,7 @@ func (c Config) validate() error {
 	if c.StoreRetryAfter < 0 || c.InFlightRetryAfter < 0 || c.CompleteTimeout < 0 || c.ClaimTimeout < 0 {
 		errs = append(errs, errors.New("StoreRetryAfter, InFlightRetryAfter, ClaimTimeout and CompleteTimeout must not be negative"))
 	}
+	errs = append(errs, c.validateOneCommit()...)
 	if len(errs) > 0 {
 		return fmt.Errorf("idem: invalid Config: %w", errors.Join(errs...))
 	}

@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -272,4 +273,21 @@ func TestClaimTimeout(t *testing.T) {
 	rec := send(h, "POST", "/x", "k", "{}")
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
 	require.False(t, ran)
+}
+
+// The Scope function's error belongs to the server (a session store's
+// failure, say): the 401 says what the client must do, never the error's
+// text. Regression: the detail was err.Error(), which reached the client.
+func TestScopeErrorIsNotSentToTheClient(t *testing.T) {
+	t.Parallel()
+	secret := "dial tcp 10.0.0.7:6379: session store password=hunter2"
+	mw := newMiddleware(t, idem.Config{Scope: func(*http.Request) (string, error) { return "", errors.New(secret) }})
+	runs := 0
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { runs++; w.WriteHeader(201) }))
+	rec := send(h, "POST", "/x", "k", "{}")
+	require.Equal(t, http.StatusUnauthorized, rec.Code)
+	require.Contains(t, rec.Body.String(), idem.ProblemTypeBase+"missing-scope")
+	require.NotContains(t, rec.Body.String(), "hunter2")
+	require.NotContains(t, rec.Body.String(), "10.0.0.7")
+	require.Zero(t, runs)
 }

@@ -120,5 +120,36 @@
 // Every answer idem makes itself is RFC 9457 problem details with a stable
 // type URI (ProblemTypeBase + kind); docs/problems.md documents each kind.
 // When the store cannot be reached the answer is 503 store-unavailable with
-// Retry-After, and the handler never runs unprotected.
+// Retry-After, and the handler never runs unprotected. Config.ProblemWriter
+// lets an API answer them in its own error format instead.
+//
+// Every answer to a request that reached the claim echoes its
+// Idempotency-Key as sent and, while a record holds the key, advertises
+// when the key expires in the Idempotency-Key-Expires header
+// (HeaderKeyExpires, an RFC 9110 HTTP-date).
+//
+// # Beyond HTTP
+//
+// Engine.Do runs the same protocol (claim, lease, heartbeat, fencing,
+// outcome policy, replay, the claim's transaction) for work that is not an
+// HTTP request: a message consumer, a webhook, a job. The caller names the
+// scope and key (a stream and a message id) and gets the recorded Result,
+// or an error to branch on (ErrInFlight, ErrKeyReused, ErrStoreUnavailable,
+// ErrReleased, ...). The middleware is one user of that engine;
+// examples/natsconsumer is another, for NATS JetStream:
+//
+//	engine, _ := idem.NewEngine(idem.Config{Store: store})
+//	res, err := engine.Do(ctx, idem.DoParams{Scope: "orders", Key: msgID, Payload: data},
+//		func(ctx context.Context) (idem.Result, error) {
+//			tx, _ := idemsqlite.Tx(ctx) // committed with the outcome
+//			...
+//		})
+//
+// # Observing it
+//
+// Config.Observer receives one Event per decision (executed, replayed, in
+// flight, key reused, released, taken over, lease lost, store unavailable,
+// completion failed) with its route, attempt, status and durations; every
+// log call carries the request's context. docs/observability.md lists the
+// events and their fields.
 package idem

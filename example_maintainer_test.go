@@ -6,13 +6,11 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // A Maintainer purges expired records in the background, in batches, in the
@@ -20,17 +18,8 @@ import (
 // maintainer looks at the store a day later (ClockOffset, a test knob), when
 // the first request's key has expired.
 func ExampleMaintainer() {
-	dir, _ := os.MkdirTemp("", "idem-example")
-	defer os.RemoveAll(dir)
-	ctx := context.Background()
-	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
+	store, done := dbtest.ExampleStore() // SQLite in a temporary directory; see idemsqlite.ExampleOpen
+	defer done()
 	mw, _ := idem.New(idem.Config{Scope: idem.SingleTenant, Store: store}) // Retention: 24 h
 	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
@@ -58,7 +47,7 @@ func ExampleMaintainer() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := m.Start(ctx); err != nil {
+	if err := m.Start(context.Background()); err != nil {
 		log.Fatal(err)
 	}
 	c := <-cycles // the first cycle starts at once

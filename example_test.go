@@ -1,48 +1,22 @@
 package idem_test
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
 )
-
-// post sends one JSON POST with an Idempotency-Key and prints what came back.
-func post(url, key, body string) {
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	fmt.Printf("%d replayed=%q %s\n", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), strings.TrimSpace(string(b)))
-}
 
 // Protect a handler: the first request runs it, a retry with the same key
 // gets the stored response, a reused key with another body gets 422.
 func Example() {
-	dir, _ := os.MkdirTemp("", "idem-example")
-	defer os.RemoveAll(dir)
-	ctx := context.Background()
-	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
+	store, done := dbtest.ExampleStore() // SQLite in a temporary directory; see idemsqlite.ExampleOpen
+	defer done()
 
 	mw, err := idem.New(idem.Config{
 		Store: store,
@@ -62,14 +36,14 @@ func Example() {
 	srv := httptest.NewServer(mw.Handler(charge))
 	defer srv.Close()
 
-	post(srv.URL, "order-1001", `{"amount":1000,"currency":"JPY"}`)
-	post(srv.URL, "order-1001", `{ "currency":"JPY", "amount":1000 }`) // same JSON, reordered
-	post(srv.URL, "order-1001", `{"amount":9999,"currency":"JPY"}`)
+	dbtest.PrintPost(srv.URL, "order-1001", `{"amount":1000,"currency":"JPY"}`)
+	dbtest.PrintPost(srv.URL, "order-1001", `{ "currency":"JPY", "amount":1000 }`) // same JSON, reordered
+	dbtest.PrintPost(srv.URL, "order-1001", `{"amount":9999,"currency":"JPY"}`)
 	fmt.Println("charges:", charges)
 	// Output:
 	// 201 replayed="" {"charge":1}
 	// 201 replayed="true" {"charge":1}
-	// 422 replayed="" {"detail":"this Idempotency-Key was first used with a different request body or query; use a new key for a new request","status":422,"title":"Idempotency-Key reused with a different request","type":"https://github.com/idemgo/idem/blob/main/docs/problems.md#key-reused"}
+	// 422 replayed="" {"detail":"this Idempotency-Key was first used with a different request (its body, query or media type differ); use a new key for a new request","status":422,"title":"Idempotency-Key reused with a different request","type":"https://github.com/idemgo/idem/blob/main/docs/problems.md#key-reused"}
 	// charges: 1
 }
 
@@ -77,7 +51,7 @@ func Example() {
 // transaction; idem writes the outcome in the same transaction and commits
 // both together.
 func Example_transactional() {
-	store, done := exampleStore()
+	store, done := dbtest.ExampleStore()
 	defer done()
 	if _, err := store.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {
 		log.Fatal(err)
@@ -107,8 +81,8 @@ func Example_transactional() {
 	srv := httptest.NewServer(mw.Handler(pay))
 	defer srv.Close()
 
-	post(srv.URL, "pay-1", `{}`)
-	post(srv.URL, "pay-1", `{}`)
+	dbtest.PrintPost(srv.URL, "pay-1", `{}`)
+	dbtest.PrintPost(srv.URL, "pay-1", `{}`)
 	var n int
 	_ = store.DB().QueryRow(`SELECT count(*) FROM payments`).Scan(&n)
 	fmt.Println("payments:", n)
@@ -122,7 +96,7 @@ func Example_transactional() {
 // nothing is recorded and the corrected request with the same key runs.
 // (By default a 4xx is an outcome, replayed to every retry.)
 func ExampleReleaseKey() {
-	store, done := exampleStore()
+	store, done := dbtest.ExampleStore()
 	defer done()
 	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
 	if err != nil {
@@ -140,26 +114,11 @@ func ExampleReleaseKey() {
 	srv := httptest.NewServer(mw.Handler(pay))
 	defer srv.Close()
 
-	post(srv.URL, "order-7", `{"amount":1000}`)
-	post(srv.URL+"?currency=JPY", "order-7", `{"amount":1000}`) // corrected, same key
-	post(srv.URL+"?currency=JPY", "order-7", `{"amount":1000}`)
+	dbtest.PrintPost(srv.URL, "order-7", `{"amount":1000}`)
+	dbtest.PrintPost(srv.URL+"?currency=JPY", "order-7", `{"amount":1000}`) // corrected, same key
+	dbtest.PrintPost(srv.URL+"?currency=JPY", "order-7", `{"amount":1000}`)
 	// Output:
 	// 400 replayed="" currency is required
 	// 201 replayed="" {"id":"pay_1"}
 	// 201 replayed="true" {"id":"pay_1"}
-}
-
-// exampleStore opens a migrated SQLite store in a new temporary directory;
-// the returned function closes it and removes the directory.
-func exampleStore() (*idemsqlite.Driver, func()) {
-	dir, _ := os.MkdirTemp("", "idem-example")
-	ctx := context.Background()
-	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
-	return store, func() { store.Close(); os.RemoveAll(dir) }
 }

@@ -167,7 +167,7 @@ func (e *execution) durable(f func(context.Context) (bool, error)) (bool, error)
 	case r := <-done:
 		return r.ok, r.err
 	case <-t.C:
-		e.m.cfg.Logger.Warn("idem: the commit of an outcome is still running past CompleteTimeout; not cancelling it",
+		e.m.cfg.Logger.WarnContext(e.parent, "idem: the commit of an outcome is still running past CompleteTimeout; not cancelling it",
 			"scope", e.fence.Scope, "key", e.fence.Key, "complete_timeout", e.m.cfg.CompleteTimeout)
 		return false, ErrCommitPending
 	}

@@ -19,11 +19,7 @@ import (
 // closed when the test ends.
 func openSQLite(t testing.TB) *idemsqlite.Driver {
 	t.Helper()
-	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.Migrate(t.Context()))
-	return d
+	return dbtest.SQLite(t)
 }
 
 // newMiddleware is idem.New for tests: a store of its own when cfg has

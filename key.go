@@ -21,10 +21,12 @@ const MaxKeyLength = 255
 // by http.Header.Values) and returns the key.
 //
 // Accepted forms (CONTRACT section 2): the RFC 8941 sf-string form ("abc",
-// section 3.3.3; parameters are ignored as RFC 8941 section 3.1.2 allows) and
-// the bare form (abc); both name the same key. The bare form is taken
-// whole, so `abc;v=1` is the key "abc;v=1", while `"abc";v=1` is the key
-// "abc". The key must be 1 to 255 characters of visible ASCII (0x21-0x7E)
+// section 3.3.3) and the bare form (abc); both name the same key. RFC 8941
+// section 3.3 lets an Item carry parameters (section 3.1.2) and the
+// Idempotency-Key draft defines none, so idem ignores them: `"p";x=1`,
+// `"p";x=2` and `"p"` name one key, "p" (a malformed parameter is still an
+// ErrInvalidKey). The bare form is taken whole, so `abc;v=1` is the key
+// "abc;v=1", while `"abc";v=1` is the key "abc". The key must be 1 to 255 characters of visible ASCII (0x21-0x7E)
 // after unquoting.
 //
 // Errors, all wrapping ErrMissingKey or ErrInvalidKey: no field line

@@ -20,6 +20,8 @@ func TestParseKey(t *testing.T) {
 		{"bare token", []string{"abc-123"}, "abc-123", nil},
 		{"sf-string", []string{`"abc-123"`}, "abc-123", nil},
 		{"sf-string with parameters (ignored, RFC 8941 3.1.2)", []string{`"abc";v=1`}, "abc", nil},
+		{"other parameters name the same key", []string{`"abc";v=2;w`}, "abc", nil},
+		{"malformed parameter (upper-case name)", []string{`"abc";V=1`}, "", idem.ErrInvalidKey},
 		{"bare form is taken whole, semicolon included", []string{`abc;v=1`}, "abc;v=1", nil},
 		{"surrounding whitespace", []string{"  abc \t"}, "abc", nil},
 		{"UUID", []string{"8e03978e-40d5-43e8-bc93-6894a57f9324"}, "8e03978e-40d5-43e8-bc93-6894a57f9324", nil},
@@ -74,4 +76,19 @@ func FuzzParseKey(f *testing.F) {
 			require.True(t, key[i] >= 0x21 && key[i] <= 0x7e, "byte %d of %q", i, key)
 		}
 	})
+}
+
+// Parameters on the sf-string form are ignored (docs/problems.md#invalid-key):
+// "p";x=1 and "p";x=2 name one key, the key of "p", so the second request
+// is a retry of the first (a replay, or 422 key-reused for another body),
+// never a second execution.
+func TestParseKeyParametersNameOneKey(t *testing.T) {
+	t.Parallel()
+	var keys []string
+	for _, v := range []string{`"p";x=1`, `"p";x=2`, `"p"`, `p`} {
+		k, err := idem.ParseKey([]string{v})
+		require.NoError(t, err, v)
+		keys = append(keys, k)
+	}
+	require.Equal(t, []string{"p", "p", "p", "p"}, keys)
 }

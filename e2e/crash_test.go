@@ -56,29 +56,18 @@ func TestCrashAfterChargeTakeover(t *testing.T) {
 		require.GreaterOrEqual(t, first.retryAfter(), 1)
 		require.LessOrEqual(t, first.retryAfter(), lease, "Retry-After is at most the lease left")
 
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		attempts, err := payUntilDone(ctx, pd.url(), merchant, key, body(amount))
-		require.NoError(t, err)
+		attempts, done := retryUntilDone(t, pd.url(), merchant, key, amount)
 		for _, a := range attempts[:len(attempts)-1] {
 			require.NoError(t, a.err)
 			require.Equal(t, http.StatusConflict, a.resp.status, "only 409s until the takeover: %s", a.resp)
 			require.LessOrEqual(t, a.resp.retryAfter(), lease)
 		}
-		done := attempts[len(attempts)-1].resp
 		require.False(t, done.replayed(), "the takeover ran the handler again")
 
 		// Both executions relayed the same key, derived by idem from
 		// (merchant, key, created_at, "charge") with the relay secret; the provider
 		// replayed its charge to the second.
-		require.Equal(t, []pspRequest{{201, false}, {201, true}}, pspRequests(t, w.psp, ins.relayKey(t, merchant, key), 2))
-		w.requireOneCharge(pd, ins, merchant, amount)
-		require.Equal(t, record{found: true, state: "SUCCEEDED", fencingToken: 2, attempts: 2}, ins.record(t, merchant, key))
-
-		again, err := pay(context.Background(), pd.url(), merchant, key, body(amount))
-		require.NoError(t, err)
-		require.True(t, again.replayed())
-		require.Equal(t, done.body, again.body)
+		w.requireTakenOver(pd, ins, pd.url(), merchant, key, amount, done)
 	})
 }
 
@@ -102,19 +91,11 @@ func TestStalledOwnerFencedOut(t *testing.T) {
 		a := w.paymentsd("paymentsd-a", db, "--lease", "2s", "--stall-after-charge", "8s")
 		b := w.paymentsd("paymentsd-b", db, "--lease", "2s")
 
-		answerA := make(chan attempt, 1)
-		go func() {
-			r, err := pay(context.Background(), a.url(), merchant, key, body(amount))
-			answerA <- attempt{resp: r, err: err, at: time.Now()}
-		}()
+		answerA := payInBackground(a.url(), merchant, key, amount)
 		require.Eventually(t, func() bool { return a.logged("fault injected: stalling after the charge, renewing no lease") == 1 },
 			30*time.Second, 10*time.Millisecond)
 
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		attempts, err := payUntilDone(ctx, b.url(), merchant, key, body(amount))
-		require.NoError(t, err)
-		done := attempts[len(attempts)-1].resp
+		attempts, done := retryUntilDone(t, b.url(), merchant, key, amount)
 		require.False(t, done.replayed(), "B took the key over and ran the handler")
 		require.Greater(t, len(attempts), 1, "B waited for A's lease to run out")
 		require.Equal(t, http.StatusConflict, attempts[0].resp.status)
@@ -129,13 +110,7 @@ func TestStalledOwnerFencedOut(t *testing.T) {
 		requireNotRecorded(t, a, ra.resp)
 		require.True(t, a.running(), "A is slow, not dead")
 
-		require.Equal(t, []pspRequest{{201, false}, {201, true}}, pspRequests(t, w.psp, ins.relayKey(t, merchant, key), 2))
-		w.requireOneCharge(b, ins, merchant, amount)
-		require.Equal(t, record{found: true, state: "SUCCEEDED", fencingToken: 2, attempts: 2}, ins.record(t, merchant, key))
-		again, err := pay(context.Background(), a.url(), merchant, key, body(amount))
-		require.NoError(t, err)
-		require.True(t, again.replayed())
-		require.Equal(t, done.body, again.body, "the key's result is B's, on A too")
+		w.requireTakenOver(b, ins, a.url(), merchant, key, amount, done, "the key's result is B's, on A too")
 	})
 }
 
@@ -158,20 +133,12 @@ func TestFrozenOwnerFencedOut(t *testing.T) {
 		a := w.paymentsd("paymentsd-a", db, "--lease", "2s")
 		b := w.paymentsd("paymentsd-b", db, "--lease", "2s")
 
-		answerA := make(chan attempt, 1)
-		go func() {
-			r, err := pay(context.Background(), a.url(), merchant, key, body(amount))
-			answerA <- attempt{resp: r, err: err, at: time.Now()}
-		}()
+		answerA := payInBackground(a.url(), merchant, key, amount)
 		// A has claimed the key: freeze it.
 		require.Eventually(t, func() bool { return ins.record(t, merchant, key).found }, 30*time.Second, 5*time.Millisecond)
 		a.signal(syscall.SIGSTOP)
 
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		attempts, err := payUntilDone(ctx, b.url(), merchant, key, body(amount))
-		require.NoError(t, err)
-		done := attempts[len(attempts)-1].resp
+		attempts, done := retryUntilDone(t, b.url(), merchant, key, amount)
 		require.False(t, done.replayed(), "B took the key over")
 		require.Equal(t, http.StatusConflict, attempts[0].resp.status, "A's lease held at first: %s", attempts[0].resp)
 
@@ -188,6 +155,46 @@ func TestFrozenOwnerFencedOut(t *testing.T) {
 			require.Contains(t, []int{201, 409}, r.status, "every charge request carried the relayed key")
 		}
 	})
+}
+
+// payInBackground sends one payment in a goroutine; the channel gets its
+// answer.
+func payInBackground(url, merchant, key string, amount int64) <-chan attempt {
+	answer := make(chan attempt, 1)
+	go func() {
+		r, err := pay(context.Background(), url, merchant, key, body(amount))
+		answer <- attempt{resp: r, err: err, at: time.Now()}
+	}()
+	return answer
+}
+
+// retryUntilDone retries the payment on url for up to a minute until it is
+// answered other than 409 (payUntilDone), requires that it was, and returns
+// every attempt and the last answer.
+func retryUntilDone(t *testing.T, url, merchant, key string, amount int64) ([]attempt, response) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	attempts, err := payUntilDone(ctx, url, merchant, key, body(amount))
+	require.NoError(t, err)
+	return attempts, attempts[len(attempts)-1].resp
+}
+
+// requireTakenOver checks a key taken over once and completed by owner: both
+// executions relayed the same key to the provider, which replayed its charge
+// to the second; one charge (requireOneCharge); the record SUCCEEDED under
+// fencing token 2 after 2 attempts; and a retry on replayURL replays done's
+// body.
+func (w *world) requireTakenOver(owner *proc, ins *inspector, replayURL, merchant, key string, amount int64, done response, msgAndArgs ...any) {
+	t := w.t
+	t.Helper()
+	require.Equal(t, []pspRequest{{201, false}, {201, true}}, pspRequests(t, w.psp, ins.relayKey(t, merchant, key), 2))
+	w.requireOneCharge(owner, ins, merchant, amount)
+	require.Equal(t, record{found: true, state: "SUCCEEDED", fencingToken: 2, attempts: 2}, ins.record(t, merchant, key))
+	again, err := pay(context.Background(), replayURL, merchant, key, body(amount))
+	require.NoError(t, err)
+	require.True(t, again.replayed())
+	require.Equal(t, done.body, again.body, msgAndArgs...)
 }
 
 // requireNotRecorded checks the answer of a stalled or frozen owner whose

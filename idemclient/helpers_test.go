@@ -123,6 +123,18 @@ func do(t *testing.T, tr http.RoundTripper, method, url, body string, header htt
 	return resp, string(b), nil
 }
 
+// postRoundTrip sends one POST of body to url through tr.RoundTrip (no
+// http.Client), requires an answer, and returns it with its body closed.
+func postRoundTrip(t *testing.T, tr http.RoundTripper, url string, body io.Reader) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, body)
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp
+}
+
 // hiddenReader hides the type of its reader from http.NewRequest, so the
 // request gets no GetBody.
 type hiddenReader struct{ io.Reader }

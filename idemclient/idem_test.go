@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,7 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemclient"
-	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // Eight clients send the same request with the same key while the first run
@@ -26,12 +25,7 @@ func TestAgainstIdem(t *testing.T) {
 	t.Parallel()
 	const clients = 8
 	ctx := t.Context()
-	store, err := idemsqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	require.NoError(t, store.Migrate(ctx))
-	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
-	require.NoError(t, err)
+	mw := newMiddleware(t)
 
 	var runs atomic.Int32
 	release := make(chan struct{})
@@ -129,13 +123,7 @@ func TestAgainstIdem(t *testing.T) {
 // A reused key with another body gets idem's 422, which is not retried.
 func TestAgainstIdemKeyReusedNotRetried(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	store, err := idemsqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	require.NoError(t, store.Migrate(ctx))
-	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
-	require.NoError(t, err)
+	mw := newMiddleware(t)
 	var runs atomic.Int32
 	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
@@ -155,4 +143,13 @@ func TestAgainstIdemKeyReusedNotRetried(t *testing.T) {
 	require.Contains(t, body, "key-reused")
 	require.EqualValues(t, 2, attempts.Load())
 	require.EqualValues(t, 1, runs.Load())
+}
+
+// newMiddleware returns idem's middleware, single-tenant, on a migrated
+// SQLite store in the test's temporary directory, closed when the test ends.
+func newMiddleware(t *testing.T) *idem.Middleware {
+	t.Helper()
+	mw, err := idem.New(idem.Config{Store: dbtest.SQLite(t), Scope: idem.SingleTenant})
+	require.NoError(t, err)
+	return mw
 }

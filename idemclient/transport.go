@@ -309,10 +309,11 @@ func (t *Transport) send(ctx context.Context, r *http.Request, at *attemptTimer)
 		at.cancel()
 		return nil, err
 	}
-	if rw, ok := resp.Body.(io.ReadWriteCloser); ok {
-		resp.Body = &cancelOnCloseRW{ReadWriteCloser: rw, cancel: at.cancel}
+	body := &cancelOnClose{ReadCloser: resp.Body, cancel: at.cancel}
+	if w, ok := resp.Body.(io.ReadWriteCloser); ok {
+		resp.Body = &cancelOnCloseRW{cancelOnClose: body, Writer: w}
 	} else {
-		resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: at.cancel}
+		resp.Body = body
 	}
 	return resp, nil
 }
@@ -329,16 +330,11 @@ func (b *cancelOnClose) Close() error {
 	return err
 }
 
-// cancelOnCloseRW keeps the io.Writer of a 101 Switching Protocols body.
+// cancelOnCloseRW keeps the io.Writer of a 101 Switching Protocols body;
+// Read and Close are cancelOnClose's.
 type cancelOnCloseRW struct {
-	io.ReadWriteCloser
-	cancel context.CancelFunc
-}
-
-func (b *cancelOnCloseRW) Close() error {
-	err := b.ReadWriteCloser.Close()
-	b.cancel()
-	return err
+	*cancelOnClose
+	io.Writer
 }
 
 // discard drains (at most MaxDrainBytes) and closes a response that is not

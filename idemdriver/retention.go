@@ -31,6 +31,20 @@ var ErrLockLost = errors.New("idemdriver: the maintenance lock was lost")
 // idem_keys table is not partitioned.
 var ErrNotPartitioned = errors.New("idemdriver: idem_keys is not partitioned")
 
+// Maintainable is the set of optional interfaces that every driver idem
+// ships (idempgx, idemmysql, idemsqlite) implements beside Driver:
+// retention (Purger, MaintenanceLocker), the operator's reads (Inspector)
+// and migrations (Migrator). Such a driver states it at compile time with
+//
+//	var _ idemdriver.Maintainable = (*Driver)(nil)
+type Maintainable interface {
+	Driver
+	Purger
+	MaintenanceLocker
+	Inspector
+	Migrator
+}
+
 // PurgeParams select the records a purge removes.
 type PurgeParams struct {
 	// Limit is the most records one PurgeExpired call deletes (one batch,

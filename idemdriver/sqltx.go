@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // SQLTx is the business transaction of a driver on database/sql (idemmysql,
@@ -38,3 +39,70 @@ func (t *SQLTx) Rollback(context.Context) error {
 
 // Native implements Tx: the *sql.Tx.
 func (t *SQLTx) Native() any { return t.Tx }
+
+// SQLQueryer is what QueryStats needs of database/sql:
+// a *sql.DB, *sql.Conn or *sql.Tx.
+type SQLQueryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// QueryStats is Inspector.Stats for a driver on database/sql, run on q (a
+// connection or transaction that reads one snapshot). statsQuery, with
+// statsArgs, returns one row of (now, total, PROCESSING count, SUCCEEDED
+// count, FAILED count, oldest created_at or NULL, expired count, stuck
+// count), times in microseconds since the Unix epoch; when top > 0,
+// topQuery, given top as its one argument, returns the (scope, count) rows
+// of the largest scopes (queryScopeCounts). On an error it returns what it
+// had read.
+func QueryStats(ctx context.Context, q SQLQueryer, statsQuery string, statsArgs []any, topQuery string, top int) (Stats, error) {
+	st := Stats{ByState: map[State]int64{}}
+	var (
+		nowUS, processing, succeeded, failed int64
+		oldest                               sql.NullInt64
+	)
+	err := q.QueryRowContext(ctx, statsQuery, statsArgs...).
+		Scan(&nowUS, &st.Total, &processing, &succeeded, &failed, &oldest, &st.Expired, &st.Stuck)
+	if err != nil {
+		return st, err
+	}
+	st.Now, st.Oldest = MicrosTime(nowUS), NullMicrosTime(oldest)
+	st.ByState[StateProcessing], st.ByState[StateSucceeded], st.ByState[StateFailed] = processing, succeeded, failed
+	if top > 0 {
+		st.TopScopes, err = queryScopeCounts(ctx, q, topQuery, top)
+	}
+	return st, err
+}
+
+// queryScopeCounts runs query on q and reads its rows of (scope, count), in
+// the query's order: StatsResult.TopScopes for a driver on database/sql. It
+// returns nil for no rows.
+func queryScopeCounts(ctx context.Context, q SQLQueryer, query string, args ...any) ([]ScopeCount, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var counts []ScopeCount
+	for rows.Next() {
+		var sc ScopeCount
+		if err := rows.Scan(&sc.Scope, &sc.Count); err != nil {
+			return counts, err
+		}
+		counts = append(counts, sc)
+	}
+	return counts, rows.Err()
+}
+
+// MicrosTime is the UTC time of us, microseconds since the Unix epoch (the
+// timestamp columns of idemmysql and idemsqlite).
+func MicrosTime(us int64) time.Time { return time.UnixMicro(us).UTC() }
+
+// NullMicrosTime is MicrosTime of a nullable column: nil for NULL.
+func NullMicrosTime(v sql.NullInt64) *time.Time {
+	if !v.Valid {
+		return nil
+	}
+	t := MicrosTime(v.Int64)
+	return &t
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql/driver"
 	"sync/atomic"
+
+	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // countingConnector wraps go-sql-driver's connector and counts the SQL
@@ -67,14 +69,14 @@ func (c *countingConn) BeginTx(ctx context.Context, o driver.TxOptions) (driver.
 	if err != nil {
 		return nil, err
 	}
-	return countingTx{inner: tx, n: c.n}, nil
+	return dbtest.CountingTx{Inner: tx, N: c.n}, nil
 }
 func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
 	s, err := c.inner.PrepareContext(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	return &countingStmt{inner: s.(mysqlStmt), n: c.n}, nil
+	return &dbtest.CountingStmt{Inner: s, N: c.n}, nil
 }
 
 // ExecContext and QueryContext with arguments answer driver.ErrSkip (unless
@@ -93,48 +95,6 @@ func (c *countingConn) QueryContext(ctx context.Context, q string, a []driver.Na
 		c.n.Add(1)
 	}
 	return rows, err
-}
-
-type countingTx struct {
-	inner driver.Tx
-	n     *atomic.Int64
-}
-
-func (t countingTx) Commit() error   { t.n.Add(1); return t.inner.Commit() }
-func (t countingTx) Rollback() error { t.n.Add(1); return t.inner.Rollback() }
-
-type mysqlStmt interface {
-	driver.Stmt
-	driver.StmtExecContext
-	driver.StmtQueryContext
-	driver.NamedValueChecker
-}
-
-type countingStmt struct {
-	inner mysqlStmt
-	n     *atomic.Int64
-}
-
-func (s *countingStmt) Close() error  { return s.inner.Close() }
-func (s *countingStmt) NumInput() int { return s.inner.NumInput() }
-func (s *countingStmt) CheckNamedValue(nv *driver.NamedValue) error {
-	return s.inner.CheckNamedValue(nv)
-}
-func (s *countingStmt) Exec(a []driver.Value) (driver.Result, error) {
-	s.n.Add(1)
-	return s.inner.Exec(a) //nolint:staticcheck // required by driver.Stmt
-}
-func (s *countingStmt) Query(a []driver.Value) (driver.Rows, error) {
-	s.n.Add(1)
-	return s.inner.Query(a) //nolint:staticcheck // required by driver.Stmt
-}
-func (s *countingStmt) ExecContext(ctx context.Context, a []driver.NamedValue) (driver.Result, error) {
-	s.n.Add(1)
-	return s.inner.ExecContext(ctx, a)
-}
-func (s *countingStmt) QueryContext(ctx context.Context, a []driver.NamedValue) (driver.Rows, error) {
-	s.n.Add(1)
-	return s.inner.QueryContext(ctx, a)
 }
 
 // counting returns a wrap function for idemmysql.OpenWrapped and the

@@ -563,10 +563,10 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 			// (After a lock wait too: with no committed row there is nothing
 			// to answer from. idem's own INSERTs commit at once, so only a
 			// transaction of someone else's can hold an uncommitted key.)
-			res, err = d.insert(ctx, p, snap.nowUS)
+			res, err = d.insert(ctx, nil, p, snap.nowUS)
 			won = err == nil
 		} else {
-			res, won, err = d.takeover(ctx, p, snap, dec.Continues())
+			res, won, err = d.takeover(ctx, nil, p, snap, dec.Continues())
 			if err == nil && !won {
 				d.resolved[kindRaced].Add(1)
 			}
@@ -616,8 +616,8 @@ func (d *Driver) read(ctx context.Context, scope, key string, offset int64) (sna
 	return scanSnapshot(s.QueryRowContext(ctx, offset, scope, key))
 }
 
-func (d *Driver) insert(ctx context.Context, p idemdriver.ClaimParams, nowUS int64) (idemdriver.ClaimResult, error) {
-	s, err := d.stmt(ctx, stInsert)
+func (d *Driver) insert(ctx context.Context, tx *sql.Tx, p idemdriver.ClaimParams, nowUS int64) (idemdriver.ClaimResult, error) {
+	s, err := d.txStmt(ctx, tx, stInsert)
 	if err != nil {
 		return idemdriver.ClaimResult{}, err
 	}
@@ -630,8 +630,8 @@ func (d *Driver) insert(ctx context.Context, p idemdriver.ClaimParams, nowUS int
 	return claimed(p, 1, 1, nowUS, nowUS, expiresUS, lockedUS), nil
 }
 
-func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap snapshot, continues bool) (idemdriver.ClaimResult, bool, error) {
-	s, err := d.stmt(ctx, stTakeover)
+func (d *Driver) takeover(ctx context.Context, tx *sql.Tx, p idemdriver.ClaimParams, snap snapshot, continues bool) (idemdriver.ClaimResult, bool, error) {
+	s, err := d.txStmt(ctx, tx, stTakeover)
 	if err != nil {
 		return idemdriver.ClaimResult{}, false, err
 	}
@@ -663,24 +663,22 @@ func (d *Driver) takeover(ctx context.Context, p idemdriver.ClaimParams, snap sn
 // count the lease from the read: a lower bound of the lease written, which
 // counts from the write (see lockedUntil).
 func claimed(p idemdriver.ClaimParams, token int64, attempts int, createdUS, updatedUS, expiresUS, lockedUS int64) idemdriver.ClaimResult {
-	locked := usTime(lockedUS)
+	locked := idemdriver.MicrosTime(lockedUS)
 	return idemdriver.ClaimResult{Claimed: true, Record: idemdriver.Record{
 		Scope: p.Scope, Key: p.Key, Method: p.Method, Path: p.Path, Owner: p.Owner,
 		Fingerprint: bytes.Clone(p.Fingerprint), State: idemdriver.StateProcessing,
 		FencingToken: token, LeaseLeft: idemdriver.LeaseLeft(idemdriver.StateProcessing, p.LeaseDuration, true),
-		Attempts: attempts, CreatedAt: usTime(createdUS), UpdatedAt: usTime(updatedUS),
-		ExpiresAt: usTime(expiresUS), LockedUntil: &locked,
+		Attempts: attempts, CreatedAt: idemdriver.MicrosTime(createdUS), UpdatedAt: idemdriver.MicrosTime(updatedUS),
+		ExpiresAt: idemdriver.MicrosTime(expiresUS), LockedUntil: &locked,
 	}}
 }
 
 // sleepJitter waits 1 to 5 ms before a deadlock victim tries again.
 func sleepJitter(ctx context.Context) error {
-	t := time.NewTimer(time.Millisecond + rand.N(4*time.Millisecond))
-	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-t.C:
+	case <-time.After(time.Millisecond + rand.N(4*time.Millisecond)): // collected unstopped since Go 1.23
 		return nil
 	}
 }
@@ -709,6 +707,12 @@ func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool,
 
 // Complete implements idemdriver.Driver.
 func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
+	return d.completeWith(ctx, nil, p)
+}
+
+// completeWith runs the fenced completion: in tx when not nil (not retried,
+// see completeIn), otherwise on the pool, retried on a deadlock.
+func (d *Driver) completeWith(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
 	s, err := d.stmt(ctx, stComplete)
 	if err != nil {
 		return false, err
@@ -716,6 +720,9 @@ func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (boo
 	limit, err := d.packetLimit(ctx)
 	if err != nil {
 		return false, err
+	}
+	if tx != nil {
+		return complete(ctx, tx.StmtContext(ctx, s), false, p, limit)
 	}
 	return complete(ctx, s, true, p, limit)
 }
@@ -759,15 +766,7 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 // business writes with it, and the error reaches the core (503; the record
 // stays PROCESSING until its lease runs out).
 func (d *Driver) completeIn(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
-	s, err := d.stmt(ctx, stComplete)
-	if err != nil {
-		return false, err
-	}
-	limit, err := d.packetLimit(ctx)
-	if err != nil {
-		return false, err
-	}
-	return complete(ctx, tx.StmtContext(ctx, s), false, p, limit)
+	return d.completeWith(ctx, tx, p)
 }
 
 // packetOverhead is what a completion's packet carries besides the
@@ -860,8 +859,8 @@ func scanSnapshot(row rowScanner) (snapshot, error) {
 	rec := idemdriver.Record{
 		Scope: scope.String, Key: key.String, Method: method.String, Path: path.String, Owner: owner.String,
 		Fingerprint: s.fingerprint, State: idemdriver.State(state.String), FencingToken: token.Int64,
-		Attempts: int(attempts.Int64), CreatedAt: usTime(createdAt.Int64), UpdatedAt: usTime(updatedAt.Int64),
-		ExpiresAt: usTime(expiresAt.Int64), CompletedAt: nullTime(completedAt), LockedUntil: nullTime(s.lockedUS),
+		Attempts: int(attempts.Int64), CreatedAt: idemdriver.MicrosTime(createdAt.Int64), UpdatedAt: idemdriver.MicrosTime(updatedAt.Int64),
+		ExpiresAt: idemdriver.MicrosTime(expiresAt.Int64), CompletedAt: idemdriver.NullMicrosTime(completedAt), LockedUntil: idemdriver.NullMicrosTime(s.lockedUS),
 	}
 	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
 	if rec.Response, err = idemdriver.DecodeResponse(rec.State, resp); err != nil {
@@ -869,14 +868,4 @@ func scanSnapshot(row rowScanner) (snapshot, error) {
 	}
 	s.rec = rec
 	return s, nil
-}
-
-func usTime(us int64) time.Time { return time.UnixMicro(us).UTC() }
-
-func nullTime(v sql.NullInt64) *time.Time {
-	if !v.Valid {
-		return nil
-	}
-	t := usTime(v.Int64)
-	return &t
 }

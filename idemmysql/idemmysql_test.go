@@ -61,6 +61,19 @@ func secondDriver(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
 	return idemmysql.New(db)
 }
 
+// fromConfig returns a driver (idemmysql.New) on a pool opened with cfg, and
+// the pool; both close when the test ends.
+func fromConfig(t *testing.T, cfg *mysql.Config) (*idemmysql.Driver, *sql.DB) {
+	t.Helper()
+	connector, err := mysql.NewConnector(cfg)
+	require.NoError(t, err)
+	db := sql.OpenDB(connector)
+	t.Cleanup(func() { db.Close() })
+	d := idemmysql.New(db)
+	t.Cleanup(func() { d.Close() })
+	return d, db
+}
+
 // waitForDatabase waits until cfg's node has applied the CREATE DATABASE
 // of another node.
 func waitForDatabase(t *testing.T, cfg *mysql.Config) {
@@ -83,18 +96,6 @@ func sep(url string) string {
 
 func newDriver(t testing.TB) idemdriver.Driver { return open(t, "") }
 
-type business struct{ db *sql.DB }
-
-func (b business) Insert(ctx context.Context, tx idemdriver.Tx, id string) error {
-	_, err := tx.Native().(*sql.Tx).ExecContext(ctx, `INSERT INTO business_rows (id) VALUES (?)`, id)
-	return err
-}
-
-func (b business) Count(ctx context.Context, id string) (n int, err error) {
-	err = b.db.QueryRowContext(ctx, `SELECT count(*) FROM business_rows WHERE id = ?`, id).Scan(&n)
-	return n, err
-}
-
 func TestConformance(t *testing.T) {
 	idemdrivertest.Run(t, idemdrivertest.Harness{
 		NewDriver: func(t *testing.T) idemdriver.Driver { return newDriver(t) },
@@ -108,7 +109,7 @@ func TestConformance(t *testing.T) {
 			db := d.(*idemmysql.Driver).DB()
 			_, err := db.Exec(`CREATE TABLE business_rows (id VARCHAR(255) PRIMARY KEY) ENGINE = InnoDB`)
 			require.NoError(t, err)
-			return business{db}
+			return dbtest.SQLBusiness{DB: db}
 		},
 		NewCountingDriver: func(t *testing.T) (idemdriver.Driver, func() int64) {
 			wrap, n := counting()
@@ -123,7 +124,7 @@ func TestConformance(t *testing.T) {
 		// then completes. Replays, 409 and 422 are answered by the read.
 		// A transactional completion adds START TRANSACTION and COMMIT
 		// (Open's sessions default to READ COMMITTED, so no SET TRANSACTION).
-		Budget:       map[string]int{"first": 3, "first-transactional": 5, "replay": 1, "in-flight": 1, "key-reused": 1},
+		Budget:       map[string]int{"first": 3, "first-transactional": 5, "first-one-commit": 5, "replay": 1, "in-flight": 1, "key-reused": 1},
 		SingleWriter: false,
 		Maintenance:  true,
 		SecondDriver: secondDriver,

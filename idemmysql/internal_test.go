@@ -19,11 +19,7 @@ import (
 func TestStatementsUsePrimaryKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, _ := dbtest.MySQLURL(t)
-	d, err := Open(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.Migrate(ctx))
+	d := openMigrated(t)
 	// A few rows, so that the optimizer has a choice.
 	for _, k := range []string{"a", "b", "c", "d"} {
 		_, err := d.Claim(ctx, claimParams("acct", k))
@@ -38,32 +34,28 @@ func TestStatementsUsePrimaryKey(t *testing.T) {
 		stRelease:   {"acct", "b", int64(1), int64(1)},
 	}
 	for id, a := range args {
-		rows, err := d.DB().QueryContext(ctx, "EXPLAIN "+queries[id], a...)
-		require.NoError(t, err)
-		cols, err := rows.Columns()
-		require.NoError(t, err)
 		found := false
-		for rows.Next() {
-			vals := make([]sql.NullString, len(cols))
-			ptrs := make([]any, len(cols))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			require.NoError(t, rows.Scan(ptrs...))
-			row := map[string]string{}
-			for i, c := range cols {
-				row[c] = vals[i].String
-			}
+		for _, row := range explain(t, d.DB(), queries[id], a...) {
 			if row["table"] == "k" || row["table"] == "idem_keys" {
 				found = true
 				require.Equal(t, "PRIMARY", row["key"], "statement %d: %v", id, row)
 				require.Contains(t, []string{"const", "range", "eq_ref"}, row["type"], "statement %d: %v", id, row)
 			}
 		}
-		require.NoError(t, rows.Err())
-		rows.Close()
 		require.True(t, found, "statement %d", id)
 	}
+}
+
+// openMigrated opens a driver on a fresh database (dbtest.MySQLURL), closed
+// when the test ends, and migrates it.
+func openMigrated(t *testing.T) *Driver {
+	t.Helper()
+	url, _ := dbtest.MySQLURL(t)
+	d, err := Open(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(context.Background()))
+	return d
 }
 
 func claimParams(scope, key string) idemdriver.ClaimParams {
@@ -103,11 +95,7 @@ func explain(t *testing.T, db *sql.DB, query string, args ...any) []map[string]s
 func TestMaintenanceStatementsUseIndexes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, _ := dbtest.MySQLURL(t)
-	d, err := Open(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.Migrate(ctx))
+	d := openMigrated(t)
 	var keys [][2][]byte
 	for i := 0; i < 300; i++ {
 		p := claimParams(fmt.Sprint("acct", i%5), fmt.Sprint("k", i))
@@ -125,7 +113,7 @@ func TestMaintenanceStatementsUseIndexes(t *testing.T) {
 			keys = append(keys, [2][]byte{[]byte(p.Scope), []byte(p.Key)})
 		}
 	}
-	_, err = d.DB().ExecContext(ctx, `ANALYZE TABLE idem_keys`)
+	_, err := d.DB().ExecContext(ctx, `ANALYZE TABLE idem_keys`)
 	require.NoError(t, err)
 	for _, tc := range []struct {
 		name, query, index string
@@ -154,11 +142,7 @@ func TestMaintenanceStatementsUseIndexes(t *testing.T) {
 func TestPurgeBlocksNoClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, _ := dbtest.MySQLURL(t)
-	d, err := Open(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.Migrate(ctx))
+	d := openMigrated(t)
 	for i := 0; i < 3; i++ {
 		p := claimParams("acct", fmt.Sprint("old", i))
 		p.ClockOffset = -2 * time.Hour

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pressly/goose/v3/database"
 
+	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )
 
@@ -128,7 +129,7 @@ func (s versionStore) GetMigration(ctx context.Context, db database.DBTxConn, ve
 	}
 	res := &database.GetMigrationResult{IsApplied: applied}
 	if us.Valid {
-		res.Timestamp = usTime(us.Int64)
+		res.Timestamp = idemdriver.MicrosTime(us.Int64)
 	}
 	return res, nil
 }

@@ -13,12 +13,7 @@ import (
 	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )
 
-var (
-	_ idemdriver.Purger            = (*Driver)(nil)
-	_ idemdriver.MaintenanceLocker = (*Driver)(nil)
-	_ idemdriver.Inspector         = (*Driver)(nil)
-	_ idemdriver.Migrator          = (*Driver)(nil)
-)
+var _ idemdriver.Maintainable = (*Driver)(nil)
 
 // purgeable is the condition of a record that a purge may delete: expired
 // for longer than OlderThan, and not a PROCESSING record under a live lease.
@@ -203,7 +198,7 @@ func (d *Driver) Now(ctx context.Context, offset time.Duration) (time.Time, erro
 	if err := d.db.QueryRowContext(ctx, `SELECT `+micros(now), offset.Microseconds()).Scan(&us); err != nil {
 		return time.Time{}, err
 	}
-	return usTime(us), nil
+	return idemdriver.MicrosTime(us), nil
 }
 
 // statsSQL counts in one pass (a full scan of idem_keys). Args: offset x 3.
@@ -224,37 +219,9 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 		return st, err
 	}
 	defer tx.Rollback() //nolint:errcheck // read only
-	var (
-		nowUS, processing, succeeded, failed int64
-		oldest                               sql.NullInt64
-	)
 	off := p.ClockOffset.Microseconds()
-	err = tx.QueryRowContext(ctx, statsSQL, off, off, off).
-		Scan(&nowUS, &st.Total, &processing, &succeeded, &failed, &oldest, &st.Expired, &st.Stuck)
-	if err != nil {
-		return st, err
-	}
-	st.Now, st.Oldest = usTime(nowUS), nullTime(oldest)
-	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
-	if p.TopScopes > 0 {
-		rows, err := tx.QueryContext(ctx, `SELECT scope, COUNT(*) FROM idem_keys GROUP BY scope
-			ORDER BY COUNT(*) DESC, scope LIMIT ?`, p.TopScopes)
-		if err != nil {
-			return st, err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var sc idemdriver.ScopeCount
-			if err := rows.Scan(&sc.Scope, &sc.Count); err != nil {
-				return st, err
-			}
-			st.TopScopes = append(st.TopScopes, sc)
-		}
-		if err := rows.Err(); err != nil {
-			return st, err
-		}
-	}
-	return st, nil
+	return idemdriver.QueryStats(ctx, tx, statsSQL, []any{off, off, off}, `SELECT scope, COUNT(*) FROM idem_keys GROUP BY scope
+		ORDER BY COUNT(*) DESC, scope LIMIT ?`, p.TopScopes)
 }
 
 // stuckSQL reads a range of the index idem_keys_processing (state,

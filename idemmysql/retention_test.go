@@ -4,7 +4,6 @@ package idemmysql_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -252,12 +251,7 @@ func TestMigrateStatusAndDown(t *testing.T) {
 	require.NoError(t, err)
 	cfg.ParseTime = false
 	cfg.Params = map[string]string{"time_zone": "'+09:00'"}
-	connector, err := mysql.NewConnector(cfg)
-	require.NoError(t, err)
-	db := sql.OpenDB(connector)
-	t.Cleanup(func() { db.Close() })
-	d := idemmysql.New(db)
-	t.Cleanup(func() { d.Close() })
+	d, _ := fromConfig(t, cfg)
 
 	list, err := d.MigrationStatus(ctx)
 	require.NoError(t, err)

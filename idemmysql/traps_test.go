@@ -80,31 +80,8 @@ func barrier(n int) func() {
 // fails the test on any error.
 func race(t *testing.T, d idemdriver.Driver, p idemdriver.ClaimParams) []idemdriver.ClaimResult {
 	t.Helper()
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		results []idemdriver.ClaimResult
-		errs    []error
-		start   = make(chan struct{})
-	)
-	for i := 0; i < racers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			res, err := d.Claim(context.Background(), p)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
-				return
-			}
-			results = append(results, res)
-		}()
-	}
-	close(start)
-	wg.Wait()
-	require.NoError(t, errors.Join(errs...))
+	results, err := dbtest.Race(racers, func() (idemdriver.ClaimResult, error) { return d.Claim(context.Background(), p) })
+	require.NoError(t, err)
 	return results
 }
 
@@ -463,12 +440,7 @@ func TestFencedWriteAlwaysCounts(t *testing.T) {
 	cfg, err := idemmysql.ParseURL(url + sep(url) + frozen)
 	require.NoError(t, err)
 	cfg.ClientFoundRows = true
-	connector, err := mysql.NewConnector(cfg)
-	require.NoError(t, err)
-	db := sql.OpenDB(connector)
-	t.Cleanup(func() { db.Close() })
-	found := idemmysql.New(db)
-	t.Cleanup(func() { found.Close() })
+	found, _ := fromConfig(t, cfg)
 
 	for _, tc := range []struct {
 		name string
@@ -688,12 +660,7 @@ func TestNewOnPlainPool(t *testing.T) {
 	cfg, err := mysql.ParseDSN(dbtest.MySQLDSN(t))
 	require.NoError(t, err)
 	cfg.ParseTime, cfg.Loc = false, time.FixedZone("JST", 9*3600)
-	connector, err := mysql.NewConnector(cfg)
-	require.NoError(t, err)
-	db := sql.OpenDB(connector)
-	t.Cleanup(func() { db.Close() })
-	d := idemmysql.New(db)
-	t.Cleanup(func() { d.Close() })
+	d, db := fromConfig(t, cfg)
 	require.NoError(t, d.Migrate(ctx))
 	res, err := d.Claim(ctx, params("acct", "k", "b"))
 	require.NoError(t, err)

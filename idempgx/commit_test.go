@@ -44,15 +44,8 @@ func TestCommitFailureReleasesTheClaim(t *testing.T) {
 		require.NoError(t, err)
 		w.WriteHeader(http.StatusCreated)
 	}))
-	send := func() *httptest.ResponseRecorder {
-		req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
-		req.Header.Set(idem.HeaderKey, "k")
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
-	}
 
-	first := send()
+	first := sendPayment(h)
 	require.Equal(t, http.StatusServiceUnavailable, first.Code)
 	var p map[string]any
 	require.NoError(t, json.Unmarshal(first.Body.Bytes(), &p))
@@ -62,10 +55,20 @@ func TestCommitFailureReleasesTheClaim(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.StateFailed, rec.State, "the claim is released, not held for a lease")
 
-	second := send()
+	second := sendPayment(h)
 	require.Equal(t, http.StatusCreated, second.Code, "the retry runs at once")
 	require.Equal(t, 2, runs)
 	var children int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM children`).Scan(&children))
 	require.Zero(t, children, "the failed commit's rows are gone")
+}
+
+// sendPayment serves one POST /v1/payments with body {} and Idempotency-Key
+// "k" through h, in-process, and returns the answer.
+func sendPayment(h http.Handler) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
+	req.Header.Set(idem.HeaderKey, "k")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
 }

@@ -103,6 +103,20 @@ func Tx(ctx context.Context) (pgx.Tx, error) { return idemdriver.NativeTx[pgx.Tx
 // now is the database clock moved by the @offset parameter (microseconds).
 const now = `(statement_timestamp() + @offset::bigint * interval '1 microsecond')`
 
+// curCTE is the claim statements' first step, "cur": the record read, if
+// any, with whether it may be claimed at clock (CONTRACT section 3, the
+// rule idemdriver.Decide states): no live lease, and expired or a retry of
+// the same request that has not succeeded.
+func curCTE(clock string) string {
+	return `cur AS (
+	SELECT ` + columns + `,
+		NOT (state = 'PROCESSING' AND locked_until > ` + clock + `)
+		AND (expires_at <= ` + clock + `
+			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING'))) AS claimable
+	FROM idem_keys WHERE scope = @scope AND key = @key
+)`
+}
+
 // clock is the database clock when the expression is evaluated, moved by
 // @offset: unlike now, fixed when the statement starts, it has moved on by
 // the time a statement that waited for a row lock writes. A lease counts
@@ -134,13 +148,7 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // answer (it would give 422 with the expired record's old payload, or 409
 // on a lease that has run out), so no row comes back, and Claim runs the
 // statement again with a new snapshot, which sees the winner.
-var claimSQL = bind(claimParams, `WITH cur AS (
-	SELECT `+columns+`,
-		NOT (state = 'PROCESSING' AND locked_until > `+now+`)
-		AND (expires_at <= `+now+`
-			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING'))) AS claimable
-	FROM idem_keys WHERE scope = @scope AND key = @key
-), claim AS (
+var claimSQL = bind(claimParams, `WITH `+curCTE(now)+`, claim AS (
 	INSERT INTO idem_keys AS k (scope, key, method, path, fingerprint, state, fencing_token,
 		locked_until, created_at, updated_at, expires_at, attempts, owner)
 	SELECT @scope::text, @key::text, @method::text, @path::text, @fingerprint::bytea, 'PROCESSING', 1,

@@ -128,13 +128,7 @@ var lockKeySQL = bind([]string{"scope", "key"}, `SELECT pg_advisory_xact_lock(ha
 // between is seen: the UPDATE then matches nothing while "cur" still shows
 // the row claimable, and that stale row is not the answer (no row comes
 // back, and claimPartitioned asks again).
-var claimPartitionedSQL = bind(claimParams, `WITH cur AS (
-	SELECT `+columns+`,
-		NOT (state = 'PROCESSING' AND locked_until > `+nowTx+`)
-		AND (expires_at <= `+nowTx+`
-			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING'))) AS claimable
-	FROM idem_keys WHERE scope = @scope AND key = @key
-), locked AS (
+var claimPartitionedSQL = bind(claimParams, `WITH `+curCTE(nowTx)+`, locked AS (
 	SELECT 1 FROM idem_keys WHERE scope = @scope AND key = @key
 		AND EXISTS (SELECT 1 FROM cur WHERE claimable)
 	FOR UPDATE
@@ -229,19 +223,7 @@ func (d *Driver) claimBatch(ctx context.Context, args []any) (res idemdriver.Cla
 	if err != nil {
 		return res, err
 	}
-	found := false
-	for rows.Next() {
-		if found {
-			rows.Close()
-			return res, errors.New("idempgx: more than one record for one (scope, key) in the partitioned table")
-		}
-		res.Record, err = scanRecord(rows, &res.Claimed, &res.TookOver) // as in Claim
-		found = true
-	}
-	rows.Close()
-	if err == nil {
-		err = rows.Err()
-	}
+	res, found, err := scanClaim(rows)
 	if err != nil {
 		return res, err
 	}
@@ -255,6 +237,23 @@ func (d *Driver) claimBatch(ctx context.Context, args []any) (res idemdriver.Cla
 		return res, errClaimRaced
 	}
 	return res, nil
+}
+
+// scanClaim reads the claim statement's answer: at most one row.
+func scanClaim(rows pgx.Rows) (res idemdriver.ClaimResult, found bool, err error) {
+	defer rows.Close()
+	for rows.Next() {
+		if found {
+			return res, found, errors.New("idempgx: more than one record for one (scope, key)")
+		}
+		res.Record, err = scanRecord(rows, &res.Claimed, &res.TookOver) // as in Claim
+		found = true
+	}
+	rows.Close()
+	if err == nil {
+		err = rows.Err()
+	}
+	return res, found, err
 }
 
 // partitionName returns the name of the partition of the UTC day of t.

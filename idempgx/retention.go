@@ -13,12 +13,9 @@ import (
 )
 
 var (
-	_ idemdriver.Purger            = (*Driver)(nil)
-	_ idemdriver.MaintenanceLocker = (*Driver)(nil)
-	_ idemdriver.Inspector         = (*Driver)(nil)
-	_ idemdriver.Migrator          = (*Driver)(nil)
-	_ idemdriver.Partitioner       = (*Driver)(nil)
-	_ idemdriver.RetentionLimiter  = (*Driver)(nil)
+	_ idemdriver.Maintainable     = (*Driver)(nil)
+	_ idemdriver.Partitioner      = (*Driver)(nil)
+	_ idemdriver.RetentionLimiter = (*Driver)(nil)
 )
 
 // purgeable is the condition of a record that a purge may delete: expired

@@ -3,9 +3,7 @@ package idempgx_test
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,20 +84,13 @@ func testOutcomeCommitWaits(t *testing.T, base string, transactional bool) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(`{"id":"p1"}`))
 	}))
-	send := func() *httptest.ResponseRecorder {
-		req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
-		req.Header.Set(idem.HeaderKey, "k")
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
-	}
 
-	first := send()
+	first := sendPayment(h)
 	require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())
 	rec, err := reader.Get(ctx, idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k"})
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.StateProcessing, rec.State, "an outcome the standby does not have is not visible")
-	dup := send()
+	dup := sendPayment(h)
 	require.NotEqual(t, http.StatusCreated, dup.Code, "a duplicate must not replay an outcome the standby does not have: %s", dup.Body.String())
 	require.Equal(t, int32(1), runs.Load())
 
@@ -108,7 +99,7 @@ func testOutcomeCommitWaits(t *testing.T, base string, transactional bool) {
 		rec, err := reader.Get(ctx, idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k"})
 		return err == nil && rec.State == idemdriver.StateSucceeded
 	}, 30*time.Second, 50*time.Millisecond)
-	replay := send()
+	replay := sendPayment(h)
 	require.Equal(t, http.StatusCreated, replay.Code, replay.Body.String())
 	require.Equal(t, "true", replay.Header().Get(idem.HeaderReplayed))
 	require.Equal(t, int32(1), runs.Load())

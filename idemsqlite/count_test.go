@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 
 	"modernc.org/sqlite"
+
+	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // countingConnector opens modernc.org/sqlite connections that count every
@@ -58,7 +60,7 @@ func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stm
 	if err != nil {
 		return nil, err
 	}
-	return &countingStmt{inner: s, n: c.n}, nil
+	return &dbtest.CountingStmt{Inner: s, N: c.n}, nil
 }
 func (c *countingConn) BeginTx(ctx context.Context, o driver.TxOptions) (driver.Tx, error) {
 	c.n.Add(1)
@@ -66,7 +68,7 @@ func (c *countingConn) BeginTx(ctx context.Context, o driver.TxOptions) (driver.
 	if err != nil {
 		return nil, err
 	}
-	return countingTx{inner: tx, n: c.n}, nil
+	return dbtest.CountingTx{Inner: tx, N: c.n}, nil
 }
 func (c *countingConn) ExecContext(ctx context.Context, q string, a []driver.NamedValue) (driver.Result, error) {
 	c.n.Add(1)
@@ -75,45 +77,6 @@ func (c *countingConn) ExecContext(ctx context.Context, q string, a []driver.Nam
 func (c *countingConn) QueryContext(ctx context.Context, q string, a []driver.NamedValue) (driver.Rows, error) {
 	c.n.Add(1)
 	return c.conn().QueryContext(ctx, q, a)
-}
-
-type countingTx struct {
-	inner driver.Tx
-	n     *atomic.Int64
-}
-
-func (t countingTx) Commit() error   { t.n.Add(1); return t.inner.Commit() }
-func (t countingTx) Rollback() error { t.n.Add(1); return t.inner.Rollback() }
-
-type sqliteStmt interface {
-	driver.Stmt
-	driver.StmtExecContext
-	driver.StmtQueryContext
-}
-
-type countingStmt struct {
-	inner driver.Stmt
-	n     *atomic.Int64
-}
-
-func (s *countingStmt) stmt() sqliteStmt { return s.inner.(sqliteStmt) }
-func (s *countingStmt) Close() error     { return s.inner.Close() }
-func (s *countingStmt) NumInput() int    { return s.inner.NumInput() }
-func (s *countingStmt) Exec(a []driver.Value) (driver.Result, error) {
-	s.n.Add(1)
-	return s.inner.Exec(a) //nolint:staticcheck // required by driver.Stmt
-}
-func (s *countingStmt) Query(a []driver.Value) (driver.Rows, error) {
-	s.n.Add(1)
-	return s.inner.Query(a) //nolint:staticcheck // required by driver.Stmt
-}
-func (s *countingStmt) ExecContext(ctx context.Context, a []driver.NamedValue) (driver.Result, error) {
-	s.n.Add(1)
-	return s.stmt().ExecContext(ctx, a)
-}
-func (s *countingStmt) QueryContext(ctx context.Context, a []driver.NamedValue) (driver.Rows, error) {
-	s.n.Add(1)
-	return s.stmt().QueryContext(ctx, a)
 }
 
 func openCounting(dsn string) (*sql.DB, *atomic.Int64) {

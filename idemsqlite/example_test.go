@@ -3,31 +3,16 @@ package idemsqlite_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
 )
-
-// examplePost sends one JSON POST with an Idempotency-Key and prints the answer.
-func examplePost(url, key, body string) {
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	fmt.Printf("%d replayed=%q %s\n", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), strings.TrimSpace(string(b)))
-}
 
 // Open a store on a file (created, in WAL mode), migrate it, and protect a
 // handler with it.
@@ -53,8 +38,8 @@ func ExampleOpen() {
 	})))
 	defer srv.Close()
 
-	examplePost(srv.URL, "order-1", `{"amount":1000}`)
-	examplePost(srv.URL, "order-1", `{"amount":1000}`)
+	dbtest.PrintPost(srv.URL, "order-1", `{"amount":1000}`)
+	dbtest.PrintPost(srv.URL, "order-1", `{"amount":1000}`)
 	// Output:
 	// 201 replayed="" {"id":"pay_1"}
 	// 201 replayed="true" {"id":"pay_1"}
@@ -66,7 +51,7 @@ func ExampleOpen() {
 // like any answer. (SQLite fails only the statement; PostgreSQL aborts the
 // whole transaction, and idem then records the 409 on its own.)
 func ExampleTx() {
-	store, done := exampleStore()
+	store, done := dbtest.ExampleStore()
 	defer done()
 	if _, err := store.DB().Exec(`CREATE TABLE orders (number TEXT PRIMARY KEY)`); err != nil {
 		log.Fatal(err)
@@ -93,9 +78,9 @@ func ExampleTx() {
 	})))
 	defer srv.Close()
 
-	examplePost(srv.URL+"?number=A-1", "k1", `{}`)
-	examplePost(srv.URL+"?number=A-1", "k2", `{}`) // another request for the same order
-	examplePost(srv.URL+"?number=A-1", "k2", `{}`) // its retry gets the same answer
+	dbtest.PrintPost(srv.URL+"?number=A-1", "k1", `{}`)
+	dbtest.PrintPost(srv.URL+"?number=A-1", "k2", `{}`) // another request for the same order
+	dbtest.PrintPost(srv.URL+"?number=A-1", "k2", `{}`) // its retry gets the same answer
 	var n int
 	_ = store.DB().QueryRow(`SELECT count(*) FROM orders`).Scan(&n)
 	fmt.Println("orders:", n)
@@ -104,19 +89,4 @@ func ExampleTx() {
 	// 409 replayed="" order A-1 exists
 	// 409 replayed="true" order A-1 exists
 	// orders: 1
-}
-
-// exampleStore opens a migrated SQLite store in a new temporary directory;
-// the returned function closes it and removes the directory.
-func exampleStore() (*idemsqlite.Driver, func()) {
-	dir, _ := os.MkdirTemp("", "idemsqlite-example")
-	ctx := context.Background()
-	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
-	return store, func() { store.Close(); os.RemoveAll(dir) }
 }

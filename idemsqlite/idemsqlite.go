@@ -443,20 +443,10 @@ func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any
 		return rec, err
 	}
 	rec.State = idemdriver.State(state)
-	rec.CreatedAt, rec.UpdatedAt, rec.ExpiresAt = micros(createdAt), micros(updatedAt), micros(expiresAt)
-	rec.LockedUntil, rec.CompletedAt = nullMicros(lockedUntil), nullMicros(completedAt)
+	rec.CreatedAt, rec.UpdatedAt, rec.ExpiresAt = idemdriver.MicrosTime(createdAt), idemdriver.MicrosTime(updatedAt), idemdriver.MicrosTime(expiresAt)
+	rec.LockedUntil, rec.CompletedAt = idemdriver.NullMicrosTime(lockedUntil), idemdriver.NullMicrosTime(completedAt)
 	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
 	var err error
 	rec.Response, err = idemdriver.DecodeResponse(rec.State, resp)
 	return rec, err
-}
-
-func micros(us int64) time.Time { return time.UnixMicro(us).UTC() }
-
-func nullMicros(v sql.NullInt64) *time.Time {
-	if !v.Valid {
-		return nil
-	}
-	t := micros(v.Int64)
-	return &t
 }

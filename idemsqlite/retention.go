@@ -10,12 +10,7 @@ import (
 	"github.com/idemgo/idem/idemdriver/idemmigrate"
 )
 
-var (
-	_ idemdriver.Purger            = (*Driver)(nil)
-	_ idemdriver.MaintenanceLocker = (*Driver)(nil)
-	_ idemdriver.Inspector         = (*Driver)(nil)
-	_ idemdriver.Migrator          = (*Driver)(nil)
-)
+var _ idemdriver.Maintainable = (*Driver)(nil)
 
 // purgeable is the condition of a record a purge may delete: expired for
 // longer than @older, and not a PROCESSING record under a live lease.
@@ -107,7 +102,7 @@ func (d *Driver) TryLockMaintenance(ctx context.Context, p idemdriver.LockParams
 func (d *Driver) Now(ctx context.Context, offset time.Duration) (time.Time, error) {
 	var us int64
 	err := d.db.QueryRowContext(ctx, `SELECT `+now, sql.Named("offset", offset.Microseconds())).Scan(&us)
-	return micros(us), err
+	return idemdriver.MicrosTime(us), err
 }
 
 // Stats implements idemdriver.Inspector: two aggregate reads in one read
@@ -125,41 +120,14 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 		return st, err
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`) //nolint:errcheck // read only
-	var (
-		nowUS, processing, succeeded, failed int64
-		oldest                               sql.NullInt64
-	)
-	err = conn.QueryRowContext(ctx, `SELECT `+now+`, count(*),
+	return idemdriver.QueryStats(ctx, conn, `SELECT `+now+`, count(*),
 		count(*) FILTER (WHERE state = 'PROCESSING'), count(*) FILTER (WHERE state = 'SUCCEEDED'),
 		count(*) FILTER (WHERE state = 'FAILED'), min(created_at),
 		count(*) FILTER (WHERE expires_at <= `+now+`),
 		count(*) FILTER (WHERE state = 'PROCESSING' AND locked_until <= `+now+`)
-		FROM idem_keys`, sql.Named("offset", p.ClockOffset.Microseconds())).
-		Scan(&nowUS, &st.Total, &processing, &succeeded, &failed, &oldest, &st.Expired, &st.Stuck)
-	if err != nil {
-		return st, err
-	}
-	st.Now, st.Oldest = micros(nowUS), nullMicros(oldest)
-	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
-	if p.TopScopes > 0 {
-		rows, err := conn.QueryContext(ctx, `SELECT scope, count(*) FROM idem_keys GROUP BY scope
-			ORDER BY count(*) DESC, scope LIMIT ?`, p.TopScopes)
-		if err != nil {
-			return st, err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var sc idemdriver.ScopeCount
-			if err := rows.Scan(&sc.Scope, &sc.Count); err != nil {
-				return st, err
-			}
-			st.TopScopes = append(st.TopScopes, sc)
-		}
-		if err := rows.Err(); err != nil {
-			return st, err
-		}
-	}
-	return st, nil
+		FROM idem_keys`, []any{sql.Named("offset", p.ClockOffset.Microseconds())},
+		`SELECT scope, count(*) FROM idem_keys GROUP BY scope
+		ORDER BY count(*) DESC, scope LIMIT ?`, p.TopScopes)
 }
 
 var stuckSQL = `SELECT ` + columns + `, ` + now + ` - locked_until

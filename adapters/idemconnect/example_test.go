@@ -7,30 +7,19 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 
 	"connectrpc.com/connect"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/adapters/idemconnect"
-	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // Protect a Connect service: the retry of a call gets the recorded response,
 // and idem's refusals reach the Connect client as Connect codes.
 func Example() {
-	dir, _ := os.MkdirTemp("", "idemconnect-example")
-	defer os.RemoveAll(dir)
-	ctx := context.Background()
-	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
+	store, done := dbtest.ExampleStore() // SQLite in a temporary directory; see idemsqlite.ExampleOpen
+	defer done()
 	mw, err := idem.New(idem.Config{
 		Store:   store,
 		Scope:   func(r *http.Request) (string, error) { return "merchant_42", nil },
@@ -54,7 +43,7 @@ func Example() {
 	call := func(key string, amount int64) {
 		req := connect.NewRequest(&ChargeRequest{Amount: amount})
 		req.Header().Set("Idempotency-Key", key)
-		res, err := client.CallUnary(ctx, req)
+		res, err := client.CallUnary(context.Background(), req)
 		var cerr *connect.Error
 		if errors.As(err, &cerr) {
 			fmt.Println("error:", cerr.Code())

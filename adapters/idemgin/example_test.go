@@ -1,53 +1,26 @@
 package idemgin_test
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/gin-gonic/gin"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/adapters/idemgin"
 	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
 )
-
-// post sends one JSON POST with an Idempotency-Key and prints what came back.
-func post(url, key, body string) {
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	fmt.Printf("%d replayed=%q %s\n", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), strings.TrimSpace(string(b)))
-}
 
 // Protect a gin route group. The charge handler writes its business row in
 // the claim's transaction (transactional mode, CONTRACT section 6); a retry
 // gets the recorded response, and a declined card, answered with
 // c.AbortWithStatusJSON, is recorded and replayed as the 402 it is.
 func Example() {
-	dir, _ := os.MkdirTemp("", "idemgin-example")
-	defer os.RemoveAll(dir)
-	ctx := context.Background()
-	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
+	store, done := dbtest.ExampleStore() // SQLite in a temporary directory; see idemsqlite.ExampleOpen
+	defer done()
 	if _, err := store.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {
 		log.Fatal(err)
 	}
@@ -92,10 +65,10 @@ func Example() {
 	srv := httptest.NewServer(r)
 	defer srv.Close()
 
-	post(srv.URL+"/v1/payments", "order-1", `{"amount":1000}`)
-	post(srv.URL+"/v1/payments", "order-1", `{"amount":1000}`)
-	post(srv.URL+"/v1/payments", "order-2", `{"amount":500000}`)
-	post(srv.URL+"/v1/payments", "order-2", `{"amount":500000}`)
+	dbtest.PrintPost(srv.URL+"/v1/payments", "order-1", `{"amount":1000}`)
+	dbtest.PrintPost(srv.URL+"/v1/payments", "order-1", `{"amount":1000}`)
+	dbtest.PrintPost(srv.URL+"/v1/payments", "order-2", `{"amount":500000}`)
+	dbtest.PrintPost(srv.URL+"/v1/payments", "order-2", `{"amount":500000}`)
 	var n int
 	_ = store.DB().QueryRow(`SELECT count(*) FROM payments`).Scan(&n)
 	fmt.Println("payments:", n)

@@ -132,18 +132,8 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		a.releaseKey(ctx)
 	}
-	var ie *inputError
-	switch {
-	case errors.Is(err, errUnsupportedMedia):
-		svc.WriteProblem(w, service.ProblemUnsupportedMedia, http.StatusUnsupportedMediaType, err.Error())
-		return
-	case errors.As(err, &ie) && ie.params != nil:
-		p := svc.Problem(service.ProblemInvalidRequest, http.StatusBadRequest, ie.Error())
-		p.Extra = map[string]any{"invalid-params": ie.params}
-		p.Write(w)
-		return
-	case err != nil:
-		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, err.Error())
+	if err != nil {
+		svc.WriteInputError(w, err, (*inputError).Error)
 		return
 	}
 

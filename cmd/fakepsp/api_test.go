@@ -31,7 +31,22 @@ type testPSP struct {
 
 func newSQLiteStore(t *testing.T) Store {
 	t.Helper()
-	s, err := openStore(context.Background(), filepath.Join(t.TempDir(), "fakepsp.db"))
+	return openTestStore(t, filepath.Join(t.TempDir(), "fakepsp.db"))
+}
+
+// newPostgresStore opens the store on a fresh PostgreSQL schema
+// (dbtest.PostgresURL), closed when the test ends.
+func newPostgresStore(t *testing.T) Store {
+	t.Helper()
+	url, _ := dbtest.PostgresURL(t)
+	return openTestStore(t, url)
+}
+
+// openTestStore opens the store at target (a path or a URL, as --db takes
+// it), closed when the test ends.
+func openTestStore(t *testing.T, target string) Store {
+	t.Helper()
+	s, err := openStore(context.Background(), target)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s
@@ -264,15 +279,12 @@ func TestLatency(t *testing.T) {
 
 func TestPostgres(t *testing.T) {
 	t.Parallel()
-	url, _ := dbtest.PostgresURL(t)
-	store, err := openStore(context.Background(), url)
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
+	store := newPostgresStore(t)
 	p := startPSP(t, handlerConfig{Store: store, TimeoutRate: 0.5, Hang: time.Minute, Roll: sequence(0.1)})
 
 	client := &http.Client{Timeout: 300 * time.Millisecond}
 	headers := []string{"Authorization", "Bearer sk_test_acme", "Idempotency-Key", "pg-1", "Content-Type", "application/json"}
-	_, err = p.do(client, http.MethodPost, "/v1/charges", chargeBody, headers...)
+	_, err := p.do(client, http.MethodPost, "/v1/charges", chargeBody, headers...)
 	require.Error(t, err)
 	r, err := p.do(client, http.MethodPost, "/v1/charges", chargeBody, headers...)
 	require.NoError(t, err)
@@ -307,9 +319,7 @@ func TestMistypedPathKeepsTheKey(t *testing.T) {
 func TestHealthzNoticesTheSQLiteFileGone(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "fakepsp.db")
-	store, err := openStore(context.Background(), path)
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
+	store := openTestStore(t, path)
 	p := startPSP(t, handlerConfig{Store: store})
 	r, err := p.do(http.DefaultClient, http.MethodGet, "/healthz", "")
 	require.NoError(t, err)

@@ -3,14 +3,14 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"mime"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/idemgo/idem/internal/service"
 )
 
 // Limits of a charge's fields.
@@ -21,28 +21,15 @@ const (
 )
 
 // errUnsupportedMedia is answered 415.
-var errUnsupportedMedia = errors.New("unsupported media type")
+var errUnsupportedMedia = service.ErrUnsupportedMedia
 
 // invalidParam names one invalid field and why (RFC 9457 section 3's
 // "invalid-params" example member).
-type invalidParam struct {
-	Name   string `json:"name"`
-	Reason string `json:"reason"`
-}
+type invalidParam = service.InvalidParam
 
 // inputError lists the invalid fields of a request, or says why the body as
 // a whole is not valid.
-type inputError struct {
-	detail string
-	params []invalidParam
-}
-
-func (e *inputError) Error() string {
-	if e.detail != "" {
-		return e.detail
-	}
-	return e.params[0].Name + ": " + e.params[0].Reason
-}
+type inputError = service.InputError
 
 // chargeInput is a validated POST /v1/charges body.
 type chargeInput struct {
@@ -67,7 +54,7 @@ func parseChargeInput(contentType string, body []byte) (chargeInput, error) {
 		dec := json.NewDecoder(bytes.NewReader(body))
 		dec.UseNumber()
 		if err := dec.Decode(&raw); err != nil || raw == nil {
-			return chargeInput{}, &inputError{detail: "the request body must be one JSON object"}
+			return chargeInput{}, &inputError{Detail: "the request body must be one JSON object"}
 		}
 		for name, v := range raw {
 			if name == "amount" {
@@ -87,7 +74,7 @@ func parseChargeInput(contentType string, body []byte) (chargeInput, error) {
 	case "application/x-www-form-urlencoded":
 		values, err := url.ParseQuery(string(body))
 		if err != nil {
-			return chargeInput{}, &inputError{detail: "the request body is not a valid form"}
+			return chargeInput{}, &inputError{Detail: "the request body is not a valid form"}
 		}
 		for name, vs := range values {
 			fields[name] = vs[0]
@@ -100,7 +87,7 @@ func parseChargeInput(contentType string, body []byte) (chargeInput, error) {
 		in   chargeInput
 		errs []invalidParam
 	)
-	fail := func(name, reason string) { errs = append(errs, invalidParam{name, reason}) }
+	fail := func(name, reason string) { errs = append(errs, invalidParam{Name: name, Reason: reason}) }
 	if v, ok := fields["amount"]; !ok {
 		fail("amount", "is required")
 	} else if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 1 || n > MaxAmount || strings.HasPrefix(v, "+") {
@@ -128,20 +115,11 @@ func parseChargeInput(contentType string, body []byte) (chargeInput, error) {
 		}
 		in.Description = v
 	}
-	var unknown []string
-	for name := range fields {
-		switch name {
-		case "amount", "currency", "customer", "description":
-		default:
-			unknown = append(unknown, name)
-		}
-	}
-	sort.Strings(unknown)
-	for _, name := range unknown {
+	for _, name := range service.UnknownFields(fields, "amount", "currency", "customer", "description") {
 		fail(name, "is not a known field")
 	}
 	if len(errs) > 0 {
-		return chargeInput{}, &inputError{params: errs}
+		return chargeInput{}, &inputError{Params: errs}
 	}
 	return in, nil
 }

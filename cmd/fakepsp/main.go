@@ -6,9 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/idemgo/idem/internal/service"
@@ -81,33 +80,19 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := service.NewLogger(stderr, o.logFormat)
-
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
-	store, err := openStore(ctx, o.databaseURL)
-	if err != nil {
-		return err
-	}
-	defer service.CloseDatabase(log, store)
-
-	tel, err := service.NewTelemetry("fakepsp", o.otelTraces, os.Stdout)
-	if err != nil {
-		return err
-	}
-	defer service.ShutdownTelemetry(log, tel)
-	handler, err := newHandler(handlerConfig{
-		Store: store, Logger: log, Lease: o.lease, Latency: o.latency,
-		FailRate: o.failRate, TimeoutRate: o.timeoutRate, Hang: o.hang,
-		Observer: tel.Observer, Metrics: tel.Metrics,
+	return service.Run(ctx, stderr, service.Process[Store]{
+		LogFormat: o.logFormat, Addr: o.addr, ShutdownTimeout: o.shutdownTimeout, Name: "fakepsp", Traces: o.otelTraces,
+		Open: func(ctx context.Context) (Store, error) { return openStore(ctx, o.databaseURL) },
+		Serve: func(_ context.Context, log *slog.Logger, store Store, tel *service.Telemetry) (service.Served, error) {
+			handler, err := newHandler(handlerConfig{
+				Store: store, Logger: log, Lease: o.lease, Latency: o.latency,
+				FailRate: o.failRate, TimeoutRate: o.timeoutRate, Hang: o.hang,
+				Observer: tel.Observer, Metrics: tel.Metrics,
+			})
+			kind, target, _ := parseDatabaseURL(o.databaseURL) // openStore took it
+			return service.Served{Handler: handler, Attrs: []any{"database", service.DescribeDatabase(kind, target),
+				"lease", o.lease.String(), "latency", o.latency.String(),
+				"fail_rate", o.failRate, "timeout_rate", o.timeoutRate, "hang", o.hang.String()}}, err
+		},
 	})
-	if err != nil {
-		return err
-	}
-	kind, target, _ := parseDatabaseURL(o.databaseURL) // openStore took it
-	srv := service.Server{Addr: o.addr, Handler: tel.Handler(handler), Log: log, ShutdownTimeout: o.shutdownTimeout, Stop: stop}
-	return srv.Serve(ctx, "database", service.DescribeDatabase(kind, target),
-		"lease", o.lease.String(), "latency", o.latency.String(),
-		"fail_rate", o.failRate, "timeout_rate", o.timeoutRate, "hang", o.hang.String())
 }

@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // testStatsBeyondInt64: 1024 charges of MaxAmount (2^53) for one merchant
@@ -55,10 +53,7 @@ func TestStatsBeyondInt64SQLite(t *testing.T) {
 
 func TestStatsBeyondInt64Postgres(t *testing.T) {
 	t.Parallel()
-	url, _ := dbtest.PostgresURL(t)
-	store, err := openStore(context.Background(), url)
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
+	store := newPostgresStore(t)
 	testStatsBeyondInt64(t, store, func(ctx context.Context) error {
 		_, err := store.(*postgresStore).Pool.Exec(ctx, `INSERT INTO charges (id, merchant, amount, currency, customer)
 			SELECT 'ch_big_' || i, 'whale', $1, 'USD', 'c' FROM generate_series(1, 1024) AS i`, int64(MaxAmount))

@@ -36,6 +36,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	fmt.Fprintln(stderr, "idem:", err)
+	if missingTable(err) {
+		fmt.Fprintln(stderr, "idem: hint: idem's table is not in this database: check the URL's schema "+
+			"(PostgreSQL: search_path=... or idem_schema=...; MySQL: the database name; SQLite: the file's path), or run `idem migrate up`")
+	}
 	var ue usageError
 	if errors.As(err, &ue) || cmd == nil || !cmd.Runnable() || isFlagError(err) {
 		return 2
@@ -61,14 +65,18 @@ func newRoot(g *globals, stdout io.Writer) *cobra.Command {
 		Short: "Operate an idem store: migrations, retention, and the story of a key",
 		Long: `idem operates the store of github.com/idemgo/idem: its migrations, the
 retention of its records (purge, partitions), and what an operator needs to
-see at 3 a.m. without writing SQL (inspect, list, stuck, stats) and the
-fix (release).
+see at 3 a.m. without writing SQL (inspect, list, stuck, stats), and
+release, which deletes a record: a stuck or FAILED record needs no action
+(its next request takes it over under the same relayed key), and releasing
+one can make a provider charge again (see ` + "`idem release --help`" + `).
 
 Every time is the database's clock. Output is a table, or JSON with --json.
 
 The database comes from --database-url (or IDEM_DATABASE_URL):
   postgres://... or postgresql://...  PostgreSQL (add search_path=... for a schema);
-                                      a partitioned idem_keys is detected
+                                      a partitioned idem_keys is detected; behind
+                                      pgbouncer add idem_pooler=transaction and
+                                      idem_schema=NAME (docs/deployment.md)
   mysql://user:pass@host:port/db      MySQL / MariaDB
   sqlite:PATH, file:PATH or PATH      the SQLite file at PATH`,
 		SilenceUsage:  true,
@@ -98,6 +106,30 @@ The database comes from --database-url (or IDEM_DATABASE_URL):
 // SQLite file must exist already.
 func withStore(cmd *cobra.Command, g *globals, f func(ctx context.Context, s *store) error) error {
 	return openAnd(cmd, g, false, f)
+}
+
+// readStore is withStore for a command that reads one value from the store
+// and prints it.
+func readStore[T any](cmd *cobra.Command, g *globals, read func(ctx context.Context, s *store) (T, error), print func(T) error) error {
+	return withStore(cmd, g, func(ctx context.Context, s *store) error {
+		v, err := read(ctx, s)
+		if err != nil {
+			return err
+		}
+		return print(v)
+	})
+}
+
+// partitions is readStore through the store's Partitioner, printing the
+// partitions read under verb (printPartitions).
+func partitions(cmd *cobra.Command, g *globals, out io.Writer, verb string, read func(ctx context.Context, p idemdriver.Partitioner) ([]idemdriver.Partition, error)) error {
+	return readStore(cmd, g, func(ctx context.Context, s *store) ([]idemdriver.Partition, error) {
+		p, err := s.partitioner()
+		if err != nil {
+			return nil, err
+		}
+		return read(ctx, p)
+	}, func(parts []idemdriver.Partition) error { return printPartitions(out, g.json, verb, parts) })
 }
 
 // withNewStore is withStore for migrate up, which may create the SQLite file.
@@ -254,16 +286,8 @@ record in them has expired; an idem.Maintainer does both every cycle.`,
 		Short: "Create the missing partitions of today through today + --days-ahead (UTC days)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				p, err := s.partitioner()
-				if err != nil {
-					return err
-				}
-				created, err := p.EnsurePartitions(ctx, idemdriver.PartitionParams{DaysAhead: daysAhead})
-				if err != nil {
-					return err
-				}
-				return printPartitions(out, g.json, "created", created)
+			return partitions(cmd, g, out, "created", func(ctx context.Context, p idemdriver.Partitioner) ([]idemdriver.Partition, error) {
+				return p.EnsurePartitions(ctx, idemdriver.PartitionParams{DaysAhead: daysAhead})
 			})
 		},
 	}
@@ -286,20 +310,12 @@ vacuum, and claims are not blocked.`,
 			if olderThan < 0 {
 				return usageError{errors.New("--older-than must not be negative")}
 			}
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				p, err := s.partitioner()
-				if err != nil {
-					return err
-				}
-				dropped, err := p.DropPartitions(ctx, idemdriver.PartitionParams{OlderThan: olderThan, DryRun: dryRun})
-				if err != nil {
-					return err
-				}
-				verb := "dropped"
-				if dryRun {
-					verb = "would drop"
-				}
-				return printPartitions(out, g.json, verb, dropped)
+			verb := "dropped"
+			if dryRun {
+				verb = "would drop"
+			}
+			return partitions(cmd, g, out, verb, func(ctx context.Context, p idemdriver.Partitioner) ([]idemdriver.Partition, error) {
+				return p.DropPartitions(ctx, idemdriver.PartitionParams{OlderThan: olderThan, DryRun: dryRun})
 			})
 		},
 	}
@@ -310,16 +326,8 @@ vacuum, and claims are not blocked.`,
 		Short: "List the partitions, oldest first",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				p, err := s.partitioner()
-				if err != nil {
-					return err
-				}
-				parts, err := p.Partitions(ctx)
-				if err != nil {
-					return err
-				}
-				return printPartitions(out, g.json, "", parts)
+			return partitions(cmd, g, out, "", func(ctx context.Context, p idemdriver.Partitioner) ([]idemdriver.Partition, error) {
+				return p.Partitions(ctx)
 			})
 		},
 	}
@@ -511,21 +519,38 @@ func releaseCmd(g *globals, out io.Writer) *cobra.Command {
 		force      bool
 	)
 	c := &cobra.Command{
-		Use:   "release --scope S --key K [--force]",
-		Short: "Remove one key's record, so that its next request runs as new",
-		Long: `Remove one key's record, fenced: only the record as just read (its fencing
+		Use:   "release --scope S --key K --force",
+		Short: "Delete one key's record, so that its next request runs as new (needs --force: a provider may charge again)",
+		Long: `Delete one key's record, fenced: only the record as just read (its fencing
 token and created_at, and its state) is removed, so a request that claims the
 key meanwhile keeps it. The next request with the key then runs as a new one.
 
-  PROCESSING past its lease (its worker died: see stuck)  released (Driver.Release)
+The record is what keeps the key's relayed key stable: idem.DeriveKey mixes
+in the record's created_at (docs/crash-semantics.md), so while the record
+lives, every execution of the key sends the provider the same relayed key,
+and a provider that already charged answers with that charge. A stuck
+record (PROCESSING past its lease, see stuck) or a FAILED one needs
+nothing: the next request with the key takes it over, or runs again, under
+the same relayed key. Released, the next request runs as new, with a new
+created_at and so a new relayed key: a provider that already charged will
+charge again.
+
+Release a record only when you know no side effect happened (a validation
+failure, say, that a client must retry with another body), or when you have
+reconciled with the provider. So every record needs --force:
+
+  PROCESSING past its lease       refused unless --force: the next request
+                                  takes it over with the same relayed key
   PROCESSING under a live lease   refused unless --force: its owner may still
                                   be running, and the next request would run
                                   a second execution beside it
-  FAILED                          released: the next request runs as new
-                                  (with another body, say, instead of 422)
-  SUCCEEDED without its response  released (a damaged record)
-  SUCCEEDED with its response     refused unless --force: the next request
-                                  would run again instead of being replayed`,
+  FAILED                          refused unless --force: the next request
+                                  runs again with the same relayed key
+  SUCCEEDED                       refused unless --force: the next request
+                                  would run again instead of being replayed
+                                  (without its response, a damaged record,
+                                  it is answered 500 response-missing until
+                                  released; its side effect did happen)`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if key == "" || !cmd.Flags().Changed("scope") {
@@ -536,8 +561,10 @@ key meanwhile keeps it. The next request with the key then runs as a new one.
 				if err != nil {
 					return err
 				}
-				if why := releaseRefusal(rec); why != "" && !force {
-					return fmt.Errorf("not released: %s; give --force to release it anyway", why)
+				if why := releaseRefusal(rec); !force {
+					return fmt.Errorf("not released: %s. Released, the next request would run as new under a new relayed key, "+
+						"and a provider that already charged would charge again; give --force only when you know no side effect "+
+						"happened (a validation failure, say) or have reconciled with the provider", why)
 				}
 				fence := idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt}
 				var released bool
@@ -561,12 +588,14 @@ key meanwhile keeps it. The next request with the key then runs as a new one.
 	}
 	c.Flags().StringVar(&scope, "scope", "", "the key's scope (tenant, account)")
 	c.Flags().StringVar(&key, "key", "", "the Idempotency-Key, unquoted")
-	c.Flags().BoolVar(&force, "force", false, "release a record under a live lease, or one with a stored response")
+	c.Flags().BoolVar(&force, "force", false,
+		"delete the record: only when no side effect happened or you have reconciled with the provider (see above)")
 	return c
 }
 
-// releaseRefusal says why releasing rec needs --force ("" when it does
-// not): a live lease, or a stored response that a replay would send.
+// releaseRefusal says why releasing rec needs --force, which every record
+// does: the record keeps the key's relayed key stable (idem.DeriveKey
+// mixes in its created_at), so what to do instead depends on its state.
 func releaseRefusal(rec idemdriver.Record) string {
 	switch {
 	case rec.State == idemdriver.StateProcessing && rec.LeaseLeft > 0:
@@ -575,10 +604,17 @@ func releaseRefusal(rec idemdriver.Record) string {
 			owner = " (" + rec.Owner + ")"
 		}
 		return fmt.Sprintf("its lease is live for %s more: its owner%s may still be running, and the next request would run beside it", dur(rec.LeaseLeft), owner)
-	case rec.State == idemdriver.StateSucceeded && rec.Response != nil:
+	case rec.State == idemdriver.StateProcessing:
+		return "its lease ran out (its worker died or stalled): there is nothing to release, " +
+			"the next request with the key takes it over under the same relayed key"
+	case rec.State == idemdriver.StateFailed:
+		return "it FAILED with a retryable outcome: there is nothing to release, " +
+			"the next request with the key runs again under the same relayed key"
+	case rec.Response != nil:
 		return fmt.Sprintf("it succeeded and its %d response is replayed; released, the next request would run again", rec.Response.Status)
+	default:
+		return "it succeeded, but its response is missing (a damaged record, answered 500 response-missing): its side effect happened"
 	}
-	return ""
 }
 
 func stuckCmd(g *globals, out io.Writer) *cobra.Command {
@@ -589,19 +625,18 @@ func stuckCmd(g *globals, out io.Writer) *cobra.Command {
 		Long: `List the PROCESSING records whose lease ran out (locked_until <= now, by
 the database's clock): their worker died or stalled before recording an
 outcome. The next request with such a key takes it over and runs again, with
-the next fencing token.`,
+the next fencing token and the same relayed key (the record's created_at is
+kept), so a provider that already charged answers with that charge: release
+is not needed, and releasing the record would lose that key (see
+` + "`idem release --help`" + `).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if limit <= 0 {
 				return usageError{errors.New("--limit must be positive")}
 			}
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				recs, err := s.driver.Stuck(ctx, idemdriver.StuckParams{Limit: limit})
-				if err != nil {
-					return err
-				}
-				return printStuck(out, g.json, recs)
-			})
+			return readStore(cmd, g, func(ctx context.Context, s *store) ([]idemdriver.StuckRecord, error) {
+				return s.driver.Stuck(ctx, idemdriver.StuckParams{Limit: limit})
+			}, func(recs []idemdriver.StuckRecord) error { return printStuck(out, g.json, recs) })
 		},
 	}
 	c.Flags().IntVar(&limit, "limit", 50, "list at most this many")
@@ -622,13 +657,9 @@ table, so on a large store run it on a replica or at a quiet hour.`,
 			if top < 0 {
 				return usageError{errors.New("--top must not be negative")}
 			}
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				st, err := s.driver.Stats(ctx, idemdriver.StatsParams{TopScopes: top})
-				if err != nil {
-					return err
-				}
-				return printStats(out, g.json, st)
-			})
+			return readStore(cmd, g, func(ctx context.Context, s *store) (idemdriver.Stats, error) {
+				return s.driver.Stats(ctx, idemdriver.StatsParams{TopScopes: top})
+			}, func(st idemdriver.Stats) error { return printStats(out, g.json, st) })
 		},
 	}
 	c.Flags().IntVar(&top, "top", 10, "list this many scopes, largest first")

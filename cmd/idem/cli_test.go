@@ -201,8 +201,12 @@ func TestCommands(t *testing.T) {
 			require.InDelta(t, 24*3600, rec["expires_in_seconds"], 60)
 
 			out = c.ok("inspect", "--scope", "acct_1", "--key", "busy")
-			require.Contains(t, out, "409 request-in-flight, Retry-After")
-			require.Contains(t, out, "s left")
+			// The server's Retry-After is its in-flight delay
+			// (Config.InFlightRetryAfter, unknown here), not the lease left
+			// (regression: inspect said "Retry-After 30" for a 30 s lease).
+			require.Regexp(t, `next request\s+409 request-in-flight \(lease [\d.]+s left; `+
+				`Retry-After is the server's in-flight delay, 1 s by default, at most the lease left\)`, out)
+			require.NotRegexp(t, `Retry-After \d`, out)
 			busy := c.json("inspect", "--scope", "acct_1", "--key", "busy")
 			require.InDelta(t, 30, busy["lease_left_seconds"], 10)
 			require.Nil(t, busy["response"])
@@ -486,10 +490,22 @@ func TestStuckOwnerAndRelease(t *testing.T) {
 		require.Equal(t, "web-1/busy", c.json("inspect", "--scope", "acct_1", "--key", "busy")["owner"])
 		require.Regexp(t, `acct_1\s+failed\s+FAILED.*web-1/failed`, c.ok("list", "--state", "FAILED"))
 
-		// a stuck record: released; its next claim is a new life
-		require.Contains(t, c.ok("release", "--scope", "acct_2", "--key", "dead"),
+		// a stuck record: refused without --force (regression: it was
+		// released, and the next request ran under a new created_at, so a
+		// new relayed key, and the provider charged a second time); the
+		// record stays as it was.
+		_, errOut, code := c.run("release", "--scope", "acct_2", "--key", "dead")
+		require.Equal(t, 1, code, errOut)
+		for _, want := range []string{"not released", "its lease ran out", "the next request with the key takes it over under the same relayed key",
+			"nothing to release", "would charge again", "--force"} {
+			require.Contains(t, errOut, want)
+		}
+		dead := c.json("inspect", "--scope", "acct_2", "--key", "dead")
+		require.Equal(t, "PROCESSING", dead["state"], "nothing removed")
+		require.EqualValues(t, 1, dead["fencing_token"])
+		require.Contains(t, c.ok("release", "--scope", "acct_2", "--key", "dead", "--force"),
 			"released acct_2/dead (PROCESSING, fencing token 1): its next request runs as new")
-		_, errOut, code := c.run("inspect", "--scope", "acct_2", "--key", "dead")
+		_, errOut, code = c.run("inspect", "--scope", "acct_2", "--key", "dead")
 		require.Equal(t, 1, code, errOut)
 		res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct_2", Key: "dead", Method: "POST", Path: "/v1/other",
 			Fingerprint: fp("other"), LeaseDuration: time.Second, Retention: time.Hour})
@@ -508,8 +524,16 @@ func TestStuckOwnerAndRelease(t *testing.T) {
 		_, _, code = c.run("inspect", "--scope", "acct_1", "--key", "busy")
 		require.Equal(t, 1, code)
 
-		// FAILED: released without --force
-		require.Contains(t, c.ok("release", "--scope", "acct_1", "--key", "failed"), "released acct_1/failed (FAILED")
+		// FAILED: refused without --force (regression, as the stuck record:
+		// a FAILED attempt may have charged before it failed), then --force
+		_, errOut, code = c.run("release", "--scope", "acct_1", "--key", "failed")
+		require.Equal(t, 1, code, errOut)
+		for _, want := range []string{"not released", "it FAILED", "runs again under the same relayed key",
+			"would charge again", "no side effect happened", "reconciled", "--force"} {
+			require.Contains(t, errOut, want)
+		}
+		require.Equal(t, "FAILED", c.json("inspect", "--scope", "acct_1", "--key", "failed")["state"], "nothing removed")
+		require.Contains(t, c.ok("release", "--scope", "acct_1", "--key", "failed", "--force"), "released acct_1/failed (FAILED")
 
 		// SUCCEEDED with a response: refused, then --force
 		_, errOut, code = c.run("release", "--scope", "acct_1", "--key", "paid")
@@ -537,4 +561,88 @@ func TestStuckOwnerAndRelease(t *testing.T) {
 			require.Equal(t, 2, code, bad)
 		}
 	})
+}
+
+// The help of release, stuck and idem itself says what release costs
+// (regression: `idem --help` called release "the fix", and `idem release
+// --help` recommended it for a stuck or FAILED record, whose release makes
+// the next request run under a new relayed key: a second charge).
+func TestReleaseHelpWarns(t *testing.T) {
+	help := func(args ...string) string {
+		var out, errb bytes.Buffer
+		require.Zero(t, run(context.Background(), append(args, "--help"), &out, &errb), errb.String())
+		return strings.Join(strings.Fields(out.String()), " ") // lines rejoined
+	}
+	root := help()
+	require.NotContains(t, root, "the fix")
+	rel := help("release")
+	for _, want := range []string{"relayed key", "takes it over", "charge again", "no side effect happened", "reconciled", "--force"} {
+		require.Contains(t, rel, want)
+	}
+	require.NotContains(t, rel, "released (Driver.Release)")
+	stuck := help("stuck")
+	require.Contains(t, stuck, "takes it over")
+	require.Contains(t, stuck, "release is not needed")
+}
+
+// A SUCCEEDED record without its response (damaged) is refused too: its
+// side effect happened, and released, the next request would run it again.
+func TestReleaseRefusesDamagedSucceeded(t *testing.T) {
+	why := releaseRefusal(idemdriver.Record{State: idemdriver.StateSucceeded})
+	require.Contains(t, why, "its response is missing")
+	require.Contains(t, why, "its side effect happened")
+}
+
+// On a database without idem's table, a command says where to look
+// (regression: it printed only `relation "idem_keys" does not exist`,
+// MySQL's error 1146 or SQLite's "no such table").
+func TestMissingTableHint(t *testing.T) {
+	for _, b := range backends {
+		if b.partitioned {
+			continue
+		}
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			url, _ := b.setup(t, false)
+			c := cli{t: t, url: url}
+			for _, args := range [][]string{{"stats"}, {"stuck"}, {"list"}, {"inspect", "--scope", "s", "--key", "k"}} {
+				_, errOut, code := c.run(args...)
+				require.Equal(t, 1, code, "idem %v: %s", args, errOut)
+				require.Contains(t, errOut, "idem_keys", "idem %v", args)
+				require.Contains(t, errOut, "hint: idem's table is not in this database", "idem %v", args)
+				require.Contains(t, errOut, "`idem migrate up`", "idem %v", args)
+			}
+			c.ok("migrate", "status")
+		})
+	}
+}
+
+// The URL's idem_schema and idem_pooler reach idempgx.Options (regression:
+// pgx sent them to the server as run-time parameters, so a URL for
+// pgbouncer with idem's schema named could not be used at all).
+func TestPostgresURLParams(t *testing.T) {
+	t.Parallel()
+	base := dbtest.RequireURL(t, dbtest.EnvPostgres)
+	_, schema := dbtest.PostgresURL(t)
+	for _, u := range []string{os.Getenv("TEST_PGBOUNCER_URL"), base} {
+		if u == "" {
+			continue // no pgbouncer (TEST_PGBOUNCER_URL) to test through
+		}
+		sep := "?"
+		if strings.Contains(u, "?") {
+			sep = "&"
+		}
+		c := cli{t: t, url: u + sep + "idem_pooler=transaction&idem_schema=" + schema}
+		c.ok("migrate", "up")
+		require.Regexp(t, `records\s+0\n`, c.ok("stats"))
+		require.Contains(t, c.ok("migrate", "status"), "applied")
+		pool, err := pgxpool.New(context.Background(), base)
+		require.NoError(t, err)
+		var n int
+		require.NoError(t, pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'idem_keys'`, schema).Scan(&n))
+		pool.Close()
+		require.Equal(t, 1, n, "idem_keys is in %s", schema)
+		c.ok("migrate", "down")
+	}
 }

@@ -176,8 +176,11 @@ func nextRequest(rec idemdriver.Record, now time.Time) string {
 	case rec.State == idemdriver.StateFailed:
 		return "runs again: the last attempt ended with a retryable outcome"
 	case rec.LeaseLeft > 0:
-		return fmt.Sprintf("409 request-in-flight, Retry-After %d: the owner's lease runs %s more",
-			int64((rec.LeaseLeft+time.Second-1)/time.Second), dur(rec.LeaseLeft))
+		// The server's Retry-After is its Config.InFlightRetryAfter capped
+		// by the lease left (CONTRACT section 3); this command cannot know
+		// the server's setting, so it gives the lease left.
+		return fmt.Sprintf("409 request-in-flight (lease %s left; Retry-After is the server's in-flight delay, "+
+			"1 s by default, at most the lease left)", dur(rec.LeaseLeft))
 	default:
 		overdue := "-"
 		if rec.LockedUntil != nil {

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/internal/dburl"
@@ -18,7 +22,8 @@ type store struct {
 
 // parseDatabaseURL tells which database a --database-url names (dburl.Parse):
 //   - postgres://... or postgresql://...: PostgreSQL (pgx URL syntax; add
-//     search_path=... for another schema than the user's default);
+//     search_path=... for another schema than the user's default, and
+//     idem_pooler=transaction, idem_schema=NAME behind pgbouncer);
 //   - mysql://... or mariadb://...: MySQL / MariaDB (idemmysql.Open's URL syntax);
 //   - sqlite:PATH, sqlite://PATH, file:PATH, file://PATH or a plain PATH:
 //     the SQLite file at PATH.
@@ -63,4 +68,20 @@ func (s *store) partitioner() (idemdriver.Partitioner, error) {
 		return nil, errors.New("idem_keys is not partitioned: it was created by `idem migrate up` without --partitioned; expired records go with `idem purge` (see docs/retention.md)")
 	}
 	return p, nil
+}
+
+// missingTable reports whether err is the database saying that a table does
+// not exist: PostgreSQL's SQLSTATE 42P01 (undefined_table), MySQL's error
+// 1146 (ER_NO_SUCH_TABLE), SQLite's "no such table" (SQLITE_ERROR, told
+// apart only by its message).
+func missingTable(err error) bool {
+	var pe *pgconn.PgError
+	var me *mysql.MySQLError
+	switch {
+	case errors.As(err, &pe):
+		return pe.Code == "42P01"
+	case errors.As(err, &me):
+		return me.Number == 1146
+	}
+	return err != nil && strings.Contains(err.Error(), "no such table")
 }

@@ -20,17 +20,19 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/naivecache"
 )
 
 // The routes of the server under test, one per way of serving POST
 // /payments (see the variants in variants.go).
 const (
-	routeBare    = "/bare/payments"     // no idempotency; the handler commits its own transaction
-	routeClaimTx = "/idem-tx/payments"  // idem; the handler writes in the claim's transaction
-	routeOwnTx   = "/idem-own/payments" // idem; the handler commits its own transaction
-	routeFloor   = "/floor/payments"    // idem's statements sent by hand
-	routeNaive   = "/naive/payments"    // the article's naive Redis cache
-	routeHold    = "/hold/payments"     // idem; the handler waits for release (409s)
+	routeBare      = "/bare/payments"     // no idempotency; the handler commits its own transaction
+	routeClaimTx   = "/idem-tx/payments"  // idem; the handler writes in the claim's transaction
+	routeOwnTx     = "/idem-own/payments" // idem; the handler commits its own transaction
+	routeOneCommit = "/idem-1c/payments"  // idem in the one-commit mode; the handler writes in the claim's transaction
+	routeFloor     = "/floor/payments"    // idem's statements sent by hand
+	routeNaive     = "/naive/payments"    // the article's naive Redis cache
+	routeHold      = "/hold/payments"     // idem; the handler waits for release (409s)
 )
 
 // The request of every variant: a payment as cmd/paymentsd takes it.
@@ -76,7 +78,8 @@ type paymentJSON struct {
 type app struct {
 	t     *target
 	mw    *idem.Middleware
-	naive *naiveCache // nil without Redis
+	mw1c  *idem.Middleware // Config.OneCommit
+	naive *naiveCache      // nil without Redis
 	hold  holdGate
 	log   *slog.Logger
 }
@@ -86,7 +89,11 @@ func newApp(t *target, naive *naiveCache, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &app{t: t, mw: mw, naive: naive, log: log}, nil
+	mw1c, err := idem.New(idem.Config{Store: t.store, Scope: scopeOf, Logger: log, OneCommit: true})
+	if err != nil {
+		return nil, err
+	}
+	return &app{t: t, mw: mw, mw1c: mw1c, naive: naive, log: log}, nil
 }
 
 func (a *app) routes() http.Handler {
@@ -94,6 +101,7 @@ func (a *app) routes() http.Handler {
 	mux.Handle("POST "+routeBare, http.HandlerFunc(a.createOwnTx))
 	mux.Handle("POST "+routeClaimTx, a.mw.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeOwnTx, a.mw.Handler(http.HandlerFunc(a.createOwnTx)))
+	mux.Handle("POST "+routeOneCommit, a.mw1c.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeFloor, http.HandlerFunc(a.createFloor))
 	mux.Handle("POST "+routeHold, a.mw.Handler(http.HandlerFunc(a.held)))
 	if a.naive != nil {
@@ -285,10 +293,9 @@ func (a *app) held(w http.ResponseWriter, r *http.Request) {
 }
 
 // naiveCache is the article's naive idempotency middleware, for comparison
-// only (a minimal equivalent of cmd/paymentsd's --naive, which lives in that
-// command's main package): GET the key from Redis; on a hit replay the
-// stored response; on a miss run the handler and SET its response with a
-// TTL. No lock, no fingerprint, fails open: it double-executes concurrent
+// only (internal/naivecache, the one cmd/paymentsd's --naive runs): GET the
+// key from Redis; on a hit replay the stored response; on a miss run the
+// handler and SET its response with a TTL. No lock, no fingerprint, fails open: it double-executes concurrent
 // duplicates (README, "Why not cache the response in Redis?").
 type naiveCache struct {
 	rdb    *redis.Client
@@ -338,71 +345,16 @@ func (n *naiveCache) close() error {
 	return errors.Join(err, iter.Err(), n.rdb.Close())
 }
 
-// cachedResponse is a response as the naive cache stores it.
-type cachedResponse struct {
-	Status int         `json:"status"`
-	Header http.Header `json:"header"`
-	Body   []byte      `json:"body"`
-}
-
+// wrap is naivecache.Middleware on (scope, Idempotency-Key) of any request
+// with the header; Redis errors are ignored (a miss runs the handler, fail
+// open).
 func (n *naiveCache) wrap(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return naivecache.Middleware(naivecache.Config{Cache: &naivecache.Redis{Client: n.rdb}, TTL: n.ttl, Key: func(r *http.Request) string {
 		key := r.Header.Get(idem.HeaderKey)
 		if key == "" {
-			next.ServeHTTP(w, r)
-			return
+			return ""
 		}
 		scope, _ := scopeOf(r)
-		cacheKey := n.prefix + scope + ":" + key
-		b, err := n.rdb.Get(r.Context(), cacheKey).Bytes()
-		var cached cachedResponse
-		if err == nil && json.Unmarshal(b, &cached) == nil {
-			for k, v := range cached.Header {
-				w.Header()[k] = v
-			}
-			w.Header().Set(idem.HeaderReplayed, "true")
-			w.WriteHeader(cached.Status)
-			_, _ = w.Write(cached.Body)
-			return
-		}
-		// A miss, or Redis failed: run unprotected (fail open).
-		rec := &teeRecorder{ResponseWriter: w}
-		next.ServeHTTP(rec, r)
-		if rec.status == 0 || rec.status >= 500 {
-			return
-		}
-		stored := cachedResponse{Status: rec.status, Header: http.Header{}, Body: rec.body.Bytes()}
-		for _, h := range []string{"Content-Type", "Location"} {
-			if v := rec.Header().Values(h); len(v) > 0 {
-				stored.Header[h] = v
-			}
-		}
-		if value, err := json.Marshal(stored); err == nil {
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-			_ = n.rdb.Set(ctx, cacheKey, value, n.ttl).Err()
-			cancel()
-		}
-	})
-}
-
-// teeRecorder passes a response through and keeps a copy.
-type teeRecorder struct {
-	http.ResponseWriter
-	status int
-	body   bytes.Buffer
-}
-
-func (t *teeRecorder) WriteHeader(status int) {
-	if t.status == 0 {
-		t.status = status
-	}
-	t.ResponseWriter.WriteHeader(status)
-}
-
-func (t *teeRecorder) Write(b []byte) (int, error) {
-	if t.status == 0 {
-		t.status = http.StatusOK
-	}
-	t.body.Write(b)
-	return t.ResponseWriter.Write(b)
+		return n.prefix + scope + ":" + key
+	}}, next)
 }

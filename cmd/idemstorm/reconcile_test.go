@@ -185,119 +185,125 @@ func TestReconcileClean(t *testing.T) {
 	require.Zero(t, rec.Provider.DoubleCharges)
 }
 
-// TestReconcileDetectsDouble: a logical payment booked twice (the second
-// execution's payment was never answered to anyone) is a double.
-func TestReconcileDetectsDouble(t *testing.T) {
+// TestReconcileFindsFaults: a world broken one way each, which the
+// reconciliation must find and fail (Verdict.OK false, for every case).
+func TestReconcileFindsFaults(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, 40, 4)
-	w.addRow(13, "pay_13_again")
-	r := w.reconcile(t, false)
-	rec := r.Reconciliation
-	require.False(t, r.Verdict.OK)
-	require.Equal(t, 1, rec.DoublePayments)
-	require.Equal(t, []DoubleEntry{{Index: 13, Merchant: w.plan.payments[13].Merchant, Key: w.plan.payments[13].Key, Count: 2}}, rec.Doubled)
-	require.Zero(t, rec.Lost)
-	require.Equal(t, 40, rec.Found)
-	require.EqualValues(t, 41, rec.LedgerPayments)
-	require.Contains(t, r.Verdict.Failures, "1 double payments in the ledger")
-}
-
-// TestReconcileDetectsLost: a logical payment answered 201 whose payment
-// the ledger does not hold is lost.
-func TestReconcileDetectsLost(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, 40, 4)
-	w.removeRow(7)
-	r := w.reconcile(t, false)
-	rec := r.Reconciliation
-	require.False(t, r.Verdict.OK)
-	require.Equal(t, 1, rec.Lost)
-	require.Equal(t, []int{7}, rec.LostIndexes)
-	require.Equal(t, 1, rec.UnrecordedAnswers)
-	require.Zero(t, rec.DoublePayments)
-	require.Equal(t, 39, rec.Found)
-	require.Contains(t, r.Verdict.Failures, "1 lost payments (answered 201, not in the ledger)")
-}
-
-// TestReconcileDoubleAndLostTogether: a double and a loss in one merchant
-// leave its payment count right; they are still both found.
-func TestReconcileDoubleAndLostTogether(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, 40, 4)
-	w.removeRow(4)
-	w.addRow(8, "pay_8_again") // 4 and 8 belong to the same merchant
-	r := w.reconcile(t, false)
-	rec := r.Reconciliation
-	require.Equal(t, 1, rec.DoublePayments)
-	require.Equal(t, 1, rec.Lost)
-	require.EqualValues(t, 40, rec.LedgerPayments)
-	require.False(t, r.Verdict.OK)
-}
-
-// TestReconcileDivergentAnswers: copies of one logical payment answered
-// different payments (each copy ran the payment: the naive cache).
-func TestReconcileDivergentAnswers(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, 20, 4)
-	w.addRow(3, "pay_3_b")
-	w.outcomes[3].PaymentIDs = append(w.outcomes[3].PaymentIDs, "pay_3_b")
-	r := w.reconcile(t, false)
-	rec := r.Reconciliation
-	require.Equal(t, 1, rec.DivergentAnswers)
-	require.Equal(t, 1, rec.DoublePayments)
-	require.Zero(t, rec.UnrecordedAnswers)
-	require.False(t, r.Verdict.OK)
-}
-
-func TestReconcileUnfinishedRejectedUnknownMismatched(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, 20, 4)
-	w.removeRow(2)
-	w.outcomes[2] = outcome{} // never answered, never booked: unfinished, not lost
-	w.outcomes[5].Rejected = []string{"422 key-reused"}
-	other := "someone else's payment"
-	m := w.plan.merchants[1]
-	w.api.ledger[m] = append(w.api.ledger[m], apiPayment{ID: "pay_x", Amount: 1, Currency: "JPY", Description: &other})
-	w.api.ledger[w.plan.payments[6].Merchant][0].Amount++ // the newest row of 6's merchant: payment 18
-	r := w.reconcile(t, false)
-	rec := r.Reconciliation
-	require.Equal(t, 1, rec.Unfinished)
-	require.Equal(t, []int{2}, rec.UnfinishedIndexes)
-	require.Zero(t, rec.Lost)
-	require.Equal(t, 1, rec.Rejected)
-	require.Equal(t, 1, rec.Unknown)
-	require.Equal(t, 1, rec.Mismatched)
-	require.False(t, r.Verdict.OK)
-	require.Len(t, r.Verdict.Failures, 4, "%v", r.Verdict.Failures)
-}
-
-// TestReconcileLedgerMismatch: a balance that counts a payment the list
-// does not show.
-func TestReconcileLedgerMismatch(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, 20, 4)
-	w.api.balanceExtra[w.plan.merchants[2]] = 1
-	r := w.reconcile(t, false)
-	require.Len(t, r.Reconciliation.LedgerMismatch, 1)
-	require.Contains(t, r.Reconciliation.LedgerMismatch[0], w.plan.merchants[2])
-	require.False(t, r.Verdict.OK)
-}
-
-// TestReconcileProviderDoubleCharge: the ledger is right but the provider
-// charged a logical payment twice (the ledger deduplicated on the charge id
-// of one of them, or never saw the other).
-func TestReconcileProviderDoubleCharge(t *testing.T) {
-	t.Parallel()
-	w := newWorld(t, 20, 2)
-	w.api.charges = map[string]int64{w.plan.merchants[0]: 11, w.plan.merchants[1]: 9}
-	r := w.reconcile(t, true)
-	p := r.Reconciliation.Provider
-	require.EqualValues(t, 1, p.DoubleCharges)
-	require.EqualValues(t, 1, p.MissingCharges)
-	require.EqualValues(t, 20, p.Charges)
-	require.Zero(t, r.Reconciliation.DoublePayments)
-	require.False(t, r.Verdict.OK)
-	require.Contains(t, r.Verdict.Failures, "1 double charges at the provider")
+	for _, tc := range []struct {
+		name                string
+		payments, merchants int
+		provider            bool
+		breakIt             func(w *world)
+		check               func(t *testing.T, w *world, r *Report)
+	}{{
+		// A logical payment booked twice (the second execution's payment
+		// was never answered to anyone) is a double.
+		name: "Double", payments: 40, merchants: 4,
+		breakIt: func(w *world) { w.addRow(13, "pay_13_again") },
+		check: func(t *testing.T, w *world, r *Report) {
+			rec := r.Reconciliation
+			require.Equal(t, 1, rec.DoublePayments)
+			require.Equal(t, []DoubleEntry{{Index: 13, Merchant: w.plan.payments[13].Merchant, Key: w.plan.payments[13].Key, Count: 2}}, rec.Doubled)
+			require.Zero(t, rec.Lost)
+			require.Equal(t, 40, rec.Found)
+			require.EqualValues(t, 41, rec.LedgerPayments)
+			require.Contains(t, r.Verdict.Failures, "1 double payments in the ledger")
+		},
+	}, {
+		// A logical payment answered 201 whose payment the ledger does not
+		// hold is lost.
+		name: "Lost", payments: 40, merchants: 4,
+		breakIt: func(w *world) { w.removeRow(7) },
+		check: func(t *testing.T, w *world, r *Report) {
+			rec := r.Reconciliation
+			require.Equal(t, 1, rec.Lost)
+			require.Equal(t, []int{7}, rec.LostIndexes)
+			require.Equal(t, 1, rec.UnrecordedAnswers)
+			require.Zero(t, rec.DoublePayments)
+			require.Equal(t, 39, rec.Found)
+			require.Contains(t, r.Verdict.Failures, "1 lost payments (answered 201, not in the ledger)")
+		},
+	}, {
+		// A double and a loss in one merchant leave its payment count
+		// right; they are still both found.
+		name: "DoubleAndLostTogether", payments: 40, merchants: 4,
+		breakIt: func(w *world) {
+			w.removeRow(4)
+			w.addRow(8, "pay_8_again") // 4 and 8 belong to the same merchant
+		},
+		check: func(t *testing.T, w *world, r *Report) {
+			require.Equal(t, 1, r.Reconciliation.DoublePayments)
+			require.Equal(t, 1, r.Reconciliation.Lost)
+			require.EqualValues(t, 40, r.Reconciliation.LedgerPayments)
+		},
+	}, {
+		// Copies of one logical payment answered different payments (each
+		// copy ran the payment: the naive cache).
+		name: "DivergentAnswers", payments: 20, merchants: 4,
+		breakIt: func(w *world) {
+			w.addRow(3, "pay_3_b")
+			w.outcomes[3].PaymentIDs = append(w.outcomes[3].PaymentIDs, "pay_3_b")
+		},
+		check: func(t *testing.T, w *world, r *Report) {
+			require.Equal(t, 1, r.Reconciliation.DivergentAnswers)
+			require.Equal(t, 1, r.Reconciliation.DoublePayments)
+			require.Zero(t, r.Reconciliation.UnrecordedAnswers)
+		},
+	}, {
+		name: "UnfinishedRejectedUnknownMismatched", payments: 20, merchants: 4,
+		breakIt: func(w *world) {
+			w.removeRow(2)
+			w.outcomes[2] = outcome{} // never answered, never booked: unfinished, not lost
+			w.outcomes[5].Rejected = []string{"422 key-reused"}
+			other := "someone else's payment"
+			m := w.plan.merchants[1]
+			w.api.ledger[m] = append(w.api.ledger[m], apiPayment{ID: "pay_x", Amount: 1, Currency: "JPY", Description: &other})
+			w.api.ledger[w.plan.payments[6].Merchant][0].Amount++ // the newest row of 6's merchant: payment 18
+		},
+		check: func(t *testing.T, w *world, r *Report) {
+			rec := r.Reconciliation
+			require.Equal(t, 1, rec.Unfinished)
+			require.Equal(t, []int{2}, rec.UnfinishedIndexes)
+			require.Zero(t, rec.Lost)
+			require.Equal(t, 1, rec.Rejected)
+			require.Equal(t, 1, rec.Unknown)
+			require.Equal(t, 1, rec.Mismatched)
+			require.Len(t, r.Verdict.Failures, 4, "%v", r.Verdict.Failures)
+		},
+	}, {
+		// A balance that counts a payment the list does not show.
+		name: "LedgerMismatch", payments: 20, merchants: 4,
+		breakIt: func(w *world) { w.api.balanceExtra[w.plan.merchants[2]] = 1 },
+		check: func(t *testing.T, w *world, r *Report) {
+			require.Len(t, r.Reconciliation.LedgerMismatch, 1)
+			require.Contains(t, r.Reconciliation.LedgerMismatch[0], w.plan.merchants[2])
+		},
+	}, {
+		// The ledger is right but the provider charged a logical payment
+		// twice (the ledger deduplicated on the charge id of one of them,
+		// or never saw the other).
+		name: "ProviderDoubleCharge", payments: 20, merchants: 2, provider: true,
+		breakIt: func(w *world) {
+			w.api.charges = map[string]int64{w.plan.merchants[0]: 11, w.plan.merchants[1]: 9}
+		},
+		check: func(t *testing.T, w *world, r *Report) {
+			p := r.Reconciliation.Provider
+			require.EqualValues(t, 1, p.DoubleCharges)
+			require.EqualValues(t, 1, p.MissingCharges)
+			require.EqualValues(t, 20, p.Charges)
+			require.Zero(t, r.Reconciliation.DoublePayments)
+			require.Contains(t, r.Verdict.Failures, "1 double charges at the provider")
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t, tc.payments, tc.merchants)
+			tc.breakIt(w)
+			r := w.reconcile(t, tc.provider)
+			require.False(t, r.Verdict.OK)
+			tc.check(t, w, r)
+		})
+	}
 }
 
 // TestReconcileBeyondOneList: a merchant with more than 100 payments cannot

@@ -70,6 +70,7 @@ type api struct {
 //	  everything else: svc.Authenticate -> routes below
 //	    POST /v1/payments               fault injection -> idem -> createPayment
 //	                                    (Idempotency-Key required)
+//	    POST /v1/payment_intents        Stripe-compatible (stripe.go)
 //	    GET  /v1/payments/{id}
 //	    GET  /v1/payments?limit=N
 //	    GET  /v1/balance
@@ -94,7 +95,11 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		cfg.WriteMode = WriteInClaim
 	}
 	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults, metrics: cfg.Metrics}
-	return a.serve(a.routes(cfg.Faults.wrap(mw.Handler(http.HandlerFunc(a.createPayment))))), nil
+	routes := a.routes(cfg.Faults.wrap(mw.Handler(http.HandlerFunc(a.createPayment))))
+	if err := a.stripeRoutes(routes, cfg); err != nil { // POST /v1/payment_intents (stripe.go)
+		return nil, err
+	}
+	return a.serve(routes), nil
 }
 
 // routes returns the authenticated routes, with create as POST
@@ -224,14 +229,8 @@ func readPayment(w http.ResponseWriter, r *http.Request, body io.Reader) (paymen
 	if err != nil {
 		releaseKey(r)
 	}
-	var ie *inputError
-	switch {
-	case errors.Is(err, errUnsupportedMedia):
-		svc.WriteProblem(w, service.ProblemUnsupportedMedia, http.StatusUnsupportedMediaType, err.Error())
-	case errors.As(err, &ie) && ie.params != nil:
-		writeInvalidParams(w, ie.params)
-	case err != nil:
-		svc.WriteProblem(w, service.ProblemInvalidRequest, http.StatusBadRequest, err.Error())
+	if err != nil {
+		svc.WriteInputError(w, err, func(ie *inputError) string { return invalidParamsDetail(ie.Params) })
 	}
 	return in, err == nil
 }

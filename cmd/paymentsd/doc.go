@@ -16,7 +16,8 @@
 // the working directory), sqlite:PATH, file:PATH or a plain PATH (SQLite,
 // through idemsqlite), postgres://... / postgresql://... (PostgreSQL,
 // through pgxpool and idempgx; search_path=SCHEMA in the URL picks the
-// schema), or mysql://user:password@host:port/dbname (MySQL or MariaDB,
+// schema; behind pgbouncer add idem_pooler=transaction and
+// idem_schema=SCHEMA, docs/deployment.md), or mysql://user:password@host:port/dbname (MySQL or MariaDB,
 // through idemmysql.Open). At start-up paymentsd applies idem's migrations,
 // then its own (tables payments and ledger_entries, versions in
 // paymentsd_schema_version).

@@ -6,11 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
+	"log/slog"
 	"net/url"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/idemgo/idem/internal/service"
@@ -118,57 +116,51 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := service.NewLogger(stderr, o.logFormat)
+	return service.Run(ctx, stderr, service.Process[Store]{
+		LogFormat: o.logFormat, Addr: o.addr, ShutdownTimeout: o.shutdownTimeout, Name: "paymentsd", Traces: o.otelTraces,
+		Open:  func(ctx context.Context) (Store, error) { return openStore(ctx, o.databaseURL) },
+		Serve: o.serve,
+	})
+}
 
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
-	store, err := openStore(ctx, o.databaseURL)
-	if err != nil {
-		return err
-	}
-	defer service.CloseDatabase(log, store)
-
+// serve builds the handler of o on store: idem's, or the naive cache's
+// with --naive (its Redis client closed by Served.Close), observed by tel.
+func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *service.Telemetry) (service.Served, error) {
 	var provider Provider = NewFakeProvider(o.pspLatency)
 	psp := "in-process fake, latency " + o.pspLatency.String()
 	if o.pspURL != "" {
 		provider = NewHTTPProvider(o.pspURL, o.pspTimeout)
 		psp = o.pspURL + ", timeout " + o.pspTimeout.String()
 	}
-	tel, err := service.NewTelemetry("paymentsd", o.otelTraces, os.Stdout)
-	if err != nil {
-		return err
-	}
-	defer service.ShutdownTelemetry(log, tel)
 	flt := o.faults.build(log)
 	hcfg := handlerConfig{
 		Store: store, Provider: provider, Logger: log, Lease: o.lease,
 		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt,
 		Observer: tel.Observer, Metrics: tel.Metrics,
 	}
-	var handler http.Handler
+	var served service.Served
+	var err error
 	if o.naive.enabled {
 		cache, err := openRedisCache(ctx, o.naive.url())
 		if err != nil {
-			return err
+			return served, err
 		}
-		defer cache.Close()
-		handler, err = newNaiveHandler(hcfg, cache, o.naive.cacheTTL())
-		if err != nil {
-			return err
+		served.Close = func() { cache.Close() }
+		if served.Handler, err = newNaiveHandler(hcfg, cache, o.naive.cacheTTL()); err != nil {
+			cache.Close()
+			return service.Served{}, err
 		}
-	} else if handler, err = newHandler(hcfg); err != nil {
-		return err
+	} else if served.Handler, err = newHandler(hcfg); err != nil {
+		return served, err
 	}
 	kind, target, _ := parseDatabaseURL(o.databaseURL) // openStore took it
-	attrs := []any{"database", service.DescribeDatabase(kind, target),
+	served.Attrs = []any{"database", service.DescribeDatabase(kind, target),
 		"psp", psp, "lease", o.lease.String(), "write_mode", string(o.writeMode), "relay_secret", o.relaySecret != ""}
 	if d := o.faults.describe(); d != "" {
-		attrs = append(attrs, "faults", d)
+		served.Attrs = append(served.Attrs, "faults", d)
 	}
 	if o.naive.enabled {
-		attrs = append(attrs, "mode", o.naive.describe())
+		served.Attrs = append(served.Attrs, "mode", o.naive.describe())
 	}
-	srv := service.Server{Addr: o.addr, Handler: tel.Handler(handler), Log: log, ShutdownTimeout: o.shutdownTimeout, Stop: stop}
-	return srv.Serve(ctx, attrs...)
+	return served, nil
 }

@@ -41,9 +41,7 @@ package main
 // pick the same key get each other's responses.
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -55,6 +53,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/naivecache"
 	"github.com/idemgo/idem/internal/service"
 )
 
@@ -121,135 +120,35 @@ func (o naiveOptions) describe() string {
 }
 
 // responseCache is what the naive middleware needs of Redis.
-type responseCache interface {
-	// Get returns the stored value of key; found is false on a miss.
-	Get(ctx context.Context, key string) (value []byte, found bool, err error)
-	// Set stores value under key for ttl.
-	Set(ctx context.Context, key string, value []byte, ttl time.Duration) error
-}
+type responseCache = naivecache.Cache
 
 // redisCache is the responseCache on a Redis server (go-redis).
-type redisCache struct{ client *redis.Client }
+type redisCache = naivecache.Redis
 
 // openRedisCache connects to the Redis server at url and checks that it
 // answers (PING).
 func openRedisCache(ctx context.Context, url string) (*redisCache, error) {
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		return nil, fmt.Errorf("redis: %w", err)
-	}
-	c := redis.NewClient(opt)
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("redis %s: %w", opt.Addr, err)
-	}
-	return &redisCache{client: c}, nil
+	return naivecache.OpenRedis(ctx, url)
 }
-
-func (c *redisCache) Get(ctx context.Context, key string) ([]byte, bool, error) {
-	b, err := c.client.Get(ctx, key).Bytes()
-	if errors.Is(err, redis.Nil) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, err
-	}
-	return b, true, nil
-}
-
-func (c *redisCache) Set(ctx context.Context, key string, value []byte, ttl time.Duration) error {
-	return c.client.Set(ctx, key, value, ttl).Err()
-}
-
-func (c *redisCache) Close() error { return c.client.Close() }
 
 // cachedResponse is a response as the naive middleware stores it.
-type cachedResponse struct {
-	Status int         `json:"status"`
-	Header http.Header `json:"header"`
-	Body   []byte      `json:"body"`
-}
+type cachedResponse = naivecache.Response
 
-// naiveReplayedHeaders are the response headers the naive cache keeps.
-var naiveReplayedHeaders = []string{"Content-Type", "Location"}
-
-// naiveCache is the article's middleware: on a protected request (POST or
-// PATCH with an Idempotency-Key) it replays the cached response of
-// (merchant, key) when there is one; otherwise it runs next and caches its
-// response when it is not a 5xx. A cache error on GET runs next anyway
-// (fail open); one on SET is logged and ignored.
+// naiveCache is the article's middleware (naivecache.Middleware): on a
+// protected request (POST or PATCH with an Idempotency-Key) it replays the
+// cached response of (merchant, key) when there is one; otherwise it runs
+// next and caches its response when it is not a 5xx. A cache error on GET
+// runs next anyway (fail open); one on SET is logged and ignored.
 func naiveCache(cache responseCache, ttl time.Duration, log *slog.Logger, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return naivecache.Middleware(naivecache.Config{Cache: cache, TTL: ttl, Log: log, Key: func(r *http.Request) string {
 		key := r.Header.Get(idem.HeaderKey)
 		if (r.Method != http.MethodPost && r.Method != http.MethodPatch) || key == "" {
-			next.ServeHTTP(w, r)
-			return
+			return ""
 		}
 		merchant, _ := service.Merchant(r.Context())
-		cacheKey := naiveKeyPrefix + merchant + ":" + key
-		b, found, err := cache.Get(r.Context(), cacheKey)
-		if err != nil {
-			log.WarnContext(r.Context(), "naive cache: GET failed; running the request unprotected", "err", err)
-		}
-		var cached cachedResponse
-		if found && json.Unmarshal(b, &cached) == nil {
-			for k, v := range cached.Header {
-				w.Header()[k] = v
-			}
-			w.Header().Set(idem.HeaderReplayed, "true")
-			w.WriteHeader(cached.Status)
-			_, _ = w.Write(cached.Body)
-			return
-		}
-		rec := &teeRecorder{ResponseWriter: w}
-		next.ServeHTTP(rec, r)
-		if rec.status == 0 || rec.status >= 500 {
-			return
-		}
-		stored := cachedResponse{Status: rec.status, Header: http.Header{}, Body: rec.body.Bytes()}
-		for _, h := range naiveReplayedHeaders {
-			if v := rec.Header().Values(h); len(v) > 0 {
-				stored.Header[h] = v
-			}
-		}
-		value, err := json.Marshal(stored)
-		if err == nil {
-			// Not the request's context: the client may have gone.
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-			err = cache.Set(ctx, cacheKey, value, ttl)
-			cancel()
-		}
-		if err != nil {
-			log.WarnContext(r.Context(), "naive cache: SET failed; a retry will run again", "err", err)
-		}
-	})
+		return naiveKeyPrefix + merchant + ":" + key
+	}}, next)
 }
-
-// teeRecorder passes a response through and keeps a copy.
-type teeRecorder struct {
-	http.ResponseWriter
-	status int
-	body   bytes.Buffer
-}
-
-func (t *teeRecorder) WriteHeader(status int) {
-	if t.status == 0 {
-		t.status = status
-	}
-	t.ResponseWriter.WriteHeader(status)
-}
-
-func (t *teeRecorder) Write(b []byte) (int, error) {
-	if t.status == 0 {
-		t.status = http.StatusOK
-	}
-	t.body.Write(b)
-	return t.ResponseWriter.Write(b)
-}
-
-func (t *teeRecorder) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
 // newNaiveHandler is newHandler with the naive cache in idem's place:
 //

@@ -198,7 +198,7 @@ func TestNaiveOnRedis(t *testing.T) {
 	var stored cachedResponse
 	require.NoError(t, json.Unmarshal(raw, &stored))
 	require.Equal(t, http.StatusCreated, stored.Status)
-	ttl, err := cache.client.TTL(context.Background(), naiveKeyPrefix+merchant+":order-1").Result()
+	ttl, err := cache.Client.TTL(context.Background(), naiveKeyPrefix+merchant+":order-1").Result()
 	require.NoError(t, err)
 	require.Greater(t, ttl, 50*time.Second)
 	require.LessOrEqual(t, ttl, time.Minute)

@@ -10,11 +10,12 @@ import (
 	"mime"
 	"net/url"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/idemgo/idem/internal/service"
 )
 
 // Limits of a payment request's fields.
@@ -47,21 +48,11 @@ type paymentInput struct {
 }
 
 // errUnsupportedMedia is answered 415.
-var errUnsupportedMedia = errors.New("unsupported media type")
+var errUnsupportedMedia = service.ErrUnsupportedMedia
 
-// inputError is a body that is not valid: malformed as a whole (detail) or
-// with invalid fields (params).
-type inputError struct {
-	detail string
-	params []invalidParam
-}
-
-func (e *inputError) Error() string {
-	if e.detail != "" {
-		return e.detail
-	}
-	return fmt.Sprintf("%s: %s", e.params[0].Name, e.params[0].Reason)
-}
+// inputError is a body that is not valid: malformed as a whole (Detail) or
+// with invalid fields (Params).
+type inputError = service.InputError
 
 // payment fields, in the order their errors are listed.
 var paymentFields = []string{"amount", "currency", "customer", "description"}
@@ -105,9 +96,9 @@ type fieldValue struct {
 // cut short says so instead of the decoder's bare "EOF".
 func invalidJSON(err error) *inputError {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return &inputError{detail: "the request body is not valid JSON: it ends before the object is closed"}
+		return &inputError{Detail: "the request body is not valid JSON: it ends before the object is closed"}
 	}
-	return &inputError{detail: "the request body is not valid JSON: " + err.Error()}
+	return &inputError{Detail: "the request body is not valid JSON: " + err.Error()}
 }
 
 // jsonFields splits a JSON object into its members, keeping each value raw
@@ -115,7 +106,7 @@ func invalidJSON(err error) *inputError {
 // error, not a conversion). A member given twice is an error, not "the last
 // one wins".
 func jsonFields(body []byte) (map[string]fieldValue, error) {
-	notObject := &inputError{detail: "the request body must be one JSON object"}
+	notObject := &inputError{Detail: "the request body must be one JSON object"}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
@@ -148,7 +139,7 @@ func jsonFields(body []byte) (map[string]fieldValue, error) {
 func formFields(body []byte) (map[string]fieldValue, error) {
 	values, err := url.ParseQuery(string(body))
 	if err != nil {
-		return nil, &inputError{detail: "the request body is not valid application/x-www-form-urlencoded: " + err.Error()}
+		return nil, &inputError{Detail: "the request body is not valid application/x-www-form-urlencoded: " + err.Error()}
 	}
 	fields := map[string]fieldValue{}
 	for name, vs := range values {
@@ -196,18 +187,11 @@ func validatePayment(fields map[string]fieldValue) (paymentInput, error) {
 			fail(name, reason)
 		}
 	}
-	var unknown []string
-	for name := range fields {
-		if !slices.Contains(paymentFields, name) {
-			unknown = append(unknown, name)
-		}
-	}
-	sort.Strings(unknown)
-	for _, name := range unknown {
+	for _, name := range service.UnknownFields(fields, paymentFields...) {
 		fail(name, "is not a known field")
 	}
 	if len(errs) > 0 {
-		return paymentInput{}, &inputError{params: errs}
+		return paymentInput{}, &inputError{Params: errs}
 	}
 	return in, nil
 }

@@ -32,21 +32,21 @@ var svc = &service.API{
 	},
 }
 
-// invalidParam names one invalid field of a request and why (the
-// "invalid-params" extension member of RFC 7807 section 3, the shape RFC
-// 9457 section 3 describes for listing several problems at once).
-type invalidParam struct {
-	Name   string `json:"name"`
-	Reason string `json:"reason"`
-}
+// invalidParam names one invalid field of a request and why
+// (service.InvalidParam).
+type invalidParam = service.InvalidParam
 
 // writeInvalidParams sends 400 invalid-request listing every invalid field.
 func writeInvalidParams(w http.ResponseWriter, params []invalidParam) {
+	svc.WriteInvalidParams(w, invalidParamsDetail(params), params)
+}
+
+// invalidParamsDetail is the detail of a 400 listing params: the first, and
+// a pointer to the others.
+func invalidParamsDetail(params []invalidParam) string {
 	detail := params[0].Name + ": " + params[0].Reason
 	if len(params) > 1 {
 		detail += " (and more: see invalid-params)"
 	}
-	p := svc.Problem(service.ProblemInvalidRequest, http.StatusBadRequest, detail)
-	p.Extra = map[string]any{"invalid-params": params}
-	p.Write(w)
+	return detail
 }

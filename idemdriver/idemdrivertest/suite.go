@@ -85,6 +85,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Driver", func(t *testing.T) { runDriver(t, h) })
 	t.Run("Middleware", func(t *testing.T) { runMiddleware(t, h) })
 	t.Run("Retention", func(t *testing.T) { runRetention(t, h) })
+	t.Run("OneCommit", func(t *testing.T) { runOneCommit(t, h) })
 }
 
 func fingerprint(s string) []byte {

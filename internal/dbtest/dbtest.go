@@ -24,6 +24,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgo/idem/idemsqlite"
 )
 
 // EnvPostgres names the variable holding the PostgreSQL test server's URL,
@@ -195,4 +197,19 @@ func openMySQL(t testing.TB, u *url.URL, database string) *sql.DB {
 		t.Fatalf("dbtest: %s: %v", EnvMySQL, err)
 	}
 	return sql.OpenDB(c)
+}
+
+// SQLite returns a migrated SQLite store on a fresh file (see SQLitePath),
+// closed when the test ends.
+func SQLite(t testing.TB) *idemsqlite.Driver {
+	t.Helper()
+	d, err := idemsqlite.Open(context.Background(), SQLitePath(t))
+	if err != nil {
+		t.Fatalf("dbtest: open SQLite: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if err := d.Migrate(context.Background()); err != nil {
+		t.Fatalf("dbtest: migrate SQLite: %v", err)
+	}
+	return d
 }

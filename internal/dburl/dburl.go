@@ -19,7 +19,8 @@ const (
 
 // Parse tells which database s names, and returns the URL or file to open:
 //   - postgres://... or postgresql://...: PostgreSQL, the URL as given
-//     (pgxpool syntax: search_path=... and other run-time parameters);
+//     (pgxpool syntax: search_path=... and other run-time parameters; Open
+//     reads and removes idem's own, ParamPooler and ParamSchema);
 //   - mysql://... or mariadb://...: MySQL or MariaDB, the URL as given
 //     (idemmysql.ParseURL's form: mysql://user:password@host:port/dbname?params);
 //   - sqlite:PATH, sqlite://PATH, file:PATH, file://PATH or a plain PATH:

@@ -109,10 +109,12 @@ func (s *Store) Ping(ctx context.Context) error {
 // Open opens idem's driver on the database of kind at target, as Parse
 // returned them, without migrating it (Driver.Migrate does):
 //
-//   - Postgres: a pgxpool on the URL, which the detection of a partitioned
-//     idem_keys (idempgx.IsPartitioned) checks on the way; idempgx.New or,
-//     for a partitioned table or o.Partitioned, idempgx.NewPartitioned.
-//     Errors start with "postgres: ".
+//   - Postgres: a pgxpool on the URL without idem's own parameters
+//     (ParamPooler, ParamSchema: see splitPGParams), which the detection of
+//     a partitioned idem_keys (idempgx.IsPartitioned) checks on the way;
+//     idempgx.NewWithOptions with TransactionPooler and Schema as the URL
+//     says, partitioned for a partitioned table or o.Partitioned (not
+//     available with idem_schema). Errors start with "postgres: ".
 //   - MySQL: idemmysql.Open (idemmysql.ParseURL's URL form).
 //   - SQLite: idemsqlite.Open on the file, created if missing unless
 //     o.MustExist.
@@ -121,31 +123,11 @@ func (s *Store) Ping(ctx context.Context) error {
 func Open(ctx context.Context, kind, target string, o Options) (*Store, error) {
 	switch kind {
 	case Postgres:
-		pool, err := pgxpool.New(ctx, target)
-		if err != nil {
-			return nil, fmt.Errorf("postgres: %w", err)
-		}
-		exists, isPart, err := idempgx.IsPartitioned(ctx, pool)
-		if err != nil {
-			pool.Close()
-			return nil, fmt.Errorf("postgres: %w", err)
-		}
-		partitioned := o.Partitioned
-		switch {
-		case exists && partitioned && !isPart:
-			pool.Close()
-			return nil, errors.New("--partitioned: idem_keys exists and is not partitioned (see docs/retention.md to convert)")
-		case exists:
-			partitioned = isPart
-		}
-		s := &Store{Kind: kind, Pool: pool, Partitioned: partitioned, close: func() error { pool.Close(); return nil }}
-		if partitioned {
-			s.Driver = idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
-		} else {
-			s.Driver = idempgx.New(pool)
-		}
-		return s, nil
+		return openPostgres(ctx, target, o)
 	case MySQL:
+		if err := refuseIdemParams(kind, target); err != nil {
+			return nil, err
+		}
 		if o.Partitioned {
 			return nil, errors.New("--partitioned is PostgreSQL's partitioned mode; MySQL stores are not partitioned")
 		}
@@ -189,3 +171,52 @@ func (e *NoFileError) Error() string { return "no SQLite database at " + e.Path 
 
 // Unwrap returns fs.ErrNotExist.
 func (e *NoFileError) Unwrap() error { return fs.ErrNotExist }
+
+// openPostgres is Open for a postgres:// URL.
+func openPostgres(ctx context.Context, target string, o Options) (*Store, error) {
+	pgURL, params, err := splitPGParams(target)
+	if err != nil {
+		return nil, err
+	}
+	if params.schema != "" && o.Partitioned {
+		return nil, fmt.Errorf("--partitioned is not available with %s: the partitions are created in the search_path schema", ParamSchema)
+	}
+	pool, err := pgxpool.New(ctx, pgURL)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	fail := func(err error) (*Store, error) { pool.Close(); return nil, err }
+	opts := idempgx.Options{TransactionPooler: params.transactionPooler, Schema: params.schema}
+	partitioned := o.Partitioned
+	if params.schema == "" {
+		exists, isPart, err := idempgx.IsPartitioned(ctx, pool)
+		switch {
+		case err != nil:
+			return fail(fmt.Errorf("postgres: %w", err))
+		case exists && partitioned && !isPart:
+			return fail(errors.New("--partitioned: idem_keys exists and is not partitioned (see docs/retention.md to convert)"))
+		case exists:
+			partitioned = isPart
+		}
+	} else {
+		var kind *string
+		err := pool.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass(quote_ident($1) || '.idem_keys'))`,
+			params.schema).Scan(&kind)
+		switch {
+		case err != nil:
+			return fail(fmt.Errorf("postgres: %w", err))
+		case kind != nil && *kind == "p":
+			return fail(fmt.Errorf("postgres: %s.idem_keys is partitioned, and %s is not available for a partitioned store: drop %s and use search_path",
+				params.schema, ParamSchema, ParamSchema))
+		}
+	}
+	if partitioned {
+		opts.Partitioned = &idempgx.PartitionConfig{}
+	}
+	d, err := idempgx.NewWithOptions(pool, opts)
+	if err != nil {
+		return fail(fmt.Errorf("postgres: %w", err))
+	}
+	return &Store{Kind: Postgres, Driver: d, Pool: pool, Partitioned: partitioned,
+		close: func() error { pool.Close(); return nil }}, nil
+}

@@ -98,7 +98,8 @@ func DescribeDatabase(kind, target string) string {
 //
 //   - PostgreSQL (dburl.Postgres): a pgxpool on the URL (pgxpool syntax:
 //     search_path=SCHEMA picks the schema; behind pgbouncer's transaction
-//     pooling add default_query_exec_mode=exec), checked by reading whether
+//     pooling add idem_pooler=transaction and idem_schema=SCHEMA, which
+//     dburl.Open reads, docs/deployment.md), checked by reading whether
 //     idem_keys is partitioned (a partitioned table gets idempgx's
 //     partitioned driver). Errors opening it start with "postgres: ".
 //   - MySQL or MariaDB (dburl.MySQL): idemmysql.Open (idemmysql.ParseURL's

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -62,21 +63,21 @@ func LogRequests(log *slog.Logger, unanswered int, next http.Handler) http.Handl
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		info := &RequestInfo{}
-		rec := &statusRecorder{ResponseWriter: w}
+		rec := NewRecorder(w, false)
 		next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info)))
-		if rec.status == 0 {
-			rec.status = unanswered
+		if rec.Status == 0 {
+			rec.Status = unanswered
 		}
 		level := slog.LevelInfo
-		if rec.status >= 500 {
+		if rec.Status >= 500 {
 			level = slog.LevelWarn
 		}
 		attrs := append([]slog.Attr{
 			slog.String("method", r.Method),
 			slog.String("path", r.URL.Path),
-			slog.Int("status", rec.status),
+			slog.Int("status", rec.Status),
 			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
-			slog.Int64("bytes", rec.bytes),
+			slog.Int64("bytes", rec.Bytes),
 			slog.String("idempotency_key", LoggedKey(r)),
 			slog.Bool("replayed", rec.Header().Get(idem.HeaderReplayed) == "true"),
 		}, info.Attrs...)
@@ -95,28 +96,48 @@ func LoggedKey(r *http.Request) string {
 	return strings.Join(values, ", ")
 }
 
-// statusRecorder remembers the status and size of a response. Unwrap keeps
-// http.ResponseController (Flush, deadlines) working through it.
-type statusRecorder struct {
+// Recorder passes a response through and remembers its status (0 until
+// the handler writes) and size in bytes; with a Body it also keeps a copy
+// of what was written. Unwrap keeps http.ResponseController (Flush,
+// deadlines) working through it.
+type Recorder struct {
 	http.ResponseWriter
-	status int
-	bytes  int64
+	Status int
+	Bytes  int64
+	// Body, when not nil, receives a copy of every write.
+	Body *bytes.Buffer
 }
 
-func (s *statusRecorder) WriteHeader(status int) {
-	if s.status == 0 {
-		s.status = status
+// NewRecorder wraps w; keepBody gives the Recorder a Body.
+func NewRecorder(w http.ResponseWriter, keepBody bool) *Recorder {
+	rec := &Recorder{ResponseWriter: w}
+	if keepBody {
+		rec.Body = &bytes.Buffer{}
+	}
+	return rec
+}
+
+// WriteHeader remembers the first status and passes it on.
+func (s *Recorder) WriteHeader(status int) {
+	if s.Status == 0 {
+		s.Status = status
 	}
 	s.ResponseWriter.WriteHeader(status)
 }
 
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
+// Write counts (and with a Body copies) b and passes it on; a write before
+// WriteHeader is a 200.
+func (s *Recorder) Write(b []byte) (int, error) {
+	if s.Status == 0 {
+		s.Status = http.StatusOK
+	}
+	if s.Body != nil {
+		s.Body.Write(b)
 	}
 	n, err := s.ResponseWriter.Write(b)
-	s.bytes += int64(n)
+	s.Bytes += int64(n)
 	return n, err
 }
 
-func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+// Unwrap returns the wrapped writer (http.ResponseController).
+func (s *Recorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }

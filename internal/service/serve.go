@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 )
 
@@ -79,4 +82,65 @@ func CloseDatabase(log *slog.Logger, db io.Closer) {
 		log.Warn("closing the database", "err", err)
 	}
 	log.Info("database closed")
+}
+
+// Process is a service's run once its flags are parsed (Run).
+type Process[S io.Closer] struct {
+	// LogFormat is --log-format: "text" or "json" (NewLogger), on stderr.
+	LogFormat string
+	// Addr and ShutdownTimeout are Server's (--addr, --shutdown-timeout).
+	Addr            string
+	ShutdownTimeout time.Duration
+	// Name is the service's name in its telemetry (NewTelemetry).
+	Name string
+	// Traces is --otel-traces (NewTelemetry's traces).
+	Traces string
+	// Open opens and migrates the service's store.
+	Open func(ctx context.Context) (S, error)
+	// Serve builds the handler on the open store; tel's Observer and Metrics
+	// are for the handler, which Run wraps in tel.Handler.
+	Serve func(ctx context.Context, log *slog.Logger, store S, tel *Telemetry) (Served, error)
+}
+
+// Served is what Process.Serve returns.
+type Served struct {
+	Handler http.Handler
+	// Attrs follow "addr" in the "listening" line (slog's key-value pairs).
+	Attrs []any
+	// Close, when not nil, runs after the shutdown, before the store is
+	// closed.
+	Close func()
+}
+
+// Run runs p until ctx is done or SIGINT/SIGTERM arrives: it opens the
+// store, starts the telemetry (NewTelemetry, traces to stdout), builds the
+// handler and serves it (Server.Serve), then shuts down cleanly: stop
+// accepting, wait for in-flight requests (at most p.ShutdownTimeout), run
+// Served.Close, shut the telemetry down, close the store (CloseDatabase). It
+// returns the first error of opening, building or serving.
+func Run[S io.Closer](ctx context.Context, stderr io.Writer, p Process[S]) error {
+	log := NewLogger(stderr, p.LogFormat)
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	store, err := p.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer CloseDatabase(log, store)
+	tel, err := NewTelemetry(p.Name, p.Traces, os.Stdout)
+	if err != nil {
+		return err
+	}
+	defer ShutdownTelemetry(log, tel)
+	served, err := p.Serve(ctx, log, store, tel)
+	if err != nil {
+		return err
+	}
+	if served.Close != nil {
+		defer served.Close()
+	}
+	srv := Server{Addr: p.Addr, Handler: tel.Handler(served.Handler), Log: log, ShutdownTimeout: p.ShutdownTimeout, Stop: stop}
+	return srv.Serve(ctx, served.Attrs...)
 }

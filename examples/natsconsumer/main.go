@@ -1,0 +1,186 @@
+// Command natsconsumer is an example consumer of NATS JetStream that
+// processes each message exactly once with idem's engine (idem.Engine.Do):
+// the scope is the stream and subject, the key the message's Nats-Msg-Id
+// header (or the "id" member of its JSON payload), and the side effect (a
+// row in the effects table) is written in the claim's transaction, so it
+// commits with the recorded outcome or not at all. A message is acked only
+// after its outcome is recorded; a redelivery (AckWait ran out, the process
+// was killed, a duplicate publish) replays the recorded outcome and is
+// acked without running again. A message whose key another execution holds
+// is nacked with the in-flight delay; one whose owner died is taken over
+// once its lease runs out.
+//
+// Configuration, by environment: NATS_URL (default nats://127.0.0.1:4222),
+// STREAM, SUBJECT (the stream's subject, default "<STREAM>.>"), DURABLE
+// (default "natsconsumer"), DB (the SQLite file of idem and the effects),
+// ACK_WAIT (default 2s), WORK (how long each message's work takes, default
+// 0: to widen the window a SIGKILL can hit).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemsqlite"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "natsconsumer:", err)
+		os.Exit(1)
+	}
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func duration(name, def string) (time.Duration, error) {
+	d, err := time.ParseDuration(env(name, def))
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", name, err)
+	}
+	return d, nil
+}
+
+// schema is the example's business table: one row per side effect.
+const schema = `CREATE TABLE IF NOT EXISTS effects (
+	msg_id TEXT NOT NULL, subject TEXT NOT NULL, payload BLOB, pid INTEGER NOT NULL)`
+
+func run() error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	stream := env("STREAM", "")
+	dbPath := env("DB", "")
+	if stream == "" || dbPath == "" {
+		return errors.New("STREAM and DB are required")
+	}
+	ackWait, err := duration("ACK_WAIT", "2s")
+	if err != nil {
+		return err
+	}
+	work, err := duration("WORK", "0s")
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+
+	store, err := idemsqlite.Open(ctx, dbPath)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		return err
+	}
+	if _, err := store.DB().ExecContext(ctx, schema); err != nil {
+		return err
+	}
+	engine, err := idem.NewEngine(idem.Config{Store: store, LeaseDuration: time.Second, Logger: log})
+	if err != nil {
+		return err
+	}
+
+	nc, err := nats.Connect(env("NATS_URL", nats.DefaultURL))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{env("SUBJECT", stream+".>")}})
+	if err != nil {
+		return err
+	}
+	cons, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable: env("DURABLE", "natsconsumer"), AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
+	})
+	if err != nil {
+		return err
+	}
+	h := &handler{engine: engine, stream: stream, work: work, log: log}
+	cc, err := cons.Consume(func(msg jetstream.Msg) { h.handle(ctx, msg) })
+	if err != nil {
+		return err
+	}
+	defer cc.Stop()
+	log.Info("consuming", "stream", stream, "pid", os.Getpid())
+	<-ctx.Done()
+	return nil
+}
+
+type handler struct {
+	engine *idem.Engine
+	stream string
+	work   time.Duration
+	log    *slog.Logger
+}
+
+// key is the message's idempotency key: its Nats-Msg-Id header, else the
+// "id" member of its JSON payload.
+func key(msg jetstream.Msg) string {
+	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
+		return id
+	}
+	var body struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(msg.Data(), &body)
+	return body.ID
+}
+
+func (h *handler) handle(ctx context.Context, msg jetstream.Msg) {
+	k := key(msg)
+	p := idem.DoParams{Scope: h.stream + "/" + msg.Subject(), Key: k, Route: msg.Subject(), Payload: msg.Data()}
+	_, err := h.engine.Do(ctx, p, func(ctx context.Context) (idem.Result, error) {
+		tx, err := idemsqlite.Tx(ctx)
+		if err != nil {
+			return idem.Result{}, err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO effects (msg_id, subject, payload, pid) VALUES (?, ?, ?, ?)`,
+			k, msg.Subject(), msg.Data(), os.Getpid()); err != nil {
+			return idem.Result{}, err
+		}
+		if h.work > 0 {
+			select { // the work: a SIGKILL here leaves the claim PROCESSING
+			case <-time.After(h.work):
+			case <-ctx.Done():
+				return idem.Result{}, context.Cause(ctx)
+			}
+		}
+		return idem.Result{Body: []byte("processed")}, nil
+	})
+	var inFlight *idem.InFlightError
+	switch {
+	case err == nil:
+		// Recorded (or replayed): ack only now.
+		if err := msg.DoubleAck(ctx); err != nil {
+			h.log.Warn("ack", "key", k, "err", err)
+		}
+	case errors.As(err, &inFlight):
+		_ = msg.NakWithDelay(inFlight.RetryAfter)
+	case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrKeyReused):
+		// No retry can cure it: park it rather than redeliver forever.
+		h.log.Error("refusing message", "key", k, "err", err)
+		_ = msg.Term()
+	default:
+		h.log.Warn("not processed; redelivering", "key", k, "err", err)
+		_ = msg.Nak()
+	}
+}

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/idemsqlite"
+)
+
+// natsURL is the JetStream server of the test: NATS_URL, else the
+// machine's 127.0.0.1:4222. Under CI a missing server fails the test.
+func natsConn(t *testing.T) *nats.Conn {
+	t.Helper()
+	url := env("NATS_URL", nats.DefaultURL)
+	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("NATS JetStream at %s: %v (CI needs nats-server -js running)", url, err)
+		}
+		t.Skipf("NATS JetStream at %s: %v (set CI to fail instead)", url, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// Each message is processed exactly once while the consumer process is
+// SIGKILLed mid-message (twice), restarted, messages are redelivered (a
+// short AckWait) and published twice: one effect per message id, none
+// lost, and the killed executions were taken over.
+func TestExactlyOnceUnderKillAndRedelivery(t *testing.T) {
+	nc := natsConn(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	stream := fmt.Sprintf("IDEMTEST%d", time.Now().UnixNano())
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
+
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "natsconsumer")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	require.NoError(t, build.Run())
+	db := filepath.Join(dir, "consumer.db")
+	start := func() *exec.Cmd {
+		cmd := exec.Command(bin)
+		cmd.Env = append(os.Environ(), "STREAM="+stream, "DB="+db, "ACK_WAIT=1s", "WORK=150ms",
+			"NATS_URL="+env("NATS_URL", nats.DefaultURL))
+		cmd.Stderr = os.Stderr
+		require.NoError(t, cmd.Start())
+		return cmd
+	}
+	cmd := start()
+	t.Cleanup(func() {
+		if cmd.Process != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	// The consumer creates the stream; wait for it.
+	require.Eventually(t, func() bool { _, err := js.Stream(ctx, stream); return err == nil }, 20*time.Second, 50*time.Millisecond)
+
+	const n = 40
+	for i := range n {
+		id := fmt.Sprintf("m-%d", i)
+		data := []byte(fmt.Sprintf(`{"id":%q,"amount":%d}`, id, 100+i))
+		_, err := js.Publish(ctx, stream+".orders", data, jetstream.WithMsgID(id))
+		require.NoError(t, err)
+		// A duplicate that JetStream's own deduplication cannot catch (no
+		// Nats-Msg-Id): the consumer keys it by the payload's id.
+		_, err = js.Publish(ctx, stream+".orders", data)
+		require.NoError(t, err)
+	}
+
+	store, err := idemsqlite.Open(ctx, db)
+	require.NoError(t, err)
+	defer store.Close()
+	count := func(q string) (c int) {
+		if err := store.DB().QueryRowContext(ctx, q).Scan(&c); err != nil {
+			return -1 // the consumer has not created its tables yet
+		}
+		return c
+	}
+	// Kill it twice, each time while a message is mid-flight: claimed by
+	// this process (the record's owner is "<host>/<pid>"), PROCESSING, its
+	// work running and its transaction open.
+	for kill := range 2 {
+		// In its stride: it has completed messages of its own already.
+		done := fmt.Sprintf(`SELECT count(*) FROM effects WHERE pid = %d`, cmd.Process.Pid)
+		mine := fmt.Sprintf(`SELECT count(*) FROM idem_keys WHERE state = 'PROCESSING' AND owner LIKE '%%/%d'`, cmd.Process.Pid)
+		require.Eventually(t, func() bool { return count(done) >= 3 && count(mine) > 0 }, time.Minute, time.Millisecond, "kill %d", kill)
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		_ = cmd.Wait()
+		cmd = start()
+	}
+	require.Eventually(t, func() bool {
+		return count(`SELECT count(DISTINCT msg_id) FROM effects`) == n &&
+			count(`SELECT count(*) FROM idem_keys WHERE state = 'SUCCEEDED'`) == n
+	}, 2*time.Minute, 100*time.Millisecond)
+	// Let redeliveries and the duplicates drain: the durable's pending and
+	// unacked messages reach zero.
+	require.Eventually(t, func() bool {
+		c, err := js.Consumer(ctx, stream, "natsconsumer")
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ctx)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	}, time.Minute, 100*time.Millisecond)
+
+	require.Equal(t, n, count(`SELECT count(*) FROM effects`), "exactly one effect per message id")
+	require.Zero(t, count(`SELECT count(*) FROM (SELECT msg_id FROM effects GROUP BY msg_id HAVING count(*) > 1)`))
+	require.Equal(t, n, count(`SELECT count(*) FROM idem_keys WHERE state = 'SUCCEEDED'`), "none lost")
+	require.GreaterOrEqual(t, count(`SELECT sum(attempts - 1) FROM idem_keys`), 2,
+		"both messages killed mid-flight were taken over after their lease ran out")
+	require.GreaterOrEqual(t, count(`SELECT count(DISTINCT pid) FROM effects`), 2, "effects came from more than one process")
+}

@@ -1,0 +1,372 @@
+package idemdrivertest
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// runOneCommit holds a driver that implements idemdriver.TxClaimer to the
+// one-commit mode (idem.Config.OneCommit): claim, business writes and
+// completion commit together, a duplicate waits on the key's row lock and
+// then gets the replay (or 409 past the wait bound), and a rollback leaves
+// nothing behind. Drivers without TxClaimer skip it.
+func runOneCommit(t *testing.T, h Harness) {
+	ctx := context.Background()
+	claimer := func(t *testing.T) (idemdriver.Driver, idemdriver.TxClaimer) {
+		t.Helper()
+		d := h.NewDriver(t)
+		tc, ok := d.(idemdriver.TxClaimer)
+		if !ok {
+			t.Skipf("%T does not implement idemdriver.TxClaimer", d)
+		}
+		return d, tc
+	}
+	claimTx := func(t *testing.T, tc idemdriver.TxClaimer, p idemdriver.ClaimParams, wait time.Duration) (idemdriver.ClaimResult, idemdriver.Tx) {
+		t.Helper()
+		res, tx, err := tc.ClaimTx(ctx, p, wait)
+		require.NoError(t, err)
+		require.Equal(t, res.Claimed, tx != nil, "a transaction comes back exactly when the claim is won")
+		return res, tx
+	}
+	completeCommit := func(t *testing.T, tx idemdriver.Tx, rec idemdriver.Record, body string) {
+		t.Helper()
+		ok, err := tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(rec), Response: okResponse(body)})
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.NoError(t, tx.Commit(ctx))
+	}
+
+	t.Run("InvisibleUntilCommit", func(t *testing.T) {
+		t.Parallel()
+		d, tc := claimer(t)
+		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
+		require.True(t, res.Claimed)
+		require.Equal(t, idemdriver.StateProcessing, res.Record.State)
+		require.EqualValues(t, 1, res.Record.Attempts)
+		if !h.SingleWriter { // SQLite's readers see the last commit too; Get would not wait either way
+			_, err := get(ctx, d, "acct", "k")
+			require.ErrorIs(t, err, idemdriver.ErrNotFound, "the uncommitted claim is invisible")
+		}
+		completeCommit(t, tx, res.Record, `{"id":1}`)
+		rec, err := get(ctx, d, "acct", "k")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateSucceeded, rec.State)
+		require.Equal(t, `{"id":1}`, string(rec.Response.Body))
+
+		// A replay is answered from the committed record, no transaction left open.
+		again, tx := claimTx(t, tc, params("acct", "k", "body"), time.Second)
+		require.False(t, again.Claimed)
+		require.Nil(t, tx)
+		require.Equal(t, idemdriver.DecisionReplay, idemdriver.Decide(&again.Record, false, params("acct", "k", "body")))
+		other, _ := claimTx(t, tc, params("acct", "k", "other body"), time.Second)
+		require.Equal(t, idemdriver.DecisionKeyReused, idemdriver.Decide(&other.Record, false, params("acct", "k", "other body")))
+	})
+
+	t.Run("RollbackLeavesNothing", func(t *testing.T) {
+		t.Parallel()
+		d, tc := claimer(t)
+		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
+		require.True(t, res.Claimed)
+		require.NoError(t, tx.Rollback(ctx))
+		_, err := get(ctx, d, "acct", "k")
+		require.ErrorIs(t, err, idemdriver.ErrNotFound, "no record, no lease to wait out")
+		// The retry claims at once, as a new key.
+		again, err := d.Claim(ctx, params("acct", "k", "body"))
+		require.NoError(t, err)
+		require.True(t, again.Claimed)
+		require.EqualValues(t, 1, again.Record.FencingToken)
+	})
+
+	t.Run("RollbackRestoresFailed", func(t *testing.T) {
+		t.Parallel()
+		d, tc := claimer(t)
+		first, err := d.Claim(ctx, params("acct", "k", "body"))
+		require.NoError(t, err)
+		ok, err := d.Fail(ctx, fence(first.Record))
+		require.NoError(t, err)
+		require.True(t, ok)
+		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
+		require.True(t, res.Claimed, "a FAILED record is re-claimed")
+		require.EqualValues(t, 2, res.Record.Attempts)
+		require.Equal(t, first.Record.CreatedAt, res.Record.CreatedAt, "the record's life continues")
+		require.NoError(t, tx.Rollback(ctx))
+		rec, err := get(ctx, d, "acct", "k")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateFailed, rec.State, "the rollback restores the record as it was")
+	})
+
+	t.Run("LiveLeaseIsInFlight", func(t *testing.T) {
+		t.Parallel()
+		d, tc := claimer(t)
+		_, err := d.Claim(ctx, params("acct", "k", "body"))
+		require.NoError(t, err)
+		res, tx := claimTx(t, tc, params("acct", "k", "body"), time.Second)
+		require.False(t, res.Claimed)
+		require.Nil(t, tx)
+		require.Equal(t, idemdriver.DecisionInFlight, idemdriver.Decide(&res.Record, false, params("acct", "k", "body")))
+	})
+
+	t.Run("DuplicateWaitsThenReplays", func(t *testing.T) {
+		t.Parallel()
+		_, tc := claimer(t)
+		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
+		require.True(t, res.Claimed)
+		dup := make(chan claimTxResult, 1)
+		started := make(chan struct{})
+		go func() {
+			close(started)
+			r, tx, err := tc.ClaimTx(ctx, params("acct", "k", "body"), 20*time.Second)
+			dup <- claimTxResult{r, tx, err}
+		}()
+		<-started
+		completeCommit(t, tx, res.Record, `{"id":1}`)
+		got := <-dup
+		require.NoError(t, got.err)
+		require.False(t, got.res.Claimed, "the owner committed: the duplicate gets its record")
+		require.Nil(t, got.tx)
+		require.Equal(t, idemdriver.StateSucceeded, got.res.Record.State)
+		require.Equal(t, `{"id":1}`, string(got.res.Record.Response.Body))
+	})
+
+	t.Run("DuplicateClaimsAfterRollback", func(t *testing.T) {
+		t.Parallel()
+		d, tc := claimer(t)
+		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
+		require.True(t, res.Claimed)
+		dup := make(chan claimTxResult, 1)
+		go func() {
+			r, tx, err := tc.ClaimTx(ctx, params("acct", "k", "body"), 20*time.Second)
+			dup <- claimTxResult{r, tx, err}
+		}()
+		require.NoError(t, tx.Rollback(ctx))
+		got := <-dup
+		require.NoError(t, got.err)
+		require.True(t, got.res.Claimed, "the owner rolled back: the duplicate (or the retry) claims at once")
+		completeCommit(t, got.tx, got.res.Record, `{"id":2}`)
+		rec, err := get(ctx, d, "acct", "k")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateSucceeded, rec.State)
+	})
+
+	t.Run("WaitBoundGivesLockWait", func(t *testing.T) {
+		t.Parallel()
+		if h.SingleWriter {
+			t.Skip("a single writer's ClaimTx waits for the database's write lock (its busy timeout), not a per-key bound")
+		}
+		_, tc := claimer(t)
+		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
+		require.True(t, res.Claimed)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		_, dupTx, err := tc.ClaimTx(ctx, params("acct", "k", "body"), 300*time.Millisecond)
+		require.ErrorIs(t, err, idemdriver.ErrLockWait)
+		require.Nil(t, dupTx)
+		// The owner is not disturbed: it still commits.
+		completeCommit(t, tx, res.Record, `{"id":1}`)
+	})
+
+	// N requests race on one key through the middleware in the one-commit
+	// mode: one handler run, one business row; every other request gets
+	// the replay (after waiting on the row lock) or 409.
+	t.Run("RaceOneBusinessRow", func(t *testing.T) {
+		t.Parallel()
+		d, _ := claimer(t)
+		biz := h.Business(t, d)
+		a := &app{biz: biz, rowPrefix: "oc:"}
+		s := newServer(t, d, idem.Config{OneCommit: true, OneCommitWait: 20 * time.Second}, a)
+		var wg sync.WaitGroup
+		answers := make(chan answer, racers)
+		start := make(chan struct{})
+		for range racers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				answers <- s.post(t, "k", `{"amount":1}`)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		close(answers)
+		counts := map[int]int{}
+		replays := 0
+		for g := range answers {
+			require.NoError(t, g.err)
+			counts[g.status]++
+			if g.header.Get(idem.HeaderReplayed) == "true" {
+				replays++
+			}
+		}
+		require.EqualValues(t, 1, a.runs.Load(), "exactly one handler run")
+		n, err := biz.Count(ctx, "oc:k/1")
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "exactly one business row")
+		require.Equal(t, racers, counts[201]+counts[409], "answers: %v", counts)
+		require.Equal(t, counts[201]-1, replays, "every 201 but the owner's is a replay")
+	})
+
+	// Requests of distinct keys never answer each other's wait: on a
+	// single writer they queue for the write lock (a bound on one key's
+	// wait must not refuse them), elsewhere they lock distinct rows.
+	t.Run("DistinctKeysAllRun", func(t *testing.T) {
+		t.Parallel()
+		d, _ := claimer(t)
+		biz := h.Business(t, d)
+		a := &app{biz: biz, rowPrefix: "dk:"}
+		cfg := idem.Config{OneCommit: true}
+		if h.SingleWriter {
+			cfg.OneCommitWait = time.Millisecond // the bound that would refuse queued writers
+		}
+		s := newServer(t, d, cfg, a)
+		const n = 32
+		var wg sync.WaitGroup
+		statuses := make(chan int, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				a := s.post(t, "key-"+strconv.Itoa(i), `{"amount":1}`)
+				require.NoError(t, a.err)
+				statuses <- a.status
+			}()
+		}
+		wg.Wait()
+		close(statuses)
+		counts := map[int]int{}
+		for st := range statuses {
+			counts[st]++
+		}
+		require.Equal(t, map[int]int{201: n}, counts, "every distinct key runs once")
+		require.EqualValues(t, n, a.runs.Load())
+	})
+
+	// A handler that fails (5xx) or panics rolls its claim back with its
+	// writes: the retry runs at once, as a new request.
+	t.Run("FailureAndPanicLeaveNothing", func(t *testing.T) {
+		t.Parallel()
+		d, _ := claimer(t)
+		biz := h.Business(t, d)
+		a := &app{biz: biz, rowPrefix: "fp:", panicOn: 2, status: func(run int32) int {
+			if run == 1 {
+				return http.StatusServiceUnavailable
+			}
+			return http.StatusCreated
+		}}
+		cfg := idem.Config{OneCommit: true, Scope: idem.SingleTenant, Store: d}
+		m, err := idem.New(cfg)
+		require.NoError(t, err)
+		serve := func() *httptest.ResponseRecorder {
+			req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{}`))
+			req.Header.Set("Idempotency-Key", "k")
+			rec := httptest.NewRecorder()
+			func() {
+				defer func() { _ = recover() }()
+				m.Handler(a).ServeHTTP(rec, req)
+			}()
+			return rec
+		}
+		require.Equal(t, 503, serve().Code)
+		_, err = get(ctx, d, idem.SingleTenantScope, "k")
+		require.ErrorIs(t, err, idemdriver.ErrNotFound, "a 5xx rolls the claim back: nothing left")
+		serve() // run 2 panics
+		_, err = get(ctx, d, idem.SingleTenantScope, "k")
+		require.ErrorIs(t, err, idemdriver.ErrNotFound, "a panic rolls the claim back: nothing left")
+		require.Equal(t, 201, serve().Code, "the retry runs at once")
+		require.EqualValues(t, 3, a.runs.Load())
+		for run, want := range map[string]int{"fp:k/1": 0, "fp:k/2": 0, "fp:k/3": 1} {
+			n, err := biz.Count(ctx, run)
+			require.NoError(t, err)
+			require.Equal(t, want, n, "business rows of %s", run)
+		}
+		again := serve()
+		require.Equal(t, 201, again.Code)
+		require.Equal(t, "true", again.Header().Get(idem.HeaderReplayed))
+		require.EqualValues(t, 3, a.runs.Load(), "the replay runs nothing")
+	})
+
+	// ReleaseKey in the one-commit mode frees the key even when the claim
+	// continued an earlier (FAILED) record.
+	t.Run("ReleaseFreesTheKey", func(t *testing.T) {
+		t.Parallel()
+		d, _ := claimer(t)
+		// The default mode leaves the key FAILED (a 503)...
+		durable := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		})
+		require.Equal(t, 503, durable.post(t, "k", `{"a":1}`).status)
+		rec, err := get(ctx, d, idem.SingleTenantScope, "k")
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateFailed, rec.State)
+		// ...which the same request re-claims in the one-commit mode and
+		// releases (a validation failure): the rollback restores the FAILED
+		// record, and idem still removes it.
+		release := true
+		s := newHandlerServer(t, d, idem.Config{OneCommit: true}, func(w http.ResponseWriter, r *http.Request) {
+			if release {
+				if err := idem.ReleaseKey(r.Context()); err != nil {
+					w.WriteHeader(http.StatusInternalServerError)
+					return
+				}
+				w.WriteHeader(http.StatusBadRequest)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		})
+		require.Equal(t, 400, s.post(t, "k", `{"a":1}`).status)
+		_, err = get(ctx, d, idem.SingleTenantScope, "k")
+		require.ErrorIs(t, err, idemdriver.ErrNotFound, "the released key has no record")
+		release = false
+		require.Equal(t, 201, s.post(t, "k", `{"a":2}`).status, "a corrected request runs as new, not 422")
+	})
+
+	t.Run("StatementBudget", func(t *testing.T) {
+		t.Parallel()
+		require.NotNil(t, h.NewCountingDriver, "the harness must count statements")
+		d, count := h.NewCountingDriver(t)
+		if _, ok := d.(idemdriver.TxClaimer); !ok {
+			t.Skipf("%T does not implement idemdriver.TxClaimer", d)
+		}
+		want, ok := h.Budget["first-one-commit"]
+		require.True(t, ok, "the harness gives no budget for first-one-commit")
+		biz := h.Business(t, d)
+		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, OneCommit: true})
+		require.NoError(t, err)
+		req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", "k")
+		rec := httptest.NewRecorder()
+		before := count()
+		m.Handler(&app{biz: biz}).ServeHTTP(rec, req)
+		require.Equal(t, 201, rec.Code, rec.Body.String())
+		require.EqualValues(t, want, count()-before-1, "statements for a one-commit first execution (one business write not counted)")
+	})
+
+	t.Run("ConfigNeedsTxClaimer", func(t *testing.T) {
+		t.Parallel()
+		d := h.NewDriver(t)
+		_, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: noTxClaimer{d}, OneCommit: true})
+		require.Error(t, err)
+		require.True(t, strings.Contains(err.Error(), "TxClaimer"), err.Error())
+		require.False(t, errors.Is(err, idemdriver.ErrLockWait))
+	})
+}
+
+// claimTxResult is what a concurrent ClaimTx returned.
+type claimTxResult struct {
+	res idemdriver.ClaimResult
+	tx  idemdriver.Tx
+	err error
+}
+
+// noTxClaimer hides a driver's optional interfaces.
+type noTxClaimer struct{ idemdriver.Driver }

@@ -1,0 +1,94 @@
+package idemsqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+var _ idemdriver.TxClaimer = (*Driver)(nil)
+
+// ClaimTx implements idemdriver.TxClaimer: the one-commit mode's claim. It
+// reads first, outside any transaction, as Claim does: a record that cannot
+// be claimed is answered from that read (one statement; WAL readers never
+// wait for the writer). Otherwise it begins the transaction (BEGIN
+// IMMEDIATE: it waits for SQLite's single write lock, which a one-commit
+// execution of any key holds until it commits, up to BusyTimeout as every
+// transaction does; wait is not used and ErrLockWait never returned: a
+// bound for one key's wait would refuse other keys' requests, which queue
+// for the same lock) and runs the claim's upsert in it; when
+// the upsert loses (the record changed between the read and BEGIN), the
+// record is read again under the write lock and answered. Statements of a
+// first execution: the read, BEGIN and the upsert.
+func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (idemdriver.ClaimResult, idemdriver.Tx, error) {
+	if err := d.prepare(ctx); err != nil {
+		return idemdriver.ClaimResult{}, nil, err
+	}
+	args := []any{
+		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("method", p.Method),
+		sql.Named("path", p.Path), sql.Named("fingerprint", p.Fingerprint),
+		sql.Named("lease", p.LeaseDuration.Microseconds()), sql.Named("retention", p.Retention.Microseconds()),
+		sql.Named("owner", p.Owner), sql.Named("offset", p.ClockOffset.Microseconds()),
+	}
+	var expired bool
+	read, err := scanRecord(d.stmts.claimRead.QueryRowContext(ctx, args...), &expired)
+	found := err == nil
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		return idemdriver.ClaimResult{}, nil, err
+	case !idemdriver.Decide(&read, expired, p).Claims():
+		return idemdriver.ClaimResult{Record: read}, nil, nil
+	}
+
+	// BEGIN IMMEDIATE waits for the write lock as every transaction does
+	// (BusyTimeout): the lock is the database's, not the key's, so a bound
+	// of one key's wait would refuse other keys' requests under load.
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return idemdriver.ClaimResult{}, nil, err
+	}
+	cancel := func() {}
+	end := func() { _ = tx.Rollback(); cancel() }
+	rec, err := scanRecord(tx.StmtContext(ctx, d.stmts.claim).QueryRowContext(ctx, args...), nil)
+	if err == nil {
+		stmt := d.stmts.complete
+		tookOver := found && read.State == idemdriver.StateProcessing && rec.Attempts > 1 // as in Claim
+		return idemdriver.ClaimResult{Claimed: true, TookOver: tookOver, Record: rec}, &oneCommitTx{SQLTx: idemdriver.SQLTx{Tx: tx,
+			CompleteIn: func(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
+				return complete(ctx, tx.StmtContext(ctx, stmt), p)
+			}}, cancel: cancel}, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		end()
+		return idemdriver.ClaimResult{}, nil, err
+	}
+	// The upsert did not claim: under the write lock, the record read now
+	// is the one it lost to.
+	read, err = scanRecord(tx.StmtContext(ctx, d.stmts.claimRead).QueryRowContext(ctx, args...), &expired)
+	end()
+	if err != nil {
+		return idemdriver.ClaimResult{}, nil, err
+	}
+	return idemdriver.ClaimResult{Record: read}, nil, nil
+}
+
+// oneCommitTx is the transaction of a one-commit claim: SQLTx, and the
+// cancel of the context it began on, called when it ends.
+type oneCommitTx struct {
+	idemdriver.SQLTx
+	cancel context.CancelFunc
+}
+
+func (t *oneCommitTx) Commit(ctx context.Context) error {
+	defer t.cancel()
+	return t.SQLTx.Commit(ctx)
+}
+
+func (t *oneCommitTx) Rollback(ctx context.Context) error {
+	defer t.cancel()
+	return t.SQLTx.Rollback(ctx)
+}

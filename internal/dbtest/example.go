@@ -1,0 +1,50 @@
+package dbtest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/idemgo/idem/idemsqlite"
+)
+
+// ExampleStore opens a migrated SQLite store in a new temporary directory,
+// for runnable examples, which have no testing.T: a failure ends the program
+// (log.Fatal). The returned function closes the store and removes the
+// directory.
+func ExampleStore() (*idemsqlite.Driver, func()) {
+	dir, err := os.MkdirTemp("", "idem-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	store, err := idemsqlite.Open(ctx, filepath.Join(dir, "idem.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	return store, func() { store.Close(); os.RemoveAll(dir) }
+}
+
+// PrintPost sends one POST to url with Content-Type application/json, the
+// Idempotency-Key key and body, and prints what came back for an example's
+// Output: `<status> replayed="<Idempotent-Replayed>" <body, trimmed>`.
+func PrintPost(url, key, body string) {
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	fmt.Printf("%d replayed=%q %s\n", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), strings.TrimSpace(string(b)))
+}

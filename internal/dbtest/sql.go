@@ -1,0 +1,94 @@
+package dbtest
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"sync/atomic"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// SQLBusiness is the conformance suite's business table (idemdrivertest.Business)
+// for the database/sql drivers (idemmysql, idemsqlite): it writes rows of
+// business_rows (id) in the claim's *sql.Tx and counts them on DB. The suite
+// creates the table.
+type SQLBusiness struct{ DB *sql.DB }
+
+// Insert writes the row id in tx, whose Native() must be a *sql.Tx.
+func (b SQLBusiness) Insert(ctx context.Context, tx idemdriver.Tx, id string) error {
+	_, err := tx.Native().(*sql.Tx).ExecContext(ctx, `INSERT INTO business_rows (id) VALUES (?)`, id)
+	return err
+}
+
+// Count returns how many committed rows have id.
+func (b SQLBusiness) Count(ctx context.Context, id string) (n int, err error) {
+	err = b.DB.QueryRowContext(ctx, `SELECT count(*) FROM business_rows WHERE id = ?`, id).Scan(&n)
+	return n, err
+}
+
+// CountingTx wraps a database/sql/driver transaction and adds one to N for
+// each Commit and Rollback: a round trip, for the statement budgets
+// (CONTRACT section 10).
+type CountingTx struct {
+	Inner driver.Tx
+	N     *atomic.Int64
+}
+
+// Commit counts one round trip and commits Inner.
+func (t CountingTx) Commit() error { t.N.Add(1); return t.Inner.Commit() }
+
+// Rollback counts one round trip and rolls Inner back.
+func (t CountingTx) Rollback() error { t.N.Add(1); return t.Inner.Rollback() }
+
+// CountingStmt wraps a database/sql/driver statement, which must implement
+// driver.StmtExecContext and driver.StmtQueryContext, and adds one to N for
+// each execution: a round trip, for the statement budgets.
+type CountingStmt struct {
+	Inner driver.Stmt
+	N     *atomic.Int64
+}
+
+type contextStmt interface {
+	driver.StmtExecContext
+	driver.StmtQueryContext
+}
+
+// Close closes Inner.
+func (s *CountingStmt) Close() error { return s.Inner.Close() }
+
+// NumInput returns Inner's.
+func (s *CountingStmt) NumInput() int { return s.Inner.NumInput() }
+
+// CheckNamedValue is Inner's when it has one, else driver.ErrSkip (the
+// connection's or database/sql's conversion applies).
+func (s *CountingStmt) CheckNamedValue(nv *driver.NamedValue) error {
+	if c, ok := s.Inner.(driver.NamedValueChecker); ok {
+		return c.CheckNamedValue(nv)
+	}
+	return driver.ErrSkip
+}
+
+// Exec counts one round trip and executes Inner.
+func (s *CountingStmt) Exec(a []driver.Value) (driver.Result, error) {
+	s.N.Add(1)
+	return s.Inner.Exec(a) //nolint:staticcheck // required by driver.Stmt
+}
+
+// Query counts one round trip and queries Inner.
+func (s *CountingStmt) Query(a []driver.Value) (driver.Rows, error) {
+	s.N.Add(1)
+	return s.Inner.Query(a) //nolint:staticcheck // required by driver.Stmt
+}
+
+// ExecContext counts one round trip and executes Inner.
+func (s *CountingStmt) ExecContext(ctx context.Context, a []driver.NamedValue) (driver.Result, error) {
+	s.N.Add(1)
+	return s.Inner.(contextStmt).ExecContext(ctx, a)
+}
+
+// QueryContext counts one round trip and queries Inner.
+func (s *CountingStmt) QueryContext(ctx context.Context, a []driver.NamedValue) (driver.Rows, error) {
+	s.N.Add(1)
+	return s.Inner.(contextStmt).QueryContext(ctx, a)
+}
