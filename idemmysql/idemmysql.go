@@ -54,6 +54,11 @@ type Driver struct {
 	// leases is the lease table (idem_locks) of the migration and
 	// maintenance locks.
 	leases *idemmigrate.Leases
+	// galeraMu guards galeraKnown and galeraPrefix, the lease table's
+	// Prefix once read from the server (see leasePrefix).
+	galeraMu     sync.Mutex
+	galeraKnown  bool
+	galeraPrefix string
 
 	stmts [numStmts]preparedStmt
 
@@ -261,7 +266,47 @@ func galera(ctx context.Context, db *sql.DB) (bool, error) {
 func New(db *sql.DB) *Driver {
 	leases := idemmigrate.NewLeases(db, idemmigrate.MySQL, idemmigrate.DefaultLeaseTable)
 	leases.Conflict = func(err error) bool { k := classify(err); return k == kindDeadlock || k == kindLockWait }
-	return &Driver{db: db, beginOpts: &sql.TxOptions{Isolation: sql.LevelReadCommitted}, leases: leases}
+	d := &Driver{db: db, beginOpts: &sql.TxOptions{Isolation: sql.LevelReadCommitted}, leases: leases}
+	leases.Prefix = d.leasePrefix
+	return d
+}
+
+// leaseSyncWait makes a statement on a lease row causal on MariaDB
+// Galera: it first waits until the node has applied every write set
+// committed in the cluster before it began (wsrep_sync_wait 15: reads,
+// UPDATE and DELETE, INSERT and REPLACE, SHOW), whatever the session's
+// wsrep_sync_wait (Open's 1 covers reads only; New's pool may set none).
+// A lease moved on another node a moment ago is then seen on this one: a
+// released lease is free at once and a lapsed one is taken over, on any
+// node (see idemmigrate.Leases.Prefix).
+const leaseSyncWait = "SET STATEMENT wsrep_sync_wait=15 FOR "
+
+// leasePrefix is the lease table's Prefix: leaseSyncWait on a MariaDB
+// Galera node, nothing elsewhere (MySQL has no SET STATEMENT; Percona
+// XtraDB Cluster is not detected). The server is asked once (wsrep_on and
+// the version); a failed read is tried again by the next statement.
+func (d *Driver) leasePrefix(ctx context.Context) (string, error) {
+	d.galeraMu.Lock()
+	defer d.galeraMu.Unlock()
+	if d.galeraKnown {
+		return d.galeraPrefix, nil
+	}
+	var version string
+	if err := d.db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		return "", fmt.Errorf("idemmysql: reading the server's version: %w", err)
+	}
+	on := false
+	if strings.Contains(version, "MariaDB") {
+		var err error
+		if on, err = galera(ctx, d.db); err != nil {
+			return "", fmt.Errorf("idemmysql: reading wsrep_on: %w", err)
+		}
+	}
+	if on {
+		d.galeraPrefix = leaseSyncWait
+	}
+	d.galeraKnown = true
+	return d.galeraPrefix, nil
 }
 
 // DB returns the driver's pool, for the application's own queries.

@@ -37,8 +37,10 @@ import (
 	"io/fs"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -349,6 +351,9 @@ func (d *Driver) migrator(ctx context.Context, fsys fs.FS, versionTable string) 
 
 // Claim implements idemdriver.Driver in one statement (see claimSQL).
 func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	if err := textable("scope", p.Scope, "key", p.Key, "method", p.Method, "path", p.Path, "owner", p.Owner); err != nil {
+		return idemdriver.ClaimResult{}, err
+	}
 	args := claimArgs(p)
 	if d.part != nil {
 		res, err := d.claimPartitioned(ctx, args)
@@ -409,8 +414,37 @@ func unstorable(err error) error {
 	return err
 }
 
+// textable returns an error wrapping idemdriver.ErrUnstorable when one of
+// the values of pairs (name, value, name, value, ...) is not text that
+// PostgreSQL can hold: a NUL byte (no text value holds one) or invalid UTF-8
+// (pgx sets client_encoding to UTF8, so the server refuses it whatever its
+// own encoding). The request-path methods check their text arguments with
+// it before any statement is sent, so the answer does not depend on the
+// pool's exec mode: with the extended protocol the server refuses such a
+// parameter (22021, see unstorable), but simple_protocol interpolates it into
+// the query text, and a NUL there breaks the message itself (08P01 "invalid
+// message format"), an error that says nothing about the value.
+func textable(pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		v := pairs[i+1]
+		switch {
+		case strings.IndexByte(v, 0) >= 0:
+			return fmt.Errorf("idempgx: %w: the %s holds a NUL byte, which PostgreSQL text cannot", idemdriver.ErrUnstorable, pairs[i])
+		case !utf8.ValidString(v):
+			return fmt.Errorf("idempgx: %w: the %s is not valid UTF-8", idemdriver.ErrUnstorable, pairs[i])
+		}
+	}
+	return nil
+}
+
+// fenceTextable is textable for the text of a fenced write.
+func fenceTextable(p idemdriver.FenceParams) error { return textable("scope", p.Scope, "key", p.Key) }
+
 // Get implements idemdriver.Driver.
 func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Record, error) {
+	if err := textable("scope", p.Scope, "key", p.Key); err != nil {
+		return idemdriver.Record{}, err
+	}
 	rows, err := d.pool.Query(ctx, d.q(getSQL), p.Scope, p.Key, p.ClockOffset.Microseconds())
 	if err != nil {
 		return idemdriver.Record{}, unstorable(err)
@@ -426,6 +460,9 @@ func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Re
 
 // Heartbeat implements idemdriver.Driver.
 func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	if err := fenceTextable(p); err != nil {
+		return false, err
+	}
 	return execFenced(ctx, d.pool, d.q(heartbeatSQL), fenceArgs(p, p.ClockOffset.Microseconds(), p.LeaseDuration.Microseconds()))
 }
 
@@ -436,11 +473,17 @@ func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (boo
 
 // Fail implements idemdriver.Driver.
 func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	if err := fenceTextable(p); err != nil {
+		return false, err
+	}
 	return execFenced(ctx, d.pool, d.q(failSQL), fenceArgs(p, p.ClockOffset.Microseconds()))
 }
 
 // Release implements idemdriver.Driver: a fenced DELETE.
 func (d *Driver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	if err := fenceTextable(p); err != nil {
+		return false, err
+	}
 	return execFenced(ctx, d.pool, d.q(releaseSQL), fenceArgs(p))
 }
 
@@ -493,6 +536,9 @@ func fenceArgs(p idemdriver.FenceParams, extra ...any) []any {
 }
 
 func (d *Driver) complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {
+	if err := fenceTextable(p.FenceParams); err != nil {
+		return false, err
+	}
 	headers, body, err := idemdriver.EncodeResponse(p.Response)
 	if err != nil {
 		return false, err

@@ -94,7 +94,9 @@ func secondDriver(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
 	cfg := pd.Pool().Config()
 	if n, ok := idemdrivertest.SecondNode(t, idemdrivertest.EnvSecondPostgres); ok { // another way to the database
 		cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = n.Host, n.Port, nil
-		if n.HasUser {
+		// A partitioned store behind a pooler logs in as the role whose
+		// search_path names its schema (see partitionedPool): keep it.
+		if n.HasUser && !(pd.Partitioned() && testPooler != "") {
 			cfg.ConnConfig.User, cfg.ConnConfig.Password = n.User, n.Password
 		}
 	}

@@ -73,12 +73,15 @@ func NewPartitioned(pool *pgxpool.Pool, cfg PartitionConfig) *Driver {
 
 // IsPartitioned reports whether idem_keys in pool's search_path schema
 // exists and is partitioned (created by NewPartitioned's Migrate). Use it to
-// choose between New and NewPartitioned for an existing database.
+// choose between New and NewPartitioned for an existing database. Often the
+// first statement a process sends: behind a transaction pooler with a
+// statement-caching exec mode, its error wraps ErrPoolerExecMode (see
+// poolerErr), as Migrate's does.
 func IsPartitioned(ctx context.Context, pool *pgxpool.Pool) (exists, partitioned bool, err error) {
 	var kind *string
 	err = pool.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass('idem_keys'))`).Scan(&kind)
 	if err != nil || kind == nil {
-		return false, false, err
+		return false, false, poolerErr(err)
 	}
 	return true, *kind == "p", nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -18,11 +19,68 @@ import (
 	"github.com/idemgo/idem/internal/dbtest"
 )
 
-func newPartitioned(t testing.TB) *idempgx.Driver {
+func newPartitioned(t testing.TB) *idempgx.Driver { return openPartitioned(t, nil) }
+
+// openPartitioned returns a migrated partitioned driver on a fresh schema
+// (see partitionedPool); tracer, when not nil, traces its pool.
+func openPartitioned(t testing.TB, tracer pgx.QueryTracer) *idempgx.Driver {
 	t.Helper()
-	d := idempgx.NewPartitioned(dbtest.PostgresPool(t), idempgx.PartitionConfig{})
+	d, err := idempgx.NewWithOptions(partitionedPool(t, tracer), idempgx.Options{
+		Partitioned: &idempgx.PartitionConfig{}, TransactionPooler: testPooler == "transaction"})
+	require.NoError(t, err)
 	require.NoError(t, d.Migrate(context.Background()))
 	return d
+}
+
+// partitionedPool returns a pool whose search_path is a fresh schema. A
+// partitioned store finds its schema through search_path (Options.Schema is
+// not available to it). Behind a pooler (IDEMPGX_TEST_POOLER), which
+// refuses search_path as a startup parameter, the pool logs in as a role of
+// its own whose search_path is the schema (ALTER ROLE ... IN DATABASE ...
+// SET search_path), which holds in session and transaction pooling alike:
+// the deployment docs/deployment.md gives for a partitioned store behind
+// pgbouncer (which must know the role: auth_file, or auth_user and
+// auth_query).
+func partitionedPool(t testing.TB, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	url, schema := dbtest.PostgresURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = tracer
+	if testPooler != "" {
+		delete(cfg.ConnConfig.RuntimeParams, "search_path")
+		role := schema // a fresh name too
+		admin := cfg.ConnConfig.Copy()
+		ctx := context.Background()
+		sql := func(stmts ...string) error {
+			conn, err := pgx.ConnectConfig(ctx, admin)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(ctx)
+			for _, s := range stmts {
+				if _, err := conn.Exec(ctx, s); err != nil {
+					return fmt.Errorf("%s: %w", s, err)
+				}
+			}
+			return nil
+		}
+		require.NoError(t, sql("CREATE ROLE "+role+" LOGIN SUPERUSER",
+			"ALTER ROLE "+role+" IN DATABASE "+pgx.Identifier{cfg.ConnConfig.Database}.Sanitize()+" SET search_path = "+schema))
+		t.Cleanup(func() { // after the pool's Close, before the schema's drop
+			// the pooler keeps the role's server connections: end them
+			if err := sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+role+"'",
+				"DROP OWNED BY "+role, "DROP ROLE "+role); err != nil {
+				t.Errorf("drop role %s: %v", role, err)
+			}
+		})
+		cfg.ConnConfig.User = role
+		cfg.MaxConns = 4
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // The partitioned driver passes the whole suite, with its own statement
@@ -38,17 +96,8 @@ func TestConformancePartitioned(t *testing.T) {
 			return idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
 		},
 		NewCountingDriver: func(t *testing.T) (idemdriver.Driver, func() int64) {
-			url, _ := dbtest.PostgresURL(t)
-			cfg, err := pgxpool.ParseConfig(url)
-			require.NoError(t, err)
 			tracer := &countingTracer{}
-			cfg.ConnConfig.Tracer = tracer
-			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			d := idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
-			require.NoError(t, d.Migrate(context.Background()))
-			return d, tracer.n.Load
+			return openPartitioned(t, tracer), tracer.n.Load
 		},
 		Budget:       map[string]int{"first": 5, "first-transactional": 7, "first-one-commit": 5, "replay": 4, "in-flight": 4, "key-reused": 4},
 		Business:     newBusiness,

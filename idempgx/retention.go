@@ -209,6 +209,9 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 	if p.Limit <= 0 {
 		return nil, fmt.Errorf("idempgx: list: Limit %d must be positive", p.Limit)
 	}
+	if err := textable("scope", p.Scope, "key", p.Key, "after scope", p.AfterScope, "after key", p.AfterKey); err != nil {
+		return nil, err
+	}
 	rows, err := d.pool.Query(ctx, d.q(listSQL), pgx.NamedArgs{"state": string(p.State), "scope": p.Scope, "key": p.Key,
 		"after_scope": p.AfterScope, "after_key": p.AfterKey, "limit": p.Limit, "offset": p.ClockOffset.Microseconds()})
 	if err != nil {
@@ -224,6 +227,9 @@ var removeSQL = `DELETE FROM idem_keys WHERE scope = @scope AND key = @key AND f
 
 // Remove implements idemdriver.Remover.
 func (d *Driver) Remove(ctx context.Context, p idemdriver.RemoveParams) (bool, error) {
+	if err := fenceTextable(p.FenceParams); err != nil {
+		return false, err
+	}
 	return execFenced(ctx, d.pool, d.q(removeSQL), []any{pgx.NamedArgs{"scope": p.Scope, "key": p.Key,
 		"token": p.FencingToken, "created": p.CreatedAt, "state": string(p.State)}})
 }

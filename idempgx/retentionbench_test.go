@@ -141,15 +141,8 @@ func benchStore(t *testing.T, partitioned bool) *idempgx.Driver {
 	require.NoError(t, err)
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	d := idempgx.New(pool)
-	if partitioned {
-		d = idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
-	}
+	d := storeOn(t, cfg, partitioned)
 	ctx := context.Background()
-	require.NoError(t, d.Migrate(ctx))
 	if partitioned {
 		_, err := d.EnsurePartitions(ctx, idemdriver.PartitionParams{DaysAhead: 9, ClockOffset: -48 * time.Hour})
 		require.NoError(t, err)
@@ -179,7 +172,7 @@ func benchStore(t *testing.T, partitioned bool) *idempgx.Driver {
 		FROM generate_series(1, ` + strconv.Itoa(benchLive) + `) AS i`,
 		`VACUUM (ANALYZE) idem_keys`,
 	} {
-		_, err := pool.Exec(ctx, q)
+		_, err := d.Pool().Exec(ctx, q)
 		require.NoError(t, err)
 	}
 	return d

@@ -39,6 +39,21 @@ type Leases struct {
 	// ErrLockLost. Set it before the first use. Default: none (PostgreSQL
 	// and SQLite take and renew in one statement that waits for the row).
 	Conflict func(error) bool
+	// Prefix, when set, returns text put before every statement that
+	// TryAcquire, Refresh, FenceTx and Release run on a lease row (Fence
+	// returns its statement bare), for a database whose nodes may lag:
+	// on a MariaDB Galera node, "SET STATEMENT wsrep_sync_wait=15 FOR "
+	// makes the statement first wait until the node has applied every
+	// write set committed anywhere in the cluster before it began. Without
+	// it, a take on one node right after a release (or a take-over) on
+	// another reads the row as it was: the UPDATE's WHERE finds the old
+	// lease live (ErrLockHeld for a free lease), or takes a lapsed lease
+	// that certification then refuses (1213, ErrLockHeld again). Safety
+	// does not depend on it (certification refuses any write based on a
+	// stale row), liveness does. It is called once per statement; the
+	// driver caches what it detects. Set it before the first use.
+	// Default: none.
+	Prefix func(ctx context.Context) (string, error)
 	// Migrated says that a migration of the driver's creates the table
 	// (SQLite's idem_maintenance_lock, migration 00002): Ensure then only
 	// checks that it exists, so that the migration still finds it absent.
@@ -48,6 +63,18 @@ type Leases struct {
 	dialect Dialect
 	table   string
 	ensured atomic.Bool
+}
+
+// prefix returns Prefix's text, or "" without one.
+func (l *Leases) prefix(ctx context.Context) (string, error) {
+	if l.Prefix == nil {
+		return "", nil
+	}
+	p, err := l.Prefix(ctx)
+	if err != nil {
+		return "", fmt.Errorf("lease table %s: %w", l.table, err)
+	}
+	return p, nil
 }
 
 // conflict reports whether err is a Conflict.
@@ -163,11 +190,15 @@ RETURNING token`, l.table, d.ph(1), d.ph(2), now, ttl)
 	// MySQL: the row is made to exist (a lapsed lease of token 0), then
 	// taken by a conditional UPDATE, which remembers the new token with
 	// LAST_INSERT_ID(expr): the driver reads it from the statement's reply.
-	_, err := l.db.ExecContext(ctx, `INSERT IGNORE INTO `+l.table+` (name, holder, token, locked_until) VALUES (?, '', 0, 0)`, p.Name)
+	pre, err := l.prefix(ctx)
+	if err != nil {
+		return nil, err
+	}
+	_, err = l.db.ExecContext(ctx, pre+`INSERT IGNORE INTO `+l.table+` (name, holder, token, locked_until) VALUES (?, '', 0, 0)`, p.Name)
 	if err != nil && !l.conflict(err) { // a conflict: another node inserted the row at the same moment
 		return nil, fmt.Errorf("lease %s: %w", p.Name, err)
 	}
-	res, err := l.db.ExecContext(ctx, fmt.Sprintf(`UPDATE %s SET holder = ?, token = LAST_INSERT_ID(token + 1), locked_until = %s + %d
+	res, err := l.db.ExecContext(ctx, pre+fmt.Sprintf(`UPDATE %s SET holder = ?, token = LAST_INSERT_ID(token + 1), locked_until = %s + %d
 WHERE name = ? AND locked_until <= %s`, l.table, now, ttl, now), p.Holder, p.Name)
 	if l.conflict(err) {
 		return nil, fmt.Errorf("%w: lease %s: %v", idemdriver.ErrLockHeld, p.Name, err)
@@ -213,7 +244,11 @@ func (l *Leases) Acquire(ctx context.Context, p LeaseParams, wait time.Duration)
 // holder names the lease's current holder, for an error message.
 func (l *Leases) holder(ctx context.Context, name string) string {
 	var h string
-	if err := l.db.QueryRowContext(ctx, `SELECT holder FROM `+l.table+` WHERE name = `+l.dialect.ph(1), name).Scan(&h); err != nil {
+	pre, err := l.prefix(ctx)
+	if err != nil {
+		return "unknown"
+	}
+	if err := l.db.QueryRowContext(ctx, pre+`SELECT holder FROM `+l.table+` WHERE name = `+l.dialect.ph(1), name).Scan(&h); err != nil {
 		return "unknown"
 	}
 	return fmt.Sprintf("%q", h)
@@ -268,8 +303,12 @@ func (x *Lease) FenceTx(ctx context.Context, tx Execer) error {
 	if x.released {
 		return idemdriver.ErrLockLost
 	}
+	pre, err := x.l.prefix(ctx)
+	if err != nil {
+		return err
+	}
 	q, args := x.renewSQL()
-	res, err := tx.ExecContext(ctx, q, args...)
+	res, err := tx.ExecContext(ctx, pre+q, args...)
 	if x.l.conflict(err) {
 		return fmt.Errorf("%w: another process wrote the lease at the same moment: %v", idemdriver.ErrLockLost, err)
 	}
@@ -305,7 +344,11 @@ func (x *Lease) Release(ctx context.Context) error {
 	}
 	x.released = true
 	d := x.l.dialect
-	_, err := x.l.db.ExecContext(ctx, `UPDATE `+x.l.table+` SET locked_until = 0 WHERE name = `+d.ph(1)+` AND token = `+d.ph(2), x.name, x.token)
+	pre, err := x.l.prefix(ctx)
+	if err != nil {
+		return fmt.Errorf("lease %s: release: %w", x.name, err)
+	}
+	_, err = x.l.db.ExecContext(ctx, pre+`UPDATE `+x.l.table+` SET locked_until = 0 WHERE name = `+d.ph(1)+` AND token = `+d.ph(2), x.name, x.token)
 	if err != nil {
 		return fmt.Errorf("lease %s: release: %w", x.name, err)
 	}

@@ -163,6 +163,7 @@ pgbouncer_start() {
 		unix_socket_dir =
 		auth_type = trust
 		auth_file = $dir/userlist.txt
+		auth_user = postgres
 		admin_users = postgres
 		pool_mode = $mode
 		default_pool_size = $pool
@@ -322,7 +323,8 @@ go_suite() {
 	local rc=0
 	(cd "$TOPO_ROOT" && env CI=true "${envs[@]}" go test -count=1 "$@") >"$TOPO_DIR/logs/suite.$name.txt" 2>&1 || rc=$?
 	if [ $rc -ne 0 ]; then
-		grep -E '^\s*(--- FAIL|FAIL|panic:)|Error:|Error Trace' "$TOPO_DIR/logs/suite.$name.txt" | head -15 >&2 || true
+		grep -E '^\s*(--- FAIL|FAIL|panic:)|Error:|Error Trace|Messages:|in chain:' "$TOPO_DIR/logs/suite.$name.txt" | head -30 >&2 || true
+		log "suite $name: full output in $TOPO_DIR/logs/suite.$name.txt"
 	fi
 	return $rc
 }

@@ -2,7 +2,8 @@
 # pgbouncer-session): one PostgreSQL server, pgbouncer in front of it in
 # POOL_MODE. Checks:
 #   - idempgx's conformance suite through pgbouncer (its second process,
-#     the other maintainer, straight on the server: TEST_DATABASE_URL_2),
+#     the other maintainer, straight on the server: TEST_DATABASE_URL_2;
+#     the partitioned store as a role whose search_path names its schema),
 #     under pgx's default exec mode and, in transaction pooling, under the
 #     others (default_query_exec_mode in the URL); a mode idempgx cannot
 #     use behind the pooler must be refused with an error that names
@@ -89,8 +90,10 @@ pgbouncer_topology() {
 			check "pgx's default exec mode behind transaction pooling: every payment once" storm_verdict plain
 			check "pgx's default exec mode behind transaction pooling: no 5xx" storm_5xx plain 0
 		else
+			# every paymentsd that exited names the knob, whichever of its
+			# first statements met the pooler
 			check "pgx's default exec mode behind transaction pooling: refused at start, naming default_query_exec_mode" \
-				grep -q default_query_exec_mode "$TOPO_DIR/logs/paymentsd.0.log"
+				refused_naming_exec_mode 0 1
 		fi
 	fi
 	topo_hold
@@ -102,11 +105,35 @@ pgbouncer_topology() {
 suite_or_refused() {
 	local m=$1
 	shift
-	go_suite "$m" "$@" -- -run 'TestConformance' ./idempgx/ && return 0
 	local out="$TOPO_DIR/logs/suite.$m.txt"
+	if go_suite "$m" "$@" -- -v -run 'TestConformance' ./idempgx/; then
+		# each suite ran through the pooler, none skipped: the plain store,
+		# Options.Schema, and the partitioned store (as a role whose
+		# search_path names its schema)
+		local t
+		for t in TestConformance TestConformanceSchemaOption TestConformancePartitioned; do
+			go_test_ran "$m" "$t" || { log "$t did not pass (skipped?) in exec mode $m"; return 1; }
+		done
+		return 0
+	fi
 	if grep -q 'default_query_exec_mode' "$out" && ! grep -qE 'SQLSTATE (42P05|26000)|prepared statement' "$out"; then
 		log "exec mode $m refused, naming default_query_exec_mode"
 		return 0
 	fi
 	return 1
+}
+
+# refused_naming_exec_mode I...: each paymentsd I that is not running
+# logged an error naming default_query_exec_mode (and one did exit).
+refused_naming_exec_mode() {
+	local i exited=0 ok=0
+	for i in "$@"; do
+		kill -0 "$(cat "$TOPO_DIR/app.$i.pid")" 2>/dev/null && continue
+		exited=1
+		if ! grep -q default_query_exec_mode "$TOPO_DIR/logs/paymentsd.$i.log"; then
+			log "paymentsd $i exited without naming default_query_exec_mode: $(tail -n 1 "$TOPO_DIR/logs/paymentsd.$i.log")"
+			ok=1
+		fi
+	done
+	[ $exited -eq 1 ] && [ $ok -eq 0 ]
 }
