@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,7 +83,7 @@ func TestCrashPointsAroundIdem(t *testing.T) {
 			if tc.point == crashOnReplay {
 				require.Equal(t, http.StatusCreated, healthy.postJSON("acme", "c-1", paymentBody).status)
 			}
-			req, err := http.NewRequest(http.MethodPost, s.url+"/v1/payments", stringsReader(paymentBody))
+			req, err := http.NewRequest(http.MethodPost, s.url+"/v1/payments", strings.NewReader(paymentBody))
 			require.NoError(t, err)
 			req.Header.Set("Authorization", auth("acme"))
 			req.Header.Set("Idempotency-Key", "c-1")
