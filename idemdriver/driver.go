@@ -1,5 +1,18 @@
 // Package idemdriver is the seam between idem's core and a database.
 //
+// Stability: this package is for driver authors and for idem's own core. Its
+// contract (Driver, the optional interfaces and their params structs) may
+// gain methods and fields between minor versions while idem is below 1.0;
+// applications use the core (package idem) and a driver package (idempgx,
+// idemmysql, idemsqlite), never this package's values directly. Every method
+// takes a params struct, so a new input is a new field, not a new signature.
+//
+// What is here, in order: the contract (Driver, Tx, the records and params,
+// the one decision table Decide), the optional interfaces of retention and
+// operations (retention.go, onecommit.go), and helpers shared by the drivers
+// (EncodeResponse / DecodeResponse, NativeTx, SQLTx, MicrosTime). The core's
+// own wiring lives in internal packages and is not part of the seam.
+//
 // The core (package idem) decides what an HTTP request gets from the record a
 // driver returns; a driver owns its SQL, its embedded migrations and the
 // mapping of its database's error codes. The core never imports a concrete
