@@ -106,7 +106,7 @@ func numbersExact(body []byte) bool {
 			continue // zero, however written: RFC 8785 writes 0
 		}
 		// The literal is its double's shortest form (1000, 0.1: most
-		// amounts): exact, with no big.Rat (issue 11: 3.9% of a first
+		// amounts): exact, with no big.Rat (3.9% of a first
 		// execution's CPU).
 		var short [32]byte
 		if string(strconv.AppendFloat(short[:0], f, 'g', -1, 64)) == string(n) {

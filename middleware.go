@@ -402,8 +402,8 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	m.observe(ctx, ev)
 }
 
-// runHandler calls next, recovering a panic so the claim can be released
-// before the panic is raised again.
+// runHandler calls next, recovering a panic so its outcome can be recorded
+// (FAILED, CONTRACT section 5) before the panic is raised again.
 func runHandler(next http.Handler, w http.ResponseWriter, r *http.Request) (panicked bool, recovered any) {
 	panicked = true
 	defer func() {

@@ -55,7 +55,7 @@ var ErrNotFound = errors.New("idemdriver: record not found")
 // value longer than its column (idemmysql.ErrTooLong wraps it too). Nothing
 // was written. It is a server fault, not an outage: running the same request
 // again meets the same refusal, so the core answers 500 once instead of the
-// 503 that invites retries (issue 13 item 9). Drivers whose columns hold any
+// 503 that invites retries. Drivers whose columns hold any
 // bytes (MySQL's VARBINARY, SQLite's TEXT) store such values as sent and
 // never return it for them.
 var ErrUnstorable = errors.New("idemdriver: the database cannot store this scope, key, path or owner")
@@ -65,8 +65,7 @@ var ErrUnstorable = errors.New("idemdriver: the database cannot store this scope
 // context ended, because another transaction held it: the write was queued,
 // not refused, and the database is healthy. While that lock is held no claim
 // can take any key over either (a takeover is a write), so the core does not
-// count a Heartbeat that fails with ErrBusy against the lease (issue 13
-// item 8).
+// count a Heartbeat that fails with ErrBusy against the lease.
 var ErrBusy = errors.New("idemdriver: the database's write lock is held by another transaction")
 
 // MaxOwnerBytes is the longest ClaimParams.Owner every driver stores.
@@ -228,7 +227,7 @@ type Driver interface {
 	// Fail (scope, key, fencing token, created_at, PROCESSING), so that the
 	// next request with the key runs as new: for an answer that must not be
 	// recorded, such as a validation failure the client will correct
-	// (issue 13 item 10). It reports false, removing nothing, when the caller
+	//. It reports false, removing nothing, when the caller
 	// no longer owns the record. FenceParams.LeaseDuration is unused.
 	Release(ctx context.Context, p FenceParams) (bool, error)
 
@@ -257,8 +256,8 @@ type SingleWriter interface {
 // Driver's own statements, its Complete cannot be retried after a deadlock
 // or serialization failure: the database has already aborted the whole
 // transaction, business writes included. Such an error reaches the core,
-// which answers 503; the record stays PROCESSING until its lease runs out,
-// and the retry then takes it over.
+// which rolls back, records FAILED (fenced) when nothing committed, and
+// answers 503: the retry runs again.
 type Tx interface {
 	// Complete is Driver.Complete inside this transaction. When it reports
 	// false the caller must Rollback: the business writes must not commit.

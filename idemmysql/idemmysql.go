@@ -353,7 +353,7 @@ const (
 	// a statement waited for a row lock is added to UTC_TIMESTAMP (both
 	// differences are in the session's time zone, which cancels out). A
 	// lease counts from when the claim's (or heartbeat's) write takes effect
-	// and is never born expired (issue 13 item 2). A server started with
+	// and is never born expired. A server started with
 	// --sysdate-is-now makes SYSDATE NOW, and leases count from the statement's
 	// start again.
 	clock = `(UTC_TIMESTAMP(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) MICROSECOND + INTERVAL ? MICROSECOND)`
@@ -795,7 +795,7 @@ func (d *Driver) packetLimit(ctx context.Context) (int64, error) {
 // do not fit in the server's max_allowed_packet (limit) are recorded as not
 // stored (BodyStored false, BodySize kept; its headers dropped too when
 // they alone do not fit): the server would refuse the write, the core would
-// answer 503, and every retry would run the handler again (issue 13 item 4).
+// answer 503, and every retry would run the handler again.
 // The replay answers 410 response-not-stored instead.
 func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.CompleteParams, limit int64) (bool, error) {
 	resp := p.Response

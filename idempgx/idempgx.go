@@ -2,8 +2,10 @@
 //
 // The claim is one statement: a read of the record, and an
 // INSERT ... ON CONFLICT DO UPDATE ... WHERE in a data-modifying CTE that runs
-// only when the record read can be claimed (see claimSQL). Every
-// time is PostgreSQL's statement_timestamp(). pgx prepares and caches each
+// only when the record read can be claimed. Times are PostgreSQL's:
+// statement_timestamp() for the read, clock_timestamp() where a lease is
+// written, so a claim that waited on a row lock never writes a lease already
+// run out. pgx prepares and caches each
 // statement on each connection, so the request path parses no SQL twice.
 //
 // # Behind pgbouncer
@@ -121,7 +123,7 @@ func curCTE(clock string) string {
 // @offset: unlike now, fixed when the statement starts, it has moved on by
 // the time a statement that waited for a row lock writes. A lease counts
 // from when the claim's (or heartbeat's) write takes effect, so it is never
-// born expired (issue 13 item 2), and the lease left is measured with it.
+// born expired, and the lease left is measured with it.
 const clock = `(clock_timestamp() + @offset::bigint * interval '1 microsecond')`
 
 const columns = `scope, key, method, path, fingerprint, state, fencing_token, locked_until,
@@ -193,7 +195,7 @@ const fenced = ` WHERE scope = @scope AND key = @key AND fencing_token = @token 
 // statistics that know of few PROCESSING records, the planner otherwise
 // scans that index and filters every record in flight (5,000 rows for one
 // completion with 5,000 in flight) instead of looking the row up by its
-// primary key (issue 11; TestFencedWritesUsePrimaryKey).
+// primary key (TestFencedWritesUsePrimaryKey).
 const stillProcessing = `(state || '') = 'PROCESSING'`
 
 // fenceParams are the parameters of fenced, first in every fenced write's
@@ -227,7 +229,7 @@ func claimArgs(p idemdriver.ClaimParams) []any {
 // bind turns the named parameters of query (@name) into positional ones:
 // $1 for names[0], $2 for names[1], and so on. It runs once per statement,
 // when the package is initialized: pgx.NamedArgs would lex the whole
-// statement again on every call (issue 11). A name that query does not use,
+// statement again on every call. A name that query does not use,
 // or a parameter that names does not list, is a programming error: bind
 // panics.
 func bind(names []string, query string) string {

@@ -277,7 +277,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 			// so the lease read may have run out). No one can take the key
 			// over while that lock is held: answer from the record read
 			// (the core answers 409, or replays once the owner commits),
-			// not a store error (issue 13 item 8).
+			// not a store error.
 			return idemdriver.ClaimResult{Record: read}, nil
 		case !errors.Is(err, sql.ErrNoRows):
 			return idemdriver.ClaimResult{}, err

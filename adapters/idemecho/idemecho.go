@@ -18,7 +18,7 @@
 // HTTPErrorHandler only after the whole middleware chain has returned. Under
 // echo.WrapMiddleware(mw.Handler), idem records what the handler wrote before
 // that, so `return echo.NewHTTPError(402, ...)` is recorded as an empty 200,
-// which every retry then replays (issue 12). Middleware instead runs the rest
+// which every retry then replays. Middleware instead runs the rest
 // of the chain inside idem's handler, once per claim, with c.Response()
 // writing through the writer idem gives, and an error the chain returns is
 // answered there, by the Echo instance's HTTPErrorHandler (as echo would

@@ -17,7 +17,7 @@
 // idem decides before the handler runs and records what it wrote. Glue that
 // calls idem's Handler around a no-op and then c.Next() runs the handler for
 // every request, including those idem answered with a replay or a 409, and
-// records the no-op's empty 200, which every retry then replays (issue 12).
+// records the no-op's empty 200, which every retry then replays.
 // Middleware instead runs the rest of gin's handler chain (c.Next) inside
 // idem's handler, once per claim, with c.Writer writing through the writer
 // idem gives, so what the chain writes is what idem records; when idem answers

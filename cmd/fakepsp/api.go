@@ -174,7 +174,7 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 
 // releaseKey asks idem not to record this execution's answer: a
 // validation failure, before any charge, so the corrected request with the
-// same key runs instead of getting 422 key-reused (issue 13 item 10).
+// same key runs instead of getting 422 key-reused.
 func (a *api) releaseKey(ctx context.Context) {
 	if err := idem.ReleaseKey(ctx); err != nil {
 		a.log.ErrorContext(ctx, "releasing the key of an invalid charge", "err", err)

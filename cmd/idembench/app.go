@@ -62,7 +62,7 @@ type paymentInput struct {
 	Description *string `json:"description"`
 }
 
-// paymentJSON is the 201 body: 176 bytes for paymentBody, as issue 11's
+// paymentJSON is the 201 body: 176 bytes for paymentBody, as the benchmark's
 // handler answers.
 type paymentJSON struct {
 	ID          string  `json:"id"`

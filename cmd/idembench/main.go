@@ -1,6 +1,5 @@
 // Command idembench measures what idem costs per request, side by side with
-// the same handler unprotected, on PostgreSQL, MariaDB and embedded SQLite
-// (issue 11, item 6).
+// the same handler unprotected, on PostgreSQL, MariaDB and embedded SQLite.
 //
 // Every variant serves the same POST of a payment (an 80-byte JSON body)
 // whose handler inserts a payment row and a ledger row in one transaction

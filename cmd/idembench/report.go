@@ -230,7 +230,7 @@ func (r *report) concHeader(b *strings.Builder, first string) {
 	b.WriteString("\n")
 }
 
-// ratioTable is issue 11's table for one database: the bare handler in
+// ratioTable is the ratio table for one database: the bare handler in
 // requests per second, every other variant as a ratio to it (median of the
 // rounds, and their range), and the transactional first execution as a
 // ratio to the floor.

@@ -24,8 +24,8 @@ import (
 	"github.com/idemgo/idem/idemsqlite"
 )
 
-// poolSize is the connection pool of every database: the 32 connections of
-// issue 11's measurement, shared by idem and the handler.
+// poolSize is the connection pool of every database: 32 connections,
+// shared by idem and the handler.
 const poolSize = 32
 
 // Database names accepted by --db.

@@ -217,7 +217,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 // 400 invalid-request (with invalid-params when fields are wrong), and
 // returns false. Under idem, such an answer releases the key
 // (idem.ReleaseKey: nothing was charged yet), so the corrected request with
-// the same key runs instead of getting 422 key-reused (issue 13 item 10).
+// the same key runs instead of getting 422 key-reused.
 func readPayment(w http.ResponseWriter, r *http.Request, body io.Reader) (paymentInput, bool) {
 	b, err := io.ReadAll(body)
 	if err != nil {

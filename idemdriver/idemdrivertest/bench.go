@@ -28,7 +28,7 @@ import (
 //   - InFlight10k: with 10,000 other records PROCESSING under live leases,
 //     a Heartbeat, Complete, Fail and Release of one execution, and a Claim
 //     of a new key: each should cost what it costs on an idle table (a
-//     primary-key lookup), not grow with the records in flight (issue 11).
+//     primary-key lookup), not grow with the records in flight.
 func Benchmark(b *testing.B, newDriver func(testing.TB) idemdriver.Driver) {
 	ctx := context.Background()
 	resp := okResponse(`{"id":"pay_1","amount":1000,"currency":"JPY"}`)
@@ -112,7 +112,7 @@ func Benchmark(b *testing.B, newDriver func(testing.TB) idemdriver.Driver) {
 
 	// InFlight0 is InFlight10k on a table with no other record: the
 	// figures InFlight10k's must match (cost flat with the records in
-	// flight, issue 11 target 4).
+	// flight).
 	for _, n := range []int{0, inFlightRecords} {
 		name := "InFlight0"
 		if n > 0 {

@@ -766,8 +766,8 @@ func runOwner(t *testing.T, h Harness) {
 }
 
 // runRelease: Release removes this execution's record, fenced like
-// Complete, so that the next request with the key runs as new (issue 13
-// item 10); a caller that lost the record removes nothing.
+// Complete, so that the next request with the key runs as new;
+// a caller that lost the record removes nothing.
 func runRelease(t *testing.T, h Harness) {
 	t.Run("Release", func(t *testing.T) {
 		t.Parallel()
@@ -815,7 +815,7 @@ func runRelease(t *testing.T, h Harness) {
 // runUnstorable: a scope or path the database cannot store (a NUL byte,
 // invalid UTF-8) is either stored byte-exact (columns of bytes) or refused
 // with an error wrapping idemdriver.ErrUnstorable, never a store error the
-// core would answer 503 (issue 13 item 9).
+// core would answer 503.
 func runUnstorable(t *testing.T, h Harness) {
 	t.Run("Unstorable", func(t *testing.T) {
 		t.Parallel()
@@ -898,7 +898,7 @@ func requireDecision(t *testing.T, want idemdriver.Decision, read *idemdriver.Re
 }
 
 // runLeaseBornLive: a lease counts from when the claim's write takes effect,
-// not from when its statement started (issue 13 item 2). A takeover that
+// not from when its statement started. A takeover that
 // waits on the record's row lock longer than the lease (the old owner's
 // business transaction holds it, then rolls back) must not write a
 // locked_until already in the past: a duplicate arriving right after would

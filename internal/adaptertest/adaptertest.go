@@ -5,10 +5,10 @@
 //
 // An adapter's test builds its framework's app with Build, wiring the routes
 // below to the App's business methods in the framework's own style, and calls
-// Run. The suite then checks what issue 12 found broken in naive glue: one
+// Run. The suite then checks what naive glue breaks: one
 // execution per claim under concurrent duplicates, errors returned the
-// framework's way recorded with their real status and body, panics releasing
-// the claim, 422 for a reused key, and byte-exact replay.
+// framework's way recorded with their real status and body, panics recorded
+// FAILED (the retry runs again), 422 for a reused key, and byte-exact replay.
 package adaptertest
 
 import (
