@@ -155,12 +155,12 @@ func (m *Migrator) withProvider(ctx context.Context, log *statementLog, f func(c
 // another, leaves a table without its version 0 row, on which goose fails
 // "missing zero version migration" on every later start. Here a missing row
 // is inserted, whatever left it missing.
-func (m *Migrator) ensureVersionTable(ctx context.Context) error {
+func (m *Migrator) ensureVersionTable(ctx context.Context) (err error) {
 	conn, err := m.cfg.DB.Conn(ctx)
 	if err != nil {
 		return m.versionErr(err)
 	}
-	defer conn.Close()
+	defer func() { err = errors.Join(err, m.versionErr(conn.Close())) }()
 	exists, err := TableExists(ctx, conn, m.cfg.Dialect, m.cfg.VersionTable)
 	if err != nil {
 		return m.versionErr(err)
