@@ -2,11 +2,28 @@ package idemdriver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 
 	"github.com/idemgo/idem/internal/execctx"
 )
+
+// ErrNoExecution is returned by TxFromContext and NativeTx when the context
+// does not belong to a handler that idem is running under a claim.
+var ErrNoExecution = errors.New("idem: no idempotent execution in this context (is the handler behind idem's middleware, with an Idempotency-Key?)")
+
+// ErrTxDone is wrapped by Tx.Complete when the handler committed or rolled
+// back the claim's transaction itself: the completion could not ride in it.
+var ErrTxDone = errors.New("idem: the claim's transaction was already committed or rolled back by the handler")
+
+// ErrTxAborted is wrapped by Tx.Complete when the claim's transaction had
+// aborted before the completion (PostgreSQL: a statement of the handler
+// failed, SQLSTATE 25P02 "current transaction is aborted"): nothing more can
+// be written in it and its business writes are gone. The core then rolls it
+// back and records the handler's answer on its own; a 2xx answer is a
+// handler bug, recorded FAILED (CONTRACT section 6).
+var ErrTxAborted = errors.New("idem: the claim's transaction had aborted before its completion")
 
 // txSource is what the core puts in a protected handler's context: the
 // claim's business transaction, begun on first use.

@@ -29,6 +29,7 @@ package idemdriver
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -44,6 +45,28 @@ const (
 	// request with the same key claims the record again.
 	StateFailed State = "FAILED"
 )
+
+// ErrNotFound is returned by Driver.Get when no record exists for (scope, key).
+var ErrNotFound = errors.New("idemdriver: record not found")
+
+// ErrUnstorable is wrapped by the error a driver returns for a scope, key,
+// path or owner that its database cannot store or compare: a NUL byte or
+// invalid UTF-8 in a PostgreSQL text column (SQLSTATE 22021 or 22P05), or a
+// value longer than its column (idemmysql.ErrTooLong wraps it too). Nothing
+// was written. It is a server fault, not an outage: running the same request
+// again meets the same refusal, so the core answers 500 once instead of the
+// 503 that invites retries. Drivers whose columns hold any
+// bytes (MySQL's VARBINARY, SQLite's TEXT) store such values as sent and
+// never return it for them.
+var ErrUnstorable = errors.New("idemdriver: the database cannot store this scope, key, path or owner")
+
+// ErrBusy is wrapped by the error of a write that waited for a
+// single-writer database's write lock (SingleWriter: SQLite) until its
+// context ended, because another transaction held it: the write was queued,
+// not refused, and the database is healthy. While that lock is held no claim
+// can take any key over either (a takeover is a write), so the core does not
+// count a Heartbeat that fails with ErrBusy against the lease.
+var ErrBusy = errors.New("idemdriver: the database's write lock is held by another transaction")
 
 // MaxOwnerBytes is the longest ClaimParams.Owner every driver stores.
 const MaxOwnerBytes = 255

@@ -2,8 +2,16 @@ package idemdriver
 
 import (
 	"context"
+	"errors"
 	"time"
 )
+
+// ErrLockWait is wrapped by the error TxClaimer.ClaimTx returns when the
+// key's row (or, on a single-writer database, the write lock) stayed held by
+// another transaction for the whole wait bound: most often another
+// one-commit execution of the same key, still running its handler. Nothing
+// was written. The core answers 409 request-in-flight (CONTRACT section 3).
+var ErrLockWait = errors.New("idemdriver: the key's record stayed locked by another transaction past the wait bound")
 
 // TxClaimer is implemented by drivers that can run the claim inside the
 // business transaction: the one-commit mode (idem.Config.OneCommit,

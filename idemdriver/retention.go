@@ -2,6 +2,7 @@ package idemdriver
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -15,6 +16,20 @@ import (
 //
 // As everywhere in this package, every "now" is the database's clock plus
 // the parameters' ClockOffset (tests only; zero in production).
+
+// ErrLockHeld is returned by MaintenanceLocker.TryLockMaintenance when
+// another process (or another lock value in this one) holds the
+// maintenance lock.
+var ErrLockHeld = errors.New("idemdriver: the maintenance lock is held by another process")
+
+// ErrLockLost is returned by MaintenanceLock methods once the lock is no
+// longer held: its lease ran out and another process took it, or it was
+// released. The holder must stop maintaining and try to lock again.
+var ErrLockLost = errors.New("idemdriver: the maintenance lock was lost")
+
+// ErrNotPartitioned is returned by the Partitioner methods of a store whose
+// idem_keys table is not partitioned.
+var ErrNotPartitioned = errors.New("idemdriver: idem_keys is not partitioned")
 
 // Maintainable is the set of optional interfaces that every driver idem
 // ships (idempgx, idemmysql, idemsqlite) implements beside Driver:
