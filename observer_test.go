@@ -49,6 +49,18 @@ func (o *events) takeOne(t testing.TB, kind idem.EventKind) idem.Event {
 	return evs[0]
 }
 
+// requireFailed checks a failed execution's answer got and the one event
+// obs was told of it: both with status, the event of kind and with an error
+// that is cause.
+func requireFailed(t *testing.T, got *httptest.ResponseRecorder, obs *events, kind idem.EventKind, status int, cause error) idem.Event {
+	t.Helper()
+	require.Equal(t, status, got.Code, got.Body.String())
+	ev := obs.takeOne(t, kind)
+	require.ErrorIs(t, ev.Err, cause)
+	require.Equal(t, status, ev.Status)
+	return ev
+}
+
 type ctxMark struct{}
 
 // Every decision emits exactly its event, with the route (the ServeMux
@@ -205,11 +217,7 @@ func TestObserverLeaseLost(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	}))
-	got := send(h, "POST", "/x", "k", "{}")
-	require.Equal(t, http.StatusConflict, got.Code, got.Body.String())
-	ev := obs.takeOne(t, idem.EventLeaseLost)
-	require.ErrorIs(t, ev.Err, idem.ErrLeaseLost)
-	require.Equal(t, http.StatusConflict, ev.Status)
+	ev := requireFailed(t, send(h, "POST", "/x", "k", "{}"), obs, idem.EventLeaseLost, http.StatusConflict, idem.ErrLeaseLost)
 	require.Equal(t, "payments", ev.Route, "Config.Route names a route without a pattern")
 }
 
@@ -224,11 +232,7 @@ func TestObserverCompletionFailed(t *testing.T) {
 		_ = d.Close()
 		w.WriteHeader(http.StatusCreated)
 	}))
-	got := send(h, "POST", "/x", "k", "{}")
-	require.Equal(t, http.StatusServiceUnavailable, got.Code, got.Body.String())
-	ev := obs.takeOne(t, idem.EventCompletionFailed)
-	require.ErrorIs(t, ev.Err, idem.ErrStoreUnavailable)
-	require.Equal(t, http.StatusServiceUnavailable, ev.Status)
+	requireFailed(t, send(h, "POST", "/x", "k", "{}"), obs, idem.EventCompletionFailed, http.StatusServiceUnavailable, idem.ErrStoreUnavailable)
 }
 
 // Requests refused before the claim and methods passed through emit
