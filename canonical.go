@@ -27,8 +27,8 @@ func canonicalJSON(body []byte) (canon []byte, ok, exact bool) {
 	// One allocation for the buffers of a common body: out, then keys and
 	// scratch each as long as the body at most.
 	buf := make([]byte, 0, 3*len(body))
-	c := canonicalizer{in: body, out: buf[:0:len(body)], keys: buf[len(body):len(body):2*len(body)],
-		scratch: buf[2*len(body):2*len(body)], members: make([]member, 0, 16), exact: true}
+	c := canonicalizer{in: body, out: buf[:0:len(body)], keys: buf[len(body) : len(body) : 2*len(body)],
+		scratch: buf[2*len(body) : 2*len(body)], members: make([]member, 0, 16), exact: true}
 	if _, ok := c.value(i); !ok {
 		return nil, false, c.exact
 	}
