@@ -42,9 +42,7 @@ func runOneCommit(t *testing.T, h Harness) {
 	}
 	completeCommit := func(t *testing.T, tx idemdriver.Tx, rec idemdriver.Record, body string) {
 		t.Helper()
-		ok, err := tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(rec), Response: okResponse(body)})
-		require.NoError(t, err)
-		require.True(t, ok)
+		require.True(t, complete(t, tx, fence(rec), okResponse(body)))
 		require.NoError(t, tx.Commit(ctx))
 	}
 
@@ -56,12 +54,10 @@ func runOneCommit(t *testing.T, h Harness) {
 		require.Equal(t, idemdriver.StateProcessing, res.Record.State)
 		require.EqualValues(t, 1, res.Record.Attempts)
 		if !h.SingleWriter { // SQLite's readers see the last commit too; Get would not wait either way
-			_, err := get(ctx, d, "acct", "k")
-			require.ErrorIs(t, err, idemdriver.ErrNotFound, "the uncommitted claim is invisible")
+			requireGone(t, d, "acct", "k", "the uncommitted claim is invisible")
 		}
 		completeCommit(t, tx, res.Record, `{"id":1}`)
-		rec, err := get(ctx, d, "acct", "k")
-		require.NoError(t, err)
+		rec := record(t, d, "acct", "k")
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 		require.Equal(t, `{"id":1}`, string(rec.Response.Body))
 
@@ -80,11 +76,9 @@ func runOneCommit(t *testing.T, h Harness) {
 		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
 		require.True(t, res.Claimed)
 		require.NoError(t, tx.Rollback(ctx))
-		_, err := get(ctx, d, "acct", "k")
-		require.ErrorIs(t, err, idemdriver.ErrNotFound, "no record, no lease to wait out")
+		requireGone(t, d, "acct", "k", "no record, no lease to wait out")
 		// The retry claims at once, as a new key.
-		again, err := d.Claim(ctx, params("acct", "k", "body"))
-		require.NoError(t, err)
+		again := claim(t, d, params("acct", "k", "body"))
 		require.True(t, again.Claimed)
 		require.EqualValues(t, 1, again.Record.FencingToken)
 	})
@@ -92,26 +86,21 @@ func runOneCommit(t *testing.T, h Harness) {
 	t.Run("RollbackRestoresFailed", func(t *testing.T) {
 		t.Parallel()
 		d, tc := claimer(t)
-		first, err := d.Claim(ctx, params("acct", "k", "body"))
-		require.NoError(t, err)
-		ok, err := d.Fail(ctx, fence(first.Record))
-		require.NoError(t, err)
-		require.True(t, ok)
+		first := claim(t, d, params("acct", "k", "body"))
+		require.True(t, fail(t, d, fence(first.Record)))
 		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
 		require.True(t, res.Claimed, "a FAILED record is re-claimed")
 		require.EqualValues(t, 2, res.Record.Attempts)
 		require.Equal(t, first.Record.CreatedAt, res.Record.CreatedAt, "the record's life continues")
 		require.NoError(t, tx.Rollback(ctx))
-		rec, err := get(ctx, d, "acct", "k")
-		require.NoError(t, err)
+		rec := record(t, d, "acct", "k")
 		require.Equal(t, idemdriver.StateFailed, rec.State, "the rollback restores the record as it was")
 	})
 
 	t.Run("LiveLeaseIsInFlight", func(t *testing.T) {
 		t.Parallel()
 		d, tc := claimer(t)
-		_, err := d.Claim(ctx, params("acct", "k", "body"))
-		require.NoError(t, err)
+		claim(t, d, params("acct", "k", "body"))
 		res, tx := claimTx(t, tc, params("acct", "k", "body"), time.Second)
 		require.False(t, res.Claimed)
 		require.Nil(t, tx)
@@ -155,8 +144,7 @@ func runOneCommit(t *testing.T, h Harness) {
 		require.NoError(t, got.err)
 		require.True(t, got.res.Claimed, "the owner rolled back: the duplicate (or the retry) claims at once")
 		completeCommit(t, got.tx, got.res.Record, `{"id":2}`)
-		rec, err := get(ctx, d, "acct", "k")
-		require.NoError(t, err)
+		rec := record(t, d, "acct", "k")
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 	})
 
@@ -277,11 +265,9 @@ func runOneCommit(t *testing.T, h Harness) {
 			return rec
 		}
 		require.Equal(t, 503, serve().Code)
-		_, err = get(ctx, d, idem.SingleTenantScope, "k")
-		require.ErrorIs(t, err, idemdriver.ErrNotFound, "a 5xx rolls the claim back: nothing left")
+		requireGone(t, d, idem.SingleTenantScope, "k", "a 5xx rolls the claim back: nothing left")
 		serve() // run 2 panics
-		_, err = get(ctx, d, idem.SingleTenantScope, "k")
-		require.ErrorIs(t, err, idemdriver.ErrNotFound, "a panic rolls the claim back: nothing left")
+		requireGone(t, d, idem.SingleTenantScope, "k", "a panic rolls the claim back: nothing left")
 		require.Equal(t, 201, serve().Code, "the retry runs at once")
 		require.EqualValues(t, 3, a.runs.Load())
 		for run, want := range map[string]int{"fp:k/1": 0, "fp:k/2": 0, "fp:k/3": 1} {
@@ -305,8 +291,7 @@ func runOneCommit(t *testing.T, h Harness) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		})
 		require.Equal(t, 503, durable.post(t, "k", `{"a":1}`).status)
-		rec, err := get(ctx, d, idem.SingleTenantScope, "k")
-		require.NoError(t, err)
+		rec := record(t, d, idem.SingleTenantScope, "k")
 		require.Equal(t, idemdriver.StateFailed, rec.State)
 		// ...which the same request re-claims in the one-commit mode and
 		// releases (a validation failure): the rollback restores the FAILED
@@ -324,8 +309,7 @@ func runOneCommit(t *testing.T, h Harness) {
 			w.WriteHeader(http.StatusCreated)
 		})
 		require.Equal(t, 400, s.post(t, "k", `{"a":1}`).status)
-		_, err = get(ctx, d, idem.SingleTenantScope, "k")
-		require.ErrorIs(t, err, idemdriver.ErrNotFound, "the released key has no record")
+		requireGone(t, d, idem.SingleTenantScope, "k", "the released key has no record")
 		release = false
 		require.Equal(t, 201, s.post(t, "k", `{"a":2}`).status, "a corrected request runs as new, not 422")
 	})

@@ -2,12 +2,10 @@ package idemdrivertest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/racetest"
 )
 
 // need returns d as T when it implements it. Otherwise the case fails when
@@ -36,8 +35,7 @@ func need[T any](t *testing.T, d idemdriver.Driver, required bool, what string) 
 func at(t *testing.T, d idemdriver.Driver, offset time.Duration, p idemdriver.ClaimParams) idemdriver.Record {
 	t.Helper()
 	p.ClockOffset = offset
-	res, err := d.Claim(context.Background(), p)
-	require.NoError(t, err)
+	res := claim(t, d, p)
 	require.True(t, res.Claimed, "claim %s/%s at %s", p.Scope, p.Key, offset)
 	return res.Record
 }
@@ -46,9 +44,7 @@ func completeAt(t *testing.T, d idemdriver.Driver, offset time.Duration, rec ide
 	t.Helper()
 	f := fence(rec)
 	f.ClockOffset = offset
-	ok, err := d.Complete(context.Background(), idemdriver.CompleteParams{FenceParams: f, Response: okResponse(`{"ok":true}`)})
-	require.NoError(t, err)
-	require.True(t, ok)
+	require.True(t, complete(t, d, f, okResponse(`{"ok":true}`)))
 }
 
 func runRetention(t *testing.T, h Harness) {
@@ -84,12 +80,9 @@ func runRetention(t *testing.T, h Harness) {
 		}
 		require.Equal(t, 201, post("/short", "k-short").Code)
 		require.Equal(t, 201, post("/long", "k-long").Code)
-		ctx := context.Background()
-		rs, err := d.Get(ctx, idemdriver.GetParams{Scope: "global", Key: "k-short"})
-		require.NoError(t, err)
+		rs := record(t, d, "global", "k-short")
 		require.Equal(t, time.Hour, rs.ExpiresAt.Sub(rs.CreatedAt))
-		rl, err := d.Get(ctx, idemdriver.GetParams{Scope: "global", Key: "k-long"})
-		require.NoError(t, err)
+		rl := record(t, d, "global", "k-long")
 		require.Equal(t, 24*time.Hour, rl.ExpiresAt.Sub(rl.CreatedAt))
 
 		clock.Advance(2 * time.Hour)
@@ -120,37 +113,17 @@ func runRetention(t *testing.T, h Harness) {
 		midnight := probe.CreatedAt.UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
 		offsetTo := func(target time.Time) time.Duration { return target.Sub(estimate()) }
 
-		var (
-			wg      sync.WaitGroup
-			mu      sync.Mutex
-			results []idemdriver.ClaimResult
-			errs    []error
-			start   = make(chan struct{})
-		)
-		for i := 0; i < racers; i++ {
+		// Even claimants see 23:59:59.999, odd ones 00:00:00.001.
+		results, err := racetest.Race(racers, func(i int) (idemdriver.ClaimResult, error) {
 			target := midnight.Add(-time.Millisecond)
 			if i%2 == 1 {
 				target = midnight.Add(time.Millisecond)
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				p := params("acct", "midnight", "b")
-				p.ClockOffset = offsetTo(target)
-				res, err := d.Claim(ctx, p)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					errs = append(errs, err)
-					return
-				}
-				results = append(results, res)
-			}()
-		}
-		close(start)
-		wg.Wait()
-		require.NoError(t, errors.Join(errs...))
+			p := params("acct", "midnight", "b")
+			p.ClockOffset = offsetTo(target)
+			return d.Claim(ctx, p)
+		})
+		require.NoError(t, err)
 		winners := 0
 		var won idemdriver.Record
 		for _, r := range results {
@@ -175,8 +148,7 @@ func runRetention(t *testing.T, h Harness) {
 				p := params("acct", fmt.Sprintf("%s-%s", key, margin), body)
 				p.LeaseDuration = lease
 				p.ClockOffset = offsetTo(midnight.Add(-margin))
-				res, err := d.Claim(ctx, p)
-				require.NoError(t, err)
+				res := claim(t, d, p)
 				require.True(t, res.Claimed)
 				if res.Record.CreatedAt.Before(midnight) {
 					return res.Record
@@ -188,16 +160,13 @@ func runRetention(t *testing.T, h Harness) {
 		afterMidnight := func(rec idemdriver.Record, body string) idemdriver.ClaimResult {
 			p := params("acct", rec.Key, body)
 			p.ClockOffset = offsetTo(midnight.Add(time.Millisecond)) // at or after 00:00:00.001
-			res, err := d.Claim(ctx, p)
-			require.NoError(t, err)
+			res := claim(t, d, p)
 			return res
 		}
 		done := beforeMidnight("replay", "b", lease)
 		f := fence(done)
 		f.ClockOffset = offsetTo(midnight.Add(-time.Millisecond / 2))
-		ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: f, Response: okResponse(`{"id":"pay_1"}`)})
-		require.NoError(t, err)
-		require.True(t, ok)
+		require.True(t, complete(t, d, f, okResponse(`{"id":"pay_1"}`)))
 		replay := afterMidnight(done, "b")
 		require.False(t, replay.Claimed)
 		require.Equal(t, idemdriver.StateSucceeded, replay.Record.State)
@@ -215,8 +184,7 @@ func runRetention(t *testing.T, h Harness) {
 		require.Equal(t, fingerprint("b"), other.Record.Fingerprint)
 
 		for _, rec := range []idemdriver.Record{done, busy, reused} {
-			got, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: rec.Key})
-			require.NoError(t, err)
+			got := record(t, d, "acct", rec.Key)
 			require.Equal(t, rec.FencingToken, got.FencingToken, "one record per key across midnight")
 		}
 	})
@@ -241,8 +209,7 @@ func runRetention(t *testing.T, h Harness) {
 		n, err := purger.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 10, OlderThan: 150 * time.Minute})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n)
-		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.expired3h})
-		require.ErrorIs(t, err, idemdriver.ErrNotFound)
+		requireGone(t, d, "acct", keys.expired3h)
 
 		var batches []int64
 		for {
@@ -255,21 +222,17 @@ func runRetention(t *testing.T, h Harness) {
 		}
 		require.Equal(t, []int64{2, 1}, batches, "bounded batches")
 		for _, k := range []string{keys.expiredSucceeded, keys.expiredFailed, keys.expiredStale} {
-			_, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: k})
-			require.ErrorIs(t, err, idemdriver.ErrNotFound, k)
+			requireGone(t, d, "acct", k, k)
 		}
-		live, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.expiredLive})
-		require.NoError(t, err, "a PROCESSING record under a live lease is never purged")
+		live := record(t, d, "acct", keys.expiredLive, "a PROCESSING record under a live lease is never purged")
 		require.Equal(t, idemdriver.StateProcessing, live.State)
-		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.fresh})
-		require.NoError(t, err)
+		record(t, d, "acct", keys.fresh)
 
 		// The database clock decides: 2 h later the live lease has ended.
 		n, err = purger.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 10, ClockOffset: 2 * time.Hour})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n)
-		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.expiredLive})
-		require.ErrorIs(t, err, idemdriver.ErrNotFound)
+		requireGone(t, d, "acct", keys.expiredLive)
 		require.Zero(t, count(0, 0))
 		require.EqualValues(t, 1, count(0, 25*time.Hour), "the fresh record expires after its retention")
 
@@ -300,17 +263,10 @@ func runRetention(t *testing.T, h Harness) {
 		require.Equal(t, stale.FencingToken, fresh.FencingToken, "a purged key starts its tokens again")
 
 		f := fence(stale)
-		ok, err := d.Heartbeat(ctx, f)
-		require.NoError(t, err)
-		require.False(t, ok, "the stale owner's heartbeat")
-		ok, err = d.Complete(ctx, idemdriver.CompleteParams{FenceParams: f, Response: okResponse(`{"from":"stale"}`)})
-		require.NoError(t, err)
-		require.False(t, ok, "the stale owner's completion")
-		ok, err = d.Fail(ctx, f)
-		require.NoError(t, err)
-		require.False(t, ok, "the stale owner's failure")
-		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
-		require.NoError(t, err)
+		require.False(t, heartbeat(t, d, f), "the stale owner's heartbeat")
+		require.False(t, complete(t, d, f, okResponse(`{"from":"stale"}`)), "the stale owner's completion")
+		require.False(t, fail(t, d, f), "the stale owner's failure")
+		rec := record(t, d, "acct", "k")
 		require.Equal(t, idemdriver.StateProcessing, rec.State)
 		require.Equal(t, fingerprint("second"), rec.Fingerprint)
 		completeAt(t, d, 0, fresh)
@@ -326,8 +282,7 @@ func runRetention(t *testing.T, h Harness) {
 
 		now, err := insp.Now(ctx, 0)
 		require.NoError(t, err)
-		fresh, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.fresh})
-		require.NoError(t, err)
+		fresh := record(t, d, "acct", keys.fresh)
 		require.WithinDuration(t, fresh.CreatedAt, now, 10*time.Second, "the database's clock")
 		later, err := insp.Now(ctx, time.Hour)
 		require.NoError(t, err)
@@ -582,12 +537,9 @@ func runRetention(t *testing.T, h Harness) {
 		dropped, err := parts.DropPartitions(ctx, idemdriver.PartitionParams{ClockOffset: 6*day + time.Hour})
 		require.NoError(t, err)
 		require.Equal(t, names(dry), names(dropped))
-		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "done"})
-		require.ErrorIs(t, err, idemdriver.ErrNotFound, "dropped with its partition")
-		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "live"})
-		require.ErrorIs(t, err, idemdriver.ErrNotFound)
-		got, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "live-lease"})
-		require.NoError(t, err, "a partition holding a live lease is not dropped")
+		requireGone(t, d, "acct", "done", "dropped with its partition")
+		requireGone(t, d, "acct", "live")
+		got := record(t, d, "acct", "live-lease", "a partition holding a live lease is not dropped")
 		require.Equal(t, liveRec.FencingToken, got.FencingToken)
 
 		// Past the lease, it goes too; OlderThan holds partitions back.
@@ -597,8 +549,7 @@ func runRetention(t *testing.T, h Harness) {
 		dropped, err = parts.DropPartitions(ctx, idemdriver.PartitionParams{ClockOffset: 8 * day})
 		require.NoError(t, err)
 		require.NotEmpty(t, dropped)
-		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "live-lease"})
-		require.ErrorIs(t, err, idemdriver.ErrNotFound)
+		requireGone(t, d, "acct", "live-lease")
 	})
 }
 
@@ -631,9 +582,7 @@ func seedRetention(t *testing.T, d idemdriver.Driver) retentionKeys {
 	failed := at(t, d, -26*time.Hour, params("acct", k.expiredFailed, "b"))
 	f := fence(failed)
 	f.ClockOffset = -26 * time.Hour
-	ok, err := d.Fail(context.Background(), f)
-	require.NoError(t, err)
-	require.True(t, ok)
+	require.True(t, fail(t, d, f))
 	at(t, d, -25*time.Hour, params("acct", k.expiredStale, "b"))
 	live := params("acct", k.expiredLive, "b")
 	live.LeaseDuration = 26 * time.Hour
