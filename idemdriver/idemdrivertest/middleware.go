@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -36,6 +37,60 @@ type app struct {
 	rowPrefix string       // prefix of the business rows' ids
 	ctxErr    atomic.Value // string: the handler's context error (or cause) as it returned
 	gateOnce  sync.Once
+	writes    handlerWrites // checked by newServer when the test ends
+}
+
+// handlerWrites records the errors of a case's handler writes, and fails the
+// case on them once its servers have closed (and their handlers returned):
+// an answer cut short is not the one the client read.
+type handlerWrites struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+// checkWrites returns a record of t's handler writes. Call it before
+// starting the servers, so that its check runs after they close.
+func checkWrites(t *testing.T) *handlerWrites {
+	w := &handlerWrites{}
+	t.Cleanup(func() { w.check(t) })
+	return w
+}
+
+func (hw *handlerWrites) record(err error) {
+	if err != nil {
+		hw.mu.Lock()
+		defer hw.mu.Unlock()
+		hw.errs = append(hw.errs, err)
+	}
+}
+
+// printf writes a handler's body with fmt.Fprintf, recording its error.
+func (hw *handlerWrites) printf(w io.Writer, format string, args ...any) {
+	_, err := fmt.Fprintf(w, format, args...)
+	hw.record(err)
+}
+
+// write writes a handler's body, recording its error.
+func (hw *handlerWrites) write(w io.Writer, b []byte) {
+	_, err := w.Write(b)
+	hw.record(err)
+}
+
+func (hw *handlerWrites) check(t *testing.T) {
+	t.Helper()
+	hw.mu.Lock()
+	defer hw.mu.Unlock()
+	require.NoError(t, errors.Join(hw.errs...), "a handler's answer was cut short")
+}
+
+// insertRow writes the business row id in the claim's transaction, which
+// r's context carries.
+func insertRow(r *http.Request, biz Business, id string) error {
+	tx, err := idemdriver.TxFromContext(r.Context())
+	if err != nil {
+		return err
+	}
+	return biz.Insert(r.Context(), tx, id)
 }
 
 // release opens the gate (once; also when the test ends, so that a failed
@@ -73,12 +128,7 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		status = a.status(run)
 	}
 	if a.biz != nil {
-		tx, err := idemdriver.TxFromContext(r.Context())
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		if err := a.biz.Insert(r.Context(), tx, fmt.Sprintf("%s%s/%d", a.rowPrefix, r.Header.Get("Idempotency-Key"), run)); err != nil {
+		if err := insertRow(r, a.biz, fmt.Sprintf("%s%s/%d", a.rowPrefix, r.Header.Get("Idempotency-Key"), run)); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -90,10 +140,10 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Internal", "not replayed")
 	w.WriteHeader(status)
 	if a.bigBody > 0 {
-		_, _ = w.Write(bytes.Repeat([]byte("x"), a.bigBody))
+		a.writes.write(w, bytes.Repeat([]byte("x"), a.bigBody))
 		return
 	}
-	fmt.Fprintf(w, `{"run":%d,"body":%q}`, run, body)
+	a.writes.printf(w, `{"run":%d,"body":%q}`, run, body)
 }
 
 type server struct {
@@ -109,6 +159,7 @@ func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server 
 	}
 	m, err := idem.New(cfg)
 	require.NoError(t, err)
+	t.Cleanup(func() { a.writes.check(t) }) // runs after srv.Close
 	srv := httptest.NewServer(m.Handler(a))
 	t.Cleanup(srv.Close)
 	// A request that hangs (a second handler run held on a gate) fails the
@@ -147,8 +198,10 @@ func (s *server) do(ctx context.Context, method, path, key, body string, mutate 
 	if err != nil {
 		return answer{err: err}
 	}
-	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body) // the trailers arrive after the body
+	if cerr := resp.Body.Close(); err == nil {
+		err = cerr
+	}
 	return answer{status: resp.StatusCode, header: resp.Header, trailer: resp.Trailer, body: b, err: err}
 }
 
@@ -580,11 +633,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		require.NoError(t, err)
 		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			run := runs.Add(1)
-			tx, err := idemdriver.TxFromContext(r.Context())
-			if err == nil {
-				err = biz.Insert(r.Context(), tx, fmt.Sprintf("slow/%d", run))
-			}
-			if err != nil {
+			if err := insertRow(r, biz, fmt.Sprintf("slow/%d", run)); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
@@ -717,6 +766,9 @@ func runMiddleware(t *testing.T, h Harness) {
 		plain, held := &app{}, &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
 		t.Cleanup(held.release)
 		txApp := &app{biz: biz}
+		for _, a := range []*app{plain, held, txApp} {
+			t.Cleanup(func() { a.writes.check(t) })
+		}
 		serve := func(a *app, key, body string) *httptest.ResponseRecorder {
 			m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d})
 			require.NoError(t, err)
@@ -787,6 +839,7 @@ func runEdges(t *testing.T, h Harness) {
 			mu      sync.Mutex
 			relayed []string
 		)
+		writes := checkWrites(t)
 		s := newHandlerServer(t, h.NewDriver(t), idem.Config{LeaseDuration: time.Second, Retention: 2 * time.Second},
 			func(w http.ResponseWriter, r *http.Request) {
 				k, err := idem.RelayKey(r.Context(), "charge")
@@ -802,7 +855,7 @@ func runEdges(t *testing.T, h Harness) {
 					time.Sleep(3 * time.Second) // real time: the handler outlives the retention
 				}
 				w.WriteHeader(http.StatusCreated)
-				fmt.Fprintf(w, `{"run":%d}`, run)
+				writes.printf(w, `{"run":%d}`, run)
 			})
 		first := s.post(t, "k", `{}`)
 		require.NoError(t, first.err)
@@ -830,23 +883,19 @@ func runEdges(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		var runs, dupFailed atomic.Int32
+		writes := checkWrites(t)
 		s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
-			tx, err := idemdriver.TxFromContext(r.Context())
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
 			id := "dup/" + r.Header.Get("Idempotency-Key")
-			if err := biz.Insert(r.Context(), tx, id); err != nil {
+			if err := insertRow(r, biz, id); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
-			if err := biz.Insert(r.Context(), tx, id); err != nil { // a unique violation the handler handles
+			if err := insertRow(r, biz, id); err != nil { // a unique violation the handler handles
 				dupFailed.Add(1)
 				w.Header().Set("Content-Type", "application/json")
 				w.WriteHeader(http.StatusConflict)
-				fmt.Fprint(w, `{"error":"duplicate order"}`)
+				writes.printf(w, `{"error":"duplicate order"}`)
 				return
 			}
 			w.WriteHeader(http.StatusCreated)
@@ -948,12 +997,13 @@ func runEdges(t *testing.T, h Harness) {
 		t.Parallel()
 		var runs atomic.Int32
 		cfg := idem.Config{ReplayHeaders: append(idem.DefaultReplayHeaders(), "X-Checksum", "Grpc-Status")}
+		writes := checkWrites(t)
 		s := newHandlerServer(t, h.NewDriver(t), cfg, func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			w.Header().Set("Trailer", "X-Checksum, X-Private")
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusCreated)
-			fmt.Fprint(w, `{"id":"pay_1"}`)
+			writes.printf(w, `{"id":"pay_1"}`)
 			w.Header().Set("X-Checksum", "sha256:abc")
 			w.Header().Set("X-Private", "not replayed")
 			w.Header().Set(http.TrailerPrefix+"grpc-status", "0")
@@ -1012,14 +1062,11 @@ func runEdges(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		var runs atomic.Int32
+		writes := checkWrites(t)
 		validating := func(release bool) http.HandlerFunc {
 			return func(w http.ResponseWriter, r *http.Request) {
 				run := runs.Add(1)
-				tx, err := idemdriver.TxFromContext(r.Context())
-				if err == nil {
-					err = biz.Insert(r.Context(), tx, fmt.Sprintf("%s/%d", r.Header.Get("Idempotency-Key"), run))
-				}
-				if err != nil {
+				if err := insertRow(r, biz, fmt.Sprintf("%s/%d", r.Header.Get("Idempotency-Key"), run)); err != nil {
 					http.Error(w, err.Error(), http.StatusInternalServerError)
 					return
 				}
@@ -1034,7 +1081,7 @@ func runEdges(t *testing.T, h Harness) {
 					return
 				}
 				w.WriteHeader(http.StatusCreated)
-				fmt.Fprintf(w, `{"run":%d}`, run)
+				writes.printf(w, `{"run":%d}`, run)
 			}
 		}
 		asText := func(r *http.Request) { r.Header.Set("Content-Type", "text/plain") }

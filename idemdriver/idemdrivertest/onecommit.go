@@ -251,6 +251,7 @@ func runOneCommit(t *testing.T, h Harness) {
 			}
 			return http.StatusCreated
 		}}
+		t.Cleanup(func() { a.writes.check(t) })
 		cfg := idem.Config{OneCommit: true, Scope: idem.SingleTenant, Store: d}
 		m, err := idem.New(cfg)
 		require.NoError(t, err)
@@ -329,8 +330,10 @@ func runOneCommit(t *testing.T, h Harness) {
 		req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{}`))
 		req.Header.Set("Idempotency-Key", "k")
 		rec := httptest.NewRecorder()
+		a := &app{biz: biz}
+		t.Cleanup(func() { a.writes.check(t) })
 		before := count()
-		m.Handler(&app{biz: biz}).ServeHTTP(rec, req)
+		m.Handler(a).ServeHTTP(rec, req)
 		require.Equal(t, 201, rec.Code, rec.Body.String())
 		require.EqualValues(t, want, count()-before-1, "statements for a one-commit first execution (one business write not counted)")
 	})

@@ -60,11 +60,12 @@ func runRetention(t *testing.T, h Harness) {
 		long, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: store}) // 24 h
 		require.NoError(t, err)
 		runs := map[string]*atomic.Int32{"/short": {}, "/long": {}}
+		writes := checkWrites(t)
 		handler := func(path string) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				n := runs[path].Add(1)
 				w.WriteHeader(http.StatusCreated)
-				fmt.Fprintf(w, `{"run":%d}`, n)
+				writes.printf(w, `{"run":%d}`, n)
 			})
 		}
 		mux := http.NewServeMux()

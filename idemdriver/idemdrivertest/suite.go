@@ -649,10 +649,21 @@ func runDriver(t *testing.T, h Harness) {
 		}
 	})
 
-	runOwner(t, h)
-	runLeaseBornLive(t, h)
-	runRelease(t, h)
-	runUnstorable(t, h)
+	// The cases that need nothing but a fresh driver.
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T, idemdriver.Driver)
+	}{
+		{"Owner", driverOwner},
+		{"LeaseCountsFromTheWrite", driverLeaseCountsFromTheWrite},
+		{"Release", driverRelease},
+		{"Unstorable", driverUnstorable},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.run(t, h.NewDriver(t))
+		})
+	}
 
 	t.Run("Unreachable", func(t *testing.T) {
 		t.Parallel()
@@ -664,129 +675,117 @@ func runDriver(t *testing.T, h Harness) {
 	})
 }
 
-// runOwner: every claim stores who claimed (ClaimParams.Owner), and the
+// driverOwner: every claim stores who claimed (ClaimParams.Owner), and the
 // record, Get and Stuck return it.
-func runOwner(t *testing.T, h Harness) {
-	t.Run("Owner", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		ctx := context.Background()
-		clock := &Clock{}
-		sd := Shift(d, clock)
-		p := params("acct", "k", "body")
-		p.Owner = "host-a/4242"
-		res := claim(t, sd, p)
-		require.True(t, res.Claimed)
-		require.Equal(t, "host-a/4242", res.Record.Owner)
-		rec := record(t, sd, "acct", "k")
-		require.Equal(t, "host-a/4242", rec.Owner)
+func driverOwner(t *testing.T, d idemdriver.Driver) {
+	ctx := context.Background()
+	clock := &Clock{}
+	sd := Shift(d, clock)
+	p := params("acct", "k", "body")
+	p.Owner = "host-a/4242"
+	res := claim(t, sd, p)
+	require.True(t, res.Claimed)
+	require.Equal(t, "host-a/4242", res.Record.Owner)
+	rec := record(t, sd, "acct", "k")
+	require.Equal(t, "host-a/4242", rec.Owner)
 
-		// The duplicate that loses sees whose execution it waits for.
-		dup := p
-		dup.Owner = "host-b/7"
-		lost := claim(t, sd, dup)
-		require.False(t, lost.Claimed)
-		require.Equal(t, "host-a/4242", lost.Record.Owner)
+	// The duplicate that loses sees whose execution it waits for.
+	dup := p
+	dup.Owner = "host-b/7"
+	lost := claim(t, sd, dup)
+	require.False(t, lost.Claimed)
+	require.Equal(t, "host-a/4242", lost.Record.Owner)
 
-		// The owner dies: the stuck list names it; the takeover records its own.
-		clock.Advance(lease + time.Second)
-		if in, ok := d.(idemdriver.Inspector); ok {
-			stuck, err := in.Stuck(ctx, idemdriver.StuckParams{Limit: 10, ClockOffset: clock.Offset()})
-			require.NoError(t, err)
-			require.Len(t, stuck, 1)
-			require.Equal(t, "host-a/4242", stuck[0].Owner)
-		}
-		take := claim(t, sd, dup)
-		require.True(t, take.Claimed)
-		require.Equal(t, "host-b/7", take.Record.Owner)
-		rec = record(t, sd, "acct", "k")
-		require.Equal(t, "host-b/7", rec.Owner)
+	// The owner dies: the stuck list names it; the takeover records its own.
+	clock.Advance(lease + time.Second)
+	if in, ok := d.(idemdriver.Inspector); ok {
+		stuck, err := in.Stuck(ctx, idemdriver.StuckParams{Limit: 10, ClockOffset: clock.Offset()})
+		require.NoError(t, err)
+		require.Len(t, stuck, 1)
+		require.Equal(t, "host-a/4242", stuck[0].Owner)
+	}
+	take := claim(t, sd, dup)
+	require.True(t, take.Claimed)
+	require.Equal(t, "host-b/7", take.Record.Owner)
+	rec = record(t, sd, "acct", "k")
+	require.Equal(t, "host-b/7", rec.Owner)
 
-		// The longest owner every driver stores, byte-exact.
-		long := params("acct", "k-long-owner", "body")
-		long.Owner = string(bytes.Repeat([]byte("o"), idemdriver.MaxOwnerBytes))
-		res = claim(t, d, long)
-		require.Equal(t, long.Owner, res.Record.Owner)
-		rec = record(t, d, "acct", "k-long-owner")
-		require.Equal(t, long.Owner, rec.Owner)
-	})
+	// The longest owner every driver stores, byte-exact.
+	long := params("acct", "k-long-owner", "body")
+	long.Owner = string(bytes.Repeat([]byte("o"), idemdriver.MaxOwnerBytes))
+	res = claim(t, d, long)
+	require.Equal(t, long.Owner, res.Record.Owner)
+	rec = record(t, d, "acct", "k-long-owner")
+	require.Equal(t, long.Owner, rec.Owner)
 }
 
-// runRelease: Release removes this execution's record, fenced like
+// driverRelease: Release removes this execution's record, fenced like
 // Complete, so that the next request with the key runs as new;
 // a caller that lost the record removes nothing.
-func runRelease(t *testing.T, h Harness) {
-	t.Run("Release", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		res := claim(t, d, params("acct", "k", "body"))
-		require.True(t, res.Claimed)
-		require.True(t, release(t, d, fence(res.Record)))
-		requireGone(t, d, "acct", "k")
-		require.False(t, release(t, d, fence(res.Record)), "a released record is gone")
+func driverRelease(t *testing.T, d idemdriver.Driver) {
+	res := claim(t, d, params("acct", "k", "body"))
+	require.True(t, res.Claimed)
+	require.True(t, release(t, d, fence(res.Record)))
+	requireGone(t, d, "acct", "k")
+	require.False(t, release(t, d, fence(res.Record)), "a released record is gone")
 
-		// The corrected request with the same key (another body) runs as new.
-		again := claim(t, d, params("acct", "k", "corrected body"))
-		require.True(t, again.Claimed, "a released key is not burnt")
-		require.Equal(t, 1, again.Record.Attempts)
-		require.Equal(t, fingerprint("corrected body"), again.Record.Fingerprint)
-		// The first execution's fence no longer matches (a purged key starts
-		// again at token 1: created_at tells the lives apart).
-		require.False(t, release(t, d, fence(res.Record)))
-		rec := record(t, d, "acct", "k")
-		require.Equal(t, again.Record.FencingToken, rec.FencingToken)
+	// The corrected request with the same key (another body) runs as new.
+	again := claim(t, d, params("acct", "k", "corrected body"))
+	require.True(t, again.Claimed, "a released key is not burnt")
+	require.Equal(t, 1, again.Record.Attempts)
+	require.Equal(t, fingerprint("corrected body"), again.Record.Fingerprint)
+	// The first execution's fence no longer matches (a purged key starts
+	// again at token 1: created_at tells the lives apart).
+	require.False(t, release(t, d, fence(res.Record)))
+	rec := record(t, d, "acct", "k")
+	require.Equal(t, again.Record.FencingToken, rec.FencingToken)
 
-		// A failed execution is over: its record is not released (the fence
-		// requires PROCESSING); Fencing covers lost and completed ones.
-		sd, failed := setup(t, d, "FAILED", params("acct", "failed", "body"))
-		require.False(t, release(t, sd, fence(failed)))
-		rec = record(t, sd, "acct", "failed")
-		require.Equal(t, idemdriver.StateFailed, rec.State)
-	})
+	// A failed execution is over: its record is not released (the fence
+	// requires PROCESSING); Fencing covers lost and completed ones.
+	sd, failed := setup(t, d, "FAILED", params("acct", "failed", "body"))
+	require.False(t, release(t, sd, fence(failed)))
+	rec = record(t, sd, "acct", "failed")
+	require.Equal(t, idemdriver.StateFailed, rec.State)
 }
 
-// runUnstorable: a scope or path the database cannot store (a NUL byte,
+// driverUnstorable: a scope or path the database cannot store (a NUL byte,
 // invalid UTF-8) is either stored byte-exact (columns of bytes) or refused
 // with an error wrapping idemdriver.ErrUnstorable, never a store error the
 // core would answer 503.
-func runUnstorable(t *testing.T, h Harness) {
-	t.Run("Unstorable", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		ctx := context.Background()
-		odd := map[string]string{"nul": "acct\x00evil", "invalid-utf8": "acct\xff\xfe", "lone-continuation": "\x80"}
-		for name, v := range odd {
-			for _, field := range []string{"scope", "path"} {
-				p := params("acct", "k-"+name+"-"+field, "body")
-				if field == "scope" {
-					p.Scope = v
-				} else {
-					p.Path = "/v1/" + v
-				}
-				res, err := d.Claim(ctx, p)
-				if err != nil {
-					require.ErrorIs(t, err, idemdriver.ErrUnstorable, "%s in the %s: %v", name, field, err)
-					_, err = d.Get(ctx, idemdriver.GetParams{Scope: p.Scope, Key: p.Key})
-					if err != nil && !errors.Is(err, idemdriver.ErrNotFound) {
-						require.ErrorIs(t, err, idemdriver.ErrUnstorable, "Get, %s in the %s", name, field)
-					}
-					continue
-				}
-				// Stored: byte-exact, and found again by the same bytes only.
-				require.True(t, res.Claimed, "%s in the %s", name, field)
-				require.Equal(t, p.Scope, res.Record.Scope)
-				require.Equal(t, p.Path, res.Record.Path)
-				rec := record(t, d, p.Scope, p.Key, "%s in the %s", name, field)
-				require.Equal(t, p.Scope, rec.Scope)
-				require.Equal(t, p.Path, rec.Path)
-				dup := claim(t, d, p)
-				require.False(t, dup.Claimed, "%s in the %s: the same bytes find the record", name, field)
-				require.True(t, complete(t, d, fence(res.Record), okResponse("ok")))
+func driverUnstorable(t *testing.T, d idemdriver.Driver) {
+	ctx := context.Background()
+	odd := map[string]string{"nul": "acct\x00evil", "invalid-utf8": "acct\xff\xfe", "lone-continuation": "\x80"}
+	for name, v := range odd {
+		for _, field := range []string{"scope", "path"} {
+			p := params("acct", "k-"+name+"-"+field, "body")
+			if field == "scope" {
+				p.Scope = v
+			} else {
+				p.Path = "/v1/" + v
 			}
+			res, err := d.Claim(ctx, p)
+			if err != nil {
+				require.ErrorIs(t, err, idemdriver.ErrUnstorable, "%s in the %s: %v", name, field, err)
+				_, err = d.Get(ctx, idemdriver.GetParams{Scope: p.Scope, Key: p.Key})
+				if err != nil && !errors.Is(err, idemdriver.ErrNotFound) {
+					require.ErrorIs(t, err, idemdriver.ErrUnstorable, "Get, %s in the %s", name, field)
+				}
+				continue
+			}
+			// Stored: byte-exact, and found again by the same bytes only.
+			require.True(t, res.Claimed, "%s in the %s", name, field)
+			require.Equal(t, p.Scope, res.Record.Scope)
+			require.Equal(t, p.Path, res.Record.Path)
+			rec := record(t, d, p.Scope, p.Key, "%s in the %s", name, field)
+			require.Equal(t, p.Scope, rec.Scope)
+			require.Equal(t, p.Path, rec.Path)
+			dup := claim(t, d, p)
+			require.False(t, dup.Claimed, "%s in the %s: the same bytes find the record", name, field)
+			require.True(t, complete(t, d, fence(res.Record), okResponse("ok")))
 		}
-		// Nothing is confused with the plain scope.
-		requireGone(t, d, "acct", "k-nul-scope")
-	})
+	}
+	// Nothing is confused with the plain scope.
+	requireGone(t, d, "acct", "k-nul-scope")
 }
 
 // requireDecision checks that a claim by p did what want says, given the
@@ -825,58 +824,57 @@ func requireDecision(t *testing.T, want idemdriver.Decision, read *idemdriver.Re
 	}
 }
 
-// runLeaseBornLive: a lease counts from when the claim's write takes effect,
+// driverLeaseCountsFromTheWrite: a lease counts from when the claim's write takes effect,
 // not from when its statement started. A takeover that
 // waits on the record's row lock longer than the lease (the old owner's
 // business transaction holds it, then rolls back) must not write a
 // locked_until already in the past: a duplicate arriving right after would
 // take the key over while the first still runs.
-func runLeaseBornLive(t *testing.T, h Harness) {
-	t.Run("LeaseCountsFromTheWrite", func(t *testing.T) {
-		t.Parallel()
-		const short = time.Second
-		d := h.NewDriver(t)
-		ctx := context.Background()
-		clock := &Clock{}
-		sd := Shift(d, clock)
-		old := claim(t, sd, params("acct", "k", "body"))
-		// The old owner completes in its business transaction: the row is
-		// locked until that transaction ends.
-		tx, err := sd.Begin(ctx)
-		require.NoError(t, err)
-		defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
-		require.True(t, complete(t, tx, fence(old.Record), okResponse("old")))
+func driverLeaseCountsFromTheWrite(t *testing.T, d idemdriver.Driver) {
+	const short = time.Second
+	ctx := context.Background()
+	clock := &Clock{}
+	sd := Shift(d, clock)
+	old := claim(t, sd, params("acct", "k", "body"))
+	// The old owner completes in its business transaction: the row is
+	// locked until that transaction ends.
+	tx, err := sd.Begin(ctx)
+	require.NoError(t, err)
+	// Should the case fail before the checked Rollback below, this one ends
+	// the transaction; after it, it has nothing to do and its error
+	// (the transaction is done) says nothing.
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.True(t, complete(t, tx, fence(old.Record), okResponse("old")))
 
-		// Its lease runs out (as the database sees it), and a retry takes over.
-		clock.Advance(lease + time.Second)
-		p := params("acct", "k", "body")
-		p.LeaseDuration = short
-		done := make(chan idemdriver.ClaimResult, 1)
-		errc := make(chan error, 1)
-		go func() {
-			res, err := sd.Claim(ctx, p)
-			errc <- err
-			done <- res
-		}()
-		// The takeover waits on the row lock for longer than its lease.
-		select {
-		case <-errc:
-			t.Fatal("the takeover did not wait for the old owner's transaction")
-		case <-time.After(short + short/2):
-		}
-		require.NoError(t, tx.Rollback(ctx))
-		require.NoError(t, <-errc)
-		take := <-done
-		require.True(t, take.Claimed, "the old owner rolled back: the dead lease is taken over")
-		rec := record(t, sd, "acct", "k")
-		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
-		require.Positive(t, rec.LeaseLeft, "the lease is live right after the claim returns (locked_until %s)", rec.LockedUntil)
-		require.LessOrEqual(t, rec.LeaseLeft, short)
-		require.Positive(t, take.Record.LeaseLeft)
-		require.LessOrEqual(t, take.Record.LeaseLeft, short, "the claim reports no more lease than it has")
-		// A duplicate right after is answered 409, not a second execution.
-		dup := claim(t, sd, params("acct", "k", "body"))
-		require.False(t, dup.Claimed)
-		require.Equal(t, idemdriver.DecisionInFlight, idemdriver.Decide(&dup.Record, false, p))
-	})
+	// Its lease runs out (as the database sees it), and a retry takes over.
+	clock.Advance(lease + time.Second)
+	p := params("acct", "k", "body")
+	p.LeaseDuration = short
+	done := make(chan idemdriver.ClaimResult, 1)
+	errc := make(chan error, 1)
+	go func() {
+		res, err := sd.Claim(ctx, p)
+		errc <- err
+		done <- res
+	}()
+	// The takeover waits on the row lock for longer than its lease.
+	select {
+	case err := <-errc:
+		t.Fatalf("the takeover did not wait for the old owner's transaction (its claim returned %v)", err)
+	case <-time.After(short + short/2):
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, <-errc)
+	take := <-done
+	require.True(t, take.Claimed, "the old owner rolled back: the dead lease is taken over")
+	rec := record(t, sd, "acct", "k")
+	require.Equal(t, take.Record.FencingToken, rec.FencingToken)
+	require.Positive(t, rec.LeaseLeft, "the lease is live right after the claim returns (locked_until %s)", rec.LockedUntil)
+	require.LessOrEqual(t, rec.LeaseLeft, short)
+	require.Positive(t, take.Record.LeaseLeft)
+	require.LessOrEqual(t, take.Record.LeaseLeft, short, "the claim reports no more lease than it has")
+	// A duplicate right after is answered 409, not a second execution.
+	dup := claim(t, sd, params("acct", "k", "body"))
+	require.False(t, dup.Claimed)
+	require.Equal(t, idemdriver.DecisionInFlight, idemdriver.Decide(&dup.Record, false, p))
 }
