@@ -151,7 +151,11 @@ type server struct {
 	app *app
 }
 
-func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server {
+// serve starts handler behind idem with cfg on store (the single-tenant
+// scope unless cfg says otherwise), on a server closed when t ends. A request
+// that hangs (a second handler run held on a gate) fails the test, at the
+// client's timeout, instead of stalling the suite.
+func serve(t *testing.T, store idem.Store, cfg idem.Config, handler http.Handler) *server {
 	t.Helper()
 	cfg.Store = store
 	if cfg.Scope == nil {
@@ -159,14 +163,21 @@ func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server 
 	}
 	m, err := idem.New(cfg)
 	require.NoError(t, err)
-	t.Cleanup(func() { a.writes.check(t) }) // runs after srv.Close
-	srv := httptest.NewServer(m.Handler(a))
+	srv := httptest.NewServer(m.Handler(handler))
 	t.Cleanup(srv.Close)
-	// A request that hangs (a second handler run held on a gate) fails the
-	// test instead of stalling the suite.
 	srv.Client().Timeout = 30 * time.Second
+	return &server{Server: srv, app: &app{}}
+}
+
+// newServer serves a (see serve), checks its writes once the server has
+// closed, and opens its gate before that.
+func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server {
+	t.Helper()
+	t.Cleanup(func() { a.writes.check(t) }) // runs after srv.Close
+	s := serve(t, store, cfg, a)
+	s.app = a
 	t.Cleanup(a.release) // runs before srv.Close
-	return &server{Server: srv, app: a}
+	return s
 }
 
 type answer struct {
@@ -238,23 +249,14 @@ func retryAfter(t *testing.T, a answer) int {
 	return n
 }
 
-// newHandlerServer serves handler behind idem with cfg on store (the
-// single-tenant scope and a silent logger unless cfg says otherwise).
+// newHandlerServer serves handler (see serve), with a silent logger unless
+// cfg says otherwise.
 func newHandlerServer(t *testing.T, store idem.Store, cfg idem.Config, handler http.HandlerFunc) *server {
 	t.Helper()
-	cfg.Store = store
-	if cfg.Scope == nil {
-		cfg.Scope = idem.SingleTenant
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	m, err := idem.New(cfg)
-	require.NoError(t, err)
-	srv := httptest.NewServer(m.Handler(handler))
-	t.Cleanup(srv.Close)
-	srv.Client().Timeout = 30 * time.Second
-	return &server{Server: srv, app: &app{}}
+	return serve(t, store, cfg, handler)
 }
 
 func runMiddleware(t *testing.T, h Harness) {
@@ -437,13 +439,8 @@ func runMiddleware(t *testing.T, h Harness) {
 		slow.release()
 		requireProblem(t, <-done, 409, "request-in-flight") // fenced out: its outcome is not recorded
 		requireReplay(t, took, s1.post(t, "k", `{}`))
-		ctx := context.Background()
-		n, err := biz.Count(ctx, "slow:k/1")
-		require.NoError(t, err)
-		require.Zero(t, n, "the fenced-out run's business writes rolled back")
-		n, err = biz.Count(ctx, "fast:k/1")
-		require.NoError(t, err)
-		require.Equal(t, 1, n, "the takeover's business writes committed with its completion")
+		require.Zero(t, rows(t, biz, "slow:k/1"), "the fenced-out run's business writes rolled back")
+		require.Equal(t, 1, rows(t, biz, "fast:k/1"), "the takeover's business writes committed with its completion")
 		rec := record(t, d, "global", "k")
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 		require.Equal(t, 2, rec.Attempts)
@@ -606,15 +603,10 @@ func runMiddleware(t *testing.T, h Harness) {
 		}}
 		s := newServer(t, d, idem.Config{}, a)
 		require.Equal(t, 503, s.post(t, "k", `{}`).status)
-		ctx := context.Background()
-		n, err := biz.Count(ctx, "k/1")
-		require.NoError(t, err)
-		require.Zero(t, n)
+		require.Zero(t, rows(t, biz, "k/1"))
 		first := s.post(t, "k", `{}`)
 		require.Equal(t, 201, first.status)
-		n, err = biz.Count(ctx, "k/2")
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
+		require.Equal(t, 1, rows(t, biz, "k/2"))
 		requireReplay(t, first, s.post(t, "k", `{}`))
 		require.EqualValues(t, 2, a.runs.Load())
 	})
@@ -628,10 +620,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		var runs atomic.Int32
-		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, LeaseDuration: time.Second, MaxExecution: time.Second,
-			Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := newHandlerServer(t, d, idem.Config{LeaseDuration: time.Second, MaxExecution: time.Second}, func(w http.ResponseWriter, r *http.Request) {
 			run := runs.Add(1)
 			if err := insertRow(r, biz, fmt.Sprintf("slow/%d", run)); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -641,20 +630,14 @@ func runMiddleware(t *testing.T, h Harness) {
 				<-r.Context().Done() // past MaxExecution; it answers 201 all the same
 			}
 			w.WriteHeader(http.StatusCreated)
-		})))
-		t.Cleanup(srv.Close)
-		s := &server{Server: srv, app: &app{}}
+		})
 		first := s.post(t, "k", `{}`)
 		require.Equal(t, http.StatusServiceUnavailable, first.status, "body: %s", first.body)
 		rec := record(t, d, "global", "k")
 		require.Equal(t, idemdriver.StateFailed, rec.State)
-		n, err := biz.Count(context.Background(), "slow/1")
-		require.NoError(t, err)
-		require.Zero(t, n, "its writes rolled back")
+		require.Zero(t, rows(t, biz, "slow/1"), "its writes rolled back")
 		require.Equal(t, http.StatusCreated, s.post(t, "k", `{}`).status, "the retry runs again")
-		n, err = biz.Count(context.Background(), "slow/2")
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
+		require.Equal(t, 1, rows(t, biz, "slow/2"))
 	})
 
 	// Regression: a handler that committed the claim's transaction itself got
@@ -665,9 +648,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		var runs atomic.Int32
-		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			tx, err := idemdriver.TxFromContext(r.Context())
 			if err == nil {
@@ -681,17 +662,13 @@ func runMiddleware(t *testing.T, h Harness) {
 				return
 			}
 			w.WriteHeader(http.StatusCreated)
-		})))
-		t.Cleanup(srv.Close)
-		s := &server{Server: srv}
+		})
 		first := s.post(t, "k", `{}`)
 		require.Equal(t, 201, first.status, "%s", first.body)
 		rec := record(t, d, "global", "k")
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 		requireReplay(t, first, s.post(t, "k", `{}`))
-		n, err := biz.Count(context.Background(), "self-commit")
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
+		require.Equal(t, 1, rows(t, biz, "self-commit"))
 		require.EqualValues(t, 1, runs.Load())
 	})
 
@@ -719,14 +696,12 @@ func runMiddleware(t *testing.T, h Harness) {
 		t.Parallel()
 		clock := &Clock{}
 		secret := []byte("relay-secret")
-		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: Shift(h.NewDriver(t), clock), RelaySecret: secret})
-		require.NoError(t, err)
 		var (
 			mu      sync.Mutex
 			relayed []string
 			derived []string
 		)
-		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := newHandlerServer(t, Shift(h.NewDriver(t), clock), idem.Config{RelaySecret: secret}, func(w http.ResponseWriter, r *http.Request) {
 			k, err := idem.RelayKey(r.Context(), "charge")
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -743,9 +718,7 @@ func runMiddleware(t *testing.T, h Harness) {
 				return
 			}
 			w.WriteHeader(http.StatusCreated)
-		})))
-		t.Cleanup(srv.Close)
-		s := &server{Server: srv, app: &app{}}
+		})
 		require.Equal(t, http.StatusBadGateway, s.post(t, "k", `{"amount":1}`).status)
 		require.Equal(t, http.StatusCreated, s.post(t, "k", `{"amount":1}`).status)
 		require.Equal(t, "true", s.post(t, "k", `{"amount":1}`).header.Get(idem.HeaderReplayed))
@@ -937,7 +910,6 @@ func runEdges(t *testing.T, h Harness) {
 			}
 			w.WriteHeader(http.StatusCreated)
 		})
-		ctx := context.Background()
 		first := s.post(t, "k", `{}`)
 		require.NoError(t, first.err)
 		t.Logf("the failed statement aborted the transaction: %v", aborted.Load())
@@ -945,18 +917,14 @@ func runEdges(t *testing.T, h Harness) {
 			requireProblem(t, first, http.StatusInternalServerError, "transaction-aborted")
 			rec := record(t, d, idem.SingleTenantScope, "k")
 			require.Equal(t, idemdriver.StateFailed, rec.State)
-			n, err := biz.Count(ctx, "ignored/1")
-			require.NoError(t, err)
-			require.Zero(t, n)
+			require.Zero(t, rows(t, biz, "ignored/1"))
 			requireProblem(t, s.post(t, "k", `{}`), http.StatusInternalServerError, "transaction-aborted")
 			require.EqualValues(t, 2, runs.Load(), "FAILED: the retry runs again")
 			return
 		}
 		require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
 		requireReplay(t, first, s.post(t, "k", `{}`))
-		n, err := biz.Count(ctx, "ignored/1")
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
+		require.Equal(t, 1, rows(t, biz, "ignored/1"))
 		require.EqualValues(t, 1, runs.Load())
 	})
 
@@ -1085,7 +1053,6 @@ func runEdges(t *testing.T, h Harness) {
 			}
 		}
 		asText := func(r *http.Request) { r.Header.Set("Content-Type", "text/plain") }
-		ctx := context.Background()
 
 		// The default: the 415 is an outcome, replayed; the corrected
 		// request is another request for the key.
@@ -1103,9 +1070,7 @@ func runEdges(t *testing.T, h Harness) {
 		require.Equal(t, http.StatusUnsupportedMediaType, refused.status)
 		require.Empty(t, refused.header.Get(idem.HeaderReplayed))
 		requireGone(t, d, idem.SingleTenantScope, "k", "the record is removed")
-		n, err := biz.Count(ctx, "k/1")
-		require.NoError(t, err)
-		require.Zero(t, n, "the released execution's writes rolled back")
+		require.Zero(t, rows(t, biz, "k/1"), "the released execution's writes rolled back")
 		corrected := released.post(t, "k", `{}`)
 		require.Equal(t, http.StatusCreated, corrected.status, "%s", corrected.body)
 		requireReplay(t, corrected, released.post(t, "k", `{}`))

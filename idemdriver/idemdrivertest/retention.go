@@ -264,9 +264,9 @@ func runRetention(t *testing.T, h Harness) {
 		require.Equal(t, stale.FencingToken, fresh.FencingToken, "a purged key starts its tokens again")
 
 		f := fence(stale)
-		require.False(t, heartbeat(t, d, f), "the stale owner's heartbeat")
+		require.False(t, wrote(t, d.Heartbeat, f), "the stale owner's heartbeat")
 		require.False(t, complete(t, d, f, okResponse(`{"from":"stale"}`)), "the stale owner's completion")
-		require.False(t, fail(t, d, f), "the stale owner's failure")
+		require.False(t, wrote(t, d.Fail, f), "the stale owner's failure")
 		rec := record(t, d, "acct", "k")
 		require.Equal(t, idemdriver.StateProcessing, rec.State)
 		require.Equal(t, fingerprint("second"), rec.Fingerprint)
@@ -583,7 +583,7 @@ func seedRetention(t *testing.T, d idemdriver.Driver) retentionKeys {
 	failed := at(t, d, -26*time.Hour, params("acct", k.expiredFailed, "b"))
 	f := fence(failed)
 	f.ClockOffset = -26 * time.Hour
-	require.True(t, fail(t, d, f))
+	require.True(t, wrote(t, d.Fail, f))
 	at(t, d, -25*time.Hour, params("acct", k.expiredStale, "b"))
 	live := params("acct", k.expiredLive, "b")
 	live.LeaseDuration = 26 * time.Hour

@@ -137,6 +137,14 @@ func requireGone(t *testing.T, d idemdriver.Driver, scope, key string, msgAndArg
 	require.ErrorIs(t, err, idemdriver.ErrNotFound, msgAndArgs...)
 }
 
+// rows counts biz's committed rows with id.
+func rows(t *testing.T, biz Business, id string) int {
+	t.Helper()
+	n, err := biz.Count(context.Background(), id)
+	require.NoError(t, err, "count the business rows %s", id)
+	return n
+}
+
 // completer is a Driver or a Tx: what completes an execution.
 type completer interface {
 	Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error)
@@ -150,27 +158,12 @@ func complete(t *testing.T, c completer, f idemdriver.FenceParams, resp idemdriv
 	return ok
 }
 
-// heartbeat renews f's lease on d, and reports whether the fence held.
-func heartbeat(t *testing.T, d idemdriver.Driver, f idemdriver.FenceParams) bool {
+// wrote calls write, a fenced write bound to its driver (Heartbeat, Fail or
+// Release), with f, and reports whether the fence held.
+func wrote(t *testing.T, write func(context.Context, idemdriver.FenceParams) (bool, error), f idemdriver.FenceParams) bool {
 	t.Helper()
-	ok, err := d.Heartbeat(context.Background(), f)
-	require.NoError(t, err, "heartbeat %s/%s", f.Scope, f.Key)
-	return ok
-}
-
-// fail records f's execution FAILED on d, and reports whether the fence held.
-func fail(t *testing.T, d idemdriver.Driver, f idemdriver.FenceParams) bool {
-	t.Helper()
-	ok, err := d.Fail(context.Background(), f)
-	require.NoError(t, err, "fail %s/%s", f.Scope, f.Key)
-	return ok
-}
-
-// release removes f's record on d, and reports whether the fence held.
-func release(t *testing.T, d idemdriver.Driver, f idemdriver.FenceParams) bool {
-	t.Helper()
-	ok, err := d.Release(context.Background(), f)
-	require.NoError(t, err, "release %s/%s", f.Scope, f.Key)
+	ok, err := write(context.Background(), f)
+	require.NoError(t, err, "fenced write on %s/%s", f.Scope, f.Key)
 	return ok
 }
 
@@ -202,12 +195,12 @@ func setup(t *testing.T, d idemdriver.Driver, state string, p idemdriver.ClaimPa
 	case "EXPIRED_DEAD":
 		clock.Advance(retention + time.Second)
 	case "EXPIRED_FAILED":
-		require.True(t, fail(t, sd, fence(res.Record)))
+		require.True(t, wrote(t, sd.Fail, fence(res.Record)))
 		clock.Advance(retention + time.Second)
 	case "SUCCEEDED":
 		require.True(t, complete(t, sd, fence(res.Record), okResponse(`{"id":"pay_1"}`)))
 	case "FAILED":
-		require.True(t, fail(t, sd, fence(res.Record)))
+		require.True(t, wrote(t, sd.Fail, fence(res.Record)))
 	case "EXPIRED":
 		require.True(t, complete(t, sd, fence(res.Record), okResponse(`{"id":"pay_1"}`)))
 		clock.Advance(retention + time.Second)
@@ -453,20 +446,20 @@ func runDriver(t *testing.T, h Harness) {
 		require.Greater(t, take.Record.FencingToken, old.FencingToken)
 
 		// The old owner wakes up: every write it attempts is refused.
-		require.False(t, heartbeat(t, sd, fence(old)))
+		require.False(t, wrote(t, sd.Heartbeat, fence(old)))
 		require.False(t, complete(t, sd, fence(old), okResponse("stale")))
-		require.False(t, fail(t, sd, fence(old)))
-		require.False(t, release(t, sd, fence(old)), "a worker that lost the record cannot release the new owner's")
+		require.False(t, wrote(t, sd.Fail, fence(old)))
+		require.False(t, wrote(t, sd.Release, fence(old)), "a worker that lost the record cannot release the new owner's")
 		rec := record(t, d, "acct", "k")
 		require.Equal(t, idemdriver.StateProcessing, rec.State)
 		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
 
 		// The new owner's writes go through; a completed record refuses them all.
-		require.True(t, heartbeat(t, sd, fence(take.Record)))
+		require.True(t, wrote(t, sd.Heartbeat, fence(take.Record)))
 		require.True(t, complete(t, sd, fence(take.Record), okResponse("new")))
 		require.False(t, complete(t, sd, fence(take.Record), okResponse("twice")), "a completed record is final")
-		require.False(t, fail(t, sd, fence(take.Record)))
-		require.False(t, release(t, sd, fence(take.Record)), "a completed record is not released")
+		require.False(t, wrote(t, sd.Fail, fence(take.Record)))
+		require.False(t, wrote(t, sd.Release, fence(take.Record)), "a completed record is not released")
 		rec = record(t, d, "acct", "k")
 		require.Equal(t, "new", string(rec.Response.Body))
 	})
@@ -478,7 +471,7 @@ func runDriver(t *testing.T, h Harness) {
 		sd := Shift(d, clock)
 		res := claim(t, sd, params("acct", "k", "body"))
 		clock.Advance(lease - 5*time.Second)
-		require.True(t, heartbeat(t, sd, fence(res.Record)))
+		require.True(t, wrote(t, sd.Heartbeat, fence(res.Record)))
 		// Past the first lease, but within the renewed one: no takeover.
 		clock.Advance(10 * time.Second)
 		again := claim(t, sd, params("acct", "k", "body"))
@@ -501,9 +494,7 @@ func runDriver(t *testing.T, h Harness) {
 		rec := record(t, d, "acct", "tx-ok")
 		require.Equal(t, idemdriver.StateProcessing, rec.State, "the completion is invisible before commit")
 		require.NoError(t, tx.Commit(ctx))
-		n, err := biz.Count(ctx, "row-ok")
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
+		require.Equal(t, 1, rows(t, biz, "row-ok"))
 		rec = record(t, d, "acct", "tx-ok")
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 
@@ -514,9 +505,7 @@ func runDriver(t *testing.T, h Harness) {
 		require.NoError(t, biz.Insert(ctx, tx, "row-rb"))
 		require.True(t, complete(t, tx, fence(res.Record), okResponse("rb")))
 		require.NoError(t, tx.Rollback(ctx))
-		n, err = biz.Count(ctx, "row-rb")
-		require.NoError(t, err)
-		require.Zero(t, n)
+		require.Zero(t, rows(t, biz, "row-rb"))
 		rec = record(t, d, "acct", "tx-rb")
 		require.Equal(t, idemdriver.StateProcessing, rec.State)
 
@@ -549,9 +538,7 @@ func runDriver(t *testing.T, h Harness) {
 			}
 			require.False(t, complete(t, tx, fence(old.Record), okResponse("stale")), order)
 			require.NoError(t, tx.Rollback(ctx))
-			n, err = biz.Count(ctx, row)
-			require.NoError(t, err)
-			require.Zero(t, n, "a fenced-out worker's business writes never commit (%s)", order)
+			require.Zero(t, rows(t, biz, row), "a fenced-out worker's business writes never commit (%s)", order)
 			rec = record(t, d, "acct", key)
 			require.Equal(t, take.Record.FencingToken, rec.FencingToken)
 		}
@@ -725,9 +712,9 @@ func driverOwner(t *testing.T, d idemdriver.Driver) {
 func driverRelease(t *testing.T, d idemdriver.Driver) {
 	res := claim(t, d, params("acct", "k", "body"))
 	require.True(t, res.Claimed)
-	require.True(t, release(t, d, fence(res.Record)))
+	require.True(t, wrote(t, d.Release, fence(res.Record)))
 	requireGone(t, d, "acct", "k")
-	require.False(t, release(t, d, fence(res.Record)), "a released record is gone")
+	require.False(t, wrote(t, d.Release, fence(res.Record)), "a released record is gone")
 
 	// The corrected request with the same key (another body) runs as new.
 	again := claim(t, d, params("acct", "k", "corrected body"))
@@ -736,14 +723,14 @@ func driverRelease(t *testing.T, d idemdriver.Driver) {
 	require.Equal(t, fingerprint("corrected body"), again.Record.Fingerprint)
 	// The first execution's fence no longer matches (a purged key starts
 	// again at token 1: created_at tells the lives apart).
-	require.False(t, release(t, d, fence(res.Record)))
+	require.False(t, wrote(t, d.Release, fence(res.Record)))
 	rec := record(t, d, "acct", "k")
 	require.Equal(t, again.Record.FencingToken, rec.FencingToken)
 
 	// A failed execution is over: its record is not released (the fence
 	// requires PROCESSING); Fencing covers lost and completed ones.
 	sd, failed := setup(t, d, "FAILED", params("acct", "failed", "body"))
-	require.False(t, release(t, sd, fence(failed)))
+	require.False(t, wrote(t, sd.Release, fence(failed)))
 	rec = record(t, sd, "acct", "failed")
 	require.Equal(t, idemdriver.StateFailed, rec.State)
 }
