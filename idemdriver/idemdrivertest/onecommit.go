@@ -40,6 +40,15 @@ func runOneCommit(t *testing.T, h Harness) {
 		require.Equal(t, res.Claimed, tx != nil, "a transaction comes back exactly when the claim is won")
 		return res, tx
 	}
+	// requireLost claims p with ClaimTx and checks that the claim lost, with
+	// no transaction left open, answered as want from the record it lost to.
+	requireLost := func(t *testing.T, tc idemdriver.TxClaimer, p idemdriver.ClaimParams, want idemdriver.Decision) {
+		t.Helper()
+		res, tx := claimTx(t, tc, p, time.Second)
+		require.False(t, res.Claimed)
+		require.Nil(t, tx)
+		require.Equal(t, want, idemdriver.Decide(&res.Record, false, p))
+	}
 	completeCommit := func(t *testing.T, tx idemdriver.Tx, rec idemdriver.Record, body string) {
 		t.Helper()
 		require.True(t, complete(t, tx, fence(rec), okResponse(body)))
@@ -62,12 +71,8 @@ func runOneCommit(t *testing.T, h Harness) {
 		require.Equal(t, `{"id":1}`, string(rec.Response.Body))
 
 		// A replay is answered from the committed record, no transaction left open.
-		again, tx := claimTx(t, tc, params("acct", "k", "body"), time.Second)
-		require.False(t, again.Claimed)
-		require.Nil(t, tx)
-		require.Equal(t, idemdriver.DecisionReplay, idemdriver.Decide(&again.Record, false, params("acct", "k", "body")))
-		other, _ := claimTx(t, tc, params("acct", "k", "other body"), time.Second)
-		require.Equal(t, idemdriver.DecisionKeyReused, idemdriver.Decide(&other.Record, false, params("acct", "k", "other body")))
+		requireLost(t, tc, params("acct", "k", "body"), idemdriver.DecisionReplay)
+		requireLost(t, tc, params("acct", "k", "other body"), idemdriver.DecisionKeyReused)
 	})
 
 	t.Run("RollbackLeavesNothing", func(t *testing.T) {
@@ -101,10 +106,7 @@ func runOneCommit(t *testing.T, h Harness) {
 		t.Parallel()
 		d, tc := claimer(t)
 		claim(t, d, params("acct", "k", "body"))
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), time.Second)
-		require.False(t, res.Claimed)
-		require.Nil(t, tx)
-		require.Equal(t, idemdriver.DecisionInFlight, idemdriver.Decide(&res.Record, false, params("acct", "k", "body")))
+		requireLost(t, tc, params("acct", "k", "body"), idemdriver.DecisionInFlight)
 	})
 
 	t.Run("DuplicateWaitsThenReplays", func(t *testing.T) {

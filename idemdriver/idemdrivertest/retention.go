@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,8 +20,9 @@ import (
 
 // need returns d as T when it implements it. Otherwise the case fails when
 // the harness declared the capability (required), and is skipped when not.
-func need[T any](t *testing.T, d idemdriver.Driver, required bool, what string) T {
+func need[T any](t *testing.T, d idemdriver.Driver, required bool) T {
 	t.Helper()
+	what := reflect.TypeFor[T]().String()
 	v, ok := d.(T)
 	if !ok {
 		if required {
@@ -29,6 +31,14 @@ func need[T any](t *testing.T, d idemdriver.Driver, required bool, what string) 
 		t.Skipf("%T does not implement %s", d, what)
 	}
 	return v
+}
+
+// newWith returns a fresh driver of h, and the driver as T (see need; T is
+// required when h declares Maintenance).
+func newWith[T any](t *testing.T, h Harness) (idemdriver.Driver, T) {
+	t.Helper()
+	d := h.NewDriver(t)
+	return d, need[T](t, d, h.Maintenance)
 }
 
 // at claims p with the database clock moved by offset.
@@ -192,8 +202,7 @@ func runRetention(t *testing.T, h Harness) {
 
 	t.Run("Purge", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		purger := need[idemdriver.Purger](t, d, h.Maintenance, "idemdriver.Purger")
+		d, purger := newWith[idemdriver.Purger](t, h)
 		ctx := context.Background()
 		keys := seedRetention(t, d)
 
@@ -249,8 +258,7 @@ func runRetention(t *testing.T, h Harness) {
 	// the new request's record, which then replayed the wrong response.
 	t.Run("FencedAcrossPurge", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		purger := need[idemdriver.Purger](t, d, h.Maintenance, "idemdriver.Purger")
+		d, purger := newWith[idemdriver.Purger](t, h)
 		ctx := context.Background()
 		if p, ok := d.(idemdriver.Partitioner); ok && p.Partitioned() {
 			_, err := p.EnsurePartitions(ctx, idemdriver.PartitionParams{DaysAhead: 3, ClockOffset: -2 * 24 * time.Hour})
@@ -275,8 +283,7 @@ func runRetention(t *testing.T, h Harness) {
 
 	t.Run("Inspector", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		insp := need[idemdriver.Inspector](t, d, h.Maintenance, "idemdriver.Inspector")
+		d, insp := newWith[idemdriver.Inspector](t, h)
 		ctx := context.Background()
 		keys := seedRetention(t, d)
 		at(t, d, 0, params("other", "k", "b"))
@@ -318,8 +325,7 @@ func runRetention(t *testing.T, h Harness) {
 
 	t.Run("Migrator", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		mig := need[idemdriver.Migrator](t, d, h.Maintenance, "idemdriver.Migrator")
+		_, mig := newWith[idemdriver.Migrator](t, h)
 		list, err := mig.MigrationStatus(context.Background())
 		require.NoError(t, err)
 		require.NotEmpty(t, list)
@@ -335,11 +341,10 @@ func runRetention(t *testing.T, h Harness) {
 
 	t.Run("MaintenanceLock", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		locker := need[idemdriver.MaintenanceLocker](t, d, h.Maintenance, "idemdriver.MaintenanceLocker")
+		d, locker := newWith[idemdriver.MaintenanceLocker](t, h)
 		require.NotNil(t, h.SecondDriver, "Harness.SecondDriver is required for the maintenance cases")
 		d2 := h.SecondDriver(t, d)
-		locker2 := need[idemdriver.MaintenanceLocker](t, d2, true, "idemdriver.MaintenanceLocker")
+		locker2 := need[idemdriver.MaintenanceLocker](t, d2, true)
 		ctx := context.Background()
 		seedRetention(t, d)
 		lp := idemdriver.LockParams{Holder: "test", TTL: time.Minute}
@@ -385,11 +390,10 @@ func runRetention(t *testing.T, h Harness) {
 	// nothing, until it takes the lock again (with a greater token still).
 	t.Run("StaleLeaseTakeover", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		locker := need[idemdriver.MaintenanceLocker](t, d, h.Maintenance, "idemdriver.MaintenanceLocker")
+		d, locker := newWith[idemdriver.MaintenanceLocker](t, h)
 		require.NotNil(t, h.SecondDriver, "Harness.SecondDriver is required for the maintenance cases")
-		locker2 := need[idemdriver.MaintenanceLocker](t, h.SecondDriver(t, d), true, "idemdriver.MaintenanceLocker")
-		purger := need[idemdriver.Purger](t, d, true, "idemdriver.Purger")
+		locker2 := need[idemdriver.MaintenanceLocker](t, h.SecondDriver(t, d), true)
+		purger := need[idemdriver.Purger](t, d, true)
 		ctx := context.Background()
 		seedRetention(t, d)
 		stale, err := locker.TryLockMaintenance(ctx, idemdriver.LockParams{Holder: "stale", TTL: time.Minute})
@@ -428,8 +432,7 @@ func runRetention(t *testing.T, h Harness) {
 	// work never overlaps, and when the leader stops the other takes over.
 	t.Run("TwoMaintainers", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		need[idemdriver.MaintenanceLocker](t, d, h.Maintenance, "idemdriver.MaintenanceLocker")
+		d, _ := newWith[idemdriver.MaintenanceLocker](t, h)
 		require.NotNil(t, h.SecondDriver, "Harness.SecondDriver is required for the maintenance cases")
 		_, partitioned := d.(idemdriver.Partitioner)
 		partitioned = partitioned && d.(idemdriver.Partitioner).Partitioned()
@@ -489,7 +492,7 @@ func runRetention(t *testing.T, h Harness) {
 			}
 			t.Skip("not a partitioned store")
 		}
-		limiter := need[idemdriver.RetentionLimiter](t, d, true, "idemdriver.RetentionLimiter")
+		limiter := need[idemdriver.RetentionLimiter](t, d, true)
 		_, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, Retention: limiter.MaxRetention() + time.Hour})
 		require.Error(t, err, "a Retention past the partitions ahead is refused up front")
 		ctx := context.Background()

@@ -597,44 +597,32 @@ func runDriver(t *testing.T, h Harness) {
 	// a stale row is a narrow window, and one race rarely hits it.
 	const raceRounds = 8
 
-	t.Run("ConcurrentTakeover", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		for i := range raceRounds {
-			p := params("acct", fmt.Sprintf("hot-%d", i), "b")
-			sd, old := setup(t, d, "EXPIRED_LEASE", p)
-			winners, results := race(t, sd, p)
-			requireOneOwner(t, winners, results, p, old)
-		}
-	})
-
-	t.Run("ConcurrentReclaimAfterFailed", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		for i := range raceRounds {
-			p := params("acct", fmt.Sprintf("hot-%d", i), "b")
-			sd, old := setup(t, d, "FAILED", p)
-			winners, results := race(t, sd, p)
-			requireOneOwner(t, winners, results, p, old)
-			rec := record(t, d, p.Scope, p.Key)
-			require.Equal(t, 2, rec.Attempts)
-		}
-	})
-
-	t.Run("ConcurrentExpiredIsNew", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		for i := range raceRounds {
-			key := fmt.Sprintf("hot-%d", i)
-			sd, old := setup(t, d, "EXPIRED", params("acct", key, "b"))
-			p := params("acct", key, "other payload, after expiry")
-			winners, results := race(t, sd, p)
-			requireOneOwner(t, winners, results, p, old)
-			rec := record(t, d, "acct", key)
-			require.Equal(t, 1, rec.Attempts)
-			require.Greater(t, rec.FencingToken, old.FencingToken, "tokens never go back, even across expiry")
-		}
-	})
+	// Races on a claimable row: the claim that wins continues the record's
+	// life (attempts 2) or, past retention and with another payload, starts
+	// a new one (attempts 1); tokens never go back, even across expiry.
+	for _, c := range []struct {
+		name, state, body string
+		attempts          int
+	}{
+		{"ConcurrentTakeover", "EXPIRED_LEASE", "b", 2},
+		{"ConcurrentReclaimAfterFailed", "FAILED", "b", 2},
+		{"ConcurrentExpiredIsNew", "EXPIRED", "other payload, after expiry", 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			d := h.NewDriver(t)
+			for i := range raceRounds {
+				key := fmt.Sprintf("hot-%d", i)
+				sd, old := setup(t, d, c.state, params("acct", key, "b"))
+				p := params("acct", key, c.body)
+				winners, results := race(t, sd, p)
+				requireOneOwner(t, winners, results, p, old)
+				rec := record(t, d, "acct", key)
+				require.Equal(t, c.attempts, rec.Attempts)
+				require.Greater(t, rec.FencingToken, old.FencingToken, "tokens never go back, even across expiry")
+			}
+		})
+	}
 
 	// The cases that need nothing but a fresh driver.
 	for _, c := range []struct {
