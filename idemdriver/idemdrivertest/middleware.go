@@ -242,6 +242,27 @@ func requireReplay(t *testing.T, first, again answer) {
 	require.Empty(t, again.header.Get("X-Internal"), "only allow-listed headers are replayed")
 }
 
+// requireFencedOut serves slow and fast on d, two servers on one database,
+// fast's seeing the clock past the lease. slow's request for "k" is held
+// (slow must have a gate and started) while fast takes the key over and
+// answers 201; then slow's answer is 409 request-in-flight (fenced out: its
+// outcome is not recorded), and a retry on slow's server gets fast's replay.
+func requireFencedOut(t *testing.T, d idemdriver.Driver, slow, fast *app) {
+	t.Helper()
+	later := &Clock{}
+	later.Advance(idem.DefaultLeaseDuration + time.Second)
+	s1 := newServer(t, d, idem.Config{}, slow)
+	s2 := newServer(t, Shift(d, later), idem.Config{}, fast)
+	done := make(chan answer)
+	go func() { done <- s1.post(t, "k", `{}`) }()
+	<-slow.started
+	took := s2.post(t, "k", `{}`)
+	require.Equal(t, 201, took.status)
+	slow.release()
+	requireProblem(t, <-done, 409, "request-in-flight")
+	requireReplay(t, took, s1.post(t, "k", `{}`))
+}
+
 // requireCommittedOnce checks a first answer (to POST "k" {}) of 201,
 // replayed to the retry, with its business row committed and the handler
 // run once (runs).
@@ -436,20 +457,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1), biz: biz, rowPrefix: "slow:"}
-		// Two servers on one database; the second sees the clock past the lease.
-		later := &Clock{}
-		later.Advance(idem.DefaultLeaseDuration + time.Second)
-		s1 := newServer(t, d, idem.Config{}, slow)
-		fast := &app{biz: biz, rowPrefix: "fast:"}
-		s2 := newServer(t, Shift(d, later), idem.Config{}, fast)
-		done := make(chan answer)
-		go func() { done <- s1.post(t, "k", `{}`) }()
-		<-slow.started
-		took := s2.post(t, "k", `{}`)
-		require.Equal(t, 201, took.status)
-		slow.release()
-		requireProblem(t, <-done, 409, "request-in-flight") // fenced out: its outcome is not recorded
-		requireReplay(t, took, s1.post(t, "k", `{}`))
+		requireFencedOut(t, d, slow, &app{biz: biz, rowPrefix: "fast:"})
 		require.Zero(t, rows(t, biz, "slow:k/1"), "the fenced-out run's business writes rolled back")
 		require.Equal(t, 1, rows(t, biz, "fast:k/1"), "the takeover's business writes committed with its completion")
 		rec := record(t, d, "global", "k")
@@ -463,18 +471,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		t.Parallel()
 		d := h.NewDriver(t)
 		slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1), status: func(int32) int { return 500 }}
-		later := &Clock{}
-		later.Advance(idem.DefaultLeaseDuration + time.Second)
-		s1 := newServer(t, d, idem.Config{}, slow)
-		s2 := newServer(t, Shift(d, later), idem.Config{}, &app{})
-		done := make(chan answer)
-		go func() { done <- s1.post(t, "k", `{}`) }()
-		<-slow.started
-		took := s2.post(t, "k", `{}`)
-		require.Equal(t, 201, took.status)
-		slow.release()
-		requireProblem(t, <-done, 409, "request-in-flight")
-		requireReplay(t, took, s1.post(t, "k", `{}`))
+		requireFencedOut(t, d, slow, &app{})
 	})
 
 	t.Run("LostLeaseCancelsHandler", func(t *testing.T) {

@@ -40,6 +40,14 @@ func runOneCommit(t *testing.T, h Harness) {
 		require.Equal(t, res.Claimed, tx != nil, "a transaction comes back exactly when the claim is won")
 		return res, tx
 	}
+	// own claims "k" with ClaimTx, waiting up to 5 s, and checks that the
+	// claim won; msgAndArgs describe a failure.
+	own := func(t *testing.T, tc idemdriver.TxClaimer, msgAndArgs ...any) (idemdriver.ClaimResult, idemdriver.Tx) {
+		t.Helper()
+		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
+		require.True(t, res.Claimed, msgAndArgs...)
+		return res, tx
+	}
 	// requireLost claims p with ClaimTx and checks that the claim lost, with
 	// no transaction left open, answered as want from the record it lost to.
 	requireLost := func(t *testing.T, tc idemdriver.TxClaimer, p idemdriver.ClaimParams, want idemdriver.Decision) {
@@ -58,8 +66,7 @@ func runOneCommit(t *testing.T, h Harness) {
 	t.Run("InvisibleUntilCommit", func(t *testing.T) {
 		t.Parallel()
 		d, tc := claimer(t)
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
-		require.True(t, res.Claimed)
+		res, tx := own(t, tc)
 		require.Equal(t, idemdriver.StateProcessing, res.Record.State)
 		require.EqualValues(t, 1, res.Record.Attempts)
 		if !h.SingleWriter { // SQLite's readers see the last commit too; Get would not wait either way
@@ -78,8 +85,7 @@ func runOneCommit(t *testing.T, h Harness) {
 	t.Run("RollbackLeavesNothing", func(t *testing.T) {
 		t.Parallel()
 		d, tc := claimer(t)
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
-		require.True(t, res.Claimed)
+		_, tx := own(t, tc)
 		require.NoError(t, tx.Rollback(ctx))
 		requireGone(t, d, "acct", "k", "no record, no lease to wait out")
 		// The retry claims at once, as a new key.
@@ -93,8 +99,7 @@ func runOneCommit(t *testing.T, h Harness) {
 		d, tc := claimer(t)
 		first := claim(t, d, params("acct", "k", "body"))
 		require.True(t, wrote(t, d.Fail, fence(first.Record)))
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
-		require.True(t, res.Claimed, "a FAILED record is re-claimed")
+		res, tx := own(t, tc, "a FAILED record is re-claimed")
 		require.EqualValues(t, 2, res.Record.Attempts)
 		require.Equal(t, first.Record.CreatedAt, res.Record.CreatedAt, "the record's life continues")
 		require.NoError(t, tx.Rollback(ctx))
@@ -112,8 +117,7 @@ func runOneCommit(t *testing.T, h Harness) {
 	t.Run("DuplicateWaitsThenReplays", func(t *testing.T) {
 		t.Parallel()
 		_, tc := claimer(t)
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
-		require.True(t, res.Claimed)
+		res, tx := own(t, tc)
 		dup := make(chan claimTxResult, 1)
 		started := make(chan struct{})
 		go func() {
@@ -134,8 +138,7 @@ func runOneCommit(t *testing.T, h Harness) {
 	t.Run("DuplicateClaimsAfterRollback", func(t *testing.T) {
 		t.Parallel()
 		d, tc := claimer(t)
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
-		require.True(t, res.Claimed)
+		_, tx := own(t, tc)
 		dup := make(chan claimTxResult, 1)
 		go func() {
 			r, tx, err := tc.ClaimTx(ctx, params("acct", "k", "body"), 20*time.Second)
@@ -156,8 +159,7 @@ func runOneCommit(t *testing.T, h Harness) {
 			t.Skip("a single writer's ClaimTx waits for the database's write lock (its busy timeout), not a per-key bound")
 		}
 		_, tc := claimer(t)
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
-		require.True(t, res.Claimed)
+		res, tx := own(t, tc)
 		t.Cleanup(func() { _ = tx.Rollback(ctx) })
 		_, dupTx, err := tc.ClaimTx(ctx, params("acct", "k", "body"), 300*time.Millisecond)
 		require.ErrorIs(t, err, idemdriver.ErrLockWait)
