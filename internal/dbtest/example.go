@@ -2,6 +2,7 @@ package dbtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -30,21 +31,30 @@ func ExampleStore() (*idemsqlite.Driver, func()) {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	return store, func() { store.Close(); os.RemoveAll(dir) }
+	return store, func() {
+		if err := errors.Join(store.Close(), os.RemoveAll(dir)); err != nil {
+			log.Fatal(err)
+		}
+	}
 }
 
 // PrintPost sends one POST to url with Content-Type application/json, the
 // Idempotency-Key key and body, and prints what came back for an example's
 // Output: `<status> replayed="<Idempotent-Replayed>" <body, trimmed>`.
 func PrintPost(url, key, body string) {
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		log.Fatal(err)
+	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err = errors.Join(err, resp.Body.Close()); err != nil {
+		log.Fatal(err)
+	}
 	fmt.Printf("%d replayed=%q %s\n", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), strings.TrimSpace(string(b)))
 }
