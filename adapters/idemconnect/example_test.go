@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"net/http"
 	"net/http/httptest"
 
@@ -18,16 +17,10 @@ import (
 // Protect a Connect service: the retry of a call gets the recorded response,
 // and idem's refusals reach the Connect client as Connect codes.
 func Example() {
-	store, done := dbtest.ExampleStore() // SQLite in a temporary directory; see idemsqlite.ExampleOpen
+	// idem.New on SQLite in a temporary directory, every request in the
+	// scope merchant_42: see idem's Example and idemsqlite.ExampleOpen.
+	mw, _, done := dbtest.ExampleMiddleware(idem.Config{Outcome: idemconnect.Outcome})
 	defer done()
-	mw, err := idem.New(idem.Config{
-		Store:   store,
-		Scope:   func(r *http.Request) (string, error) { return "merchant_42", nil },
-		Outcome: idemconnect.Outcome,
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
 
 	charges := int64(0)
 	mux := http.NewServeMux()

@@ -106,6 +106,29 @@ func requireCode(t *testing.T, err error, code connect.Code) *connect.Error {
 	return cerr
 }
 
+// failOnce is a service answer: run 1 fails with a Connect error of code and
+// message, later runs charge.
+func failOnce(code connect.Code, message string) func(int64, *ChargeRequest) (*ChargeResponse, error) {
+	return func(n int64, req *ChargeRequest) (*ChargeResponse, error) {
+		if n == 1 {
+			return nil, connect.NewError(code, errors.New(message))
+		}
+		return &ChargeResponse{Charge: n, Amount: req.Amount}, nil
+	}
+}
+
+// requireRetryRuns checks that the first call of "k" fails with code, and
+// that its retry runs the handler again and charges.
+func requireRetryRuns(t *testing.T, s *service, code connect.Code) {
+	t.Helper()
+	_, err := s.call("k", 1000)
+	requireCode(t, err, code)
+	res, err := s.call("k", 1000)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, res.Msg.Charge)
+	require.EqualValues(t, 2, s.runs.Load())
+}
+
 // retryDelay returns the RetryInfo detail's delay in whole seconds, -1
 // without one.
 func retryDelay(t *testing.T, cerr *connect.Error) int64 {
@@ -243,34 +266,15 @@ func testConnect(t *testing.T, store func(*testing.T) idem.Store) {
 	t.Run("HandlerErrorRetryable", func(t *testing.T) {
 		// unavailable (503) is FAILED: the retry runs again, and succeeds.
 		s := newService(t, store(t), nil)
-		s.answer = func(n int64, req *ChargeRequest) (*ChargeResponse, error) {
-			if n == 1 {
-				return nil, connect.NewError(connect.CodeUnavailable, errors.New("provider down"))
-			}
-			return &ChargeResponse{Charge: n, Amount: req.Amount}, nil
-		}
-		_, err := s.call("k", 1000)
-		requireCode(t, err, connect.CodeUnavailable)
-		res, err := s.call("k", 1000)
-		require.NoError(t, err)
-		require.EqualValues(t, 2, res.Msg.Charge)
-		require.EqualValues(t, 2, s.runs.Load())
+		s.answer = failOnce(connect.CodeUnavailable, "provider down")
+		requireRetryRuns(t, s, connect.CodeUnavailable)
 	})
 
 	t.Run("Aborted", func(t *testing.T) {
 		// With idemconnect.Outcome, aborted (409) is FAILED: the retry runs.
 		s := newService(t, store(t), func(c *idem.Config) { c.Outcome = idemconnect.Outcome })
-		s.answer = func(n int64, req *ChargeRequest) (*ChargeResponse, error) {
-			if n == 1 {
-				return nil, connect.NewError(connect.CodeAborted, errors.New("ledger version conflict"))
-			}
-			return &ChargeResponse{Charge: n, Amount: req.Amount}, nil
-		}
-		_, err := s.call("k", 1000)
-		requireCode(t, err, connect.CodeAborted)
-		res, err := s.call("k", 1000)
-		require.NoError(t, err)
-		require.EqualValues(t, 2, res.Msg.Charge)
+		s.answer = failOnce(connect.CodeAborted, "ledger version conflict")
+		requireRetryRuns(t, s, connect.CodeAborted)
 	})
 
 	t.Run("PanicRecovered", func(t *testing.T) {

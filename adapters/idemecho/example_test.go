@@ -2,7 +2,6 @@ package idemecho_test
 
 import (
 	"fmt"
-	"log"
 	"net/http"
 	"net/http/httptest"
 
@@ -19,15 +18,10 @@ import (
 // and replayed as the 402 it is, and a provider outage (503) is not recorded:
 // its retry runs again (CONTRACT section 5).
 func Example() {
-	store, done := dbtest.ExampleStore() // SQLite in a temporary directory; see idemsqlite.ExampleOpen
+	// idem.New on SQLite in a temporary directory, every request in the
+	// scope merchant_42: see idem's Example and idemsqlite.ExampleOpen.
+	mw, _, done := dbtest.ExampleMiddleware(idem.Config{})
 	defer done()
-	mw, err := idem.New(idem.Config{
-		Store: store,
-		Scope: func(r *http.Request) (string, error) { return "merchant_42", nil },
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
 
 	e := echo.New()
 	e.HideBanner = true

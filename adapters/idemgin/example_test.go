@@ -19,16 +19,11 @@ import (
 // gets the recorded response, and a declined card, answered with
 // c.AbortWithStatusJSON, is recorded and replayed as the 402 it is.
 func Example() {
-	store, done := dbtest.ExampleStore() // SQLite in a temporary directory; see idemsqlite.ExampleOpen
+	// idem.New on SQLite in a temporary directory, every request in the
+	// scope merchant_42: see idem's Example and idemsqlite.ExampleOpen.
+	mw, store, done := dbtest.ExampleMiddleware(idem.Config{})
 	defer done()
 	if _, err := store.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {
-		log.Fatal(err)
-	}
-	mw, err := idem.New(idem.Config{
-		Store: store,
-		Scope: func(r *http.Request) (string, error) { return "merchant_42", nil },
-	})
-	if err != nil {
 		log.Fatal(err)
 	}
 
@@ -59,7 +54,11 @@ func Example() {
 			_ = c.AbortWithError(http.StatusServiceUnavailable, err)
 			return
 		}
-		id, _ := res.LastInsertId()
+		id, err := res.LastInsertId()
+		if err != nil {
+			_ = c.AbortWithError(http.StatusServiceUnavailable, err)
+			return
+		}
 		c.JSON(http.StatusCreated, gin.H{"payment": id, "amount": req.Amount})
 	})
 	srv := httptest.NewServer(r)
@@ -70,7 +69,9 @@ func Example() {
 	dbtest.PrintPost(srv.URL+"/v1/payments", "order-2", `{"amount":500000}`)
 	dbtest.PrintPost(srv.URL+"/v1/payments", "order-2", `{"amount":500000}`)
 	var n int
-	_ = store.DB().QueryRow(`SELECT count(*) FROM payments`).Scan(&n)
+	if err := store.DB().QueryRow(`SELECT count(*) FROM payments`).Scan(&n); err != nil {
+		log.Fatal(err)
+	}
 	fmt.Println("payments:", n)
 	// Output:
 	// 201 replayed="" {"amount":1000,"payment":1}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -36,6 +37,60 @@ type app struct {
 	rowPrefix string       // prefix of the business rows' ids
 	ctxErr    atomic.Value // string: the handler's context error (or cause) as it returned
 	gateOnce  sync.Once
+	writes    handlerWrites // checked by newServer when the test ends
+}
+
+// handlerWrites records the errors of a case's handler writes, and fails the
+// case on them once its servers have closed (and their handlers returned):
+// an answer cut short is not the one the client read.
+type handlerWrites struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+// checkWrites returns a record of t's handler writes. Call it before
+// starting the servers, so that its check runs after they close.
+func checkWrites(t *testing.T) *handlerWrites {
+	w := &handlerWrites{}
+	t.Cleanup(func() { w.check(t) })
+	return w
+}
+
+func (hw *handlerWrites) record(err error) {
+	if err != nil {
+		hw.mu.Lock()
+		defer hw.mu.Unlock()
+		hw.errs = append(hw.errs, err)
+	}
+}
+
+// printf writes a handler's body with fmt.Fprintf, recording its error.
+func (hw *handlerWrites) printf(w io.Writer, format string, args ...any) {
+	_, err := fmt.Fprintf(w, format, args...)
+	hw.record(err)
+}
+
+// write writes a handler's body, recording its error.
+func (hw *handlerWrites) write(w io.Writer, b []byte) {
+	_, err := w.Write(b)
+	hw.record(err)
+}
+
+func (hw *handlerWrites) check(t *testing.T) {
+	t.Helper()
+	hw.mu.Lock()
+	defer hw.mu.Unlock()
+	require.NoError(t, errors.Join(hw.errs...), "a handler's answer was cut short")
+}
+
+// insertRow writes the business row id in the claim's transaction, which
+// r's context carries.
+func insertRow(r *http.Request, biz Business, id string) error {
+	tx, err := idemdriver.TxFromContext(r.Context())
+	if err != nil {
+		return err
+	}
+	return biz.Insert(r.Context(), tx, id)
 }
 
 // release opens the gate (once; also when the test ends, so that a failed
@@ -73,12 +128,7 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		status = a.status(run)
 	}
 	if a.biz != nil {
-		tx, err := idemdriver.TxFromContext(r.Context())
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		if err := a.biz.Insert(r.Context(), tx, fmt.Sprintf("%s%s/%d", a.rowPrefix, r.Header.Get("Idempotency-Key"), run)); err != nil {
+		if err := insertRow(r, a.biz, fmt.Sprintf("%s%s/%d", a.rowPrefix, r.Header.Get("Idempotency-Key"), run)); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -90,10 +140,10 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Internal", "not replayed")
 	w.WriteHeader(status)
 	if a.bigBody > 0 {
-		_, _ = w.Write(bytes.Repeat([]byte("x"), a.bigBody))
+		a.writes.write(w, bytes.Repeat([]byte("x"), a.bigBody))
 		return
 	}
-	fmt.Fprintf(w, `{"run":%d,"body":%q}`, run, body)
+	a.writes.printf(w, `{"run":%d,"body":%q}`, run, body)
 }
 
 type server struct {
@@ -101,7 +151,11 @@ type server struct {
 	app *app
 }
 
-func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server {
+// serve starts handler behind idem with cfg on store (the single-tenant
+// scope unless cfg says otherwise), on a server closed when t ends. A request
+// that hangs (a second handler run held on a gate) fails the test, at the
+// client's timeout, instead of stalling the suite.
+func serve(t *testing.T, store idem.Store, cfg idem.Config, handler http.Handler) *server {
 	t.Helper()
 	cfg.Store = store
 	if cfg.Scope == nil {
@@ -109,13 +163,21 @@ func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server 
 	}
 	m, err := idem.New(cfg)
 	require.NoError(t, err)
-	srv := httptest.NewServer(m.Handler(a))
+	srv := httptest.NewServer(m.Handler(handler))
 	t.Cleanup(srv.Close)
-	// A request that hangs (a second handler run held on a gate) fails the
-	// test instead of stalling the suite.
 	srv.Client().Timeout = 30 * time.Second
+	return &server{Server: srv, app: &app{}}
+}
+
+// newServer serves a (see serve), checks its writes once the server has
+// closed, and opens its gate before that.
+func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server {
+	t.Helper()
+	t.Cleanup(func() { a.writes.check(t) }) // runs after srv.Close
+	s := serve(t, store, cfg, a)
+	s.app = a
 	t.Cleanup(a.release) // runs before srv.Close
-	return &server{Server: srv, app: a}
+	return s
 }
 
 type answer struct {
@@ -147,8 +209,10 @@ func (s *server) do(ctx context.Context, method, path, key, body string, mutate 
 	if err != nil {
 		return answer{err: err}
 	}
-	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body) // the trailers arrive after the body
+	if cerr := resp.Body.Close(); err == nil {
+		err = cerr
+	}
 	return answer{status: resp.StatusCode, header: resp.Header, trailer: resp.Trailer, body: b, err: err}
 }
 
@@ -178,6 +242,38 @@ func requireReplay(t *testing.T, first, again answer) {
 	require.Empty(t, again.header.Get("X-Internal"), "only allow-listed headers are replayed")
 }
 
+// requireFencedOut serves slow and fast on d, two servers on one database,
+// fast's seeing the clock past the lease. slow's request for "k" is held
+// (slow must have a gate and started) while fast takes the key over and
+// answers 201; then slow's answer is 409 request-in-flight (fenced out: its
+// outcome is not recorded), and a retry on slow's server gets fast's replay.
+func requireFencedOut(t *testing.T, d idemdriver.Driver, slow, fast *app) {
+	t.Helper()
+	later := &Clock{}
+	later.Advance(idem.DefaultLeaseDuration + time.Second)
+	s1 := newServer(t, d, idem.Config{}, slow)
+	s2 := newServer(t, Shift(d, later), idem.Config{}, fast)
+	done := make(chan answer)
+	go func() { done <- s1.post(t, "k", `{}`) }()
+	<-slow.started
+	took := s2.post(t, "k", `{}`)
+	require.Equal(t, 201, took.status)
+	slow.release()
+	requireProblem(t, <-done, 409, "request-in-flight")
+	requireReplay(t, took, s1.post(t, "k", `{}`))
+}
+
+// requireCommittedOnce checks a first answer (to POST "k" {}) of 201,
+// replayed to the retry, with its business row committed and the handler
+// run once (runs).
+func requireCommittedOnce(t *testing.T, s *server, first answer, biz Business, row string, runs int32) {
+	t.Helper()
+	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
+	requireReplay(t, first, s.post(t, "k", `{}`))
+	require.Equal(t, 1, rows(t, biz, row))
+	require.EqualValues(t, 1, runs)
+}
+
 func retryAfter(t *testing.T, a answer) int {
 	t.Helper()
 	n, err := strconv.Atoi(a.header.Get("Retry-After"))
@@ -185,23 +281,14 @@ func retryAfter(t *testing.T, a answer) int {
 	return n
 }
 
-// newHandlerServer serves handler behind idem with cfg on store (the
-// single-tenant scope and a silent logger unless cfg says otherwise).
+// newHandlerServer serves handler (see serve), with a silent logger unless
+// cfg says otherwise.
 func newHandlerServer(t *testing.T, store idem.Store, cfg idem.Config, handler http.HandlerFunc) *server {
 	t.Helper()
-	cfg.Store = store
-	if cfg.Scope == nil {
-		cfg.Scope = idem.SingleTenant
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	m, err := idem.New(cfg)
-	require.NoError(t, err)
-	srv := httptest.NewServer(m.Handler(handler))
-	t.Cleanup(srv.Close)
-	srv.Client().Timeout = 30 * time.Second
-	return &server{Server: srv, app: &app{}}
+	return serve(t, store, cfg, handler)
 }
 
 func runMiddleware(t *testing.T, h Harness) {
@@ -370,29 +457,10 @@ func runMiddleware(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1), biz: biz, rowPrefix: "slow:"}
-		// Two servers on one database; the second sees the clock past the lease.
-		later := &Clock{}
-		later.Advance(idem.DefaultLeaseDuration + time.Second)
-		s1 := newServer(t, d, idem.Config{}, slow)
-		fast := &app{biz: biz, rowPrefix: "fast:"}
-		s2 := newServer(t, Shift(d, later), idem.Config{}, fast)
-		done := make(chan answer)
-		go func() { done <- s1.post(t, "k", `{}`) }()
-		<-slow.started
-		took := s2.post(t, "k", `{}`)
-		require.Equal(t, 201, took.status)
-		slow.release()
-		requireProblem(t, <-done, 409, "request-in-flight") // fenced out: its outcome is not recorded
-		requireReplay(t, took, s1.post(t, "k", `{}`))
-		ctx := context.Background()
-		n, err := biz.Count(ctx, "slow:k/1")
-		require.NoError(t, err)
-		require.Zero(t, n, "the fenced-out run's business writes rolled back")
-		n, err = biz.Count(ctx, "fast:k/1")
-		require.NoError(t, err)
-		require.Equal(t, 1, n, "the takeover's business writes committed with its completion")
-		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "global", Key: "k"})
-		require.NoError(t, err)
+		requireFencedOut(t, d, slow, &app{biz: biz, rowPrefix: "fast:"})
+		require.Zero(t, rows(t, biz, "slow:k/1"), "the fenced-out run's business writes rolled back")
+		require.Equal(t, 1, rows(t, biz, "fast:k/1"), "the takeover's business writes committed with its completion")
+		rec := record(t, d, "global", "k")
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 		require.Equal(t, 2, rec.Attempts)
 	})
@@ -403,18 +471,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		t.Parallel()
 		d := h.NewDriver(t)
 		slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1), status: func(int32) int { return 500 }}
-		later := &Clock{}
-		later.Advance(idem.DefaultLeaseDuration + time.Second)
-		s1 := newServer(t, d, idem.Config{}, slow)
-		s2 := newServer(t, Shift(d, later), idem.Config{}, &app{})
-		done := make(chan answer)
-		go func() { done <- s1.post(t, "k", `{}`) }()
-		<-slow.started
-		took := s2.post(t, "k", `{}`)
-		require.Equal(t, 201, took.status)
-		slow.release()
-		requireProblem(t, <-done, 409, "request-in-flight")
-		requireReplay(t, took, s1.post(t, "k", `{}`))
+		requireFencedOut(t, d, slow, &app{})
 	})
 
 	t.Run("LostLeaseCancelsHandler", func(t *testing.T) {
@@ -468,8 +525,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		s := newServer(t, d, idem.Config{}, a)
 		first := s.post(t, "k", `{}`)
 		require.Error(t, first.err, "net/http aborts the connection of a panicking handler")
-		rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "global", Key: "k"})
-		require.NoError(t, err)
+		rec := record(t, d, "global", "k")
 		require.Equal(t, idemdriver.StateFailed, rec.State)
 		retry := s.post(t, "k", `{}`)
 		require.Equal(t, 201, retry.status)
@@ -555,15 +611,10 @@ func runMiddleware(t *testing.T, h Harness) {
 		}}
 		s := newServer(t, d, idem.Config{}, a)
 		require.Equal(t, 503, s.post(t, "k", `{}`).status)
-		ctx := context.Background()
-		n, err := biz.Count(ctx, "k/1")
-		require.NoError(t, err)
-		require.Zero(t, n)
+		require.Zero(t, rows(t, biz, "k/1"))
 		first := s.post(t, "k", `{}`)
 		require.Equal(t, 201, first.status)
-		n, err = biz.Count(ctx, "k/2")
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
+		require.Equal(t, 1, rows(t, biz, "k/2"))
 		requireReplay(t, first, s.post(t, "k", `{}`))
 		require.EqualValues(t, 2, a.runs.Load())
 	})
@@ -577,16 +628,9 @@ func runMiddleware(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		var runs atomic.Int32
-		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, LeaseDuration: time.Second, MaxExecution: time.Second,
-			Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := newHandlerServer(t, d, idem.Config{LeaseDuration: time.Second, MaxExecution: time.Second}, func(w http.ResponseWriter, r *http.Request) {
 			run := runs.Add(1)
-			tx, err := idemdriver.TxFromContext(r.Context())
-			if err == nil {
-				err = biz.Insert(r.Context(), tx, fmt.Sprintf("slow/%d", run))
-			}
-			if err != nil {
+			if err := insertRow(r, biz, fmt.Sprintf("slow/%d", run)); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
@@ -594,21 +638,14 @@ func runMiddleware(t *testing.T, h Harness) {
 				<-r.Context().Done() // past MaxExecution; it answers 201 all the same
 			}
 			w.WriteHeader(http.StatusCreated)
-		})))
-		t.Cleanup(srv.Close)
-		s := &server{Server: srv, app: &app{}}
+		})
 		first := s.post(t, "k", `{}`)
 		require.Equal(t, http.StatusServiceUnavailable, first.status, "body: %s", first.body)
-		rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "global", Key: "k"})
-		require.NoError(t, err)
+		rec := record(t, d, "global", "k")
 		require.Equal(t, idemdriver.StateFailed, rec.State)
-		n, err := biz.Count(context.Background(), "slow/1")
-		require.NoError(t, err)
-		require.Zero(t, n, "its writes rolled back")
+		require.Zero(t, rows(t, biz, "slow/1"), "its writes rolled back")
 		require.Equal(t, http.StatusCreated, s.post(t, "k", `{}`).status, "the retry runs again")
-		n, err = biz.Count(context.Background(), "slow/2")
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
+		require.Equal(t, 1, rows(t, biz, "slow/2"))
 	})
 
 	// Regression: a handler that committed the claim's transaction itself got
@@ -619,9 +656,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		var runs atomic.Int32
-		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			tx, err := idemdriver.TxFromContext(r.Context())
 			if err == nil {
@@ -635,19 +670,11 @@ func runMiddleware(t *testing.T, h Harness) {
 				return
 			}
 			w.WriteHeader(http.StatusCreated)
-		})))
-		t.Cleanup(srv.Close)
-		s := &server{Server: srv}
+		})
 		first := s.post(t, "k", `{}`)
-		require.Equal(t, 201, first.status, "%s", first.body)
-		rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "global", Key: "k"})
-		require.NoError(t, err)
+		rec := record(t, d, "global", "k")
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
-		requireReplay(t, first, s.post(t, "k", `{}`))
-		n, err := biz.Count(context.Background(), "self-commit")
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
-		require.EqualValues(t, 1, runs.Load())
+		requireCommittedOnce(t, s, first, biz, "self-commit", runs.Load())
 	})
 
 	t.Run("ExpiredKeyIsNew", func(t *testing.T) {
@@ -674,14 +701,12 @@ func runMiddleware(t *testing.T, h Harness) {
 		t.Parallel()
 		clock := &Clock{}
 		secret := []byte("relay-secret")
-		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: Shift(h.NewDriver(t), clock), RelaySecret: secret})
-		require.NoError(t, err)
 		var (
 			mu      sync.Mutex
 			relayed []string
 			derived []string
 		)
-		srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := newHandlerServer(t, Shift(h.NewDriver(t), clock), idem.Config{RelaySecret: secret}, func(w http.ResponseWriter, r *http.Request) {
 			k, err := idem.RelayKey(r.Context(), "charge")
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -698,9 +723,7 @@ func runMiddleware(t *testing.T, h Harness) {
 				return
 			}
 			w.WriteHeader(http.StatusCreated)
-		})))
-		t.Cleanup(srv.Close)
-		s := &server{Server: srv, app: &app{}}
+		})
 		require.Equal(t, http.StatusBadGateway, s.post(t, "k", `{"amount":1}`).status)
 		require.Equal(t, http.StatusCreated, s.post(t, "k", `{"amount":1}`).status)
 		require.Equal(t, "true", s.post(t, "k", `{"amount":1}`).header.Get(idem.HeaderReplayed))
@@ -721,6 +744,9 @@ func runMiddleware(t *testing.T, h Harness) {
 		plain, held := &app{}, &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
 		t.Cleanup(held.release)
 		txApp := &app{biz: biz}
+		for _, a := range []*app{plain, held, txApp} {
+			t.Cleanup(func() { a.writes.check(t) })
+		}
 		serve := func(a *app, key, body string) *httptest.ResponseRecorder {
 			m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d})
 			require.NoError(t, err)
@@ -791,6 +817,7 @@ func runEdges(t *testing.T, h Harness) {
 			mu      sync.Mutex
 			relayed []string
 		)
+		writes := checkWrites(t)
 		s := newHandlerServer(t, h.NewDriver(t), idem.Config{LeaseDuration: time.Second, Retention: 2 * time.Second},
 			func(w http.ResponseWriter, r *http.Request) {
 				k, err := idem.RelayKey(r.Context(), "charge")
@@ -806,7 +833,7 @@ func runEdges(t *testing.T, h Harness) {
 					time.Sleep(3 * time.Second) // real time: the handler outlives the retention
 				}
 				w.WriteHeader(http.StatusCreated)
-				fmt.Fprintf(w, `{"run":%d}`, run)
+				writes.printf(w, `{"run":%d}`, run)
 			})
 		first := s.post(t, "k", `{}`)
 		require.NoError(t, first.err)
@@ -834,23 +861,19 @@ func runEdges(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		var runs, dupFailed atomic.Int32
+		writes := checkWrites(t)
 		s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
-			tx, err := idemdriver.TxFromContext(r.Context())
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
 			id := "dup/" + r.Header.Get("Idempotency-Key")
-			if err := biz.Insert(r.Context(), tx, id); err != nil {
+			if err := insertRow(r, biz, id); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
-			if err := biz.Insert(r.Context(), tx, id); err != nil { // a unique violation the handler handles
+			if err := insertRow(r, biz, id); err != nil { // a unique violation the handler handles
 				dupFailed.Add(1)
 				w.Header().Set("Content-Type", "application/json")
 				w.WriteHeader(http.StatusConflict)
-				fmt.Fprint(w, `{"error":"duplicate order"}`)
+				writes.printf(w, `{"error":"duplicate order"}`)
 				return
 			}
 			w.WriteHeader(http.StatusCreated)
@@ -892,28 +915,19 @@ func runEdges(t *testing.T, h Harness) {
 			}
 			w.WriteHeader(http.StatusCreated)
 		})
-		ctx := context.Background()
 		first := s.post(t, "k", `{}`)
 		require.NoError(t, first.err)
 		t.Logf("the failed statement aborted the transaction: %v", aborted.Load())
 		if aborted.Load() {
 			requireProblem(t, first, http.StatusInternalServerError, "transaction-aborted")
-			rec, err := d.Get(ctx, idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k"})
-			require.NoError(t, err)
+			rec := record(t, d, idem.SingleTenantScope, "k")
 			require.Equal(t, idemdriver.StateFailed, rec.State)
-			n, err := biz.Count(ctx, "ignored/1")
-			require.NoError(t, err)
-			require.Zero(t, n)
+			require.Zero(t, rows(t, biz, "ignored/1"))
 			requireProblem(t, s.post(t, "k", `{}`), http.StatusInternalServerError, "transaction-aborted")
 			require.EqualValues(t, 2, runs.Load(), "FAILED: the retry runs again")
 			return
 		}
-		require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
-		requireReplay(t, first, s.post(t, "k", `{}`))
-		n, err := biz.Count(ctx, "ignored/1")
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
-		require.EqualValues(t, 1, runs.Load())
+		requireCommittedOnce(t, s, first, biz, "ignored/1", runs.Load())
 	})
 
 	// Regression: Retry-After on 409 was the whole lease left (30 s by
@@ -953,12 +967,13 @@ func runEdges(t *testing.T, h Harness) {
 		t.Parallel()
 		var runs atomic.Int32
 		cfg := idem.Config{ReplayHeaders: append(idem.DefaultReplayHeaders(), "X-Checksum", "Grpc-Status")}
+		writes := checkWrites(t)
 		s := newHandlerServer(t, h.NewDriver(t), cfg, func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			w.Header().Set("Trailer", "X-Checksum, X-Private")
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusCreated)
-			fmt.Fprint(w, `{"id":"pay_1"}`)
+			writes.printf(w, `{"id":"pay_1"}`)
 			w.Header().Set("X-Checksum", "sha256:abc")
 			w.Header().Set("X-Private", "not replayed")
 			w.Header().Set(http.TrailerPrefix+"grpc-status", "0")
@@ -1017,14 +1032,11 @@ func runEdges(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		biz := h.Business(t, d)
 		var runs atomic.Int32
+		writes := checkWrites(t)
 		validating := func(release bool) http.HandlerFunc {
 			return func(w http.ResponseWriter, r *http.Request) {
 				run := runs.Add(1)
-				tx, err := idemdriver.TxFromContext(r.Context())
-				if err == nil {
-					err = biz.Insert(r.Context(), tx, fmt.Sprintf("%s/%d", r.Header.Get("Idempotency-Key"), run))
-				}
-				if err != nil {
+				if err := insertRow(r, biz, fmt.Sprintf("%s/%d", r.Header.Get("Idempotency-Key"), run)); err != nil {
 					http.Error(w, err.Error(), http.StatusInternalServerError)
 					return
 				}
@@ -1039,11 +1051,10 @@ func runEdges(t *testing.T, h Harness) {
 					return
 				}
 				w.WriteHeader(http.StatusCreated)
-				fmt.Fprintf(w, `{"run":%d}`, run)
+				writes.printf(w, `{"run":%d}`, run)
 			}
 		}
 		asText := func(r *http.Request) { r.Header.Set("Content-Type", "text/plain") }
-		ctx := context.Background()
 
 		// The default: the 415 is an outcome, replayed; the corrected
 		// request is another request for the key.
@@ -1060,11 +1071,8 @@ func runEdges(t *testing.T, h Harness) {
 		refused := released.post(t, "k", `{}`, asText)
 		require.Equal(t, http.StatusUnsupportedMediaType, refused.status)
 		require.Empty(t, refused.header.Get(idem.HeaderReplayed))
-		_, err := d.Get(ctx, idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k"})
-		require.ErrorIs(t, err, idemdriver.ErrNotFound, "the record is removed")
-		n, err := biz.Count(ctx, "k/1")
-		require.NoError(t, err)
-		require.Zero(t, n, "the released execution's writes rolled back")
+		requireGone(t, d, idem.SingleTenantScope, "k", "the record is removed")
+		require.Zero(t, rows(t, biz, "k/1"), "the released execution's writes rolled back")
 		corrected := released.post(t, "k", `{}`)
 		require.Equal(t, http.StatusCreated, corrected.status, "%s", corrected.body)
 		requireReplay(t, corrected, released.post(t, "k", `{}`))

@@ -40,51 +40,56 @@ func runOneCommit(t *testing.T, h Harness) {
 		require.Equal(t, res.Claimed, tx != nil, "a transaction comes back exactly when the claim is won")
 		return res, tx
 	}
+	// own claims "k" with ClaimTx, waiting up to 5 s, and checks that the
+	// claim won; msgAndArgs describe a failure.
+	own := func(t *testing.T, tc idemdriver.TxClaimer, msgAndArgs ...any) (idemdriver.ClaimResult, idemdriver.Tx) {
+		t.Helper()
+		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
+		require.True(t, res.Claimed, msgAndArgs...)
+		return res, tx
+	}
+	// requireLost claims p with ClaimTx and checks that the claim lost, with
+	// no transaction left open, answered as want from the record it lost to.
+	requireLost := func(t *testing.T, tc idemdriver.TxClaimer, p idemdriver.ClaimParams, want idemdriver.Decision) {
+		t.Helper()
+		res, tx := claimTx(t, tc, p, time.Second)
+		require.False(t, res.Claimed)
+		require.Nil(t, tx)
+		require.Equal(t, want, idemdriver.Decide(&res.Record, false, p))
+	}
 	completeCommit := func(t *testing.T, tx idemdriver.Tx, rec idemdriver.Record, body string) {
 		t.Helper()
-		ok, err := tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(rec), Response: okResponse(body)})
-		require.NoError(t, err)
-		require.True(t, ok)
+		require.True(t, complete(t, tx, fence(rec), okResponse(body)))
 		require.NoError(t, tx.Commit(ctx))
 	}
 
 	t.Run("InvisibleUntilCommit", func(t *testing.T) {
 		t.Parallel()
 		d, tc := claimer(t)
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
-		require.True(t, res.Claimed)
+		res, tx := own(t, tc)
 		require.Equal(t, idemdriver.StateProcessing, res.Record.State)
 		require.EqualValues(t, 1, res.Record.Attempts)
 		if !h.SingleWriter { // SQLite's readers see the last commit too; Get would not wait either way
-			_, err := get(ctx, d, "acct", "k")
-			require.ErrorIs(t, err, idemdriver.ErrNotFound, "the uncommitted claim is invisible")
+			requireGone(t, d, "acct", "k", "the uncommitted claim is invisible")
 		}
 		completeCommit(t, tx, res.Record, `{"id":1}`)
-		rec, err := get(ctx, d, "acct", "k")
-		require.NoError(t, err)
+		rec := record(t, d, "acct", "k")
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 		require.Equal(t, `{"id":1}`, string(rec.Response.Body))
 
 		// A replay is answered from the committed record, no transaction left open.
-		again, tx := claimTx(t, tc, params("acct", "k", "body"), time.Second)
-		require.False(t, again.Claimed)
-		require.Nil(t, tx)
-		require.Equal(t, idemdriver.DecisionReplay, idemdriver.Decide(&again.Record, false, params("acct", "k", "body")))
-		other, _ := claimTx(t, tc, params("acct", "k", "other body"), time.Second)
-		require.Equal(t, idemdriver.DecisionKeyReused, idemdriver.Decide(&other.Record, false, params("acct", "k", "other body")))
+		requireLost(t, tc, params("acct", "k", "body"), idemdriver.DecisionReplay)
+		requireLost(t, tc, params("acct", "k", "other body"), idemdriver.DecisionKeyReused)
 	})
 
 	t.Run("RollbackLeavesNothing", func(t *testing.T) {
 		t.Parallel()
 		d, tc := claimer(t)
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
-		require.True(t, res.Claimed)
+		_, tx := own(t, tc)
 		require.NoError(t, tx.Rollback(ctx))
-		_, err := get(ctx, d, "acct", "k")
-		require.ErrorIs(t, err, idemdriver.ErrNotFound, "no record, no lease to wait out")
+		requireGone(t, d, "acct", "k", "no record, no lease to wait out")
 		// The retry claims at once, as a new key.
-		again, err := d.Claim(ctx, params("acct", "k", "body"))
-		require.NoError(t, err)
+		again := claim(t, d, params("acct", "k", "body"))
 		require.True(t, again.Claimed)
 		require.EqualValues(t, 1, again.Record.FencingToken)
 	})
@@ -92,37 +97,27 @@ func runOneCommit(t *testing.T, h Harness) {
 	t.Run("RollbackRestoresFailed", func(t *testing.T) {
 		t.Parallel()
 		d, tc := claimer(t)
-		first, err := d.Claim(ctx, params("acct", "k", "body"))
-		require.NoError(t, err)
-		ok, err := d.Fail(ctx, fence(first.Record))
-		require.NoError(t, err)
-		require.True(t, ok)
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
-		require.True(t, res.Claimed, "a FAILED record is re-claimed")
+		first := claim(t, d, params("acct", "k", "body"))
+		require.True(t, wrote(t, d.Fail, fence(first.Record)))
+		res, tx := own(t, tc, "a FAILED record is re-claimed")
 		require.EqualValues(t, 2, res.Record.Attempts)
 		require.Equal(t, first.Record.CreatedAt, res.Record.CreatedAt, "the record's life continues")
 		require.NoError(t, tx.Rollback(ctx))
-		rec, err := get(ctx, d, "acct", "k")
-		require.NoError(t, err)
+		rec := record(t, d, "acct", "k")
 		require.Equal(t, idemdriver.StateFailed, rec.State, "the rollback restores the record as it was")
 	})
 
 	t.Run("LiveLeaseIsInFlight", func(t *testing.T) {
 		t.Parallel()
 		d, tc := claimer(t)
-		_, err := d.Claim(ctx, params("acct", "k", "body"))
-		require.NoError(t, err)
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), time.Second)
-		require.False(t, res.Claimed)
-		require.Nil(t, tx)
-		require.Equal(t, idemdriver.DecisionInFlight, idemdriver.Decide(&res.Record, false, params("acct", "k", "body")))
+		claim(t, d, params("acct", "k", "body"))
+		requireLost(t, tc, params("acct", "k", "body"), idemdriver.DecisionInFlight)
 	})
 
 	t.Run("DuplicateWaitsThenReplays", func(t *testing.T) {
 		t.Parallel()
 		_, tc := claimer(t)
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
-		require.True(t, res.Claimed)
+		res, tx := own(t, tc)
 		dup := make(chan claimTxResult, 1)
 		started := make(chan struct{})
 		go func() {
@@ -143,8 +138,7 @@ func runOneCommit(t *testing.T, h Harness) {
 	t.Run("DuplicateClaimsAfterRollback", func(t *testing.T) {
 		t.Parallel()
 		d, tc := claimer(t)
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
-		require.True(t, res.Claimed)
+		_, tx := own(t, tc)
 		dup := make(chan claimTxResult, 1)
 		go func() {
 			r, tx, err := tc.ClaimTx(ctx, params("acct", "k", "body"), 20*time.Second)
@@ -155,8 +149,7 @@ func runOneCommit(t *testing.T, h Harness) {
 		require.NoError(t, got.err)
 		require.True(t, got.res.Claimed, "the owner rolled back: the duplicate (or the retry) claims at once")
 		completeCommit(t, got.tx, got.res.Record, `{"id":2}`)
-		rec, err := get(ctx, d, "acct", "k")
-		require.NoError(t, err)
+		rec := record(t, d, "acct", "k")
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 	})
 
@@ -166,8 +159,7 @@ func runOneCommit(t *testing.T, h Harness) {
 			t.Skip("a single writer's ClaimTx waits for the database's write lock (its busy timeout), not a per-key bound")
 		}
 		_, tc := claimer(t)
-		res, tx := claimTx(t, tc, params("acct", "k", "body"), 5*time.Second)
-		require.True(t, res.Claimed)
+		res, tx := own(t, tc)
 		t.Cleanup(func() { _ = tx.Rollback(ctx) })
 		_, dupTx, err := tc.ClaimTx(ctx, params("acct", "k", "body"), 300*time.Millisecond)
 		require.ErrorIs(t, err, idemdriver.ErrLockWait)
@@ -209,9 +201,7 @@ func runOneCommit(t *testing.T, h Harness) {
 			}
 		}
 		require.EqualValues(t, 1, a.runs.Load(), "exactly one handler run")
-		n, err := biz.Count(ctx, "oc:k/1")
-		require.NoError(t, err)
-		require.Equal(t, 1, n, "exactly one business row")
+		require.Equal(t, 1, rows(t, biz, "oc:k/1"), "exactly one business row")
 		require.Equal(t, racers, counts[201]+counts[409], "answers: %v", counts)
 		require.Equal(t, counts[201]-1, replays, "every 201 but the owner's is a replay")
 	})
@@ -263,6 +253,7 @@ func runOneCommit(t *testing.T, h Harness) {
 			}
 			return http.StatusCreated
 		}}
+		t.Cleanup(func() { a.writes.check(t) })
 		cfg := idem.Config{OneCommit: true, Scope: idem.SingleTenant, Store: d}
 		m, err := idem.New(cfg)
 		require.NoError(t, err)
@@ -277,17 +268,13 @@ func runOneCommit(t *testing.T, h Harness) {
 			return rec
 		}
 		require.Equal(t, 503, serve().Code)
-		_, err = get(ctx, d, idem.SingleTenantScope, "k")
-		require.ErrorIs(t, err, idemdriver.ErrNotFound, "a 5xx rolls the claim back: nothing left")
+		requireGone(t, d, idem.SingleTenantScope, "k", "a 5xx rolls the claim back: nothing left")
 		serve() // run 2 panics
-		_, err = get(ctx, d, idem.SingleTenantScope, "k")
-		require.ErrorIs(t, err, idemdriver.ErrNotFound, "a panic rolls the claim back: nothing left")
+		requireGone(t, d, idem.SingleTenantScope, "k", "a panic rolls the claim back: nothing left")
 		require.Equal(t, 201, serve().Code, "the retry runs at once")
 		require.EqualValues(t, 3, a.runs.Load())
 		for run, want := range map[string]int{"fp:k/1": 0, "fp:k/2": 0, "fp:k/3": 1} {
-			n, err := biz.Count(ctx, run)
-			require.NoError(t, err)
-			require.Equal(t, want, n, "business rows of %s", run)
+			require.Equal(t, want, rows(t, biz, run), "business rows of %s", run)
 		}
 		again := serve()
 		require.Equal(t, 201, again.Code)
@@ -305,8 +292,7 @@ func runOneCommit(t *testing.T, h Harness) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		})
 		require.Equal(t, 503, durable.post(t, "k", `{"a":1}`).status)
-		rec, err := get(ctx, d, idem.SingleTenantScope, "k")
-		require.NoError(t, err)
+		rec := record(t, d, idem.SingleTenantScope, "k")
 		require.Equal(t, idemdriver.StateFailed, rec.State)
 		// ...which the same request re-claims in the one-commit mode and
 		// releases (a validation failure): the rollback restores the FAILED
@@ -324,8 +310,7 @@ func runOneCommit(t *testing.T, h Harness) {
 			w.WriteHeader(http.StatusCreated)
 		})
 		require.Equal(t, 400, s.post(t, "k", `{"a":1}`).status)
-		_, err = get(ctx, d, idem.SingleTenantScope, "k")
-		require.ErrorIs(t, err, idemdriver.ErrNotFound, "the released key has no record")
+		requireGone(t, d, idem.SingleTenantScope, "k", "the released key has no record")
 		release = false
 		require.Equal(t, 201, s.post(t, "k", `{"a":2}`).status, "a corrected request runs as new, not 422")
 	})
@@ -345,8 +330,10 @@ func runOneCommit(t *testing.T, h Harness) {
 		req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{}`))
 		req.Header.Set("Idempotency-Key", "k")
 		rec := httptest.NewRecorder()
+		a := &app{biz: biz}
+		t.Cleanup(func() { a.writes.check(t) })
 		before := count()
-		m.Handler(&app{biz: biz}).ServeHTTP(rec, req)
+		m.Handler(a).ServeHTTP(rec, req)
 		require.Equal(t, 201, rec.Code, rec.Body.String())
 		require.EqualValues(t, want, count()-before-1, "statements for a one-commit first execution (one business write not counted)")
 	})

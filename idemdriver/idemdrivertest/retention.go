@@ -2,12 +2,11 @@ package idemdrivertest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,12 +15,14 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/racetest"
 )
 
 // need returns d as T when it implements it. Otherwise the case fails when
 // the harness declared the capability (required), and is skipped when not.
-func need[T any](t *testing.T, d idemdriver.Driver, required bool, what string) T {
+func need[T any](t *testing.T, d idemdriver.Driver, required bool) T {
 	t.Helper()
+	what := reflect.TypeFor[T]().String()
 	v, ok := d.(T)
 	if !ok {
 		if required {
@@ -32,12 +33,19 @@ func need[T any](t *testing.T, d idemdriver.Driver, required bool, what string) 
 	return v
 }
 
+// newWith returns a fresh driver of h, and the driver as T (see need; T is
+// required when h declares Maintenance).
+func newWith[T any](t *testing.T, h Harness) (idemdriver.Driver, T) {
+	t.Helper()
+	d := h.NewDriver(t)
+	return d, need[T](t, d, h.Maintenance)
+}
+
 // at claims p with the database clock moved by offset.
 func at(t *testing.T, d idemdriver.Driver, offset time.Duration, p idemdriver.ClaimParams) idemdriver.Record {
 	t.Helper()
 	p.ClockOffset = offset
-	res, err := d.Claim(context.Background(), p)
-	require.NoError(t, err)
+	res := claim(t, d, p)
 	require.True(t, res.Claimed, "claim %s/%s at %s", p.Scope, p.Key, offset)
 	return res.Record
 }
@@ -46,9 +54,7 @@ func completeAt(t *testing.T, d idemdriver.Driver, offset time.Duration, rec ide
 	t.Helper()
 	f := fence(rec)
 	f.ClockOffset = offset
-	ok, err := d.Complete(context.Background(), idemdriver.CompleteParams{FenceParams: f, Response: okResponse(`{"ok":true}`)})
-	require.NoError(t, err)
-	require.True(t, ok)
+	require.True(t, complete(t, d, f, okResponse(`{"ok":true}`)))
 }
 
 func runRetention(t *testing.T, h Harness) {
@@ -64,11 +70,12 @@ func runRetention(t *testing.T, h Harness) {
 		long, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: store}) // 24 h
 		require.NoError(t, err)
 		runs := map[string]*atomic.Int32{"/short": {}, "/long": {}}
+		writes := checkWrites(t)
 		handler := func(path string) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				n := runs[path].Add(1)
 				w.WriteHeader(http.StatusCreated)
-				fmt.Fprintf(w, `{"run":%d}`, n)
+				writes.printf(w, `{"run":%d}`, n)
 			})
 		}
 		mux := http.NewServeMux()
@@ -84,12 +91,9 @@ func runRetention(t *testing.T, h Harness) {
 		}
 		require.Equal(t, 201, post("/short", "k-short").Code)
 		require.Equal(t, 201, post("/long", "k-long").Code)
-		ctx := context.Background()
-		rs, err := d.Get(ctx, idemdriver.GetParams{Scope: "global", Key: "k-short"})
-		require.NoError(t, err)
+		rs := record(t, d, "global", "k-short")
 		require.Equal(t, time.Hour, rs.ExpiresAt.Sub(rs.CreatedAt))
-		rl, err := d.Get(ctx, idemdriver.GetParams{Scope: "global", Key: "k-long"})
-		require.NoError(t, err)
+		rl := record(t, d, "global", "k-long")
 		require.Equal(t, 24*time.Hour, rl.ExpiresAt.Sub(rl.CreatedAt))
 
 		clock.Advance(2 * time.Hour)
@@ -120,37 +124,17 @@ func runRetention(t *testing.T, h Harness) {
 		midnight := probe.CreatedAt.UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
 		offsetTo := func(target time.Time) time.Duration { return target.Sub(estimate()) }
 
-		var (
-			wg      sync.WaitGroup
-			mu      sync.Mutex
-			results []idemdriver.ClaimResult
-			errs    []error
-			start   = make(chan struct{})
-		)
-		for i := 0; i < racers; i++ {
+		// Even claimants see 23:59:59.999, odd ones 00:00:00.001.
+		results, err := racetest.Race(racers, func(i int) (idemdriver.ClaimResult, error) {
 			target := midnight.Add(-time.Millisecond)
 			if i%2 == 1 {
 				target = midnight.Add(time.Millisecond)
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				p := params("acct", "midnight", "b")
-				p.ClockOffset = offsetTo(target)
-				res, err := d.Claim(ctx, p)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					errs = append(errs, err)
-					return
-				}
-				results = append(results, res)
-			}()
-		}
-		close(start)
-		wg.Wait()
-		require.NoError(t, errors.Join(errs...))
+			p := params("acct", "midnight", "b")
+			p.ClockOffset = offsetTo(target)
+			return d.Claim(ctx, p)
+		})
+		require.NoError(t, err)
 		winners := 0
 		var won idemdriver.Record
 		for _, r := range results {
@@ -175,8 +159,7 @@ func runRetention(t *testing.T, h Harness) {
 				p := params("acct", fmt.Sprintf("%s-%s", key, margin), body)
 				p.LeaseDuration = lease
 				p.ClockOffset = offsetTo(midnight.Add(-margin))
-				res, err := d.Claim(ctx, p)
-				require.NoError(t, err)
+				res := claim(t, d, p)
 				require.True(t, res.Claimed)
 				if res.Record.CreatedAt.Before(midnight) {
 					return res.Record
@@ -188,16 +171,13 @@ func runRetention(t *testing.T, h Harness) {
 		afterMidnight := func(rec idemdriver.Record, body string) idemdriver.ClaimResult {
 			p := params("acct", rec.Key, body)
 			p.ClockOffset = offsetTo(midnight.Add(time.Millisecond)) // at or after 00:00:00.001
-			res, err := d.Claim(ctx, p)
-			require.NoError(t, err)
+			res := claim(t, d, p)
 			return res
 		}
 		done := beforeMidnight("replay", "b", lease)
 		f := fence(done)
 		f.ClockOffset = offsetTo(midnight.Add(-time.Millisecond / 2))
-		ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: f, Response: okResponse(`{"id":"pay_1"}`)})
-		require.NoError(t, err)
-		require.True(t, ok)
+		require.True(t, complete(t, d, f, okResponse(`{"id":"pay_1"}`)))
 		replay := afterMidnight(done, "b")
 		require.False(t, replay.Claimed)
 		require.Equal(t, idemdriver.StateSucceeded, replay.Record.State)
@@ -215,16 +195,14 @@ func runRetention(t *testing.T, h Harness) {
 		require.Equal(t, fingerprint("b"), other.Record.Fingerprint)
 
 		for _, rec := range []idemdriver.Record{done, busy, reused} {
-			got, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: rec.Key})
-			require.NoError(t, err)
+			got := record(t, d, "acct", rec.Key)
 			require.Equal(t, rec.FencingToken, got.FencingToken, "one record per key across midnight")
 		}
 	})
 
 	t.Run("Purge", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		purger := need[idemdriver.Purger](t, d, h.Maintenance, "idemdriver.Purger")
+		d, purger := newWith[idemdriver.Purger](t, h)
 		ctx := context.Background()
 		keys := seedRetention(t, d)
 
@@ -241,8 +219,7 @@ func runRetention(t *testing.T, h Harness) {
 		n, err := purger.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 10, OlderThan: 150 * time.Minute})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n)
-		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.expired3h})
-		require.ErrorIs(t, err, idemdriver.ErrNotFound)
+		requireGone(t, d, "acct", keys.expired3h)
 
 		var batches []int64
 		for {
@@ -255,21 +232,17 @@ func runRetention(t *testing.T, h Harness) {
 		}
 		require.Equal(t, []int64{2, 1}, batches, "bounded batches")
 		for _, k := range []string{keys.expiredSucceeded, keys.expiredFailed, keys.expiredStale} {
-			_, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: k})
-			require.ErrorIs(t, err, idemdriver.ErrNotFound, k)
+			requireGone(t, d, "acct", k, k)
 		}
-		live, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.expiredLive})
-		require.NoError(t, err, "a PROCESSING record under a live lease is never purged")
+		live := record(t, d, "acct", keys.expiredLive, "a PROCESSING record under a live lease is never purged")
 		require.Equal(t, idemdriver.StateProcessing, live.State)
-		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.fresh})
-		require.NoError(t, err)
+		record(t, d, "acct", keys.fresh)
 
 		// The database clock decides: 2 h later the live lease has ended.
 		n, err = purger.PurgeExpired(ctx, idemdriver.PurgeParams{Limit: 10, ClockOffset: 2 * time.Hour})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n)
-		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.expiredLive})
-		require.ErrorIs(t, err, idemdriver.ErrNotFound)
+		requireGone(t, d, "acct", keys.expiredLive)
 		require.Zero(t, count(0, 0))
 		require.EqualValues(t, 1, count(0, 25*time.Hour), "the fresh record expires after its retention")
 
@@ -285,8 +258,7 @@ func runRetention(t *testing.T, h Harness) {
 	// the new request's record, which then replayed the wrong response.
 	t.Run("FencedAcrossPurge", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		purger := need[idemdriver.Purger](t, d, h.Maintenance, "idemdriver.Purger")
+		d, purger := newWith[idemdriver.Purger](t, h)
 		ctx := context.Background()
 		if p, ok := d.(idemdriver.Partitioner); ok && p.Partitioned() {
 			_, err := p.EnsurePartitions(ctx, idemdriver.PartitionParams{DaysAhead: 3, ClockOffset: -2 * 24 * time.Hour})
@@ -300,17 +272,10 @@ func runRetention(t *testing.T, h Harness) {
 		require.Equal(t, stale.FencingToken, fresh.FencingToken, "a purged key starts its tokens again")
 
 		f := fence(stale)
-		ok, err := d.Heartbeat(ctx, f)
-		require.NoError(t, err)
-		require.False(t, ok, "the stale owner's heartbeat")
-		ok, err = d.Complete(ctx, idemdriver.CompleteParams{FenceParams: f, Response: okResponse(`{"from":"stale"}`)})
-		require.NoError(t, err)
-		require.False(t, ok, "the stale owner's completion")
-		ok, err = d.Fail(ctx, f)
-		require.NoError(t, err)
-		require.False(t, ok, "the stale owner's failure")
-		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
-		require.NoError(t, err)
+		require.False(t, wrote(t, d.Heartbeat, f), "the stale owner's heartbeat")
+		require.False(t, complete(t, d, f, okResponse(`{"from":"stale"}`)), "the stale owner's completion")
+		require.False(t, wrote(t, d.Fail, f), "the stale owner's failure")
+		rec := record(t, d, "acct", "k")
 		require.Equal(t, idemdriver.StateProcessing, rec.State)
 		require.Equal(t, fingerprint("second"), rec.Fingerprint)
 		completeAt(t, d, 0, fresh)
@@ -318,16 +283,14 @@ func runRetention(t *testing.T, h Harness) {
 
 	t.Run("Inspector", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		insp := need[idemdriver.Inspector](t, d, h.Maintenance, "idemdriver.Inspector")
+		d, insp := newWith[idemdriver.Inspector](t, h)
 		ctx := context.Background()
 		keys := seedRetention(t, d)
 		at(t, d, 0, params("other", "k", "b"))
 
 		now, err := insp.Now(ctx, 0)
 		require.NoError(t, err)
-		fresh, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: keys.fresh})
-		require.NoError(t, err)
+		fresh := record(t, d, "acct", keys.fresh)
 		require.WithinDuration(t, fresh.CreatedAt, now, 10*time.Second, "the database's clock")
 		later, err := insp.Now(ctx, time.Hour)
 		require.NoError(t, err)
@@ -362,8 +325,7 @@ func runRetention(t *testing.T, h Harness) {
 
 	t.Run("Migrator", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		mig := need[idemdriver.Migrator](t, d, h.Maintenance, "idemdriver.Migrator")
+		_, mig := newWith[idemdriver.Migrator](t, h)
 		list, err := mig.MigrationStatus(context.Background())
 		require.NoError(t, err)
 		require.NotEmpty(t, list)
@@ -379,11 +341,10 @@ func runRetention(t *testing.T, h Harness) {
 
 	t.Run("MaintenanceLock", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		locker := need[idemdriver.MaintenanceLocker](t, d, h.Maintenance, "idemdriver.MaintenanceLocker")
+		d, locker := newWith[idemdriver.MaintenanceLocker](t, h)
 		require.NotNil(t, h.SecondDriver, "Harness.SecondDriver is required for the maintenance cases")
 		d2 := h.SecondDriver(t, d)
-		locker2 := need[idemdriver.MaintenanceLocker](t, d2, true, "idemdriver.MaintenanceLocker")
+		locker2 := need[idemdriver.MaintenanceLocker](t, d2, true)
 		ctx := context.Background()
 		seedRetention(t, d)
 		lp := idemdriver.LockParams{Holder: "test", TTL: time.Minute}
@@ -429,11 +390,10 @@ func runRetention(t *testing.T, h Harness) {
 	// nothing, until it takes the lock again (with a greater token still).
 	t.Run("StaleLeaseTakeover", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		locker := need[idemdriver.MaintenanceLocker](t, d, h.Maintenance, "idemdriver.MaintenanceLocker")
+		d, locker := newWith[idemdriver.MaintenanceLocker](t, h)
 		require.NotNil(t, h.SecondDriver, "Harness.SecondDriver is required for the maintenance cases")
-		locker2 := need[idemdriver.MaintenanceLocker](t, h.SecondDriver(t, d), true, "idemdriver.MaintenanceLocker")
-		purger := need[idemdriver.Purger](t, d, true, "idemdriver.Purger")
+		locker2 := need[idemdriver.MaintenanceLocker](t, h.SecondDriver(t, d), true)
+		purger := need[idemdriver.Purger](t, d, true)
 		ctx := context.Background()
 		seedRetention(t, d)
 		stale, err := locker.TryLockMaintenance(ctx, idemdriver.LockParams{Holder: "stale", TTL: time.Minute})
@@ -472,8 +432,7 @@ func runRetention(t *testing.T, h Harness) {
 	// work never overlaps, and when the leader stops the other takes over.
 	t.Run("TwoMaintainers", func(t *testing.T) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		need[idemdriver.MaintenanceLocker](t, d, h.Maintenance, "idemdriver.MaintenanceLocker")
+		d, _ := newWith[idemdriver.MaintenanceLocker](t, h)
 		require.NotNil(t, h.SecondDriver, "Harness.SecondDriver is required for the maintenance cases")
 		_, partitioned := d.(idemdriver.Partitioner)
 		partitioned = partitioned && d.(idemdriver.Partitioner).Partitioned()
@@ -533,7 +492,7 @@ func runRetention(t *testing.T, h Harness) {
 			}
 			t.Skip("not a partitioned store")
 		}
-		limiter := need[idemdriver.RetentionLimiter](t, d, true, "idemdriver.RetentionLimiter")
+		limiter := need[idemdriver.RetentionLimiter](t, d, true)
 		_, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, Retention: limiter.MaxRetention() + time.Hour})
 		require.Error(t, err, "a Retention past the partitions ahead is refused up front")
 		ctx := context.Background()
@@ -582,12 +541,9 @@ func runRetention(t *testing.T, h Harness) {
 		dropped, err := parts.DropPartitions(ctx, idemdriver.PartitionParams{ClockOffset: 6*day + time.Hour})
 		require.NoError(t, err)
 		require.Equal(t, names(dry), names(dropped))
-		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "done"})
-		require.ErrorIs(t, err, idemdriver.ErrNotFound, "dropped with its partition")
-		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "live"})
-		require.ErrorIs(t, err, idemdriver.ErrNotFound)
-		got, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "live-lease"})
-		require.NoError(t, err, "a partition holding a live lease is not dropped")
+		requireGone(t, d, "acct", "done", "dropped with its partition")
+		requireGone(t, d, "acct", "live")
+		got := record(t, d, "acct", "live-lease", "a partition holding a live lease is not dropped")
 		require.Equal(t, liveRec.FencingToken, got.FencingToken)
 
 		// Past the lease, it goes too; OlderThan holds partitions back.
@@ -597,8 +553,7 @@ func runRetention(t *testing.T, h Harness) {
 		dropped, err = parts.DropPartitions(ctx, idemdriver.PartitionParams{ClockOffset: 8 * day})
 		require.NoError(t, err)
 		require.NotEmpty(t, dropped)
-		_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "live-lease"})
-		require.ErrorIs(t, err, idemdriver.ErrNotFound)
+		requireGone(t, d, "acct", "live-lease")
 	})
 }
 
@@ -631,9 +586,7 @@ func seedRetention(t *testing.T, d idemdriver.Driver) retentionKeys {
 	failed := at(t, d, -26*time.Hour, params("acct", k.expiredFailed, "b"))
 	f := fence(failed)
 	f.ClockOffset = -26 * time.Hour
-	ok, err := d.Fail(context.Background(), f)
-	require.NoError(t, err)
-	require.True(t, ok)
+	require.True(t, wrote(t, d.Fail, f))
 	at(t, d, -25*time.Hour, params("acct", k.expiredStale, "b"))
 	live := params("acct", k.expiredLive, "b")
 	live.LeaseDuration = 26 * time.Hour

@@ -14,14 +14,13 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/racetest"
 )
 
 // Harness tells the suite how to make databases for one driver.
@@ -110,6 +109,64 @@ func okResponse(body string) idemdriver.Response {
 		Body: []byte(body), BodyStored: true, BodySize: int64(len(body))}
 }
 
+// The calls below fail t when the store returns an error, and return what it
+// answered: a case asserts the answer (a claim won or lost, a fenced write
+// that took effect or was refused).
+
+// claim claims p on d.
+func claim(t *testing.T, d idemdriver.Driver, p idemdriver.ClaimParams) idemdriver.ClaimResult {
+	t.Helper()
+	res, err := d.Claim(context.Background(), p)
+	require.NoError(t, err, "claim %s/%s", p.Scope, p.Key)
+	return res
+}
+
+// record reads (scope, key) on d; msgAndArgs describe a failure.
+func record(t *testing.T, d idemdriver.Driver, scope, key string, msgAndArgs ...any) idemdriver.Record {
+	t.Helper()
+	rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: scope, Key: key})
+	require.NoError(t, err, msgAndArgs...)
+	return rec
+}
+
+// requireGone checks that d has no record of (scope, key): Get answers
+// idemdriver.ErrNotFound.
+func requireGone(t *testing.T, d idemdriver.Driver, scope, key string, msgAndArgs ...any) {
+	t.Helper()
+	_, err := d.Get(context.Background(), idemdriver.GetParams{Scope: scope, Key: key})
+	require.ErrorIs(t, err, idemdriver.ErrNotFound, msgAndArgs...)
+}
+
+// rows counts biz's committed rows with id.
+func rows(t *testing.T, biz Business, id string) int {
+	t.Helper()
+	n, err := biz.Count(context.Background(), id)
+	require.NoError(t, err, "count the business rows %s", id)
+	return n
+}
+
+// completer is a Driver or a Tx: what completes an execution.
+type completer interface {
+	Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error)
+}
+
+// complete records resp as f's outcome on c, and reports whether the fence held.
+func complete(t *testing.T, c completer, f idemdriver.FenceParams, resp idemdriver.Response) bool {
+	t.Helper()
+	ok, err := c.Complete(context.Background(), idemdriver.CompleteParams{FenceParams: f, Response: resp})
+	require.NoError(t, err, "complete %s/%s", f.Scope, f.Key)
+	return ok
+}
+
+// wrote calls write, a fenced write bound to its driver (Heartbeat, Fail or
+// Release), with f, and reports whether the fence held.
+func wrote(t *testing.T, write func(context.Context, idemdriver.FenceParams) (bool, error), f idemdriver.FenceParams) bool {
+	t.Helper()
+	ok, err := write(context.Background(), f)
+	require.NoError(t, err, "fenced write on %s/%s", f.Scope, f.Key)
+	return ok
+}
+
 // setup brings (scope, key) into a state: "none", "PROCESSING" (live lease),
 // "EXPIRED_LEASE", "SUCCEEDED", "FAILED", "EXPIRED" (SUCCEEDED, past
 // retention), and past retention while unfinished: "EXPIRED_FAILED",
@@ -119,7 +176,6 @@ func okResponse(body string) idemdriver.Response {
 // the stored record.
 func setup(t *testing.T, d idemdriver.Driver, state string, p idemdriver.ClaimParams) (*ShiftedDriver, idemdriver.Record) {
 	t.Helper()
-	ctx := context.Background()
 	clock := &Clock{}
 	sd := Shift(d, clock)
 	if state == "none" {
@@ -128,8 +184,7 @@ func setup(t *testing.T, d idemdriver.Driver, state string, p idemdriver.ClaimPa
 	if state == "EXPIRED_LIVE" {
 		p.Retention = lease / 2
 	}
-	res, err := sd.Claim(ctx, p)
-	require.NoError(t, err)
+	res := claim(t, sd, p)
 	require.True(t, res.Claimed)
 	switch state {
 	case "PROCESSING":
@@ -140,22 +195,14 @@ func setup(t *testing.T, d idemdriver.Driver, state string, p idemdriver.ClaimPa
 	case "EXPIRED_DEAD":
 		clock.Advance(retention + time.Second)
 	case "EXPIRED_FAILED":
-		ok, err := sd.Fail(ctx, fence(res.Record))
-		require.NoError(t, err)
-		require.True(t, ok)
+		require.True(t, wrote(t, sd.Fail, fence(res.Record)))
 		clock.Advance(retention + time.Second)
 	case "SUCCEEDED":
-		ok, err := sd.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse(`{"id":"pay_1"}`)})
-		require.NoError(t, err)
-		require.True(t, ok)
+		require.True(t, complete(t, sd, fence(res.Record), okResponse(`{"id":"pay_1"}`)))
 	case "FAILED":
-		ok, err := sd.Fail(ctx, fence(res.Record))
-		require.NoError(t, err)
-		require.True(t, ok)
+		require.True(t, wrote(t, sd.Fail, fence(res.Record)))
 	case "EXPIRED":
-		ok, err := sd.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse(`{"id":"pay_1"}`)})
-		require.NoError(t, err)
-		require.True(t, ok)
+		require.True(t, complete(t, sd, fence(res.Record), okResponse(`{"id":"pay_1"}`)))
 		clock.Advance(retention + time.Second)
 	default:
 		t.Fatalf("unknown state %q", state)
@@ -167,8 +214,7 @@ func runDriver(t *testing.T, h Harness) {
 	t.Run("ClaimNew", func(t *testing.T) {
 		t.Parallel()
 		d := h.NewDriver(t)
-		res, err := d.Claim(context.Background(), params("acct_1", "k1", "a"))
-		require.NoError(t, err)
+		res := claim(t, d, params("acct_1", "k1", "a"))
 		require.True(t, res.Claimed)
 		rec := res.Record
 		require.Equal(t, idemdriver.StateProcessing, rec.State)
@@ -185,11 +231,9 @@ func runDriver(t *testing.T, h Harness) {
 		require.WithinDuration(t, rec.CreatedAt.Add(retention), rec.ExpiresAt, time.Millisecond)
 		require.WithinDuration(t, rec.CreatedAt.Add(lease), *rec.LockedUntil, time.Millisecond)
 
-		got, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "acct_1", Key: "k1"})
-		require.NoError(t, err)
+		got := record(t, d, "acct_1", "k1")
 		require.Equal(t, rec.FencingToken, got.FencingToken)
-		_, err = d.Get(context.Background(), idemdriver.GetParams{Scope: "acct_1", Key: "nope"})
-		require.ErrorIs(t, err, idemdriver.ErrNotFound)
+		requireGone(t, d, "acct_1", "nope")
 	})
 
 	t.Run("MigrateTwice", func(t *testing.T) {
@@ -250,7 +294,6 @@ func runDriver(t *testing.T, h Harness) {
 		d := h.NewDriver(t)
 		for i, tc := range cases {
 			t.Run(fmt.Sprintf("%s/other=%s", tc.state, tc.other), func(t *testing.T) {
-				ctx := context.Background()
 				key := fmt.Sprintf("dt-%d", i)
 				sd, before := setup(t, d, tc.state, params("acct", key, "body"))
 				p := params("acct", key, "body")
@@ -265,16 +308,14 @@ func runDriver(t *testing.T, h Harness) {
 				// The rule: Decide on the record as the claim will read it.
 				var read *idemdriver.Record
 				if tc.state != "none" {
-					rec, err := sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: key})
-					require.NoError(t, err)
+					rec := record(t, sd, "acct", key)
 					read = &rec
 				}
 				expired := tc.state == "EXPIRED" || tc.state == "EXPIRED_FAILED" || tc.state == "EXPIRED_DEAD" || tc.state == "EXPIRED_LIVE"
 				require.Equal(t, tc.want, idemdriver.Decide(read, expired, p), "Decide names the row")
 				require.Equal(t, tc.wantClaimed, tc.want.Claims())
 
-				res, err := sd.Claim(ctx, p)
-				require.NoError(t, err)
+				res := claim(t, sd, p)
 				requireDecision(t, tc.want, read, res, p)
 				require.Equal(t, tc.wantClaimed, res.Claimed)
 				require.Equal(t, tc.want == idemdriver.DecisionTakeOver, res.TookOver, "TookOver says a takeover, and only a takeover")
@@ -332,18 +373,15 @@ func runDriver(t *testing.T, h Harness) {
 	t.Run("MethodOrPathDiffers", func(t *testing.T) {
 		t.Parallel()
 		d := h.NewDriver(t)
-		ctx := context.Background()
 		sd, before := setup(t, d, "FAILED", params("acct", "k", "body"))
 		p := params("acct", "k", "body")
 		p.Path = "/v1/refunds"
-		res, err := sd.Claim(ctx, p)
-		require.NoError(t, err)
+		res := claim(t, sd, p)
 		require.False(t, res.Claimed)
 		require.Equal(t, "/v1/payments", res.Record.Path)
 		p = params("acct", "k", "body")
 		p.Method = "PATCH"
-		res, err = sd.Claim(ctx, p)
-		require.NoError(t, err)
+		res = claim(t, sd, p)
 		require.False(t, res.Claimed)
 		require.Equal(t, before.FencingToken, res.Record.FencingToken)
 	})
@@ -351,20 +389,15 @@ func runDriver(t *testing.T, h Harness) {
 	t.Run("ReplayByteExact", func(t *testing.T) {
 		t.Parallel()
 		d := h.NewDriver(t)
-		ctx := context.Background()
-		res, err := d.Claim(ctx, params("acct", "bin", "b"))
-		require.NoError(t, err)
+		res := claim(t, d, params("acct", "bin", "b"))
 		body := make([]byte, 0, 512)
 		for i := 0; i < 512; i++ {
 			body = append(body, byte(i))
 		}
 		resp := idemdriver.Response{Status: 202, Body: body, BodyStored: true, BodySize: int64(len(body)),
 			Header: map[string][]string{"Content-Type": {"application/octet-stream"}, "Link": {"<a>; rel=x", "<b>; rel=y"}}}
-		ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: resp})
-		require.NoError(t, err)
-		require.True(t, ok)
-		again, err := d.Claim(ctx, params("acct", "bin", "b"))
-		require.NoError(t, err)
+		require.True(t, complete(t, d, fence(res.Record), resp))
+		again := claim(t, d, params("acct", "bin", "b"))
 		require.False(t, again.Claimed)
 		require.Equal(t, idemdriver.StateSucceeded, again.Record.State)
 		require.Equal(t, resp.Status, again.Record.Response.Status)
@@ -374,26 +407,16 @@ func runDriver(t *testing.T, h Harness) {
 		require.Zero(t, again.Record.LeaseLeft)
 
 		// An empty body and a body that was not stored.
-		res, err = d.Claim(ctx, params("acct", "empty", "b"))
-		require.NoError(t, err)
-		ok, err = d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record),
-			Response: idemdriver.Response{Status: 204, BodyStored: true}})
-		require.NoError(t, err)
-		require.True(t, ok)
-		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "empty"})
-		require.NoError(t, err)
+		res = claim(t, d, params("acct", "empty", "b"))
+		require.True(t, complete(t, d, fence(res.Record), idemdriver.Response{Status: 204, BodyStored: true}))
+		rec := record(t, d, "acct", "empty")
 		require.Equal(t, 204, rec.Response.Status)
 		require.Empty(t, rec.Response.Body)
 		require.True(t, rec.Response.BodyStored)
 
-		res, err = d.Claim(ctx, params("acct", "big", "b"))
-		require.NoError(t, err)
-		ok, err = d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record),
-			Response: idemdriver.Response{Status: 201, BodyStored: false, BodySize: 5 << 20}})
-		require.NoError(t, err)
-		require.True(t, ok)
-		rec, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "big"})
-		require.NoError(t, err)
+		res = claim(t, d, params("acct", "big", "b"))
+		require.True(t, complete(t, d, fence(res.Record), idemdriver.Response{Status: 201, BodyStored: false, BodySize: 5 << 20}))
+		rec = record(t, d, "acct", "big")
 		require.False(t, rec.Response.BodyStored)
 		require.Equal(t, int64(5<<20), rec.Response.BodySize)
 	})
@@ -401,91 +424,57 @@ func runDriver(t *testing.T, h Harness) {
 	t.Run("ScopesIndependent", func(t *testing.T) {
 		t.Parallel()
 		d := h.NewDriver(t)
-		ctx := context.Background()
-		a, err := d.Claim(ctx, params("merchant_a", "same-key", "a"))
-		require.NoError(t, err)
+		a := claim(t, d, params("merchant_a", "same-key", "a"))
 		require.True(t, a.Claimed)
-		b, err := d.Claim(ctx, params("merchant_b", "same-key", "b"))
-		require.NoError(t, err)
+		b := claim(t, d, params("merchant_b", "same-key", "b"))
 		require.True(t, b.Claimed, "another scope's key never meets this one")
-		ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(a.Record), Response: okResponse("A")})
-		require.NoError(t, err)
-		require.True(t, ok)
-		rb, err := d.Get(ctx, idemdriver.GetParams{Scope: "merchant_b", Key: "same-key"})
-		require.NoError(t, err)
+		require.True(t, complete(t, d, fence(a.Record), okResponse("A")))
+		rb := record(t, d, "merchant_b", "same-key")
 		require.Equal(t, idemdriver.StateProcessing, rb.State)
 		// Keys are case-sensitive.
-		c, err := d.Claim(ctx, params("merchant_a", "SAME-KEY", "a"))
-		require.NoError(t, err)
+		c := claim(t, d, params("merchant_a", "SAME-KEY", "a"))
 		require.True(t, c.Claimed)
 	})
 
 	t.Run("Fencing", func(t *testing.T) {
 		t.Parallel()
 		d := h.NewDriver(t)
-		ctx := context.Background()
 		sd, old := setup(t, d, "EXPIRED_LEASE", params("acct", "k", "body"))
 		// The owner died; a retry takes over.
-		take, err := sd.Claim(ctx, params("acct", "k", "body"))
-		require.NoError(t, err)
+		take := claim(t, sd, params("acct", "k", "body"))
 		require.True(t, take.Claimed)
 		require.Greater(t, take.Record.FencingToken, old.FencingToken)
 
 		// The old owner wakes up: every write it attempts is refused.
-		ok, err := sd.Heartbeat(ctx, fence(old))
-		require.NoError(t, err)
-		require.False(t, ok)
-		ok, err = sd.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(old), Response: okResponse("stale")})
-		require.NoError(t, err)
-		require.False(t, ok)
-		ok, err = sd.Fail(ctx, fence(old))
-		require.NoError(t, err)
-		require.False(t, ok)
-		ok, err = sd.Release(ctx, fence(old))
-		require.NoError(t, err)
-		require.False(t, ok, "a worker that lost the record cannot release the new owner's")
-		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
-		require.NoError(t, err)
+		require.False(t, wrote(t, sd.Heartbeat, fence(old)))
+		require.False(t, complete(t, sd, fence(old), okResponse("stale")))
+		require.False(t, wrote(t, sd.Fail, fence(old)))
+		require.False(t, wrote(t, sd.Release, fence(old)), "a worker that lost the record cannot release the new owner's")
+		rec := record(t, d, "acct", "k")
 		require.Equal(t, idemdriver.StateProcessing, rec.State)
 		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
 
 		// The new owner's writes go through; a completed record refuses them all.
-		ok, err = sd.Heartbeat(ctx, fence(take.Record))
-		require.NoError(t, err)
-		require.True(t, ok)
-		ok, err = sd.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(take.Record), Response: okResponse("new")})
-		require.NoError(t, err)
-		require.True(t, ok)
-		ok, err = sd.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(take.Record), Response: okResponse("twice")})
-		require.NoError(t, err)
-		require.False(t, ok, "a completed record is final")
-		ok, err = sd.Fail(ctx, fence(take.Record))
-		require.NoError(t, err)
-		require.False(t, ok)
-		ok, err = sd.Release(ctx, fence(take.Record))
-		require.NoError(t, err)
-		require.False(t, ok, "a completed record is not released")
-		rec, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
-		require.NoError(t, err)
+		require.True(t, wrote(t, sd.Heartbeat, fence(take.Record)))
+		require.True(t, complete(t, sd, fence(take.Record), okResponse("new")))
+		require.False(t, complete(t, sd, fence(take.Record), okResponse("twice")), "a completed record is final")
+		require.False(t, wrote(t, sd.Fail, fence(take.Record)))
+		require.False(t, wrote(t, sd.Release, fence(take.Record)), "a completed record is not released")
+		rec = record(t, d, "acct", "k")
 		require.Equal(t, "new", string(rec.Response.Body))
 	})
 
 	t.Run("HeartbeatExtendsLease", func(t *testing.T) {
 		t.Parallel()
 		d := h.NewDriver(t)
-		ctx := context.Background()
 		clock := &Clock{}
 		sd := Shift(d, clock)
-		res, err := sd.Claim(ctx, params("acct", "k", "body"))
-		require.NoError(t, err)
+		res := claim(t, sd, params("acct", "k", "body"))
 		clock.Advance(lease - 5*time.Second)
-		ok, err := sd.Heartbeat(ctx, fence(res.Record))
-		require.NoError(t, err)
-		require.True(t, ok)
+		require.True(t, wrote(t, sd.Heartbeat, fence(res.Record)))
 		// Past the first lease, but within the renewed one: no takeover.
 		clock.Advance(10 * time.Second)
-		again, err := sd.Claim(ctx, params("acct", "k", "body"))
-		require.NoError(t, err)
+		again := claim(t, sd, params("acct", "k", "body"))
 		require.False(t, again.Claimed)
 		require.InDelta(t, (lease - 10*time.Second).Seconds(), again.Record.LeaseLeft.Seconds(), 5)
 	})
@@ -497,40 +486,27 @@ func runDriver(t *testing.T, h Harness) {
 		ctx := context.Background()
 
 		// Commit together: the business row and SUCCEEDED, or neither.
-		res, err := d.Claim(ctx, params("acct", "tx-ok", "b"))
-		require.NoError(t, err)
+		res := claim(t, d, params("acct", "tx-ok", "b"))
 		tx, err := d.Begin(ctx)
 		require.NoError(t, err)
 		require.NoError(t, biz.Insert(ctx, tx, "row-ok"))
-		ok, err := tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse("ok")})
-		require.NoError(t, err)
-		require.True(t, ok)
-		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "tx-ok"})
-		require.NoError(t, err)
+		require.True(t, complete(t, tx, fence(res.Record), okResponse("ok")))
+		rec := record(t, d, "acct", "tx-ok")
 		require.Equal(t, idemdriver.StateProcessing, rec.State, "the completion is invisible before commit")
 		require.NoError(t, tx.Commit(ctx))
-		n, err := biz.Count(ctx, "row-ok")
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
-		rec, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "tx-ok"})
-		require.NoError(t, err)
+		require.Equal(t, 1, rows(t, biz, "row-ok"))
+		rec = record(t, d, "acct", "tx-ok")
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 
 		// Rolled back: neither.
-		res, err = d.Claim(ctx, params("acct", "tx-rb", "b"))
-		require.NoError(t, err)
+		res = claim(t, d, params("acct", "tx-rb", "b"))
 		tx, err = d.Begin(ctx)
 		require.NoError(t, err)
 		require.NoError(t, biz.Insert(ctx, tx, "row-rb"))
-		ok, err = tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse("rb")})
-		require.NoError(t, err)
-		require.True(t, ok)
+		require.True(t, complete(t, tx, fence(res.Record), okResponse("rb")))
 		require.NoError(t, tx.Rollback(ctx))
-		n, err = biz.Count(ctx, "row-rb")
-		require.NoError(t, err)
-		require.Zero(t, n)
-		rec, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "tx-rb"})
-		require.NoError(t, err)
+		require.Zero(t, rows(t, biz, "row-rb"))
+		rec = record(t, d, "acct", "tx-rb")
 		require.Equal(t, idemdriver.StateProcessing, rec.State)
 
 		// Fenced out: a worker whose lease was taken over cannot complete in
@@ -545,8 +521,7 @@ func runDriver(t *testing.T, h Harness) {
 			clock := &Clock{}
 			sd := Shift(d, clock)
 			key, row := "tx-fenced-"+order, "row-fenced-"+order
-			old, err := sd.Claim(ctx, params("acct", key, "b"))
-			require.NoError(t, err)
+			old := claim(t, sd, params("acct", key, "b"))
 			var tx idemdriver.Tx
 			if order == "begin-before-takeover" {
 				tx, err = sd.Begin(ctx)
@@ -554,23 +529,17 @@ func runDriver(t *testing.T, h Harness) {
 				require.NoError(t, biz.Insert(ctx, tx, row))
 			}
 			clock.Advance(lease + time.Second)
-			take, err := sd.Claim(ctx, params("acct", key, "b"))
-			require.NoError(t, err)
+			take := claim(t, sd, params("acct", key, "b"))
 			require.True(t, take.Claimed)
 			if tx == nil {
 				tx, err = sd.Begin(ctx)
 				require.NoError(t, err)
 				require.NoError(t, biz.Insert(ctx, tx, row))
 			}
-			ok, err = tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(old.Record), Response: okResponse("stale")})
-			require.NoError(t, err)
-			require.False(t, ok, order)
+			require.False(t, complete(t, tx, fence(old.Record), okResponse("stale")), order)
 			require.NoError(t, tx.Rollback(ctx))
-			n, err = biz.Count(ctx, row)
-			require.NoError(t, err)
-			require.Zero(t, n, "a fenced-out worker's business writes never commit (%s)", order)
-			rec, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: key})
-			require.NoError(t, err)
+			require.Zero(t, rows(t, biz, row), "a fenced-out worker's business writes never commit (%s)", order)
+			rec = record(t, d, "acct", key)
 			require.Equal(t, take.Record.FencingToken, rec.FencingToken)
 		}
 	})
@@ -578,35 +547,14 @@ func runDriver(t *testing.T, h Harness) {
 	// Races: many goroutines, exactly one winner, no errors.
 	race := func(t *testing.T, sd idemdriver.Driver, p idemdriver.ClaimParams) (winners int, records []idemdriver.ClaimResult) {
 		t.Helper()
-		var (
-			wg    sync.WaitGroup
-			won   atomic.Int32
-			mu    sync.Mutex
-			errs  []error
-			start = make(chan struct{})
-		)
-		for i := 0; i < racers; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				res, err := sd.Claim(context.Background(), p)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					errs = append(errs, err)
-					return
-				}
-				if res.Claimed {
-					won.Add(1)
-				}
-				records = append(records, res)
-			}()
+		records, err := racetest.Race(racers, func(int) (idemdriver.ClaimResult, error) { return sd.Claim(context.Background(), p) })
+		require.NoError(t, err)
+		for _, r := range records {
+			if r.Claimed {
+				winners++
+			}
 		}
-		close(start)
-		wg.Wait()
-		require.NoError(t, errors.Join(errs...))
-		return int(won.Load()), records
+		return winners, records
 	}
 
 	t.Run("ConcurrentClaim", func(t *testing.T) {
@@ -649,51 +597,48 @@ func runDriver(t *testing.T, h Harness) {
 	// a stale row is a narrow window, and one race rarely hits it.
 	const raceRounds = 8
 
-	t.Run("ConcurrentTakeover", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		for i := range raceRounds {
-			p := params("acct", fmt.Sprintf("hot-%d", i), "b")
-			sd, old := setup(t, d, "EXPIRED_LEASE", p)
-			winners, results := race(t, sd, p)
-			requireOneOwner(t, winners, results, p, old)
-		}
-	})
+	// Races on a claimable row: the claim that wins continues the record's
+	// life (attempts 2) or, past retention and with another payload, starts
+	// a new one (attempts 1); tokens never go back, even across expiry.
+	for _, c := range []struct {
+		name, state, body string
+		attempts          int
+	}{
+		{"ConcurrentTakeover", "EXPIRED_LEASE", "b", 2},
+		{"ConcurrentReclaimAfterFailed", "FAILED", "b", 2},
+		{"ConcurrentExpiredIsNew", "EXPIRED", "other payload, after expiry", 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			d := h.NewDriver(t)
+			for i := range raceRounds {
+				key := fmt.Sprintf("hot-%d", i)
+				sd, old := setup(t, d, c.state, params("acct", key, "b"))
+				p := params("acct", key, c.body)
+				winners, results := race(t, sd, p)
+				requireOneOwner(t, winners, results, p, old)
+				rec := record(t, d, "acct", key)
+				require.Equal(t, c.attempts, rec.Attempts)
+				require.Greater(t, rec.FencingToken, old.FencingToken, "tokens never go back, even across expiry")
+			}
+		})
+	}
 
-	t.Run("ConcurrentReclaimAfterFailed", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		for i := range raceRounds {
-			p := params("acct", fmt.Sprintf("hot-%d", i), "b")
-			sd, old := setup(t, d, "FAILED", p)
-			winners, results := race(t, sd, p)
-			requireOneOwner(t, winners, results, p, old)
-			rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: p.Scope, Key: p.Key})
-			require.NoError(t, err)
-			require.Equal(t, 2, rec.Attempts)
-		}
-	})
-
-	t.Run("ConcurrentExpiredIsNew", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		for i := range raceRounds {
-			key := fmt.Sprintf("hot-%d", i)
-			sd, old := setup(t, d, "EXPIRED", params("acct", key, "b"))
-			p := params("acct", key, "other payload, after expiry")
-			winners, results := race(t, sd, p)
-			requireOneOwner(t, winners, results, p, old)
-			rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "acct", Key: key})
-			require.NoError(t, err)
-			require.Equal(t, 1, rec.Attempts)
-			require.Greater(t, rec.FencingToken, old.FencingToken, "tokens never go back, even across expiry")
-		}
-	})
-
-	runOwner(t, h)
-	runLeaseBornLive(t, h)
-	runRelease(t, h)
-	runUnstorable(t, h)
+	// The cases that need nothing but a fresh driver.
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T, idemdriver.Driver)
+	}{
+		{"Owner", driverOwner},
+		{"LeaseCountsFromTheWrite", driverLeaseCountsFromTheWrite},
+		{"Release", driverRelease},
+		{"Unstorable", driverUnstorable},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.run(t, h.NewDriver(t))
+		})
+	}
 
 	t.Run("Unreachable", func(t *testing.T) {
 		t.Parallel()
@@ -705,160 +650,117 @@ func runDriver(t *testing.T, h Harness) {
 	})
 }
 
-// get reads (scope, key) at the database's own now.
-func get(ctx context.Context, d idemdriver.Driver, scope, key string) (idemdriver.Record, error) {
-	return d.Get(ctx, idemdriver.GetParams{Scope: scope, Key: key})
-}
-
-// runOwner: every claim stores who claimed (ClaimParams.Owner), and the
+// driverOwner: every claim stores who claimed (ClaimParams.Owner), and the
 // record, Get and Stuck return it.
-func runOwner(t *testing.T, h Harness) {
-	t.Run("Owner", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		ctx := context.Background()
-		clock := &Clock{}
-		sd := Shift(d, clock)
-		p := params("acct", "k", "body")
-		p.Owner = "host-a/4242"
-		res, err := sd.Claim(ctx, p)
-		require.NoError(t, err)
-		require.True(t, res.Claimed)
-		require.Equal(t, "host-a/4242", res.Record.Owner)
-		rec, err := sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
-		require.NoError(t, err)
-		require.Equal(t, "host-a/4242", rec.Owner)
+func driverOwner(t *testing.T, d idemdriver.Driver) {
+	ctx := context.Background()
+	clock := &Clock{}
+	sd := Shift(d, clock)
+	p := params("acct", "k", "body")
+	p.Owner = "host-a/4242"
+	res := claim(t, sd, p)
+	require.True(t, res.Claimed)
+	require.Equal(t, "host-a/4242", res.Record.Owner)
+	rec := record(t, sd, "acct", "k")
+	require.Equal(t, "host-a/4242", rec.Owner)
 
-		// The duplicate that loses sees whose execution it waits for.
-		dup := p
-		dup.Owner = "host-b/7"
-		lost, err := sd.Claim(ctx, dup)
-		require.NoError(t, err)
-		require.False(t, lost.Claimed)
-		require.Equal(t, "host-a/4242", lost.Record.Owner)
+	// The duplicate that loses sees whose execution it waits for.
+	dup := p
+	dup.Owner = "host-b/7"
+	lost := claim(t, sd, dup)
+	require.False(t, lost.Claimed)
+	require.Equal(t, "host-a/4242", lost.Record.Owner)
 
-		// The owner dies: the stuck list names it; the takeover records its own.
-		clock.Advance(lease + time.Second)
-		if in, ok := d.(idemdriver.Inspector); ok {
-			stuck, err := in.Stuck(ctx, idemdriver.StuckParams{Limit: 10, ClockOffset: clock.Offset()})
-			require.NoError(t, err)
-			require.Len(t, stuck, 1)
-			require.Equal(t, "host-a/4242", stuck[0].Owner)
-		}
-		take, err := sd.Claim(ctx, dup)
+	// The owner dies: the stuck list names it; the takeover records its own.
+	clock.Advance(lease + time.Second)
+	if in, ok := d.(idemdriver.Inspector); ok {
+		stuck, err := in.Stuck(ctx, idemdriver.StuckParams{Limit: 10, ClockOffset: clock.Offset()})
 		require.NoError(t, err)
-		require.True(t, take.Claimed)
-		require.Equal(t, "host-b/7", take.Record.Owner)
-		rec, err = sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
-		require.NoError(t, err)
-		require.Equal(t, "host-b/7", rec.Owner)
+		require.Len(t, stuck, 1)
+		require.Equal(t, "host-a/4242", stuck[0].Owner)
+	}
+	take := claim(t, sd, dup)
+	require.True(t, take.Claimed)
+	require.Equal(t, "host-b/7", take.Record.Owner)
+	rec = record(t, sd, "acct", "k")
+	require.Equal(t, "host-b/7", rec.Owner)
 
-		// The longest owner every driver stores, byte-exact.
-		long := params("acct", "k-long-owner", "body")
-		long.Owner = string(bytes.Repeat([]byte("o"), idemdriver.MaxOwnerBytes))
-		res, err = d.Claim(ctx, long)
-		require.NoError(t, err)
-		require.Equal(t, long.Owner, res.Record.Owner)
-		rec, err = get(ctx, d, "acct", "k-long-owner")
-		require.NoError(t, err)
-		require.Equal(t, long.Owner, rec.Owner)
-	})
+	// The longest owner every driver stores, byte-exact.
+	long := params("acct", "k-long-owner", "body")
+	long.Owner = string(bytes.Repeat([]byte("o"), idemdriver.MaxOwnerBytes))
+	res = claim(t, d, long)
+	require.Equal(t, long.Owner, res.Record.Owner)
+	rec = record(t, d, "acct", "k-long-owner")
+	require.Equal(t, long.Owner, rec.Owner)
 }
 
-// runRelease: Release removes this execution's record, fenced like
+// driverRelease: Release removes this execution's record, fenced like
 // Complete, so that the next request with the key runs as new;
 // a caller that lost the record removes nothing.
-func runRelease(t *testing.T, h Harness) {
-	t.Run("Release", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		ctx := context.Background()
-		res, err := d.Claim(ctx, params("acct", "k", "body"))
-		require.NoError(t, err)
-		require.True(t, res.Claimed)
-		ok, err := d.Release(ctx, fence(res.Record))
-		require.NoError(t, err)
-		require.True(t, ok)
-		_, err = get(ctx, d, "acct", "k")
-		require.ErrorIs(t, err, idemdriver.ErrNotFound)
-		ok, err = d.Release(ctx, fence(res.Record))
-		require.NoError(t, err)
-		require.False(t, ok, "a released record is gone")
+func driverRelease(t *testing.T, d idemdriver.Driver) {
+	res := claim(t, d, params("acct", "k", "body"))
+	require.True(t, res.Claimed)
+	require.True(t, wrote(t, d.Release, fence(res.Record)))
+	requireGone(t, d, "acct", "k")
+	require.False(t, wrote(t, d.Release, fence(res.Record)), "a released record is gone")
 
-		// The corrected request with the same key (another body) runs as new.
-		again, err := d.Claim(ctx, params("acct", "k", "corrected body"))
-		require.NoError(t, err)
-		require.True(t, again.Claimed, "a released key is not burnt")
-		require.Equal(t, 1, again.Record.Attempts)
-		require.Equal(t, fingerprint("corrected body"), again.Record.Fingerprint)
-		// The first execution's fence no longer matches (a purged key starts
-		// again at token 1: created_at tells the lives apart).
-		ok, err = d.Release(ctx, fence(res.Record))
-		require.NoError(t, err)
-		require.False(t, ok)
-		rec, err := get(ctx, d, "acct", "k")
-		require.NoError(t, err)
-		require.Equal(t, again.Record.FencingToken, rec.FencingToken)
+	// The corrected request with the same key (another body) runs as new.
+	again := claim(t, d, params("acct", "k", "corrected body"))
+	require.True(t, again.Claimed, "a released key is not burnt")
+	require.Equal(t, 1, again.Record.Attempts)
+	require.Equal(t, fingerprint("corrected body"), again.Record.Fingerprint)
+	// The first execution's fence no longer matches (a purged key starts
+	// again at token 1: created_at tells the lives apart).
+	require.False(t, wrote(t, d.Release, fence(res.Record)))
+	rec := record(t, d, "acct", "k")
+	require.Equal(t, again.Record.FencingToken, rec.FencingToken)
 
-		// A failed execution is over: its record is not released (the fence
-		// requires PROCESSING); Fencing covers lost and completed ones.
-		sd, failed := setup(t, d, "FAILED", params("acct", "failed", "body"))
-		ok, err = sd.Release(ctx, fence(failed))
-		require.NoError(t, err)
-		require.False(t, ok)
-		rec, err = sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "failed"})
-		require.NoError(t, err)
-		require.Equal(t, idemdriver.StateFailed, rec.State)
-	})
+	// A failed execution is over: its record is not released (the fence
+	// requires PROCESSING); Fencing covers lost and completed ones.
+	sd, failed := setup(t, d, "FAILED", params("acct", "failed", "body"))
+	require.False(t, wrote(t, sd.Release, fence(failed)))
+	rec = record(t, sd, "acct", "failed")
+	require.Equal(t, idemdriver.StateFailed, rec.State)
 }
 
-// runUnstorable: a scope or path the database cannot store (a NUL byte,
+// driverUnstorable: a scope or path the database cannot store (a NUL byte,
 // invalid UTF-8) is either stored byte-exact (columns of bytes) or refused
 // with an error wrapping idemdriver.ErrUnstorable, never a store error the
 // core would answer 503.
-func runUnstorable(t *testing.T, h Harness) {
-	t.Run("Unstorable", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		ctx := context.Background()
-		odd := map[string]string{"nul": "acct\x00evil", "invalid-utf8": "acct\xff\xfe", "lone-continuation": "\x80"}
-		for name, v := range odd {
-			for _, field := range []string{"scope", "path"} {
-				p := params("acct", "k-"+name+"-"+field, "body")
-				if field == "scope" {
-					p.Scope = v
-				} else {
-					p.Path = "/v1/" + v
-				}
-				res, err := d.Claim(ctx, p)
-				if err != nil {
-					require.ErrorIs(t, err, idemdriver.ErrUnstorable, "%s in the %s: %v", name, field, err)
-					_, err = get(ctx, d, p.Scope, p.Key)
-					if err != nil && !errors.Is(err, idemdriver.ErrNotFound) {
-						require.ErrorIs(t, err, idemdriver.ErrUnstorable, "Get, %s in the %s", name, field)
-					}
-					continue
-				}
-				// Stored: byte-exact, and found again by the same bytes only.
-				require.True(t, res.Claimed, "%s in the %s", name, field)
-				require.Equal(t, p.Scope, res.Record.Scope)
-				require.Equal(t, p.Path, res.Record.Path)
-				rec, err := get(ctx, d, p.Scope, p.Key)
-				require.NoError(t, err, "%s in the %s", name, field)
-				require.Equal(t, p.Scope, rec.Scope)
-				require.Equal(t, p.Path, rec.Path)
-				dup, err := d.Claim(ctx, p)
-				require.NoError(t, err)
-				require.False(t, dup.Claimed, "%s in the %s: the same bytes find the record", name, field)
-				ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: okResponse("ok")})
-				require.NoError(t, err)
-				require.True(t, ok)
+func driverUnstorable(t *testing.T, d idemdriver.Driver) {
+	ctx := context.Background()
+	odd := map[string]string{"nul": "acct\x00evil", "invalid-utf8": "acct\xff\xfe", "lone-continuation": "\x80"}
+	for name, v := range odd {
+		for _, field := range []string{"scope", "path"} {
+			p := params("acct", "k-"+name+"-"+field, "body")
+			if field == "scope" {
+				p.Scope = v
+			} else {
+				p.Path = "/v1/" + v
 			}
+			res, err := d.Claim(ctx, p)
+			if err != nil {
+				require.ErrorIs(t, err, idemdriver.ErrUnstorable, "%s in the %s: %v", name, field, err)
+				_, err = d.Get(ctx, idemdriver.GetParams{Scope: p.Scope, Key: p.Key})
+				if err != nil && !errors.Is(err, idemdriver.ErrNotFound) {
+					require.ErrorIs(t, err, idemdriver.ErrUnstorable, "Get, %s in the %s", name, field)
+				}
+				continue
+			}
+			// Stored: byte-exact, and found again by the same bytes only.
+			require.True(t, res.Claimed, "%s in the %s", name, field)
+			require.Equal(t, p.Scope, res.Record.Scope)
+			require.Equal(t, p.Path, res.Record.Path)
+			rec := record(t, d, p.Scope, p.Key, "%s in the %s", name, field)
+			require.Equal(t, p.Scope, rec.Scope)
+			require.Equal(t, p.Path, rec.Path)
+			dup := claim(t, d, p)
+			require.False(t, dup.Claimed, "%s in the %s: the same bytes find the record", name, field)
+			require.True(t, complete(t, d, fence(res.Record), okResponse("ok")))
 		}
-		// Nothing is confused with the plain scope.
-		_, err := get(ctx, d, "acct", "k-nul-scope")
-		require.ErrorIs(t, err, idemdriver.ErrNotFound)
-	})
+	}
+	// Nothing is confused with the plain scope.
+	requireGone(t, d, "acct", "k-nul-scope")
 }
 
 // requireDecision checks that a claim by p did what want says, given the
@@ -897,63 +799,57 @@ func requireDecision(t *testing.T, want idemdriver.Decision, read *idemdriver.Re
 	}
 }
 
-// runLeaseBornLive: a lease counts from when the claim's write takes effect,
+// driverLeaseCountsFromTheWrite: a lease counts from when the claim's write takes effect,
 // not from when its statement started. A takeover that
 // waits on the record's row lock longer than the lease (the old owner's
 // business transaction holds it, then rolls back) must not write a
 // locked_until already in the past: a duplicate arriving right after would
 // take the key over while the first still runs.
-func runLeaseBornLive(t *testing.T, h Harness) {
-	t.Run("LeaseCountsFromTheWrite", func(t *testing.T) {
-		t.Parallel()
-		const short = time.Second
-		d := h.NewDriver(t)
-		ctx := context.Background()
-		clock := &Clock{}
-		sd := Shift(d, clock)
-		old, err := sd.Claim(ctx, params("acct", "k", "body"))
-		require.NoError(t, err)
-		// The old owner completes in its business transaction: the row is
-		// locked until that transaction ends.
-		tx, err := sd.Begin(ctx)
-		require.NoError(t, err)
-		defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
-		ok, err := tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(old.Record), Response: okResponse("old")})
-		require.NoError(t, err)
-		require.True(t, ok)
+func driverLeaseCountsFromTheWrite(t *testing.T, d idemdriver.Driver) {
+	const short = time.Second
+	ctx := context.Background()
+	clock := &Clock{}
+	sd := Shift(d, clock)
+	old := claim(t, sd, params("acct", "k", "body"))
+	// The old owner completes in its business transaction: the row is
+	// locked until that transaction ends.
+	tx, err := sd.Begin(ctx)
+	require.NoError(t, err)
+	// Should the case fail before the checked Rollback below, this one ends
+	// the transaction; after it, it has nothing to do and its error
+	// (the transaction is done) says nothing.
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.True(t, complete(t, tx, fence(old.Record), okResponse("old")))
 
-		// Its lease runs out (as the database sees it), and a retry takes over.
-		clock.Advance(lease + time.Second)
-		p := params("acct", "k", "body")
-		p.LeaseDuration = short
-		done := make(chan idemdriver.ClaimResult, 1)
-		errc := make(chan error, 1)
-		go func() {
-			res, err := sd.Claim(ctx, p)
-			errc <- err
-			done <- res
-		}()
-		// The takeover waits on the row lock for longer than its lease.
-		select {
-		case <-errc:
-			t.Fatal("the takeover did not wait for the old owner's transaction")
-		case <-time.After(short + short/2):
-		}
-		require.NoError(t, tx.Rollback(ctx))
-		require.NoError(t, <-errc)
-		take := <-done
-		require.True(t, take.Claimed, "the old owner rolled back: the dead lease is taken over")
-		rec, err := sd.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
-		require.NoError(t, err)
-		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
-		require.Positive(t, rec.LeaseLeft, "the lease is live right after the claim returns (locked_until %s)", rec.LockedUntil)
-		require.LessOrEqual(t, rec.LeaseLeft, short)
-		require.Positive(t, take.Record.LeaseLeft)
-		require.LessOrEqual(t, take.Record.LeaseLeft, short, "the claim reports no more lease than it has")
-		// A duplicate right after is answered 409, not a second execution.
-		dup, err := sd.Claim(ctx, params("acct", "k", "body"))
-		require.NoError(t, err)
-		require.False(t, dup.Claimed)
-		require.Equal(t, idemdriver.DecisionInFlight, idemdriver.Decide(&dup.Record, false, p))
-	})
+	// Its lease runs out (as the database sees it), and a retry takes over.
+	clock.Advance(lease + time.Second)
+	p := params("acct", "k", "body")
+	p.LeaseDuration = short
+	done := make(chan idemdriver.ClaimResult, 1)
+	errc := make(chan error, 1)
+	go func() {
+		res, err := sd.Claim(ctx, p)
+		errc <- err
+		done <- res
+	}()
+	// The takeover waits on the row lock for longer than its lease.
+	select {
+	case err := <-errc:
+		t.Fatalf("the takeover did not wait for the old owner's transaction (its claim returned %v)", err)
+	case <-time.After(short + short/2):
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, <-errc)
+	take := <-done
+	require.True(t, take.Claimed, "the old owner rolled back: the dead lease is taken over")
+	rec := record(t, sd, "acct", "k")
+	require.Equal(t, take.Record.FencingToken, rec.FencingToken)
+	require.Positive(t, rec.LeaseLeft, "the lease is live right after the claim returns (locked_until %s)", rec.LockedUntil)
+	require.LessOrEqual(t, rec.LeaseLeft, short)
+	require.Positive(t, take.Record.LeaseLeft)
+	require.LessOrEqual(t, take.Record.LeaseLeft, short, "the claim reports no more lease than it has")
+	// A duplicate right after is answered 409, not a second execution.
+	dup := claim(t, sd, params("acct", "k", "body"))
+	require.False(t, dup.Claimed)
+	require.Equal(t, idemdriver.DecisionInFlight, idemdriver.Decide(&dup.Record, false, p))
 }

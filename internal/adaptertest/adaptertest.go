@@ -227,8 +227,10 @@ func post(url, key, body string) (Response, error) {
 	if err != nil {
 		return Response{}, err
 	}
-	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
+	if cerr := resp.Body.Close(); err == nil {
+		err = cerr
+	}
 	return Response{Status: resp.StatusCode, Header: resp.Header, Body: b}, err
 }
 
@@ -314,14 +316,17 @@ func RunOn(t *testing.T, store func(*testing.T) idem.Store, build Build) {
 		release := sync.OnceFunc(func() { close(app.hold) })
 		t.Cleanup(release) // before the server's Close, which waits for the handlers
 		const dups = 8
-		first := make(chan Response, 1)
-		go func() {
+		// held posts the held request, and sends the answer (a transport
+		// error as its body) on out.
+		held := func(out chan<- Response) {
 			r, err := post(srv.URL+"/charges", "held", `{"amount":1000}`)
 			if err != nil {
 				r.Body = []byte(err.Error())
 			}
-			first <- r
-		}()
+			out <- r
+		}
+		first := make(chan Response, 1)
+		go held(first)
 		answers := make(chan Response, dups)
 		deadline := time.After(60 * time.Second)
 		select {
@@ -332,13 +337,7 @@ func RunOn(t *testing.T, store func(*testing.T) idem.Store, build Build) {
 			t.Fatal("the held request never reached the handler")
 		}
 		for range dups {
-			go func() {
-				r, err := post(srv.URL+"/charges", "held", `{"amount":1000}`)
-				if err != nil {
-					r.Body = []byte(err.Error())
-				}
-				answers <- r
-			}()
+			go held(answers)
 		}
 		for i := range dups {
 			select {
@@ -418,12 +417,7 @@ func RunOn(t *testing.T, store func(*testing.T) idem.Store, build Build) {
 		// A 503 returned the framework's way is FAILED (CONTRACT section 5):
 		// the retry runs the handler again.
 		srv, app := server(t, store, build)
-		for i := range 2 {
-			r := Post(t, srv.URL+"/unavailable", "unavailable", `{"amount":1000}`)
-			require.Equal(t, http.StatusServiceUnavailable, r.Status, "attempt %d: body %s", i+1, r.Body)
-			require.Contains(t, string(r.Body), UnavailableMessage)
-			require.Empty(t, r.Header.Get(idem.HeaderReplayed))
-		}
+		requireRunsAgain(t, srv.URL+"/unavailable", http.StatusServiceUnavailable, UnavailableMessage)
 		require.EqualValues(t, 2, app.Unavailables.Load())
 	})
 
@@ -432,11 +426,19 @@ func RunOn(t *testing.T, store func(*testing.T) idem.Store, build Build) {
 		// framework's recovery answers 500, and the retry runs again
 		// instead of meeting a 409 for a whole lease.
 		srv, app := server(t, store, build)
-		for i := range 2 {
-			r := Post(t, srv.URL+"/panic", "panic", `{"amount":1000}`)
-			require.Equal(t, http.StatusInternalServerError, r.Status, "attempt %d: body %s", i+1, r.Body)
-			require.Empty(t, r.Header.Get(idem.HeaderReplayed))
-		}
+		requireRunsAgain(t, srv.URL+"/panic", http.StatusInternalServerError, "")
 		require.EqualValues(t, 2, app.Panics.Load())
 	})
+}
+
+// requireRunsAgain posts the same request to url twice; each answer must be
+// status, not a replay, with a body containing message ("" for any body).
+func requireRunsAgain(t *testing.T, url string, status int, message string) {
+	t.Helper()
+	for i := range 2 {
+		r := Post(t, url, "again", `{"amount":1000}`)
+		require.Equal(t, status, r.Status, "attempt %d: body %s", i+1, r.Body)
+		require.Contains(t, string(r.Body), message)
+		require.Empty(t, r.Header.Get(idem.HeaderReplayed))
+	}
 }

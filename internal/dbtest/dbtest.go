@@ -49,7 +49,7 @@ func RequireURL(t testing.TB, env string) string {
 // Name returns a fresh identifier with prefix, safe as a schema or database name.
 func Name(prefix string) string {
 	var b [6]byte
-	_, _ = rand.Read(b[:])
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error: it crashes the program instead
 	return prefix + "_" + hex.EncodeToString(b[:])
 }
 
@@ -64,7 +64,7 @@ func PostgresURL(t testing.TB) (url, schema string) {
 	if err != nil {
 		t.Fatalf("dbtest: connect %s: %v", EnvPostgres, err)
 	}
-	defer conn.Close(ctx)
+	defer func() { check(t, "close the connection", conn.Close(ctx)) }()
 	schema = Name("idemtest")
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		t.Fatalf("dbtest: create schema: %v", err)
@@ -75,7 +75,7 @@ func PostgresURL(t testing.TB) (url, schema string) {
 			t.Errorf("dbtest: drop schema %s: %v", schema, err)
 			return
 		}
-		defer conn.Close(context.Background())
+		defer func() { check(t, "close the connection", conn.Close(context.Background())) }()
 		if _, err := conn.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
 			t.Errorf("dbtest: drop schema %s: %v", schema, err)
 		}
@@ -128,7 +128,7 @@ func MySQLURL(t testing.TB) (dbURL, database string) {
 		t.Fatalf("dbtest: %s: %v", EnvMySQL, err)
 	}
 	admin := openMySQL(t, u, "")
-	defer admin.Close()
+	defer func() { check(t, "close the admin pool", admin.Close()) }()
 	database = Name("idemtest")
 	ctx := context.Background()
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+database); err != nil {
@@ -136,7 +136,7 @@ func MySQLURL(t testing.TB) (dbURL, database string) {
 	}
 	t.Cleanup(func() {
 		admin := openMySQL(t, u, "")
-		defer admin.Close()
+		defer func() { check(t, "close the admin pool", admin.Close()) }()
 		if _, err := admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+database); err != nil {
 			t.Errorf("dbtest: drop database %s: %v", database, err)
 		}
@@ -166,7 +166,7 @@ func MySQLDB(t testing.TB) *sql.DB {
 		t.Fatalf("dbtest: %v", err)
 	}
 	db.SetMaxOpenConns(16)
-	t.Cleanup(func() { db.Close() }) // registered after the database drop, so it runs first
+	t.Cleanup(func() { check(t, "close the pool", db.Close()) }) // registered after the database drop, so it runs first
 	return db
 }
 
@@ -207,9 +207,17 @@ func SQLite(t testing.TB) *idemsqlite.Driver {
 	if err != nil {
 		t.Fatalf("dbtest: open SQLite: %v", err)
 	}
-	t.Cleanup(func() { d.Close() })
+	t.Cleanup(func() { check(t, "close SQLite", d.Close()) })
 	if err := d.Migrate(context.Background()); err != nil {
 		t.Fatalf("dbtest: migrate SQLite: %v", err)
 	}
 	return d
+}
+
+// check fails t (without stopping it) when err, what's error, is not nil.
+func check(t testing.TB, what string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Errorf("dbtest: %s: %v", what, err)
+	}
 }

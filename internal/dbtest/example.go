@@ -2,6 +2,7 @@ package dbtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemsqlite"
 )
 
@@ -30,21 +32,48 @@ func ExampleStore() (*idemsqlite.Driver, func()) {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	return store, func() { store.Close(); os.RemoveAll(dir) }
+	return store, func() {
+		if err := errors.Join(store.Close(), os.RemoveAll(dir)); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+// ExampleMiddleware returns idem's middleware with cfg on a store of
+// ExampleStore (cfg.Store is set; a nil cfg.Scope puts every request in the
+// scope "merchant_42"), the store, and the function that closes the store and
+// removes its directory. A failure ends the program (log.Fatal).
+func ExampleMiddleware(cfg idem.Config) (*idem.Middleware, *idemsqlite.Driver, func()) {
+	store, done := ExampleStore()
+	cfg.Store = store
+	if cfg.Scope == nil {
+		cfg.Scope = func(*http.Request) (string, error) { return "merchant_42", nil }
+	}
+	mw, err := idem.New(cfg)
+	if err != nil {
+		done()
+		log.Fatal(err)
+	}
+	return mw, store, done
 }
 
 // PrintPost sends one POST to url with Content-Type application/json, the
 // Idempotency-Key key and body, and prints what came back for an example's
 // Output: `<status> replayed="<Idempotent-Replayed>" <body, trimmed>`.
 func PrintPost(url, key, body string) {
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		log.Fatal(err)
+	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err = errors.Join(err, resp.Body.Close()); err != nil {
+		log.Fatal(err)
+	}
 	fmt.Printf("%d replayed=%q %s\n", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), strings.TrimSpace(string(b)))
 }
