@@ -96,24 +96,19 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	return service.LogRequests(cfg.Logger, 0, logWithheld(root)), nil
 }
 
-// chargeJSON is a charge as the API shows it.
+// chargeJSON is a charge as the API shows it: id, merchant, amount,
+// currency, customer, description (null when empty), created_at (RFC 3339
+// with fractional seconds, UTC).
 type chargeJSON struct {
-	ID          string  `json:"id"`
-	Merchant    string  `json:"merchant"`
-	Amount      int64   `json:"amount"`
-	Currency    string  `json:"currency"`
-	Customer    string  `json:"customer"`
-	Description *string `json:"description"`
-	CreatedAt   string  `json:"created_at"`
+	ID       string `json:"id"`
+	Merchant string `json:"merchant"`
+	service.AmountJSON
+	CreatedAt string `json:"created_at"`
 }
 
 func toJSON(c Charge) chargeJSON {
-	j := chargeJSON{ID: c.ID, Merchant: c.Merchant, Amount: c.Amount, Currency: c.Currency, Customer: c.Customer,
+	return chargeJSON{ID: c.ID, Merchant: c.Merchant, AmountJSON: c.AmountJSON(),
 		CreatedAt: c.CreatedAt.UTC().Format(time.RFC3339Nano)}
-	if c.Description != "" {
-		j.Description = &c.Description
-	}
-	return j
 }
 
 // createCharge is POST /v1/charges, run under idem's claim: once per

@@ -80,14 +80,7 @@ type api struct {
 // sent to a mistyped path or with another method gets the 404 or 405
 // without a record, so the client can correct the request and keep its key.
 func newHandler(cfg handlerConfig) (http.Handler, error) {
-	mw, err := idem.New(idem.Config{
-		Store:         cfg.Faults.store(cfg.Store.Idem()),
-		Scope:         service.Scope,
-		LeaseDuration: cfg.Lease,
-		RelaySecret:   cfg.RelaySecret,
-		Logger:        cfg.Logger,
-		Observer:      cfg.Observer,
-	})
+	mw, err := idem.New(cfg.idemConfig())
 	if err != nil {
 		return nil, err
 	}
@@ -100,6 +93,20 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		return nil, err
 	}
 	return a.serve(routes), nil
+}
+
+// idemConfig is idem's configuration of both protected routes: cfg's store
+// (through the fault injection), scoped by merchant, with cfg's lease,
+// relay secret, logger and observer.
+func (cfg handlerConfig) idemConfig() idem.Config {
+	return idem.Config{
+		Store:         cfg.Faults.store(cfg.Store.Idem()),
+		Scope:         service.Scope,
+		LeaseDuration: cfg.Lease,
+		RelaySecret:   cfg.RelaySecret,
+		Logger:        cfg.Logger,
+		Observer:      cfg.Observer,
+	}
 }
 
 // routes returns the authenticated routes, with create as POST
@@ -135,25 +142,10 @@ func (a *api) serve(routes http.Handler) http.Handler {
 }
 
 // paymentJSON is a payment as the API shows it.
-type paymentJSON struct {
-	ID          string  `json:"id"`
-	Amount      int64   `json:"amount"`
-	Currency    string  `json:"currency"`
-	Customer    string  `json:"customer"`
-	Description *string `json:"description"`
-	Status      string  `json:"status"`
-	CreatedAt   string  `json:"created_at"`
-}
+type paymentJSON = service.PaymentJSON
 
 func toJSON(p Payment) paymentJSON {
-	j := paymentJSON{
-		ID: p.ID, Amount: p.Amount, Currency: p.Currency, Customer: p.Customer,
-		Status: p.Status, CreatedAt: p.CreatedAt.UTC().Format(time.RFC3339),
-	}
-	if p.Description != "" {
-		j.Description = &p.Description
-	}
-	return j
+	return paymentJSON{ID: p.ID, AmountJSON: p.AmountJSON(), Status: p.Status, CreatedAt: p.CreatedAt.UTC().Format(time.RFC3339)}
 }
 
 // createPayment is POST /v1/payments. It runs under idem's claim: once per
@@ -251,8 +243,8 @@ func (in paymentInput) chargeRequest(key, merchant string) ChargeRequest {
 // payment is the new succeeded payment of in, recording the provider's
 // charge.
 func (in paymentInput) payment(merchant, chargeID string) NewPayment {
-	return NewPayment{ID: service.NewID("pay"), Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
-		Customer: in.Customer, Description: in.Description, Status: "succeeded", ProviderChargeID: chargeID}
+	return NewPayment{Payment: service.Payment{ID: service.NewID("pay"), Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
+		Customer: in.Customer, Description: in.Description}, Status: "succeeded", ProviderChargeID: chargeID}
 }
 
 // providerFailed answers a charge the provider did not confirm: 504 when its
