@@ -144,9 +144,7 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 	}
 	if a.cfg.FailRate > 0 && a.cfg.Roll() < a.cfg.FailRate {
 		a.log.WarnContext(ctx, "fault injected: failing the charge without charging", "merchant", merchant)
-		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the card network did not answer; nothing was charged; retry with the same Idempotency-Key")
-		p.RetryAfter = time.Second
-		p.Write(w)
+		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the card network did not answer; nothing was charged; retry with the same Idempotency-Key")
 		return
 	}
 	c, err := a.store.CreateCharge(ctx, NewCharge{
@@ -155,9 +153,7 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 	})
 	if err != nil {
 		a.log.ErrorContext(ctx, "recording the charge", "err", err)
-		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the charge could not be recorded; nothing was charged; retry with the same Idempotency-Key")
-		p.RetryAfter = time.Second
-		p.Write(w)
+		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the charge could not be recorded; nothing was charged; retry with the same Idempotency-Key")
 		return
 	}
 	exec, _ := idem.ExecutionFromContext(ctx)
@@ -200,9 +196,7 @@ func (a *api) stats(w http.ResponseWriter, r *http.Request) {
 	st, err := a.store.Stats(r.Context())
 	if err != nil {
 		a.log.ErrorContext(r.Context(), "counting charges", "err", err)
-		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while counting the charges; retry later")
-		p.RetryAfter = time.Second
-		p.Write(w)
+		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while counting the charges; retry later")
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, st)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"io"
 	"log/slog"
 	"time"
@@ -25,13 +24,8 @@ type options struct {
 
 func parseFlags(args []string, output io.Writer) (options, error) {
 	var o options
-	fs := flag.NewFlagSet("fakepsp", flag.ContinueOnError)
-	fs.SetOutput(output)
-	o.RegisterFlags(fs, service.FlagHelp{
-		Addr:        "127.0.0.1:8090",
-		DatabaseURL: "database: postgres://... or postgresql://... for PostgreSQL; sqlite:PATH, file:PATH or a PATH for SQLite (default: SQLite file " + DefaultSQLitePath + " in the working directory)",
-		Lease:       "idem lease of a charge's Idempotency-Key (at least 1s)",
-	})
+	fs := o.FlagSet(output, schema, "127.0.0.1:8090",
+		"idem lease of a charge's Idempotency-Key (at least 1s)")
 	fs.DurationVar(&o.latency, "latency", 0, "how long each charge takes before it is made")
 	fs.Float64Var(&o.failRate, "fail-rate", 0, "fault injection: probability (0 to 1) that a charge answers 503 without charging")
 	fs.Float64Var(&o.timeoutRate, "timeout-rate", 0, "fault injection: probability (0 to 1) that a new charge is made and recorded, then its answer withheld for --hang or until the client hangs up")

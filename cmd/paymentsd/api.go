@@ -255,19 +255,15 @@ func (a *api) providerFailed(w http.ResponseWriter, r *http.Request, relay strin
 	merchant, _ := service.Merchant(r.Context())
 	a.log.WarnContext(r.Context(), "payment provider failed", "merchant", merchant, "relay_key", relay, "err", err)
 	if errors.Is(err, ErrProviderTimeout) {
-		p := svc.Problem(problemProviderTimeout, http.StatusGatewayTimeout,
+		svc.WriteRetryLater(w, problemProviderTimeout, http.StatusGatewayTimeout,
 			"the payment provider did not answer in time; the charge may have been made: retry with the same Idempotency-Key, the provider will not charge twice")
-		p.RetryAfter = time.Second
-		p.Write(w)
 		return
 	}
 	// Retry-After: 1, whatever the provider said: its own Retry-After for a
 	// key in flight is the lease left there (30 s for a fresh claim), while
 	// its charge usually completes far sooner.
-	p := svc.Problem(problemProviderError, http.StatusBadGateway,
+	svc.WriteRetryLater(w, problemProviderError, http.StatusBadGateway,
 		"the payment provider did not confirm the charge; retry with the same Idempotency-Key")
-	p.RetryAfter = time.Second
-	p.Write(w)
 }
 
 // getPayment is GET /v1/payments/{id}.
@@ -357,10 +353,8 @@ func (a *api) health(w http.ResponseWriter, r *http.Request) {
 		// Every read still succeeds on the deleted inode; the writes would be
 		// lost at the next start.
 		a.log.ErrorContext(ctx, "health check: the database file is gone", "err", err)
-		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable,
+		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable,
 			"the database file was deleted or replaced since the service opened it; restart the service")
-		p.RetryAfter = time.Second
-		p.Write(w)
 		return
 	}
 	// The two reads reach the database (no separate ping needed) and fail
@@ -374,9 +368,7 @@ func (a *api) health(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		a.log.WarnContext(ctx, "health check: database failed", "err", err)
-		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
-		p.RetryAfter = time.Second
-		p.Write(w)
+		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -387,9 +379,7 @@ func (a *api) health(w http.ResponseWriter, r *http.Request) {
 // be sent again once the database is back.
 func (a *api) readFailed(w http.ResponseWriter, r *http.Request, what string, err error) {
 	a.log.ErrorContext(r.Context(), "database error", "op", what, "err", err)
-	p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while "+what+"; retry later")
-	p.RetryAfter = time.Second
-	p.Write(w)
+	svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while "+what+"; retry later")
 }
 
 // storeFailed answers a database error: 503 when idem could not begin the
@@ -398,9 +388,7 @@ func (a *api) readFailed(w http.ResponseWriter, r *http.Request, what string, er
 func (a *api) storeFailed(w http.ResponseWriter, r *http.Request, what string, err error) {
 	a.log.ErrorContext(r.Context(), "database error", "op", what, "err", err)
 	if errors.Is(err, idem.ErrStoreUnavailable) {
-		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database did not answer while "+what+"; retry later")
-		p.RetryAfter = time.Second
-		p.Write(w)
+		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database did not answer while "+what+"; retry later")
 		return
 	}
 	svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the service failed while "+what)

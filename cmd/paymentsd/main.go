@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -42,13 +41,8 @@ type options struct {
 // --relay-secret is absent.
 func parseFlags(args []string, output io.Writer, getenv func(string) string) (options, error) {
 	var o options
-	fs := flag.NewFlagSet("paymentsd", flag.ContinueOnError)
-	fs.SetOutput(output)
-	o.RegisterFlags(fs, service.FlagHelp{
-		Addr:        "127.0.0.1:8080",
-		DatabaseURL: "database: postgres://... or postgresql://... for PostgreSQL; mysql://user:password@host:port/dbname for MySQL or MariaDB; sqlite:PATH, file:PATH or a PATH for SQLite (default: SQLite file " + DefaultSQLitePath + " in the working directory)",
-		Lease:       "idem lease: how long a request owns its Idempotency-Key before another may take it over (at least 1s)",
-	})
+	fs := o.FlagSet(output, schema, "127.0.0.1:8080",
+		"idem lease: how long a request owns its Idempotency-Key before another may take it over (at least 1s)")
 	fs.StringVar(&o.pspURL, "psp-url", "", "payment provider's base URL, e.g. http://127.0.0.1:8090 (cmd/fakepsp); default: an in-process fake provider")
 	fs.DurationVar(&o.pspLatency, "psp-latency", 300*time.Millisecond, "how long the in-process fake provider takes per charge (without --psp-url)")
 	fs.DurationVar(&o.pspTimeout, "psp-timeout", 5*time.Second, "how long to wait for the provider's answer to a charge (with --psp-url); then 504, and a retry asks again with the same relayed key")

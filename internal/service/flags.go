@@ -8,9 +8,11 @@ import (
 	"io"
 	"os"
 	"time"
+
+	"github.com/idemgo/idem/internal/dburl"
 )
 
-// Flags are the command-line flags every service takes (RegisterFlags),
+// Flags are the command-line flags every service takes (Flags.FlagSet),
 // with their defaults once registered.
 type Flags struct {
 	// Addr is --addr: the host:port to listen on.
@@ -29,30 +31,38 @@ type Flags struct {
 	Traces string
 }
 
-// FlagHelp is what RegisterFlags says of the flags that differ between
-// services.
-type FlagHelp struct {
-	// Addr is --addr's default, for example "127.0.0.1:8080".
-	Addr string
-	// DatabaseURL is --database-url's usage text.
-	DatabaseURL string
-	// Lease is --lease's usage text.
-	Lease string
-}
-
-// RegisterFlags adds --addr, --database-url, --lease, --shutdown-timeout,
-// --log-format and --otel-traces to fs, stored in f; help gives --addr's
-// default and the usage of --database-url and --lease.
-func (f *Flags) RegisterFlags(fs *flag.FlagSet, help FlagHelp) {
-	fs.StringVar(&f.Addr, "addr", help.Addr, "address to listen on")
-	fs.StringVar(&f.DatabaseURL, "database-url", "", help.DatabaseURL)
-	fs.DurationVar(&f.Lease, "lease", 30*time.Second, help.Lease)
+// FlagSet returns the service's flag set, named schema.Service, writing its
+// usage and errors to output, with the shared flags added and stored in f:
+// --addr (default addr), --database-url (its usage from schema: the kinds
+// the service supports and its default SQLite file), --lease (usage
+// leaseHelp; default 30 s), --shutdown-timeout (default 15 s), --log-format
+// (default json) and --otel-traces (default none). Parse it, then Check f.
+func (f *Flags) FlagSet(output io.Writer, schema Schema, addr, leaseHelp string) *flag.FlagSet {
+	fs := flag.NewFlagSet(schema.Service, flag.ContinueOnError)
+	fs.SetOutput(output)
+	fs.StringVar(&f.Addr, "addr", addr, "address to listen on")
+	fs.StringVar(&f.DatabaseURL, "database-url", "", schema.databaseURLHelp())
+	fs.DurationVar(&f.Lease, "lease", 30*time.Second, leaseHelp)
 	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long to wait for in-flight requests on SIGINT/SIGTERM")
 	fs.StringVar(&f.LogFormat, "log-format", "json", "log format on stderr: json or text")
 	fs.StringVar(&f.Traces, "otel-traces", TracesNone, "OpenTelemetry spans of each request and of idem's claim, execute and complete: none, or stdout (one JSON object each on stdout); metrics are served at GET /metrics either way")
+	return fs
 }
 
-// Check validates f once fs, on which RegisterFlags added them, has parsed
+// databaseURLHelp is --database-url's usage: the URL forms of each kind
+// of database s supports, and s.DefaultSQLitePath.
+func (s Schema) databaseURLHelp() string {
+	help := "database: "
+	if _, no := s.Unsupported[dburl.Postgres]; !no {
+		help += "postgres://... or postgresql://... for PostgreSQL; "
+	}
+	if _, no := s.Unsupported[dburl.MySQL]; !no {
+		help += "mysql://user:password@host:port/dbname for MySQL or MariaDB; "
+	}
+	return help + "sqlite:PATH, file:PATH or a PATH for SQLite (default: SQLite file " + s.DefaultSQLitePath + " in the working directory)"
+}
+
+// Check validates f once fs, from FlagSet, has parsed
 // the command line. The error, the first found, names the flag: arguments
 // left over, a --log-format other than json or text, an unknown
 // --otel-traces, a --lease under 1 s.
