@@ -14,9 +14,6 @@ import (
 	"github.com/idemgo/idem/internal/service"
 )
 
-// healthTimeout bounds the database ping of GET /healthz.
-const healthTimeout = 2 * time.Second
-
 // handlerConfig is what newHandler wires together.
 type handlerConfig struct {
 	Store  Store
@@ -87,7 +84,9 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	routes.HandleFunc("/", notFound)
 
 	root := http.NewServeMux()
-	root.HandleFunc("GET /healthz", a.health)
+	// GET /healthz: the SQLite file is still the one open, and the
+	// database answers a ping.
+	root.Handle("GET /healthz", service.Health{API: svc, Log: cfg.Logger, CheckFile: cfg.Store.CheckFile, Probe: cfg.Store.Ping})
 	root.HandleFunc("GET /v1/charges/stats", a.stats)
 	if cfg.Metrics != nil {
 		root.Handle("GET /metrics", cfg.Metrics)
@@ -200,24 +199,6 @@ func (a *api) stats(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, st)
-}
-
-// health is GET /healthz: 200 when the database answers a ping and, on
-// SQLite, the file at the database's path is still the one open.
-func (a *api) health(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
-	defer cancel()
-	if err := a.store.CheckFile(); err != nil {
-		a.log.ErrorContext(ctx, "health check: the database file is gone", "err", err)
-		svc.WriteProblem(w, service.ProblemUnavailable, http.StatusServiceUnavailable,
-			"the database file was deleted or replaced since the service opened it; restart the service")
-		return
-	}
-	if err := a.store.Ping(ctx); err != nil {
-		svc.WriteProblem(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
-		return
-	}
-	svc.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 func notFound(w http.ResponseWriter, r *http.Request) {

@@ -22,9 +22,6 @@ const (
 	MaxListLimit     = 100
 )
 
-// healthTimeout bounds the database reads of GET /healthz.
-const healthTimeout = 2 * time.Second
-
 // healthProbe is the merchant, scope and key that GET /healthz reads: none
 // exists (merchant names are sk_test_ suffixes, never empty).
 const healthProbe = ""
@@ -131,7 +128,7 @@ func (a *api) routes(create http.Handler) *http.ServeMux {
 // handled by routes.
 func (a *api) serve(routes http.Handler) http.Handler {
 	root := http.NewServeMux()
-	root.HandleFunc("GET /healthz", a.health)
+	root.Handle("GET /healthz", service.Health{API: svc, Log: a.log, CheckFile: a.store.CheckFile, Probe: a.probeTables, RetryAfter: true})
 	root.Handle("/healthz", methodNotAllowed("GET, HEAD"))
 	if a.metrics != nil {
 		root.Handle("GET /metrics", a.metrics)
@@ -342,23 +339,10 @@ func (a *api) balance(w http.ResponseWriter, r *http.Request) {
 	}{b.Merchant, b.Payments, b.Totals})
 }
 
-// health is GET /healthz: 200 when the database answers a read of idem's
-// table and of the payments table (a ping alone would pass with the tables
-// gone, while every POST fails) and, on SQLite, the file at the database's
-// path is still the one open (a deleted file keeps answering).
-func (a *api) health(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
-	defer cancel()
-	if err := a.store.CheckFile(); err != nil {
-		// Every read still succeeds on the deleted inode; the writes would be
-		// lost at the next start.
-		a.log.ErrorContext(ctx, "health check: the database file is gone", "err", err)
-		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable,
-			"the database file was deleted or replaced since the service opened it; restart the service")
-		return
-	}
-	// The two reads reach the database (no separate ping needed) and fail
-	// when a table is gone, which a ping would not notice.
+// probeTables reads idem's table and the payments table for GET /healthz
+// (service.Health): a ping alone would pass with the tables gone, while
+// every POST fails. The reads reach the database (no separate ping needed).
+func (a *api) probeTables(ctx context.Context) error {
 	_, err := a.store.Idem().Get(ctx, idemdriver.GetParams{Scope: healthProbe, Key: healthProbe})
 	if errors.Is(err, idemdriver.ErrNotFound) {
 		err = nil
@@ -366,12 +350,7 @@ func (a *api) health(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		_, err = a.store.Payments(ctx, healthProbe, 1)
 	}
-	if err != nil {
-		a.log.WarnContext(ctx, "health check: database failed", "err", err)
-		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
-		return
-	}
-	svc.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return err
 }
 
 // readFailed answers a database error of a read (GET): 503 with
