@@ -458,14 +458,14 @@ func TestHealthz(t *testing.T) {
 	require.Equal(t, ProblemTypeBase+service.ProblemUnavailable, r.problem(t)["type"])
 }
 
-func TestSQLitePaymentFlow(t *testing.T) {
+func TestPaymentFlow(t *testing.T) {
 	t.Parallel()
-	testPaymentFlow(t, newSQLiteStore(t))
+	onEachDatabase(t, testPaymentFlow)
 }
 
-func TestConcurrentIdenticalPostsSQLite(t *testing.T) {
+func TestConcurrentIdenticalPosts(t *testing.T) {
 	t.Parallel()
-	testConcurrentIdenticalPosts(t, newSQLiteStore(t))
+	onEachDatabase(t, testConcurrentIdenticalPosts)
 }
 
 // testConcurrentIdenticalPosts races 20 identical POSTs on one key while the

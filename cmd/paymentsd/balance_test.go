@@ -48,17 +48,7 @@ func testBalanceBeyondInt64(t *testing.T, store Store) {
 	require.Equal(t, map[string]json.Number{"USD": "9223372036854775808", "JPY": "7"}, b.Totals, "body: %s", r.body)
 }
 
-func TestBalanceBeyondInt64SQLite(t *testing.T) {
+func TestBalanceBeyondInt64(t *testing.T) {
 	t.Parallel()
-	testBalanceBeyondInt64(t, newSQLiteStore(t))
-}
-
-func TestBalanceBeyondInt64Postgres(t *testing.T) {
-	t.Parallel()
-	testBalanceBeyondInt64(t, newPGTestStore(t))
-}
-
-func TestBalanceBeyondInt64MySQL(t *testing.T) {
-	t.Parallel()
-	testBalanceBeyondInt64(t, newMySQLTestStore(t))
+	onEachDatabase(t, testBalanceBeyondInt64)
 }
