@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem/internal/demotest"
 	"github.com/idemgo/idem/internal/service"
 )
 
@@ -83,12 +84,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	require.Equal(t, http.StatusCreated, p.charge("acme", "run-1", "application/json", chargeBody).status)
 
 	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("run did not return after its context was cancelled")
-	}
+	demotest.RequireReturns(t, done, 20*time.Second, "run did not return after its context was cancelled")
 	b, err := os.ReadFile(logs.Name())
 	require.NoError(t, err)
 	out := string(b)

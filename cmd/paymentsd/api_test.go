@@ -591,9 +591,7 @@ func TestWrongRouteKeepsTheKey(t *testing.T) {
 func TestReadsAnswer503WhenTheDatabaseFails(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "paymentsd.db")
-	store, err := openStore(t.Context(), "sqlite:"+path)
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
+	store := openTestStore(t, "sqlite:"+path)
 	s := startServer(t, store, nil)
 	created := s.postJSON("acme", "k-1", paymentBody)
 	require.Equal(t, http.StatusCreated, created.status)

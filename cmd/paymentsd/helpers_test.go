@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/internal/demotest"
 	"github.com/idemgo/idem/internal/service"
 )
 
@@ -225,12 +226,7 @@ func startRun(t *testing.T, args ...string) (s *testServer, stop func() string) 
 	return s, func() string {
 		t.Helper()
 		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(20 * time.Second):
-			t.Fatal("run did not return after its context was cancelled")
-		}
+		demotest.RequireReturns(t, done, 20*time.Second, "run did not return after its context was cancelled")
 		return logs()
 	}
 }
