@@ -102,7 +102,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// Echoed as sent on every answer from here on, the replay included, so
 	// a client (stripe-go's LastResponse.IdempotencyKey) can tell which key
 	// an answer is for.
-	w.Header().Set(HeaderKey, values[0])
+	w.Header()[HeaderKey] = values[:1:1]
 	scope, err := m.cfg.Scope(r)
 	if err != nil || scope == "" {
 		// An empty scope is most often an unauthenticated request read as
@@ -289,7 +289,7 @@ func (m *Middleware) replayResponse(w http.ResponseWriter, r *http.Request, resp
 	for k, v := range resp.Header {
 		h[k] = v
 	}
-	h.Set(HeaderReplayed, "true")
+	h[HeaderReplayed] = replayedTrue
 	if !resp.BodyStored {
 		h.Del("Content-Type")
 		h.Del("Content-Encoding")
