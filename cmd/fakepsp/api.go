@@ -14,9 +14,6 @@ import (
 	"github.com/idemgo/idem/internal/service"
 )
 
-// healthTimeout bounds the database ping of GET /healthz.
-const healthTimeout = 2 * time.Second
-
 // handlerConfig is what newHandler wires together.
 type handlerConfig struct {
 	Store  Store
@@ -87,7 +84,9 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	routes.HandleFunc("/", notFound)
 
 	root := http.NewServeMux()
-	root.HandleFunc("GET /healthz", a.health)
+	// GET /healthz: the SQLite file is still the one open, and the
+	// database answers a ping.
+	root.Handle("GET /healthz", service.Health{API: svc, Log: cfg.Logger, CheckFile: cfg.Store.CheckFile, Probe: cfg.Store.Ping})
 	root.HandleFunc("GET /v1/charges/stats", a.stats)
 	if cfg.Metrics != nil {
 		root.Handle("GET /metrics", cfg.Metrics)
@@ -96,24 +95,19 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	return service.LogRequests(cfg.Logger, 0, logWithheld(root)), nil
 }
 
-// chargeJSON is a charge as the API shows it.
+// chargeJSON is a charge as the API shows it: id, merchant, amount,
+// currency, customer, description (null when empty), created_at (RFC 3339
+// with fractional seconds, UTC).
 type chargeJSON struct {
-	ID          string  `json:"id"`
-	Merchant    string  `json:"merchant"`
-	Amount      int64   `json:"amount"`
-	Currency    string  `json:"currency"`
-	Customer    string  `json:"customer"`
-	Description *string `json:"description"`
-	CreatedAt   string  `json:"created_at"`
+	ID       string `json:"id"`
+	Merchant string `json:"merchant"`
+	service.AmountJSON
+	CreatedAt string `json:"created_at"`
 }
 
 func toJSON(c Charge) chargeJSON {
-	j := chargeJSON{ID: c.ID, Merchant: c.Merchant, Amount: c.Amount, Currency: c.Currency, Customer: c.Customer,
+	return chargeJSON{ID: c.ID, Merchant: c.Merchant, AmountJSON: c.AmountJSON(),
 		CreatedAt: c.CreatedAt.UTC().Format(time.RFC3339Nano)}
-	if c.Description != "" {
-		j.Description = &c.Description
-	}
-	return j
 }
 
 // createCharge is POST /v1/charges, run under idem's claim: once per
@@ -149,9 +143,7 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 	}
 	if a.cfg.FailRate > 0 && a.cfg.Roll() < a.cfg.FailRate {
 		a.log.WarnContext(ctx, "fault injected: failing the charge without charging", "merchant", merchant)
-		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the card network did not answer; nothing was charged; retry with the same Idempotency-Key")
-		p.RetryAfter = time.Second
-		p.Write(w)
+		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the card network did not answer; nothing was charged; retry with the same Idempotency-Key")
 		return
 	}
 	c, err := a.store.CreateCharge(ctx, NewCharge{
@@ -160,9 +152,7 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 	})
 	if err != nil {
 		a.log.ErrorContext(ctx, "recording the charge", "err", err)
-		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the charge could not be recorded; nothing was charged; retry with the same Idempotency-Key")
-		p.RetryAfter = time.Second
-		p.Write(w)
+		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the charge could not be recorded; nothing was charged; retry with the same Idempotency-Key")
 		return
 	}
 	exec, _ := idem.ExecutionFromContext(ctx)
@@ -205,30 +195,10 @@ func (a *api) stats(w http.ResponseWriter, r *http.Request) {
 	st, err := a.store.Stats(r.Context())
 	if err != nil {
 		a.log.ErrorContext(r.Context(), "counting charges", "err", err)
-		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while counting the charges; retry later")
-		p.RetryAfter = time.Second
-		p.Write(w)
+		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while counting the charges; retry later")
 		return
 	}
 	svc.WriteJSON(w, http.StatusOK, st)
-}
-
-// health is GET /healthz: 200 when the database answers a ping and, on
-// SQLite, the file at the database's path is still the one open.
-func (a *api) health(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
-	defer cancel()
-	if err := a.store.CheckFile(); err != nil {
-		a.log.ErrorContext(ctx, "health check: the database file is gone", "err", err)
-		svc.WriteProblem(w, service.ProblemUnavailable, http.StatusServiceUnavailable,
-			"the database file was deleted or replaced since the service opened it; restart the service")
-		return
-	}
-	if err := a.store.Ping(ctx); err != nil {
-		svc.WriteProblem(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
-		return
-	}
-	svc.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 func notFound(w http.ResponseWriter, r *http.Request) {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/internal/service"
 )
 
 const chargeBody = `{"amount":1000,"currency":"jpy","customer":"cus_42","description":"Order #1"}`
@@ -118,8 +119,8 @@ func TestChargeAndReplay(t *testing.T) {
 	require.NoError(t, json.Unmarshal(first.body, &c))
 	require.True(t, strings.HasPrefix(c.ID, "ch_"), c.ID)
 	require.Equal(t, "/v1/charges/"+c.ID, first.header.Get("Location"))
-	require.Equal(t, chargeJSON{ID: c.ID, Merchant: "acme", Amount: 1000, Currency: "JPY", Customer: "cus_42",
-		Description: c.Description, CreatedAt: c.CreatedAt}, c)
+	require.Equal(t, chargeJSON{ID: c.ID, Merchant: "acme", AmountJSON: service.AmountJSON{Amount: 1000, Currency: "JPY", Customer: "cus_42",
+		Description: c.Description}, CreatedAt: c.CreatedAt}, c)
 	require.Equal(t, "Order #1", *c.Description)
 
 	// The same key: idem's replay, byte for byte; no second charge.

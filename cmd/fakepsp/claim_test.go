@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -11,27 +10,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/demotest"
 )
 
-// slowClaims is a Store whose claim statement takes a while, and, like a
-// database driver whose query is cancelled after the server committed it,
-// reports the cancellation of its context even though the claim was made.
-type slowClaims struct {
-	Store
-}
+// slowClaims is a Store whose claims take 300 ms and report the
+// cancellation of their context although made (demotest.SlowClaims).
+type slowClaims struct{ Store }
 
-func (s slowClaims) Idem() idem.Store { return slowClaimDriver{s.Store.Idem()} }
-
-type slowClaimDriver struct{ idem.Store }
-
-func (d slowClaimDriver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
-	time.Sleep(300 * time.Millisecond)
-	res, err := d.Store.Claim(context.WithoutCancel(ctx), p)
-	if ctx.Err() != nil {
-		return res, ctx.Err() // committed, yet reported cancelled
-	}
-	return res, err
+func (s slowClaims) Idem() idem.Store {
+	return demotest.SlowClaims(s.Store.Idem(), 300*time.Millisecond)
 }
 
 // TestClientHangUpDuringClaim: the client hangs up while idem's claim

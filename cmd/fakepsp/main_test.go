@@ -11,21 +11,24 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/internal/demotest"
+	"github.com/idemgo/idem/internal/service"
 )
 
 func TestParseFlags(t *testing.T) {
 	t.Parallel()
 	o, err := parseFlags(nil, io.Discard)
 	require.NoError(t, err)
-	require.Equal(t, options{addr: "127.0.0.1:8090", lease: 30 * time.Second, hang: time.Minute,
-		shutdownTimeout: 15 * time.Second, logFormat: "json", otelTraces: "none"}, o)
+	require.Equal(t, options{Flags: service.Flags{Addr: "127.0.0.1:8090", Lease: 30 * time.Second,
+		ShutdownTimeout: 15 * time.Second, LogFormat: "json", Traces: "none"}, hang: time.Minute}, o)
 	o, err = parseFlags([]string{"--latency", "20ms", "--fail-rate", "0.1", "--timeout-rate", "1", "--hang", "5s", "--lease", "2s"}, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, 20*time.Millisecond, o.latency)
 	require.Equal(t, 0.1, o.failRate)
 	require.Equal(t, 1.0, o.timeoutRate)
 	require.Equal(t, 5*time.Second, o.hang)
-	require.Equal(t, 2*time.Second, o.lease)
+	require.Equal(t, 2*time.Second, o.Lease)
 	for _, bad := range [][]string{{"--fail-rate", "2"}, {"--timeout-rate", "-1"}, {"--lease", "10ms"}, {"--latency", "-1s"}, {"x"}, {"--otel-traces", "otlp"}} {
 		_, err := parseFlags(bad, io.Discard)
 		require.Error(t, err, "%v", bad)
@@ -81,12 +84,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	require.Equal(t, http.StatusCreated, p.charge("acme", "run-1", "application/json", chargeBody).status)
 
 	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("run did not return after its context was cancelled")
-	}
+	demotest.RequireReturns(t, done, 20*time.Second, "run did not return after its context was cancelled")
 	b, err := os.ReadFile(logs.Name())
 	require.NoError(t, err)
 	out := string(b)

@@ -2,12 +2,18 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"errors"
+	"fmt"
 	"math/big"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idempgx"
+	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dburl"
 	"github.com/idemgo/idem/internal/service"
 )
@@ -23,15 +29,9 @@ const DefaultSQLitePath = "fakepsp.db"
 // with that id.
 var ErrNotFound = errors.New("charge not found")
 
-// NewCharge is a validated charge about to be written.
-type NewCharge struct {
-	ID          string // ch_<uuid>
-	Merchant    string
-	Amount      int64
-	Currency    string
-	Customer    string
-	Description string // empty when not given
-}
+// NewCharge is a validated charge about to be written; its ID is
+// ch_<uuid>.
+type NewCharge = service.Payment
 
 // Charge is a stored charge.
 type Charge struct {
@@ -83,21 +83,20 @@ type Store interface {
 var migrations embed.FS
 
 // schema is fakepsp's table: migrations/<kind>/*.sql, applied by goose
-// after idem's and recorded in SchemaVersionTable.
-var schema = service.Schema{Service: "fakepsp", VersionTable: SchemaVersionTable, Migrations: migrations}
+// after idem's and recorded in SchemaVersionTable. --database-url is read
+// as paymentsd reads it (service.ParseDatabaseURL), but for MySQL.
+var schema = service.Schema{Service: "fakepsp", VersionTable: SchemaVersionTable, Migrations: migrations,
+	DefaultSQLitePath: DefaultSQLitePath,
+	Unsupported:       map[string]string{dburl.MySQL: "fakepsp keeps its charges in SQLite or PostgreSQL: a mysql:// URL is not supported"}}
 
 // openStore opens the database named by databaseURL (see parseDatabaseURL)
 // and migrates it: idem's migrations, then fakepsp's (service.Open).
 func openStore(ctx context.Context, databaseURL string) (Store, error) {
-	kind, target, err := parseDatabaseURL(databaseURL)
+	db, err := schema.OpenURL(ctx, databaseURL)
 	if err != nil {
 		return nil, err
 	}
-	db, err := service.Open(ctx, kind, target, schema)
-	if err != nil {
-		return nil, err
-	}
-	if kind == dburl.Postgres {
+	if db.Kind == dburl.Postgres {
 		return &postgresStore{db}, nil
 	}
 	return &sqliteStore{db}, nil
@@ -108,13 +107,7 @@ func openStore(ctx context.Context, databaseURL string) (Store, error) {
 // postgres://... or postgresql://... is PostgreSQL (pgxpool syntax,
 // search_path=... picks the schema); sqlite:PATH, file:PATH or a plain PATH
 // is an SQLite file. It returns "postgres" or "sqlite" and the URL or path.
-func parseDatabaseURL(s string) (kind, target string, err error) {
-	kind, target, err = service.ParseDatabaseURL(s, DefaultSQLitePath)
-	if err == nil && kind == dburl.MySQL {
-		return "", "", errors.New("fakepsp keeps its charges in SQLite or PostgreSQL: a mysql:// URL is not supported")
-	}
-	return kind, target, err
-}
+func parseDatabaseURL(s string) (kind, target string, err error) { return schema.ParseURL(s) }
 
 // statsSQL counts the charges per merchant and currency, the amounts
 // summed exactly in two columns (service.SumColumns); cast wraps each sum
@@ -146,4 +139,92 @@ func readStats(rows service.Rows) (Stats, error) {
 		st.Charges += count
 	}
 	return st, rows.Err()
+}
+
+// postgresStore is the Store on PostgreSQL (idempgx): service.DB's pgx
+// pool and idem's driver.
+type postgresStore struct{ *service.DB }
+
+func (s *postgresStore) CreateCharge(ctx context.Context, c NewCharge) (Charge, error) {
+	tx, err := idempgx.Tx(ctx)
+	if err != nil {
+		return Charge{}, err
+	}
+	var createdAt time.Time
+	err = tx.QueryRow(ctx, `INSERT INTO charges (id, merchant, amount, currency, customer, description)
+		VALUES ($1, $2, $3, $4, $5, NULLIF($6, '')) RETURNING created_at`,
+		c.ID, c.Merchant, c.Amount, c.Currency, c.Customer, c.Description).Scan(&createdAt)
+	if err != nil {
+		return Charge{}, fmt.Errorf("insert charge: %w", err)
+	}
+	return Charge{NewCharge: c, CreatedAt: createdAt.UTC()}, nil
+}
+
+func (s *postgresStore) Charge(ctx context.Context, merchant, id string) (Charge, error) {
+	var c Charge
+	err := s.Pool.QueryRow(ctx, `SELECT id, merchant, amount, currency, customer, coalesce(description, ''), created_at
+		FROM charges WHERE merchant = $1 AND id = $2`, merchant, id).
+		Scan(&c.ID, &c.Merchant, &c.Amount, &c.Currency, &c.Customer, &c.Description, &c.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, ErrNotFound
+	}
+	c.CreatedAt = c.CreatedAt.UTC()
+	return c, err
+}
+
+func (s *postgresStore) Stats(ctx context.Context) (Stats, error) {
+	rows, err := s.Pool.Query(ctx, statsSQL(func(sum string) string { return sum + `::bigint` }))
+	if err != nil {
+		return Stats{}, err
+	}
+	defer rows.Close()
+	return readStats(rows)
+}
+
+// sqliteStore is the Store on an embedded SQLite file (idemsqlite):
+// service.DB's SQL pool and idem's driver.
+type sqliteStore struct{ *service.DB }
+
+// sqliteNow is SQLite's clock in integer microseconds.
+const sqliteNow = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
+
+func (s *sqliteStore) CreateCharge(ctx context.Context, c NewCharge) (Charge, error) {
+	tx, err := idemsqlite.Tx(ctx)
+	if err != nil {
+		return Charge{}, err
+	}
+	var createdAt int64
+	err = tx.QueryRowContext(ctx, `INSERT INTO charges (id, merchant, amount, currency, customer, description, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, `+sqliteNow+`) RETURNING created_at`,
+		c.ID, c.Merchant, c.Amount, c.Currency, c.Customer, sql.NullString{String: c.Description, Valid: c.Description != ""},
+	).Scan(&createdAt)
+	if err != nil {
+		return Charge{}, fmt.Errorf("insert charge: %w", err)
+	}
+	return Charge{NewCharge: c, CreatedAt: time.UnixMicro(createdAt).UTC()}, nil
+}
+
+func (s *sqliteStore) Charge(ctx context.Context, merchant, id string) (Charge, error) {
+	var (
+		c           Charge
+		description sql.NullString
+		createdAt   int64
+	)
+	err := s.SQL.QueryRowContext(ctx, `SELECT id, merchant, amount, currency, customer, description, created_at
+		FROM charges WHERE merchant = ? AND id = ?`, merchant, id).
+		Scan(&c.ID, &c.Merchant, &c.Amount, &c.Currency, &c.Customer, &description, &createdAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return c, ErrNotFound
+	}
+	c.Description, c.CreatedAt = description.String, time.UnixMicro(createdAt).UTC()
+	return c, err
+}
+
+func (s *sqliteStore) Stats(ctx context.Context) (Stats, error) {
+	rows, err := s.SQL.QueryContext(ctx, statsSQL(func(sum string) string { return sum }))
+	if err != nil {
+		return Stats{}, err
+	}
+	st, err := readStats(rows)
+	return st, errors.Join(err, rows.Close())
 }

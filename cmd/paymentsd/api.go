@@ -22,9 +22,6 @@ const (
 	MaxListLimit     = 100
 )
 
-// healthTimeout bounds the database reads of GET /healthz.
-const healthTimeout = 2 * time.Second
-
 // healthProbe is the merchant, scope and key that GET /healthz reads: none
 // exists (merchant names are sk_test_ suffixes, never empty).
 const healthProbe = ""
@@ -80,14 +77,7 @@ type api struct {
 // sent to a mistyped path or with another method gets the 404 or 405
 // without a record, so the client can correct the request and keep its key.
 func newHandler(cfg handlerConfig) (http.Handler, error) {
-	mw, err := idem.New(idem.Config{
-		Store:         cfg.Faults.store(cfg.Store.Idem()),
-		Scope:         service.Scope,
-		LeaseDuration: cfg.Lease,
-		RelaySecret:   cfg.RelaySecret,
-		Logger:        cfg.Logger,
-		Observer:      cfg.Observer,
-	})
+	mw, err := idem.New(cfg.idemConfig())
 	if err != nil {
 		return nil, err
 	}
@@ -100,6 +90,20 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		return nil, err
 	}
 	return a.serve(routes), nil
+}
+
+// idemConfig is idem's configuration of both protected routes: cfg's store
+// (through the fault injection), scoped by merchant, with cfg's lease,
+// relay secret, logger and observer.
+func (cfg handlerConfig) idemConfig() idem.Config {
+	return idem.Config{
+		Store:         cfg.Faults.store(cfg.Store.Idem()),
+		Scope:         service.Scope,
+		LeaseDuration: cfg.Lease,
+		RelaySecret:   cfg.RelaySecret,
+		Logger:        cfg.Logger,
+		Observer:      cfg.Observer,
+	}
 }
 
 // routes returns the authenticated routes, with create as POST
@@ -124,7 +128,7 @@ func (a *api) routes(create http.Handler) *http.ServeMux {
 // handled by routes.
 func (a *api) serve(routes http.Handler) http.Handler {
 	root := http.NewServeMux()
-	root.HandleFunc("GET /healthz", a.health)
+	root.Handle("GET /healthz", service.Health{API: svc, Log: a.log, CheckFile: a.store.CheckFile, Probe: a.probeTables, RetryAfter: true})
 	root.Handle("/healthz", methodNotAllowed("GET, HEAD"))
 	if a.metrics != nil {
 		root.Handle("GET /metrics", a.metrics)
@@ -135,25 +139,10 @@ func (a *api) serve(routes http.Handler) http.Handler {
 }
 
 // paymentJSON is a payment as the API shows it.
-type paymentJSON struct {
-	ID          string  `json:"id"`
-	Amount      int64   `json:"amount"`
-	Currency    string  `json:"currency"`
-	Customer    string  `json:"customer"`
-	Description *string `json:"description"`
-	Status      string  `json:"status"`
-	CreatedAt   string  `json:"created_at"`
-}
+type paymentJSON = service.PaymentJSON
 
 func toJSON(p Payment) paymentJSON {
-	j := paymentJSON{
-		ID: p.ID, Amount: p.Amount, Currency: p.Currency, Customer: p.Customer,
-		Status: p.Status, CreatedAt: p.CreatedAt.UTC().Format(time.RFC3339),
-	}
-	if p.Description != "" {
-		j.Description = &p.Description
-	}
-	return j
+	return paymentJSON{ID: p.ID, AmountJSON: p.AmountJSON(), Status: p.Status, CreatedAt: p.CreatedAt.UTC().Format(time.RFC3339)}
 }
 
 // createPayment is POST /v1/payments. It runs under idem's claim: once per
@@ -251,8 +240,8 @@ func (in paymentInput) chargeRequest(key, merchant string) ChargeRequest {
 // payment is the new succeeded payment of in, recording the provider's
 // charge.
 func (in paymentInput) payment(merchant, chargeID string) NewPayment {
-	return NewPayment{ID: service.NewID("pay"), Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
-		Customer: in.Customer, Description: in.Description, Status: "succeeded", ProviderChargeID: chargeID}
+	return NewPayment{Payment: service.Payment{ID: service.NewID("pay"), Merchant: merchant, Amount: in.Amount, Currency: in.Currency,
+		Customer: in.Customer, Description: in.Description}, Status: "succeeded", ProviderChargeID: chargeID}
 }
 
 // providerFailed answers a charge the provider did not confirm: 504 when its
@@ -263,19 +252,15 @@ func (a *api) providerFailed(w http.ResponseWriter, r *http.Request, relay strin
 	merchant, _ := service.Merchant(r.Context())
 	a.log.WarnContext(r.Context(), "payment provider failed", "merchant", merchant, "relay_key", relay, "err", err)
 	if errors.Is(err, ErrProviderTimeout) {
-		p := svc.Problem(problemProviderTimeout, http.StatusGatewayTimeout,
+		svc.WriteRetryLater(w, problemProviderTimeout, http.StatusGatewayTimeout,
 			"the payment provider did not answer in time; the charge may have been made: retry with the same Idempotency-Key, the provider will not charge twice")
-		p.RetryAfter = time.Second
-		p.Write(w)
 		return
 	}
 	// Retry-After: 1, whatever the provider said: its own Retry-After for a
 	// key in flight is the lease left there (30 s for a fresh claim), while
 	// its charge usually completes far sooner.
-	p := svc.Problem(problemProviderError, http.StatusBadGateway,
+	svc.WriteRetryLater(w, problemProviderError, http.StatusBadGateway,
 		"the payment provider did not confirm the charge; retry with the same Idempotency-Key")
-	p.RetryAfter = time.Second
-	p.Write(w)
 }
 
 // getPayment is GET /v1/payments/{id}.
@@ -354,25 +339,10 @@ func (a *api) balance(w http.ResponseWriter, r *http.Request) {
 	}{b.Merchant, b.Payments, b.Totals})
 }
 
-// health is GET /healthz: 200 when the database answers a read of idem's
-// table and of the payments table (a ping alone would pass with the tables
-// gone, while every POST fails) and, on SQLite, the file at the database's
-// path is still the one open (a deleted file keeps answering).
-func (a *api) health(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
-	defer cancel()
-	if err := a.store.CheckFile(); err != nil {
-		// Every read still succeeds on the deleted inode; the writes would be
-		// lost at the next start.
-		a.log.ErrorContext(ctx, "health check: the database file is gone", "err", err)
-		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable,
-			"the database file was deleted or replaced since the service opened it; restart the service")
-		p.RetryAfter = time.Second
-		p.Write(w)
-		return
-	}
-	// The two reads reach the database (no separate ping needed) and fail
-	// when a table is gone, which a ping would not notice.
+// probeTables reads idem's table and the payments table for GET /healthz
+// (service.Health): a ping alone would pass with the tables gone, while
+// every POST fails. The reads reach the database (no separate ping needed).
+func (a *api) probeTables(ctx context.Context) error {
 	_, err := a.store.Idem().Get(ctx, idemdriver.GetParams{Scope: healthProbe, Key: healthProbe})
 	if errors.Is(err, idemdriver.ErrNotFound) {
 		err = nil
@@ -380,14 +350,7 @@ func (a *api) health(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		_, err = a.store.Payments(ctx, healthProbe, 1)
 	}
-	if err != nil {
-		a.log.WarnContext(ctx, "health check: database failed", "err", err)
-		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database does not answer")
-		p.RetryAfter = time.Second
-		p.Write(w)
-		return
-	}
-	svc.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return err
 }
 
 // readFailed answers a database error of a read (GET): 503 with
@@ -395,9 +358,7 @@ func (a *api) health(w http.ResponseWriter, r *http.Request) {
 // be sent again once the database is back.
 func (a *api) readFailed(w http.ResponseWriter, r *http.Request, what string, err error) {
 	a.log.ErrorContext(r.Context(), "database error", "op", what, "err", err)
-	p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while "+what+"; retry later")
-	p.RetryAfter = time.Second
-	p.Write(w)
+	svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while "+what+"; retry later")
 }
 
 // storeFailed answers a database error: 503 when idem could not begin the
@@ -406,9 +367,7 @@ func (a *api) readFailed(w http.ResponseWriter, r *http.Request, what string, er
 func (a *api) storeFailed(w http.ResponseWriter, r *http.Request, what string, err error) {
 	a.log.ErrorContext(r.Context(), "database error", "op", what, "err", err)
 	if errors.Is(err, idem.ErrStoreUnavailable) {
-		p := svc.Problem(service.ProblemUnavailable, http.StatusServiceUnavailable, "the database did not answer while "+what+"; retry later")
-		p.RetryAfter = time.Second
-		p.Write(w)
+		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database did not answer while "+what+"; retry later")
 		return
 	}
 	svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the service failed while "+what)

@@ -458,14 +458,14 @@ func TestHealthz(t *testing.T) {
 	require.Equal(t, ProblemTypeBase+service.ProblemUnavailable, r.problem(t)["type"])
 }
 
-func TestSQLitePaymentFlow(t *testing.T) {
+func TestPaymentFlow(t *testing.T) {
 	t.Parallel()
-	testPaymentFlow(t, newSQLiteStore(t))
+	onEachDatabase(t, testPaymentFlow)
 }
 
-func TestConcurrentIdenticalPostsSQLite(t *testing.T) {
+func TestConcurrentIdenticalPosts(t *testing.T) {
 	t.Parallel()
-	testConcurrentIdenticalPosts(t, newSQLiteStore(t))
+	onEachDatabase(t, testConcurrentIdenticalPosts)
 }
 
 // testConcurrentIdenticalPosts races 20 identical POSTs on one key while the
@@ -591,9 +591,7 @@ func TestWrongRouteKeepsTheKey(t *testing.T) {
 func TestReadsAnswer503WhenTheDatabaseFails(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "paymentsd.db")
-	store, err := openStore(t.Context(), "sqlite:"+path)
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
+	store := openTestStore(t, "sqlite:"+path)
 	s := startServer(t, store, nil)
 	created := s.postJSON("acme", "k-1", paymentBody)
 	require.Equal(t, http.StatusCreated, created.status)

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/internal/service"
 )
 
 // testBalanceBeyondInt64: 1024 payments of MaxAmount (2^53) for one
@@ -21,12 +23,12 @@ func testBalanceBeyondInt64(t *testing.T, store Store) {
 	ctx := context.Background()
 	const n = 1024
 	for i := range n {
-		_, err := store.CreatePayment(ctx, NewPayment{ID: fmt.Sprintf("pay_big_%04d", i), Merchant: "whale", Amount: MaxAmount,
-			Currency: "USD", Customer: "c", Status: "succeeded", ProviderChargeID: fmt.Sprintf("ch_big_%04d", i)}, WriteSeparate)
+		_, err := store.CreatePayment(ctx, NewPayment{Payment: service.Payment{ID: fmt.Sprintf("pay_big_%04d", i), Merchant: "whale", Amount: MaxAmount,
+			Currency: "USD", Customer: "c"}, Status: "succeeded", ProviderChargeID: fmt.Sprintf("ch_big_%04d", i)}, WriteSeparate)
 		require.NoError(t, err)
 	}
-	_, err := store.CreatePayment(ctx, NewPayment{ID: "pay_small", Merchant: "whale", Amount: 7,
-		Currency: "JPY", Customer: "c", Status: "succeeded", ProviderChargeID: "ch_small"}, WriteSeparate)
+	_, err := store.CreatePayment(ctx, NewPayment{Payment: service.Payment{ID: "pay_small", Merchant: "whale", Amount: 7,
+		Currency: "JPY", Customer: "c"}, Status: "succeeded", ProviderChargeID: "ch_small"}, WriteSeparate)
 	require.NoError(t, err)
 
 	r := s.get("whale", "/v1/balance")
@@ -46,17 +48,7 @@ func testBalanceBeyondInt64(t *testing.T, store Store) {
 	require.Equal(t, map[string]json.Number{"USD": "9223372036854775808", "JPY": "7"}, b.Totals, "body: %s", r.body)
 }
 
-func TestBalanceBeyondInt64SQLite(t *testing.T) {
+func TestBalanceBeyondInt64(t *testing.T) {
 	t.Parallel()
-	testBalanceBeyondInt64(t, newSQLiteStore(t))
-}
-
-func TestBalanceBeyondInt64Postgres(t *testing.T) {
-	t.Parallel()
-	testBalanceBeyondInt64(t, newPGTestStore(t))
-}
-
-func TestBalanceBeyondInt64MySQL(t *testing.T) {
-	t.Parallel()
-	testBalanceBeyondInt64(t, newMySQLTestStore(t))
+	onEachDatabase(t, testBalanceBeyondInt64)
 }

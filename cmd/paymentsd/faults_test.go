@@ -106,12 +106,7 @@ func TestCrashPointsAroundIdem(t *testing.T) {
 
 func TestStalledOwnerIsFencedOut(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []WriteMode{WriteInClaim, WriteSeparate} {
-		t.Run(string(mode), func(t *testing.T) {
-			t.Parallel()
-			testStalledOwnerIsFencedOut(t, newSQLiteStore(t), mode)
-		})
-	}
+	inEachWriteMode(t, func(t *testing.T, mode WriteMode) { testStalledOwnerIsFencedOut(t, newSQLiteStore(t), mode) })
 }
 
 // testStalledOwnerIsFencedOut: replica A stalls after the charge (handler

@@ -34,9 +34,7 @@ func TestHealthzNoticesTheSQLiteFileGone(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			path := filepath.Join(t.TempDir(), "paymentsd.db")
-			store, err := openStore(t.Context(), "sqlite:"+path)
-			require.NoError(t, err)
-			t.Cleanup(func() { store.Close() })
+			store := openTestStore(t, "sqlite:"+path)
 			s := startServer(t, store, nil)
 			require.Equal(t, http.StatusCreated, s.postJSON("acme", "k-1", paymentBody).status)
 			require.Equal(t, http.StatusOK, s.do(http.MethodGet, "/healthz", "").status)

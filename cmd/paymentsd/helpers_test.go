@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/internal/demotest"
 	"github.com/idemgo/idem/internal/service"
 )
 
@@ -29,25 +30,64 @@ type testServer struct {
 	provider Provider
 }
 
-// newSQLiteStore opens a migrated Store on a fresh file in t's temp dir.
-func newSQLiteStore(t *testing.T) Store {
+// openTestStore opens a migrated Store at databaseURL, as --database-url
+// does; it is closed when t ends.
+func openTestStore(t *testing.T, databaseURL string) Store {
 	t.Helper()
-	s, err := openStore(context.Background(), "sqlite:"+filepath.Join(t.TempDir(), "paymentsd.db"))
+	s, err := openStore(context.Background(), databaseURL)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s
 }
 
+// newSQLiteStore opens a migrated Store on a fresh file in t's temp dir.
+func newSQLiteStore(t *testing.T) Store {
+	return openTestStore(t, "sqlite:"+filepath.Join(t.TempDir(), "paymentsd.db"))
+}
+
 // newPGTestStore opens a migrated Store on a fresh schema of the
-// TEST_DATABASE_URL server, through the same URL path as --database-url
-// (search_path=<schema>). The schema is dropped when t ends.
+// TEST_DATABASE_URL server (for example
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable), through the
+// same URL path as --database-url (search_path=<schema>). The schema is
+// dropped when t ends. Without the variable the test skips, or fails under
+// CI.
 func newPGTestStore(t *testing.T) Store {
-	t.Helper()
 	url, _ := dbtest.PostgresURL(t)
-	s, err := openStore(context.Background(), url)
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
-	return s
+	return openTestStore(t, url)
+}
+
+// newMySQLTestStore opens a migrated Store on a fresh database of the
+// TEST_MYSQL_URL server (for example mysql://root@127.0.0.1:3306/test),
+// through the same URL path as --database-url, dropped when t ends.
+// Without the variable the test skips, or fails under CI.
+func newMySQLTestStore(t *testing.T) Store {
+	url, _ := dbtest.MySQLURL(t)
+	return openTestStore(t, url)
+}
+
+// onEachDatabase runs test as a parallel subtest per kind of database
+// (sqlite, postgres, mysql), each on a fresh Store.
+func onEachDatabase(t *testing.T, test func(t *testing.T, store Store)) {
+	for _, db := range []struct {
+		name string
+		open func(*testing.T) Store
+	}{{"sqlite", newSQLiteStore}, {"postgres", newPGTestStore}, {"mysql", newMySQLTestStore}} {
+		t.Run(db.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, db.open(t))
+		})
+	}
+}
+
+// inEachWriteMode runs test as a parallel subtest per WriteMode (claim,
+// separate).
+func inEachWriteMode(t *testing.T, test func(t *testing.T, mode WriteMode)) {
+	for _, mode := range []WriteMode{WriteInClaim, WriteSeparate} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			test(t, mode)
+		})
+	}
 }
 
 // startServer serves the API on store with provider (a FakeProvider with
@@ -186,12 +226,7 @@ func startRun(t *testing.T, args ...string) (s *testServer, stop func() string) 
 	return s, func() string {
 		t.Helper()
 		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(20 * time.Second):
-			t.Fatal("run did not return after its context was cancelled")
-		}
+		demotest.RequireReturns(t, done, 20*time.Second, "run did not return after its context was cancelled")
 		return logs()
 	}
 }

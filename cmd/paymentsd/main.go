@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,26 +17,17 @@ import (
 // when --relay-secret is not given (prefer it: a flag shows in ps).
 const EnvRelaySecret = "PAYMENTSD_RELAY_SECRET"
 
-func main() {
-	if err := run(context.Background(), os.Args[1:], os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "paymentsd:", err)
-		os.Exit(1)
-	}
-}
+func main() { service.Main("paymentsd", run) }
 
-// options are the command-line flags.
+// options are the command-line flags: the shared ones (service.Flags) and
+// the demo's own.
 type options struct {
-	addr            string
-	databaseURL     string
-	pspURL          string
-	pspLatency      time.Duration
-	pspTimeout      time.Duration
-	relaySecret     string
-	lease           time.Duration
-	writeMode       WriteMode
-	shutdownTimeout time.Duration
-	logFormat       string
-	otelTraces      string
+	service.Flags
+	pspURL      string
+	pspLatency  time.Duration
+	pspTimeout  time.Duration
+	relaySecret string
+	writeMode   WriteMode
 
 	// faults are the fault-injection flags (-tags idemfaults only).
 	faults faultOptions
@@ -51,20 +41,13 @@ type options struct {
 // --relay-secret is absent.
 func parseFlags(args []string, output io.Writer, getenv func(string) string) (options, error) {
 	var o options
-	fs := flag.NewFlagSet("paymentsd", flag.ContinueOnError)
-	fs.SetOutput(output)
-	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "address to listen on")
-	fs.StringVar(&o.databaseURL, "database-url", "",
-		"database: postgres://... or postgresql://... for PostgreSQL; mysql://user:password@host:port/dbname for MySQL or MariaDB; sqlite:PATH, file:PATH or a PATH for SQLite (default: SQLite file "+DefaultSQLitePath+" in the working directory)")
+	fs := o.FlagSet(output, schema, "127.0.0.1:8080",
+		"idem lease: how long a request owns its Idempotency-Key before another may take it over (at least 1s)")
 	fs.StringVar(&o.pspURL, "psp-url", "", "payment provider's base URL, e.g. http://127.0.0.1:8090 (cmd/fakepsp); default: an in-process fake provider")
 	fs.DurationVar(&o.pspLatency, "psp-latency", 300*time.Millisecond, "how long the in-process fake provider takes per charge (without --psp-url)")
 	fs.DurationVar(&o.pspTimeout, "psp-timeout", 5*time.Second, "how long to wait for the provider's answer to a charge (with --psp-url); then 504, and a retry asks again with the same relayed key")
 	fs.StringVar(&o.relaySecret, "relay-secret", "", "secret keying the Idempotency-Key relayed to the provider (idem Config.RelaySecret); default $"+EnvRelaySecret+", else none (plain SHA-256 derivation)")
-	fs.DurationVar(&o.lease, "lease", 30*time.Second, "idem lease: how long a request owns its Idempotency-Key before another may take it over (at least 1s)")
 	mode := fs.String("write-mode", string(WriteInClaim), "where a payment's rows are written: claim (in the claim's transaction, committed with idem's record) or separate (committed on their own first; for comparison)")
-	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long to wait for in-flight requests on SIGINT/SIGTERM")
-	fs.StringVar(&o.logFormat, "log-format", "json", "log format on stderr: json or text")
-	fs.StringVar(&o.otelTraces, "otel-traces", service.TracesNone, "OpenTelemetry spans of each request and of idem's claim, execute and complete: none, or stdout (one JSON object each on stdout); metrics are served at GET /metrics either way")
 	o.faults.register(fs)
 	registerNaiveFlags(fs, &o.naive)
 	if err := fs.Parse(args); err != nil {
@@ -77,17 +60,12 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	if o.relaySecret == "" && getenv != nil {
 		o.relaySecret = getenv(EnvRelaySecret)
 	}
+	if err := o.Check(fs); err != nil {
+		return o, err
+	}
 	switch {
-	case fs.NArg() > 0:
-		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
-	case o.logFormat != "json" && o.logFormat != "text":
-		return o, fmt.Errorf("--log-format must be json or text, not %q", o.logFormat)
-	case !service.ValidTraces(o.otelTraces):
-		return o, fmt.Errorf("--otel-traces must be none or stdout, not %q", o.otelTraces)
 	case o.pspLatency < 0:
 		return o, errors.New("--psp-latency must not be negative")
-	case o.lease < time.Second:
-		return o, errors.New("--lease must be at least 1s")
 	case o.pspTimeout <= 0:
 		return o, errors.New("--psp-timeout must be positive")
 	case o.writeMode != WriteInClaim && o.writeMode != WriteSeparate:
@@ -107,18 +85,16 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 
 // run starts the service and blocks until ctx is done or SIGINT/SIGTERM
 // arrives, then shuts down cleanly: stop accepting, wait for in-flight
-// requests (at most --shutdown-timeout), close the database.
+// requests (at most --shutdown-timeout), close the database. It returns
+// flag.ErrHelp after printing the usage for -h.
 func run(ctx context.Context, args []string, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr, os.Getenv)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
 	if err != nil {
 		return err
 	}
 	return service.Run(ctx, stderr, service.Process[Store]{
-		LogFormat: o.logFormat, Addr: o.addr, ShutdownTimeout: o.shutdownTimeout, Name: "paymentsd", Traces: o.otelTraces,
-		Open:  func(ctx context.Context) (Store, error) { return openStore(ctx, o.databaseURL) },
+		Flags: o.Flags, Name: "paymentsd",
+		Open:  func(ctx context.Context) (Store, error) { return openStore(ctx, o.DatabaseURL) },
 		Serve: o.serve,
 	})
 }
@@ -134,7 +110,7 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 	}
 	flt := o.faults.build(log)
 	hcfg := handlerConfig{
-		Store: store, Provider: provider, Logger: log, Lease: o.lease,
+		Store: store, Provider: provider, Logger: log, Lease: o.Lease,
 		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt,
 		Observer: tel.Observer, Metrics: tel.Metrics,
 	}
@@ -145,17 +121,14 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 		if err != nil {
 			return served, err
 		}
-		served.Close = func() { cache.Close() }
+		served.Close = cache.Close
 		if served.Handler, err = newNaiveHandler(hcfg, cache, o.naive.cacheTTL()); err != nil {
-			cache.Close()
-			return service.Served{}, err
+			return service.Served{}, errors.Join(err, cache.Close())
 		}
 	} else if served.Handler, err = newHandler(hcfg); err != nil {
 		return served, err
 	}
-	kind, target, _ := parseDatabaseURL(o.databaseURL) // openStore took it
-	served.Attrs = []any{"database", service.DescribeDatabase(kind, target),
-		"psp", psp, "lease", o.lease.String(), "write_mode", string(o.writeMode), "relay_secret", o.relaySecret != ""}
+	served.Attrs = []any{"psp", psp, "lease", o.Lease.String(), "write_mode", string(o.writeMode), "relay_secret", o.relaySecret != ""}
 	if d := o.faults.describe(); d != "" {
 		served.Attrs = append(served.Attrs, "faults", d)
 	}

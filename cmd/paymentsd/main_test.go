@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/internal/service"
 )
 
 func TestParseDatabaseURL(t *testing.T) {
@@ -41,17 +43,17 @@ func TestParseFlags(t *testing.T) {
 	t.Parallel()
 	o, err := parseFlags(nil, io.Discard, nil)
 	require.NoError(t, err)
-	require.Equal(t, options{addr: "127.0.0.1:8080", pspLatency: 300 * time.Millisecond, pspTimeout: 5 * time.Second,
-		lease: 30 * time.Second, writeMode: WriteInClaim, shutdownTimeout: 15 * time.Second, logFormat: "json",
-		otelTraces: "none", faults: o.faults}, o) // faultOptions: TestParseFaultFlags (-tags idemfaults)
+	require.Equal(t, options{Flags: service.Flags{Addr: "127.0.0.1:8080", Lease: 30 * time.Second,
+		ShutdownTimeout: 15 * time.Second, LogFormat: "json", Traces: "none"},
+		pspLatency: 300 * time.Millisecond, pspTimeout: 5 * time.Second, writeMode: WriteInClaim, faults: o.faults}, o) // faultOptions: TestParseFaultFlags (-tags idemfaults)
 
 	o, err = parseFlags([]string{"--addr", ":9", "--database-url", "x.db", "--psp-latency", "1s", "--lease", "5s", "--log-format", "text",
 		"--psp-url", "http://127.0.0.1:8090", "--psp-timeout", "2s", "--write-mode", "separate"}, io.Discard, nil)
 	require.NoError(t, err)
-	require.Equal(t, ":9", o.addr)
-	require.Equal(t, "x.db", o.databaseURL)
+	require.Equal(t, ":9", o.Addr)
+	require.Equal(t, "x.db", o.DatabaseURL)
 	require.Equal(t, time.Second, o.pspLatency)
-	require.Equal(t, 5*time.Second, o.lease)
+	require.Equal(t, 5*time.Second, o.Lease)
 	require.Equal(t, "http://127.0.0.1:8090", o.pspURL)
 	require.Equal(t, 2*time.Second, o.pspTimeout)
 	require.Equal(t, WriteSeparate, o.writeMode)

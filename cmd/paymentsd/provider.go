@@ -214,8 +214,10 @@ func (p *HTTPProvider) Charge(ctx context.Context, cr ChargeRequest) (Charge, er
 	if err != nil {
 		return Charge{}, transportError(err)
 	}
-	defer resp.Body.Close()
 	b, err = io.ReadAll(io.LimitReader(resp.Body, maxProviderResponse))
+	// The answer is read, or reading it failed: closing only releases the
+	// connection, and its error changes nothing about the charge.
+	_ = resp.Body.Close()
 	if err != nil {
 		return Charge{}, transportError(err)
 	}

@@ -197,12 +197,9 @@ func TestProviderBusyIsRetried(t *testing.T) {
 
 func TestChargeRecordedOnce(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []WriteMode{WriteInClaim, WriteSeparate} {
-		t.Run(string(mode), func(t *testing.T) {
-			t.Parallel()
-			testChargeRecordedOnce(t, newSQLiteStore(t), mode)
-		})
-	}
+	inEachWriteMode(t, func(t *testing.T, mode WriteMode) {
+		onEachDatabase(t, func(t *testing.T, store Store) { testChargeRecordedOnce(t, store, mode) })
+	})
 }
 
 // testChargeRecordedOnce: two executions (two keys) that get the same charge

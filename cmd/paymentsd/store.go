@@ -23,14 +23,10 @@ const DefaultSQLitePath = "paymentsd.db"
 // with that id.
 var ErrNotFound = errors.New("payment not found")
 
-// NewPayment is a validated payment about to be written.
+// NewPayment is a validated payment about to be written: its ID is
+// pay_<uuid> (or pi_<uuid> from POST /v1/payment_intents).
 type NewPayment struct {
-	ID               string // pay_<uuid>
-	Merchant         string
-	Amount           int64
-	Currency         string
-	Customer         string
-	Description      string // empty when not given
+	service.Payment
 	Status           string
 	ProviderChargeID string
 }
@@ -101,20 +97,17 @@ var migrations embed.FS
 
 // schema is the demo's tables: migrations/<kind>/*.sql, applied by goose
 // after idem's and recorded in SchemaVersionTable.
-var schema = service.Schema{Service: "paymentsd", VersionTable: SchemaVersionTable, Migrations: migrations}
+var schema = service.Schema{Service: "paymentsd", VersionTable: SchemaVersionTable, Migrations: migrations,
+	DefaultSQLitePath: DefaultSQLitePath}
 
 // openStore opens the database named by databaseURL (see parseDatabaseURL)
 // and migrates it: idem's migrations, then the demo's (service.Open).
 func openStore(ctx context.Context, databaseURL string) (Store, error) {
-	kind, target, err := parseDatabaseURL(databaseURL)
+	db, err := schema.OpenURL(ctx, databaseURL)
 	if err != nil {
 		return nil, err
 	}
-	db, err := service.Open(ctx, kind, target, schema)
-	if err != nil {
-		return nil, err
-	}
-	switch kind {
+	switch db.Kind {
 	case dburl.Postgres:
 		return &postgresStore{db}, nil
 	case dburl.MySQL:
@@ -154,6 +147,4 @@ func sumBalance(merchant string, rows service.Rows) (Balance, error) {
 //     sets its own (WAL, busy timeout, BEGIN IMMEDIATE).
 //
 // It returns "postgres", "mysql" or "sqlite" and the URL or path.
-func parseDatabaseURL(s string) (kind, target string, err error) {
-	return service.ParseDatabaseURL(s, DefaultSQLitePath)
-}
+func parseDatabaseURL(s string) (kind, target string, err error) { return schema.ParseURL(s) }

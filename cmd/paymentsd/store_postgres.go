@@ -22,10 +22,11 @@ func (s *postgresStore) CreatePayment(ctx context.Context, p NewPayment, mode Wr
 		if err != nil {
 			return Payment{}, err
 		}
-		defer tx.Rollback(ctx)
 		got, err := insertPostgresPayment(ctx, tx, p)
 		if err != nil {
-			return Payment{}, err
+			// The write's error is the one to report; the rollback only
+			// ends the transaction (its error, if any, joined).
+			return Payment{}, errors.Join(err, tx.Rollback(ctx))
 		}
 		return got, tx.Commit(ctx)
 	}

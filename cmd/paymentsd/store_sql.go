@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemgo/idem/internal/service"
 )
@@ -18,9 +19,11 @@ type sqlStore struct {
 	separateTx *sql.TxOptions
 	// claimTx returns the claim's transaction: idemsqlite.Tx or idemmysql.Tx.
 	claimTx func(ctx context.Context) (*sql.Tx, error)
-	// insert writes p and its ledger entry in tx, unless a payment already
-	// records p's charge: then it returns that payment and writes nothing.
-	insert func(ctx context.Context, tx *sql.Tx, p NewPayment) (Payment, error)
+	// insert writes p's row in tx at the database's clock, unless a payment
+	// already records p's charge (dup; nothing written). It returns
+	// created_at as the value written (stamp, for the ledger entry) and as
+	// a time; its error is wrapped for the caller.
+	insert func(ctx context.Context, tx *sql.Tx, p NewPayment) (stamp any, at time.Time, dup bool, err error)
 	// scan reads a payment selected as paymentColumns.
 	scan func(row scanner) (Payment, error)
 	// sumAmount is service.SumColumns of amount for the database: two
@@ -40,18 +43,38 @@ func (s *sqlStore) CreatePayment(ctx context.Context, p NewPayment, mode WriteMo
 		if err != nil {
 			return Payment{}, err
 		}
-		return s.insert(ctx, tx, p)
+		return s.write(ctx, tx, p)
 	}
 	tx, err := s.SQL.BeginTx(ctx, s.separateTx)
 	if err != nil {
 		return Payment{}, err
 	}
-	defer tx.Rollback()
-	got, err := s.insert(ctx, tx, p)
+	got, err := s.write(ctx, tx, p)
+	if err != nil {
+		// The write's error is the one to report; the rollback only ends
+		// the transaction (its error, if any, joined).
+		return Payment{}, errors.Join(err, tx.Rollback())
+	}
+	return got, tx.Commit()
+}
+
+// write writes p and its ledger entry in tx, unless a payment already
+// records p's charge: then it returns that payment and writes nothing.
+func (s *sqlStore) write(ctx context.Context, tx *sql.Tx, p NewPayment) (Payment, error) {
+	stamp, at, dup, err := s.insert(ctx, tx, p)
+	if dup {
+		// Another execution recorded this charge (READ COMMITTED on MySQL:
+		// the statement below sees its committed row).
+		return s.scan(tx.QueryRowContext(ctx,
+			`SELECT `+paymentColumns+` FROM payments WHERE provider_charge_id = ?`, p.ProviderChargeID))
+	}
 	if err != nil {
 		return Payment{}, err
 	}
-	return got, tx.Commit()
+	if err := insertLedgerEntry(ctx, tx, p, stamp); err != nil {
+		return Payment{}, err
+	}
+	return Payment{NewPayment: p, CreatedAt: at}, nil
 }
 
 func (s *sqlStore) Payment(ctx context.Context, merchant, id string) (Payment, error) {
@@ -69,16 +92,15 @@ func (s *sqlStore) Payments(ctx context.Context, merchant string, limit int) ([]
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	payments := []Payment{}
 	for rows.Next() {
 		p, err := s.scan(rows)
 		if err != nil {
-			return nil, err
+			return nil, errors.Join(err, rows.Close())
 		}
 		payments = append(payments, p)
 	}
-	return payments, rows.Err()
+	return payments, errors.Join(rows.Err(), rows.Close())
 }
 
 func (s *sqlStore) Balance(ctx context.Context, merchant string) (Balance, error) {
@@ -87,8 +109,8 @@ func (s *sqlStore) Balance(ctx context.Context, merchant string) (Balance, error
 	if err != nil {
 		return Balance{}, err
 	}
-	defer rows.Close()
-	return sumBalance(merchant, rows)
+	b, err := sumBalance(merchant, rows)
+	return b, errors.Join(err, rows.Close())
 }
 
 // insertLedgerEntry writes p's ledger entry in tx, dated createdAt (as its

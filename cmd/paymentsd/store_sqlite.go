@@ -20,11 +20,12 @@ func onSQLite(db *service.DB) *sqlStore {
 // sqliteNow is SQLite's clock in integer microseconds.
 const sqliteNow = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
 
-// insertSQLitePayment writes p and its ledger entry in tx, unless a payment
-// already records p's charge: then it returns that payment and writes nothing.
-func insertSQLitePayment(ctx context.Context, tx *sql.Tx, p NewPayment) (Payment, error) {
+// insertSQLitePayment writes p's row in tx at SQLite's clock, unless a
+// payment already records p's charge (dup; nothing written): created_at in
+// integer microseconds (stamp) and as a time.
+func insertSQLitePayment(ctx context.Context, tx *sql.Tx, p NewPayment) (stamp any, at time.Time, dup bool, err error) {
 	var createdAt int64
-	err := tx.QueryRowContext(ctx, `INSERT INTO payments
+	err = tx.QueryRowContext(ctx, `INSERT INTO payments
 		(id, merchant, amount, currency, customer, description, status, provider_charge_id, created_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, `+sqliteNow+`)
 		ON CONFLICT (provider_charge_id) DO NOTHING
@@ -32,17 +33,12 @@ func insertSQLitePayment(ctx context.Context, tx *sql.Tx, p NewPayment) (Payment
 		p.ID, p.Merchant, p.Amount, p.Currency, p.Customer, nullString(p.Description), p.Status, p.ProviderChargeID,
 	).Scan(&createdAt)
 	if errors.Is(err, sql.ErrNoRows) {
-		// Another execution recorded this charge.
-		return scanSQLitePayment(tx.QueryRowContext(ctx,
-			`SELECT `+paymentColumns+` FROM payments WHERE provider_charge_id = ?`, p.ProviderChargeID))
+		return nil, time.Time{}, true, nil
 	}
 	if err != nil {
-		return Payment{}, fmt.Errorf("insert payment: %w", err)
+		return nil, time.Time{}, false, fmt.Errorf("insert payment: %w", err)
 	}
-	if err := insertLedgerEntry(ctx, tx, p, createdAt); err != nil {
-		return Payment{}, err
-	}
-	return Payment{NewPayment: p, CreatedAt: time.UnixMicro(createdAt).UTC()}, nil
+	return createdAt, time.UnixMicro(createdAt).UTC(), false, nil
 }
 
 // scanSQLitePayment reads paymentColumns: created_at in microseconds.

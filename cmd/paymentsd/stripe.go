@@ -164,16 +164,10 @@ type paymentIntentInput struct {
 // idempotent result for a request whose parameters failed validation, so a
 // corrected retry with the same key runs.
 func (a *api) stripeRoutes(routes *http.ServeMux, cfg handlerConfig) error {
-	mw, err := idem.New(idem.Config{
-		Store:         cfg.Faults.store(cfg.Store.Idem()),
-		Scope:         service.Scope,
-		LeaseDuration: cfg.Lease,
-		RelaySecret:   cfg.RelaySecret,
-		Outcome:       idem.ReleaseValidationFailures,
-		Logger:        cfg.Logger,
-		Observer:      cfg.Observer,
-		ProblemWriter: writeStripeProblem,
-	})
+	c := cfg.idemConfig()
+	c.Outcome = idem.ReleaseValidationFailures
+	c.ProblemWriter = writeStripeProblem
+	mw, err := idem.New(c)
 	if err != nil {
 		return err
 	}

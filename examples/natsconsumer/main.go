@@ -61,7 +61,9 @@ func duration(name, def string) (time.Duration, error) {
 const schema = `CREATE TABLE IF NOT EXISTS effects (
 	msg_id TEXT NOT NULL, subject TEXT NOT NULL, payload BLOB, pid INTEGER NOT NULL)`
 
-func run() error {
+// run consumes until SIGINT or SIGTERM; an error closing the database is
+// joined to what it returns.
+func run() (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	stream := env("STREAM", "")
@@ -83,7 +85,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer func() { err = errors.Join(err, store.Close()) }()
 	if err := store.Migrate(ctx); err != nil {
 		return err
 	}

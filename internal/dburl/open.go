@@ -152,8 +152,7 @@ func Open(ctx context.Context, kind, target string, o Options) (*Store, error) {
 		// The file exists once Open has connected (it creates it).
 		fi, err := os.Stat(target)
 		if err != nil {
-			d.Close()
-			return nil, err
+			return nil, errors.Join(err, d.Close())
 		}
 		return &Store{Kind: kind, Driver: d, SQL: d.DB(), close: d.Close, path: target, file: fi}, nil
 	}

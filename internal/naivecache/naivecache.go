@@ -47,8 +47,7 @@ func OpenRedis(ctx context.Context, url string) (*Redis, error) {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := c.Ping(pctx).Err(); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("redis %s: %w", opt.Addr, err)
+		return nil, errors.Join(fmt.Errorf("redis %s: %w", opt.Addr, err), c.Close())
 	}
 	return &Redis{Client: c}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -72,6 +73,16 @@ func (a *API) Problem(kind string, status int, detail string) idem.Problem {
 // application/problem+json.
 func (a *API) WriteProblem(w http.ResponseWriter, kind string, status int, detail string) {
 	a.Problem(kind, status, detail).Write(w)
+}
+
+// WriteRetryLater sends Problem(kind, status, detail) with "Retry-After: 1"
+// (idem.Problem.RetryAfter of one second): the answer of a failure that a
+// retry soon may not meet, such as a database or a provider that did not
+// answer.
+func (a *API) WriteRetryLater(w http.ResponseWriter, kind string, status int, detail string) {
+	p := a.Problem(kind, status, detail)
+	p.RetryAfter = time.Second
+	p.Write(w)
 }
 
 // WriteJSON sends v encoded by encoding/json, followed by a newline, as

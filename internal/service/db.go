@@ -31,6 +31,34 @@ type Schema struct {
 	// migrations/*/*.sql` lays them out. Opening a kind without its
 	// directory fails ("no migrations found").
 	Migrations fs.FS
+	// DefaultSQLitePath is the SQLite file that an empty --database-url
+	// names (Schema.ParseURL), relative to the working directory, for
+	// example "paymentsd.db".
+	DefaultSQLitePath string
+	// Unsupported, when not empty, maps a dburl kind the service cannot keep
+	// its tables in to Schema.ParseURL's error for it.
+	Unsupported map[string]string
+}
+
+// ParseURL reads the service's --database-url as ParseDatabaseURL does,
+// with s.DefaultSQLitePath for an empty one; a kind in s.Unsupported is
+// refused with its error.
+func (s Schema) ParseURL(databaseURL string) (kind, target string, err error) {
+	kind, target, err = ParseDatabaseURL(databaseURL, s.DefaultSQLitePath)
+	if msg, ok := s.Unsupported[kind]; ok && err == nil {
+		return "", "", errors.New(msg)
+	}
+	return kind, target, err
+}
+
+// OpenURL opens and migrates the database that databaseURL names
+// (Schema.ParseURL, then Open).
+func (s Schema) OpenURL(ctx context.Context, databaseURL string) (*DB, error) {
+	kind, target, err := s.ParseURL(databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	return Open(ctx, kind, target, s)
 }
 
 // DB is a service's open and migrated database: idem's driver on it, and
@@ -54,6 +82,8 @@ type DB struct {
 	}
 	close     func() error
 	checkFile func() error
+	// describe is DescribeDatabase of the kind and target opened.
+	describe string
 }
 
 // Rows is what the rows of a query on database/sql (*sql.Rows) and on pgx
@@ -114,7 +144,8 @@ func DescribeDatabase(kind, target string) string {
 // share a server, a connection pooler or a Galera cluster. A lease held by
 // another process is waited for up to 5 minutes
 // (idemmigrate.DefaultLockTimeout); one left by a process that died runs
-// out within 30 seconds. On any error, nothing is left open.
+// out within 30 seconds. On any error, nothing is left open (an error
+// closing the database is joined to it).
 func Open(ctx context.Context, kind, target string, schema Schema) (*DB, error) {
 	if kind != dburl.Postgres && kind != dburl.MySQL && kind != dburl.SQLite {
 		return nil, fmt.Errorf("%s: unknown kind of database %q", schema.Service, kind)
@@ -123,10 +154,10 @@ func Open(ctx context.Context, kind, target string, schema Schema) (*DB, error) 
 	if err != nil {
 		return nil, err
 	}
-	d := &DB{Kind: kind, Pool: st.Pool, SQL: st.SQL, driver: st.Driver, close: st.Close, checkFile: st.CheckFile}
+	d := &DB{Kind: kind, Pool: st.Pool, SQL: st.SQL, driver: st.Driver, close: st.Close, checkFile: st.CheckFile,
+		describe: DescribeDatabase(kind, target)}
 	if err := d.migrate(ctx, schema); err != nil {
-		d.Close()
-		return nil, err
+		return nil, errors.Join(err, d.Close())
 	}
 	return d, nil
 }
@@ -147,6 +178,10 @@ func (d *DB) Ping(ctx context.Context) error {
 // service would write to a file nothing opens again); nil on PostgreSQL and
 // MySQL. See dburl.Store.CheckFile.
 func (d *DB) CheckFile() error { return d.checkFile() }
+
+// Describe names the database for a log line, without credentials
+// (DescribeDatabase): "sqlite:PATH" or the URL with its password redacted.
+func (d *DB) Describe() string { return d.describe }
 
 // Close closes the database (idem's driver and the pool under it).
 func (d *DB) Close() error { return d.close() }

@@ -86,15 +86,11 @@ func CloseDatabase(log *slog.Logger, db io.Closer) {
 
 // Process is a service's run once its flags are parsed (Run).
 type Process[S io.Closer] struct {
-	// LogFormat is --log-format: "text" or "json" (NewLogger), on stderr.
-	LogFormat string
-	// Addr and ShutdownTimeout are Server's (--addr, --shutdown-timeout).
-	Addr            string
-	ShutdownTimeout time.Duration
+	// Flags are the service's shared flags: LogFormat (NewLogger, on
+	// stderr), Addr and ShutdownTimeout (Server), Traces (NewTelemetry).
+	Flags Flags
 	// Name is the service's name in its telemetry (NewTelemetry).
 	Name string
-	// Traces is --otel-traces (NewTelemetry's traces).
-	Traces string
 	// Open opens and migrates the service's store.
 	Open func(ctx context.Context) (S, error)
 	// Serve builds the handler on the open store; tel's Observer and Metrics
@@ -105,21 +101,22 @@ type Process[S io.Closer] struct {
 // Served is what Process.Serve returns.
 type Served struct {
 	Handler http.Handler
-	// Attrs follow "addr" in the "listening" line (slog's key-value pairs).
+	// Attrs follow "addr" in the "listening" line (slog's key-value pairs),
+	// after "database" when the store has a Describe method (DB.Describe).
 	Attrs []any
 	// Close, when not nil, runs after the shutdown, before the store is
-	// closed.
-	Close func()
+	// closed; its error is logged (Warn "closing the handler's resources").
+	Close func() error
 }
 
 // Run runs p until ctx is done or SIGINT/SIGTERM arrives: it opens the
 // store, starts the telemetry (NewTelemetry, traces to stdout), builds the
 // handler and serves it (Server.Serve), then shuts down cleanly: stop
-// accepting, wait for in-flight requests (at most p.ShutdownTimeout), run
+// accepting, wait for in-flight requests (at most p.Flags.ShutdownTimeout), run
 // Served.Close, shut the telemetry down, close the store (CloseDatabase). It
 // returns the first error of opening, building or serving.
 func Run[S io.Closer](ctx context.Context, stderr io.Writer, p Process[S]) error {
-	log := NewLogger(stderr, p.LogFormat)
+	log := NewLogger(stderr, p.Flags.LogFormat)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -129,7 +126,7 @@ func Run[S io.Closer](ctx context.Context, stderr io.Writer, p Process[S]) error
 		return err
 	}
 	defer CloseDatabase(log, store)
-	tel, err := NewTelemetry(p.Name, p.Traces, os.Stdout)
+	tel, err := NewTelemetry(p.Name, p.Flags.Traces, os.Stdout)
 	if err != nil {
 		return err
 	}
@@ -139,8 +136,16 @@ func Run[S io.Closer](ctx context.Context, stderr io.Writer, p Process[S]) error
 		return err
 	}
 	if served.Close != nil {
-		defer served.Close()
+		defer func() {
+			if err := served.Close(); err != nil {
+				log.Warn("closing the handler's resources", "err", err)
+			}
+		}()
 	}
-	srv := Server{Addr: p.Addr, Handler: tel.Handler(served.Handler), Log: log, ShutdownTimeout: p.ShutdownTimeout, Stop: stop}
-	return srv.Serve(ctx, served.Attrs...)
+	attrs := served.Attrs
+	if d, ok := any(store).(interface{ Describe() string }); ok {
+		attrs = append([]any{"database", d.Describe()}, attrs...)
+	}
+	srv := Server{Addr: p.Flags.Addr, Handler: tel.Handler(served.Handler), Log: log, ShutdownTimeout: p.Flags.ShutdownTimeout, Stop: stop}
+	return srv.Serve(ctx, attrs...)
 }

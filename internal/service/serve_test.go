@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/internal/demotest"
 )
 
 // slowServer is a Server on a free loopback port whose handler answers
@@ -135,12 +137,7 @@ func TestServeShutdownTimeout(t *testing.T) {
 	answer := s.getSlow(t)
 
 	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Serve still waits past its shutdown timeout")
-	}
+	demotest.RequireReturns(t, done, 10*time.Second, "Serve still waits past its shutdown timeout")
 	require.NotEqual(t, "ok", <-answer, "the connection was closed")
 	close(s.release)
 	<-s.finished
