@@ -45,6 +45,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -557,15 +558,20 @@ func execFenced(ctx context.Context, db execer, query string, args []any) (bool,
 // scanRecord reads one row of columns, preceded by the claimed flag when
 // claimed is not nil and followed by extra.
 func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, error) {
+	// pgtype's value types scan without reflection (a pointer to a
+	// pointer, or a sql.Null*, costs pgx an allocation or two per column).
 	var (
-		rec         idemdriver.Record
-		state       string
-		resp        idemdriver.ResponseColumns
-		leaseLeftUS *int64
+		rec                     idemdriver.Record
+		state                   string
+		status, size, leaseLeft pgtype.Int8
+		stored                  pgtype.Bool
+		lockedUntil, completed  pgtype.Timestamptz
+		resp                    idemdriver.ResponseColumns
+		fixed                   [22]any
 	)
-	dest := []any{&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
-		&rec.LockedUntil, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size,
-		&rec.CreatedAt, &rec.UpdatedAt, &rec.CompletedAt, &rec.ExpiresAt, &rec.Attempts, &rec.Owner, &leaseLeftUS}
+	dest := append(fixed[:0], &rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
+		&lockedUntil, &status, &resp.Headers, &resp.Body, &stored, &size,
+		&rec.CreatedAt, &rec.UpdatedAt, &completed, &rec.ExpiresAt, &rec.Attempts, &rec.Owner, &leaseLeft)
 	if claimed != nil {
 		dest = append([]any{claimed}, dest...)
 	}
@@ -574,12 +580,20 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 		return rec, err
 	}
 	rec.State = idemdriver.State(state)
-	var left time.Duration
-	if leaseLeftUS != nil {
-		left = time.Duration(*leaseLeftUS) * time.Microsecond
-	}
-	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, left, leaseLeftUS != nil)
+	rec.LockedUntil, rec.CompletedAt = timePtr(lockedUntil), timePtr(completed)
+	resp.Status = sql.NullInt64{Int64: status.Int64, Valid: status.Valid}
+	resp.Size = sql.NullInt64{Int64: size.Int64, Valid: size.Valid}
+	resp.Stored = sql.NullBool{Bool: stored.Bool, Valid: stored.Valid}
+	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
 	var err error
 	rec.Response, err = idemdriver.DecodeResponse(rec.State, resp)
 	return rec, err
+}
+
+// timePtr is t's time, or nil when t is NULL.
+func timePtr(t pgtype.Timestamptz) *time.Time {
+	if !t.Valid {
+		return nil
+	}
+	return &t.Time
 }
