@@ -17,8 +17,8 @@ func TestCaptureWriterHoldsResponseUntilSent(t *testing.T) {
 	w.WriteHeader(http.StatusCreated)
 	w.Header().Set("X-Late", "ignored, as net/http ignores it") // after WriteHeader
 	_, _ = w.Write([]byte(`{"a":1}`))
-	http.NewResponseController(w).Flush() // deferred, not an error
-	w.WriteHeader(http.StatusTeapot)      // superfluous, ignored
+	require.NoError(t, http.NewResponseController(w).Flush(), "deferred, not an error")
+	w.WriteHeader(http.StatusTeapot) // superfluous, ignored
 
 	require.Equal(t, 200, rec.Code, "nothing reaches the client before send")
 	require.Empty(t, rec.Body.Bytes())
@@ -65,6 +65,6 @@ func TestCaptureWriterRefusesHijack(t *testing.T) {
 	defer srv.Close()
 	resp, err := http.Get(srv.URL)
 	require.NoError(t, err)
-	resp.Body.Close()
+	require.NoError(t, resp.Body.Close())
 	require.Equal(t, http.StatusAccepted, resp.StatusCode)
 }

@@ -27,6 +27,7 @@ const (
 	DefaultClaimTimeout       = 10 * time.Second
 	DefaultMaxExecution       = 10 * time.Minute
 	DefaultOneCommitWait      = 2 * time.Second
+	DefaultReplayCacheTTL     = 1 * time.Minute
 )
 
 // DefaultMethods returns the methods protected when Config.Methods is empty:
@@ -301,6 +302,30 @@ type Config struct {
 	// Default: 2 s.
 	OneCommitWait time.Duration
 
+	// ReplayCacheBytes, when positive, keeps the responses of completed
+	// keys in this process's memory, up to about that many bytes (body,
+	// headers and key; least recently and least frequently used evicted
+	// first), so that a retry of a request this process has already
+	// replayed once is answered without the store: its replay, or its 422
+	// key-reused, costs no statement. Only SUCCEEDED records enter it, as a
+	// replay read them from the store: a completed record never changes
+	// until it expires, so the cache never answers what the store would
+	// not, with two bounds on how long it keeps an answer: ReplayCacheTTL,
+	// and the record's expires_at read on this process's clock (a retry
+	// after the key expired runs again, as Retention promises, give or take
+	// the skew between this process's clock and the database's). An
+	// operator who deletes a SUCCEEDED record by hand (the idem command's
+	// purge, or SQL) sees it replayed from the cache up to ReplayCacheTTL
+	// longer. In flight (409) and every first execution always go to the
+	// store. Used by the HTTP middleware; Engine.Do does not. Default: 0, no
+	// cache.
+	ReplayCacheBytes int64
+
+	// ReplayCacheTTL is the longest a response stays in the replay cache
+	// after it was read from the store. Default: 1 min when
+	// ReplayCacheBytes is set.
+	ReplayCacheTTL time.Duration
+
 	// Logger receives store errors and lost leases, each call with the
 	// request's context (Logger.ErrorContext and the like), so a handler
 	// that carries trace ids in its context finds them in idem's records.
@@ -388,6 +413,9 @@ func (c Config) WithDefaults() Config {
 	if c.OneCommitWait == 0 {
 		c.OneCommitWait = DefaultOneCommitWait
 	}
+	if c.ReplayCacheBytes > 0 && c.ReplayCacheTTL == 0 {
+		c.ReplayCacheTTL = DefaultReplayCacheTTL
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -428,6 +456,9 @@ func (c Config) validate(forHTTP bool) error {
 	}
 	if c.StoreRetryAfter < 0 || c.InFlightRetryAfter < 0 || c.CompleteTimeout < 0 || c.ClaimTimeout < 0 {
 		errs = append(errs, errors.New("StoreRetryAfter, InFlightRetryAfter, ClaimTimeout and CompleteTimeout must not be negative"))
+	}
+	if c.ReplayCacheBytes < 0 || c.ReplayCacheTTL < 0 {
+		errs = append(errs, errors.New("ReplayCacheBytes and ReplayCacheTTL must not be negative"))
 	}
 	errs = append(errs, c.validateOneCommit()...)
 	if len(errs) > 0 {

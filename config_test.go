@@ -150,11 +150,10 @@ func TestScopeUnstorable(t *testing.T) {
 		"invalid utf": "acct\xff",
 		"nul":         "acct\x00",
 	} {
-		mw := newMiddleware(t, idem.Config{Scope: func(*http.Request) (string, error) { return scope, nil }})
-		ran := false
-		h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
+		c := &counter{}
+		h := newMiddleware(t, idem.Config{Scope: func(*http.Request) (string, error) { return scope, nil }}).Handler(c)
 		requireKind(t, send(h, "POST", "/x", "k", "{}"), http.StatusInternalServerError, "scope-unstorable")
-		require.False(t, ran, name)
+		require.Zero(t, c.runs, name)
 	}
 }
 
@@ -163,13 +162,13 @@ func TestScopeUnstorable(t *testing.T) {
 // that idemclient retried eight times.
 func TestPathTooLong(t *testing.T) {
 	t.Parallel()
-	runs := 0
-	h := newMiddleware(t, idem.Config{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { runs++; w.WriteHeader(201) }))
+	c := &counter{status: http.StatusCreated}
+	h := newMiddleware(t, idem.Config{}).Handler(c)
 	at := func(path string) *httptest.ResponseRecorder {
 		return send(h, "POST", path, "k-"+strconv.Itoa(len(path)), "{}")
 	}
 	requireKind(t, at("/"+strings.Repeat("p", idem.MaxPathLength)), http.StatusRequestURITooLong, "path-too-long")
-	require.Zero(t, runs)
+	require.Zero(t, c.runs)
 	require.Equal(t, http.StatusCreated, at("/"+strings.Repeat("p", idem.MaxPathLength-1)).Code)
 }
 
@@ -190,13 +189,12 @@ func (b *failingBody) Close() error { return nil }
 // through the kind table, without claiming the key.
 func TestBodyUnreadable(t *testing.T) {
 	t.Parallel()
-	d := openSQLite(t)
-	runs := 0
-	h := newMiddleware(t, idem.Config{Store: d}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { runs++; w.WriteHeader(201) }))
+	c := &counter{status: http.StatusCreated}
+	h := newMiddleware(t, idem.Config{}).Handler(c)
 	rec := send(h, "POST", "/x", "k", "", func(r *http.Request) { r.Body = &failingBody{} })
 	requireKind(t, rec, http.StatusBadRequest, "body-unreadable")
 	require.NotContains(t, rec.Body.String(), "connection reset", "the detail does not leak the transport's error")
-	require.Zero(t, runs)
+	require.Zero(t, c.runs)
 	require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "k", "{}").Code, "nothing was claimed")
 }
 
@@ -205,9 +203,8 @@ func TestBodyUnreadable(t *testing.T) {
 // put every such request in one shared scope, where strangers' keys met.
 func TestEmptyScopeIsMissing(t *testing.T) {
 	t.Parallel()
-	mw := newMiddleware(t, idem.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }})
-	runs := 0
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { runs++; w.WriteHeader(201) }))
+	c := &counter{status: http.StatusCreated}
+	h := newMiddleware(t, idem.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }}).Handler(c)
 	as := func(account string) *httptest.ResponseRecorder {
 		return send(h, "POST", "/x", "k", "{}", func(r *http.Request) {
 			if account != "" {
@@ -218,18 +215,16 @@ func TestEmptyScopeIsMissing(t *testing.T) {
 	rec := as("")
 	require.Equal(t, http.StatusUnauthorized, rec.Code)
 	require.Contains(t, rec.Body.String(), idem.ProblemTypeBase+"missing-scope")
-	require.Zero(t, runs)
+	require.Zero(t, c.runs)
 	require.Equal(t, http.StatusCreated, as("acct_1").Code)
-	require.Equal(t, 1, runs)
+	require.Equal(t, 1, c.runs)
 }
 
 // Regression: a heartbeat that could not reach the store for a whole lease
 // answered 409 "another request took its key over" although nobody had.
 func TestStoreLostDuringHandler(t *testing.T) {
 	t.Parallel()
-	d, err := idemsqlite.Open(t.Context(), dbtest.SQLitePath(t))
-	require.NoError(t, err)
-	require.NoError(t, d.Migrate(t.Context()))
+	d := openSQLite(t)
 	mw := newMiddleware(t, idem.Config{Store: d, LeaseDuration: time.Second})
 	started := make(chan struct{})
 	var cause error
@@ -257,22 +252,21 @@ func TestClaimTimeout(t *testing.T) {
 	path := dbtest.SQLitePath(t)
 	d, err := idemsqlite.Open(t.Context(), path)
 	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
+	t.Cleanup(func() { require.NoError(t, d.Close()) })
 	require.NoError(t, d.Migrate(t.Context()))
 	// Another process holds SQLite's write lock.
 	other, err := idemsqlite.Open(t.Context(), path)
 	require.NoError(t, err)
-	t.Cleanup(func() { other.Close() })
+	t.Cleanup(func() { require.NoError(t, other.Close()) })
 	tx, err := other.DB().BeginTx(t.Context(), nil) // BEGIN IMMEDIATE
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback() })
 
-	mw := newMiddleware(t, idem.Config{Store: d, ClaimTimeout: 200 * time.Millisecond})
-	ran := false
-	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
+	c := &counter{}
+	h := newMiddleware(t, idem.Config{Store: d, ClaimTimeout: 200 * time.Millisecond}).Handler(c)
 	rec := send(h, "POST", "/x", "k", "{}")
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
-	require.False(t, ran)
+	require.Zero(t, c.runs)
 }
 
 // The Scope function's error belongs to the server (a session store's
@@ -281,13 +275,12 @@ func TestClaimTimeout(t *testing.T) {
 func TestScopeErrorIsNotSentToTheClient(t *testing.T) {
 	t.Parallel()
 	secret := "dial tcp 10.0.0.7:6379: session store password=hunter2"
-	mw := newMiddleware(t, idem.Config{Scope: func(*http.Request) (string, error) { return "", errors.New(secret) }})
-	runs := 0
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { runs++; w.WriteHeader(201) }))
+	c := &counter{status: http.StatusCreated}
+	h := newMiddleware(t, idem.Config{Scope: func(*http.Request) (string, error) { return "", errors.New(secret) }}).Handler(c)
 	rec := send(h, "POST", "/x", "k", "{}")
 	require.Equal(t, http.StatusUnauthorized, rec.Code)
 	require.Contains(t, rec.Body.String(), idem.ProblemTypeBase+"missing-scope")
 	require.NotContains(t, rec.Body.String(), "hunter2")
 	require.NotContains(t, rec.Body.String(), "10.0.0.7")
-	require.Zero(t, runs)
+	require.Zero(t, c.runs)
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/idemdriver"
 )
 
 // Every answer to a protected request echoes its Idempotency-Key as sent
@@ -30,9 +29,7 @@ func TestKeyEchoAndExpiry(t *testing.T) {
 	}))
 	first := send(h, "POST", "/x", `"k-1"`, "{}")
 	require.Equal(t, http.StatusCreated, first.Code)
-	rec, err := d.Get(t.Context(), idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k-1"})
-	require.NoError(t, err)
-	wantExpires := rec.ExpiresAt.UTC().Truncate(time.Second)
+	wantExpires := record(t, d, idem.SingleTenantScope, "k-1").ExpiresAt.UTC().Truncate(time.Second)
 
 	check := func(name string, got interface{ Header() http.Header }, status, wantStatus int) {
 		t.Helper()
@@ -55,7 +52,7 @@ func TestKeyEchoAndExpiry(t *testing.T) {
 	inFlight := send(h, "POST", "/slow", "k-2", "{}")
 	require.Equal(t, http.StatusConflict, inFlight.Code)
 	require.Equal(t, "k-2", inFlight.Header().Get(idem.HeaderKey))
-	_, err = http.ParseTime(inFlight.Header().Get(idem.HeaderKeyExpires))
+	_, err := http.ParseTime(inFlight.Header().Get(idem.HeaderKeyExpires))
 	require.NoError(t, err)
 	close(release)
 	<-done

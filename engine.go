@@ -232,7 +232,8 @@ type Engine struct {
 // NewEngine validates cfg (after WithDefaults) as New does, except that
 // Scope is not required (Do's caller names the scope), and returns the
 // engine. Fields that only HTTP reads (Scope, Methods, KeyOptional,
-// MaxRequestBytes, ReplayHeaders, Fingerprint, Route) are ignored.
+// MaxRequestBytes, ReplayHeaders, ReplayCacheBytes, ReplayCacheTTL,
+// Fingerprint, Route) are ignored.
 func NewEngine(cfg Config) (*Engine, error) {
 	m, err := newMiddleware(cfg, false)
 	if err != nil {

@@ -124,9 +124,7 @@ func TestDoErrorRunsAgain(t *testing.T) {
 	p := idem.DoParams{Scope: "s", Key: "k"}
 	_, err := g.Do(t.Context(), p, fn)
 	require.ErrorIs(t, err, boom)
-	rec, err := d.Get(t.Context(), idemdriver.GetParams{Scope: "s", Key: "k"})
-	require.NoError(t, err)
-	require.Equal(t, idemdriver.StateFailed, rec.State)
+	require.Equal(t, idemdriver.StateFailed, record(t, d, "s", "k").State)
 	out, err := g.Do(t.Context(), p, fn)
 	require.NoError(t, err)
 	require.Equal(t, "ok", string(out.Body))
@@ -206,10 +204,7 @@ func TestDoTakeOverStoreAndParams(t *testing.T) {
 	fn := func(ctx context.Context) (idem.Result, error) { runs++; return idem.Result{}, nil }
 	_, err = g.Do(t.Context(), p, fn)
 	require.NoError(t, err)
-	evs := obs.take()
-	require.Len(t, evs, 1)
-	require.Equal(t, idem.EventTakenOver, evs[0].Kind)
-	require.Equal(t, 2, evs[0].Attempt)
+	require.Equal(t, 2, obs.takeOne(t, idem.EventTakenOver).Attempt)
 
 	for _, bad := range []idem.DoParams{{Scope: "s"}, {Scope: "s", Key: "a b"}, {Key: "k"}, {Scope: "s\x00", Key: "k"},
 		{Scope: "s", Key: "k", Fingerprint: []byte("short")}} {
@@ -232,9 +227,7 @@ func TestDoPanic(t *testing.T) {
 	require.PanicsWithValue(t, "boom", func() {
 		_, _ = g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k"}, func(context.Context) (idem.Result, error) { panic("boom") })
 	})
-	rec, err := d.Get(t.Context(), idemdriver.GetParams{Scope: "s", Key: "k"})
-	require.NoError(t, err)
-	require.Equal(t, idemdriver.StateFailed, rec.State)
+	require.Equal(t, idemdriver.StateFailed, record(t, d, "s", "k").State)
 }
 
 // The middleware's engine shares its store and Config.

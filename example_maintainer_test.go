@@ -31,7 +31,9 @@ func ExampleMaintainer() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	resp.Body.Close()
+	if err := resp.Body.Close(); err != nil {
+		log.Fatal(err)
+	}
 
 	cycles := make(chan idem.MaintenanceCycle, 1)
 	m, err := idem.NewMaintainer(store, idem.MaintainerConfig{

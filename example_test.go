@@ -31,7 +31,7 @@ func Example() {
 		charges++
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"charge":%d}`, charges)
+		_, _ = fmt.Fprintf(w, `{"charge":%d}`, charges) // a write error means the client is gone
 	})
 	srv := httptest.NewServer(mw.Handler(charge))
 	defer srv.Close()
@@ -75,7 +75,7 @@ func Example_transactional() {
 		}
 		id, _ := res.LastInsertId()
 		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"payment":%d}`, id)
+		_, _ = fmt.Fprintf(w, `{"payment":%d}`, id) // a write error means the client is gone
 		// No Commit here: idem commits the payment and its outcome together.
 	})
 	srv := httptest.NewServer(mw.Handler(pay))
@@ -109,7 +109,7 @@ func ExampleReleaseKey() {
 			return
 		}
 		w.WriteHeader(http.StatusCreated)
-		fmt.Fprint(w, `{"id":"pay_1"}`)
+		_, _ = fmt.Fprint(w, `{"id":"pay_1"}`) // a write error means the client is gone
 	})
 	srv := httptest.NewServer(mw.Handler(pay))
 	defer srv.Close()

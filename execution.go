@@ -310,10 +310,19 @@ func (e *execution) txOpen() bool {
 }
 
 type heartbeat struct {
-	stopc  chan struct{}
-	done   chan struct{}
-	cancel context.CancelFunc // ends an in-flight renewal at stop
-	lease  time.Duration
+	e       *execution
+	lease   time.Duration
+	started time.Time // for MaxExecution
+	// first fires the first renewal (or MaxExecution, if sooner) and runs
+	// the renewal loop in its own goroutine: a handler that returns before
+	// LeaseDuration/3 costs a timer, no goroutine.
+	first *time.Timer
+
+	mu      sync.Mutex
+	stopped bool
+	stopc   chan struct{}      // made when the loop starts; closed by stop
+	done    chan struct{}      // made when the loop starts; closed when it ends
+	cancel  context.CancelFunc // ends an in-flight renewal at stop
 	// lastOK is when the latest successful renewal (or the claim) was sent:
 	// the lease runs at least LeaseDuration from then. Read after stop.
 	lastOK time.Time
@@ -328,75 +337,102 @@ type heartbeat struct {
 // claimSent is when the claim statement was sent: the first lease runs from
 // no earlier.
 func (e *execution) startHeartbeat(claimSent time.Time) *heartbeat {
+	hb := &heartbeat{e: e, lease: e.m.cfg.LeaseDuration, started: time.Now(), lastOK: claimSent}
+	hb.first = time.AfterFunc(min(hb.lease/3, e.m.cfg.MaxExecution), hb.run)
+	return hb
+}
+
+// run is the renewal loop, from the first renewal on; it returns at once
+// when stop came first.
+func (hb *heartbeat) run() {
+	e := hb.e
+	hb.mu.Lock()
+	if hb.stopped {
+		hb.mu.Unlock()
+		return
+	}
 	hbCtx, cancel := context.WithCancel(e.ctx)
-	lease := e.m.cfg.LeaseDuration
-	hb := &heartbeat{stopc: make(chan struct{}), done: make(chan struct{}), cancel: cancel, lease: lease, lastOK: claimSent}
+	hb.stopc, hb.done, hb.cancel = make(chan struct{}), make(chan struct{}), cancel
+	hb.mu.Unlock()
+	defer close(hb.done)
+	defer cancel()
+
+	lease := hb.lease
 	sw, ok := e.m.cfg.Store.(idemdriver.SingleWriter)
 	singleWriter := ok && sw.SingleWriter()
-	go func() {
-		defer close(hb.done)
-		t := time.NewTicker(lease / 3)
-		defer t.Stop()
-		limit := time.NewTimer(e.m.cfg.MaxExecution)
-		defer limit.Stop()
-		for {
+	t := time.NewTicker(lease / 3)
+	defer t.Stop()
+	limit := time.NewTimer(e.m.cfg.MaxExecution - time.Since(hb.started))
+	defer limit.Stop()
+	for first := true; ; first = false {
+		if first && time.Since(hb.started) >= e.m.cfg.MaxExecution {
+			hb.ranPastMaxExecution()
+			return
+		}
+		if !first {
 			select {
 			case <-hb.stopc:
 				return
 			case <-limit.C:
-				select { // the handler returned just now: its outcome is recorded as usual
-				case <-hb.stopc:
-					return
-				default:
-				}
-				e.m.cfg.Logger.WarnContext(e.parent, "idem: execution ran past MaxExecution; no longer renewing its lease",
-					"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.m.cfg.MaxExecution)
-				e.cancel(ErrExecutionTimeout)
+				hb.ranPastMaxExecution()
 				return
 			case <-t.C:
 			}
-			select { // a tick and a stop both ready: stop wins
-			case <-hb.stopc:
-				return
-			default:
-			}
-			if singleWriter && e.txOpen() {
-				// The business transaction holds the database's only write
-				// lock: no one can claim the key until it ends, and a renewal
-				// would only wait for that lock, behind our own transaction.
-				hb.lastOK = time.Now()
-				continue
-			}
-			// The lease runs from the database's now, which is no earlier
-			// than the moment the renewal was sent.
-			sent := time.Now()
-			ctx, cancel := context.WithTimeout(hbCtx, lease/3)
-			ok, err := e.m.cfg.Store.Heartbeat(ctx, e.fence)
-			cancel()
-			select { // stopped during the renewal: the outcome is recorded next, whatever it said
-			case <-hb.stopc:
-				return
-			default:
-			}
-			switch {
-			case err == nil && ok:
-				hb.lastOK = sent
-			case err == nil && !ok:
-				e.m.cfg.Logger.WarnContext(e.parent, "idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
-				e.cancel(ErrLeaseLost)
-				return
-			case errors.Is(err, idemdriver.ErrBusy):
-				// Queued behind another transaction's write lock (a single
-				// writer): no claim can take the key over while it is held.
-				hb.lastOK = time.Now()
-			case time.Since(hb.lastOK) >= lease:
-				e.m.cfg.Logger.WarnContext(e.parent, "idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
-				e.cancel(&StoreError{Op: "heartbeat", Err: err})
-				return
-			}
 		}
-	}()
-	return hb
+		select { // a tick and a stop both ready: stop wins
+		case <-hb.stopc:
+			return
+		default:
+		}
+		if singleWriter && e.txOpen() {
+			// The business transaction holds the database's only write
+			// lock: no one can claim the key until it ends, and a renewal
+			// would only wait for that lock, behind our own transaction.
+			hb.lastOK = time.Now()
+			continue
+		}
+		// The lease runs from the database's now, which is no earlier
+		// than the moment the renewal was sent.
+		sent := time.Now()
+		ctx, cancel := context.WithTimeout(hbCtx, lease/3)
+		ok, err := e.m.cfg.Store.Heartbeat(ctx, e.fence)
+		cancel()
+		select { // stopped during the renewal: the outcome is recorded next, whatever it said
+		case <-hb.stopc:
+			return
+		default:
+		}
+		switch {
+		case err == nil && ok:
+			hb.lastOK = sent
+		case err == nil && !ok:
+			e.m.cfg.Logger.WarnContext(e.parent, "idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
+			e.cancel(ErrLeaseLost)
+			return
+		case errors.Is(err, idemdriver.ErrBusy):
+			// Queued behind another transaction's write lock (a single
+			// writer): no claim can take the key over while it is held.
+			hb.lastOK = time.Now()
+		case time.Since(hb.lastOK) >= lease:
+			e.m.cfg.Logger.WarnContext(e.parent, "idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+			e.cancel(&StoreError{Op: "heartbeat", Err: err})
+			return
+		}
+	}
+}
+
+// ranPastMaxExecution ends the execution with ErrExecutionTimeout, unless
+// the handler has just returned (its outcome is recorded as usual).
+func (hb *heartbeat) ranPastMaxExecution() {
+	select {
+	case <-hb.stopc:
+		return
+	default:
+	}
+	e := hb.e
+	e.m.cfg.Logger.WarnContext(e.parent, "idem: execution ran past MaxExecution; no longer renewing its lease",
+		"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.m.cfg.MaxExecution)
+	e.cancel(ErrExecutionTimeout)
 }
 
 // leaseRanOut reports whether the lease may have run out (no renewal for a
@@ -409,7 +445,14 @@ func (hb *heartbeat) leaseRanOut() bool { return time.Since(hb.lastOK) >= hb.lea
 // runs cannot undo the completion: both are fenced, and a renewal that finds
 // the record no longer PROCESSING changes nothing.
 func (hb *heartbeat) stop() {
-	close(hb.stopc)
-	hb.cancel()
-	<-hb.done
+	hb.first.Stop()
+	hb.mu.Lock()
+	hb.stopped = true
+	running := hb.done != nil
+	hb.mu.Unlock()
+	if running {
+		close(hb.stopc)
+		hb.cancel()
+		<-hb.done
+	}
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
@@ -22,21 +20,13 @@ import (
 func TestClientGoneBeforeClaim(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{Store: d})
-	runs := 0
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		runs++
-		w.WriteHeader(http.StatusCreated)
-	}))
+	c := &counter{status: http.StatusCreated}
+	h := newMiddleware(t, idem.Config{Store: d}).Handler(c)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // gone before idem even claimed
-	req := httptest.NewRequestWithContext(ctx, "POST", "/x", strings.NewReader("{}"))
-	req.Header.Set(idem.HeaderKey, "k")
-	h.ServeHTTP(httptest.NewRecorder(), req)
-	rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "global", Key: "k"})
-	require.NoError(t, err)
-	require.Equal(t, idemdriver.StateSucceeded, rec.State, "the work is done and recorded; the retry replays")
-	require.Equal(t, 1, runs)
+	send(h, "POST", "/x", "k", "{}", withContext(ctx))
+	require.Equal(t, idemdriver.StateSucceeded, record(t, d, "global", "k").State, "the work is done and recorded; the retry replays")
+	require.Equal(t, 1, c.runs)
 }
 
 // Regression: on SQLite the lease renewal waited for the write lock held by
@@ -62,10 +52,7 @@ func TestSQLiteRenewalDoesNotWaitForOwnTransaction(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 		w.WriteHeader(http.StatusCreated)
 	}))
-	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
-	req.Header.Set(idem.HeaderKey, "k")
-	rr := httptest.NewRecorder()
-	h.ServeHTTP(rr, req)
+	rr := send(h, "POST", "/x", "k", "{}")
 	require.Equal(t, http.StatusCreated, rr.Code, rr.Body.String())
 	var n int
 	require.NoError(t, d.DB().QueryRow(`SELECT count(*) FROM payments`).Scan(&n))
@@ -82,9 +69,7 @@ func TestTxAfterExecutionEnded(t *testing.T) {
 		kept = r.Context()
 		w.WriteHeader(http.StatusCreated)
 	}))
-	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
-	req.Header.Set(idem.HeaderKey, "k")
-	h.ServeHTTP(httptest.NewRecorder(), req)
+	send(h, "POST", "/x", "k", "{}")
 	_, err := idemsqlite.Tx(kept)
 	require.ErrorIs(t, err, idem.ErrExecutionEnded)
 }
@@ -105,23 +90,16 @@ func TestReplayAllowListAndMethods(t *testing.T) {
 		w.Header().Set("X-Order", "o-1")
 		w.WriteHeader(http.StatusCreated)
 	}))
-	send := func(method string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest(method, "/x", strings.NewReader("{}"))
-		req.Header.Set(idem.HeaderKey, "k")
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
-	}
-	send("PUT")
-	again := send("PUT")
+	send(h, "PUT", "/x", "k", "{}")
+	again := send(h, "PUT", "/x", "k", "{}")
 	require.Equal(t, "true", again.Header().Get(idem.HeaderReplayed))
 	require.Equal(t, "o-1", again.Header().Get("X-Order"))
 	require.Empty(t, again.Header().Get("Set-Cookie"))
 	require.Empty(t, again.Header().Get("Date"))
 	require.Equal(t, 1, runs)
 	// POST is not protected in this configuration: it runs every time.
-	send("POST")
-	send("POST")
+	send(h, "POST", "/x", "k", "{}")
+	send(h, "POST", "/x", "k", "{}")
 	require.Equal(t, 3, runs)
 }
 
@@ -155,15 +133,10 @@ func TestHandlerEndCancelsRenewal(t *testing.T) {
 		<-store.started // a renewal is in flight
 		w.WriteHeader(http.StatusCreated)
 	}))
-	req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
-	req.Header.Set(idem.HeaderKey, "k")
-	rr := httptest.NewRecorder()
-	h.ServeHTTP(rr, req)
+	rr := send(h, "POST", "/x", "k", "{}")
 	require.Equal(t, http.StatusCreated, rr.Code, rr.Body.String())
 	require.ErrorIs(t, <-store.ended, context.Canceled, "ended by the handler's end, not by its own timeout")
-	rec, err := store.Get(t.Context(), idemdriver.GetParams{Scope: "global", Key: "k"})
-	require.NoError(t, err)
-	require.Equal(t, idemdriver.StateSucceeded, rec.State)
+	require.Equal(t, idemdriver.StateSucceeded, record(t, store, "global", "k").State)
 }
 
 // A handler that runs past MaxExecution has its context cancelled with
@@ -186,19 +159,10 @@ func TestMaxExecution(t *testing.T) {
 		causes = append(causes, nil)
 		w.WriteHeader(http.StatusCreated)
 	}))
-	send := func() int {
-		req := httptest.NewRequest("POST", "/x", strings.NewReader("{}"))
-		req.Header.Set(idem.HeaderKey, "k")
-		rr := httptest.NewRecorder()
-		h.ServeHTTP(rr, req)
-		return rr.Code
-	}
-	require.Equal(t, http.StatusServiceUnavailable, send())
+	require.Equal(t, http.StatusServiceUnavailable, send(h, "POST", "/x", "k", "{}").Code)
 	require.ErrorIs(t, causes[0], idem.ErrExecutionTimeout)
-	rec, err := d.Get(t.Context(), idemdriver.GetParams{Scope: "global", Key: "k"})
-	require.NoError(t, err)
-	require.Equal(t, idemdriver.StateFailed, rec.State)
-	require.Equal(t, http.StatusCreated, send(), "the retry runs again")
+	require.Equal(t, idemdriver.StateFailed, record(t, d, "global", "k").State)
+	require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "k", "{}").Code, "the retry runs again")
 	require.Len(t, causes, 2)
 }
 
@@ -208,16 +172,12 @@ func TestMaxExecution(t *testing.T) {
 func TestSucceededWithoutResponse(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	runs := 0
-	h := newMiddleware(t, idem.Config{Store: d}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		runs++
-		w.WriteHeader(http.StatusCreated)
-	}))
+	c := &counter{status: http.StatusCreated}
+	h := newMiddleware(t, idem.Config{Store: d}).Handler(c)
 	require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "k", "{}").Code)
 	_, err := d.DB().Exec(`UPDATE idem_keys SET response_status = NULL, response_headers = NULL, response_body = NULL`)
 	require.NoError(t, err)
-	rec, err := d.Get(t.Context(), idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k"})
-	require.NoError(t, err)
+	rec := record(t, d, idem.SingleTenantScope, "k")
 	require.Equal(t, idemdriver.StateSucceeded, rec.State)
 	require.Nil(t, rec.Response, "the record is damaged as the case needs")
 	for range 2 {
@@ -225,7 +185,7 @@ func TestSucceededWithoutResponse(t *testing.T) {
 		requireKind(t, got, http.StatusInternalServerError, "response-missing")
 		require.Empty(t, got.Header().Get("Retry-After"))
 	}
-	require.Equal(t, 1, runs)
+	require.Equal(t, 1, c.runs)
 }
 
 // ReleaseKey outside a protected execution, or after it ended, is an error
@@ -254,10 +214,10 @@ func (refusingStore) Claim(context.Context, idemdriver.ClaimParams) (idemdriver.
 // answered 500 once, not a 503 store-unavailable that invites retries.
 func TestStoreRefusesScope(t *testing.T) {
 	t.Parallel()
-	ran := false
-	h := newMiddleware(t, idem.Config{Store: refusingStore{openSQLite(t)}}).Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
+	c := &counter{}
+	h := newMiddleware(t, idem.Config{Store: refusingStore{openSQLite(t)}}).Handler(c)
 	got := send(h, "POST", "/x", "k", "{}")
 	requireKind(t, got, http.StatusInternalServerError, "scope-unstorable")
 	require.Empty(t, got.Header().Get("Retry-After"))
-	require.False(t, ran)
+	require.Zero(t, c.runs)
 }

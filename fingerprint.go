@@ -37,15 +37,10 @@ import (
 // body, is hashed as raw bytes. Each part is length-prefixed, so no two
 // different requests share an encoding.
 func Fingerprint(r *http.Request, body []byte) []byte {
-	h := sha256.New()
-	part := func(b []byte) {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
-		h.Write(n[:])
-		h.Write(b)
-	}
 	mediaType := ""
-	if ct := r.Header.Get("Content-Type"); ct != "" {
+	if ct := r.Header.Get("Content-Type"); ct == "application/json" {
+		mediaType = ct // what mime.ParseMediaType would answer, without its allocations
+	} else if ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err == nil {
 			mediaType = mt
 		} else {
@@ -54,7 +49,9 @@ func Fingerprint(r *http.Request, body []byte) []byte {
 	}
 	exactMode := false
 	if isJSON(mediaType) {
-		if numbersExact(body) {
+		if canon, ok, exact := canonicalJSON(body); ok {
+			body = canon
+		} else if exact && numbersExact(body) {
 			if canon, err := jcs.Transform(body); err == nil {
 				body = canon
 			}
@@ -62,17 +59,29 @@ func Fingerprint(r *http.Request, body []byte) []byte {
 			body, exactMode = canon, true
 		}
 	}
-	part([]byte(r.Method))
-	part([]byte(r.URL.EscapedPath()))
-	part([]byte(canonicalQuery(r.URL.RawQuery)))
-	part([]byte(mediaType))
-	part(body)
+	path, query := r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery)
+	// Each part length-prefixed (8 bytes, big-endian), hashed at once.
+	enc := make([]byte, 0, 6*8+len(r.Method)+len(path)+len(query)+len(mediaType)+len(body)+len(exactPart))
+	part := func(b string) {
+		enc = binary.BigEndian.AppendUint64(enc, uint64(len(b)))
+		enc = append(enc, b...)
+	}
+	part(r.Method)
+	part(path)
+	part(query)
+	part(mediaType)
+	enc = binary.BigEndian.AppendUint64(enc, uint64(len(body)))
+	enc = append(enc, body...)
 	if exactMode {
 		// A sixth part: no five-part encoding (RFC 8785 or raw) equals it.
-		part([]byte("exact-numbers"))
+		part(exactPart)
 	}
-	return h.Sum(nil)
+	sum := sha256.Sum256(enc)
+	return sum[:]
 }
+
+// exactPart is the sixth part of a fingerprint taken in exact mode.
+const exactPart = "exact-numbers"
 
 // numbersExact reports whether body is JSON whose every number equals the
 // shortest decimal form of its float64, so RFC 8785 canonicalization maps
@@ -92,39 +101,43 @@ func numbersExact(body []byte) bool {
 		if !ok {
 			continue
 		}
-		// The cheap checks first: big.Rat would compute 10^999999 for
-		// 1e-999999 (tens of milliseconds) before finding it inexact.
-		f, err := strconv.ParseFloat(string(n), 64)
-		if err != nil || math.IsInf(f, 0) {
-			return false
-		}
-		if f == 0 {
-			mantissa, _, _ := strings.Cut(strings.ToLower(string(n)), "e")
-			if strings.Trim(mantissa, "-0.") != "" {
-				return false // a non-zero number too small for a double
-			}
-			continue // zero, however written: RFC 8785 writes 0
-		}
-		// The literal is its double's shortest form (1000, 0.1: most
-		// amounts): exact, with no big.Rat (3.9% of a first
-		// execution's CPU).
-		var short [32]byte
-		if string(strconv.AppendFloat(short[:0], f, 'g', -1, 64)) == string(n) {
-			continue
-		}
-		// A finite non-zero double: the literal's exponent is bounded by
-		// its own length plus 324, so big.Rat's work is too.
-		exact, ok := new(big.Rat).SetString(string(n))
-		if !ok {
-			return false
-		}
-		// The number must be the value of its double's shortest decimal
-		// form (what RFC 8785 writes): then no other number shares it.
-		shortest, _ := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64))
-		if shortest.Cmp(exact) != 0 {
+		if _, ok := numberExact(string(n)); !ok {
 			return false
 		}
 	}
+}
+
+// numberExact reports whether the JSON number literal n is the value of
+// its double's shortest decimal form (what RFC 8785 writes), and returns
+// the double.
+func numberExact(n string) (float64, bool) {
+	// The cheap checks first: big.Rat would compute 10^999999 for
+	// 1e-999999 (tens of milliseconds) before finding it inexact.
+	f, err := strconv.ParseFloat(n, 64)
+	if err != nil || math.IsInf(f, 0) {
+		return 0, false
+	}
+	if f == 0 {
+		mantissa, _, _ := strings.Cut(n, "e")
+		mantissa, _, _ = strings.Cut(mantissa, "E")
+		// A non-zero number too small for a double is inexact; zero,
+		// however written, is exact (RFC 8785 writes 0).
+		return 0, strings.Trim(mantissa, "-0.") == ""
+	}
+	// The literal is its double's shortest form (1000, 0.1: most
+	// amounts): exact, with no big.Rat.
+	var short [32]byte
+	if string(strconv.AppendFloat(short[:0], f, 'g', -1, 64)) == n {
+		return f, true
+	}
+	// A finite non-zero double: the literal's exponent is bounded by
+	// its own length plus 324, so big.Rat's work is too.
+	exact, ok := new(big.Rat).SetString(n)
+	if !ok {
+		return 0, false
+	}
+	shortest, _ := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64))
+	return f, shortest.Cmp(exact) == 0
 }
 
 // Bounds of the exact canonical form: a longer number literal, or one with
@@ -259,6 +272,9 @@ func exactNumber(n string) (*big.Rat, bool) {
 // drops the pairs it cannot read ("a=1;b", "%zz"), and two requests that
 // differ only there must not share a fingerprint.
 func canonicalQuery(raw string) string {
+	if raw == "" {
+		return "" // what ParseQuery and Encode make of it
+	}
 	values, err := url.ParseQuery(raw)
 	if err != nil {
 		return "\x00raw:" + raw // cannot collide with an encoded query, which holds no NUL

@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dbtest"
 )
@@ -54,5 +56,34 @@ func send(h http.Handler, method, path, key, body string, mutate ...func(*http.R
 	}
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// withContext makes send serve the request under ctx.
+func withContext(ctx context.Context) func(*http.Request) {
+	return func(r *http.Request) { *r = *r.WithContext(ctx) }
+}
+
+// counter is a protected handler that counts its runs and answers status
+// (none written when 0: net/http's implicit 200), with no body. It is for
+// requests served one at a time.
+type counter struct {
+	status int
+	runs   int
+}
+
+func (c *counter) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	c.runs++
+	if c.status != 0 {
+		w.WriteHeader(c.status)
+	}
+}
+
+// record reads the record of (scope, key) from store, failing t when the
+// store cannot.
+func record(t testing.TB, store idem.Store, scope, key string) idemdriver.Record {
+	t.Helper()
+	rec, err := store.Get(t.Context(), idemdriver.GetParams{Scope: scope, Key: key})
+	require.NoError(t, err)
 	return rec
 }

@@ -9,8 +9,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/idemsqlite"
-	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // bareStore is a driver without the optional maintenance interfaces.
@@ -20,9 +18,7 @@ func TestNewMaintainerRefusesWhatItCannotDo(t *testing.T) {
 	_, err := idem.NewMaintainer(bareStore{}, idem.MaintainerConfig{})
 	require.ErrorIs(t, err, idem.ErrMaintenanceUnsupported)
 
-	store, err := idemsqlite.Open(context.Background(), dbtest.SQLitePath(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
+	store := openSQLite(t)
 	_, err = idem.NewMaintainer(store, idem.MaintainerConfig{Interval: -time.Second, Batch: -1})
 	require.ErrorContains(t, err, "Interval")
 	require.ErrorContains(t, err, "Batch")
@@ -35,10 +31,7 @@ func TestNewMaintainerRefusesWhatItCannotDo(t *testing.T) {
 }
 
 func TestMaintainerStartStop(t *testing.T) {
-	store, err := idemsqlite.Open(context.Background(), dbtest.SQLitePath(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { store.Close() })
-	require.NoError(t, store.Migrate(context.Background()))
+	store := openSQLite(t)
 	m, err := idem.NewMaintainer(store, idem.MaintainerConfig{Interval: time.Millisecond})
 	require.NoError(t, err)
 	m.Stop() // before Start: a no-op

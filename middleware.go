@@ -25,6 +25,7 @@ type Middleware struct {
 	cfg     Config
 	methods map[string]bool
 	replay  map[string]bool // canonical header names kept for replay
+	replays *replayCache    // nil without Config.ReplayCacheBytes
 }
 
 // neverReplayed are the headers dropped from the replay allow-list whatever
@@ -65,6 +66,9 @@ func newMiddleware(cfg Config, forHTTP bool) (*Middleware, error) {
 			m.replay[k] = true
 		}
 	}
+	if cfg.ReplayCacheBytes > 0 && forHTTP {
+		m.replays = newReplayCache(cfg.ReplayCacheBytes, cfg.ReplayCacheTTL)
+	}
 	return m, nil
 }
 
@@ -102,7 +106,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// Echoed as sent on every answer from here on, the replay included, so
 	// a client (stripe-go's LastResponse.IdempotencyKey) can tell which key
 	// an answer is for.
-	w.Header().Set(HeaderKey, values[0])
+	w.Header()[HeaderKey] = values[:1:1]
 	scope, err := m.cfg.Scope(r)
 	if err != nil || scope == "" {
 		// An empty scope is most often an unauthenticated request read as
@@ -146,6 +150,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		LeaseDuration: m.cfg.LeaseDuration, Retention: m.cfg.Retention,
 		Owner: m.cfg.Owner,
 	}
+	if m.answerCached(w, r, params) {
+		return
+	}
 	if m.cfg.OneCommit {
 		m.serveOneCommit(w, r, next, params, body)
 		return
@@ -170,6 +177,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		w.Header().Set(HeaderKeyExpires, res.Record.ExpiresAt.UTC().Format(http.TimeFormat))
 	}
 	if !res.Claimed {
+		m.remember(params, res.Record)
 		ev.Kind, ev.Status = m.answer(w, r, res.Record, params)
 		ev.Route = m.route(r, nil)
 		m.observe(r.Context(), &ev)
@@ -287,9 +295,9 @@ func (m *Middleware) inFlightRetryAfter(leaseLeft time.Duration) time.Duration {
 func (m *Middleware) replayResponse(w http.ResponseWriter, r *http.Request, resp *idemdriver.Response) int {
 	h := w.Header()
 	for k, v := range resp.Header {
-		h[k] = v
+		h[k] = v[:len(v):len(v)] // shared with the replay cache: an Add copies
 	}
-	h.Set(HeaderReplayed, "true")
+	h[HeaderReplayed] = replayedTrue
 	if !resp.BodyStored {
 		h.Del("Content-Type")
 		h.Del("Content-Encoding")

@@ -112,6 +112,9 @@ type Event struct {
 	// Released) for EventExecuted, EventTakenOver and EventReleased; zero
 	// (Succeeded) otherwise, meaningless there.
 	Outcome Outcome
+	// Cached reports an answer (EventReplayed or EventKeyReused) from the
+	// replay cache (Config.ReplayCacheBytes): no claim ran, Claim is 0.
+	Cached bool
 	// Claim is how long the claim statement took (0 when it did not run).
 	Claim time.Duration
 	// Handler is how long the handler (or Do's fn) ran; 0 when it did not.

@@ -39,6 +39,28 @@ func (o *events) take() []idem.Event {
 	return l
 }
 
+// takeOne takes the one event o was told since the last take, failing t
+// when there is not exactly one or when it is not of kind.
+func (o *events) takeOne(t testing.TB, kind idem.EventKind) idem.Event {
+	t.Helper()
+	evs := o.take()
+	require.Len(t, evs, 1, "exactly one event per decision")
+	require.Equal(t, kind, evs[0].Kind, evs[0].Kind.String())
+	return evs[0]
+}
+
+// requireFailed checks a failed execution's answer got and the one event
+// obs was told of it: both with status, the event of kind and with an error
+// that is cause.
+func requireFailed(t *testing.T, got *httptest.ResponseRecorder, obs *events, kind idem.EventKind, status int, cause error) idem.Event {
+	t.Helper()
+	require.Equal(t, status, got.Code, got.Body.String())
+	ev := obs.takeOne(t, kind)
+	require.ErrorIs(t, ev.Err, cause)
+	require.Equal(t, status, ev.Status)
+	return ev
+}
+
 type ctxMark struct{}
 
 // Every decision emits exactly its event, with the route (the ServeMux
@@ -112,10 +134,7 @@ func TestObserverEvents(t *testing.T) {
 			got := send(mux, "POST", "/pay/1", "k", body)
 			require.Equal(t, tc.sent, got.Code, got.Body.String())
 			require.Equal(t, tc.ran, ran)
-			evs := obs.take()
-			require.Len(t, evs, 1, "exactly one event per decision")
-			ev := evs[0]
-			require.Equal(t, tc.want, ev.Kind, ev.Kind.String())
+			ev := obs.takeOne(t, tc.want)
 			require.Equal(t, tc.sent, ev.Status)
 			require.Equal(t, "POST /pay/{id}", ev.Route, "the ServeMux pattern, never the raw path")
 			require.Equal(t, "POST", ev.Method)
@@ -171,18 +190,13 @@ func TestObserverInFlight(t *testing.T) {
 	go func() { defer close(done); send(h, "POST", "/x", "k", "{}") }()
 	<-started
 	require.Equal(t, http.StatusConflict, send(h, "POST", "/x", "k", "{}").Code)
-	evs := obs.take()
-	require.Len(t, evs, 1)
-	require.Equal(t, idem.EventInFlight, evs[0].Kind)
-	require.Equal(t, http.StatusConflict, evs[0].Status)
-	require.Equal(t, 1, evs[0].Attempt)
-	require.Equal(t, "", evs[0].Route, "no pattern and no Config.Route: no route, never the path")
+	ev := obs.takeOne(t, idem.EventInFlight)
+	require.Equal(t, http.StatusConflict, ev.Status)
+	require.Equal(t, 1, ev.Attempt)
+	require.Equal(t, "", ev.Route, "no pattern and no Config.Route: no route, never the path")
 	close(release)
 	<-done
-	evs = obs.take()
-	require.Len(t, evs, 1)
-	require.Equal(t, idem.EventExecuted, evs[0].Kind)
-	require.Equal(t, http.StatusCreated, evs[0].Status)
+	require.Equal(t, http.StatusCreated, obs.takeOne(t, idem.EventExecuted).Status)
 }
 
 // An execution whose key was taken over while it ran is fenced out: lease
@@ -203,14 +217,8 @@ func TestObserverLeaseLost(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	}))
-	got := send(h, "POST", "/x", "k", "{}")
-	require.Equal(t, http.StatusConflict, got.Code, got.Body.String())
-	evs := obs.take()
-	require.Len(t, evs, 1)
-	require.Equal(t, idem.EventLeaseLost, evs[0].Kind)
-	require.ErrorIs(t, evs[0].Err, idem.ErrLeaseLost)
-	require.Equal(t, http.StatusConflict, evs[0].Status)
-	require.Equal(t, "payments", evs[0].Route, "Config.Route names a route without a pattern")
+	ev := requireFailed(t, send(h, "POST", "/x", "k", "{}"), obs, idem.EventLeaseLost, http.StatusConflict, idem.ErrLeaseLost)
+	require.Equal(t, "payments", ev.Route, "Config.Route names a route without a pattern")
 }
 
 // A completion that fails (the store went away as the handler returned) is
@@ -224,13 +232,7 @@ func TestObserverCompletionFailed(t *testing.T) {
 		_ = d.Close()
 		w.WriteHeader(http.StatusCreated)
 	}))
-	got := send(h, "POST", "/x", "k", "{}")
-	require.Equal(t, http.StatusServiceUnavailable, got.Code, got.Body.String())
-	evs := obs.take()
-	require.Len(t, evs, 1)
-	require.Equal(t, idem.EventCompletionFailed, evs[0].Kind)
-	require.ErrorIs(t, evs[0].Err, idem.ErrStoreUnavailable)
-	require.Equal(t, http.StatusServiceUnavailable, evs[0].Status)
+	requireFailed(t, send(h, "POST", "/x", "k", "{}"), obs, idem.EventCompletionFailed, http.StatusServiceUnavailable, idem.ErrStoreUnavailable)
 }
 
 // Requests refused before the claim and methods passed through emit
@@ -255,9 +257,7 @@ func TestObserverRouteFromInnerMux(t *testing.T) {
 	mux.HandleFunc("POST /v1/payments/{id}", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
 	h := newMiddleware(t, idem.Config{Observer: obs}).Handler(mux)
 	require.Equal(t, http.StatusCreated, send(h, "POST", "/v1/payments/42", "k", "{}").Code)
-	evs := obs.take()
-	require.Len(t, evs, 1)
-	require.Equal(t, "POST /v1/payments/{id}", evs[0].Route)
+	require.Equal(t, "POST /v1/payments/{id}", obs.takeOne(t, idem.EventExecuted).Route)
 }
 
 // ctxHandler is a slog.Handler that records whether each record was logged
@@ -293,7 +293,7 @@ func TestLogCallsCarryRequestContext(t *testing.T) {
 		_ = d.Close() // the completion fails and logs
 		w.WriteHeader(http.StatusCreated)
 	}))
-	mark := func(r *http.Request) { *r = *r.WithContext(context.WithValue(r.Context(), ctxMark{}, true)) }
+	mark := withContext(context.WithValue(context.Background(), ctxMark{}, true))
 	require.Equal(t, http.StatusServiceUnavailable, send(h, "POST", "/x", "k", "{}", mark).Code)
 	require.Equal(t, http.StatusServiceUnavailable, send(h, "POST", "/x", "k2", "{}", mark).Code) // the claim fails and logs
 	lh.mu.Lock()

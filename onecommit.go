@@ -62,6 +62,7 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 		m.storeUnavailable(w, r, serr)
 		ev.Kind, ev.Status, ev.Err = EventStoreUnavailable, http.StatusServiceUnavailable, serr
 	case !res.Claimed:
+		m.remember(p, res.Record)
 		ev.Kind, ev.Status = m.answer(w, r, res.Record, p)
 	default:
 		r.Body = io.NopCloser(bytes.NewReader(body))

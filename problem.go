@@ -56,6 +56,17 @@ var problemKinds = []problemKind{
 	{ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable},
 }
 
+// problemTypes are the kinds' type URIs, made once.
+var problemTypes = func() map[string]string {
+	types := make(map[string]string, len(problemKinds))
+	for _, k := range problemKinds {
+		types[k.slug] = ProblemTypeBase + k.slug
+	}
+	return types
+}()
+
+func (k problemKind) typeURI() string { return problemTypes[k.slug] }
+
 // ProblemFor returns the problem details for an error of one of idem's
 // kinds, matched with errors.Is (so a wrapped sentinel, or a *StoreError,
 // finds its kind), with detail as its detail member. It returns a 500
@@ -63,7 +74,7 @@ var problemKinds = []problemKind{
 func ProblemFor(kind error, detail string) Problem {
 	for _, k := range problemKinds {
 		if kind != nil && errors.Is(kind, k.err) {
-			return Problem{Type: ProblemTypeBase + k.slug, Title: k.title, Status: k.status, Detail: detail}
+			return Problem{Type: k.typeURI(), Title: k.title, Status: k.status, Detail: detail}
 		}
 	}
 	return Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError), Status: http.StatusInternalServerError, Detail: detail}
@@ -72,7 +83,32 @@ func ProblemFor(kind error, detail string) Problem {
 // Write sends p as application/problem+json with its status (and
 // Retry-After when set).
 func (p Problem) Write(w http.ResponseWriter) {
-	obj := map[string]any{}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // a detail may quote <placeholders>; this is no HTML
+	if err := p.encodeExtra(enc); len(p.Extra) == 0 || err != nil {
+		// The members in the order a map's would be written (sorted), with
+		// no map to build; also when an Extra member cannot be encoded
+		// (a func, a channel): the problem is sent without its extras.
+		buf.Reset()
+		_ = enc.Encode(problemMembers{p.Detail, p.Instance, p.Status, p.Title, p.Type}) // strings and a number: no error
+	}
+	h := w.Header()
+	h["Content-Type"] = problemContentType
+	h["Cache-Control"] = noStore
+	if p.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(p.RetryAfter), 10))
+	}
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(buf.Bytes()) // Encode ends it with a newline; a client gone is no error of ours
+}
+
+// encodeExtra encodes p with its Extra members, if it has any.
+func (p Problem) encodeExtra(enc *json.Encoder) error {
+	if len(p.Extra) == 0 {
+		return nil
+	}
+	obj := make(map[string]any, len(p.Extra)+5)
 	for k, v := range p.Extra {
 		obj[k] = v
 	}
@@ -83,19 +119,25 @@ func (p Problem) Write(w http.ResponseWriter) {
 	if p.Instance != "" {
 		obj["instance"] = p.Instance
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false) // a detail may quote <placeholders>; this is no HTML
-	_ = enc.Encode(obj)      // a map of strings and numbers: no error
-	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Cache-Control", "no-store")
-	if p.RetryAfter > 0 {
-		h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(p.RetryAfter), 10))
-	}
-	w.WriteHeader(p.Status)
-	_, _ = w.Write(buf.Bytes()) // Encode ends it with a newline
+	return enc.Encode(obj)
 }
+
+// problemMembers are a Problem's members without Extra, in sorted order.
+type problemMembers struct {
+	Detail   string `json:"detail,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	Status   int    `json:"status"`
+	Title    string `json:"title"`
+	Type     string `json:"type"`
+}
+
+// Header values idem sets, shared by every answer (capacity = length, so an
+// Add copies instead of writing into them).
+var (
+	problemContentType = []string{"application/problem+json"}[:1:1]
+	noStore            = []string{"no-store"}[:1:1]
+	replayedTrue       = []string{"true"}[:1:1]
+)
 
 // retryAfterSeconds rounds d up to whole seconds, at least 1 (without
 // overflowing near the largest Duration).

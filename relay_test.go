@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/idemdriver"
 )
 
 func TestDeriveKey(t *testing.T) {
@@ -60,11 +59,13 @@ func TestRelayTransport(t *testing.T) {
 		req, _ := http.NewRequestWithContext(r.Context(), "POST", provider.URL+"/v1/charges", strings.NewReader("x"))
 		req.Header.Set(idem.HeaderKey, r.Header.Get(idem.HeaderKey)) // a careless handler forwards the raw key
 		resp, err := client.Do(req)
+		if err == nil {
+			err = resp.Body.Close()
+		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
-		resp.Body.Close()
 		if runs == 1 {
 			w.WriteHeader(http.StatusBadGateway) // FAILED: the retry runs again
 			return
@@ -78,7 +79,7 @@ func TestRelayTransport(t *testing.T) {
 		req.Header.Set(idem.HeaderKey, key)
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
-		resp.Body.Close()
+		require.NoError(t, resp.Body.Close())
 		return resp.StatusCode
 	}
 	require.Equal(t, 502, send("acme", "order-1"))
@@ -88,9 +89,7 @@ func TestRelayTransport(t *testing.T) {
 	require.Equal(t, seen[0], seen[1], "a re-execution relays the same key")
 	require.NotEqual(t, seen[0], seen[2], "another scope relays another key")
 	step := "POST " + strings.TrimPrefix(provider.URL, "http://") + "/v1/charges"
-	rec, err := store.Get(t.Context(), idemdriver.GetParams{Scope: "acme", Key: "order-1"})
-	require.NoError(t, err)
-	require.Equal(t, idem.DeriveKey([]byte("s3cret"), "acme", "order-1", rec.CreatedAt, step), seen[0])
+	require.Equal(t, idem.DeriveKey([]byte("s3cret"), "acme", "order-1", record(t, store, "acme", "order-1").CreatedAt, step), seen[0])
 	for _, k := range seen {
 		require.NotEqual(t, "order-1", k, "the raw client key never leaves")
 	}
@@ -100,7 +99,7 @@ func TestRelayTransport(t *testing.T) {
 	req.Header.Set(idem.HeaderKey, "own-key")
 	resp, err := client.Do(req)
 	require.NoError(t, err)
-	resp.Body.Close()
+	require.NoError(t, resp.Body.Close())
 	require.Equal(t, "own-key", seen[3])
 	_, err = idem.RelayKey(t.Context(), "charge")
 	require.ErrorIs(t, err, idem.ErrNoExecution)

@@ -1,6 +1,7 @@
 package idemclient
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -144,29 +145,15 @@ func (c Config) WithDefaults() Config {
 	if c.RetryMethods == nil {
 		c.RetryMethods = DefaultRetryMethods
 	}
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.BaseDelay = cmp.Or(c.BaseDelay, DefaultBaseDelay)
+	c.MaxDelay = cmp.Or(c.MaxDelay, DefaultMaxDelay)
+	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, DefaultMaxRetryAfter)
+	c.MaxElapsed = cmp.Or(c.MaxElapsed, DefaultMaxElapsed)
+	c.MaxBufferedBody = cmp.Or(c.MaxBufferedBody, DefaultMaxBufferedBody)
+	c.MaxDrainBytes = cmp.Or(c.MaxDrainBytes, DefaultMaxDrainBytes)
 	if c.NewKey == nil {
 		c.NewKey = NewKey
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.BaseDelay == 0 {
-		c.BaseDelay = DefaultBaseDelay
-	}
-	if c.MaxDelay == 0 {
-		c.MaxDelay = DefaultMaxDelay
-	}
-	if c.MaxRetryAfter == 0 {
-		c.MaxRetryAfter = DefaultMaxRetryAfter
-	}
-	if c.MaxElapsed == 0 {
-		c.MaxElapsed = DefaultMaxElapsed
-	}
-	if c.MaxBufferedBody == 0 {
-		c.MaxBufferedBody = DefaultMaxBufferedBody
-	}
-	if c.MaxDrainBytes == 0 {
-		c.MaxDrainBytes = DefaultMaxDrainBytes
 	}
 	if c.CheckRetry == nil {
 		c.CheckRetry = DefaultCheckRetry
@@ -180,36 +167,25 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// validate returns one error naming every invalid field of c (after
+// WithDefaults), nil when c is valid.
 func (c Config) validate() error {
 	var errs []error
-	if c.MaxAttempts < 1 {
-		errs = append(errs, fmt.Errorf("MaxAttempts %d is below 1", c.MaxAttempts))
-	}
-	if c.BaseDelay <= 0 {
-		errs = append(errs, fmt.Errorf("BaseDelay %s is not positive", c.BaseDelay))
-	}
-	if c.MaxDelay < c.BaseDelay {
-		errs = append(errs, fmt.Errorf("MaxDelay %s is below BaseDelay %s", c.MaxDelay, c.BaseDelay))
-	}
-	if c.MaxRetryAfter < 0 {
-		errs = append(errs, fmt.Errorf("MaxRetryAfter %s is negative", c.MaxRetryAfter))
-	}
-	if c.MaxElapsed <= 0 {
-		errs = append(errs, fmt.Errorf("MaxElapsed %s is not positive", c.MaxElapsed))
-	}
-	if c.AttemptTimeout < 0 {
-		errs = append(errs, fmt.Errorf("AttemptTimeout %s is negative", c.AttemptTimeout))
-	}
-	if c.MaxBufferedBody < -1 {
-		errs = append(errs, fmt.Errorf("MaxBufferedBody %d is below -1", c.MaxBufferedBody))
-	}
-	if c.MaxDrainBytes < -1 {
-		errs = append(errs, fmt.Errorf("MaxDrainBytes %d is below -1", c.MaxDrainBytes))
-	}
-	for _, m := range append(append([]string(nil), c.KeyMethods...), c.RetryMethods...) {
-		if !validMethod(m) {
-			errs = append(errs, fmt.Errorf("method %q is not an HTTP method token", m))
+	invalid := func(bad bool, format string, args ...any) {
+		if bad {
+			errs = append(errs, fmt.Errorf(format, args...))
 		}
+	}
+	invalid(c.MaxAttempts < 1, "MaxAttempts %d is below 1", c.MaxAttempts)
+	invalid(c.BaseDelay <= 0, "BaseDelay %s is not positive", c.BaseDelay)
+	invalid(c.MaxDelay < c.BaseDelay, "MaxDelay %s is below BaseDelay %s", c.MaxDelay, c.BaseDelay)
+	invalid(c.MaxRetryAfter < 0, "MaxRetryAfter %s is negative", c.MaxRetryAfter)
+	invalid(c.MaxElapsed <= 0, "MaxElapsed %s is not positive", c.MaxElapsed)
+	invalid(c.AttemptTimeout < 0, "AttemptTimeout %s is negative", c.AttemptTimeout)
+	invalid(c.MaxBufferedBody < -1, "MaxBufferedBody %d is below -1", c.MaxBufferedBody)
+	invalid(c.MaxDrainBytes < -1, "MaxDrainBytes %d is below -1", c.MaxDrainBytes)
+	for _, m := range append(append([]string(nil), c.KeyMethods...), c.RetryMethods...) {
+		invalid(!validMethod(m), "method %q is not an HTTP method token", m)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("idemclient: invalid Config: %w", errors.Join(errs...))

@@ -32,7 +32,7 @@ func Example() {
 			return
 		}
 		w.WriteHeader(http.StatusCreated)
-		fmt.Fprint(w, `{"payment":"pay_1"}`)
+		_, _ = fmt.Fprint(w, `{"payment":"pay_1"}`) // a write error means the client is gone
 	}))
 	defer srv.Close()
 
@@ -52,8 +52,13 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := resp.Body.Close(); err != nil {
+		log.Fatal(err)
+	}
 	fmt.Println(resp.StatusCode, string(body))
 	fmt.Println("attempts:", len(keys))
 	fmt.Println("same key on both:", keys[0] == keys[1] && keys[0] == idemclient.KeyFromResponse(resp))
@@ -72,7 +77,7 @@ func Example_notRetried() {
 		hits++
 		w.Header().Set("Content-Type", "application/problem+json")
 		w.WriteHeader(http.StatusUnprocessableEntity)
-		fmt.Fprint(w, `{"type":"https://github.com/idemgo/idem/blob/main/docs/problems.md#key-reused","status":422}`)
+		_, _ = fmt.Fprint(w, `{"type":"https://github.com/idemgo/idem/blob/main/docs/problems.md#key-reused","status":422}`) // a write error means the client is gone
 	}))
 	defer srv.Close()
 
@@ -86,7 +91,9 @@ func Example_notRetried() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer resp.Body.Close()
+	if err := resp.Body.Close(); err != nil {
+		log.Fatal(err)
+	}
 	fmt.Println(resp.StatusCode, "after", hits, "attempt, key", idemclient.KeyFromResponse(resp))
 	// Output:
 	// 422 after 1 attempt, key order-1001

@@ -100,16 +100,24 @@ func newTransport(t *testing.T, cfg idemclient.Config) (*idemclient.Transport, *
 	return tr, sl
 }
 
-// do sends method to url with body through tr and returns the response with
-// its body read.
+// newRequest returns a request of method to url with body, under ctx.
+func newRequest(t *testing.T, ctx context.Context, method, url string, body io.Reader) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	require.NoError(t, err)
+	return req
+}
+
+// do sends method to url with body (none when empty) and header through tr
+// in an http.Client, and returns the response with its body read and
+// closed, or the client's error.
 func do(t *testing.T, tr http.RoundTripper, method, url, body string, header http.Header) (*http.Response, string, error) {
 	t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(t.Context(), method, url, rd)
-	require.NoError(t, err)
+	req := newRequest(t, t.Context(), method, url, rd)
 	for k, v := range header {
 		req.Header[k] = v
 	}
@@ -117,22 +125,48 @@ func do(t *testing.T, tr http.RoundTripper, method, url, body string, header htt
 	if err != nil {
 		return nil, "", err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return resp, string(b), nil
+	return resp, readBody(t, resp), nil
 }
 
-// postRoundTrip sends one POST of body to url through tr.RoundTrip (no
-// http.Client), requires an answer, and returns it with its body closed.
-func postRoundTrip(t *testing.T, tr http.RoundTripper, url string, body io.Reader) *http.Response {
+// roundTrip sends req through tr.RoundTrip (no http.Client: a redirect is
+// not followed), requires an answer, and returns it with its body read and
+// closed.
+func roundTrip(t *testing.T, tr http.RoundTripper, req *http.Request) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, body)
-	require.NoError(t, err)
 	resp, err := tr.RoundTrip(req)
 	require.NoError(t, err)
-	resp.Body.Close()
-	return resp
+	return resp, readBody(t, resp)
+}
+
+// readBody reads resp's body to its end and closes it.
+func readBody(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	return string(b)
+}
+
+// exchange is one POST sent through a Transport to a server of its own: the
+// answer the caller got, with its body, and what the server and the
+// Transport's Sleep saw.
+type exchange struct {
+	resp  *http.Response
+	body  string
+	hits  []hit
+	waits []time.Duration
+}
+
+// post serves respond on a new server, sends one POST of body {} to it
+// through a new Transport with cfg (its waits recorded unless cfg sets
+// Sleep) and an http.Client, requires an answer, and returns the exchange.
+func post(t *testing.T, cfg idemclient.Config, respond func(n int, w http.ResponseWriter, r *http.Request)) exchange {
+	t.Helper()
+	srv := newServer(t, respond)
+	tr, sl := newTransport(t, cfg)
+	resp, body, err := do(t, tr, http.MethodPost, srv.URL, "{}", nil)
+	require.NoError(t, err)
+	return exchange{resp: resp, body: body, hits: srv.Hits(), waits: sl.Waits()}
 }
 
 // hiddenReader hides the type of its reader from http.NewRequest, so the

@@ -1,6 +1,7 @@
 package idemclient_test
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -38,7 +39,7 @@ func TestAgainstIdem(t *testing.T) {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"payment":%d}`, n)
+		_, _ = fmt.Fprintf(w, `{"payment":%d}`, n) // a write error means the client is gone
 	})))
 	t.Cleanup(srv.Close)
 
@@ -92,8 +93,8 @@ func TestAgainstIdem(t *testing.T) {
 				results <- result{err: err}
 				return
 			}
-			defer resp.Body.Close()
 			b, err := io.ReadAll(resp.Body)
+			err = errors.Join(err, resp.Body.Close())
 			results <- result{status: resp.StatusCode, replayed: idemclient.Replayed(resp), body: string(b), err: err}
 		}()
 	}

@@ -135,7 +135,8 @@ func (t *Transport) CloseIdleConnections() {
 // It returns an error only when no response is returned: an *Error wrapping
 // the last attempt's error, the context's error when the request context
 // ended (at once, even mid-wait), CheckRetry's error, NewKey's, GetBody's,
-// or the request body's read error. req.Body is closed in every case.
+// or the request body's read or Close error. req.Body is closed in every
+// case.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	key, addKey := "", false
@@ -144,8 +145,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	} else if t.keyMethods[req.Method] {
 		k, err := t.cfg.NewKey()
 		if err != nil {
-			closeBody(req)
-			return nil, &Error{Err: fmt.Errorf("generating the %s: %w", HeaderKey, err)}
+			return nil, &Error{Err: errors.Join(fmt.Errorf("generating the %s: %w", HeaderKey, err), closeBody(req))}
 		}
 		key, addKey = k, true
 	}
@@ -252,8 +252,7 @@ func (t *Transport) prepareBody(req *http.Request, mayRetry bool) (requestBody, 
 	}
 	buf, err := io.ReadAll(io.LimitReader(req.Body, t.cfg.MaxBufferedBody+1))
 	if err != nil {
-		req.Body.Close()
-		return requestBody{}, fmt.Errorf("reading the request body: %w", err)
+		return requestBody{}, fmt.Errorf("reading the request body: %w", errors.Join(err, req.Body.Close()))
 	}
 	if int64(len(buf)) > t.cfg.MaxBufferedBody {
 		rest := req.Body
@@ -262,7 +261,10 @@ func (t *Transport) prepareBody(req *http.Request, mayRetry bool) (requestBody, 
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(buf), rest), rest}}, nil
 	}
-	req.Body.Close()
+	// As net/http does, a body whose Close fails is not sent.
+	if err := req.Body.Close(); err != nil {
+		return requestBody{}, fmt.Errorf("closing the request body: %w", err)
+	}
 	get := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
 	first, _ := get()
 	return requestBody{first: first, get: get, rewindable: true}, nil
@@ -294,7 +296,9 @@ func (t *Transport) send(ctx context.Context, r *http.Request, at *attemptTimer)
 	if !at.timer.Stop() { // the timer fired: the attempt ran out of time
 		at.cancel()
 		if resp != nil {
-			resp.Body.Close()
+			// The late response is dropped unread: its Close error concerns
+			// nobody, and the attempt's error below says what happened.
+			_ = resp.Body.Close()
 			resp = nil
 		}
 		if ctx.Err() != nil && err != nil {
@@ -346,11 +350,15 @@ func (t *Transport) discard(resp *http.Response) {
 	if t.cfg.MaxDrainBytes > 0 {
 		_, _ = io.CopyN(io.Discard, resp.Body, t.cfg.MaxDrainBytes)
 	}
-	resp.Body.Close()
+	// The response is not returned: a drain or Close error only costs the
+	// connection, which the underlying Transport then does not reuse.
+	_ = resp.Body.Close()
 }
 
-func closeBody(req *http.Request) {
-	if req.Body != nil {
-		req.Body.Close()
+// closeBody closes req's body, if any, and returns its Close error.
+func closeBody(req *http.Request) error {
+	if req.Body == nil {
+		return nil
 	}
+	return req.Body.Close()
 }

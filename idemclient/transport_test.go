@@ -36,13 +36,10 @@ func TestKeyAddedAndKeptAcrossRetries(t *testing.T) {
 			srv := newServer(t, statuses(nil, 503, 409, 201))
 			tr, sl := newTransport(t, idemclient.Config{})
 
-			req, err := http.NewRequestWithContext(t.Context(), method, srv.URL, strings.NewReader(`{"amount":1000}`))
-			require.NoError(t, err)
+			req := newRequest(t, t.Context(), method, srv.URL, strings.NewReader(`{"amount":1000}`))
 			req.Header.Set("Content-Type", "application/json")
 			before := req.Header.Clone()
-			resp, err := tr.RoundTrip(req)
-			require.NoError(t, err)
-			defer resp.Body.Close()
+			resp, _ := roundTrip(t, tr, req)
 
 			require.Equal(t, http.StatusCreated, resp.StatusCode)
 			hits := srv.Hits()
@@ -140,14 +137,10 @@ func TestMethodsOutsideTheListsAreSentOnce(t *testing.T) {
 		require.Empty(t, sl.Waits())
 	})
 	t.Run("POST when KeyMethods is PATCH only", func(t *testing.T) {
-		srv := newServer(t, statuses(nil, 503, 201))
-		tr, _ := newTransport(t, idemclient.Config{KeyMethods: []string{"patch"}})
-		resp, _, err := do(t, tr, http.MethodPost, srv.URL, "{}", nil)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-		hits := srv.Hits()
-		require.Len(t, hits, 1)
-		require.Empty(t, hits[0].Keys)
+		ex := post(t, idemclient.Config{KeyMethods: []string{"patch"}}, statuses(nil, 503, 201))
+		require.Equal(t, http.StatusServiceUnavailable, ex.resp.StatusCode)
+		require.Len(t, ex.hits, 1)
+		require.Empty(t, ex.hits[0].Keys)
 	})
 }
 
@@ -155,14 +148,11 @@ func TestRetriedStatuses(t *testing.T) {
 	t.Parallel()
 	for _, code := range []int{409, 429, 502, 503, 504} {
 		t.Run(fmt.Sprint(code), func(t *testing.T) {
-			srv := newServer(t, statuses(nil, code, 201))
-			tr, sl := newTransport(t, idemclient.Config{})
-			resp, body, err := do(t, tr, http.MethodPost, srv.URL, "{}", nil)
-			require.NoError(t, err)
-			require.Equal(t, http.StatusCreated, resp.StatusCode)
-			require.Equal(t, "Created", body)
-			require.Len(t, srv.Hits(), 2)
-			require.Len(t, sl.Waits(), 1)
+			ex := post(t, idemclient.Config{}, statuses(nil, code, 201))
+			require.Equal(t, http.StatusCreated, ex.resp.StatusCode)
+			require.Equal(t, "Created", ex.body)
+			require.Len(t, ex.hits, 2)
+			require.Len(t, ex.waits, 1)
 		})
 	}
 }
@@ -173,15 +163,10 @@ func TestNotRetriedStatuses(t *testing.T) {
 		t.Run(fmt.Sprint(code), func(t *testing.T) {
 			srv := newServer(t, statuses(nil, code, 201))
 			tr, sl := newTransport(t, idemclient.Config{})
-			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader("{}"))
-			require.NoError(t, err)
-			resp, err := tr.RoundTrip(req) // no http.Client: a 301 is not followed
-			require.NoError(t, err)
-			defer resp.Body.Close()
-			body, err := io.ReadAll(resp.Body)
-			require.NoError(t, err)
+			// No http.Client: a 301 is not followed.
+			resp, body := roundTrip(t, tr, newRequest(t, t.Context(), http.MethodPost, srv.URL, strings.NewReader("{}")))
 			require.Equal(t, code, resp.StatusCode)
-			require.Equal(t, http.StatusText(code), string(body), "the response reaches the caller unread")
+			require.Equal(t, http.StatusText(code), body, "the response reaches the caller unread")
 			require.Len(t, srv.Hits(), 1)
 			require.Empty(t, sl.Waits())
 		})
@@ -201,12 +186,9 @@ func TestRetryAfterSecondsHonouredAndCapped(t *testing.T) {
 		{"default cap 5s", "3600", 0, 5 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := newServer(t, statuses(http.Header{"Retry-After": {tc.retryAfter}}, 503, 201))
-			tr, sl := newTransport(t, idemclient.Config{MaxRetryAfter: tc.maxRetryAfter})
-			resp, _, err := do(t, tr, http.MethodPost, srv.URL, "{}", nil)
-			require.NoError(t, err)
-			require.Equal(t, http.StatusCreated, resp.StatusCode)
-			require.Equal(t, []time.Duration{tc.want}, sl.Waits())
+			ex := post(t, idemclient.Config{MaxRetryAfter: tc.maxRetryAfter}, statuses(http.Header{"Retry-After": {tc.retryAfter}}, 503, 201))
+			require.Equal(t, http.StatusCreated, ex.resp.StatusCode)
+			require.Equal(t, []time.Duration{tc.want}, ex.waits)
 		})
 	}
 }
@@ -215,34 +197,23 @@ func TestRetryAfterHTTPDateHonouredAndCapped(t *testing.T) {
 	t.Parallel()
 	date := time.Now().Add(time.Hour).UTC().Format(http.TimeFormat)
 	t.Run("honoured", func(t *testing.T) {
-		srv := newServer(t, statuses(http.Header{"Retry-After": {date}}, 429, 201))
-		tr, sl := newTransport(t, idemclient.Config{MaxRetryAfter: 2 * time.Hour, MaxElapsed: 3 * time.Hour})
-		resp, _, err := do(t, tr, http.MethodPost, srv.URL, "{}", nil)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusCreated, resp.StatusCode)
-		waits := sl.Waits()
-		require.Len(t, waits, 1)
+		ex := post(t, idemclient.Config{MaxRetryAfter: 2 * time.Hour, MaxElapsed: 3 * time.Hour}, statuses(http.Header{"Retry-After": {date}}, 429, 201))
+		require.Equal(t, http.StatusCreated, ex.resp.StatusCode)
+		require.Len(t, ex.waits, 1)
 		// The date has whole-second resolution and the test takes some time.
-		require.LessOrEqual(t, waits[0], time.Hour)
-		require.Greater(t, waits[0], time.Hour-time.Minute)
+		require.LessOrEqual(t, ex.waits[0], time.Hour)
+		require.Greater(t, ex.waits[0], time.Hour-time.Minute)
 	})
 	t.Run("capped", func(t *testing.T) {
-		srv := newServer(t, statuses(http.Header{"Retry-After": {date}}, 429, 201))
-		tr, sl := newTransport(t, idemclient.Config{MaxRetryAfter: 10 * time.Second})
-		_, _, err := do(t, tr, http.MethodPost, srv.URL, "{}", nil)
-		require.NoError(t, err)
-		require.Equal(t, []time.Duration{10 * time.Second}, sl.Waits())
+		ex := post(t, idemclient.Config{MaxRetryAfter: 10 * time.Second}, statuses(http.Header{"Retry-After": {date}}, 429, 201))
+		require.Equal(t, []time.Duration{10 * time.Second}, ex.waits)
 	})
 	t.Run("past date falls back to the jittered backoff", func(t *testing.T) {
 		past := time.Now().Add(-time.Hour).UTC().Format(http.TimeFormat)
-		srv := newServer(t, statuses(http.Header{"Retry-After": {past}}, 503, 201))
-		tr, sl := newTransport(t, idemclient.Config{BaseDelay: 40 * time.Millisecond})
-		_, _, err := do(t, tr, http.MethodPost, srv.URL, "{}", nil)
-		require.NoError(t, err)
-		waits := sl.Waits()
-		require.Len(t, waits, 1)
-		require.GreaterOrEqual(t, waits[0], time.Duration(0))
-		require.Less(t, waits[0], 40*time.Millisecond)
+		ex := post(t, idemclient.Config{BaseDelay: 40 * time.Millisecond}, statuses(http.Header{"Retry-After": {past}}, 503, 201))
+		require.Len(t, ex.waits, 1)
+		require.GreaterOrEqual(t, ex.waits[0], time.Duration(0))
+		require.Less(t, ex.waits[0], 40*time.Millisecond)
 	})
 }
 
@@ -254,60 +225,44 @@ func TestWaitPastDeadlineIsNotTaken(t *testing.T) {
 		tr, sl := newTransport(t, idemclient.Config{MaxRetryAfter: 3 * time.Hour, MaxElapsed: 3 * time.Hour})
 		ctx, cancel := context.WithTimeout(t.Context(), time.Hour)
 		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("{}"))
-		require.NoError(t, err)
-		resp, err := tr.RoundTrip(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
+		resp, body := roundTrip(t, tr, newRequest(t, ctx, http.MethodPost, srv.URL, strings.NewReader("{}")))
 		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "the last response is returned instead of sleeping")
-		require.Equal(t, "Service Unavailable", string(body))
+		require.Equal(t, "Service Unavailable", body)
 		require.Empty(t, sl.Waits())
 		require.Len(t, srv.Hits(), 1)
 	})
 	t.Run("http.Client Timeout", func(t *testing.T) {
 		srv := newServer(t, statuses(retryAfter, 503, 201))
 		tr, sl := newTransport(t, idemclient.Config{MaxRetryAfter: 3 * time.Hour, MaxElapsed: 3 * time.Hour})
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader("{}"))
-		require.NoError(t, err)
+		req := newRequest(t, t.Context(), http.MethodPost, srv.URL, strings.NewReader("{}"))
 		resp, err := (&http.Client{Transport: tr, Timeout: time.Hour}).Do(req)
 		require.NoError(t, err)
-		resp.Body.Close()
+		readBody(t, resp)
 		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 		require.Empty(t, sl.Waits())
 	})
 	t.Run("MaxElapsed", func(t *testing.T) {
-		srv := newServer(t, statuses(retryAfter, 503, 201))
-		tr, sl := newTransport(t, idemclient.Config{MaxRetryAfter: 3 * time.Hour, MaxElapsed: time.Hour})
-		resp, _, err := do(t, tr, http.MethodPost, srv.URL, "{}", nil)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-		require.Empty(t, sl.Waits())
-		require.Len(t, srv.Hits(), 1)
+		ex := post(t, idemclient.Config{MaxRetryAfter: 3 * time.Hour, MaxElapsed: time.Hour}, statuses(retryAfter, 503, 201))
+		require.Equal(t, http.StatusServiceUnavailable, ex.resp.StatusCode)
+		require.Empty(t, ex.waits)
+		require.Len(t, ex.hits, 1)
 	})
 }
 
 func TestAttemptsBounded(t *testing.T) {
 	t.Parallel()
 	t.Run("statuses", func(t *testing.T) {
-		srv := newServer(t, statuses(nil, 503))
-		tr, sl := newTransport(t, idemclient.Config{MaxAttempts: 4})
-		resp, body, err := do(t, tr, http.MethodPost, srv.URL, "{}", nil)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-		require.Equal(t, "Service Unavailable", body)
-		require.Len(t, srv.Hits(), 4)
-		require.Len(t, sl.Waits(), 3)
+		ex := post(t, idemclient.Config{MaxAttempts: 4}, statuses(nil, 503))
+		require.Equal(t, http.StatusServiceUnavailable, ex.resp.StatusCode)
+		require.Equal(t, "Service Unavailable", ex.body)
+		require.Len(t, ex.hits, 4)
+		require.Len(t, ex.waits, 3)
 	})
 	t.Run("default 8", func(t *testing.T) {
-		srv := newServer(t, statuses(nil, 409))
-		tr, sl := newTransport(t, idemclient.Config{})
-		resp, _, err := do(t, tr, http.MethodPost, srv.URL, "{}", nil)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusConflict, resp.StatusCode)
-		require.Len(t, srv.Hits(), idemclient.DefaultMaxAttempts)
-		require.Len(t, sl.Waits(), idemclient.DefaultMaxAttempts-1)
+		ex := post(t, idemclient.Config{}, statuses(nil, 409))
+		require.Equal(t, http.StatusConflict, ex.resp.StatusCode)
+		require.Len(t, ex.hits, idemclient.DefaultMaxAttempts)
+		require.Len(t, ex.waits, idemclient.DefaultMaxAttempts-1)
 	})
 	t.Run("connection refused", func(t *testing.T) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -341,13 +296,12 @@ func TestContextCancelStopsRetries(t *testing.T) {
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("{}"))
-		require.NoError(t, err)
+		req := newRequest(t, ctx, http.MethodPost, srv.URL, strings.NewReader("{}"))
 		done := make(chan error, 1)
 		go func() {
 			resp, err := tr.RoundTrip(req)
 			if resp != nil {
-				resp.Body.Close()
+				err = errors.Join(err, resp.Body.Close())
 			}
 			done <- err
 		}()
@@ -379,10 +333,9 @@ func TestContextCancelStopsRetries(t *testing.T) {
 		var retries atomic.Int32
 		tr, sl := newTransport(t, idemclient.Config{OnRetry: func(idemclient.RetryInfo) { retries.Add(1) }})
 		ctx, cancel := context.WithCancel(t.Context())
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("{}"))
-		require.NoError(t, err)
+		req := newRequest(t, ctx, http.MethodPost, srv.URL, strings.NewReader("{}"))
 		go func() { <-arrived; cancel() }()
-		_, err = tr.RoundTrip(req)
+		_, err := tr.RoundTrip(req)
 		require.ErrorIs(t, err, context.Canceled)
 		require.Len(t, srv.Hits(), 1)
 		require.Zero(t, retries.Load())
@@ -393,9 +346,7 @@ func TestContextCancelStopsRetries(t *testing.T) {
 		tr, _ := newTransport(t, idemclient.Config{})
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("{}"))
-		require.NoError(t, err)
-		_, err = tr.RoundTrip(req)
+		_, err := tr.RoundTrip(newRequest(t, ctx, http.MethodPost, srv.URL, strings.NewReader("{}")))
 		require.ErrorIs(t, err, context.Canceled)
 		require.Empty(t, srv.Hits())
 	})
@@ -415,7 +366,7 @@ func TestBodyRewoundOnEveryAttempt(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newServer(t, statuses(nil, 503, 502, 201))
 			tr, _ := newTransport(t, idemclient.Config{})
-			resp := postRoundTrip(t, tr, srv.URL, tc.body())
+			resp, _ := roundTrip(t, tr, newRequest(t, t.Context(), http.MethodPost, srv.URL, tc.body()))
 			require.Equal(t, http.StatusCreated, resp.StatusCode)
 			hits := srv.Hits()
 			require.Len(t, hits, 3)
@@ -433,7 +384,7 @@ func TestBodyTooLargeToBufferIsSentOnce(t *testing.T) {
 		t.Run(fmt.Sprint(limit), func(t *testing.T) {
 			srv := newServer(t, statuses(nil, 503, 201))
 			tr, sl := newTransport(t, idemclient.Config{MaxBufferedBody: limit})
-			resp := postRoundTrip(t, tr, srv.URL, hiddenReader{strings.NewReader(payload)})
+			resp, _ := roundTrip(t, tr, newRequest(t, t.Context(), http.MethodPost, srv.URL, hiddenReader{strings.NewReader(payload)}))
 			require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 			hits := srv.Hits()
 			require.Len(t, hits, 1)
@@ -444,13 +395,15 @@ func TestBodyTooLargeToBufferIsSentOnce(t *testing.T) {
 	}
 }
 
-// closeRecorder records whether the transport closed the request body.
+// closeRecorder records whether the transport closed the request body, and
+// answers the Close with err.
 type closeRecorder struct {
 	io.Reader
+	err    error
 	closed atomic.Bool
 }
 
-func (c *closeRecorder) Close() error { c.closed.Store(true); return nil }
+func (c *closeRecorder) Close() error { c.closed.Store(true); return c.err }
 
 func TestRequestBodyErrors(t *testing.T) {
 	t.Parallel()
@@ -458,21 +411,37 @@ func TestRequestBodyErrors(t *testing.T) {
 		srv := newServer(t, statuses(nil, 201))
 		tr, _ := newTransport(t, idemclient.Config{})
 		body := &closeRecorder{Reader: iotest.ErrReader(io.ErrUnexpectedEOF)}
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, body)
-		require.NoError(t, err)
-		_, err = tr.RoundTrip(req)
+		_, err := tr.RoundTrip(newRequest(t, t.Context(), http.MethodPost, srv.URL, body))
 		require.ErrorIs(t, err, io.ErrUnexpectedEOF)
 		require.True(t, body.closed.Load())
+		require.Empty(t, srv.Hits())
+	})
+	t.Run("read and Close errors", func(t *testing.T) {
+		srv := newServer(t, statuses(nil, 201))
+		tr, _ := newTransport(t, idemclient.Config{})
+		closeErr := errors.New("close failed")
+		body := &closeRecorder{Reader: iotest.ErrReader(io.ErrUnexpectedEOF), err: closeErr}
+		_, err := tr.RoundTrip(newRequest(t, t.Context(), http.MethodPost, srv.URL, body))
+		require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+		require.ErrorIs(t, err, closeErr)
+		require.Empty(t, srv.Hits())
+	})
+	t.Run("Close error after the body was buffered", func(t *testing.T) {
+		srv := newServer(t, statuses(nil, 201))
+		tr, _ := newTransport(t, idemclient.Config{})
+		closeErr := errors.New("close failed")
+		body := &closeRecorder{Reader: strings.NewReader("{}"), err: closeErr}
+		_, err := tr.RoundTrip(newRequest(t, t.Context(), http.MethodPost, srv.URL, body))
+		require.ErrorIs(t, err, closeErr, "as net/http, a body whose Close fails is not sent")
 		require.Empty(t, srv.Hits())
 	})
 	t.Run("GetBody error", func(t *testing.T) {
 		srv := newServer(t, statuses(nil, 503, 201))
 		tr, _ := newTransport(t, idemclient.Config{})
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader("{}"))
-		require.NoError(t, err)
+		req := newRequest(t, t.Context(), http.MethodPost, srv.URL, strings.NewReader("{}"))
 		boom := errors.New("boom")
 		req.GetBody = func() (io.ReadCloser, error) { return nil, boom }
-		_, err = tr.RoundTrip(req)
+		_, err := tr.RoundTrip(req)
 		require.ErrorIs(t, err, boom)
 		require.Len(t, srv.Hits(), 1)
 	})
@@ -481,9 +450,7 @@ func TestRequestBodyErrors(t *testing.T) {
 		boom := errors.New("no entropy")
 		tr, _ := newTransport(t, idemclient.Config{NewKey: func() (string, error) { return "", boom }})
 		body := &closeRecorder{Reader: strings.NewReader("{}")}
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, body)
-		require.NoError(t, err)
-		_, err = tr.RoundTrip(req)
+		_, err := tr.RoundTrip(newRequest(t, t.Context(), http.MethodPost, srv.URL, body))
 		require.ErrorIs(t, err, boom)
 		require.True(t, body.closed.Load())
 		require.Empty(t, srv.Hits())
@@ -503,7 +470,9 @@ func TestDroppedConnectionIsRetried(t *testing.T) {
 					if reset {
 						_ = conn.(*net.TCPConn).SetLinger(0) // close with RST
 					}
-					conn.Close()
+					if err := conn.Close(); err != nil {
+						panic(err)
+					}
 					return
 				}
 				w.WriteHeader(http.StatusCreated)
@@ -548,20 +517,15 @@ func TestAttemptTimeout(t *testing.T) {
 		AttemptTimeout: 50 * time.Millisecond,
 		OnRetry:        func(ri idemclient.RetryInfo) { retryErr = ri.Err },
 	})
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader("{}"))
+	resp, err := tr.RoundTrip(newRequest(t, t.Context(), http.MethodPost, srv.URL, strings.NewReader("{}")))
 	require.NoError(t, err)
-	resp, err := tr.RoundTrip(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 	require.ErrorIs(t, retryErr, idemclient.ErrAttemptTimeout)
 
 	// The attempt timeout does not bound reading the returned body.
 	time.Sleep(150 * time.Millisecond)
 	openGate.Do(func() { close(bodyGate) })
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, "created", string(body))
+	require.Equal(t, "created", readBody(t, resp))
 	require.Len(t, srv.Hits(), 2)
 }
 
@@ -647,8 +611,7 @@ func TestHooks(t *testing.T) {
 func TestCheckRetryAndBackoffReplaceable(t *testing.T) {
 	t.Parallel()
 	t.Run("retry a 500", func(t *testing.T) {
-		srv := newServer(t, statuses(nil, 500, 201))
-		tr, sl := newTransport(t, idemclient.Config{
+		ex := post(t, idemclient.Config{
 			CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
 				if err == nil && resp.StatusCode == http.StatusInternalServerError {
 					return true, nil
@@ -658,11 +621,9 @@ func TestCheckRetryAndBackoffReplaceable(t *testing.T) {
 			Backoff: func(attempt int, _ *http.Response) time.Duration {
 				return time.Duration(attempt) * 7 * time.Millisecond
 			},
-		})
-		resp, _, err := do(t, tr, http.MethodPost, srv.URL, "{}", nil)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusCreated, resp.StatusCode)
-		require.Equal(t, []time.Duration{7 * time.Millisecond}, sl.Waits())
+		}, statuses(nil, 500, 201))
+		require.Equal(t, http.StatusCreated, ex.resp.StatusCode)
+		require.Equal(t, []time.Duration{7 * time.Millisecond}, ex.waits)
 	})
 	t.Run("CheckRetry error", func(t *testing.T) {
 		srv := newServer(t, statuses(nil, 503, 201))

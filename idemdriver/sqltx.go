@@ -82,16 +82,29 @@ func queryScopeCounts(ctx context.Context, q SQLQueryer, query string, args ...a
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var counts []ScopeCount
-	for rows.Next() {
-		var sc ScopeCount
-		if err := rows.Scan(&sc.Scope, &sc.Count); err != nil {
-			return counts, err
+	return CollectRows(rows, func(rows *sql.Rows) (sc ScopeCount, err error) {
+		return sc, rows.Scan(&sc.Scope, &sc.Count)
+	})
+}
+
+// CollectRows reads every row of rows with scan, in order, and closes rows:
+// database/sql's counterpart of pgx.CollectRows. It returns nil for no rows;
+// on the first error of scan, of the iteration (rows.Err) or of closing
+// rows, it returns the rows read before it and that error.
+func CollectRows[T any](rows *sql.Rows, scan func(*sql.Rows) (T, error)) (out []T, err error) {
+	defer func() {
+		if cerr := rows.Close(); err == nil {
+			err = cerr
 		}
-		counts = append(counts, sc)
+	}()
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, v)
 	}
-	return counts, rows.Err()
+	return out, rows.Err()
 }
 
 // MicrosTime is the UTC time of us, microseconds since the Unix epoch (the

@@ -62,18 +62,31 @@ type Driver struct {
 
 	stmts [numStmts]preparedStmt
 
-	// resolved counts the lost races and lock conflicts that Claim resolved
-	// by reading again, by kind (tests and benchmarks read it).
-	resolved [numKinds]atomic.Int64
 	// maxPacket is the server's max_allowed_packet in bytes, 0 until read
 	// (see packetLimit).
 	maxPacket atomic.Int64
-	// beforeWrite, when set, runs between a claim's read and its write
-	// (tests use it to line racers up).
-	beforeWrite func()
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)
+
+// claimHooks observe the claims of every Driver in the process. They are
+// nil in production: only this package's tests set them, once, before any
+// claim runs (export_test.go).
+var claimHooks struct {
+	// resolved is told of each lost race or lock conflict that a claim
+	// resolved by reading again, with its kind.
+	resolved func(d *Driver, k kind)
+	// beforeWrite runs between a claim's read and its write (tests line
+	// racers up with it).
+	beforeWrite func(d *Driver)
+}
+
+// noteResolved tells claimHooks.resolved of a conflict d's claim resolved.
+func (d *Driver) noteResolved(k kind) {
+	if h := claimHooks.resolved; h != nil {
+		h(d, k)
+	}
+}
 
 // ParseURL converts a URL of the form
 //
@@ -215,14 +228,17 @@ func openPool(ctx context.Context, cfg *mysql.Config, isolation string, wrap fun
 	db.SetMaxIdleConns(DefaultMaxOpenConns)
 	db.SetConnMaxLifetime(DefaultConnMaxLifetime)
 	if err := db.PingContext(ctx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("idemmysql: open %s@%s/%s: %w", cfg.User, cfg.Addr, cfg.DBName, err)
+		return nil, fmt.Errorf("idemmysql: open %s@%s/%s: %w", cfg.User, cfg.Addr, cfg.DBName, errors.Join(err, db.Close()))
 	}
 	if _, set := cfg.Params["wsrep_sync_wait"]; !set {
-		if on, err := galera(ctx, db); err != nil || on {
-			db.Close()
-			if err != nil {
-				return nil, fmt.Errorf("idemmysql: open: reading wsrep_on: %w", err)
+		on, err := galera(ctx, db)
+		if err != nil {
+			return nil, fmt.Errorf("idemmysql: open: reading wsrep_on: %w", errors.Join(err, db.Close()))
+		}
+		if on {
+			// Every session of the pool must set wsrep_sync_wait: a new one.
+			if err := db.Close(); err != nil {
+				return nil, fmt.Errorf("idemmysql: open: closing the first pool of a Galera node: %w", err)
 			}
 			cfg.Params["wsrep_sync_wait"] = "1"
 			return openPool(ctx, cfg, isolation, wrap)
@@ -231,8 +247,7 @@ func openPool(ctx context.Context, cfg *mysql.Config, isolation string, wrap fun
 	d := New(db)
 	d.owned = true
 	if _, err := d.packetLimit(ctx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("idemmysql: open %s@%s/%s: %w", cfg.User, cfg.Addr, cfg.DBName, err)
+		return nil, fmt.Errorf("idemmysql: open %s@%s/%s: %w", cfg.User, cfg.Addr, cfg.DBName, errors.Join(err, db.Close()))
 	}
 	if isolation != "" {
 		d.beginOpts = nil // READ COMMITTED is the sessions' default already
@@ -542,7 +557,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		snap, err := d.read(ctx, p.Scope, p.Key, offset)
 		if err != nil {
 			if k := classify(err); k != kindOther && ctx.Err() == nil {
-				d.resolved[k].Add(1)
+				d.noteResolved(k)
 				lastErr = err
 				continue
 			}
@@ -554,8 +569,8 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 			// a row that a transaction still holds (see lockWaited below).
 			return idemdriver.ClaimResult{Record: snap.rec}, nil
 		}
-		if d.beforeWrite != nil {
-			d.beforeWrite()
+		if h := claimHooks.beforeWrite; h != nil {
+			h(d)
 		}
 		var won bool
 		var res idemdriver.ClaimResult
@@ -568,7 +583,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		} else {
 			res, won, err = d.takeover(ctx, nil, p, snap, dec.Continues())
 			if err == nil && !won {
-				d.resolved[kindRaced].Add(1)
+				d.noteResolved(kindRaced)
 			}
 		}
 		if won {
@@ -582,7 +597,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		if k == kindOther || ctx.Err() != nil {
 			return idemdriver.ClaimResult{}, err
 		}
-		d.resolved[k].Add(1)
+		d.noteResolved(k)
 		lastErr = err
 		switch k {
 		case kindLockWait:

@@ -29,15 +29,17 @@ const MigrateLockTimeout = idemmigrate.DefaultLockTimeout
 // dialect), recorded in SchemaVersionTable, under the migration lease in
 // idem_locks (a row, replicated to every Galera node, not a GET_LOCK, which
 // is local to one node), so processes starting together migrate once. It is
-// safe to call on every start, also after a process died mid-migration
-// (the version table is repaired under the lease). A migration that fails
-// part-way is reported as a *MigrateError.
+// safe to call on every start, also after a process died mid-migration:
+// the version table is repaired under the lease, and a migration whose DDL
+// committed before its version was recorded (00002's ALTER TABLE) is
+// recorded, not run again. A migration that fails part-way is reported as a
+// *MigrateError.
 func (d *Driver) Migrate(ctx context.Context) error {
-	sub, err := fs.Sub(migrations, "migrations")
+	m, err := d.embedded(ctx)
 	if err != nil {
 		return err
 	}
-	return d.MigrateFS(ctx, sub, SchemaVersionTable)
+	return m.Up(ctx)
 }
 
 // MigrateFS applies another set of goose SQL migrations (the files at the
@@ -47,15 +49,17 @@ func (d *Driver) Migrate(ctx context.Context) error {
 // idem's: cmd/paymentsd migrates its own with it. idempgx and idemsqlite
 // have the same method.
 func (d *Driver) MigrateFS(ctx context.Context, fsys fs.FS, versionTable string) error {
-	m, err := d.migrator(ctx, fsys, versionTable)
+	m, err := d.migrator(ctx, fsys, versionTable, nil)
 	if err != nil {
 		return err
 	}
 	return m.Up(ctx)
 }
 
-// migrator is idemmigrate's migrator of fsys on d's database.
-func (d *Driver) migrator(ctx context.Context, fsys fs.FS, versionTable string) (*idemmigrate.Migrator, error) {
+// migrator is idemmigrate's migrator of fsys on d's database; present is
+// its Config.Present.
+func (d *Driver) migrator(ctx context.Context, fsys fs.FS, versionTable string,
+	present func(context.Context, idemmigrate.Queryer, int64) (bool, error)) (*idemmigrate.Migrator, error) {
 	var database sql.NullString
 	if err := d.db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&database); err != nil {
 		return nil, fmt.Errorf("idemmysql: migrate: %w", err)
@@ -68,16 +72,31 @@ func (d *Driver) migrator(ctx context.Context, fsys fs.FS, versionTable string) 
 		return nil, fmt.Errorf("idemmysql: migrations: %w", err)
 	}
 	return idemmigrate.New(idemmigrate.Config{Prefix: "idemmysql", DB: d.db, Dialect: idemmigrate.MySQL,
-		FS: fsys, VersionTable: versionTable, Store: store, Leases: d.leases})
+		FS: fsys, VersionTable: versionTable, Store: store, Leases: d.leases, Present: present})
 }
 
-// embedded is the migrator of idem's own migrations, for status and down.
+// embedded is the migrator of idem's own migrations.
 func (d *Driver) embedded(ctx context.Context) (*idemmigrate.Migrator, error) {
 	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
 		return nil, err
 	}
-	return d.migrator(ctx, sub, SchemaVersionTable)
+	return d.migrator(ctx, sub, SchemaVersionTable, embeddedPresent)
+}
+
+// embeddedPresent is the Config.Present of idem's own migrations. Only
+// 00002_idem_keys_owner.sql can be left applied and unrecorded: it is one
+// ALTER TABLE, which commits on its own (00001 creates its table IF NOT
+// EXISTS and runs again unharmed). It is present when idem_keys has the
+// owner column.
+func embeddedPresent(ctx context.Context, db idemmigrate.Queryer, version int64) (bool, error) {
+	if version != 2 {
+		return false, nil
+	}
+	var n int
+	err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.COLUMNS
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idem_keys' AND COLUMN_NAME = 'owner'`).Scan(&n)
+	return n == 1, err
 }
 
 // MigrateError reports a migration that failed. MySQL has no transactional

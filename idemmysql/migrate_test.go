@@ -193,3 +193,32 @@ func TestMigrateAfterKillBeforeVersionRecorded(t *testing.T) {
 	_, err = d.Claim(ctx, params("acct", "k", "b"))
 	require.NoError(t, err)
 }
+
+// A process killed between 00002's ALTER TABLE (which MySQL commits on its
+// own) and goose's record of version 2 leaves the owner column without its
+// version row. The next start migrates: the column found, version 2 is
+// recorded instead of added again (Error 1060 "Duplicate column name").
+func TestMigrateAfterOwnerColumnAddedButNotRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := dbtest.MySQLURL(t)
+	d, err := idemmysql.Open(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(ctx))
+	_, err = d.DB().ExecContext(ctx, `DELETE FROM `+idemmysql.SchemaVersionTable+` WHERE version_id = 2`)
+	require.NoError(t, err)
+
+	require.NoError(t, d.Migrate(ctx), "a start after the kill")
+	var n int
+	require.NoError(t, d.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM `+idemmysql.SchemaVersionTable+`
+		WHERE version_id = 2 AND is_applied`).Scan(&n))
+	require.Equal(t, 1, n, "version 2 recorded once")
+	list, err := d.MigrationStatus(ctx)
+	require.NoError(t, err)
+	for _, m := range list {
+		require.True(t, m.Applied, "%+v", m)
+		require.Empty(t, m.Missing, "%+v", m)
+	}
+	require.NoError(t, d.Migrate(ctx), "and every start after it")
+}

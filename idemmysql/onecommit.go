@@ -70,7 +70,7 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 		case ctx.Err() != nil || k == kindOther:
 			return idemdriver.ClaimResult{}, nil, err
 		default: // a duplicate key (the other claim committed), a deadlock
-			d.resolved[k].Add(1)
+			d.noteResolved(k)
 			lastErr = err
 		}
 	}

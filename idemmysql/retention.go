@@ -86,7 +86,10 @@ func (d *Driver) purgeBatch(ctx context.Context, db txBeginner, p idemdriver.Pur
 	if err != nil {
 		return 0, err
 	}
-	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	// After Commit a no-op (sql.ErrTxDone). After a failure, that failure is
+	// the batch's error; a rollback that fails on the wire marks the
+	// connection bad, and the pool drops it.
+	defer func() { _ = tx.Rollback() }()
 	if lease != nil {
 		if err := lease.FenceTx(ctx, tx); err != nil {
 			return 0, err
@@ -96,17 +99,10 @@ func (d *Driver) purgeBatch(ctx context.Context, db txBeginner, p idemdriver.Pur
 	if err != nil {
 		return 0, err
 	}
-	var keys [][2][]byte
-	for rows.Next() {
-		var k [2][]byte
-		if err := rows.Scan(&k[0], &k[1]); err != nil {
-			rows.Close()
-			return 0, err
-		}
-		keys = append(keys, k)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	keys, err := idemdriver.CollectRows(rows, func(rows *sql.Rows) (k [2][]byte, err error) {
+		return k, rows.Scan(&k[0], &k[1])
+	})
+	if err != nil {
 		return 0, err
 	}
 	var n int64
@@ -218,7 +214,7 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 	if err != nil {
 		return st, err
 	}
-	defer tx.Rollback() //nolint:errcheck // read only
+	defer func() { _ = tx.Rollback() }() // read only: nothing to undo
 	off := p.ClockOffset.Microseconds()
 	return idemdriver.QueryStats(ctx, tx, statsSQL, []any{off, off, off}, `SELECT scope, COUNT(*) FROM idem_keys GROUP BY scope
 		ORDER BY COUNT(*) DESC, scope LIMIT ?`, p.TopScopes)
@@ -241,17 +237,10 @@ func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdri
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []idemdriver.StuckRecord
-	for rows.Next() {
+	return idemdriver.CollectRows(rows, func(rows *sql.Rows) (idemdriver.StuckRecord, error) {
 		s, err := scanSnapshot(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, idemdriver.StuckRecord{Record: s.rec,
-			Overdue: time.Duration(s.nowUS-s.lockedUS.Int64) * time.Microsecond})
-	}
-	return out, rows.Err()
+		return idemdriver.StuckRecord{Record: s.rec, Overdue: time.Duration(s.nowUS-s.lockedUS.Int64) * time.Microsecond}, err
+	})
 }
 
 // MigrationStatus implements idemdriver.Migrator with idemmigrate: goose's
@@ -298,16 +287,10 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []idemdriver.Record
-	for rows.Next() {
+	return idemdriver.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) {
 		s, err := scanSnapshot(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, s.rec)
-	}
-	return out, rows.Err()
+		return s.rec, err
+	})
 }
 
 // removeSQL: args scope, key, token, created_at (µs), state.

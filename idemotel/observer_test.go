@@ -73,12 +73,17 @@ func newHarness(t *testing.T, handler http.HandlerFunc) *harness {
 func (h *harness) send(key, body string) (*httptest.ResponseRecorder, trace.SpanContext) {
 	ctx, span := h.tp.Tracer("test").Start(context.Background(), "POST /pay/{id}", trace.WithSpanKind(trace.SpanKindServer))
 	defer span.End()
+	return h.serve(ctx, key, body), span.SpanContext()
+}
+
+// serve posts body to /pay/1 with key under ctx and returns the answer.
+func (h *harness) serve(ctx context.Context, key, body string) *httptest.ResponseRecorder {
 	req := httptest.NewRequestWithContext(ctx, "POST", "/pay/1", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(idem.HeaderKey, key)
 	rec := httptest.NewRecorder()
 	h.mux.ServeHTTP(rec, req)
-	return rec, span.SpanContext()
+	return rec
 }
 
 func (h *harness) lastEvent(t *testing.T) idem.Event {
@@ -333,12 +338,7 @@ func TestObserverInFlight(t *testing.T) {
 func TestObserverWithoutRequestSpan(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
-	req := httptest.NewRequest("POST", "/pay/1", strings.NewReader("{}"))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(idem.HeaderKey, "k")
-	rec := httptest.NewRecorder()
-	h.mux.ServeHTTP(rec, req)
-	require.Equal(t, http.StatusCreated, rec.Code)
+	require.Equal(t, http.StatusCreated, h.serve(context.Background(), "k", "{}").Code)
 	spans := h.spans.Ended()
 	require.Len(t, spans, 4)
 	root := spans[len(spans)-1]

@@ -157,30 +157,12 @@ var claimSQL = bind(claimParams, `WITH `+curCTE(now)+`, claim AS (
 		`+now+` + @lease::bigint * interval '1 microsecond', `+now+`, `+now+`,
 		`+now+` + @retention::bigint * interval '1 microsecond', 1, @owner::text
 	WHERE NOT EXISTS (SELECT 1 FROM cur WHERE NOT claimable)
-	ON CONFLICT (scope, key) DO UPDATE SET
-		method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint,
-		state = 'PROCESSING', owner = excluded.owner,
-		fencing_token = k.fencing_token + 1,
-		locked_until = `+clock+` + @lease::bigint * interval '1 microsecond',
-		response_status = NULL, response_headers = NULL, response_body = NULL,
-		response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
-		updated_at = excluded.updated_at,
-		created_at = CASE WHEN `+pgContinues+` THEN k.created_at ELSE excluded.created_at END,
-		expires_at = excluded.expires_at,
-		attempts = CASE WHEN `+pgContinues+` THEN k.attempts + 1 ELSE 1 END
-	WHERE NOT (k.state = 'PROCESSING' AND k.locked_until > excluded.created_at)
-		AND (k.expires_at <= excluded.created_at OR `+pgContinues+`)
+	`+idemdriver.ClaimUpsertSQL("k", clock+` + @lease::bigint * interval '1 microsecond'`)+`
 	RETURNING `+columns+`
 )
 SELECT true, *, coalesce((SELECT state = 'PROCESSING' FROM cur), false) AND attempts > 1 FROM claim
 UNION ALL
 SELECT false, `+columns+`, false FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM claim)`)
-
-// pgContinues: the stored record k is the same request as excluded,
-// unfinished (under the claim's "no live lease", PROCESSING means past its
-// lease): the claim continues the record's life (idemdriver.Decision.Continues).
-const pgContinues = `(k.method = excluded.method AND k.path = excluded.path
-		AND k.fingerprint = excluded.fingerprint AND k.state IN ('FAILED', 'PROCESSING'))`
 
 var getSQL = bind([]string{"scope", "key", "offset"}, `SELECT `+columns+` FROM idem_keys WHERE scope = @scope AND key = @key`)
 

@@ -162,7 +162,8 @@ SELECT true, *, false FROM ins
 UNION ALL
 SELECT false, `+columns+`, false FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM upd)`)
 
-// partContinues is pgContinues for the partitioned claim's UPDATE.
+// partContinues is idemdriver.ClaimContinuesSQL for the partitioned claim's
+// UPDATE, which compares with the request's parameters (no excluded row).
 const partContinues = `(k.method = @method AND k.path = @path AND k.fingerprint = @fingerprint
 		AND k.state IN ('FAILED', 'PROCESSING'))`
 
@@ -316,7 +317,9 @@ func (d *Driver) createPartition(ctx context.Context, part idemdriver.Partition)
 	if err != nil {
 		return false, err
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	// After Commit a no-op; after a failure, that failure is the error to
+	// report, and pgx closes a connection whose rollback fails.
+	defer func() { _ = tx.Rollback(ctx) }()
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('idem partitions ' || current_schema(), 0))`); err != nil {
 		return false, err
 	}
@@ -393,8 +396,10 @@ func (d *Driver) partitions(ctx context.Context) ([]idemdriver.Partition, map[st
 // for the transactions that may read the partition, and blocks none), then
 // DROP TABLE of the detached table; droppers are serialized by a lease in
 // idem_locks. A detach that was interrupted is
-// finished (DETACH PARTITION ... FINALIZE) before the drop.
-func (d *Driver) DropPartitions(ctx context.Context, p idemdriver.PartitionParams) ([]idemdriver.Partition, error) {
+// finished (DETACH PARTITION ... FINALIZE) before the drop. A lease that
+// cannot be released at the end is reported with the partitions dropped
+// (the next dropper waits until it runs out, at most 3 x detachLockTimeout).
+func (d *Driver) DropPartitions(ctx context.Context, p idemdriver.PartitionParams) (_ []idemdriver.Partition, err error) {
 	if d.part == nil {
 		return nil, idemdriver.ErrNotPartitioned
 	}
@@ -438,7 +443,11 @@ func (d *Driver) DropPartitions(ctx context.Context, p idemdriver.PartitionParam
 	if err != nil {
 		return nil, fmt.Errorf("idempgx: drop partitions: %w", err)
 	}
-	defer lease.Release(context.WithoutCancel(ctx)) //nolint:errcheck // a lease not released runs out
+	defer func() {
+		if rerr := lease.Release(context.WithoutCancel(ctx)); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("idempgx: drop partitions: releasing the lease: %w", rerr))
+		}
+	}()
 	c := d.pool
 	var dropped []idemdriver.Partition
 	for _, part := range doomed {

@@ -191,9 +191,8 @@ func TestPartitionedClaimsStraddlingMidnightUnderTheLock(t *testing.T) {
 	}
 	var (
 		wg      sync.WaitGroup
-		mu      sync.Mutex
-		results []idemdriver.ClaimResult
-		errs    []error
+		results = make([]idemdriver.ClaimResult, n) // claimant i's, written by its goroutine only
+		errs    = make([]error, n)
 		offsets []time.Duration
 	)
 	for i := 0; i < n; i++ {
@@ -208,15 +207,8 @@ func TestPartitionedClaimsStraddlingMidnightUnderTheLock(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: scope, Key: key, Method: "POST", Path: "/v1/payments",
+			results[i], errs[i] = d.Claim(ctx, idemdriver.ClaimParams{Scope: scope, Key: key, Method: "POST", Path: "/v1/payments",
 				Fingerprint: []byte("fp"), LeaseDuration: 30 * time.Second, Retention: 24 * time.Hour, ClockOffset: off})
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
-				return
-			}
-			results = append(results, res)
 		}()
 		require.Eventually(t, func() bool { return waiting() == i+1 }, 10*time.Second, time.Millisecond)
 	}

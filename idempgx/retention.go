@@ -122,7 +122,7 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 	if err != nil {
 		return st, err
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // read-only
+	defer func() { _ = tx.Rollback(ctx) }() // read only: nothing to undo; pgx closes a connection whose rollback fails
 	var processing, succeeded, failed int64
 	err = tx.QueryRow(ctx, d.q(`SELECT `+now+`, count(*),
 		count(*) FILTER (WHERE state = 'PROCESSING'), count(*) FILTER (WHERE state = 'SUCCEEDED'),
@@ -197,12 +197,8 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 	return mig, poolerErr(err)
 }
 
-// listSQL reads one page of records in primary-key order, each filter off
-// when its parameter is empty.
-var listSQL = `SELECT ` + columns + ` FROM idem_keys
-	WHERE (@state = '' OR state = @state) AND (@scope = '' OR scope = @scope) AND (@key = '' OR key = @key)
-	AND (scope, key) > (@after_scope, @after_key)
-	ORDER BY scope, key LIMIT @limit`
+// listSQL reads one page of records (idemdriver.ListSQL).
+var listSQL = idemdriver.ListSQL(columns)
 
 // List implements idemdriver.Lister.
 func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.Record, error) {

@@ -70,8 +70,7 @@ func Open(ctx context.Context, path string) (*Driver, error) {
 	// file to themselves: processes opening it at the same time can get
 	// SQLITE_BUSY there, outside the busy timeout. Connect again, then.
 	if err := retryBusy(ctx, func() error { return db.PingContext(ctx) }); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("idemsqlite: open %s: %w", path, err)
+		return nil, fmt.Errorf("idemsqlite: open %s: %w", path, errors.Join(err, db.Close()))
 	}
 	return New(db), nil
 }
@@ -149,31 +148,14 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // created_at and so its relayed key) or expired (another life starts:
 // created_at now, attempts 1). Every claim sets expires_at to now +
 // retention, so the outcome it writes can be replayed for a whole
-// retention. excluded.created_at is this statement's "now". The WHERE clause
-// is idemdriver.Decide's claiming rows, and the CASEs its Continues.
+// retention. excluded.created_at is this statement's "now". The conflict
+// clause (idemdriver.ClaimUpsertSQL) is idemdriver.Decide's claiming rows.
 var claimSQL = `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 	locked_until, created_at, updated_at, expires_at, attempts, owner)
 VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
 	` + now + ` + @lease, ` + now + `, ` + now + `, ` + now + ` + @retention, 1, @owner)
-ON CONFLICT (scope, key) DO UPDATE SET
-	method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint,
-	state = 'PROCESSING', owner = excluded.owner,
-	fencing_token = idem_keys.fencing_token + 1,
-	locked_until = excluded.locked_until,
-	response_status = NULL, response_headers = NULL, response_body = NULL,
-	response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
-	updated_at = excluded.updated_at,
-	created_at = CASE WHEN ` + sqliteContinues + ` THEN idem_keys.created_at ELSE excluded.created_at END,
-	expires_at = excluded.expires_at,
-	attempts = CASE WHEN ` + sqliteContinues + ` THEN idem_keys.attempts + 1 ELSE 1 END
-WHERE NOT (idem_keys.state = 'PROCESSING' AND idem_keys.locked_until > excluded.created_at)
-	AND (idem_keys.expires_at <= excluded.created_at OR ` + sqliteContinues + `)
+` + idemdriver.ClaimUpsertSQL("idem_keys", "excluded.locked_until") + `
 RETURNING ` + columns
-
-// sqliteContinues: the stored record is the same request, unfinished (with
-// the WHERE clause's "no live lease", PROCESSING means past its lease).
-const sqliteContinues = `(idem_keys.method = excluded.method AND idem_keys.path = excluded.path
-		AND idem_keys.fingerprint = excluded.fingerprint AND idem_keys.state IN ('FAILED', 'PROCESSING'))`
 
 var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key = @key`
 
@@ -238,25 +220,17 @@ func embedded() fs.FS {
 // loses a race the record is read again. Statements: a replay, 409 or 422
 // is one read; a claim is one read and one upsert.
 func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
-	args := []any{
-		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("method", p.Method),
-		sql.Named("path", p.Path), sql.Named("fingerprint", p.Fingerprint),
-		sql.Named("lease", p.LeaseDuration.Microseconds()), sql.Named("retention", p.Retention.Microseconds()),
-		sql.Named("owner", p.Owner), sql.Named("offset", p.ClockOffset.Microseconds()),
-	}
+	args := claimArgs(p)
 	if err := d.prepare(ctx); err != nil {
 		return idemdriver.ClaimResult{}, err
 	}
 	for try := 0; try < maxClaimTries; try++ {
-		var expired bool
-		read, err := scanRecord(d.stmts.claimRead.QueryRowContext(ctx, args...), &expired)
-		found := err == nil
+		read, answer, err := d.readClaim(ctx, p, args)
 		switch {
-		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return idemdriver.ClaimResult{}, err
-		case !idemdriver.Decide(&read, expired, p).Claims():
-			return idemdriver.ClaimResult{Record: read}, nil
+		case answer:
+			return idemdriver.ClaimResult{Record: *read}, nil
 		}
 		var rec idemdriver.Record
 		err = retryBusy(ctx, func() error {
@@ -265,12 +239,8 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		})
 		switch {
 		case err == nil:
-			// A takeover is told from the state read just before the
-			// upsert: a late owner's FAILED written in between (a reclaim
-			// then) would still be reported as a takeover.
-			tookOver := found && read.State == idemdriver.StateProcessing && rec.Attempts > 1
-			return idemdriver.ClaimResult{Claimed: true, TookOver: tookOver, Record: rec}, nil
-		case found && queued(ctx, err):
+			return claimed(read, rec), nil
+		case read != nil && queued(ctx, err):
 			// Another transaction holds the write lock for the whole claim:
 			// the record's owner, most likely, in its business transaction
 			// (a single writer's owner does not renew its lease meanwhile,
@@ -278,13 +248,49 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 			// over while that lock is held: answer from the record read
 			// (the core answers 409, or replays once the owner commits),
 			// not a store error.
-			return idemdriver.ClaimResult{Record: read}, nil
+			return idemdriver.ClaimResult{Record: *read}, nil
 		case !errors.Is(err, sql.ErrNoRows):
 			return idemdriver.ClaimResult{}, err
 		}
 		// Another claimant won between the read and the upsert: read its row.
 	}
 	return idemdriver.ClaimResult{}, fmt.Errorf("idemsqlite: claim gave no answer after %d tries", maxClaimTries)
+}
+
+// claimArgs are the named parameters of the claim's statements
+// (claimReadSQL, claimSQL).
+func claimArgs(p idemdriver.ClaimParams) []any {
+	return []any{
+		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("method", p.Method),
+		sql.Named("path", p.Path), sql.Named("fingerprint", p.Fingerprint),
+		sql.Named("lease", p.LeaseDuration.Microseconds()), sql.Named("retention", p.Retention.Microseconds()),
+		sql.Named("owner", p.Owner), sql.Named("offset", p.ClockOffset.Microseconds()),
+	}
+}
+
+// readClaim is a claim's first read, outside any transaction (WAL readers
+// never wait for the writer): the record, nil when there is none, and
+// whether it cannot be claimed (idemdriver.Decide), so that it is the
+// claim's answer. args are claimArgs(p).
+func (d *Driver) readClaim(ctx context.Context, p idemdriver.ClaimParams, args []any) (read *idemdriver.Record, answer bool, err error) {
+	var expired bool
+	rec, err := scanRecord(d.stmts.claimRead.QueryRowContext(ctx, args...), &expired)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, err
+	}
+	return &rec, !idemdriver.Decide(&rec, expired, p).Claims(), nil
+}
+
+// claimed is the result of an upsert that claimed rec after the claim's
+// read found read (nil for none). A takeover is told from the state read
+// just before the upsert: a late owner's FAILED written in between (a
+// reclaim then) would still be reported as a takeover.
+func claimed(read *idemdriver.Record, rec idemdriver.Record) idemdriver.ClaimResult {
+	tookOver := read != nil && read.State == idemdriver.StateProcessing && rec.Attempts > 1
+	return idemdriver.ClaimResult{Claimed: true, TookOver: tookOver, Record: rec}
 }
 
 // maxClaimTries bounds the read-then-upsert rounds of one Claim; each lost

@@ -27,21 +27,13 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 	if err := d.prepare(ctx); err != nil {
 		return idemdriver.ClaimResult{}, nil, err
 	}
-	args := []any{
-		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("method", p.Method),
-		sql.Named("path", p.Path), sql.Named("fingerprint", p.Fingerprint),
-		sql.Named("lease", p.LeaseDuration.Microseconds()), sql.Named("retention", p.Retention.Microseconds()),
-		sql.Named("owner", p.Owner), sql.Named("offset", p.ClockOffset.Microseconds()),
-	}
-	var expired bool
-	read, err := scanRecord(d.stmts.claimRead.QueryRowContext(ctx, args...), &expired)
-	found := err == nil
+	args := claimArgs(p)
+	read, answer, err := d.readClaim(ctx, p, args)
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
 		return idemdriver.ClaimResult{}, nil, err
-	case !idemdriver.Decide(&read, expired, p).Claims():
-		return idemdriver.ClaimResult{Record: read}, nil, nil
+	case answer:
+		return idemdriver.ClaimResult{Record: *read}, nil, nil
 	}
 
 	// BEGIN IMMEDIATE waits for the write lock as every transaction does
@@ -56,8 +48,7 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 	rec, err := scanRecord(tx.StmtContext(ctx, d.stmts.claim).QueryRowContext(ctx, args...), nil)
 	if err == nil {
 		stmt := d.stmts.complete
-		tookOver := found && read.State == idemdriver.StateProcessing && rec.Attempts > 1 // as in Claim
-		return idemdriver.ClaimResult{Claimed: true, TookOver: tookOver, Record: rec}, &oneCommitTx{SQLTx: idemdriver.SQLTx{Tx: tx,
+		return claimed(read, rec), &oneCommitTx{SQLTx: idemdriver.SQLTx{Tx: tx,
 			CompleteIn: func(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
 				return complete(ctx, tx.StmtContext(ctx, stmt), p)
 			}}, cancel: cancel}, nil
@@ -68,12 +59,13 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 	}
 	// The upsert did not claim: under the write lock, the record read now
 	// is the one it lost to.
-	read, err = scanRecord(tx.StmtContext(ctx, d.stmts.claimRead).QueryRowContext(ctx, args...), &expired)
+	var expired bool
+	lost, err := scanRecord(tx.StmtContext(ctx, d.stmts.claimRead).QueryRowContext(ctx, args...), &expired)
 	end()
 	if err != nil {
 		return idemdriver.ClaimResult{}, nil, err
 	}
-	return idemdriver.ClaimResult{Record: read}, nil, nil
+	return idemdriver.ClaimResult{Record: lost}, nil, nil
 }
 
 // oneCommitTx is the transaction of a one-commit claim: SQLTx, and the

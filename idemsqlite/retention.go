@@ -3,6 +3,8 @@ package idemsqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"time"
 
@@ -107,19 +109,19 @@ func (d *Driver) Now(ctx context.Context, offset time.Duration) (time.Time, erro
 
 // Stats implements idemdriver.Inspector: two aggregate reads in one read
 // transaction (a WAL snapshot, which does not take the write lock).
-func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdriver.Stats, error) {
-	st := idemdriver.Stats{ByState: map[idemdriver.State]int64{}}
+func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (st idemdriver.Stats, err error) {
+	st = idemdriver.Stats{ByState: map[idemdriver.State]int64{}}
 	// A read-only *sql.Tx still sends BEGIN IMMEDIATE under _txlock; a
 	// dedicated connection with a plain BEGIN keeps Stats off the write lock.
 	conn, err := d.db.Conn(ctx)
 	if err != nil {
 		return st, err
 	}
-	defer conn.Close()
+	defer func() { err = errors.Join(err, conn.Close()) }()
 	if _, err := conn.ExecContext(ctx, `BEGIN DEFERRED`); err != nil {
 		return st, err
 	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`) //nolint:errcheck // read only
+	defer func() { err = errors.Join(err, endRead(ctx, conn)) }()
 	return idemdriver.QueryStats(ctx, conn, `SELECT `+now+`, count(*),
 		count(*) FILTER (WHERE state = 'PROCESSING'), count(*) FILTER (WHERE state = 'SUCCEEDED'),
 		count(*) FILTER (WHERE state = 'FAILED'), min(created_at),
@@ -128,6 +130,21 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 		FROM idem_keys`, []any{sql.Named("offset", p.ClockOffset.Microseconds())},
 		`SELECT scope, count(*) FROM idem_keys GROUP BY scope
 		ORDER BY count(*) DESC, scope LIMIT ?`, p.TopScopes)
+}
+
+// endRead ends the read transaction on conn with ROLLBACK. When that
+// fails, the connection is discarded rather than given back to the pool
+// inside a transaction, where it would pin its WAL snapshot and fail the
+// next BEGIN.
+func endRead(ctx context.Context, conn *sql.Conn) error {
+	_, err := conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+	if err == nil {
+		return nil
+	}
+	// Raw's driver.ErrBadConn makes database/sql close the connection; that
+	// error is the discard itself, not a failure.
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	return fmt.Errorf("idemsqlite: ending the read transaction: %w", err)
 }
 
 var stuckSQL = `SELECT ` + columns + `, ` + now + ` - locked_until
@@ -144,17 +161,11 @@ func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdri
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []idemdriver.StuckRecord
-	for rows.Next() {
+	return idemdriver.CollectRows(rows, func(rows *sql.Rows) (idemdriver.StuckRecord, error) {
 		var overdueUS int64
 		rec, err := scanRecord(rows, nil, &overdueUS)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, idemdriver.StuckRecord{Record: rec, Overdue: time.Duration(overdueUS) * time.Microsecond})
-	}
-	return out, rows.Err()
+		return idemdriver.StuckRecord{Record: rec, Overdue: time.Duration(overdueUS) * time.Microsecond}, err
+	})
 }
 
 // MigrationStatus implements idemdriver.Migrator with idemmigrate, under
@@ -176,12 +187,8 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 	return m.Down(ctx)
 }
 
-// listSQL reads one page of records in primary-key order, each filter off
-// when its parameter is empty.
-var listSQL = `SELECT ` + columns + ` FROM idem_keys
-	WHERE (@state = '' OR state = @state) AND (@scope = '' OR scope = @scope) AND (@key = '' OR key = @key)
-	AND (scope, key) > (@after_scope, @after_key)
-	ORDER BY scope, key LIMIT @limit`
+// listSQL reads one page of records (idemdriver.ListSQL).
+var listSQL = idemdriver.ListSQL(columns)
 
 // List implements idemdriver.Lister.
 func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.Record, error) {
@@ -194,16 +201,9 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []idemdriver.Record
-	for rows.Next() {
-		rec, err := scanRecord(rows, nil)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, rec)
-	}
-	return out, rows.Err()
+	return idemdriver.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) {
+		return scanRecord(rows, nil)
+	})
 }
 
 var removeSQL = `DELETE FROM idem_keys WHERE scope = @scope AND key = @key AND fencing_token = @token

@@ -3,6 +3,7 @@ package idemmigrate_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"testing/fstest"
@@ -119,4 +120,38 @@ func TestUpError(t *testing.T) {
 	require.Equal(t, 2, e.Statement)
 	require.Zero(t, e.LastApplied)
 	require.NotContains(t, err.Error(), "undo")
+}
+
+// Up records the pending versions that Config.Present finds in the schema,
+// in order, up to the first it does not find; that one and the later ones
+// run. Present is asked of pending versions only.
+func TestUpRecordsPresentVersions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqliteDB(t)
+	_, err := db.ExecContext(ctx, `CREATE TABLE a (id INTEGER); CREATE TABLE b (id INTEGER)`)
+	require.NoError(t, err)
+	set := fstest.MapFS{}
+	for i, name := range []string{"a", "b", "c", "d"} {
+		set[fmt.Sprintf("%05d_%s.sql", i+1, name)] = &fstest.MapFile{Data: []byte("-- +goose Up\nCREATE TABLE " + name + " (id INTEGER);\n")}
+	}
+	var asked []int64
+	present := func(ctx context.Context, db idemmigrate.Queryer, version int64) (bool, error) {
+		asked = append(asked, version)
+		return idemmigrate.TableExists(ctx, db, idemmigrate.SQLite, string(rune('a'+version-1)))
+	}
+	m, err := idemmigrate.New(idemmigrate.Config{Prefix: "test", DB: db, Dialect: idemmigrate.SQLite, FS: set,
+		VersionTable: "v", Present: present})
+	require.NoError(t, err)
+	require.NoError(t, m.Up(ctx), "a and b are recorded, not created again")
+	require.Equal(t, []int64{1, 2, 3}, asked, "c is not present: it and d run")
+	list, err := m.Status(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 4)
+	for _, mig := range list {
+		require.True(t, mig.Applied, "%+v", mig)
+	}
+	asked = nil
+	require.NoError(t, m.Up(ctx))
+	require.Empty(t, asked, "nothing pending, nothing asked")
 }

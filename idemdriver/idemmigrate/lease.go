@@ -127,7 +127,9 @@ func (l *Leases) create(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	// After Commit a no-op; after a failure, that failure is the error to
+	// report (DDL here is transactional: nothing stays).
+	defer func() { _ = tx.Rollback() }()
 	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('idem lease table ' || $1 || ' ' || coalesce(current_schema(), ''), 0))`, l.table); err != nil {
 		return err
 	}

@@ -79,6 +79,16 @@ type Config struct {
 	LockTimeout time.Duration
 	// LockTTL is the migration lease's TTL. Default: DefaultLockTTL.
 	LockTTL time.Duration
+	// Present reports whether the schema already holds what migration
+	// version makes, though the version table does not record it: on a
+	// database whose DDL commits statement by statement (MySQL), a process
+	// killed between a migration's last statement and goose's record of it
+	// leaves it so, and running it again fails (a column that exists). Up
+	// records such a version as applied instead of running it: under the
+	// lease, before goose, for each version not recorded as applied, in
+	// order, up to the first for which Present reports false. Default: nil,
+	// every pending version runs.
+	Present func(ctx context.Context, db Queryer, version int64) (bool, error)
 }
 
 // Migrator applies one set of migrations (see Config).
@@ -155,12 +165,12 @@ func (m *Migrator) withProvider(ctx context.Context, log *statementLog, f func(c
 // another, leaves a table without its version 0 row, on which goose fails
 // "missing zero version migration" on every later start. Here a missing row
 // is inserted, whatever left it missing.
-func (m *Migrator) ensureVersionTable(ctx context.Context) error {
+func (m *Migrator) ensureVersionTable(ctx context.Context) (err error) {
 	conn, err := m.cfg.DB.Conn(ctx)
 	if err != nil {
 		return m.versionErr(err)
 	}
-	defer conn.Close()
+	defer func() { err = errors.Join(err, m.versionErr(conn.Close())) }()
 	exists, err := TableExists(ctx, conn, m.cfg.Dialect, m.cfg.VersionTable)
 	if err != nil {
 		return m.versionErr(err)
@@ -177,6 +187,35 @@ func (m *Migrator) ensureVersionTable(ctx context.Context) error {
 	return m.versionErr(err)
 }
 
+// recordPresent records as applied the versions not recorded that
+// Config.Present finds in the schema, oldest first, up to the first it does
+// not find.
+func (m *Migrator) recordPresent(ctx context.Context, p *goose.Provider) error {
+	if m.cfg.Present == nil {
+		return nil
+	}
+	for _, src := range p.ListSources() {
+		rec, err := m.store.GetMigration(ctx, m.cfg.DB, src.Version)
+		switch {
+		case err == nil && rec.IsApplied:
+			continue
+		case err != nil && !errors.Is(err, database.ErrVersionNotFound):
+			return m.versionErr(err)
+		}
+		present, err := m.cfg.Present(ctx, m.cfg.DB, src.Version)
+		if err != nil {
+			return fmt.Errorf("%s: migrate: is version %d present: %w", m.cfg.Prefix, src.Version, err)
+		}
+		if !present {
+			return nil
+		}
+		if err := m.store.Insert(ctx, m.cfg.DB, database.InsertRequest{Version: src.Version}); err != nil {
+			return m.versionErr(err)
+		}
+	}
+	return nil
+}
+
 func (m *Migrator) versionErr(err error) error {
 	if err == nil {
 		return nil
@@ -190,6 +229,9 @@ func (m *Migrator) versionErr(err error) error {
 func (m *Migrator) Up(ctx context.Context) error {
 	log := &statementLog{}
 	return m.locked(ctx, log, func(ctx context.Context, p *goose.Provider) error {
+		if err := m.recordPresent(ctx, p); err != nil {
+			return err
+		}
 		_, err := p.Up(ctx)
 		if err == nil {
 			return nil

@@ -1,0 +1,265 @@
+package idem
+
+import (
+	"encoding/json"
+	"slices"
+	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/gowebpki/jcs"
+)
+
+// canonicalJSON is the RFC 8785 form of body in one pass and a few
+// allocations, the output of jcs.Transform byte for byte wherever it
+// answers ok (FuzzCanonicalMatchesJCS holds it to that). It answers only
+// the common case: body is one valid JSON object or array (json.Valid),
+// valid UTF-8, with no \u escape of a UTF-16 surrogate, no repeated key,
+// and every number exact (numberExact: its literal is the value of its
+// double's shortest form). For anything else ok is false and Fingerprint
+// takes the general path (numbersExact, jcs.Transform, exactCanonical),
+// whose answers are the rule; exact is false when a number was inexact.
+func canonicalJSON(body []byte) (canon []byte, ok, exact bool) {
+	i := skipSpace(body, 0)
+	if i == len(body) || (body[i] != '{' && body[i] != '[') || !json.Valid(body) || !utf8.Valid(body) {
+		return nil, false, true
+	}
+	// One allocation for the buffers of a common body: out, then keys and
+	// scratch each as long as the body at most.
+	buf := make([]byte, 0, 3*len(body))
+	c := canonicalizer{in: body, out: buf[:0:len(body)], keys: buf[len(body) : len(body) : 2*len(body)],
+		scratch: buf[2*len(body) : 2*len(body)], members: make([]member, 0, 16), exact: true}
+	if _, ok := c.value(i); !ok {
+		return nil, false, c.exact
+	}
+	return c.out, true, true
+}
+
+// canonicalizer writes a valid JSON value (json.Valid) in canonical form.
+// members is a stack shared by the objects being written, keys the
+// decoded member names they are sorted by (and, briefly, a string value
+// being decoded), scratch the members of one object as they came.
+type canonicalizer struct {
+	in, out, keys, scratch []byte
+	members                []member
+	exact                  bool // false once a number was found inexact
+}
+
+// member is one object member written to out[start:end], its decoded name
+// keys[key:keyEnd].
+type member struct{ key, keyEnd, start, end int }
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// value writes the value starting at in[i] (no space before it) and returns
+// the index after it.
+func (c *canonicalizer) value(i int) (int, bool) {
+	switch b := c.in[i]; {
+	case b == '{':
+		return c.object(i + 1)
+	case b == '[':
+		return c.array(i + 1)
+	case b == '"':
+		start := len(c.keys)
+		end, ok := c.decodeString(i + 1)
+		if ok {
+			c.out = appendQuoted(c.out, c.keys[start:])
+		}
+		c.keys = c.keys[:start]
+		return end, ok
+	case b == 't':
+		c.out = append(c.out, "true"...)
+		return i + 4, true
+	case b == 'f':
+		c.out = append(c.out, "false"...)
+		return i + 5, true
+	case b == 'n':
+		c.out = append(c.out, "null"...)
+		return i + 4, true
+	default:
+		return c.number(i)
+	}
+}
+
+func (c *canonicalizer) array(i int) (int, bool) {
+	c.out = append(c.out, '[')
+	i = skipSpace(c.in, i)
+	for n := 0; c.in[i] != ']'; n++ {
+		if n > 0 {
+			c.out = append(c.out, ',')
+			i = skipSpace(c.in, i+1) // the comma
+		}
+		var ok bool
+		if i, ok = c.value(i); !ok {
+			return i, false
+		}
+		i = skipSpace(c.in, i)
+	}
+	c.out = append(c.out, ']')
+	return i + 1, true
+}
+
+// object writes the members as they come, then rewrites them sorted by
+// name in UTF-16 code units (RFC 8785 section 3.2.3).
+func (c *canonicalizer) object(i int) (int, bool) {
+	base, outStart, keysStart := len(c.members), len(c.out), len(c.keys)
+	i = skipSpace(c.in, i)
+	for n := 0; c.in[i] != '}'; n++ {
+		if n > 0 {
+			i = skipSpace(c.in, i+1) // the comma
+		}
+		m := member{key: len(c.keys), start: len(c.out)}
+		var ok bool
+		if i, ok = c.decodeString(i + 1); !ok {
+			return i, false
+		}
+		m.keyEnd = len(c.keys)
+		c.out = appendQuoted(c.out, c.keys[m.key:m.keyEnd])
+		c.out = append(c.out, ':')
+		i = skipSpace(c.in, skipSpace(c.in, i)+1) // the colon
+		if i, ok = c.value(i); !ok {
+			return i, false
+		}
+		m.end = len(c.out)
+		c.members = append(c.members, m)
+		i = skipSpace(c.in, i)
+	}
+	ms := c.members[base:]
+	slices.SortFunc(ms, func(a, b member) int {
+		return compareUTF16(c.keys[a.key:a.keyEnd], c.keys[b.key:b.keyEnd])
+	})
+	for k := 1; k < len(ms); k++ {
+		if compareUTF16(c.keys[ms[k-1].key:ms[k-1].keyEnd], c.keys[ms[k].key:ms[k].keyEnd]) == 0 {
+			return i, false // a repeated name: jcs refuses it
+		}
+	}
+	c.scratch = append(c.scratch[:0], c.out[outStart:]...)
+	written := c.scratch
+	c.out = append(c.out[:outStart], '{')
+	for k, m := range ms {
+		if k > 0 {
+			c.out = append(c.out, ',')
+		}
+		c.out = append(c.out, written[m.start-outStart:m.end-outStart]...)
+	}
+	c.out = append(c.out, '}')
+	c.members, c.keys = c.members[:base], c.keys[:keysStart]
+	return i + 1, true
+}
+
+// decodeString appends the decoded string starting after the quote at
+// in[i-1] to keys and returns the index after its closing quote. A \u
+// escape of a surrogate is refused (jcs's handling of those is its own).
+func (c *canonicalizer) decodeString(i int) (int, bool) {
+	for {
+		b := c.in[i]
+		switch {
+		case b == '"':
+			return i + 1, true
+		case b != '\\':
+			c.keys = append(c.keys, b)
+			i++
+			continue
+		}
+		switch e := c.in[i+1]; e {
+		case 'u':
+			r, _ := strconv.ParseUint(string(c.in[i+2:i+6]), 16, 32)
+			if utf16.IsSurrogate(rune(r)) {
+				return i, false
+			}
+			c.keys = utf8.AppendRune(c.keys, rune(r))
+			i += 6
+		default:
+			c.keys = append(c.keys, unescape[e])
+			i += 2
+		}
+	}
+}
+
+// unescape maps the character after a backslash to what it stands for.
+var unescape = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
+
+// appendQuoted writes s as RFC 8785 section 3.2.2.2 (and jcs) write a
+// string: the short escapes, \u00xx for the other control characters, every
+// other byte as it is.
+func appendQuoted(out, s []byte) []byte {
+	const hex = "0123456789abcdef"
+	out = append(out, '"')
+	for _, b := range s {
+		switch b {
+		case '"', '\\':
+			out = append(out, '\\', b)
+		case '\b':
+			out = append(out, '\\', 'b')
+		case '\f':
+			out = append(out, '\\', 'f')
+		case '\n':
+			out = append(out, '\\', 'n')
+		case '\r':
+			out = append(out, '\\', 'r')
+		case '\t':
+			out = append(out, '\\', 't')
+		default:
+			if b < 0x20 {
+				out = append(out, '\\', 'u', '0', '0', hex[b>>4], hex[b&0xf])
+			} else {
+				out = append(out, b)
+			}
+		}
+	}
+	return append(out, '"')
+}
+
+// compareUTF16 orders two UTF-8 strings by their UTF-16 code units.
+func compareUTF16(a, b []byte) int {
+	for len(a) > 0 && len(b) > 0 {
+		ra, na := utf8.DecodeRune(a)
+		rb, nb := utf8.DecodeRune(b)
+		if ra != rb {
+			return utf16Order(ra) - utf16Order(rb)
+		}
+		a, b = a[na:], b[nb:]
+	}
+	return len(a) - len(b)
+}
+
+// utf16Order ranks r by its UTF-16 code units: r itself in the Basic
+// Multilingual Plane, else its high surrogate, then its low one. (r is never
+// a surrogate itself: it comes from valid UTF-8.)
+func utf16Order(r rune) int {
+	if r < 0x10000 {
+		return int(r) << 16
+	}
+	hi, lo := utf16.EncodeRune(r)
+	return int(hi)<<16 | int(lo)
+}
+
+// number writes the number literal at in[i] as RFC 8785 writes its double
+// (jcs.NumberToJSON), when the literal is exact.
+func (c *canonicalizer) number(i int) (int, bool) {
+	end := i
+	for end < len(c.in) && isNumberByte(c.in[end]) {
+		end++
+	}
+	lit := string(c.in[i:end])
+	f, ok := numberExact(lit)
+	if !ok {
+		c.exact = false
+		return end, false
+	}
+	s, err := jcs.NumberToJSON(f)
+	if err != nil {
+		return end, false
+	}
+	c.out = append(c.out, s...)
+	return end, true
+}
+
+func isNumberByte(b byte) bool {
+	return b >= '0' && b <= '9' || b == '-' || b == '+' || b == '.' || b == 'e' || b == 'E'
+}

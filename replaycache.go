@@ -1,0 +1,101 @@
+package idem
+
+import (
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/maypok86/otter/v2"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// replayCache holds the SUCCEEDED records the middleware replayed, by
+// scope and key (Config.ReplayCacheBytes): what a retry needs to be
+// answered its replay or its 422 without the store.
+type replayCache struct {
+	c *otter.Cache[replayKey, *cachedRecord]
+}
+
+type replayKey struct{ scope, key string }
+
+// cachedRecord is the part of a SUCCEEDED record that the answer to a
+// claim that lost to it reads (idemdriver.Decide and Middleware.answer).
+type cachedRecord struct {
+	method, path string
+	fingerprint  []byte
+	response     *idemdriver.Response
+	expiresAt    time.Time // database clock
+}
+
+// recordOverhead approximates, in bytes, what an entry costs beyond the
+// lengths of its strings and body.
+const recordOverhead = 256
+
+func newReplayCache(maxBytes int64, ttl time.Duration) *replayCache {
+	return &replayCache{c: otter.Must(&otter.Options[replayKey, *cachedRecord]{
+		MaximumWeight: uint64(maxBytes),
+		Weigher: func(k replayKey, r *cachedRecord) uint32 {
+			n := recordOverhead + len(k.scope) + len(k.key) + len(r.method) + len(r.path) + len(r.fingerprint) + len(r.response.Body)
+			for name, vs := range r.response.Header {
+				n += len(name)
+				for _, v := range vs {
+					n += len(v)
+				}
+			}
+			return uint32(min(n, math.MaxUint32))
+		},
+		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[replayKey, *cachedRecord]) time.Duration {
+			return min(ttl, time.Until(e.Value.expiresAt))
+		}),
+	})}
+}
+
+// get returns the cached record of (scope, key) as a claim that lost to it
+// would have read it, and false when there is none or it has expired.
+func (rc *replayCache) get(scope, key string) (idemdriver.Record, bool) {
+	r, ok := rc.c.GetIfPresent(replayKey{scope, key})
+	if !ok || !time.Now().Before(r.expiresAt) {
+		return idemdriver.Record{}, false
+	}
+	return idemdriver.Record{Scope: scope, Key: key, Method: r.method, Path: r.path, Fingerprint: r.fingerprint,
+		State: idemdriver.StateSucceeded, Response: r.response, ExpiresAt: r.expiresAt}, true
+}
+
+// put keeps rec, the record of (scope, key) that a claim read from the
+// store and lost to, when it is SUCCEEDED with its response and has not
+// expired on this process's clock.
+func (rc *replayCache) put(scope, key string, rec idemdriver.Record) {
+	if rec.State != idemdriver.StateSucceeded || rec.Response == nil || !time.Now().Before(rec.ExpiresAt) {
+		return
+	}
+	rc.c.Set(replayKey{scope, key}, &cachedRecord{method: rec.Method, path: rec.Path,
+		fingerprint: rec.Fingerprint, response: rec.Response, expiresAt: rec.ExpiresAt})
+}
+
+// answerCached answers a request from the replay cache, when it holds the
+// record of the request's key (as serve answers a claim that lost to it),
+// and reports whether it did.
+func (m *Middleware) answerCached(w http.ResponseWriter, r *http.Request, p idemdriver.ClaimParams) bool {
+	if m.replays == nil {
+		return false
+	}
+	rec, ok := m.replays.get(p.Scope, p.Key)
+	if !ok {
+		return false
+	}
+	w.Header().Set(HeaderKeyExpires, rec.ExpiresAt.UTC().Format(http.TimeFormat))
+	ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Cached: true}
+	ev.Kind, ev.Status = m.answer(w, r, rec, p)
+	ev.Route = m.route(r, nil)
+	m.observe(r.Context(), &ev)
+	return true
+}
+
+// remember keeps the record a claim lost to in the replay cache, if there
+// is one (put says which records it keeps).
+func (m *Middleware) remember(p idemdriver.ClaimParams, rec idemdriver.Record) {
+	if m.replays != nil {
+		m.replays.put(p.Scope, p.Key, rec)
+	}
+}

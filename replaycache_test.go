@@ -1,0 +1,94 @@
+package idem_test
+
+import (
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+)
+
+// replayCacheEnv serves POST /pay through a middleware with cfg on a store
+// of its own, counting the handler's runs.
+func replayCacheEnv(t *testing.T, cfg idem.Config) (h http.Handler, runs *atomic.Int64, closeStore func(), obs *events) {
+	t.Helper()
+	d := openSQLite(t)
+	obs = &events{}
+	cfg.Store, cfg.Observer = d, obs
+	runs = &atomic.Int64{}
+	h = newMiddleware(t, cfg).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, err := w.Write([]byte(`{"id":"pay_1"}`))
+		require.NoError(t, err)
+	}))
+	return h, runs, func() { require.NoError(t, d.Close()) }, obs
+}
+
+// With ReplayCacheBytes, a key this process has replayed once is answered
+// from memory: its replay and its 422 need no store (here, a closed one),
+// while every other key still goes to the store.
+func TestReplayCacheAnswersWithoutTheStore(t *testing.T) {
+	t.Parallel()
+	h, runs, closeStore, obs := replayCacheEnv(t, idem.Config{ReplayCacheBytes: 1 << 20})
+	first := send(h, "POST", "/pay", "k1", `{"amount":100}`)
+	require.Equal(t, http.StatusCreated, first.Code)
+	obs.takeOne(t, idem.EventExecuted)
+	fromStore := send(h, "POST", "/pay", "k1", `{"amount":100}`)
+	require.Equal(t, "true", fromStore.Header().Get(idem.HeaderReplayed))
+	require.False(t, obs.takeOne(t, idem.EventReplayed).Cached)
+
+	closeStore()
+	cached := send(h, "POST", "/pay", "k1", ` { "amount" : 100 } `) // the same request, reformatted
+	require.Equal(t, http.StatusCreated, cached.Code, cached.Body.String())
+	require.Equal(t, "true", cached.Header().Get(idem.HeaderReplayed))
+	require.Equal(t, first.Body.String(), cached.Body.String())
+	require.Equal(t, fromStore.Header().Get(idem.HeaderKeyExpires), cached.Header().Get(idem.HeaderKeyExpires))
+	require.Equal(t, "k1", cached.Header().Get(idem.HeaderKey))
+	ev := obs.takeOne(t, idem.EventReplayed)
+	require.True(t, ev.Cached)
+	require.Zero(t, ev.Claim)
+
+	reused := send(h, "POST", "/pay", "k1", `{"amount":200}`)
+	require.Equal(t, http.StatusUnprocessableEntity, reused.Code, reused.Body.String())
+	require.True(t, obs.takeOne(t, idem.EventKeyReused).Cached)
+
+	other := send(h, "POST", "/pay", "k2", `{"amount":100}`)
+	require.Equal(t, http.StatusServiceUnavailable, other.Code, "a key the cache does not hold goes to the store")
+	obs.takeOne(t, idem.EventStoreUnavailable)
+	require.EqualValues(t, 1, runs.Load())
+}
+
+// The cache keeps an answer no longer than ReplayCacheTTL, and is off by
+// default: then every retry reads the store.
+func TestReplayCacheBounds(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]idem.Config{
+		"off by default": {},
+		"TTL ran out":    {ReplayCacheBytes: 1 << 20, ReplayCacheTTL: time.Nanosecond},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			h, runs, closeStore, _ := replayCacheEnv(t, cfg)
+			require.Equal(t, http.StatusCreated, send(h, "POST", "/pay", "k1", `{}`).Code)
+			require.Equal(t, "true", send(h, "POST", "/pay", "k1", `{}`).Header().Get(idem.HeaderReplayed))
+			closeStore()
+			got := send(h, "POST", "/pay", "k1", `{}`)
+			require.Equal(t, http.StatusServiceUnavailable, got.Code, got.Body.String())
+			require.EqualValues(t, 1, runs.Load())
+		})
+	}
+}
+
+// A negative size or TTL is refused by New.
+func TestReplayCacheConfig(t *testing.T) {
+	t.Parallel()
+	_, err := idem.New(idem.Config{Store: openSQLite(t), Scope: idem.SingleTenant, ReplayCacheBytes: -1})
+	require.ErrorContains(t, err, "ReplayCacheBytes and ReplayCacheTTL must not be negative")
+	require.Equal(t, idem.DefaultReplayCacheTTL, idem.Config{ReplayCacheBytes: 1}.WithDefaults().ReplayCacheTTL)
+	require.Zero(t, idem.Config{}.WithDefaults().ReplayCacheTTL)
+}
