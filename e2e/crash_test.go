@@ -13,6 +13,20 @@ import (
 	"github.com/idemgo/idem"
 )
 
+// merchant makes the crash tests' payments.
+const merchant = "acme"
+
+// forEachWorld runs f as a parallel subtest per target (forEachTarget), in
+// a new world whose fakepsp gets pspArgs, with a fresh paymentsd database
+// db and its inspector.
+func forEachWorld(t *testing.T, pspArgs []string, f func(t *testing.T, w *world, db string, ins *inspector)) {
+	forEachTarget(t, func(t *testing.T, tgt target) {
+		w := newWorld(t, tgt, pspArgs...)
+		db := tgt.newDB(t)
+		f(t, w, db, inspect(t, db))
+	})
+}
+
 // body is a payment of amount JPY.
 func body(amount int64) string {
 	return fmt.Sprintf(`{"amount":%d,"currency":"JPY","customer":"cus_42"}`, amount)
@@ -25,16 +39,8 @@ func body(amount int64) string {
 // charge, one payment, one ledger entry.
 func TestCrashAfterChargeTakeover(t *testing.T) {
 	t.Parallel()
-	forEachTarget(t, func(t *testing.T, tgt target) {
-		const (
-			merchant = "acme"
-			key      = "order-crash-1"
-			amount   = 1000
-			lease    = 3 // seconds
-		)
-		w := newWorld(t, tgt)
-		db := tgt.newDB(t)
-		ins := inspect(t, db)
+	const key, amount, lease = "order-crash-1", 1000, 3 // lease in seconds
+	forEachWorld(t, nil, func(t *testing.T, w *world, db string, ins *inspector) {
 		pd := w.paymentsd("paymentsd", db, "--lease", fmt.Sprintf("%ds", lease), "--crash-after-charge", "1")
 
 		r, err := pay(context.Background(), pd.url(), merchant, key, body(amount))
@@ -79,15 +85,8 @@ func TestCrashAfterChargeTakeover(t *testing.T) {
 // writes roll back. One charge, one payment.
 func TestStalledOwnerFencedOut(t *testing.T) {
 	t.Parallel()
-	forEachTarget(t, func(t *testing.T, tgt target) {
-		const (
-			merchant = "acme"
-			key      = "order-stall-1"
-			amount   = 2000
-		)
-		w := newWorld(t, tgt)
-		db := tgt.newDB(t)
-		ins := inspect(t, db)
+	const key, amount = "order-stall-1", 2000
+	forEachWorld(t, nil, func(t *testing.T, w *world, db string, ins *inspector) {
 		a := w.paymentsd("paymentsd-a", db, "--lease", "2s", "--stall-after-charge", "8s")
 		b := w.paymentsd("paymentsd-b", db, "--lease", "2s")
 
@@ -121,15 +120,8 @@ func TestStalledOwnerFencedOut(t *testing.T) {
 // A, continued with SIGCONT, is fenced out. One charge, one payment.
 func TestFrozenOwnerFencedOut(t *testing.T) {
 	t.Parallel()
-	forEachTarget(t, func(t *testing.T, tgt target) {
-		const (
-			merchant = "acme"
-			key      = "order-frozen-1"
-			amount   = 3000
-		)
-		w := newWorld(t, tgt, "--latency", "1500ms")
-		db := tgt.newDB(t)
-		ins := inspect(t, db)
+	const key, amount = "order-frozen-1", 3000
+	forEachWorld(t, []string{"--latency", "1500ms"}, func(t *testing.T, w *world, db string, ins *inspector) {
 		a := w.paymentsd("paymentsd-a", db, "--lease", "2s")
 		b := w.paymentsd("paymentsd-b", db, "--lease", "2s")
 
@@ -227,15 +219,8 @@ func requireNotRecorded(t *testing.T, owner *proc, r response) {
 // the same relayed key and gets the charge's replay: exactly one charge.
 func TestProviderTimeoutRetried(t *testing.T) {
 	t.Parallel()
-	forEachTarget(t, func(t *testing.T, tgt target) {
-		const (
-			merchant = "acme"
-			key      = "order-timeout-1"
-			amount   = 4000
-		)
-		w := newWorld(t, tgt, "--timeout-rate", "1", "--hang", "10m")
-		db := tgt.newDB(t)
-		ins := inspect(t, db)
+	const key, amount = "order-timeout-1", 4000
+	forEachWorld(t, []string{"--timeout-rate", "1", "--hang", "10m"}, func(t *testing.T, w *world, db string, ins *inspector) {
 		pd := w.paymentsd("paymentsd", db, "--psp-timeout", "1s")
 
 		r, err := pay(context.Background(), pd.url(), merchant, key, body(amount))

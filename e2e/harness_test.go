@@ -11,7 +11,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -30,57 +29,28 @@ import (
 	"github.com/idemgo/idem/internal/supervise"
 )
 
-// The binaries under test, built once per test binary (see binaries).
-var build struct {
-	once               sync.Once
-	dir                string
-	paymentsd, fakepsp string
-	err                error
-}
+// The binaries under test, cmd/paymentsd and cmd/fakepsp, built once per
+// test binary with -tags idemfaults (paymentsd's crash points and stalls)
+// and with -race when this test binary has it.
+var builds = supervise.Binaries{Names: []string{"paymentsd", "fakepsp"}, Race: raceEnabled}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if build.dir != "" {
-		os.RemoveAll(build.dir)
+	if err := builds.Remove(); err != nil {
+		fmt.Fprintln(os.Stderr, "removing the test binaries:", err)
 	}
 	os.Exit(code)
 }
 
-// binaries builds cmd/paymentsd and cmd/fakepsp into a temporary directory
-// on first use, with -tags idemfaults (paymentsd's crash points and stalls)
-// and with -race when this test binary has it, and returns their paths.
+// binaries builds the binaries under test on first use and returns their
+// paths.
 func binaries(t *testing.T) (paymentsd, fakepsp string) {
 	t.Helper()
-	build.once.Do(func() {
-		goTool, err := exec.LookPath("go")
-		if err != nil {
-			build.err = fmt.Errorf("the go command is needed to build the binaries: %w", err)
-			return
-		}
-		build.dir, build.err = os.MkdirTemp("", "idem-e2e-bin-")
-		if build.err != nil {
-			return
-		}
-		for _, name := range []string{"paymentsd", "fakepsp"} {
-			// -tags idemfaults: paymentsd's fault injection (--crash-*,
-			// --stall-after-charge), which a normal build does not carry.
-			args := []string{"build", "-tags", "idemfaults"}
-			if raceEnabled {
-				args = append(args, "-race")
-			}
-			out := filepath.Join(build.dir, name)
-			cmd := exec.Command(goTool, append(args, "-o", out, "github.com/idemgo/idem/cmd/"+name)...)
-			if b, err := cmd.CombinedOutput(); err != nil {
-				build.err = fmt.Errorf("go %s: %v\n%s", strings.Join(cmd.Args[1:], " "), err, b)
-				return
-			}
-		}
-		build.paymentsd, build.fakepsp = filepath.Join(build.dir, "paymentsd"), filepath.Join(build.dir, "fakepsp")
-	})
-	if build.err != nil {
-		t.Fatal(build.err)
+	paths, err := builds.Paths()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return build.paymentsd, build.fakepsp
+	return paths[0], paths[1]
 }
 
 // target is a database paymentsd runs against in the tests.
@@ -122,25 +92,7 @@ type proc struct {
 	*supervise.Process
 
 	mu   sync.Mutex
-	logs []*logBuffer // one per generation
-}
-
-// logBuffer collects a child's stderr.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	logs []*supervise.Buffer // one per generation
 }
 
 // startProc starts bin with args on a free local port, waits until its
@@ -152,7 +104,7 @@ func startProc(t *testing.T, name, bin string, args []string, env ...string) *pr
 	p.Process = &supervise.Process{Name: name, Bin: bin, Args: args,
 		Env: append(append(os.Environ(), "GORACE=atexit_sleep_ms=0"), env...),
 		Output: func(int) (io.Writer, func(), error) {
-			log := &logBuffer{}
+			log := &supervise.Buffer{}
 			p.mu.Lock()
 			p.logs = append(p.logs, log)
 			p.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/command"
 )
 
 // globals are the flags every command takes.
@@ -24,8 +25,14 @@ type globals struct {
 
 // run runs the command line args (without the program name), writing
 // results to stdout and errors to stderr, and returns the exit status: 0, 1
-// when the command failed, 2 for a usage error.
+// when the command failed (a failed write to stdout too), 2 for a usage
+// error.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	out := command.NewWriter(stdout)
+	return command.Exit(execute(ctx, args, out, stderr), out.Err(), stderr, "idem", 1)
+}
+
+func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	g := &globals{}
 	root := newRoot(g, stdout)
 	root.SetArgs(args)
@@ -35,9 +42,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintln(stderr, "idem:", err)
+	command.Errorf(stderr, "idem: %v", err)
 	if missingTable(err) {
-		fmt.Fprintln(stderr, "idem: hint: idem's table is not in this database: check the URL's schema "+
+		command.Errorf(stderr, "idem: hint: idem's table is not in this database: check the URL's schema "+
 			"(PostgreSQL: search_path=... or idem_schema=...; MySQL: the database name; SQLite: the file's path), or run `idem migrate up`")
 	}
 	var ue usageError
@@ -137,15 +144,43 @@ func withNewStore(cmd *cobra.Command, g *globals, f func(ctx context.Context, s 
 	return openAnd(cmd, g, true, f)
 }
 
-func openAnd(cmd *cobra.Command, g *globals, create bool, f func(ctx context.Context, s *store) error) error {
+// openAnd opens the store, runs f and closes the store: f's error, else the
+// close's.
+func openAnd(cmd *cobra.Command, g *globals, create bool, f func(ctx context.Context, s *store) error) (err error) {
 	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 	defer cancel()
 	s, err := openStore(ctx, g.databaseURL, g.partitioned, create)
 	if err != nil {
 		return err
 	}
-	defer s.Close()
+	defer func() {
+		if cerr := s.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("closing the store: %w", cerr)
+		}
+	}()
 	return f(ctx, s)
+}
+
+// recordFlags name one key's record: --scope and --key.
+type recordFlags struct{ scope, key string }
+
+// add adds --scope (described by scopeUsage) and --key to c.
+func (r *recordFlags) add(c *cobra.Command, scopeUsage string) {
+	c.Flags().StringVar(&r.scope, "scope", "", scopeUsage)
+	c.Flags().StringVar(&r.key, "key", "", "the Idempotency-Key, unquoted")
+}
+
+// withRecord is withStore for a command about the record r names: f gets
+// the record findRecord found (in every scope unless scoped).
+func withRecord(cmd *cobra.Command, g *globals, out io.Writer, r recordFlags, scoped bool,
+	f func(ctx context.Context, s *store, rec idemdriver.Record) error) error {
+	return withStore(cmd, g, func(ctx context.Context, s *store) error {
+		rec, err := findRecord(ctx, s, out, g.json, r.scope, scoped, r.key)
+		if err != nil {
+			return err
+		}
+		return f(ctx, s, rec)
+	})
 }
 
 func noArgs(cmd *cobra.Command, args []string) error {
@@ -248,8 +283,9 @@ idem.Maintainer runs is safe. On a partitioned PostgreSQL table prefer
 				for maxBatches == 0 || res.Batches < maxBatches {
 					n, err := s.driver.PurgeExpired(ctx, params)
 					if err != nil {
-						printPurge(out, g.json, res) //nolint:errcheck // the error below matters more
-						return fmt.Errorf("after %d records: %w", res.Purged, err)
+						// What was purged before the failure is printed; the
+						// failure is the error, with the print's own after it.
+						return errors.Join(fmt.Errorf("after %d records: %w", res.Purged, err), printPurge(out, g.json, res))
 					}
 					res.Batches++
 					res.Purged += n
@@ -337,8 +373,8 @@ vacuum, and claims are not blocked.`,
 
 func inspectCmd(g *globals, out io.Writer) *cobra.Command {
 	var (
-		scope, key string
-		body       bool
+		rf   recordFlags
+		body bool
 	)
 	c := &cobra.Command{
 		Use:   "inspect --key K [--scope S] [--body]",
@@ -353,15 +389,10 @@ when several scopes hold the key, they are listed and --scope must choose.
 as body (text) and body_base64 (the exact bytes).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if key == "" {
+			if rf.key == "" {
 				return usageError{errors.New("--key is required (--scope too when several scopes hold the key)")}
 			}
-			scoped := cmd.Flags().Changed("scope")
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				rec, err := findRecord(ctx, s, out, g.json, scope, scoped, key)
-				if err != nil {
-					return err
-				}
+			return withRecord(cmd, g, out, rf, cmd.Flags().Changed("scope"), func(ctx context.Context, s *store, rec idemdriver.Record) error {
 				now, err := s.driver.Now(ctx, 0)
 				if err != nil {
 					return err
@@ -370,8 +401,7 @@ as body (text) and body_base64 (the exact bytes).`,
 			})
 		},
 	}
-	c.Flags().StringVar(&scope, "scope", "", "the key's scope (tenant, account); default: search every scope")
-	c.Flags().StringVar(&key, "key", "", "the Idempotency-Key, unquoted")
+	rf.add(c, "the key's scope (tenant, account); default: search every scope")
 	c.Flags().BoolVar(&body, "body", false, "print the whole stored response body")
 	return c
 }
@@ -515,8 +545,8 @@ func shellQuote(s string) string {
 
 func releaseCmd(g *globals, out io.Writer) *cobra.Command {
 	var (
-		scope, key string
-		force      bool
+		rf    recordFlags
+		force bool
 	)
 	c := &cobra.Command{
 		Use:   "release --scope S --key K --force",
@@ -553,21 +583,20 @@ reconciled with the provider. So every record needs --force:
                                   released; its side effect did happen)`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if key == "" || !cmd.Flags().Changed("scope") {
+			if rf.key == "" || !cmd.Flags().Changed("scope") {
 				return usageError{errors.New("--scope and --key are required")}
 			}
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				rec, err := findRecord(ctx, s, out, g.json, scope, true, key)
-				if err != nil {
-					return err
-				}
+			return withRecord(cmd, g, out, rf, true, func(ctx context.Context, s *store, rec idemdriver.Record) error {
 				if why := releaseRefusal(rec); !force {
 					return fmt.Errorf("not released: %s. Released, the next request would run as new under a new relayed key, "+
 						"and a provider that already charged would charge again; give --force only when you know no side effect "+
 						"happened (a validation failure, say) or have reconciled with the provider", why)
 				}
 				fence := idemdriver.FenceParams{Scope: rec.Scope, Key: rec.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt}
-				var released bool
+				var (
+					released bool
+					err      error
+				)
 				if rec.State == idemdriver.StateProcessing {
 					released, err = s.driver.Release(ctx, fence)
 				} else {
@@ -586,8 +615,7 @@ reconciled with the provider. So every record needs --force:
 			})
 		},
 	}
-	c.Flags().StringVar(&scope, "scope", "", "the key's scope (tenant, account)")
-	c.Flags().StringVar(&key, "key", "", "the Idempotency-Key, unquoted")
+	rf.add(c, "the key's scope (tenant, account)")
 	c.Flags().BoolVar(&force, "force", false,
 		"delete the record: only when no side effect happened or you have reconciled with the provider (see above)")
 	return c

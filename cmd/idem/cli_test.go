@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -644,5 +645,27 @@ func TestPostgresURLParams(t *testing.T) {
 		pool.Close()
 		require.Equal(t, 1, n, "idem_keys is in %s", schema)
 		c.ok("migrate", "down")
+	}
+}
+
+// failingWriter fails every write, as a closed pipe or a full disk does.
+type failingWriter struct{ writes int }
+
+func (w *failingWriter) Write([]byte) (int, error) {
+	w.writes++
+	return 0, errors.New("write /dev/stdout: broken pipe")
+}
+
+// TestFailedOutputExitsNonZero: a command whose results cannot be written
+// to stdout fails (exit status 1) and says why on stderr, table or JSON.
+func TestFailedOutputExitsNonZero(t *testing.T) {
+	url := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	for _, args := range [][]string{{"migrate", "up"}, {"migrate", "status", "--json"}, {"stats"}, {"list"}} {
+		var out failingWriter
+		var errb bytes.Buffer
+		code := run(context.Background(), append([]string{"--database-url", url}, args...), &out, &errb)
+		require.Equal(t, 1, code, "%v: %s", args, errb.String())
+		require.Positive(t, out.writes, args)
+		require.Contains(t, errb.String(), "broken pipe", args)
 	}
 }

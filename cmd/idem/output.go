@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/command"
 )
 
 // bodyPreview is how many leading bytes of a stored response body inspect shows.
@@ -25,7 +26,42 @@ func writeJSON(out io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func table(out io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(out, 0, 0, 2, ' ', 0) }
+// sheet is a table being written: aligned columns separated by tabs in
+// what is printed, every write's error kept (command.Writer) until flush.
+type sheet struct {
+	*command.Writer
+	tw *tabwriter.Writer
+}
+
+func table(out io.Writer) sheet {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	return sheet{command.NewWriter(tw), tw}
+}
+
+// flush writes the aligned table out, and returns the first error of its
+// writes or of the flush.
+func (s sheet) flush() error {
+	if err := s.Err(); err != nil {
+		return err
+	}
+	return s.tw.Flush()
+}
+
+// printRows prints a table: header, then one line per item (row gives its
+// cells, tab-separated); when there is no item, the line empty instead ("":
+// the header alone).
+func printRows[T any](out io.Writer, empty, header string, items []T, row func(T) string) error {
+	if len(items) == 0 && empty != "" {
+		_, err := fmt.Fprintln(out, empty)
+		return err
+	}
+	w := table(out)
+	w.Println(header)
+	for _, it := range items {
+		w.Println(row(it))
+	}
+	return w.flush()
+}
 
 func printLine(out io.Writer, asJSON bool, line string, v any) error {
 	if asJSON {
@@ -74,9 +110,7 @@ func printMigrations(out io.Writer, asJSON bool, s *store, list []idemdriver.Mig
 		}
 		return writeJSON(out, map[string]any{"database": s.Kind, "partitioned": s.Partitioned, "migrations": ms})
 	}
-	w := table(out)
-	fmt.Fprintln(w, "VERSION\tNAME\tSTATE\tAPPLIED AT")
-	for _, m := range list {
+	return printRows(out, "", "VERSION\tNAME\tSTATE\tAPPLIED AT", list, func(m idemdriver.Migration) string {
 		state := "pending"
 		if m.Applied {
 			state = "applied"
@@ -84,9 +118,8 @@ func printMigrations(out io.Writer, asJSON bool, s *store, list []idemdriver.Mig
 		if len(m.Missing) > 0 { // the version table says applied; the database lacks its tables
 			state = "applied, but missing table " + strings.Join(m.Missing, ", ")
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", m.Version, m.Name, state, tsPtr(m.AppliedAt))
-	}
-	return w.Flush()
+		return fmt.Sprintf("%d\t%s\t%s\t%s", m.Version, m.Name, state, tsPtr(m.AppliedAt))
+	})
 }
 
 type purgeResult struct {
@@ -141,21 +174,17 @@ func printPartitions(out io.Writer, asJSON bool, verb string, parts []idemdriver
 		return writeJSON(out, map[string]any{key: ps})
 	}
 	if verb != "" {
-		fmt.Fprintf(out, "%s %d partitions\n", verb, len(parts))
-		if len(parts) == 0 {
-			return nil
+		if _, err := fmt.Fprintf(out, "%s %d partitions\n", verb, len(parts)); err != nil || len(parts) == 0 {
+			return err
 		}
 	}
-	w := table(out)
-	fmt.Fprintln(w, "PARTITION\tEXPIRES FROM\tEXPIRES BEFORE\tROWS (ESTIMATE)")
-	for _, p := range parts {
+	return printRows(out, "", "PARTITION\tEXPIRES FROM\tEXPIRES BEFORE\tROWS (ESTIMATE)", parts, func(p idemdriver.Partition) string {
 		rows := strconv.FormatInt(p.Rows, 10)
 		if p.Rows < 0 {
 			rows = "-"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", p.Name, p.From.Format(time.DateOnly), p.To.Format(time.DateOnly), rows)
-	}
-	return w.Flush()
+		return fmt.Sprintf("%s\t%s\t%s\t%s", p.Name, p.From.Format(time.DateOnly), p.To.Format(time.DateOnly), rows)
+	})
 }
 
 // nextRequest says what a request with the record's key gets now, per
@@ -217,7 +246,7 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 		return writeJSON(out, v)
 	}
 	w := table(out)
-	row := func(k, v string) { fmt.Fprintf(w, "%s\t%s\n", k, v) }
+	row := func(k, v string) { w.Printf("%s\t%s\n", k, v) }
 	row("scope", rec.Scope)
 	row("key", rec.Key)
 	row("state", string(rec.State))
@@ -274,7 +303,7 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 		row("response", "-")
 	}
 	row("now (database)", ts(now))
-	if err := w.Flush(); err != nil {
+	if err := w.flush(); err != nil {
 		return err
 	}
 	if withBody {
@@ -335,17 +364,11 @@ func printRecords(out io.Writer, asJSON bool, recs []idemdriver.Record, now time
 		}
 		return writeJSON(out, map[string]any{"records": list, "next": nextPage, "now": now})
 	}
-	if len(recs) == 0 {
-		_, err := fmt.Fprintln(out, "no record")
-		return err
-	}
-	w := table(out)
-	fmt.Fprintln(w, "SCOPE\tKEY\tSTATE\tATTEMPTS\tFENCING TOKEN\tREQUEST\tUPDATED AT\tOWNER\tNEXT REQUEST")
-	for _, r := range recs {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s %s\t%s\t%s\t%s\n", r.Scope, r.Key, r.State, r.Attempts, r.FencingToken,
-			r.Method, r.Path, ts(r.UpdatedAt), orDash(r.Owner), nextRequest(r, now))
-	}
-	return w.Flush()
+	return printRows(out, "no record", "SCOPE\tKEY\tSTATE\tATTEMPTS\tFENCING TOKEN\tREQUEST\tUPDATED AT\tOWNER\tNEXT REQUEST",
+		recs, func(r idemdriver.Record) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%s %s\t%s\t%s\t%s", r.Scope, r.Key, r.State, r.Attempts, r.FencingToken,
+				r.Method, r.Path, ts(r.UpdatedAt), orDash(r.Owner), nextRequest(r, now))
+		})
 }
 
 func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error {
@@ -369,17 +392,11 @@ func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error
 		}
 		return writeJSON(out, map[string]any{"stuck": list})
 	}
-	if len(recs) == 0 {
-		_, err := fmt.Fprintln(out, "no PROCESSING record is past its lease")
-		return err
-	}
-	w := table(out)
-	fmt.Fprintln(w, "SCOPE\tKEY\tLEASE RAN OUT\tATTEMPTS\tFENCING TOKEN\tREQUEST\tCREATED AT\tOWNER")
-	for _, r := range recs {
-		fmt.Fprintf(w, "%s\t%s\t%s ago\t%d\t%d\t%s %s\t%s\t%s\n", r.Scope, r.Key, dur(r.Overdue), r.Attempts,
-			r.FencingToken, r.Method, r.Path, ts(r.CreatedAt), orDash(r.Owner))
-	}
-	return w.Flush()
+	return printRows(out, "no PROCESSING record is past its lease", "SCOPE\tKEY\tLEASE RAN OUT\tATTEMPTS\tFENCING TOKEN\tREQUEST\tCREATED AT\tOWNER",
+		recs, func(r idemdriver.StuckRecord) string {
+			return fmt.Sprintf("%s\t%s\t%s ago\t%d\t%d\t%s %s\t%s\t%s", r.Scope, r.Key, dur(r.Overdue), r.Attempts,
+				r.FencingToken, r.Method, r.Path, ts(r.CreatedAt), orDash(r.Owner))
+		})
 }
 
 func printStats(out io.Writer, asJSON bool, st idemdriver.Stats) error {
@@ -393,31 +410,27 @@ func printStats(out io.Writer, asJSON bool, st idemdriver.Stats) error {
 		return writeJSON(out, v)
 	}
 	w := table(out)
-	fmt.Fprintf(w, "records\t%d\n", st.Total)
+	w.Printf("records\t%d\n", st.Total)
 	for _, s := range []idemdriver.State{idemdriver.StateProcessing, idemdriver.StateSucceeded, idemdriver.StateFailed} {
-		fmt.Fprintf(w, "  %s\t%d\n", s, st.ByState[s])
+		w.Printf("  %s\t%d\n", s, st.ByState[s])
 	}
-	fmt.Fprintf(w, "expired, not purged\t%d\n", st.Expired)
-	fmt.Fprintf(w, "stuck (PROCESSING past lease)\t%d\n", st.Stuck)
+	w.Printf("expired, not purged\t%d\n", st.Expired)
+	w.Printf("stuck (PROCESSING past lease)\t%d\n", st.Stuck)
 	oldest := "-"
 	if st.Oldest != nil {
 		oldest = ts(*st.Oldest) + " (" + dur(st.Now.Sub(*st.Oldest)) + " ago)"
 	}
-	fmt.Fprintf(w, "oldest record\t%s\n", oldest)
-	fmt.Fprintf(w, "now (database)\t%s\n", ts(st.Now))
-	if err := w.Flush(); err != nil {
+	w.Printf("oldest record\t%s\n", oldest)
+	w.Printf("now (database)\t%s\n", ts(st.Now))
+	if err := w.flush(); err != nil || len(st.TopScopes) == 0 {
 		return err
 	}
-	if len(st.TopScopes) == 0 {
-		return nil
+	if _, err := fmt.Fprintln(out); err != nil {
+		return err
 	}
-	fmt.Fprintln(out)
-	w = table(out)
-	fmt.Fprintln(w, "SCOPE\tRECORDS")
-	for _, sc := range st.TopScopes {
-		fmt.Fprintf(w, "%s\t%d\n", sc.Scope, sc.Count)
-	}
-	return w.Flush()
+	return printRows(out, "", "SCOPE\tRECORDS", st.TopScopes, func(sc idemdriver.ScopeCount) string {
+		return fmt.Sprintf("%s\t%d", sc.Scope, sc.Count)
+	})
 }
 
 // orDash is s, or "-" when empty (an owner not recorded: a claim made

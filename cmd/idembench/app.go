@@ -311,8 +311,7 @@ func openNaiveCache(ctx context.Context, rawURL, prefix string) (*naiveCache, st
 	c := redis.NewClient(opt)
 	info, err := c.Info(ctx, "server").Result()
 	if err != nil {
-		c.Close()
-		return nil, "", fmt.Errorf("redis %s: %w", opt.Addr, err)
+		return nil, "", fmt.Errorf("redis %s: %w", opt.Addr, errors.Join(err, c.Close()))
 	}
 	version := "Redis"
 	for _, line := range strings.Split(info, "\n") {

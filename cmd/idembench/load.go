@@ -124,7 +124,9 @@ func (r *running) send(ctx context.Context, route, key string, body []byte) (int
 		return 0, false, err
 	}
 	_, err = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	if cerr := resp.Body.Close(); err == nil {
+		err = cerr
+	}
 	return resp.StatusCode, resp.Header.Get(idem.HeaderReplayed) == "true", err
 }
 

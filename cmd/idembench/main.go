@@ -52,21 +52,16 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/idemgo/idem/internal/command"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { command.Main(run) }
 
 // options are the command-line flags.
 type options struct {
@@ -213,34 +208,37 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "idembench:", err)
+		command.Errorf(stderr, "idembench: %v", err)
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	rep, err := bench(ctx, o, strings.TrimSpace("cd cmd/idembench && go run . "+strings.Join(args, " ")), stderr, log)
 	if err != nil {
-		fmt.Fprintln(stderr, "idembench:", err)
+		command.Errorf(stderr, "idembench: %v", err)
 		return 1
 	}
-	fmt.Fprint(stdout, rep.markdown(false))
+	if _, err := io.WriteString(stdout, rep.markdown(false)); err != nil {
+		command.Errorf(stderr, "idembench: writing the tables: %v", err)
+		return 1
+	}
 	if errs := rep.errors(); len(errs) > 0 {
-		fmt.Fprintln(stderr, "idembench: unexpected answers; docs not written:\n  "+strings.Join(errs, "\n  "))
+		command.Errorf(stderr, "idembench: unexpected answers; docs not written:\n  %s", strings.Join(errs, "\n  "))
 		return 1
 	}
 	if o.docs != "" {
 		if err := rep.writeDocs(o.docs); err != nil {
-			fmt.Fprintln(stderr, "idembench:", err)
+			command.Errorf(stderr, "idembench: %v", err)
 			return 1
 		}
-		fmt.Fprintf(stderr, "idembench: wrote %s/benchmarks.md and its plots\n", o.docs)
+		command.Errorf(stderr, "idembench: wrote %s/benchmarks.md and its plots", o.docs)
 	}
 	return 0
 }
 
 // bench runs the whole measurement and returns its report; progress goes to
 // progress, one line per cell.
-func bench(ctx context.Context, o options, command string, progress io.Writer, log *slog.Logger) (*report, error) {
-	rep := &report{started: time.Now(), command: command, machine: describeMachine(), opts: o}
+func bench(ctx context.Context, o options, cmdLine string, progress io.Writer, log *slog.Logger) (*report, error) {
+	rep := &report{started: time.Now(), command: cmdLine, machine: describeMachine(), opts: o}
 	var nonce [4]byte
 	_, _ = rand.Read(nonce[:])
 	tag := hex.EncodeToString(nonce[:])
@@ -270,12 +268,18 @@ func bench(ctx context.Context, o options, command string, progress io.Writer, l
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	defer func() {
+		if err := os.RemoveAll(dir); err != nil {
+			log.Warn("idembench: removing the temporary directory", "err", err)
+		}
+	}()
 	var runs []*running
 	defer func() {
 		for _, r := range runs {
 			r.close()
-			r.t.close()
+			if err := r.t.close(); err != nil {
+				log.Warn("idembench: closing and dropping the database", "db", r.t.slug, "err", err)
+			}
 		}
 	}()
 	for _, slug := range o.dbs {
@@ -285,8 +289,7 @@ func bench(ctx context.Context, o options, command string, progress io.Writer, l
 		}
 		a, err := newApp(t, naive, log)
 		if err != nil {
-			t.close()
-			return nil, err
+			return nil, errors.Join(err, t.close())
 		}
 		r := startRunning(t, a, tag+"-"+slug) // keys unique across databases: Redis is shared
 		runs = append(runs, r)
@@ -329,10 +332,14 @@ func bench(ctx context.Context, o options, command string, progress io.Writer, l
 			return nil, err
 		}
 		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			return nil, err
+			return nil, errors.Join(err, f.Close())
 		}
-		defer func() { pprof.StopCPUProfile(); f.Close() }()
+		defer func() {
+			pprof.StopCPUProfile()
+			if err := f.Close(); err != nil { // the profile may be incomplete
+				log.Warn("idembench: writing the CPU profile", "path", o.cpuprofile, "err", err)
+			}
+		}()
 	}
 	total := o.rounds * len(runs) * len(o.concurrency) * len(rep.variants)
 	done := 0
@@ -364,7 +371,7 @@ func bench(ctx context.Context, o options, command string, progress io.Writer, l
 					c = first[v.id].merge(c)
 					rep.cells = append(rep.cells, c)
 					done++
-					fmt.Fprintf(progress, "idembench: [%d/%d] round %d %s c=%d %-12s %7.0f req/s  p50 %s ms  p99 %s ms  (%d requests, %d unexpected)\n",
+					command.Errorf(progress, "idembench: [%d/%d] round %d %s c=%d %-12s %7.0f req/s  p50 %s ms  p99 %s ms  (%d requests, %d unexpected)",
 						done, total, round, r.t.slug, conc, v.id, c.rps, ms(c.p50), ms(c.p99), c.n, c.errs)
 				}
 			}

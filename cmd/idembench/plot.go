@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"image/color"
 	"os"
@@ -110,8 +111,7 @@ func writePlot(path, title string, concs []int, vs []variant, sums map[sumKey]*s
 		return err
 	}
 	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return fmt.Errorf("%s: %w", path, err)
+		return fmt.Errorf("%s: %w", path, errors.Join(err, f.Close()))
 	}
 	return f.Close()
 }

@@ -176,7 +176,7 @@ func firstField(file, name, sep string) string {
 	if err != nil {
 		return ""
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // opened read-only: closing it loses nothing
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), sep)

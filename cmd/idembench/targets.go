@@ -93,7 +93,9 @@ type target struct {
 	// fencing token, as idem's completion in the business transaction.
 	floorComplete func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error
 
-	close func()
+	// close closes the pool and drops the run's place (schema, database
+	// or file).
+	close func() error
 }
 
 // openTarget opens, and lays out afresh, the database named slug. Each run
@@ -112,20 +114,17 @@ func openTarget(ctx context.Context, slug string, o options, dir string) (*targe
 }
 
 func openPostgres(ctx context.Context, rawURL, schema string) (*target, error) {
-	admin, err := pgx.Connect(ctx, rawURL)
-	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	defer admin.Close(ctx)
 	ident := pgx.Identifier{schema}.Sanitize()
-	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+ident+" CASCADE"); err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+ident); err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
-	}
 	var version string
-	if err := admin.QueryRow(ctx, "SHOW server_version").Scan(&version); err != nil {
+	if err := pgAdmin(ctx, rawURL, func(admin *pgx.Conn) error {
+		if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+ident+" CASCADE"); err != nil {
+			return err
+		}
+		if _, err := admin.Exec(ctx, "CREATE SCHEMA "+ident); err != nil {
+			return err
+		}
+		return admin.QueryRow(ctx, "SHOW server_version").Scan(&version)
+	}); err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	cfg, err := pgxpool.ParseConfig(rawURL)
@@ -149,26 +148,17 @@ func openPostgres(ctx context.Context, rawURL, schema string) (*target, error) {
 		pool.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	drop := func() {
+	drop := func() error {
 		pool.Close()
-		if c, err := pgx.Connect(context.Background(), rawURL); err == nil {
-			_, _ = c.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+ident+" CASCADE")
-			c.Close(context.Background())
-		}
+		return pgAdmin(context.Background(), rawURL, func(admin *pgx.Conn) error {
+			_, err := admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+ident+" CASCADE")
+			return err
+		})
 	}
 	d := idempgx.New(pool)
-	if err := d.Migrate(ctx); err != nil {
-		drop()
-		return nil, fmt.Errorf("postgres: migrate: %w", err)
-	}
-	if err := layOut(ctx, pgExec(pool),
-		`CREATE TABLE bench_payments (id text PRIMARY KEY, merchant text NOT NULL, amount bigint NOT NULL,
-			currency text NOT NULL, customer text NOT NULL, description text, status text NOT NULL, created_at bigint NOT NULL)`,
-		`CREATE TABLE bench_ledger (id bigserial PRIMARY KEY, payment_id text NOT NULL, merchant text NOT NULL,
-			amount bigint NOT NULL, created_at bigint NOT NULL)`,
-	); err != nil {
-		drop()
-		return nil, fmt.Errorf("postgres: %w", err)
+	pgTypes := columnTypes{id: "text", name: "text", currency: "text", status: "text", text: "text", integer: "bigint", serial: "bigserial"}
+	if err := layOut(ctx, "postgres", d, pgExec(pool), drop, pgTypes.ddl()...); err != nil {
+		return nil, err
 	}
 	return &target{
 		slug: dbPostgres, name: "PostgreSQL", version: "PostgreSQL " + version,
@@ -199,6 +189,17 @@ func openPostgres(ctx context.Context, rawURL, schema string) (*target, error) {
 		},
 		close: drop,
 	}, nil
+}
+
+// pgAdmin runs f on a connection of its own to rawURL: f's error, else the
+// close's.
+func pgAdmin(ctx context.Context, rawURL string, f func(*pgx.Conn) error) error {
+	c, err := pgx.Connect(ctx, rawURL)
+	if err != nil {
+		return err
+	}
+	err = f(c)
+	return errors.Join(err, c.Close(context.Background()))
 }
 
 func pgExec(pool *pgxpool.Pool) func(context.Context, string) error {
@@ -253,12 +254,42 @@ func prewarm(ctx context.Context, acquire func(context.Context) (release func(),
 	}
 }
 
-// layOut creates the business tables with exec.
-func layOut(ctx context.Context, exec func(ctx context.Context, ddl string) error, ddl ...string) error {
+// columnTypes are a database's types for the business tables' columns:
+// id a payment id, name a merchant or customer, currency and status their
+// short codes, text a description, integer a 64-bit integer, serial an
+// auto-increment primary key's type; options follows each CREATE TABLE.
+type columnTypes struct{ id, name, currency, status, text, integer, serial, options string }
+
+// ddl returns the CREATE TABLE statements of bench_payments and
+// bench_ledger in these types.
+func (c columnTypes) ddl() []string {
+	return []string{
+		"CREATE TABLE bench_payments (id " + c.id + " PRIMARY KEY, merchant " + c.name + " NOT NULL, amount " + c.integer +
+			" NOT NULL, currency " + c.currency + " NOT NULL, customer " + c.name + " NOT NULL, description " + c.text +
+			", status " + c.status + " NOT NULL, created_at " + c.integer + " NOT NULL)" + c.options,
+		"CREATE TABLE bench_ledger (id " + c.serial + " PRIMARY KEY, payment_id " + c.id + " NOT NULL, merchant " + c.name +
+			" NOT NULL, amount " + c.integer + " NOT NULL, created_at " + c.integer + " NOT NULL)" + c.options,
+	}
+}
+
+// layOut migrates store to idem's schema, then creates the business tables
+// with exec, one statement of ddl each. On failure it drops the target and
+// returns the error (with drop's), prefixed by name ("postgres: migrate:
+// ...", "postgres: ...").
+func layOut(ctx context.Context, name string, store interface{ Migrate(context.Context) error },
+	exec func(ctx context.Context, ddl string) error, drop func() error, ddl ...string) error {
+	err := store.Migrate(ctx)
+	if err != nil {
+		err = fmt.Errorf("migrate: %w", err)
+	}
 	for _, q := range ddl {
-		if err := exec(ctx, q); err != nil {
-			return err
+		if err != nil {
+			break
 		}
+		err = exec(ctx, q)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, errors.Join(err, drop()))
 	}
 	return nil
 }
@@ -281,6 +312,47 @@ func expectOneSQLRow(res sql.Result, err error) error {
 	return err
 }
 
+// sqlTarget is the part of a target on database/sql that MariaDB and
+// SQLite share: business transactions begun on db (the pool idem uses),
+// the claim's transaction from claimTx, the business statements with ?
+// placeholders; the floor is each database's own.
+func sqlTarget(slug, name, version string, store idem.Store, db *sql.DB,
+	claimTx func(context.Context) (*sql.Tx, error), drop func() error) target {
+	return target{
+		slug: slug, name: name, version: version, store: store,
+		begin: func(ctx context.Context) (bizTx, error) {
+			tx, err := db.BeginTx(ctx, nil)
+			return sqlTx{tx}, err
+		},
+		claimTx: func(ctx context.Context) (bizTx, error) {
+			tx, err := claimTx(ctx)
+			return sqlTx{tx}, err
+		},
+		insertPayment: `INSERT INTO bench_payments (id, merchant, amount, currency, customer, description, status, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, 'succeeded', ?)`,
+		insertLedger: `INSERT INTO bench_ledger (payment_id, merchant, amount, created_at) VALUES (?, ?, ?, ?)`,
+		close:        drop,
+	}
+}
+
+// withFloor returns t with its floor: floorClaim and floorComplete.
+func (t target) withFloor(claim func(ctx context.Context, scope, key, path string, fingerprint []byte) (bool, error),
+	complete func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error) *target {
+	t.floorClaim, t.floorComplete = claim, complete
+	return &t
+}
+
+// mysqlAdmin runs f on a pool of its own to rawURL: f's error, else the
+// close's.
+func mysqlAdmin(ctx context.Context, rawURL string, f func(*sql.DB) error) error {
+	admin, err := idemmysql.Open(ctx, rawURL)
+	if err != nil {
+		return err
+	}
+	err = f(admin.DB())
+	return errors.Join(err, admin.Close())
+}
+
 // mysqlURLWithDB returns rawURL (mysql://user@host:port/db) naming db.
 func mysqlURLWithDB(rawURL, db string) (string, error) {
 	u, err := url.Parse(rawURL)
@@ -292,28 +364,25 @@ func mysqlURLWithDB(rawURL, db string) (string, error) {
 }
 
 func openMariaDB(ctx context.Context, rawURL, database string) (*target, error) {
-	admin, err := idemmysql.Open(ctx, rawURL)
-	if err != nil {
-		return nil, fmt.Errorf("mariadb: %w", err)
-	}
 	ident := "`" + strings.ReplaceAll(database, "`", "``") + "`"
-	_, err = admin.DB().ExecContext(ctx, "DROP DATABASE IF EXISTS "+ident)
-	if err == nil {
-		_, err = admin.DB().ExecContext(ctx, "CREATE DATABASE "+ident)
-	}
 	var version string
-	if err == nil {
-		err = admin.DB().QueryRowContext(ctx, "SELECT VERSION()").Scan(&version)
-	}
-	admin.Close()
-	if err != nil {
+	if err := mysqlAdmin(ctx, rawURL, func(admin *sql.DB) error {
+		_, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+ident)
+		if err == nil {
+			_, err = admin.ExecContext(ctx, "CREATE DATABASE "+ident)
+		}
+		if err == nil {
+			err = admin.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version)
+		}
+		return err
+	}); err != nil {
 		return nil, fmt.Errorf("mariadb: %w", err)
 	}
-	dropDB := func() {
-		if a, err := idemmysql.Open(context.Background(), rawURL); err == nil {
-			_, _ = a.DB().ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+ident)
-			a.Close()
-		}
+	dropDB := func() error {
+		return mysqlAdmin(context.Background(), rawURL, func(admin *sql.DB) error {
+			_, err := admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+ident)
+			return err
+		})
 	}
 	dbURL, err := mysqlURLWithDB(rawURL, database)
 	if err != nil {
@@ -321,54 +390,34 @@ func openMariaDB(ctx context.Context, rawURL, database string) (*target, error) 
 	}
 	d, err := idemmysql.Open(ctx, dbURL)
 	if err != nil {
-		dropDB()
-		return nil, fmt.Errorf("mariadb: %w", err)
+		return nil, fmt.Errorf("mariadb: %w", errors.Join(err, dropDB()))
 	}
 	db := d.DB()
 	db.SetMaxOpenConns(poolSize)
 	db.SetMaxIdleConns(poolSize)
 	db.SetConnMaxLifetime(0)
-	drop := func() { d.Close(); dropDB() }
+	drop := func() error { return errors.Join(d.Close(), dropDB()) }
 	if err := prewarm(ctx, func(ctx context.Context) (func(), error) {
 		c, err := db.Conn(ctx)
 		if err != nil {
 			return nil, err
 		}
-		return func() { c.Close() }, nil
+		// Closing a *sql.Conn returns it to the pool, which keeps it: its
+		// only error is ErrConnDone, for a connection closed twice.
+		return func() { _ = c.Close() }, nil
 	}); err != nil {
-		drop()
-		return nil, fmt.Errorf("mariadb: %w", err)
+		return nil, fmt.Errorf("mariadb: %w", errors.Join(err, drop()))
 	}
-	if err := d.Migrate(ctx); err != nil {
-		drop()
-		return nil, fmt.Errorf("mariadb: migrate: %w", err)
+	mariaTypes := columnTypes{id: "VARCHAR(64)", name: "VARCHAR(255)", currency: "VARCHAR(3)", status: "VARCHAR(16)", text: "TEXT",
+		integer: "BIGINT", serial: "BIGINT AUTO_INCREMENT", options: " ENGINE = InnoDB"}
+	if err := layOut(ctx, "mariadb", d, sqlExec(db), drop, mariaTypes.ddl()...); err != nil {
+		return nil, err
 	}
-	if err := layOut(ctx, sqlExec(db),
-		`CREATE TABLE bench_payments (id VARCHAR(64) PRIMARY KEY, merchant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL,
-			currency VARCHAR(3) NOT NULL, customer VARCHAR(255) NOT NULL, description TEXT, status VARCHAR(16) NOT NULL,
-			created_at BIGINT NOT NULL) ENGINE = InnoDB`,
-		`CREATE TABLE bench_ledger (id BIGINT AUTO_INCREMENT PRIMARY KEY, payment_id VARCHAR(64) NOT NULL,
-			merchant VARCHAR(255) NOT NULL, amount BIGINT NOT NULL, created_at BIGINT NOT NULL) ENGINE = InnoDB`,
-	); err != nil {
-		drop()
-		return nil, fmt.Errorf("mariadb: %w", err)
-	}
-	return &target{
-		slug: dbMariaDB, name: "MariaDB", version: "MariaDB " + strings.TrimSuffix(version, "-MariaDB"),
-		store: d,
-		begin: func(ctx context.Context) (bizTx, error) {
-			// READ COMMITTED: the sessions' default that idemmysql.Open sets.
-			tx, err := db.BeginTx(ctx, nil)
-			return sqlTx{tx}, err
-		},
-		claimTx: func(ctx context.Context) (bizTx, error) {
-			tx, err := idemmysql.Tx(ctx)
-			return sqlTx{tx}, err
-		},
-		insertPayment: `INSERT INTO bench_payments (id, merchant, amount, currency, customer, description, status, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, 'succeeded', ?)`,
-		insertLedger: `INSERT INTO bench_ledger (payment_id, merchant, amount, created_at) VALUES (?, ?, ?, ?)`,
-		floorClaim: func(ctx context.Context, scope, key, path string, fp []byte) (bool, error) {
+	// Business transactions in READ COMMITTED: the sessions' default that
+	// idemmysql.Open sets.
+	t := sqlTarget(dbMariaDB, "MariaDB", "MariaDB "+strings.TrimSuffix(version, "-MariaDB"), d, db, idemmysql.Tx, drop)
+	return t.withFloor(
+		func(ctx context.Context, scope, key, path string, fp []byte) (bool, error) {
 			_, err := db.ExecContext(ctx, "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, state, fencing_token,"+
 				" locked_until, created_at, updated_at, expires_at, attempts)"+
 				" VALUES (?, ?, 'POST', ?, ?, 'PROCESSING', 1, NOW(6) + INTERVAL 30 SECOND, NOW(6), NOW(6), NOW(6) + INTERVAL 1 DAY, 1)",
@@ -379,21 +428,18 @@ func openMariaDB(ctx context.Context, rawURL, database string) (*target, error) 
 			}
 			return err == nil, err
 		},
-		floorComplete: func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error {
+		func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error {
 			return expectOneSQLRow(tx.(sqlTx).tx.ExecContext(ctx, "UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,"+
 				" response_status = ?, response_headers = ?, response_body = ?, response_body_stored = true,"+
 				" response_body_size = ?, completed_at = NOW(6), updated_at = NOW(6)"+
 				" WHERE scope = ? AND `key` = ? AND fencing_token = 1", status, headers, body, len(body), scope, key))
 		},
-		close: drop,
-	}, nil
+	), nil
 }
 
 func openSQLite(ctx context.Context, path string) (*target, error) {
-	for _, suffix := range []string{"", "-wal", "-shm"} {
-		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("sqlite: %w", err)
-		}
+	if err := removeSQLite(path); err != nil {
+		return nil, fmt.Errorf("sqlite: %w", err)
 	}
 	d, err := idemsqlite.Open(ctx, path)
 	if err != nil {
@@ -402,46 +448,20 @@ func openSQLite(ctx context.Context, path string) (*target, error) {
 	db := d.DB()
 	db.SetMaxOpenConns(poolSize)
 	db.SetMaxIdleConns(poolSize)
-	drop := func() {
-		d.Close()
-		for _, suffix := range []string{"", "-wal", "-shm"} {
-			_ = os.Remove(path + suffix)
-		}
-	}
-	if err := d.Migrate(ctx); err != nil {
-		drop()
-		return nil, fmt.Errorf("sqlite: migrate: %w", err)
+	drop := func() error { return errors.Join(d.Close(), removeSQLite(path)) }
+	sqliteTypes := columnTypes{id: "TEXT", name: "TEXT", currency: "TEXT", status: "TEXT", text: "TEXT", integer: "INTEGER", serial: "INTEGER"}
+	if err := layOut(ctx, "sqlite", d, sqlExec(db), drop, sqliteTypes.ddl()...); err != nil {
+		return nil, err
 	}
 	var version string
 	if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&version); err != nil {
-		drop()
-		return nil, fmt.Errorf("sqlite: %w", err)
-	}
-	if err := layOut(ctx, sqlExec(db),
-		`CREATE TABLE bench_payments (id TEXT PRIMARY KEY, merchant TEXT NOT NULL, amount INTEGER NOT NULL,
-			currency TEXT NOT NULL, customer TEXT NOT NULL, description TEXT, status TEXT NOT NULL, created_at INTEGER NOT NULL)`,
-		`CREATE TABLE bench_ledger (id INTEGER PRIMARY KEY, payment_id TEXT NOT NULL, merchant TEXT NOT NULL,
-			amount INTEGER NOT NULL, created_at INTEGER NOT NULL)`,
-	); err != nil {
-		drop()
-		return nil, fmt.Errorf("sqlite: %w", err)
+		return nil, fmt.Errorf("sqlite: %w", errors.Join(err, drop()))
 	}
 	const sqliteNow = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
-	return &target{
-		slug: dbSQLite, name: "SQLite", version: "SQLite " + version + " (modernc.org/sqlite, WAL, synchronous=FULL)",
-		store: d,
-		begin: func(ctx context.Context) (bizTx, error) {
-			tx, err := db.BeginTx(ctx, nil) // BEGIN IMMEDIATE (idemsqlite.DSN)
-			return sqlTx{tx}, err
-		},
-		claimTx: func(ctx context.Context) (bizTx, error) {
-			tx, err := idemsqlite.Tx(ctx)
-			return sqlTx{tx}, err
-		},
-		insertPayment: `INSERT INTO bench_payments (id, merchant, amount, currency, customer, description, status, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, 'succeeded', ?)`,
-		insertLedger: `INSERT INTO bench_ledger (payment_id, merchant, amount, created_at) VALUES (?, ?, ?, ?)`,
-		floorClaim: func(ctx context.Context, scope, key, path string, fp []byte) (bool, error) {
+	// Business transactions BEGIN IMMEDIATE (idemsqlite.DSN).
+	t := sqlTarget(dbSQLite, "SQLite", "SQLite "+version+" (modernc.org/sqlite, WAL, synchronous=FULL)", d, db, idemsqlite.Tx, drop)
+	return t.withFloor(
+		func(ctx context.Context, scope, key, path string, fp []byte) (bool, error) {
 			res, err := db.ExecContext(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 				locked_until, created_at, updated_at, expires_at, attempts)
 				VALUES (?, ?, 'POST', ?, ?, 'PROCESSING', 1, `+sqliteNow+` + 30000000, `+sqliteNow+`, `+sqliteNow+`,
@@ -452,12 +472,23 @@ func openSQLite(ctx context.Context, path string) (*target, error) {
 			n, err := res.RowsAffected()
 			return n == 1, err
 		},
-		floorComplete: func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error {
+		func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error {
 			return expectOneSQLRow(tx.(sqlTx).tx.ExecContext(ctx, `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
 				response_status = ?, response_headers = ?, response_body = ?, response_body_stored = 1,
 				response_body_size = ?, completed_at = `+sqliteNow+`, updated_at = `+sqliteNow+`
 				WHERE scope = ? AND key = ? AND fencing_token = 1`, status, headers, body, len(body), scope, key))
 		},
-		close: drop,
-	}, nil
+	), nil
+}
+
+// removeSQLite removes the SQLite database at path with its -wal and -shm
+// files; a file that does not exist is no error.
+func removeSQLite(path string) error {
+	var errs []error
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemgo/idem/internal/command"
 	"github.com/idemgo/idem/internal/supervise"
 )
 
@@ -67,8 +67,14 @@ func (f *fleet) newServer(i int, addr string) *server {
 			if err != nil {
 				return nil, nil, err
 			}
-			fmt.Fprintf(logf, "--- idemstorm: %s generation %d on %s ---\n", s.name, gen, addr)
-			return logf, func() { logf.Close() }, nil
+			if _, err := fmt.Fprintf(logf, "--- idemstorm: %s generation %d on %s ---\n", s.name, gen, addr); err != nil {
+				return nil, nil, errors.Join(err, logf.Close())
+			}
+			return logf, func() {
+				if err := logf.Close(); err != nil { // the log may lack the generation's last lines
+					command.Errorf(f.stderr, "idemstorm: %s: %v", s.logPath, err)
+				}
+			}, nil
 		},
 		OnExit: func(int) {
 			s.mu.Lock()
@@ -96,12 +102,16 @@ func startFleet(ctx context.Context, o *options, stderr io.Writer) (*fleet, func
 		f.stop()
 		if failed && o.logDir == "" {
 			if built != "" {
-				os.Remove(built)
+				if err := os.Remove(built); err != nil {
+					command.Errorf(stderr, "idemstorm: removing the paymentsd binary: %v", err)
+				}
 			}
-			fmt.Fprintf(stderr, "idemstorm: paymentsd logs kept in %s\n", f.logDir)
+			command.Errorf(stderr, "idemstorm: paymentsd logs kept in %s", f.logDir)
 			return
 		}
-		os.RemoveAll(dir)
+		if err := os.RemoveAll(dir); err != nil {
+			command.Errorf(stderr, "idemstorm: removing the temporary directory: %v", err)
+		}
 	}
 	fail := func(err error) (*fleet, func(bool), error) {
 		cleanup(false) // the error carries the log's tail
@@ -166,19 +176,15 @@ func startFleet(ctx context.Context, o *options, stderr io.Writer) (*fleet, func
 // which a normal build does not carry) and without -race (the storm
 // measures the service, not its race detector; e2e builds it with -race).
 func buildPaymentsd(ctx context.Context, dir string, stderr io.Writer) (string, error) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		return "", fmt.Errorf("no go command to build paymentsd (give --paymentsd-bin): %w", err)
+	command.Errorf(stderr, "idemstorm: building paymentsd")
+	paths, err := supervise.Build(ctx, dir, false, "paymentsd")
+	switch {
+	case errors.Is(err, supervise.ErrNoGo):
+		return "", fmt.Errorf("%w (give --paymentsd-bin)", err)
+	case err != nil:
+		return "", fmt.Errorf("building paymentsd (run idemstorm inside the idem module, or give --paymentsd-bin): %w", err)
 	}
-	out := filepath.Join(dir, "paymentsd")
-	fmt.Fprintln(stderr, "idemstorm: building paymentsd")
-	cmd := exec.CommandContext(ctx, goTool, "build", "-tags", "idemfaults", "-o", out, "github.com/idemgo/idem/cmd/paymentsd")
-	var b bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &b, &b
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("go build paymentsd (run idemstorm inside the idem module, or give --paymentsd-bin): %v\n%s", err, b.String())
-	}
-	return out, nil
+	return paths[0], nil
 }
 
 func (f *fleet) urls() []string {
@@ -201,11 +207,7 @@ func (f *fleet) start(s *server) error {
 	s.killedByUs, s.up = false, false
 	s.mu.Unlock()
 	if err := s.proc.Start(); err != nil {
-		if lf, ferr := os.OpenFile(s.logPath, os.O_WRONLY|os.O_APPEND, 0o644); ferr == nil {
-			fmt.Fprintf(lf, "--- idemstorm: %s did not start: %v ---\n", s.name, err)
-			lf.Close()
-		}
-		return err
+		return errors.Join(err, appendLine(s.logPath, fmt.Sprintf("--- idemstorm: %s did not start: %v ---", s.name, err)))
 	}
 	s.mu.Lock()
 	s.up = true
@@ -417,13 +419,25 @@ func redactArgs(args []string) []string {
 	return out
 }
 
-// tail returns the last n bytes of the file at path.
+// appendLine appends line and a newline to the file at path, which must
+// exist.
+func appendLine(path, line string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(f, line)
+	return errors.Join(err, f.Close())
+}
+
+// tail returns the last n bytes of the file at path ("" when it cannot be
+// read).
 func tail(path string, n int64) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return ""
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // opened read-only: closing it loses nothing
 	st, err := f.Stat()
 	if err != nil {
 		return ""

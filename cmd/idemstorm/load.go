@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -22,18 +21,24 @@ import (
 // global deadline bounds them in time).
 const maxSendsPerCopy = 1000
 
-// loadConfig shapes runLoad.
-type loadConfig struct {
-	hosts         []string // base URLs; each attempt goes to a random one
-	plan          *plan
+// loadShape is how the clients send: the flags of the same names
+// (--concurrency, --timeout-rate, ...).
+type loadShape struct {
 	concurrency   int
 	timeoutRate   float64
 	cancelRate    float64
 	shortTimeout  time.Duration
 	maxRetryAfter time.Duration
 	deadline      time.Duration
-	seed          uint64
-	progress      progressBar
+	seed          uint64 // 0: random
+}
+
+// loadConfig shapes runLoad.
+type loadConfig struct {
+	hosts []string // base URLs; each attempt goes to a random one
+	plan  *plan
+	loadShape
+	progress progressBar
 	// transport is the HTTP transport under the retrying client (tests);
 	// nil: a new http.Transport.
 	transport http.RoundTripper
@@ -339,8 +344,7 @@ func (l *load) send(ctx context.Context, lp *logical) (answer, bool) {
 	resp, err := l.client.Do(req)
 	var body []byte
 	if err == nil {
-		body, err = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		resp.Body.Close()
+		body, err = readBody(resp, 1<<20)
 	}
 	if err != nil || retryableStatus(resp.StatusCode) {
 		// No 201 yet: the send's deadline or cancellation cut it short, or

@@ -10,12 +10,12 @@ import (
 	"io"
 	"net/url"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/term"
+
+	"github.com/idemgo/idem/internal/command"
 )
 
 // Exit statuses.
@@ -25,38 +25,27 @@ const (
 	exitError  = 2 // the storm could not run (flags, servers, reconciliation)
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { command.Main(run) }
 
 // options are the command-line flags.
 type options struct {
-	urls          []string
-	paymentsdBin  string
-	databaseURL   string
-	servers       int
-	chaos         bool
-	killEvery     time.Duration
-	pspURL        string
-	lease         time.Duration
-	naive         bool
-	redisURL      string
-	payments      int
-	duplicates    int
-	merchants     int
-	concurrency   int
-	timeoutRate   float64
-	cancelRate    float64
-	shortTimeout  time.Duration
-	maxRetryAfter time.Duration
-	deadline      time.Duration
-	report        string
-	logDir        string
-	progress      bool
-	seed          uint64
+	urls         []string
+	paymentsdBin string
+	databaseURL  string
+	servers      int
+	chaos        bool
+	killEvery    time.Duration
+	pspURL       string
+	lease        time.Duration
+	naive        bool
+	redisURL     string
+	payments     int
+	duplicates   int
+	merchants    int
+	loadShape
+	report   string
+	logDir   string
+	progress bool
 	// paymentsdArgs are the arguments after "--", passed to every paymentsd
 	// started.
 	paymentsdArgs []string
@@ -84,7 +73,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs := flag.NewFlagSet("idemstorm", flag.ContinueOnError)
 	fs.SetOutput(output)
 	fs.Usage = func() {
-		fmt.Fprintln(output, "usage: idemstorm [flags] [-- paymentsd flags...]\n\nStorms cmd/paymentsd with duplicated, retried, cancelled payments (and SIGKILLs with --chaos),\nthen checks that each succeeded exactly once. See `go doc ./cmd/idemstorm`.\n\nflags:")
+		command.Errorf(output, "%s", "usage: idemstorm [flags] [-- paymentsd flags...]\n\nStorms cmd/paymentsd with duplicated, retried, cancelled payments (and SIGKILLs with --chaos),\nthen checks that each succeeded exactly once. See `go doc ./cmd/idemstorm`.\n\nflags:")
 		fs.PrintDefaults()
 	}
 	fs.Var((*urlList)(&o.urls), "url", "base URL of a running paymentsd (repeatable or comma-separated); default: start --servers paymentsd processes")
@@ -179,25 +168,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "idemstorm:", err)
+		command.Errorf(stderr, "idemstorm: %v", err)
 		return exitError
 	}
 	rep, err := storm(ctx, o, stdout, stderr)
 	if err != nil {
-		fmt.Fprintln(stderr, "idemstorm:", err)
+		command.Errorf(stderr, "idemstorm: %v", err)
 		return exitError
 	}
-	printSummary(stdout, rep)
+	printErr := printSummary(stdout, rep)
 	if o.report != "" {
 		if err := writeReport(o.report, rep); err != nil {
-			fmt.Fprintln(stderr, "idemstorm:", err)
+			command.Errorf(stderr, "idemstorm: %v", err)
 			return exitError
 		}
 	}
+	code := exitOK
 	if !rep.Verdict.OK {
-		return exitFailed
+		code = exitFailed
 	}
-	return exitOK
+	return command.Exit(code, printErr, stderr, "idemstorm", exitError)
 }
 
 // storm runs the whole storm: servers, load, chaos, reconciliation.
@@ -250,9 +240,7 @@ func storm(ctx context.Context, o options, stdout, stderr io.Writer) (*Report, e
 	}
 	started := time.Now()
 	res := runLoad(loadCtx, loadConfig{
-		hosts: hosts, plan: plan, concurrency: o.concurrency,
-		timeoutRate: o.timeoutRate, cancelRate: o.cancelRate, shortTimeout: o.shortTimeout,
-		maxRetryAfter: o.maxRetryAfter, deadline: o.deadline, seed: o.seed, progress: bar,
+		hosts: hosts, plan: plan, loadShape: o.loadShape, progress: bar,
 	})
 	bar.Finish()
 	rep.Load = res.summary(time.Since(started))

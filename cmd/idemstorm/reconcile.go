@@ -62,8 +62,7 @@ func (c *apiClient) getURL(ctx context.Context, at func(try int) string, merchan
 			last = err
 			continue
 		}
-		body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-		resp.Body.Close()
+		body, err := readBody(resp, 16<<20)
 		switch {
 		case err != nil:
 			last = err
@@ -368,4 +367,14 @@ func addExample(list *[]int, i int) {
 // sortedKeys returns m's keys in order.
 func sortedKeys[V any](m map[string]V) []string {
 	return slices.Sorted(maps.Keys(m))
+}
+
+// readBody reads at most limit bytes of resp's body and closes it: the
+// read's error, else the close's.
+func readBody(resp *http.Response, limit int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	if cerr := resp.Body.Close(); err == nil {
+		err = cerr
+	}
+	return b, err
 }

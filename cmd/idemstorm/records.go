@@ -34,7 +34,7 @@ type RecordsCheck struct {
 
 // checkRecords reads idem's record of every logical payment's key, and the
 // run's stuck records.
-func checkRecords(ctx context.Context, databaseURL string, p *plan) (*RecordsCheck, error) {
+func checkRecords(ctx context.Context, databaseURL string, p *plan) (_ *RecordsCheck, err error) {
 	// The URL rules and the opener are paymentsd's own (internal/dburl),
 	// so the check reads the database the servers wrote.
 	kind, target, err := dburl.Parse(databaseURL)
@@ -45,7 +45,11 @@ func checkRecords(ctx context.Context, databaseURL string, p *plan) (*RecordsChe
 	if err != nil {
 		return nil, err
 	}
-	defer store.Close()
+	defer func() {
+		if cerr := store.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("closing the database: %w", cerr)
+		}
+	}()
 	d := store.Driver
 	rc := &RecordsCheck{ByState: map[string]int{}}
 	for _, lp := range p.payments {

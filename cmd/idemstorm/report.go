@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+
+	"github.com/idemgo/idem/internal/command"
 )
 
 // Report is the whole outcome of a storm (--report writes it as JSON).
@@ -203,8 +206,10 @@ func (r *Report) finish() {
 	r.Verdict = Verdict{OK: len(f) == 0 && rec != nil, Failures: f}
 }
 
-// printSummary prints the summary table.
-func printSummary(w io.Writer, r *Report) {
+// printSummary prints the summary table; it returns the first error
+// writing it.
+func printSummary(out io.Writer, r *Report) error {
+	w := command.NewWriter(out)
 	c := r.Config
 	servers := fmt.Sprintf("%d server", len(c.Servers))
 	if len(c.Servers) != 1 {
@@ -213,10 +218,11 @@ func printSummary(w io.Writer, r *Report) {
 	if c.Chaos {
 		servers += ", chaos (SIGKILL every ~" + c.KillEvery + ")"
 	}
-	fmt.Fprintf(w, "\nidemstorm run %s: %s, %d payments x %d duplicates, %d merchants, %s\n",
+	w.Printf("\nidemstorm run %s: %s, %d payments x %d duplicates, %d merchants, %s\n",
 		r.RunID, r.Mode, c.Payments, c.Duplicates, c.Merchants, servers)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	row := func(k, v string, args ...any) { fmt.Fprintf(tw, "  %s\t"+v+"\n", append([]any{k}, args...)...) }
+	rows := command.NewWriter(tw)
+	row := func(k, v string, args ...any) { rows.Printf("  %s\t"+v+"\n", append([]any{k}, args...)...) }
 	l := r.Load
 	row("duration", "%.1fs (%.1f payments/s)", l.DurationSeconds, l.PaymentsPerSecond)
 	row("requests", "%d", l.Requests)
@@ -259,12 +265,15 @@ func printSummary(w io.Writer, r *Report) {
 	} else {
 		row("verdict", "FAILED: %s", strings.Join(r.Verdict.Failures, "; "))
 	}
-	tw.Flush()
+	if err := errors.Join(rows.Err(), tw.Flush()); err != nil {
+		return err
+	}
 	if rec := r.Reconciliation; rec != nil {
 		for _, d := range rec.Doubled[:min(len(rec.Doubled), 5)] {
-			fmt.Fprintf(w, "  doubled: #%d %s/%s %d times\n", d.Index, d.Merchant, d.Key, d.Count)
+			w.Printf("  doubled: #%d %s/%s %d times\n", d.Index, d.Merchant, d.Key, d.Count)
 		}
 	}
+	return w.Err()
 }
 
 func fmtMS(v float64) string {

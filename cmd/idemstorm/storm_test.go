@@ -1,15 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,18 +16,15 @@ import (
 	"github.com/idemgo/idem/internal/supervise"
 )
 
-// The paymentsd binary under test, built once per test binary.
-var build struct {
-	once sync.Once
-	dir  string
-	bin  string
-	err  error
-}
+// The paymentsd binary under test, built once per test binary, as
+// idemstorm builds it: with its fault injection (-tags idemfaults), without
+// -race (see paymentsdBin).
+var binaries = supervise.Binaries{Names: []string{"paymentsd"}}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if build.dir != "" {
-		os.RemoveAll(build.dir)
+	if err := binaries.Remove(); err != nil {
+		fmt.Fprintln(os.Stderr, "removing the test binaries:", err)
 	}
 	os.Exit(code)
 }
@@ -45,36 +39,11 @@ func TestMain(m *testing.M) {
 // -race under scripts/test.
 func paymentsdBin(t *testing.T) string {
 	t.Helper()
-	build.once.Do(func() {
-		build.dir, build.err = os.MkdirTemp("", "idemstorm-test-bin-")
-		if build.err != nil {
-			return
-		}
-		// As idemstorm builds it: with its fault injection (-tags idemfaults).
-		build.bin, build.err = buildPaymentsd(context.Background(), build.dir, io.Discard)
-	})
-	if build.err != nil {
-		t.Fatal(build.err)
+	paths, err := binaries.Paths()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return build.bin
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	return paths[0]
 }
 
 // runStorm runs idemstorm in-process with flags (and paymentsd's flags
@@ -88,7 +57,7 @@ func runStorm(t *testing.T, flags []string, paymentsdFlags ...string) (int, *Rep
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr supervise.Buffer
 	code := run(ctx, args, &stdout, &stderr)
 	out := stdout.String() + stderr.String()
 	t.Logf("idemstorm %s\n%s", strings.Join(args, " "), out)
@@ -156,10 +125,10 @@ func TestStormAgainstRunningServer(t *testing.T) {
 	db := "sqlite:" + filepath.Join(t.TempDir(), "p.db")
 	addr, err := supervise.FreeAddr()
 	require.NoError(t, err)
-	var logs syncBuffer
+	var logs supervise.Buffer
 	pd := &supervise.Process{Name: "paymentsd", Bin: paymentsdBin(t), Addr: addr,
 		Args:   []string{"--database-url", db, "--psp-latency", "10ms", "--lease", "2s"},
-		Output: func(int) (io.Writer, func(), error) { return &logs, func() {}, nil }}
+		Output: logs.Output}
 	t.Cleanup(func() { pd.Kill(time.Minute) })
 	require.NoError(t, pd.Start(), "%s", logs.String())
 

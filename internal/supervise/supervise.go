@@ -7,6 +7,7 @@
 package supervise
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -234,7 +235,9 @@ func WaitHealthy(base string, exited <-chan struct{}, timeout time.Duration) err
 		default:
 		}
 		if resp, err := healthClient.Get(base + "/healthz"); err == nil {
-			resp.Body.Close()
+			// Only the status is read, and with keep-alives off the
+			// connection is closed whatever Close returns.
+			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}
@@ -251,9 +254,37 @@ func FreeAddr() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil { // the port would stay taken
+		return "", err
+	}
+	return addr, nil
 }
+
+// Buffer keeps what is written to it, safe for concurrent use: the output
+// of generations that a test reads while they run. The zero value is an
+// empty Buffer.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p; it never fails.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// Output is a Process.Output that writes every generation to b.
+func (b *Buffer) Output(int) (io.Writer, func(), error) { return b, func() {}, nil }
 
 // spawner starts the child processes from one goroutine locked to its OS
 // thread for the life of the process: the parent-death signal of

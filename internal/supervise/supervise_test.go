@@ -1,14 +1,12 @@
 package supervise
 
 import (
-	"bytes"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -34,19 +32,7 @@ func TestMain(m *testing.M) {
 	os.Exit(1)
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
-func child(t *testing.T, mode string, out *syncBuffer) (*Process, *atomic.Int32) {
+func child(t *testing.T, mode string, out *Buffer) (*Process, *atomic.Int32) {
 	t.Helper()
 	addr, err := FreeAddr()
 	if err != nil {
@@ -59,14 +45,14 @@ func child(t *testing.T, mode string, out *syncBuffer) (*Process, *atomic.Int32)
 	exits := new(atomic.Int32)
 	p := &Process{Name: "child", Bin: bin, Addr: addr, Env: append(os.Environ(), "SUPERVISE_CHILD="+mode),
 		HealthTimeout: 20 * time.Second,
-		Output:        func(int) (io.Writer, func(), error) { return out, func() {}, nil },
+		Output:        out.Output,
 		OnExit:        func(int) { exits.Add(1) }}
 	t.Cleanup(func() { p.Stop(5 * time.Second) })
 	return p, exits
 }
 
 func TestStartKillRestartStop(t *testing.T) {
-	var out syncBuffer
+	var out Buffer
 	p, exits := child(t, "serve", &out)
 	if p.Running() || p.Exited() != nil || p.Generation() != 0 {
 		t.Fatal("running before Start")
@@ -103,7 +89,7 @@ func TestStartKillRestartStop(t *testing.T) {
 }
 
 func TestStartReportsAnEarlyExit(t *testing.T) {
-	var out syncBuffer
+	var out Buffer
 	p, _ := child(t, "exit", &out)
 	err := p.Start()
 	if !errors.Is(err, ErrExited) {

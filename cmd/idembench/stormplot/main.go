@@ -64,7 +64,9 @@ func run(args []string, out io.Writer) error {
 	counts := decisionIncrease(b, a)
 	bounds, buckets := handlerIncrease(b, a)
 	for _, d := range decisions {
-		fmt.Fprintf(out, "%-18s %6.0f\n", d, counts[d])
+		if _, err := fmt.Fprintf(out, "%-18s %6.0f\n", d, counts[d]); err != nil {
+			return err
+		}
 	}
 	return render(*png, *title, counts, bounds, buckets)
 }
@@ -74,7 +76,7 @@ func parse(path string) (map[string]*dto.MetricFamily, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // opened read-only: closing it loses nothing
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	mfs, err := p.TextToMetricFamilies(f)
 	if err != nil {
@@ -192,8 +194,7 @@ func render(path, title string, counts map[string]float64, bounds, buckets []flo
 		return err
 	}
 	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return err
+		return errors.Join(err, f.Close())
 	}
 	return f.Close()
 }
