@@ -3,6 +3,7 @@ package idem
 //lint:file-ignore ST1005 validation errors start with the Config field they name (Store, Retention, Interval...), as New joins them
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -367,18 +368,10 @@ func (c Config) WithDefaults() Config {
 	if len(c.Methods) == 0 {
 		c.Methods = DefaultMethods()
 	}
-	if c.LeaseDuration == 0 {
-		c.LeaseDuration = DefaultLeaseDuration
-	}
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.MaxRequestBytes == 0 {
-		c.MaxRequestBytes = DefaultMaxRequestBytes
-	}
-	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = DefaultMaxResponseBytes
-	}
+	c.LeaseDuration = cmp.Or(c.LeaseDuration, DefaultLeaseDuration)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, DefaultMaxRequestBytes)
+	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, DefaultMaxResponseBytes)
 	if c.ReplayHeaders == nil {
 		c.ReplayHeaders = DefaultReplayHeaders()
 	}
@@ -388,18 +381,10 @@ func (c Config) WithDefaults() Config {
 	if c.Fingerprint == nil {
 		c.Fingerprint = Fingerprint
 	}
-	if c.StoreRetryAfter == 0 {
-		c.StoreRetryAfter = DefaultStoreRetryAfter
-	}
-	if c.InFlightRetryAfter == 0 {
-		c.InFlightRetryAfter = DefaultInFlightRetryAfter
-	}
-	if c.ClaimTimeout == 0 {
-		c.ClaimTimeout = DefaultClaimTimeout
-	}
-	if c.CompleteTimeout == 0 {
-		c.CompleteTimeout = DefaultCompleteTimeout
-	}
+	c.StoreRetryAfter = cmp.Or(c.StoreRetryAfter, DefaultStoreRetryAfter)
+	c.InFlightRetryAfter = cmp.Or(c.InFlightRetryAfter, DefaultInFlightRetryAfter)
+	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, DefaultClaimTimeout)
+	c.CompleteTimeout = cmp.Or(c.CompleteTimeout, DefaultCompleteTimeout)
 	if c.MaxExecution == 0 {
 		c.MaxExecution = max(c.LeaseDuration, min(DefaultMaxExecution, c.Retention-c.LeaseDuration))
 	}
@@ -410,9 +395,7 @@ func (c Config) WithDefaults() Config {
 			c.Owner = c.Owner[len(c.Owner)-idemdriver.MaxOwnerBytes:] // the pid end is the telling one
 		}
 	}
-	if c.OneCommitWait == 0 {
-		c.OneCommitWait = DefaultOneCommitWait
-	}
+	c.OneCommitWait = cmp.Or(c.OneCommitWait, DefaultOneCommitWait)
 	if c.ReplayCacheBytes > 0 && c.ReplayCacheTTL == 0 {
 		c.ReplayCacheTTL = DefaultReplayCacheTTL
 	}

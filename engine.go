@@ -122,10 +122,7 @@ func (m *Middleware) run(ctx context.Context, res idemdriver.ClaimResult, p idem
 		e.rollback()
 		return end(EventStoreUnavailable, verdictUnreachable, cause)
 	}
-	outcome := m.cfg.Outcome(status)
-	if e.released() {
-		outcome = Released
-	}
+	outcome := e.outcome(status)
 	ev.Outcome = outcome
 	switch outcome {
 	case Released:

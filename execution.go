@@ -276,6 +276,16 @@ func (e *execution) takenOver() bool {
 	return err == nil && (rec.FencingToken != e.fence.FencingToken || !rec.CreatedAt.Equal(e.fence.CreatedAt))
 }
 
+// outcome is how an execution that answered status is recorded:
+// Released when the handler called ReleaseKey, else Config.Outcome's
+// choice.
+func (e *execution) outcome(status int) Outcome {
+	if e.released() {
+		return Released
+	}
+	return e.m.cfg.Outcome(status)
+}
+
 // released reports whether the handler called ReleaseKey.
 func (e *execution) released() bool {
 	e.mu.Lock()

@@ -3,6 +3,7 @@ package idem
 //lint:file-ignore ST1005 validation errors start with the Config field they name (Store, Retention, Interval...), as New joins them
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -90,15 +91,9 @@ type MaintainerConfig struct {
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c MaintainerConfig) WithDefaults() MaintainerConfig {
-	if c.Interval == 0 {
-		c.Interval = DefaultMaintainInterval
-	}
-	if c.Batch == 0 {
-		c.Batch = DefaultPurgeBatch
-	}
-	if c.MaxBatches == 0 {
-		c.MaxBatches = DefaultMaxBatches
-	}
+	c.Interval = cmp.Or(c.Interval, DefaultMaintainInterval)
+	c.Batch = cmp.Or(c.Batch, DefaultPurgeBatch)
+	c.MaxBatches = cmp.Or(c.MaxBatches, DefaultMaxBatches)
 	if c.LockTTL == 0 {
 		c.LockTTL = max(3*c.Interval, DefaultLockTTLMin)
 	}

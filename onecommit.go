@@ -106,10 +106,7 @@ func (m *Middleware) executeOneCommit(w http.ResponseWriter, r *http.Request, ne
 			"and nothing was recorded; retry with the same key: the request runs again", m.cfg.MaxExecution))
 		return
 	}
-	outcome := m.cfg.Outcome(cw.statusCode())
-	if e.released() {
-		outcome = Released
-	}
+	outcome := e.outcome(cw.statusCode())
 	ev.Outcome = outcome
 	switch outcome {
 	case Failed:
