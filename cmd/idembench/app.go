@@ -26,13 +26,14 @@ import (
 // The routes of the server under test, one per way of serving POST
 // /payments (see the variants in variants.go).
 const (
-	routeBare      = "/bare/payments"     // no idempotency; the handler commits its own transaction
-	routeClaimTx   = "/idem-tx/payments"  // idem; the handler writes in the claim's transaction
-	routeOwnTx     = "/idem-own/payments" // idem; the handler commits its own transaction
-	routeOneCommit = "/idem-1c/payments"  // idem in the one-commit mode; the handler writes in the claim's transaction
-	routeFloor     = "/floor/payments"    // idem's statements sent by hand
-	routeNaive     = "/naive/payments"    // the article's naive Redis cache
-	routeHold      = "/hold/payments"     // idem; the handler waits for release (409s)
+	routeBare      = "/bare/payments"        // no idempotency; the handler commits its own transaction
+	routeClaimTx   = "/idem-tx/payments"     // idem; the handler writes in the claim's transaction
+	routeOwnTx     = "/idem-own/payments"    // idem; the handler commits its own transaction
+	routeOneCommit = "/idem-1c/payments"     // idem in the one-commit mode; the handler writes in the claim's transaction
+	routeFloor     = "/floor/payments"       // idem's statements sent by hand
+	routeNaive     = "/naive/payments"       // the article's naive Redis cache
+	routeHold      = "/hold/payments"        // idem; the handler waits for release (409s)
+	routeCached    = "/idem-cached/payments" // idem with a replay cache; the handler writes in the claim's transaction
 )
 
 // The request of every variant: a payment as cmd/paymentsd takes it.
@@ -74,11 +75,15 @@ type paymentJSON struct {
 	CreatedAt   string  `json:"created_at"`
 }
 
+// replayCacheBytes is the replay cache of routeCached's middleware.
+const replayCacheBytes = 16 << 20
+
 // app serves the routes above on one target.
 type app struct {
 	t     *target
 	mw    *idem.Middleware
 	mw1c  *idem.Middleware // Config.OneCommit
+	mwRC  *idem.Middleware // Config.ReplayCacheBytes
 	naive *naiveCache      // nil without Redis
 	hold  holdGate
 	log   *slog.Logger
@@ -93,7 +98,11 @@ func newApp(t *target, naive *naiveCache, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &app{t: t, mw: mw, mw1c: mw1c, naive: naive, log: log}, nil
+	mwRC, err := idem.New(idem.Config{Store: t.store, Scope: scopeOf, Logger: log, ReplayCacheBytes: replayCacheBytes})
+	if err != nil {
+		return nil, err
+	}
+	return &app{t: t, mw: mw, mw1c: mw1c, mwRC: mwRC, naive: naive, log: log}, nil
 }
 
 func (a *app) routes() http.Handler {
@@ -102,6 +111,7 @@ func (a *app) routes() http.Handler {
 	mux.Handle("POST "+routeClaimTx, a.mw.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeOwnTx, a.mw.Handler(http.HandlerFunc(a.createOwnTx)))
 	mux.Handle("POST "+routeOneCommit, a.mw1c.Handler(http.HandlerFunc(a.createInClaimTx)))
+	mux.Handle("POST "+routeCached, a.mwRC.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeFloor, http.HandlerFunc(a.createFloor))
 	mux.Handle("POST "+routeHold, a.mw.Handler(http.HandlerFunc(a.held)))
 	if a.naive != nil {

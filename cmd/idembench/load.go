@@ -25,6 +25,7 @@ const (
 	keyReplay                // one of the keys completed in setup (replay, 422)
 	keyHeld                  // the key held PROCESSING by the hold route (409)
 	keyNaive                 // one of the keys cached by the naive cache in setup
+	keyCached                // one of the keys completed in setup on the replay-cache route
 )
 
 // variant is one way of serving the request, measured in every cell.
@@ -49,6 +50,8 @@ const (
 	vReplay    = "replay"
 	vInFlight  = "409"
 	vKeyReused = "422"
+	vCached    = "replay-cached"
+	vCached422 = "422-cached"
 	vNaiveMiss = "naive-first"
 	vNaiveHit  = "naive-replay"
 )
@@ -64,6 +67,8 @@ var allVariants = []variant{
 	{id: vReplay, label: "idem replay", route: routeClaimTx, body: paymentBody, key: keyReplay, want: http.StatusCreated, replayed: true},
 	{id: vInFlight, label: "idem 409 (key in flight)", route: routeHold, body: paymentBody, key: keyHeld, want: http.StatusConflict},
 	{id: vKeyReused, label: "idem 422 (key reused, other body)", route: routeClaimTx, body: otherPaymentBody, key: keyReplay, want: http.StatusUnprocessableEntity},
+	{id: vCached, label: "idem replay, replay cache (Config.ReplayCacheBytes)", route: routeCached, body: paymentBody, key: keyCached, want: http.StatusCreated, replayed: true},
+	{id: vCached422, label: "idem 422, replay cache (Config.ReplayCacheBytes)", route: routeCached, body: otherPaymentBody, key: keyCached, want: http.StatusUnprocessableEntity},
 	{id: vNaiveMiss, label: "the article's naive Redis cache, first execution", route: routeNaive, body: paymentBody, want: http.StatusCreated, redis: true},
 	{id: vNaiveHit, label: "the article's naive Redis cache, replay", route: routeNaive, body: paymentBody, key: keyNaive, want: http.StatusCreated, replayed: true, redis: true},
 }
@@ -81,6 +86,7 @@ type running struct {
 	client     *http.Client
 	nonce      string
 	replayKeys []string
+	cachedKeys []string
 	naiveKeys  []string
 	seq        atomic.Int64
 }
@@ -130,7 +136,8 @@ func (r *running) send(ctx context.Context, route, key string, body []byte) (int
 	return resp.StatusCode, resp.Header.Get(idem.HeaderReplayed) == "true", err
 }
 
-// setup completes the replay keys through idem and caches the naive keys.
+// setup completes the replay keys through idem (and through the middleware
+// with a replay cache) and caches the naive keys.
 func (r *running) setup(ctx context.Context) error {
 	for range setupKeys {
 		k := r.newKey("replay")
@@ -138,6 +145,15 @@ func (r *running) setup(ctx context.Context) error {
 			return fmt.Errorf("%s: completing replay key: status %d, %v", r.t.name, st, err)
 		}
 		r.replayKeys = append(r.replayKeys, k)
+		// Completed, then replayed once: that replay, read from the store,
+		// is what the replay cache keeps.
+		k = r.newKey("cached")
+		for _, want := range []bool{false, true} {
+			if st, replayed, err := r.send(ctx, routeCached, k, paymentBody); err != nil || st != http.StatusCreated || replayed != want {
+				return fmt.Errorf("%s: completing replay-cache key: status %d, replayed %v, %v", r.t.name, st, replayed, err)
+			}
+		}
+		r.cachedKeys = append(r.cachedKeys, k)
 		if r.app.naive == nil {
 			continue
 		}
@@ -237,6 +253,8 @@ func (r *running) keyFor(v variant, held string, w, i int) string {
 		return r.replayKeys[(w*7+i)%len(r.replayKeys)]
 	case keyNaive:
 		return r.naiveKeys[(w*7+i)%len(r.naiveKeys)]
+	case keyCached:
+		return r.cachedKeys[(w*7+i)%len(r.cachedKeys)]
 	case keyHeld:
 		return held
 	}
