@@ -25,6 +25,10 @@ const (
 	// released (idem.Outcome, lower-cased). Only on executed, taken_over and
 	// released decisions.
 	OutcomeKey = attribute.Key("idem.outcome")
+	// CachedKey is true on a replayed or key_reused decision answered from
+	// idem's replay cache (idem.Event.Cached, Config.ReplayCacheBytes);
+	// absent otherwise. On the idem.decisions metric and on spans.
+	CachedKey = attribute.Key("idem.cached")
 	// AttemptKey is idem.Event.Attempt (spans only).
 	AttemptKey = attribute.Key("idem.attempt")
 	// ScopeKey and IdempotencyKeyKey name the record (spans only: unbounded
@@ -146,6 +150,9 @@ func (o *Observer) Observe(ctx context.Context, e idem.Event) {
 	}
 	if recorded(e.Kind) {
 		attrs = append(attrs, OutcomeKey.String(strings.ToLower(e.Outcome.String())))
+	}
+	if e.Cached {
+		attrs = append(attrs, CachedKey.Bool(true))
 	}
 	o.decisions.Add(ctx, 1, metric.WithAttributes(attrs...))
 	if e.Kind == idem.EventTakenOver {

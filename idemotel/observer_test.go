@@ -40,7 +40,7 @@ type harness struct {
 	events []idem.Event
 }
 
-func newHarness(t *testing.T, handler http.HandlerFunc) *harness {
+func newHarness(t *testing.T, handler http.HandlerFunc, configure ...func(*idem.Config)) *harness {
 	t.Helper()
 	d, err := idemsqlite.Open(t.Context(), filepath.Join(t.TempDir(), "idem.db"))
 	require.NoError(t, err)
@@ -52,7 +52,7 @@ func newHarness(t *testing.T, handler http.HandlerFunc) *harness {
 		idemotel.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader))),
 		idemotel.WithTracerProvider(h.tp))
 	require.NoError(t, err)
-	mw, err := idem.New(idem.Config{
+	cfg := idem.Config{
 		Store: d, Scope: idem.SingleTenant, Logger: slog.New(slog.DiscardHandler),
 		Outcome: idem.ReleaseValidationFailures,
 		Observer: idem.ObserverFunc(func(ctx context.Context, e idem.Event) {
@@ -61,7 +61,11 @@ func newHarness(t *testing.T, handler http.HandlerFunc) *harness {
 			h.mu.Unlock()
 			obs.Observe(ctx, e)
 		}),
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	mw, err := idem.New(cfg)
 	require.NoError(t, err)
 	h.mux = http.NewServeMux()
 	h.mux.Handle("POST /pay/{id}", mw.Handler(handler))
@@ -356,4 +360,23 @@ func must[T any](v T, ok bool) T {
 		panic("missing")
 	}
 	return v
+}
+
+// A replay answered from the replay cache is counted as replayed, with
+// idem.cached true: a dashboard can tell the cache's share of the replays.
+func TestCachedReplayIsMarked(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) },
+		func(c *idem.Config) { c.ReplayCacheBytes = 1 << 20 })
+	for range 3 { // executed, replayed from the store, replayed from the cache
+		require.Equal(t, http.StatusCreated, h.serve(t.Context(), "k", `{}`).Code)
+	}
+	n, pts := decisionCount(t, h.collect(t), "replayed")
+	require.EqualValues(t, 2, n)
+	cached := map[string]int64{}
+	for _, p := range pts {
+		v, _ := p.Attributes.Value(idemotel.CachedKey)
+		cached[v.Emit()] += p.Value
+	}
+	require.Equal(t, map[string]int64{"": 1, "true": 1}, cached)
 }
