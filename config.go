@@ -315,9 +315,9 @@ type Config struct {
 	// and the record's expires_at read on this process's clock (a retry
 	// after the key expired runs again, as Retention promises, give or take
 	// the skew between this process's clock and the database's). An
-	// operator who deletes a SUCCEEDED record by hand (the idem command's
-	// purge, or SQL) sees it replayed from the cache up to ReplayCacheTTL
-	// longer. In flight (409) and every first execution always go to the
+	// operator who deletes a SUCCEEDED record by hand (`idem release
+	// --force`, or SQL) sees it replayed from the cache up to ReplayCacheTTL
+	// longer, by each process that had replayed it. In flight (409) and every first execution always go to the
 	// store. Used by the HTTP middleware; Engine.Do does not. Default: 0, no
 	// cache.
 	ReplayCacheBytes int64
