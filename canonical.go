@@ -3,36 +3,62 @@ package idem
 import (
 	"encoding/json"
 	"slices"
-	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/gowebpki/jcs"
 )
 
+// canonVerdict is what canonicalJSON found.
+type canonVerdict int
+
+const (
+	// canonOK: the body is canonical (RFC 8785, as jcs.Transform writes it).
+	canonOK canonVerdict = iota
+	// canonRaw: the general path would hash the body raw: jcs.Transform and
+	// the exact canonical form both refuse it (not one JSON value, a
+	// repeated member name, a string with a lone surrogate escape).
+	canonRaw
+	// canonInexact: a number is not its double's shortest form; the exact
+	// canonical form (exactCanonical) decides.
+	canonInexact
+	// canonUnknown: left to the general path (a body that does not begin
+	// with an object or an array, or a member name whose surrogate escape
+	// jcs mishandles).
+	canonUnknown
+)
+
 // canonicalJSON is the RFC 8785 form of body in one pass and a few
 // allocations, the output of jcs.Transform byte for byte wherever it
-// answers ok (FuzzCanonicalMatchesJCS holds it to that). It answers only
-// the common case: body is one valid JSON object or array (json.Valid),
-// valid UTF-8, with no \u escape of a UTF-16 surrogate, no repeated key,
-// and every number exact (numberExact: its literal is the value of its
-// double's shortest form). For anything else ok is false and Fingerprint
-// takes the general path (numbersExact, jcs.Transform, exactCanonical),
-// whose answers are the rule; exact is false when a number was inexact.
-func canonicalJSON(body []byte) (canon []byte, ok, exact bool) {
+// answers canonOK (FuzzCanonicalMatchesJCS holds it to that), in time linear
+// in the body: jcs.Transform sorts each object's members by insertion into
+// a list, quadratic in their number (a 1 MiB object took 18 s), so the
+// general path must see only what this pass cannot decide. It answers
+// canonOK for one valid JSON object or array (json.Valid) whose member
+// names are all distinct and whose numbers are all exact (numberExact);
+// invalid UTF-8 is copied as jcs copies it, and a surrogate escape decoded
+// with the escape after it, as jcs decodes it. canonRaw, canonInexact and
+// canonUnknown say what the general path would make of the rest.
+func canonicalJSON(body []byte) ([]byte, canonVerdict) {
 	i := skipSpace(body, 0)
-	if i == len(body) || (body[i] != '{' && body[i] != '[') || !json.Valid(body) || !utf8.Valid(body) {
-		return nil, false, true
+	if i == len(body) || (body[i] != '{' && body[i] != '[') {
+		return nil, canonUnknown // a scalar or nothing: jcs.Transform's own rules, in linear time
+	}
+	if !json.Valid(body) {
+		// Not JSON, or an object or array followed by more: numbersExact
+		// may pass it (a json.Decoder reads a stream of values), but
+		// jcs.Transform and exactCanonical refuse what follows the first.
+		return nil, canonRaw
 	}
 	// One allocation for the buffers of a common body: out, then keys and
 	// scratch each as long as the body at most.
 	buf := make([]byte, 0, 3*len(body))
 	c := canonicalizer{in: body, out: buf[:0:len(body)], keys: buf[len(body) : len(body) : 2*len(body)],
-		scratch: buf[2*len(body) : 2*len(body)], members: make([]member, 0, 16), exact: true}
+		scratch: buf[2*len(body) : 2*len(body)], members: make([]member, 0, 16), verdict: canonOK}
 	if _, ok := c.value(i); !ok {
-		return nil, false, c.exact
+		return nil, c.verdict
 	}
-	return c.out, true, true
+	return c.out, canonOK
 }
 
 // canonicalizer writes a valid JSON value (json.Valid) in canonical form.
@@ -42,7 +68,8 @@ func canonicalJSON(body []byte) (canon []byte, ok, exact bool) {
 type canonicalizer struct {
 	in, out, keys, scratch []byte
 	members                []member
-	exact                  bool // false once a number was found inexact
+	verdict                canonVerdict // why value stopped, when it did
+	inName                 bool         // decoding an object member's name
 }
 
 // member is one object member written to out[start:end], its decoded name
@@ -115,7 +142,10 @@ func (c *canonicalizer) object(i int) (int, bool) {
 		}
 		m := member{key: len(c.keys), start: len(c.out)}
 		var ok bool
-		if i, ok = c.decodeString(i + 1); !ok {
+		c.inName = true
+		i, ok = c.decodeString(i + 1)
+		c.inName = false
+		if !ok {
 			return i, false
 		}
 		m.keyEnd = len(c.keys)
@@ -135,7 +165,8 @@ func (c *canonicalizer) object(i int) (int, bool) {
 	})
 	for k := 1; k < len(ms); k++ {
 		if compareUTF16(c.keys[ms[k-1].key:ms[k-1].keyEnd], c.keys[ms[k].key:ms[k].keyEnd]) == 0 {
-			return i, false // a repeated name: jcs refuses it
+			c.verdict = canonRaw // a repeated name: jcs and exactCanonical refuse it
+			return i, false
 		}
 	}
 	c.scratch = append(c.scratch[:0], c.out[outStart:]...)
@@ -154,7 +185,10 @@ func (c *canonicalizer) object(i int) (int, bool) {
 
 // decodeString appends the decoded string starting after the quote at
 // in[i-1] to keys and returns the index after its closing quote. A \u
-// escape of a surrogate is refused (jcs's handling of those is its own).
+// escape of a UTF-16 surrogate is decoded as jcs decodes it: with the \u
+// escape that must follow it (utf16.DecodeRune: U+FFFD unless they pair);
+// without one, jcs fails: in a value, Transform fails (canonRaw), in a
+// member name jcs goes on in a way of its own (canonUnknown).
 func (c *canonicalizer) decodeString(i int) (int, bool) {
 	for {
 		b := c.in[i]
@@ -166,19 +200,43 @@ func (c *canonicalizer) decodeString(i int) (int, bool) {
 			i++
 			continue
 		}
-		switch e := c.in[i+1]; e {
-		case 'u':
-			r, _ := strconv.ParseUint(string(c.in[i+2:i+6]), 16, 32)
-			if utf16.IsSurrogate(rune(r)) {
-				return i, false
-			}
-			c.keys = utf8.AppendRune(c.keys, rune(r))
-			i += 6
-		default:
+		if e := c.in[i+1]; e != 'u' {
 			c.keys = append(c.keys, unescape[e])
 			i += 2
+			continue
 		}
+		r := hex4(c.in[i+2 : i+6])
+		i += 6
+		if utf16.IsSurrogate(r) {
+			if i+1 >= len(c.in) || c.in[i] != '\\' || c.in[i+1] != 'u' {
+				c.verdict = canonRaw
+				if c.inName {
+					c.verdict = canonUnknown
+				}
+				return i, false
+			}
+			r = utf16.DecodeRune(r, hex4(c.in[i+2:i+6]))
+			i += 6
+		}
+		c.keys = utf8.AppendRune(c.keys, r)
 	}
+}
+
+// hex4 is the value of four hexadecimal digits (json.Valid checked them).
+func hex4(h []byte) rune {
+	var r rune
+	for _, d := range h {
+		switch {
+		case d >= 'a':
+			d -= 'a' - 10
+		case d >= 'A':
+			d -= 'A' - 10
+		default:
+			d -= '0'
+		}
+		r = r<<4 | rune(d)
+	}
+	return r
 }
 
 // unescape maps the character after a backslash to what it stands for.
@@ -249,11 +307,12 @@ func (c *canonicalizer) number(i int) (int, bool) {
 	lit := string(c.in[i:end])
 	f, ok := numberExact(lit)
 	if !ok {
-		c.exact = false
+		c.verdict = canonInexact
 		return end, false
 	}
 	s, err := jcs.NumberToJSON(f)
 	if err != nil {
+		c.verdict = canonUnknown // not reached: numberExact refuses infinities
 		return end, false
 	}
 	c.out = append(c.out, s...)

@@ -1,8 +1,12 @@
 package idem
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/gowebpki/jcs"
@@ -17,18 +21,28 @@ func FuzzCanonicalMatchesJCS(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		canon, ok, exact := canonicalJSON(body)
-		if ok {
-			want, err := jcs.Transform(body)
-			if err != nil {
-				t.Fatalf("canonicalJSON(%q) = %q; jcs.Transform refuses it: %v", body, canon, err)
+		canon, verdict := canonicalJSON(body)
+		want, jcsErr := jcs.Transform(body)
+		switch verdict {
+		case canonOK:
+			if jcsErr != nil {
+				t.Fatalf("canonicalJSON(%q) = %q; jcs.Transform refuses it: %v", body, canon, jcsErr)
 			}
 			if string(canon) != string(want) {
 				t.Fatalf("canonicalJSON(%q) = %q, jcs.Transform = %q", body, canon, want)
 			}
-		}
-		if !exact && numbersExact(body) {
-			t.Fatalf("canonicalJSON(%q) found an inexact number; numbersExact finds none", body)
+		case canonRaw:
+			// The general path would hash it raw too.
+			if numbersExact(body) && jcsErr == nil {
+				t.Fatalf("canonicalJSON(%q): raw; jcs.Transform = %q", body, want)
+			}
+			if _, ok := exactCanonical(body); ok && !numbersExact(body) {
+				t.Fatalf("canonicalJSON(%q): raw; exactCanonical takes it", body)
+			}
+		case canonInexact:
+			if numbersExact(body) {
+				t.Fatalf("canonicalJSON(%q) found an inexact number; numbersExact finds none", body)
+			}
 		}
 	})
 }
@@ -41,19 +55,85 @@ var canonicalSeeds = []string{
 	`{"a":1} {"b":2}`, "{\"a\":\"\xff\"}", `[]`, `[[],[[]],{}]`, `["\b\f\r"]`, `{"":0,"\u0000":1}`,
 }
 
-// TestCanonicalFastPath: the common bodies take the single pass, the others
-// are left to the general path.
-func TestCanonicalFastPath(t *testing.T) {
+// TestCanonicalVerdicts: the common bodies take the single pass, and what
+// it leaves is sent where the general path would end.
+func TestCanonicalVerdicts(t *testing.T) {
 	t.Parallel()
-	for body, want := range map[string]bool{
-		canonicalSeeds[0]: true, canonicalSeeds[1]: true, canonicalSeeds[2]: false, // the surrogate pair
-		`{"a":1,"a":2}`: false, `[9007199254740993]`: false, `{"a":1} {"b":2}`: false, ` 12 `: false,
-		"{\"a\":\"\xff\"}": false, `[[],[[]],{}]`: true,
+	for body, want := range map[string]canonVerdict{
+		canonicalSeeds[0]: canonOK, canonicalSeeds[1]: canonOK, canonicalSeeds[2]: canonOK, // with a surrogate pair
+		`[[],[[]],{}]`: canonOK, "{\"a\":\"\xff\"}": canonOK, `{"\ud800\u0041":1}`: canonOK,
+		`{"a":1,"a":2}`: canonRaw, `{"a":"\ud800"}`: canonRaw, `{"a":1} {"b":2}`: canonRaw, `[1] x`: canonRaw, ``: canonUnknown, `00`: canonUnknown,
+		`[9007199254740993]`: canonInexact,
+		` 12 `:               canonUnknown, `{"\udc00x":1}`: canonUnknown,
 	} {
-		if _, ok, _ := canonicalJSON([]byte(body)); ok != want {
-			t.Errorf("canonicalJSON(%q) ok = %v, want %v", body, ok, want)
+		if _, got := canonicalJSON([]byte(body)); got != want {
+			t.Errorf("canonicalJSON(%q) = %v, want %v", body, got, want)
 		}
 	}
+}
+
+// bigObject is a JSON object of first and 96,000 members "k0":0,
+// "k1":0, ... (about 1 MiB, the default MaxRequestBytes).
+func bigObject(first string) []byte {
+	var b strings.Builder
+	b.WriteString("{" + first)
+	for i := range 96_000 {
+		fmt.Fprintf(&b, `,"k%d":0`, i)
+	}
+	b.WriteString("}")
+	return []byte(b.String())
+}
+
+// Regression: a 1 MiB object with a surrogate-pair escape (as Python's
+// json.dumps writes an emoji) left the single pass for jcs.Transform, whose
+// time grows with the square of an object's members: 18 s of CPU for one
+// request. The pair is now decoded in the single pass, with jcs's result
+// (the emoji as UTF-8).
+func TestCanonicalLargeObjectWithSurrogatePair(t *testing.T) {
+	t.Parallel()
+	escaped, verdict := canonicalJSON(bigObject(`"description":"\ud83d\ude00"`))
+	if verdict != canonOK {
+		t.Fatalf("verdict %v, want canonOK", verdict)
+	}
+	plain, verdict := canonicalJSON(bigObject(`"description":"😀"`))
+	if verdict != canonOK || string(escaped) != string(plain) {
+		t.Fatalf("the escaped pair is not canonicalized as its UTF-8 rune (verdict %v)", verdict)
+	}
+}
+
+// A body the single pass leaves to the general path is hashed raw beyond
+// maxQuirkBytes, never handed to jcs.Transform.
+func TestFingerprintLeavesNoLargeBodyToJCS(t *testing.T) {
+	t.Parallel()
+	body := bigObject(`"\ud800x":0`)
+	if _, v := canonicalJSON(body); v != canonUnknown {
+		t.Fatalf("verdict %v, want canonUnknown", v)
+	}
+	r := httptest.NewRequest(http.MethodPost, "/v1/payments", nil)
+	r.Header.Set("Content-Type", "application/json")
+	if got, want := Fingerprint(r, body), fingerprintParts("POST", "/v1/payments", "", "application/json", body); string(got) != string(want) {
+		t.Fatal("a 1 MiB body left to the general path was not hashed raw")
+	}
+}
+
+// fingerprintParts hashes the five parts as Fingerprint does (the encoding
+// of TestFingerprintGolden's digests).
+func fingerprintParts(parts ...any) []byte {
+	h := sha256.New()
+	for _, p := range parts {
+		var b []byte
+		switch v := p.(type) {
+		case string:
+			b = []byte(v)
+		case []byte:
+			b = v
+		}
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	return h.Sum(nil)
 }
 
 // BenchmarkFingerprint: a payment's JSON body, the common case.

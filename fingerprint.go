@@ -49,14 +49,24 @@ func Fingerprint(r *http.Request, body []byte) []byte {
 	}
 	exactMode := false
 	if isJSON(mediaType) {
-		if canon, ok, exact := canonicalJSON(body); ok {
+		switch canon, verdict := canonicalJSON(body); verdict {
+		case canonOK:
 			body = canon
-		} else if exact && numbersExact(body) {
-			if canon, err := jcs.Transform(body); err == nil {
-				body = canon
+		case canonInexact:
+			if canon, ok := exactCanonical(body); ok {
+				body, exactMode = canon, true
 			}
-		} else if canon, ok := exactCanonical(body); ok {
-			body, exactMode = canon, true
+		case canonUnknown:
+			if len(body) > maxQuirkBytes {
+				break // hashed raw: jcs.Transform's time grows with the square of an object's members
+			}
+			if numbersExact(body) {
+				if canon, err := jcs.Transform(body); err == nil {
+					body = canon
+				}
+			} else if canon, ok := exactCanonical(body); ok {
+				body, exactMode = canon, true
+			}
 		}
 	}
 	path, query := r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery)
@@ -79,6 +89,11 @@ func Fingerprint(r *http.Request, body []byte) []byte {
 	sum := sha256.Sum256(enc)
 	return sum[:]
 }
+
+// maxQuirkBytes bounds the bodies left to jcs.Transform (canonUnknown: a
+// top-level scalar, or a member name with a surrogate escape not followed
+// by another \u escape); a longer one is hashed raw.
+const maxQuirkBytes = 64 << 10
 
 // exactPart is the sixth part of a fingerprint taken in exact mode.
 const exactPart = "exact-numbers"

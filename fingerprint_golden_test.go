@@ -32,6 +32,13 @@ func TestFingerprintGolden(t *testing.T) {
 		{"POST", "/v1/payments", "text/plain", `{"b":1,"a":[]}`, "607469248f6394f6d9c2e4de85a6a5cb31411de7cf853747145ef756639fd2a7"},
 		{"POST", "/v1/payments", "", ``, "92a375c66072d7a50fdcd6ab0d91cded79248a7fe730466ba77e346340d365f2"},
 		{"PUT", "/v1/items/%2Fx?q=%zz", "Application/JSON", `{}`, "78a8dce10f3410c17c0a1c4e9a4308830b4982a8ae1df79a42df85d5003bb99c"},
+		{"POST", "/v1/payments", "application/json", `{"description":"\ud83d\ude00","amount":1}`, "c4ecacd7eee20f576f9b7a28e8b953644128be3cdc01bdd846ca8421802fa321"},
+		{"POST", "/v1/payments", "application/json", `{"\ud83d\ude00":1,"\uffff":2,"\ud800\u0041":3}`, "488071639182fae930578ef07c4ce8af2283e041d06c3307b518826e740d2a42"},
+		{"POST", "/v1/payments", "application/json", "{\"b\":1,\"\xff\":2}", "929ee40920e366ae3af5db2529795e3f7e1d081617c4cebe666d4aec49616433"},
+		{"POST", "/v1/payments", "application/json", `{"\ud800x":1}`, "68451093f5b58d41ae7cb7481660b3364d9f1eceabf31684b4f75547b26cec2f"},
+		{"POST", "/v1/payments", "application/json", `00`, "42ec1d4826b9b4d22e2aea240b1997a8764c74dc211cd6bcebc980837f09683a"},
+		{"POST", "/v1/payments", "application/json", `[1] x`, "107ed26cb177500744c12de29c78add6d28a7a8bdd5119d5fc2936dfa70bdf96"},
+		{"POST", "/v1/payments", "application/json", `{"a":"\ud800\"x"}`, "64c066cc511a0f0173727d475e768e841a08e869f0fc9516cc18e4052f57bc4e"},
 	} {
 		r := httptest.NewRequest(c.method, c.target, strings.NewReader(c.body))
 		if c.contentType != "" {

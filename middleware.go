@@ -106,7 +106,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// Echoed as sent on every answer from here on, the replay included, so
 	// a client (stripe-go's LastResponse.IdempotencyKey) can tell which key
 	// an answer is for.
-	w.Header()[HeaderKey] = values[:1:1]
+	w.Header().Set(HeaderKey, values[0])
 	scope, err := m.cfg.Scope(r)
 	if err != nil || scope == "" {
 		// An empty scope is most often an unauthenticated request read as
@@ -297,9 +297,9 @@ func (m *Middleware) inFlightRetryAfter(leaseLeft time.Duration) time.Duration {
 func (m *Middleware) replayResponse(w http.ResponseWriter, r *http.Request, resp *idemdriver.Response) int {
 	h := w.Header()
 	for k, v := range resp.Header {
-		h[k] = v[:len(v):len(v)] // shared with the replay cache: an Add copies
+		h[k] = v // the record's own (the replay cache hands out copies)
 	}
-	h[HeaderReplayed] = replayedTrue
+	h.Set(HeaderReplayed, "true")
 	if !resp.BodyStored {
 		h.Del("Content-Type")
 		h.Del("Content-Encoding")

@@ -94,8 +94,8 @@ func (p Problem) Write(w http.ResponseWriter) {
 		_ = enc.Encode(problemMembers{p.Detail, p.Instance, p.Status, p.Title, p.Type}) // strings and a number: no error
 	}
 	h := w.Header()
-	h["Content-Type"] = problemContentType
-	h["Cache-Control"] = noStore
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
 	if p.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(p.RetryAfter), 10))
 	}
@@ -130,14 +130,6 @@ type problemMembers struct {
 	Title    string `json:"title"`
 	Type     string `json:"type"`
 }
-
-// Header values idem sets, shared by every answer (capacity = length, so an
-// Add copies instead of writing into them).
-var (
-	problemContentType = []string{"application/problem+json"}[:1:1]
-	noStore            = []string{"no-store"}[:1:1]
-	replayedTrue       = []string{"true"}[:1:1]
-)
 
 // retryAfterSeconds rounds d up to whole seconds, at least 1 (without
 // overflowing near the largest Duration).

@@ -58,8 +58,12 @@ func (rc *replayCache) get(scope, key string) (idemdriver.Record, bool) {
 	if !ok || !time.Now().Before(r.expiresAt) {
 		return idemdriver.Record{}, false
 	}
+	// The headers copied: the replay hands their value slices to the
+	// response writer, where another middleware may change them in place.
+	resp := *r.response
+	resp.Header = http.Header(resp.Header).Clone()
 	return idemdriver.Record{Scope: scope, Key: key, Method: r.method, Path: r.path, Fingerprint: r.fingerprint,
-		State: idemdriver.StateSucceeded, Response: r.response, ExpiresAt: r.expiresAt}, true
+		State: idemdriver.StateSucceeded, Response: &resp, ExpiresAt: r.expiresAt}, true
 }
 
 // put keeps rec, the record of (scope, key) that a claim read from the
@@ -69,8 +73,12 @@ func (rc *replayCache) put(scope, key string, rec idemdriver.Record) {
 	if rec.State != idemdriver.StateSucceeded || rec.Response == nil || !time.Now().Before(rec.ExpiresAt) {
 		return
 	}
+	// A copy of the headers: this request's replay hands rec's to the
+	// response writer.
+	resp := *rec.Response
+	resp.Header = http.Header(resp.Header).Clone()
 	rc.c.Set(replayKey{scope, key}, &cachedRecord{method: rec.Method, path: rec.Path,
-		fingerprint: rec.Fingerprint, response: rec.Response, expiresAt: rec.ExpiresAt})
+		fingerprint: rec.Fingerprint, response: &resp, expiresAt: rec.ExpiresAt})
 }
 
 // answerCached answers a request from the replay cache, when it holds the

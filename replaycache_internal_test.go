@@ -27,7 +27,7 @@ func TestReplayCacheKeepsOnlyLiveSucceededRecords(t *testing.T) {
 	}
 	rc.put("s", "live", live)
 	got, ok := rc.get("s", "live")
-	if !ok || got.State != idemdriver.StateSucceeded || got.Response != live.Response || got.Key != "live" || got.Scope != "s" {
+	if !ok || got.State != idemdriver.StateSucceeded || got.Response.Status != live.Response.Status || got.Key != "live" || got.Scope != "s" {
 		t.Fatalf("live record: %+v %v", got, ok)
 	}
 	if _, ok := rc.get("other", "live"); ok {

@@ -92,3 +92,48 @@ func TestReplayCacheConfig(t *testing.T) {
 	require.Equal(t, idem.DefaultReplayCacheTTL, idem.Config{ReplayCacheBytes: 1}.WithDefaults().ReplayCacheTTL)
 	require.Zero(t, idem.Config{}.WithDefaults().ReplayCacheTTL)
 }
+
+// Regression: a replay from the cache handed the cached record's header
+// values to the response writer, so a middleware that edited one in place
+// (an absolute Location) changed every later replay of the key.
+func TestReplayCacheAnswersAreCopies(t *testing.T) {
+	t.Parallel()
+	d := openSQLite(t)
+	mw := newMiddleware(t, idem.Config{Store: d, ReplayCacheBytes: 1 << 20})
+	inner := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", "/v1/payments/pay_1")
+		w.WriteHeader(http.StatusCreated)
+	}))
+	absolute := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inner.ServeHTTP(prefixLocation{w}, r)
+	})
+	for i := range 4 { // executed, replayed from the store, then twice from the cache
+		got := send(absolute, "POST", "/pay", "k1", `{}`)
+		require.Equal(t, "https://api.example.com/v1/payments/pay_1", got.Header().Get("Location"), "answer %d", i)
+	}
+}
+
+// prefixLocation makes the Location header absolute in place, as a
+// middleware may.
+type prefixLocation struct{ http.ResponseWriter }
+
+func (p prefixLocation) WriteHeader(status int) {
+	if v := p.Header()["Location"]; len(v) > 0 {
+		v[0] = "https://api.example.com" + v[0]
+	}
+	p.ResponseWriter.WriteHeader(status)
+}
+
+// The one-commit mode keeps its replays in the cache too.
+func TestReplayCacheInOneCommitMode(t *testing.T) {
+	t.Parallel()
+	h, runs, closeStore, obs := replayCacheEnv(t, idem.Config{ReplayCacheBytes: 1 << 20, OneCommit: true})
+	require.Equal(t, http.StatusCreated, send(h, "POST", "/pay", "k1", `{}`).Code)
+	require.Equal(t, "true", send(h, "POST", "/pay", "k1", `{}`).Header().Get(idem.HeaderReplayed))
+	closeStore()
+	_ = obs.take()
+	got := send(h, "POST", "/pay", "k1", `{}`)
+	require.Equal(t, http.StatusCreated, got.Code, got.Body.String())
+	require.True(t, obs.takeOne(t, idem.EventReplayed).Cached)
+	require.EqualValues(t, 1, runs.Load())
+}

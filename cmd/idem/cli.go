@@ -553,7 +553,9 @@ func releaseCmd(g *globals, out io.Writer) *cobra.Command {
 		Short: "Delete one key's record, so that its next request runs as new (needs --force: a provider may charge again)",
 		Long: `Delete one key's record, fenced: only the record as just read (its fencing
 token and created_at, and its state) is removed, so a request that claims the
-key meanwhile keeps it. The next request with the key then runs as a new one.
+key meanwhile keeps it. The next request with the key then runs as a new one
+(a service with idem.Config.ReplayCacheBytes set may still replay it from
+memory, for up to its ReplayCacheTTL, in each process that had replayed it).
 
 The record is what keeps the key's relayed key stable: idem.DeriveKey mixes
 in the record's created_at (docs/crash-semantics.md), so while the record
