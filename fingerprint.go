@@ -35,7 +35,12 @@ import (
 // (invalid UTF-8 or a lone surrogate escape decode to it) or with a number
 // of more than 1000 characters or an exponent beyond ±1000, and every other
 // body, is hashed as raw bytes. Each part is length-prefixed, so no two
-// different requests share an encoding.
+// different requests share an encoding. The work is linear in the body:
+// RFC 8785's canonical form is computed in one pass (canonicalJSON); the
+// rare JSON bodies that pass leaves to github.com/gowebpki/jcs (a
+// top-level scalar, a member name with a surrogate escape not followed by
+// another \u escape) are hashed raw when longer than 64 KiB, since that
+// library's time grows with the square of an object's members.
 func Fingerprint(r *http.Request, body []byte) []byte {
 	mediaType := ""
 	if ct := r.Header.Get("Content-Type"); ct == "application/json" {
