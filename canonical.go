@@ -16,15 +16,15 @@ const (
 	// canonOK: the body is canonical (RFC 8785, as jcs.Transform writes it).
 	canonOK canonVerdict = iota
 	// canonRaw: the general path would hash the body raw: jcs.Transform and
-	// the exact canonical form both refuse it (not one JSON value, a
-	// repeated member name, a string with a lone surrogate escape).
+	// the exact canonical form both refuse it (a repeated member name, a
+	// string value with a lone surrogate escape).
 	canonRaw
 	// canonInexact: a number is not its double's shortest form; the exact
 	// canonical form (exactCanonical) decides.
 	canonInexact
-	// canonUnknown: left to the general path (a body that does not begin
-	// with an object or an array, or a member name whose surrogate escape
-	// jcs mishandles).
+	// canonUnknown: left to the general path (a body that is not one valid
+	// object or array, one nested deeper than maxCanonicalDepth, or a
+	// member name whose surrogate escape jcs mishandles).
 	canonUnknown
 )
 
@@ -44,11 +44,12 @@ func canonicalJSON(body []byte) ([]byte, canonVerdict) {
 	if i == len(body) || (body[i] != '{' && body[i] != '[') {
 		return nil, canonUnknown // a scalar or nothing: jcs.Transform's own rules, in linear time
 	}
-	if !json.Valid(body) {
-		// Not JSON, or an object or array followed by more: numbersExact
-		// may pass it (a json.Decoder reads a stream of values), but
-		// jcs.Transform and exactCanonical refuse what follows the first.
-		return nil, canonRaw
+	if !json.Valid(body) || nestedDeeper(body, maxCanonicalDepth) {
+		// Not JSON, a cut-off object, an object followed by more: a
+		// json.Decoder (numbersExact) and jcs.Transform read some of those
+		// their own way. Nested very deep: the rewrite of each object's
+		// members, and exactCanonical's, would copy the rest at every level.
+		return nil, canonUnknown
 	}
 	// One allocation for the buffers of a common body: out, then keys and
 	// scratch each as long as the body at most.
@@ -59,6 +60,32 @@ func canonicalJSON(body []byte) ([]byte, canonVerdict) {
 		return nil, c.verdict
 	}
 	return c.out, canonOK
+}
+
+// maxCanonicalDepth is the deepest nesting of objects and arrays the single
+// pass takes (a payment's body nests a few levels).
+const maxCanonicalDepth = 64
+
+// nestedDeeper reports whether the JSON body nests objects and arrays more
+// than limit deep.
+func nestedDeeper(body []byte, limit int) bool {
+	depth, inString := 0, false
+	for i := 0; i < len(body); i++ {
+		switch b := body[i]; {
+		case inString && b == '\\':
+			i++
+		case b == '"':
+			inString = !inString
+		case inString:
+		case b == '{' || b == '[':
+			if depth++; depth > limit {
+				return true
+			}
+		case b == '}' || b == ']':
+			depth--
+		}
+	}
+	return false
 }
 
 // canonicalizer writes a valid JSON value (json.Valid) in canonical form.

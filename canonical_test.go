@@ -3,9 +3,13 @@ package idem
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
+	"math"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -62,9 +66,12 @@ func TestCanonicalVerdicts(t *testing.T) {
 	for body, want := range map[string]canonVerdict{
 		canonicalSeeds[0]: canonOK, canonicalSeeds[1]: canonOK, canonicalSeeds[2]: canonOK, // with a surrogate pair
 		`[[],[[]],{}]`: canonOK, "{\"a\":\"\xff\"}": canonOK, `{"\ud800\u0041":1}`: canonOK,
-		`{"a":1,"a":2}`: canonRaw, `{"a":"\ud800"}`: canonRaw, `{"a":1} {"b":2}`: canonRaw, `[1] x`: canonRaw, ``: canonUnknown, `00`: canonUnknown,
+		`{"a":1,"a":2}`: canonRaw, `{"a":"\ud800"}`: canonRaw, `{"a":1} {"b":2}`: canonUnknown, `[1] x`: canonUnknown, ``: canonUnknown, `00`: canonUnknown, `{"\ud800" `: canonUnknown,
 		`[9007199254740993]`: canonInexact,
 		` 12 `:               canonUnknown, `{"\udc00x":1}`: canonUnknown,
+		strings.Repeat("[", 64) + strings.Repeat("]", 64):                                        canonOK,
+		strings.Repeat("[", 65) + strings.Repeat("]", 65):                                        canonUnknown,
+		`[{"a":"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"["}]`: canonOK, // brackets in a string
 	} {
 		if _, got := canonicalJSON([]byte(body)); got != want {
 			t.Errorf("canonicalJSON(%q) = %v, want %v", body, got, want)
@@ -142,6 +149,45 @@ func BenchmarkFingerprint(b *testing.B) {
 	r := httptest.NewRequest(http.MethodPost, "/v1/payments", nil)
 	r.Header.Set("Content-Type", "application/json")
 	b.ReportAllocs()
+	for b.Loop() {
+		Fingerprint(r, body)
+	}
+}
+
+// FuzzNumberExact: the digit-for-digit comparison of numberExact agrees
+// with big.Rat's exact one (what it replaced: seconds for a literal of
+// 500,000 digits) on every JSON number literal.
+func FuzzNumberExact(f *testing.F) {
+	for _, seed := range []string{"1000", "0.1", "0.10", "1e2", "100e-2", "9007199254740993", "-12.50e-3", "1E+21",
+		"0.1000000000000000055511151231257827", "1.00000000000000000000000000000000000001", "123456789012345678901234567890",
+		"5e-324", "4.9406564584124654e-324", "1.7976931348623157e308", "-0.0", "0e5"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, n string) {
+		if len(n) > 400 || !json.Valid([]byte(n)) || n == "" || !isNumberByte(n[0]) || strings.ContainsAny(n, " \t\r\n") {
+			return
+		}
+		f64, err := strconv.ParseFloat(n, 64)
+		want := err == nil && !math.IsInf(f64, 0)
+		if want && f64 != 0 {
+			exact, _ := new(big.Rat).SetString(n)
+			shortest, _ := new(big.Rat).SetString(strconv.FormatFloat(f64, 'g', -1, 64))
+			want = exact.Cmp(shortest) == 0
+		} else if want {
+			mantissa, _, _ := strings.Cut(strings.ToLower(n), "e")
+			want = strings.Trim(mantissa, "-0.") == ""
+		}
+		if _, got := numberExact(n); got != want {
+			t.Fatalf("numberExact(%q) = %v, big.Rat says %v", n, got, want)
+		}
+	})
+}
+
+// BenchmarkFingerprintLongNumber: a body of one 500,000-digit number.
+func BenchmarkFingerprintLongNumber(b *testing.B) {
+	body := []byte("[0." + strings.Repeat("7", 500_000) + "]")
+	r := httptest.NewRequest(http.MethodPost, "/v1/payments", nil)
+	r.Header.Set("Content-Type", "application/json")
 	for b.Loop() {
 		Fingerprint(r, body)
 	}

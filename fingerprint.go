@@ -37,10 +37,11 @@ import (
 // body, is hashed as raw bytes. Each part is length-prefixed, so no two
 // different requests share an encoding. The work is linear in the body:
 // RFC 8785's canonical form is computed in one pass (canonicalJSON); the
-// rare JSON bodies that pass leaves to github.com/gowebpki/jcs (a
-// top-level scalar, a member name with a surrogate escape not followed by
-// another \u escape) are hashed raw when longer than 64 KiB, since that
-// library's time grows with the square of an object's members.
+// rare JSON bodies that pass leaves to github.com/gowebpki/jcs (a body
+// that is not one object or array, one nested more than 64 deep, a member
+// name with a surrogate escape not followed by another \u escape) are
+// hashed raw when longer than 16 KiB, since that library's time grows with
+// the square of an object's members.
 func Fingerprint(r *http.Request, body []byte) []byte {
 	mediaType := ""
 	if ct := r.Header.Get("Content-Type"); ct == "application/json" {
@@ -63,7 +64,7 @@ func Fingerprint(r *http.Request, body []byte) []byte {
 			}
 		case canonUnknown:
 			if len(body) > maxQuirkBytes {
-				break // hashed raw: jcs.Transform's time grows with the square of an object's members
+				break // hashed raw (maxQuirkBytes)
 			}
 			if numbersExact(body) {
 				if canon, err := jcs.Transform(body); err == nil {
@@ -95,10 +96,11 @@ func Fingerprint(r *http.Request, body []byte) []byte {
 	return sum[:]
 }
 
-// maxQuirkBytes bounds the bodies left to jcs.Transform (canonUnknown: a
-// top-level scalar, or a member name with a surrogate escape not followed
-// by another \u escape); a longer one is hashed raw.
-const maxQuirkBytes = 64 << 10
+// maxQuirkBytes bounds the bodies left to the general path (canonUnknown):
+// jcs.Transform's time grows with the square of an object's members, and
+// exactCanonical's with the nesting depth times the size; a longer body is
+// hashed raw.
+const maxQuirkBytes = 16 << 10
 
 // exactPart is the sixth part of a fingerprint taken in exact mode.
 const exactPart = "exact-numbers"
@@ -145,19 +147,51 @@ func numberExact(n string) (float64, bool) {
 		return 0, strings.Trim(mantissa, "-0.") == ""
 	}
 	// The literal is its double's shortest form (1000, 0.1: most
-	// amounts): exact, with no big.Rat.
+	// amounts): exact, at once.
 	var short [32]byte
-	if string(strconv.AppendFloat(short[:0], f, 'g', -1, 64)) == n {
+	shortest := strconv.AppendFloat(short[:0], f, 'g', -1, 64)
+	if string(shortest) == n {
 		return f, true
 	}
-	// A finite non-zero double: the literal's exponent is bounded by
-	// its own length plus 324, so big.Rat's work is too.
-	exact, ok := new(big.Rat).SetString(n)
-	if !ok {
-		return 0, false
+	// Else the two decimals are compared digit for digit, in time linear
+	// in the literal (big.Rat took seconds for a literal of 500,000 digits).
+	return f, sameDecimal(n, string(shortest))
+}
+
+// sameDecimal reports whether two decimal number literals (JSON's grammar,
+// or strconv's 'g' form) have the same value: the same sign, the same
+// significant digits and the same magnitude. Neither may be zero.
+func sameDecimal(a, b string) bool {
+	na, da, ea, oka := decimalParts(a)
+	nb, db, eb, okb := decimalParts(b)
+	return oka && okb && na == nb && ea == eb && da == db
+}
+
+// decimalParts splits a non-zero decimal literal into its sign, its
+// significant digits d (no leading or trailing zero) and the exponent e of
+// its value 0.d × 10^e. ok is false when the exponent does not fit an int.
+func decimalParts(n string) (neg bool, digits string, exp int, ok bool) {
+	if n != "" && n[0] == '-' {
+		neg, n = true, n[1:]
 	}
-	shortest, _ := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64))
-	return f, shortest.Cmp(exact) == 0
+	mantissa, expPart, hasExp := strings.Cut(n, "e")
+	if !hasExp {
+		mantissa, expPart, hasExp = strings.Cut(n, "E")
+	}
+	if hasExp {
+		e, err := strconv.Atoi(expPart)
+		if err != nil {
+			return false, "", 0, false
+		}
+		exp = e
+	}
+	intPart, frac, _ := strings.Cut(mantissa, ".")
+	all := intPart + frac
+	lead := len(all) - len(strings.TrimLeft(all, "0"))
+	trimmed := strings.TrimRight(all[lead:], "0")
+	// all = digits followed by its trailing zeros; its value is all × 10^(exp-len(frac)).
+	trailing := len(all) - lead - len(trimmed)
+	return neg, trimmed, len(trimmed) + trailing + exp - len(frac), true
 }
 
 // Bounds of the exact canonical form: a longer number literal, or one with

@@ -39,6 +39,11 @@ func TestFingerprintGolden(t *testing.T) {
 		{"POST", "/v1/payments", "application/json", `00`, "42ec1d4826b9b4d22e2aea240b1997a8764c74dc211cd6bcebc980837f09683a"},
 		{"POST", "/v1/payments", "application/json", `[1] x`, "107ed26cb177500744c12de29c78add6d28a7a8bdd5119d5fc2936dfa70bdf96"},
 		{"POST", "/v1/payments", "application/json", `{"a":"\ud800\"x"}`, "64c066cc511a0f0173727d475e768e841a08e869f0fc9516cc18e4052f57bc4e"},
+		{"POST", "/v1/payments", "application/json", `{"\ud800" `, "e00045c2abc58493a58804aff3346688810b822db6bfb933144e2a4eb9bd125c"},
+		{"POST", "/v1/payments", "application/json", `{"a":1,"\udc00x"`, "57299e7a7294447c6b30063cb731bb68a0c7d1367fa76c033eb6943d3ed0d14d"},
+		{"POST", "/v1/payments", "application/json", strings.Repeat("[", 70) + "1" + strings.Repeat("]", 70), "2029b5d60b16f0b6e42ee85be622ee343e83019436ddd6ad698d347eb007018d"},
+		{"POST", "/v1/payments", "application/json", `[1.00000000000000000000000000000000000000000000000000000000000000000000001]`, "7596589d398e434d8c4777d78912f7b6505ffbe056a623c8c57ec66870d10048"},
+		{"POST", "/v1/payments", "application/json", `{"b":[0.1000000000000000000000000000000000000000000],"a":-12.50e-3}`, "863d51b0be2b368319c4ef22f19c57a70c656afdb061811dce3a3631418bd4f3"},
 	} {
 		r := httptest.NewRequest(c.method, c.target, strings.NewReader(c.body))
 		if c.contentType != "" {
