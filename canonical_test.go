@@ -192,3 +192,21 @@ func BenchmarkFingerprintLongNumber(b *testing.B) {
 		Fingerprint(r, body)
 	}
 }
+
+// Regression: the exact canonical form wrote each 1e999 as its 1000 digits,
+// so 1 MiB of them took a second and 1.7 GB; past its digit budget the body
+// is hashed raw.
+func TestExactFormBudget(t *testing.T) {
+	t.Parallel()
+	body := []byte("[" + strings.Repeat("1e999,", 170_000) + "9007199254740993]")
+	r := httptest.NewRequest(http.MethodPost, "/v1/payments", nil)
+	r.Header.Set("Content-Type", "application/json")
+	if got, want := Fingerprint(r, body), fingerprintParts("POST", "/v1/payments", "", "application/json", body); string(got) != string(want) {
+		t.Fatal("a body over the exact form's digit budget was not hashed raw")
+	}
+	small := []byte(`{"b":[1e999,1e999,1e999,1e999,1e999],"a":9007199254740993}`)
+	reordered := []byte(`{"a":9007199254740993,"b":[1e999,1e999,1e999,1e999,1e999]}`)
+	if string(Fingerprint(r, small)) != string(Fingerprint(r, reordered)) {
+		t.Fatal("a small body within the budget is no longer canonicalized")
+	}
+}

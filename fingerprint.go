@@ -215,7 +215,8 @@ func exactCanonical(body []byte) ([]byte, bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	var buf bytes.Buffer
-	if !writeExact(dec, &buf) {
+	budget := exactBudget(len(body))
+	if !writeExact(dec, &buf, &budget) {
 		return nil, false
 	}
 	if _, err := dec.Token(); err != io.EOF {
@@ -224,8 +225,16 @@ func exactCanonical(body []byte) ([]byte, bool) {
 	return buf.Bytes(), true
 }
 
-// writeExact writes the next JSON value of dec to buf (see exactCanonical).
-func writeExact(dec *json.Decoder, buf *bytes.Buffer) bool {
+// exactBudget bounds the digits the exact canonical form of an n-byte body
+// may write for its numbers: four times the body and 64 KiB. An amount's
+// exact value is about as long as its literal (9007199254740993,
+// 19.99 = 1999/100), but 1e999 is 1000 digits: a body of those by the
+// thousand is hashed raw rather than expanded (1.7 GB for 1 MiB of them).
+func exactBudget(n int) int { return 4*n + 64<<10 }
+
+// writeExact writes the next JSON value of dec to buf (see exactCanonical),
+// its numbers' digits counted against budget.
+func writeExact(dec *json.Decoder, buf *bytes.Buffer, budget *int) bool {
 	tok, err := dec.Token()
 	if err != nil {
 		return false
@@ -239,7 +248,7 @@ func writeExact(dec *json.Decoder, buf *bytes.Buffer) bool {
 				if i > 0 {
 					buf.WriteByte(',')
 				}
-				if !writeExact(dec, buf) {
+				if !writeExact(dec, buf, budget) {
 					return false
 				}
 			}
@@ -260,7 +269,7 @@ func writeExact(dec *json.Decoder, buf *bytes.Buffer) bool {
 				}
 				seen[key] = true
 				var value bytes.Buffer
-				if !writeExact(dec, &value) {
+				if !writeExact(dec, &value, budget) {
 					return false
 				}
 				k, _ := json.Marshal(key)
@@ -290,7 +299,7 @@ func writeExact(dec *json.Decoder, buf *bytes.Buffer) bool {
 		b, _ := json.Marshal(v)
 		buf.Write(b)
 	case json.Number:
-		r, ok := exactNumber(string(v))
+		r, ok := exactNumber(string(v), budget)
 		if !ok {
 			return false
 		}
@@ -307,16 +316,23 @@ func writeExact(dec *json.Decoder, buf *bytes.Buffer) bool {
 }
 
 // exactNumber is the exact value of a JSON number literal within the bounds
-// of the exact canonical form.
-func exactNumber(n string) (*big.Rat, bool) {
+// of the exact canonical form; the digits its value may take (the literal's
+// length and its exponent's size) are taken from budget, and false is
+// returned once budget is spent.
+func exactNumber(n string, budget *int) (*big.Rat, bool) {
 	if len(n) > maxExactNumberLen {
 		return nil, false
 	}
+	exp := 0
 	if i := strings.IndexAny(n, "eE"); i >= 0 {
-		exp, err := strconv.Atoi(strings.TrimPrefix(n[i+1:], "+"))
-		if err != nil || exp > maxExactExponent || exp < -maxExactExponent {
+		e, err := strconv.Atoi(strings.TrimPrefix(n[i+1:], "+"))
+		if err != nil || e > maxExactExponent || e < -maxExactExponent {
 			return nil, false
 		}
+		exp = e
+	}
+	if *budget -= len(n) + max(exp, -exp); *budget < 0 {
+		return nil, false
 	}
 	return new(big.Rat).SetString(n)
 }
