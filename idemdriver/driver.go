@@ -226,9 +226,9 @@ type Driver interface {
 	// Release removes the record of this execution, fenced like Complete and
 	// Fail (scope, key, fencing token, created_at, PROCESSING), so that the
 	// next request with the key runs as new: for an answer that must not be
-	// recorded, such as a validation failure the client will correct
-	//. It reports false, removing nothing, when the caller
-	// no longer owns the record. FenceParams.LeaseDuration is unused.
+	// recorded, such as a validation failure the client will correct. It
+	// reports false, removing nothing, when the caller no longer owns the
+	// record. FenceParams.LeaseDuration is unused.
 	Release(ctx context.Context, p FenceParams) (bool, error)
 
 	// Begin starts a business transaction on the store's database. The

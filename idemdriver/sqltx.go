@@ -75,7 +75,7 @@ func QueryStats(ctx context.Context, q SQLQueryer, statsQuery string, statsArgs 
 }
 
 // queryScopeCounts runs query on q and reads its rows of (scope, count), in
-// the query's order: StatsResult.TopScopes for a driver on database/sql. It
+// the query's order: Stats.TopScopes for a driver on database/sql. It
 // returns nil for no rows.
 func queryScopeCounts(ctx context.Context, q SQLQueryer, query string, args ...any) ([]ScopeCount, error) {
 	rows, err := q.QueryContext(ctx, query, args...)

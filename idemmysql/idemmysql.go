@@ -722,12 +722,15 @@ func (d *Driver) Heartbeat(ctx context.Context, p idemdriver.FenceParams) (bool,
 
 // Complete implements idemdriver.Driver.
 func (d *Driver) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	return d.completeWith(ctx, nil, p)
+	return d.completeIn(ctx, nil, p)
 }
 
-// completeWith runs the fenced completion: in tx when not nil (not retried,
-// see completeIn), otherwise on the pool, retried on a deadlock.
-func (d *Driver) completeWith(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
+// completeIn runs the fenced completion: on the pool when tx is nil,
+// retried on a deadlock; otherwise in the business transaction tx, not
+// retried: InnoDB has rolled the whole transaction back, the business
+// writes with it, and the error reaches the core (which records FAILED,
+// fenced, and answers 503; see idemdriver.Tx).
+func (d *Driver) completeIn(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
 	s, err := d.stmt(ctx, stComplete)
 	if err != nil {
 		return false, err
@@ -774,14 +777,6 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 		return nil, err
 	}
 	return &idemdriver.SQLTx{Tx: tx, CompleteIn: d.completeIn}, nil
-}
-
-// completeIn writes the completion in the business transaction. It is not
-// retried on a deadlock: InnoDB has rolled the whole transaction back, the
-// business writes with it, and the error reaches the core (503; the record
-// stays PROCESSING until its lease runs out).
-func (d *Driver) completeIn(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
-	return d.completeWith(ctx, tx, p)
 }
 
 // packetOverhead is what a completion's packet carries besides the

@@ -336,7 +336,7 @@ func (d *Driver) migrator(ctx context.Context, fsys fs.FS, versionTable string) 
 
 // Claim implements idemdriver.Driver in one statement (see claimSQL).
 func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
-	if err := textable("scope", p.Scope, "key", p.Key, "method", p.Method, "path", p.Path, "owner", p.Owner); err != nil {
+	if err := claimTextable(p); err != nil {
 		return idemdriver.ClaimResult{}, err
 	}
 	args := claimArgs(p)
@@ -420,6 +420,11 @@ func textable(pairs ...string) error {
 		}
 	}
 	return nil
+}
+
+// claimTextable is textable for the text of a claim (Claim, ClaimTx).
+func claimTextable(p idemdriver.ClaimParams) error {
+	return textable("scope", p.Scope, "key", p.Key, "method", p.Method, "path", p.Path, "owner", p.Owner)
 }
 
 // fenceTextable is textable for the text of a fenced write.

@@ -26,6 +26,9 @@ var _ idemdriver.TxClaimer = (*Driver)(nil)
 // idemdriver.ErrLockWait. Statements: BEGIN and the claim (two on a
 // partitioned table); a claim that does not win adds a ROLLBACK.
 func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (idemdriver.ClaimResult, idemdriver.Tx, error) {
+	if err := claimTextable(p); err != nil {
+		return idemdriver.ClaimResult{}, nil, err
+	}
 	args := claimArgs(p)
 	opts := pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL lock_timeout = " + strconv.FormatInt(max(wait.Milliseconds(), 1), 10)}
 	var lastErr error

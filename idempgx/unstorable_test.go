@@ -56,6 +56,14 @@ func TestUnstorableInEveryExecMode(t *testing.T) {
 								Fingerprint: []byte{1}, LeaseDuration: time.Minute, Retention: time.Hour, Owner: v})
 							return err
 						},
+						"ClaimTx": func() error {
+							_, tx, err := d.ClaimTx(ctx, idemdriver.ClaimParams{Scope: v, Key: "k", Method: "POST", Path: "/",
+								Fingerprint: []byte{1}, LeaseDuration: time.Minute, Retention: time.Hour}, time.Second)
+							if tx != nil {
+								defer tx.Rollback(ctx) //nolint:errcheck // the test's own
+							}
+							return err
+						},
 						"Get": func() error {
 							_, err := d.Get(ctx, idemdriver.GetParams{Scope: v, Key: "k"})
 							return err

@@ -43,15 +43,16 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 	if err != nil {
 		return idemdriver.ClaimResult{}, nil, err
 	}
-	cancel := func() {}
-	end := func() { _ = tx.Rollback(); cancel() }
+	// Nothing of the claim was written when it did not win: the rollback
+	// only gives the write lock up, and a failed one leaves nothing behind.
+	end := func() { _ = tx.Rollback() }
 	rec, err := scanRecord(tx.StmtContext(ctx, d.stmts.claim).QueryRowContext(ctx, args...), nil)
 	if err == nil {
 		stmt := d.stmts.complete
-		return claimed(read, rec), &oneCommitTx{SQLTx: idemdriver.SQLTx{Tx: tx,
+		return claimed(read, rec), &idemdriver.SQLTx{Tx: tx,
 			CompleteIn: func(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
 				return complete(ctx, tx.StmtContext(ctx, stmt), p)
-			}}, cancel: cancel}, nil
+			}}, nil
 	}
 	if !errors.Is(err, sql.ErrNoRows) {
 		end()
@@ -66,21 +67,4 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 		return idemdriver.ClaimResult{}, nil, err
 	}
 	return idemdriver.ClaimResult{Record: lost}, nil, nil
-}
-
-// oneCommitTx is the transaction of a one-commit claim: SQLTx, and the
-// cancel of the context it began on, called when it ends.
-type oneCommitTx struct {
-	idemdriver.SQLTx
-	cancel context.CancelFunc
-}
-
-func (t *oneCommitTx) Commit(ctx context.Context) error {
-	defer t.cancel()
-	return t.SQLTx.Commit(ctx)
-}
-
-func (t *oneCommitTx) Rollback(ctx context.Context) error {
-	defer t.cancel()
-	return t.SQLTx.Rollback(ctx)
 }

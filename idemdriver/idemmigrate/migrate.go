@@ -31,6 +31,7 @@ import (
 	"os"
 	"path"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -315,22 +316,13 @@ func (m *Migrator) markMissing(ctx context.Context, list []idemdriver.Migration,
 			if err != nil {
 				return err
 			}
-			if contains(created, t) {
+			if slices.Contains(created, t) {
 				list[i].Missing = append(list[i].Missing, t)
 				break
 			}
 		}
 	}
 	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Down rolls back the most recent applied migration, under the migration
