@@ -518,7 +518,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		}
 	})
 
-	t.Run("PanicReleasesClaim", func(t *testing.T) {
+	t.Run("PanicRecordsFailed", func(t *testing.T) {
 		t.Parallel()
 		d := h.NewDriver(t)
 		a := &app{panicOn: 1}
