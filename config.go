@@ -317,9 +317,9 @@ type Config struct {
 	// the skew between this process's clock and the database's). An
 	// operator who deletes a SUCCEEDED record by hand (`idem release
 	// --force`, or SQL) sees it replayed from the cache up to ReplayCacheTTL
-	// longer, by each process that had replayed it. In flight (409) and every first execution always go to the
-	// store. Used by the HTTP middleware; Engine.Do does not. Default: 0, no
-	// cache.
+	// longer, by each process that had replayed it. In flight (409) and
+	// every first execution always go to the store. Used by the HTTP
+	// middleware, in both modes; Engine.Do does not. Default: 0, no cache.
 	ReplayCacheBytes int64
 
 	// ReplayCacheTTL is the longest a response stays in the replay cache

@@ -367,68 +367,72 @@ func (hb *heartbeat) run() {
 	defer close(hb.done)
 	defer cancel()
 
-	lease := hb.lease
+	if time.Since(hb.started) >= e.m.cfg.MaxExecution {
+		hb.ranPastMaxExecution() // MaxExecution shorter than LeaseDuration/3
+		return
+	}
 	sw, ok := e.m.cfg.Store.(idemdriver.SingleWriter)
 	singleWriter := ok && sw.SingleWriter()
-	t := time.NewTicker(lease / 3)
+	t := time.NewTicker(hb.lease / 3)
 	defer t.Stop()
 	limit := time.NewTimer(e.m.cfg.MaxExecution - time.Since(hb.started))
 	defer limit.Stop()
-	for first := true; ; first = false {
-		if first && time.Since(hb.started) >= e.m.cfg.MaxExecution {
+	for hb.renew(hbCtx, singleWriter) {
+		select {
+		case <-hb.stopc:
+			return
+		case <-limit.C:
 			hb.ranPastMaxExecution()
 			return
-		}
-		if !first {
-			select {
-			case <-hb.stopc:
-				return
-			case <-limit.C:
-				hb.ranPastMaxExecution()
-				return
-			case <-t.C:
-			}
-		}
-		select { // a tick and a stop both ready: stop wins
-		case <-hb.stopc:
-			return
-		default:
-		}
-		if singleWriter && e.txOpen() {
-			// The business transaction holds the database's only write
-			// lock: no one can claim the key until it ends, and a renewal
-			// would only wait for that lock, behind our own transaction.
-			hb.lastOK = time.Now()
-			continue
-		}
-		// The lease runs from the database's now, which is no earlier
-		// than the moment the renewal was sent.
-		sent := time.Now()
-		ctx, cancel := context.WithTimeout(hbCtx, lease/3)
-		ok, err := e.m.cfg.Store.Heartbeat(ctx, e.fence)
-		cancel()
-		select { // stopped during the renewal: the outcome is recorded next, whatever it said
-		case <-hb.stopc:
-			return
-		default:
-		}
-		switch {
-		case err == nil && ok:
-			hb.lastOK = sent
-		case err == nil && !ok:
-			e.m.cfg.Logger.WarnContext(e.parent, "idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
-			e.cancel(ErrLeaseLost)
-			return
-		case errors.Is(err, idemdriver.ErrBusy):
-			// Queued behind another transaction's write lock (a single
-			// writer): no claim can take the key over while it is held.
-			hb.lastOK = time.Now()
-		case time.Since(hb.lastOK) >= lease:
-			e.m.cfg.Logger.WarnContext(e.parent, "idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
-			e.cancel(&StoreError{Op: "heartbeat", Err: err})
-			return
+		case <-t.C:
 		}
 	}
+}
+
+// renew extends the lease once (it is due) and reports whether the loop
+// goes on: false once stopped, the lease lost or given up.
+func (hb *heartbeat) renew(ctx context.Context, singleWriter bool) bool {
+	e := hb.e
+	select { // a tick and a stop both ready: stop wins
+	case <-hb.stopc:
+		return false
+	default:
+	}
+	if singleWriter && e.txOpen() {
+		// The business transaction holds the database's only write
+		// lock: no one can claim the key until it ends, and a renewal
+		// would only wait for that lock, behind our own transaction.
+		hb.lastOK = time.Now()
+		return true
+	}
+	// The lease runs from the database's now, which is no earlier than
+	// the moment the renewal was sent.
+	sent := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, hb.lease/3)
+	ok, err := e.m.cfg.Store.Heartbeat(rctx, e.fence)
+	cancel()
+	select { // stopped during the renewal: the outcome is recorded next, whatever it said
+	case <-hb.stopc:
+		return false
+	default:
+	}
+	switch {
+	case err == nil && ok:
+		hb.lastOK = sent
+	case err == nil && !ok:
+		e.m.cfg.Logger.WarnContext(e.parent, "idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
+		e.cancel(ErrLeaseLost)
+		return false
+	case errors.Is(err, idemdriver.ErrBusy):
+		// Queued behind another transaction's write lock (a single
+		// writer): no claim can take the key over while it is held.
+		hb.lastOK = time.Now()
+	case time.Since(hb.lastOK) >= hb.lease:
+		e.m.cfg.Logger.WarnContext(e.parent, "idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+		e.cancel(&StoreError{Op: "heartbeat", Err: err})
+		return false
+	}
+	return true
 }
 
 // ranPastMaxExecution ends the execution with ErrExecutionTimeout, unless

@@ -22,26 +22,32 @@ import (
 // Fingerprint is the default request fingerprint (CONTRACT section 2): the
 // SHA-256 (32 bytes) of the method, the route path, the canonical query
 // string (url.Values.Encode: keys sorted; the raw query when it does not
-// parse), the media type (lower-cased, without parameters) and the body. A JSON body (application/json or any
-// +json type) is first canonicalized per RFC 8785, so key order and
-// whitespace do not change the fingerprint. RFC 8785 writes numbers as
-// IEEE 754 doubles (section 3.2.2.3), which would make 9007199254740993 and
-// 9007199254740992 one number: a JSON body with a number whose value is not
-// that of its double's shortest decimal form (0.1 is; 9007199254740993 is
-// not) is canonicalized instead with each number as its exact rational
-// value (and marked so, in a part of its own), so two different amounts
-// never share a fingerprint while reordered keys still do. A JSON body that
-// does not parse, that repeats an object key, whose strings hold U+FFFD
-// (invalid UTF-8 or a lone surrogate escape decode to it) or with a number
-// of more than 1000 characters or an exponent beyond ±1000, and every other
-// body, is hashed as raw bytes. Each part is length-prefixed, so no two
-// different requests share an encoding. The work is linear in the body:
-// RFC 8785's canonical form is computed in one pass (canonicalJSON); the
-// rare JSON bodies that pass leaves to github.com/gowebpki/jcs (a body
-// that is not one object or array, one nested more than 64 deep, a member
-// name with a surrogate escape not followed by another \u escape) are
-// hashed raw when longer than 16 KiB, since that library's time grows with
-// the square of an object's members.
+// parse), the media type (lower-cased, without parameters) and the body.
+// Each part is length-prefixed, so no two different requests share an
+// encoding.
+//
+// A JSON body (application/json or any +json type) is first canonicalized
+// per RFC 8785, so key order and whitespace do not change the fingerprint.
+// RFC 8785 writes numbers as IEEE 754 doubles (section 3.2.2.3), which
+// would make 9007199254740993 and 9007199254740992 one number: a JSON body
+// with a number whose value is not that of its double's shortest decimal
+// form (0.1 is; 9007199254740993 is not) is canonicalized instead with each
+// number as its exact rational value (and marked so, in a part of its own),
+// so two different amounts never share a fingerprint while reordered keys
+// still do.
+//
+// Hashed as raw bytes: every body that is not JSON; a JSON body that does
+// not parse or repeats an object member name; in the exact form, one whose
+// strings hold U+FFFD (invalid UTF-8 or a lone surrogate escape decode to
+// it), with a number of more than 1000 characters or an exponent beyond
+// ±1000, or whose numbers' exact values would take more digits than four
+// times the body and 64 KiB. The work is linear in the body: RFC 8785's
+// form is computed in one pass (canonicalJSON); the rare JSON bodies that
+// pass leaves to github.com/gowebpki/jcs (a body that is not one object or
+// array, one nested more than 64 deep, a member name with a surrogate
+// escape not followed by another \u escape) are hashed raw when longer
+// than 16 KiB, since that library's time grows with the square of an
+// object's members.
 func Fingerprint(r *http.Request, body []byte) []byte {
 	mediaType := ""
 	if ct := r.Header.Get("Content-Type"); ct == "application/json" {
@@ -133,8 +139,8 @@ func numbersExact(body []byte) bool {
 // its double's shortest decimal form (what RFC 8785 writes), and returns
 // the double.
 func numberExact(n string) (float64, bool) {
-	// The cheap checks first: big.Rat would compute 10^999999 for
-	// 1e-999999 (tens of milliseconds) before finding it inexact.
+	// The double first: an infinite one (1e400) is never exact, a zero one
+	// only when the literal is zero.
 	f, err := strconv.ParseFloat(n, 64)
 	if err != nil || math.IsInf(f, 0) {
 		return 0, false

@@ -59,6 +59,7 @@ func TestReplayCacheAnswersWithoutTheStore(t *testing.T) {
 
 	other := send(h, "POST", "/pay", "k2", `{"amount":100}`)
 	require.Equal(t, http.StatusServiceUnavailable, other.Code, "a key the cache does not hold goes to the store")
+	require.Empty(t, other.Header().Get(idem.HeaderKeyExpires), "a failed claim advertises no expiry")
 	obs.takeOne(t, idem.EventStoreUnavailable)
 	require.EqualValues(t, 1, runs.Load())
 }
