@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem/internal/demotest"
 	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/internal/supervise"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -57,10 +57,8 @@ func TestParseDatabaseURL(t *testing.T) {
 
 func TestRunServesAndShutsDown(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := supervise.FreeAddr()
 	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

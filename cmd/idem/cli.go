@@ -197,7 +197,7 @@ func migrateCmd(g *globals, out io.Writer) *cobra.Command {
 		Args:  noArgs,
 	}
 	status := func(ctx context.Context, s *store) error {
-		list, err := s.driver.MigrationStatus(ctx)
+		list, err := s.Driver.MigrationStatus(ctx)
 		if err != nil {
 			return err
 		}
@@ -209,7 +209,7 @@ func migrateCmd(g *globals, out io.Writer) *cobra.Command {
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withNewStore(cmd, g, func(ctx context.Context, s *store) error {
-				if err := s.driver.Migrate(ctx); err != nil {
+				if err := s.Driver.Migrate(ctx); err != nil {
 					return err
 				}
 				return status(ctx, s)
@@ -221,7 +221,7 @@ func migrateCmd(g *globals, out io.Writer) *cobra.Command {
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				done, err := s.driver.MigrateDown(ctx)
+				done, err := s.Driver.MigrateDown(ctx)
 				if err != nil {
 					return err
 				}
@@ -272,7 +272,7 @@ idem.Maintainer runs is safe. On a partitioned PostgreSQL table prefer
 			return withStore(cmd, g, func(ctx context.Context, s *store) error {
 				params := idemdriver.PurgeParams{Limit: batch, OlderThan: olderThan}
 				if dryRun {
-					n, err := s.driver.CountExpired(ctx, params)
+					n, err := s.Driver.CountExpired(ctx, params)
 					if err != nil {
 						return err
 					}
@@ -281,7 +281,7 @@ idem.Maintainer runs is safe. On a partitioned PostgreSQL table prefer
 				res := purgeResult{OlderThan: olderThan, Batch: batch}
 				start := time.Now()
 				for maxBatches == 0 || res.Batches < maxBatches {
-					n, err := s.driver.PurgeExpired(ctx, params)
+					n, err := s.Driver.PurgeExpired(ctx, params)
 					if err != nil {
 						// What was purged before the failure is printed; the
 						// failure is the error, with the print's own after it.
@@ -393,7 +393,7 @@ as body (text) and body_base64 (the exact bytes).`,
 				return usageError{errors.New("--key is required (--scope too when several scopes hold the key)")}
 			}
 			return withRecord(cmd, g, out, rf, cmd.Flags().Changed("scope"), func(ctx context.Context, s *store, rec idemdriver.Record) error {
-				now, err := s.driver.Now(ctx, 0)
+				now, err := s.Driver.Now(ctx, 0)
 				if err != nil {
 					return err
 				}
@@ -416,13 +416,13 @@ const maxScopesShown = 20
 // out as a table, or JSON) or says that none does.
 func findRecord(ctx context.Context, s *store, out io.Writer, asJSON bool, scope string, scoped bool, key string) (idemdriver.Record, error) {
 	if scoped {
-		rec, err := s.driver.Get(ctx, idemdriver.GetParams{Scope: scope, Key: key})
+		rec, err := s.Driver.Get(ctx, idemdriver.GetParams{Scope: scope, Key: key})
 		if errors.Is(err, idemdriver.ErrNotFound) {
 			return rec, fmt.Errorf("no record for scope %q and key %q (never seen, or purged after it expired)", scope, key)
 		}
 		return rec, err
 	}
-	recs, err := s.driver.List(ctx, idemdriver.ListParams{Key: key, Limit: maxScopesShown + 1})
+	recs, err := s.Driver.List(ctx, idemdriver.ListParams{Key: key, Limit: maxScopesShown + 1})
 	switch {
 	case err != nil:
 		return idemdriver.Record{}, err
@@ -433,7 +433,7 @@ func findRecord(ctx context.Context, s *store, out io.Writer, asJSON bool, scope
 	}
 	more := len(recs) > maxScopesShown
 	recs = recs[:min(len(recs), maxScopesShown)]
-	now, err := s.driver.Now(ctx, 0)
+	now, err := s.Driver.Now(ctx, 0)
 	if err != nil {
 		return idemdriver.Record{}, err
 	}
@@ -480,7 +480,7 @@ replayed. Expired records not purged yet are listed too.`,
 				return usageError{errors.New("--after-scope needs --after-key (the last record of the previous page)")}
 			}
 			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				recs, err := s.driver.List(ctx, idemdriver.ListParams{State: st, Scope: scope,
+				recs, err := s.Driver.List(ctx, idemdriver.ListParams{State: st, Scope: scope,
 					AfterScope: afterScope, AfterKey: afterKey, Limit: limit + 1})
 				if err != nil {
 					return err
@@ -490,7 +490,7 @@ replayed. Expired records not purged yet are listed too.`,
 					recs = recs[:limit]
 					next = &recs[limit-1]
 				}
-				now, err := s.driver.Now(ctx, 0)
+				now, err := s.Driver.Now(ctx, 0)
 				if err != nil {
 					return err
 				}
@@ -600,9 +600,9 @@ reconciled with the provider. So every record needs --force:
 					err      error
 				)
 				if rec.State == idemdriver.StateProcessing {
-					released, err = s.driver.Release(ctx, fence)
+					released, err = s.Driver.Release(ctx, fence)
 				} else {
-					released, err = s.driver.Remove(ctx, idemdriver.RemoveParams{FenceParams: fence, State: rec.State})
+					released, err = s.Driver.Remove(ctx, idemdriver.RemoveParams{FenceParams: fence, State: rec.State})
 				}
 				if err != nil {
 					return err
@@ -665,7 +665,7 @@ is not needed, and releasing the record would lose that key (see
 				return usageError{errors.New("--limit must be positive")}
 			}
 			return readStore(cmd, g, func(ctx context.Context, s *store) ([]idemdriver.StuckRecord, error) {
-				return s.driver.Stuck(ctx, idemdriver.StuckParams{Limit: limit})
+				return s.Driver.Stuck(ctx, idemdriver.StuckParams{Limit: limit})
 			}, func(recs []idemdriver.StuckRecord) error { return printStuck(out, g.json, recs) })
 		},
 	}
@@ -688,7 +688,7 @@ table, so on a large store run it on a replica or at a quiet hour.`,
 				return usageError{errors.New("--top must not be negative")}
 			}
 			return readStore(cmd, g, func(ctx context.Context, s *store) (idemdriver.Stats, error) {
-				return s.driver.Stats(ctx, idemdriver.StatsParams{TopScopes: top})
+				return s.Driver.Stats(ctx, idemdriver.StatsParams{TopScopes: top})
 			}, func(st idemdriver.Stats) error { return printStats(out, g.json, st) })
 		},
 	}

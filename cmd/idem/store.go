@@ -15,10 +15,7 @@ import (
 
 // store is an opened database (dburl.Open, the opener every command
 // shares).
-type store struct {
-	*dburl.Store
-	driver dburl.Driver
-}
+type store struct{ *dburl.Store }
 
 // parseDatabaseURL tells which database a --database-url names (dburl.Parse):
 //   - postgres://... or postgresql://...: PostgreSQL (pgx URL syntax; add
@@ -54,7 +51,7 @@ func openStore(ctx context.Context, url string, partitioned, create bool) (*stor
 	if err != nil {
 		return nil, err
 	}
-	return &store{Store: s, driver: s.Driver}, nil
+	return &store{s}, nil
 }
 
 // partitioner returns the store's Partitioner, or a clear error where there
@@ -63,7 +60,7 @@ func (s *store) partitioner() (idemdriver.Partitioner, error) {
 	if s.Kind != dburl.Postgres {
 		return nil, fmt.Errorf("partitions are PostgreSQL's partitioned mode; this %s store has none (expired records go with `idem purge`)", s.Kind)
 	}
-	p, ok := s.driver.(idemdriver.Partitioner)
+	p, ok := s.Driver.(idemdriver.Partitioner)
 	if !ok || !p.Partitioned() {
 		return nil, errors.New("idem_keys is not partitioned: it was created by `idem migrate up` without --partitioned; expired records go with `idem purge` (see docs/retention.md)")
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,6 +19,7 @@ import (
 	"github.com/idemgo/idem/internal/dbtest"
 	"github.com/idemgo/idem/internal/demotest"
 	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/internal/supervise"
 )
 
 // testServer is the whole service on httptest, on a fresh database.
@@ -245,11 +245,10 @@ func tempLog(t *testing.T) (w *os.File, read func() string) {
 	}
 }
 
-// freeTestAddr returns a loopback address with a free port.
+// freeTestAddr returns a loopback address with a free port (supervise.FreeAddr).
 func freeTestAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := supervise.FreeAddr()
 	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }

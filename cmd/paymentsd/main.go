@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/idemgo/idem/internal/naivecache"
 	"github.com/idemgo/idem/internal/service"
 )
 
@@ -117,7 +118,7 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 	var served service.Served
 	var err error
 	if o.naive.enabled {
-		cache, err := openRedisCache(ctx, o.naive.url())
+		cache, err := naivecache.OpenRedis(ctx, o.naive.url())
 		if err != nil {
 			return served, err
 		}

@@ -41,7 +41,6 @@ package main
 // pick the same key get each other's responses.
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -119,27 +118,12 @@ func (o naiveOptions) describe() string {
 	return fmt.Sprintf("naive (Redis %s db %d, TTL %s)", opt.Addr, opt.DB, o.cacheTTL())
 }
 
-// responseCache is what the naive middleware needs of Redis.
-type responseCache = naivecache.Cache
-
-// redisCache is the responseCache on a Redis server (go-redis).
-type redisCache = naivecache.Redis
-
-// openRedisCache connects to the Redis server at url and checks that it
-// answers (PING).
-func openRedisCache(ctx context.Context, url string) (*redisCache, error) {
-	return naivecache.OpenRedis(ctx, url)
-}
-
-// cachedResponse is a response as the naive middleware stores it.
-type cachedResponse = naivecache.Response
-
 // naiveCache is the article's middleware (naivecache.Middleware): on a
 // protected request (POST or PATCH with an Idempotency-Key) it replays the
 // cached response of (merchant, key) when there is one; otherwise it runs
 // next and caches its response when it is not a 5xx. A cache error on GET
 // runs next anyway (fail open); one on SET is logged and ignored.
-func naiveCache(cache responseCache, ttl time.Duration, log *slog.Logger, next http.Handler) http.Handler {
+func naiveCache(cache naivecache.Cache, ttl time.Duration, log *slog.Logger, next http.Handler) http.Handler {
 	return naivecache.Middleware(naivecache.Config{Cache: cache, TTL: ttl, Log: log, Key: func(r *http.Request) string {
 		key := r.Header.Get(idem.HeaderKey)
 		if (r.Method != http.MethodPost && r.Method != http.MethodPatch) || key == "" {
@@ -160,7 +144,7 @@ func naiveCache(cache responseCache, ttl time.Duration, log *slog.Logger, next h
 //
 // cfg.Lease, cfg.RelaySecret and cfg.WriteMode are ignored: there is no
 // claim, no relayed key, and the rows always commit on their own.
-func newNaiveHandler(cfg handlerConfig, cache responseCache, ttl time.Duration) (http.Handler, error) {
+func newNaiveHandler(cfg handlerConfig, cache naivecache.Cache, ttl time.Duration) (http.Handler, error) {
 	if cache == nil {
 		return nil, errors.New("naive mode needs a cache")
 	}

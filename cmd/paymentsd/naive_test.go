@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/internal/naivecache"
 )
 
 // EnvRedis names the variable holding the Redis test server's URL, for
@@ -23,7 +24,7 @@ import (
 // redis-server).
 const EnvRedis = "TEST_REDIS_URL"
 
-// memCache is a responseCache in memory; getErr makes every Get fail.
+// memCache is a naivecache.Cache in memory; getErr makes every Get fail.
 type memCache struct {
 	mu     sync.Mutex
 	m      map[string][]byte
@@ -53,7 +54,7 @@ func (c *memCache) Set(_ context.Context, key string, value []byte, _ time.Durat
 }
 
 // startNaiveServer serves the naive mode on a fresh SQLite store.
-func startNaiveServer(t *testing.T, cache responseCache, provider Provider) *testServer {
+func startNaiveServer(t *testing.T, cache naivecache.Cache, provider Provider) *testServer {
 	t.Helper()
 	store := newSQLiteStore(t)
 	h, err := newNaiveHandler(handlerConfig{Store: store, Provider: provider, Logger: discardLogger()}, cache, time.Minute)
@@ -65,10 +66,10 @@ func startNaiveServer(t *testing.T, cache responseCache, provider Provider) *tes
 
 // redisCacheForTest connects to TEST_REDIS_URL (skipped without it, failed
 // under CI).
-func redisCacheForTest(t *testing.T) *redisCache {
+func redisCacheForTest(t *testing.T) *naivecache.Redis {
 	t.Helper()
 	url := dbtest.RequireURL(t, EnvRedis)
-	c, err := openRedisCache(context.Background(), url)
+	c, err := naivecache.OpenRedis(context.Background(), url)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -195,7 +196,7 @@ func TestNaiveOnRedis(t *testing.T) {
 	raw, found, err := cache.Get(context.Background(), naiveKeyPrefix+merchant+":order-1")
 	require.NoError(t, err)
 	require.True(t, found)
-	var stored cachedResponse
+	var stored naivecache.Response
 	require.NoError(t, json.Unmarshal(raw, &stored))
 	require.Equal(t, http.StatusCreated, stored.Status)
 	ttl, err := cache.Client.TTL(context.Background(), naiveKeyPrefix+merchant+":order-1").Result()

@@ -19,11 +19,14 @@ import (
 // returned int is the exit status.
 type Run func(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
-// Main runs run with a context cancelled on SIGINT or SIGTERM, the process's
-// arguments, os.Stdout and os.Stderr, and exits the process with the status
-// run returns. It does not return.
+// Main runs run with a context cancelled on the first SIGINT or SIGTERM, the
+// process's arguments, os.Stdout and os.Stderr, and exits the process with
+// the status run returns. It does not return. Once the context is cancelled
+// the signals are no longer caught, so a second one, during the wind-down,
+// kills the process the default way.
 func Main(run Run) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)

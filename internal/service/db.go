@@ -2,13 +2,11 @@ package service
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"io/fs"
 	"net/url"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pressly/goose/v3"
 
 	"github.com/idemgo/idem"
@@ -61,27 +59,12 @@ func (s Schema) OpenURL(ctx context.Context, databaseURL string) (*DB, error) {
 	return Open(ctx, kind, target, s)
 }
 
-// DB is a service's open and migrated database: idem's driver on it, and
-// the handle for the service's own queries (Pool on PostgreSQL, SQL on MySQL
-// and SQLite; the other is nil). Both go through the same connections, so a
-// transaction idem begins (idempgx.Tx, idemmysql.Tx, idemsqlite.Tx) sees the
-// service's tables.
+// DB is a service's open and migrated database: the dburl.Store it was
+// opened as (Kind, idem's Driver, and the handle for the service's own
+// queries: Pool on PostgreSQL, SQL on MySQL and SQLite, the other nil; its
+// Ping, CheckFile and Close), and how to name it in a log line.
 type DB struct {
-	// Kind is dburl.Postgres, dburl.MySQL or dburl.SQLite.
-	Kind string
-	// Pool is the pgx pool on PostgreSQL; nil on the others.
-	Pool *pgxpool.Pool
-	// SQL is the driver's database/sql pool on MySQL and SQLite
-	// (idemmysql.Driver.DB, idemsqlite.Driver.DB); nil on PostgreSQL.
-	SQL *sql.DB
-
-	driver interface {
-		idem.Store
-		Migrate(ctx context.Context) error
-		MigrateFS(ctx context.Context, fsys fs.FS, versionTable string) error
-	}
-	close     func() error
-	checkFile func() error
+	*dburl.Store
 	// describe is DescribeDatabase of the kind and target opened.
 	describe string
 }
@@ -154,8 +137,7 @@ func Open(ctx context.Context, kind, target string, schema Schema) (*DB, error) 
 	if err != nil {
 		return nil, err
 	}
-	d := &DB{Kind: kind, Pool: st.Pool, SQL: st.SQL, driver: st.Driver, close: st.Close, checkFile: st.CheckFile,
-		describe: DescribeDatabase(kind, target)}
+	d := &DB{Store: st, describe: DescribeDatabase(kind, target)}
 	if err := d.migrate(ctx, schema); err != nil {
 		return nil, errors.Join(err, d.Close())
 	}
@@ -163,28 +145,11 @@ func Open(ctx context.Context, kind, target string, schema Schema) (*DB, error) 
 }
 
 // Idem returns idem's driver on the database, for idem.Config.Store.
-func (d *DB) Idem() idem.Store { return d.driver }
-
-// Ping checks that the database answers.
-func (d *DB) Ping(ctx context.Context) error {
-	if d.Pool != nil {
-		return d.Pool.Ping(ctx)
-	}
-	return d.SQL.PingContext(ctx)
-}
-
-// CheckFile reports an error wrapping dburl.ErrFileChanged when the SQLite
-// file at the database's path was deleted or replaced since Open (the
-// service would write to a file nothing opens again); nil on PostgreSQL and
-// MySQL. See dburl.Store.CheckFile.
-func (d *DB) CheckFile() error { return d.checkFile() }
+func (d *DB) Idem() idem.Store { return d.Driver }
 
 // Describe names the database for a log line, without credentials
 // (DescribeDatabase): "sqlite:PATH" or the URL with its password redacted.
 func (d *DB) Describe() string { return d.describe }
-
-// Close closes the database (idem's driver and the pool under it).
-func (d *DB) Close() error { return d.close() }
 
 // migrate applies idem's migrations, then schema's, through the same
 // migrator (idemdriver/idemmigrate, each driver's MigrateFS): recorded in
@@ -192,14 +157,14 @@ func (d *DB) Close() error { return d.close() }
 // idem_locks, which holds behind a transaction pooler and across Galera
 // nodes.
 func (d *DB) migrate(ctx context.Context, schema Schema) error {
-	if err := d.driver.Migrate(ctx); err != nil {
+	if err := d.Driver.Migrate(ctx); err != nil {
 		return err
 	}
 	sub, err := fs.Sub(schema.Migrations, "migrations/"+d.Kind)
 	if err != nil {
 		return err
 	}
-	return migrateErr(schema.Service, d.driver.MigrateFS(ctx, sub, schema.VersionTable))
+	return migrateErr(schema.Service, d.Driver.MigrateFS(ctx, sub, schema.VersionTable))
 }
 
 // migrateErr names the service in a migration error (nil stays nil):

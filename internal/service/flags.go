@@ -6,9 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
+	"github.com/idemgo/idem/internal/command"
 	"github.com/idemgo/idem/internal/dburl"
 )
 
@@ -80,16 +80,17 @@ func (f *Flags) Check(fs *flag.FlagSet) error {
 	return nil
 }
 
-// Main runs a service's command as main does: run(context.Background(),
-// os.Args[1:], os.Stderr). An error is printed on stderr as
-// "<name>: <error>" and exits the process with status 1; flag.ErrHelp (the
-// usage was asked for and printed) is a success.
+// Main runs a service's command as main does, through command.Main (a
+// context cancelled on SIGINT or SIGTERM, os.Args[1:], os.Stderr). An error
+// is printed on stderr as "<name>: <error>" and exits the process with status
+// 1; flag.ErrHelp (the usage was asked for and printed) is a success.
 func Main(name string, run func(ctx context.Context, args []string, stderr io.Writer) error) {
-	err := run(context.Background(), os.Args[1:], os.Stderr)
-	if err == nil || errors.Is(err, flag.ErrHelp) {
-		return
-	}
-	// Nothing is left to report a failed write of the last message to.
-	_, _ = fmt.Fprintln(os.Stderr, name+":", err)
-	os.Exit(1)
+	command.Main(func(ctx context.Context, args []string, _, stderr io.Writer) int {
+		err := run(ctx, args, stderr)
+		if err == nil || errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		command.Errorf(stderr, "%s: %v", name, err)
+		return 1
+	})
 }
