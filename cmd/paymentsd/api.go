@@ -361,13 +361,20 @@ func (a *api) readFailed(w http.ResponseWriter, r *http.Request, what string, er
 	svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while "+what+"; retry later")
 }
 
-// storeFailed answers a database error: 503 when idem could not begin the
-// claim's transaction, 500 otherwise. Both are recorded as FAILED by idem's
-// default policy, so a retry with the same key runs again.
+// storeFailed answers a database error: 503 with Retry-After when idem
+// could not begin the claim's transaction or the database refused the
+// transaction as one of two that conflicted (conflicted: a lost race, never
+// a 500), 500 otherwise. All are recorded as FAILED by idem's default
+// policy, so a retry with the same key runs again.
 func (a *api) storeFailed(w http.ResponseWriter, r *http.Request, what string, err error) {
 	a.log.ErrorContext(r.Context(), "database error", "op", what, "err", err)
-	if errors.Is(err, idem.ErrStoreUnavailable) {
+	switch {
+	case errors.Is(err, idem.ErrStoreUnavailable):
 		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database did not answer while "+what+"; retry later")
+		return
+	case conflicted(err):
+		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable,
+			"the database refused the transaction "+what+" because it conflicted with another; retry with the same key")
 		return
 	}
 	svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the service failed while "+what)

@@ -216,7 +216,11 @@ func (a *api) createPaymentIntent(w http.ResponseWriter, r *http.Request) {
 	p, err := a.store.CreatePayment(ctx, np, a.writeMode)
 	if err != nil {
 		a.log.ErrorContext(ctx, "database error", "op", "recording the payment intent", "err", err)
-		apiError(http.StatusInternalServerError, "the service failed while recording the payment intent", true).write(w)
+		status := http.StatusInternalServerError
+		if conflicted(err) {
+			status = http.StatusServiceUnavailable // a lost race, not a fault: see conflicted
+		}
+		apiError(status, "the service failed while recording the payment intent", true).write(w)
 		return
 	}
 	if p.Merchant != merchant || p.Amount != in.Amount || p.Currency != in.Currency {
