@@ -191,7 +191,10 @@ func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 	if tx == nil {
 		return e.completeAlone(p)
 	}
-	ok, err := tx.Complete(ctx, p)
+	ok, committed, err := e.completeIn(ctx, tx, p)
+	if committed {
+		return ok, err
+	}
 	switch {
 	case errors.Is(err, idemdriver.ErrTxDone):
 		// The handler ended the transaction itself, against the contract:
@@ -219,6 +222,27 @@ func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 		return false, &StoreError{Op: "commit", Err: err}
 	}
 	return true, nil
+}
+
+// completeIn writes the completion p in the business transaction tx. When
+// tx sends the completion and its COMMIT together
+// (idemdriver.CompleteCommitter), it does both, never cancelled (see
+// durable), and committed reports that the transaction is over: ok, or the
+// commit's error (a StoreError; ErrCommitPending when the commit outlives
+// CompleteTimeout). Otherwise it is tx.Complete, and the caller commits or
+// rolls back. A completion that fails or is fenced out commits nothing
+// either way (committed is false, and the caller rolls back).
+func (e *execution) completeIn(ctx context.Context, tx idemdriver.Tx, p idemdriver.CompleteParams) (ok, committed bool, err error) {
+	cc, pipelined := tx.(idemdriver.CompleteCommitter)
+	if !pipelined {
+		ok, err = tx.Complete(ctx, p)
+		return ok, false, err
+	}
+	ok, err = e.durable(func(ctx context.Context) (bool, error) { return cc.CompleteCommit(ctx, p) })
+	if errors.Is(err, idemdriver.ErrCommit) || errors.Is(err, ErrCommitPending) {
+		return false, true, &StoreError{Op: "commit", Err: err}
+	}
+	return ok, ok && err == nil, err
 }
 
 // completeAlone records SUCCEEDED in one statement of its own, never

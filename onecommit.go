@@ -143,8 +143,12 @@ func (m *Middleware) commitOneCommit(w http.ResponseWriter, r *http.Request, e *
 	defer cancel()
 	cp := idemdriver.CompleteParams{FenceParams: e.fence, Response: m.storedResponse(cw)}
 	tx := e.endTx()
-	ok, err := tx.Complete(ctx, cp)
+	ok, committed, err := e.completeIn(ctx, tx, cp)
 	switch {
+	case committed && err != nil:
+		return m.commitFailed(w, r, err), err
+	case committed:
+		return sendCaptured(cw), nil
 	case errors.Is(err, idemdriver.ErrTxDone):
 		// The handler ended the transaction itself, against the contract:
 		// a commit took the claim with it (record the outcome on its own); a
@@ -184,10 +188,16 @@ func (m *Middleware) commitOneCommit(w http.ResponseWriter, r *http.Request, e *
 	// The COMMIT is never cancelled (see execution.durable).
 	if _, err := e.durable(func(ctx context.Context) (bool, error) { return true, tx.Commit(ctx) }); err != nil {
 		serr := &StoreError{Op: "commit", Err: err}
-		return m.outcomeUnknown(w, r, serr, "the idempotency store failed while committing the request's writes and result; "+
-			"retry with the same key: it gets the result if the commit took effect, or the request runs again"), serr
+		return m.commitFailed(w, r, serr), serr
 	}
 	return sendCaptured(cw), nil
+}
+
+// commitFailed answers a one-commit execution whose COMMIT failed: its
+// outcome, writes and result together, is unknown.
+func (m *Middleware) commitFailed(w http.ResponseWriter, r *http.Request, err error) int {
+	return m.outcomeUnknown(w, r, err, "the idempotency store failed while committing the request's writes and result; "+
+		"retry with the same key: it gets the result if the commit took effect, or the request runs again")
 }
 
 // recordAfterRollback records resp for p after the claim's transaction was

@@ -269,3 +269,24 @@ type Tx interface {
 	// Native returns the driver's transaction value (pgx.Tx, *sql.Tx, ...).
 	Native() any
 }
+
+// CompleteCommitter is implemented by a Tx that can send its completion and
+// its COMMIT together, in one round trip (idempgx: a pipeline of the two
+// statements); the core then calls CompleteCommit instead of Complete and
+// Commit. The COMMIT must depend on the completion: a completion fenced out
+// (the record is no longer this execution's) or failed must leave the
+// business writes uncommitted, whatever was sent after it.
+type CompleteCommitter interface {
+	// CompleteCommit is Complete followed, when the completion holds, by
+	// Commit. It reports false when the completion was fenced out, and
+	// returns Complete's errors (ErrTxDone and ErrTxAborted wrapped as
+	// Complete wraps them): in both cases nothing was committed and the
+	// caller must Rollback. An error of the COMMIT itself wraps ErrCommit:
+	// the transaction is over, and whether its writes took effect is
+	// unknown (a connection lost after the COMMIT was sent).
+	CompleteCommit(ctx context.Context, p CompleteParams) (bool, error)
+}
+
+// ErrCommit is wrapped by CompleteCommitter.CompleteCommit when the
+// completion was written but the COMMIT sent with it failed.
+var ErrCommit = errors.New("idemdriver: the commit of the business transaction failed")

@@ -41,6 +41,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -78,6 +79,9 @@ type Driver struct {
 	// qualified caches the rewritten statements (see q).
 	schema    string
 	qualified sync.Map
+	// lockArg is the one-commit claim's last lock_timeout argument (see
+	// lockTimeout).
+	lockArg atomic.Pointer[lockArg]
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)
@@ -189,11 +193,29 @@ var heartbeatSQL = bind(append(fenceParams, "offset", "lease"),
 	`UPDATE idem_keys SET locked_until = `+clock+` + @lease::bigint * interval '1 microsecond',
 	updated_at = `+now+fenced)
 
-var completeSQL = bind(append(fenceParams, "offset", "status", "headers", "body", "stored", "size"),
-	`UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
+// completeParams are the parameters of completeSQL and completeOrRaiseSQL,
+// in completeArgs's order.
+var completeParams = append(fenceParams, "offset", "status", "headers", "body", "stored", "size")
+
+const completeUpdate = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
 	response_status = @status, response_headers = @headers, response_body = @body,
 	response_body_stored = @stored, response_body_size = @size,
-	completed_at = `+now+`, updated_at = `+now+fenced)
+	completed_at = ` + now + `, updated_at = ` + now + fenced
+
+var completeSQL = bind(completeParams, completeUpdate)
+
+// completeOrRaiseSQL is the completion sent in one pipeline with the COMMIT
+// (businessTx.CompleteCommit): it raises an error when it updates no row
+// (fenced out), so that the server skips the COMMIT after it and the
+// business writes stay uncommitted. The error's condition depends on the
+// row count, so the planner cannot fold it into a constant and raise it
+// always; its message holds fencedOutMarker.
+var completeOrRaiseSQL = bind(completeParams, `WITH done AS (`+completeUpdate+` RETURNING 1)
+SELECT CASE count(*) WHEN 1 THEN true ELSE ('`+fencedOutMarker+` ' || count(*))::boolean END FROM done`)
+
+// fencedOutMarker is in the message of the error completeOrRaiseSQL raises
+// (22P02 invalid_text_representation) when the completion is fenced out.
+const fencedOutMarker = "idempgx: completion fenced out, rows updated:"
 
 var failSQL = bind(append(fenceParams, "offset"),
 	`UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = `+now+fenced)
@@ -477,45 +499,6 @@ func (d *Driver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, e
 	return execFenced(ctx, d.pool, d.q(releaseSQL), fenceArgs(p))
 }
 
-// Begin implements idemdriver.Driver (READ COMMITTED, the default).
-func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
-	tx, err := d.pool.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return businessTx{tx, d}, nil
-}
-
-// businessTx is the claim's business transaction on PostgreSQL.
-type businessTx struct {
-	tx pgx.Tx
-	d  *Driver
-}
-
-// Complete writes the completion in the transaction. A transaction that a
-// failed statement of the handler aborted answers 25P02
-// (in_failed_sql_transaction), reported as idemdriver.ErrTxAborted; one the
-// handler ended itself, as idemdriver.ErrTxDone.
-func (t businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
-	ok, err := t.d.complete(ctx, t.tx, p)
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.Is(err, pgx.ErrTxClosed):
-		err = fmt.Errorf("%w: %w", idemdriver.ErrTxDone, err)
-	case errors.As(err, &pgErr) && pgErr.Code == "25P02": // in_failed_sql_transaction
-		err = fmt.Errorf("%w: %w", idemdriver.ErrTxAborted, err)
-	}
-	return ok, err
-}
-func (t businessTx) Commit(ctx context.Context) error { return t.tx.Commit(ctx) }
-func (t businessTx) Rollback(ctx context.Context) error {
-	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		return err
-	}
-	return nil
-}
-func (t businessTx) Native() any { return t.tx }
-
 type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
@@ -526,15 +509,25 @@ func fenceArgs(p idemdriver.FenceParams, extra ...any) []any {
 }
 
 func (d *Driver) complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {
-	if err := fenceTextable(p.FenceParams); err != nil {
-		return false, err
-	}
-	headers, body, err := idemdriver.EncodeResponse(p.Response)
+	args, err := completeArgs(p)
 	if err != nil {
 		return false, err
 	}
-	return execFenced(ctx, db, d.q(completeSQL), fenceArgs(p.FenceParams, p.ClockOffset.Microseconds(),
-		p.Response.Status, headers, body, p.Response.BodyStored, p.Response.BodySize))
+	return execFenced(ctx, db, d.q(completeSQL), args)
+}
+
+// completeArgs are the arguments of completeSQL (and completeOrRaiseSQL)
+// for p, or the error of a value that cannot be stored.
+func completeArgs(p idemdriver.CompleteParams) ([]any, error) {
+	if err := fenceTextable(p.FenceParams); err != nil {
+		return nil, err
+	}
+	headers, body, err := idemdriver.EncodeResponse(p.Response)
+	if err != nil {
+		return nil, err
+	}
+	return fenceArgs(p.FenceParams, p.ClockOffset.Microseconds(),
+		p.Response.Status, headers, body, p.Response.BodyStored, p.Response.BodySize), nil
 }
 
 // execFenced runs a compare-and-set on the fencing token; false means the
@@ -563,36 +556,41 @@ func execFenced(ctx context.Context, db execer, query string, args []any) (bool,
 // scanRecord reads one row of columns, preceded by the claimed flag when
 // claimed is not nil and followed by extra.
 func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, error) {
-	// pgtype's value types scan without reflection (a pointer to a
-	// pointer, or a sql.Null*, costs pgx an allocation or two per column).
-	var (
+	// One allocation holds every scan target: each would otherwise escape
+	// to the heap on its own. pgtype's value types scan without reflection
+	// (a pointer to a pointer, or a sql.Null*, costs pgx an allocation or
+	// two per column).
+	type targets struct {
 		rec                     idemdriver.Record
 		state                   string
 		status, size, leaseLeft pgtype.Int8
 		stored                  pgtype.Bool
 		lockedUntil, completed  pgtype.Timestamptz
 		resp                    idemdriver.ResponseColumns
-		fixed                   [22]any
-	)
-	dest := append(fixed[:0], &rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
-		&lockedUntil, &status, &resp.Headers, &resp.Body, &stored, &size,
-		&rec.CreatedAt, &rec.UpdatedAt, &completed, &rec.ExpiresAt, &rec.Attempts, &rec.Owner, &leaseLeft)
-	if claimed != nil {
-		dest = append([]any{claimed}, dest...)
+		dest                    [23]any
 	}
+	v := new(targets)
+	rec, resp := &v.rec, &v.resp
+	dest := v.dest[:0]
+	if claimed != nil {
+		dest = append(dest, claimed)
+	}
+	dest = append(dest, &rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &v.state, &rec.FencingToken,
+		&v.lockedUntil, &v.status, &resp.Headers, &resp.Body, &v.stored, &v.size,
+		&rec.CreatedAt, &rec.UpdatedAt, &v.completed, &rec.ExpiresAt, &rec.Attempts, &rec.Owner, &v.leaseLeft)
 	dest = append(dest, extra...)
 	if err := row.Scan(dest...); err != nil {
-		return rec, err
+		return *rec, err
 	}
-	rec.State = idemdriver.State(state)
-	rec.LockedUntil, rec.CompletedAt = timePtr(lockedUntil), timePtr(completed)
-	resp.Status = sql.NullInt64{Int64: status.Int64, Valid: status.Valid}
-	resp.Size = sql.NullInt64{Int64: size.Int64, Valid: size.Valid}
-	resp.Stored = sql.NullBool{Bool: stored.Bool, Valid: stored.Valid}
-	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
+	rec.State = idemdriver.State(v.state)
+	rec.LockedUntil, rec.CompletedAt = timePtr(v.lockedUntil), timePtr(v.completed)
+	resp.Status = sql.NullInt64{Int64: v.status.Int64, Valid: v.status.Valid}
+	resp.Size = sql.NullInt64{Int64: v.size.Int64, Valid: v.size.Valid}
+	resp.Stored = sql.NullBool{Bool: v.stored.Bool, Valid: v.stored.Valid}
+	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(v.leaseLeft.Int64)*time.Microsecond, v.leaseLeft.Valid)
 	var err error
-	rec.Response, err = idemdriver.DecodeResponse(rec.State, resp)
-	return rec, err
+	rec.Response, err = idemdriver.DecodeResponse(rec.State, *resp)
+	return *rec, err
 }
 
 // timePtr is t's time, or nil when t is NULL.

@@ -130,7 +130,7 @@ func harness(schemaOption bool) idemdrivertest.Harness {
 		},
 		// One claim statement, one completion; in transactional mode the
 		// completion rides in the business transaction (BEGIN, COMMIT).
-		Budget:       map[string]int{"first": 2, "first-transactional": 4, "first-one-commit": 4, "replay": 1, "in-flight": 1, "key-reused": 1},
+		Budget:       map[string]int{"first": 2, "first-transactional": 4, "first-one-commit": 5, "replay": 1, "in-flight": 1, "key-reused": 1},
 		Business:     newBusiness,
 		Maintenance:  true,
 		SecondDriver: secondDriver,

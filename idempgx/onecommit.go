@@ -9,35 +9,38 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem/idemdriver"
 )
 
 var _ idemdriver.TxClaimer = (*Driver)(nil)
 
-// ClaimTx implements idemdriver.TxClaimer: the one-commit mode's claim.
-// The transaction begins with its lock wait bounded (BEGIN; SET LOCAL
-// lock_timeout, one round trip in the simple protocol), then runs the claim
-// statement of Claim (claimSQL; on a partitioned table the key's
-// transaction-scoped advisory lock and claimPartitionedSQL) in it,
-// uncommitted. A concurrent claim of the key (an INSERT ... ON CONFLICT, or
-// the partitioned claim's advisory lock) waits for this transaction to end;
-// past wait it fails with 55P03 lock_not_available, reported as
-// idemdriver.ErrLockWait. Statements: BEGIN and the claim (two on a
-// partitioned table); a claim that does not win adds a ROLLBACK.
+// ClaimTx implements idemdriver.TxClaimer: the one-commit mode's claim, in
+// one round trip: a pgx batch that begins the transaction (pgx's
+// Batch.BeginTx), bounds its lock wait (set_config of lock_timeout, local
+// to the transaction) and runs the claim statement of Claim (claimSQL; on a
+// partitioned table the key's transaction-scoped advisory lock and
+// claimPartitionedSQL), uncommitted, on a connection the driver acquired
+// (see claimTx). A concurrent claim of the key (an INSERT ... ON CONFLICT,
+// or the partitioned claim's advisory lock) waits for this transaction to
+// end; past wait it fails with 55P03 lock_not_available, reported as
+// idemdriver.ErrLockWait. Statements: BEGIN, the set_config and the claim
+// (and the lock on a partitioned table); a claim that does not win adds a
+// ROLLBACK.
 func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (idemdriver.ClaimResult, idemdriver.Tx, error) {
 	if err := claimTextable(p); err != nil {
 		return idemdriver.ClaimResult{}, nil, err
 	}
 	args := claimArgs(p)
-	opts := pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL lock_timeout = " + strconv.FormatInt(max(wait.Milliseconds(), 1), 10)}
+	waitMS := max(wait.Milliseconds(), 1)
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
-		tx, err := d.pool.BeginTx(ctx, opts)
+		conn, err := d.pool.Acquire(ctx)
 		if err != nil {
 			return idemdriver.ClaimResult{}, nil, err
 		}
-		res, err := d.claimIn(ctx, tx, args)
+		res, tx, err := d.claimIn(ctx, conn, args, waitMS)
 		if err == nil && res.Claimed {
 			return res, businessTx{tx, d}, nil
 		}
@@ -51,7 +54,7 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 		case err == nil:
 			return res, nil, nil
 		case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
-			return idemdriver.ClaimResult{}, nil, fmt.Errorf("idempgx: %w (%s): %w", idemdriver.ErrLockWait, time.Duration(max(wait.Milliseconds(), 1))*time.Millisecond, err)
+			return idemdriver.ClaimResult{}, nil, fmt.Errorf("idempgx: %w (%s): %w", idemdriver.ErrLockWait, time.Duration(waitMS)*time.Millisecond, err)
 		case retryable(err), errors.Is(err, errClaimRaced):
 			lastErr = err
 		default:
@@ -61,24 +64,63 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 	return idemdriver.ClaimResult{}, nil, fmt.Errorf("idempgx: claim gave no answer after %d tries: %w", maxClaimTries, lastErr)
 }
 
-// claimIn runs the claim statement in tx: one row, or errClaimRaced when
-// the statement lost a race to a row its snapshot could not see (see
-// claimSQL; the caller runs it again in a new transaction).
-func (d *Driver) claimIn(ctx context.Context, tx pgx.Tx, args []any) (res idemdriver.ClaimResult, err error) {
+// claimIn begins a transaction on conn and runs the claim in it, all in one
+// batch (see ClaimTx): the answer, and the transaction, open even when the
+// claim failed (the caller rolls it back; that also gives conn back). The
+// error is errClaimRaced when the statement lost a race to a row its
+// snapshot could not see (see claimSQL; the caller runs it again in a new
+// transaction).
+func (d *Driver) claimIn(ctx context.Context, conn *pgxpool.Conn, args []any, waitMS int64) (res idemdriver.ClaimResult, tx *claimTx, err error) {
+	b := newBatch()
+	b.BeginTx(pgx.TxOptions{})
+	b.queue(setLockTimeoutSQL, d.lockTimeout(waitMS))
 	query := d.q(claimSQL)
 	if d.part != nil {
-		if _, err := tx.Exec(ctx, d.q(lockKeySQL), args[0], args[1]); err != nil {
-			return res, err
-		}
+		b.queue(lockKeySQL, args[0], args[1]) // scope, key: claimArgs's first two
 		query = d.q(claimPartitionedSQL)
 	}
-	rows, err := tx.Query(ctx, query, args...)
+	b.queue(query, args...)
+	br := conn.SendBatch(ctx, &b.Batch)
+	tx = newClaimTx(conn, br.Tx())
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	for range b.Len() - 1 {
+		if _, err := br.Exec(); err != nil {
+			return res, tx, err
+		}
+	}
+	rows, err := br.Query()
 	if err != nil {
-		return res, err
+		return res, tx, err
 	}
 	res, found, err := scanClaim(rows)
 	if err == nil && !found {
 		err = errClaimRaced
 	}
-	return res, err
+	return res, tx, err
 }
+
+// lockTimeout is the argument of setLockTimeoutSQL for waitMS, kept for the
+// next claim (a middleware uses one bound).
+func (d *Driver) lockTimeout(waitMS int64) any {
+	if c := d.lockArg.Load(); c != nil && c.ms == waitMS {
+		return c.arg
+	}
+	c := &lockArg{waitMS, strconv.FormatInt(waitMS, 10)}
+	d.lockArg.Store(c)
+	return c.arg
+}
+
+// lockArg is a lock bound in milliseconds and its setLockTimeoutSQL
+// argument.
+type lockArg struct {
+	ms  int64
+	arg any
+}
+
+// setLockTimeoutSQL bounds the transaction's lock waits (milliseconds, as
+// text): SET LOCAL with a parameter, which a batch can carry.
+const setLockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`

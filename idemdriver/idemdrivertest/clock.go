@@ -53,7 +53,11 @@ func (s *ShiftedDriver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return shiftedTx{Tx: tx, clock: s.Clock}, nil
+	st := shiftedTx{Tx: tx, clock: s.Clock}
+	if cc, ok := tx.(idemdriver.CompleteCommitter); ok {
+		return shiftedCommitTx{st, cc}, nil
+	}
+	return st, nil
 }
 
 type shiftedTx struct {
@@ -64,6 +68,18 @@ type shiftedTx struct {
 func (t shiftedTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
 	p.ClockOffset += t.clock.Offset()
 	return t.Tx.Complete(ctx, p)
+}
+
+// shiftedCommitTx is a shiftedTx whose driver sends the completion and the
+// COMMIT together: it keeps idemdriver.CompleteCommitter visible.
+type shiftedCommitTx struct {
+	shiftedTx
+	cc idemdriver.CompleteCommitter
+}
+
+func (t shiftedCommitTx) CompleteCommit(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
+	p.ClockOffset += t.clock.Offset()
+	return t.cc.CompleteCommit(ctx, p)
 }
 
 func (s *ShiftedDriver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, error) {

@@ -544,6 +544,71 @@ func runDriver(t *testing.T, h Harness) {
 		}
 	})
 
+	// A driver that sends the completion and the COMMIT together
+	// (idemdriver.CompleteCommitter) keeps the same three promises in that
+	// one call, and the COMMIT never goes through without the completion.
+	t.Run("CompleteCommit", func(t *testing.T) {
+		t.Parallel()
+		clock := &Clock{}
+		sd := Shift(h.NewDriver(t), clock)
+		biz := h.Business(t, sd.Driver)
+		ctx := context.Background()
+		begin := func(row string) (idemdriver.Tx, idemdriver.CompleteCommitter) {
+			t.Helper()
+			tx, err := sd.Begin(ctx)
+			require.NoError(t, err)
+			cc, ok := tx.(idemdriver.CompleteCommitter)
+			if !ok {
+				require.NoError(t, tx.Rollback(ctx))
+				t.Skipf("%T does not implement idemdriver.CompleteCommitter", tx)
+			}
+			if row != "" {
+				require.NoError(t, biz.Insert(ctx, tx, row))
+			}
+			return tx, cc
+		}
+		completeCommit := func(cc idemdriver.CompleteCommitter, rec idemdriver.Record, body string) (bool, error) {
+			return cc.CompleteCommit(ctx, idemdriver.CompleteParams{FenceParams: fence(rec), Response: okResponse(body)})
+		}
+
+		// Both commit, in the one call.
+		res := claim(t, sd, params("acct", "cc-ok", "b"))
+		tx, cc := begin("cc-row-ok")
+		ok, err := completeCommit(cc, res.Record, "ok")
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, 1, rows(t, biz, "cc-row-ok"))
+		require.Equal(t, idemdriver.StateSucceeded, record(t, sd, "acct", "cc-ok").State)
+		require.NoError(t, tx.Rollback(ctx), "a Rollback after the commit is a no-op")
+		require.Equal(t, 1, rows(t, biz, "cc-row-ok"))
+
+		// Fenced out: the lease was taken over while the transaction was
+		// open; the completion fails, so the COMMIT sent with it must not
+		// commit the business row.
+		old := claim(t, sd, params("acct", "cc-fenced", "b"))
+		tx, cc = begin("cc-row-fenced")
+		clock.Advance(lease + time.Second)
+		take := claim(t, sd, params("acct", "cc-fenced", "b"))
+		require.True(t, take.Claimed)
+		ok, err = completeCommit(cc, old.Record, "stale")
+		require.NoError(t, err)
+		require.False(t, ok, "a fenced-out completion reports false")
+		require.NoError(t, tx.Rollback(ctx))
+		require.Zero(t, rows(t, biz, "cc-row-fenced"), "a fenced-out worker's business writes never commit")
+		rec := record(t, sd, "acct", "cc-fenced")
+		require.Equal(t, idemdriver.StateProcessing, rec.State)
+		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
+
+		// The handler ended the transaction itself: ErrTxDone, nothing
+		// recorded.
+		res = claim(t, sd, params("acct", "cc-done", "b"))
+		tx, cc = begin("")
+		require.NoError(t, tx.Commit(ctx))
+		_, err = completeCommit(cc, res.Record, "late")
+		require.ErrorIs(t, err, idemdriver.ErrTxDone)
+		require.Equal(t, idemdriver.StateProcessing, record(t, sd, "acct", "cc-done").State)
+	})
+
 	// Races: many goroutines, exactly one winner, no errors.
 	race := func(t *testing.T, sd idemdriver.Driver, p idemdriver.ClaimParams) (winners int, records []idemdriver.ClaimResult) {
 		t.Helper()
