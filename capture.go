@@ -118,17 +118,23 @@ func hasTrailerKeys(h http.Header) bool {
 // trailers returns the response trailers by canonical name, as net/http
 // would send them: the values, when the handler returned, of the names its
 // Trailer header declared at WriteHeader, and every header key with
-// http.TrailerPrefix.
+// http.TrailerPrefix; nil when there are none.
 func (c *captureWriter) trailers() http.Header {
-	t := http.Header{}
+	var t http.Header // nil, allocated at the first trailer: most responses have none
+	add := func(name string, v []string) {
+		if t == nil {
+			t = http.Header{}
+		}
+		t[name] = v
+	}
 	for name := range c.declaredTrailers(c.sentOrLive()) {
 		if v := c.header[name]; len(v) > 0 {
-			t[name] = v
+			add(name, v)
 		}
 	}
 	for k, v := range c.header {
 		if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok && len(v) > 0 {
-			t[http.CanonicalHeaderKey(name)] = v
+			add(http.CanonicalHeaderKey(name), v)
 		}
 	}
 	return t

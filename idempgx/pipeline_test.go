@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -155,10 +156,10 @@ func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQ
 func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // A first execution's round trips to PostgreSQL, a business write in the
-// claim's transaction included: in transactional mode the claim, BEGIN, the
-// write and the completion with its COMMIT (4; the statements by hand, one
-// each, take 5); in one-commit mode BEGIN with the claim, the write, and the
-// completion with the COMMIT (3, against 5 one statement at a time).
+// claim's transaction included: in transactional mode the claim, BEGIN with
+// the write, and the completion with its COMMIT (3; the statements one at a
+// time take 5); in one-commit mode BEGIN with the claim, the write, and the
+// completion with the COMMIT (3, against 5).
 func TestFirstExecutionRoundTrips(t *testing.T) {
 	t.Parallel()
 	tracer := &roundTrips{}
@@ -168,7 +169,7 @@ func TestFirstExecutionRoundTrips(t *testing.T) {
 		name      string
 		oneCommit bool
 		want      int64
-	}{{"transactional", false, 4}, {"one-commit", true, 3}} {
+	}{{"transactional", false, 3}, {"one-commit", true, 3}} {
 		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, OneCommit: tc.oneCommit})
 		require.NoError(t, err)
 		h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -194,4 +195,109 @@ func TestFirstExecutionRoundTrips(t *testing.T) {
 			}
 		}
 	}
+}
+
+// The business transaction's BEGIN waits for its first statement, and
+// whatever that statement is, it runs inside the transaction: rolled back,
+// its row is gone; committed with the completion, it is there.
+func TestDeferredBeginHoldsEveryFirstStatement(t *testing.T) {
+	t.Parallel()
+	d := openDriver(t, false, nil)
+	table := newBusiness(t, d).(business).table
+	insert := `INSERT INTO ` + table + ` (id) VALUES ($1)`
+	ctx := context.Background()
+	firsts := map[string]func(tx pgx.Tx, id string) error{
+		"Exec": func(tx pgx.Tx, id string) error { _, err := tx.Exec(ctx, insert, id); return err },
+		"Exec with an exec mode": func(tx pgx.Tx, id string) error {
+			_, err := tx.Exec(ctx, insert, pgx.QueryExecModeSimpleProtocol, id)
+			return err
+		},
+		"Exec with named arguments": func(tx pgx.Tx, id string) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (id) VALUES (@id)`, pgx.NamedArgs{"id": id})
+			return err
+		},
+		"Query": func(tx pgx.Tx, id string) error {
+			rows, err := tx.Query(ctx, insert+` RETURNING id`, id)
+			if err != nil {
+				return err
+			}
+			rows.Close()
+			return rows.Err()
+		},
+		"QueryRow": func(tx pgx.Tx, id string) error {
+			var got string
+			return tx.QueryRow(ctx, insert+` RETURNING id`, id).Scan(&got)
+		},
+		"SendBatch": func(tx pgx.Tx, id string) error {
+			b := &pgx.Batch{}
+			b.Queue(insert, id)
+			return tx.SendBatch(ctx, b).Close()
+		},
+		"CopyFrom": func(tx pgx.Tx, id string) error {
+			_, err := tx.CopyFrom(ctx, pgx.Identifier{table}, []string{"id"}, pgx.CopyFromRows([][]any{{id}}))
+			return err
+		},
+		"a savepoint": func(tx pgx.Tx, id string) error {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := sp.Exec(ctx, insert, id); err != nil {
+				return err
+			}
+			return sp.Commit(ctx)
+		},
+		"Prepare": func(tx pgx.Tx, id string) error {
+			if _, err := tx.Prepare(ctx, "ins-"+id, insert); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "ins-"+id, id)
+			return err
+		},
+	}
+	n := 0
+	for name, first := range firsts {
+		for _, commit := range []bool{true, false} {
+			n++
+			key, id := "deferred-"+strconv.Itoa(n), "row-"+strconv.Itoa(n)
+			res, err := d.Claim(ctx, claimParams(key, 0))
+			require.NoError(t, err)
+			tx, err := d.Begin(ctx)
+			require.NoError(t, err)
+			native := tx.Native().(pgx.Tx)
+			require.NotNil(t, native.Conn(), name)
+			require.NoError(t, first(native, id), name)
+			if commit {
+				ok, err := tx.(idemdriver.CompleteCommitter).CompleteCommit(ctx, completion(res.Record, 0))
+				require.NoError(t, err, name)
+				require.True(t, ok, name)
+			} else {
+				require.NoError(t, tx.Rollback(ctx), name)
+			}
+			var rows int
+			require.NoError(t, d.Pool().QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE id = $1`, id).Scan(&rows))
+			rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: key})
+			require.NoError(t, err)
+			if commit {
+				require.Equal(t, 1, rows, "%s: committed with the completion", name)
+				require.Equal(t, idemdriver.StateSucceeded, rec.State, name)
+			} else {
+				require.Zero(t, rows, "%s: the first statement ran inside the transaction", name)
+				require.Equal(t, idemdriver.StateProcessing, rec.State, name)
+			}
+		}
+	}
+
+	// No statement at all: the completion commits on its own, BEGIN first.
+	res, err := d.Claim(ctx, claimParams("deferred-none", 0))
+	require.NoError(t, err)
+	tx, err := d.Begin(ctx)
+	require.NoError(t, err)
+	ok, err := tx.(idemdriver.CompleteCommitter).CompleteCommit(ctx, completion(res.Record, 0))
+	require.NoError(t, err)
+	require.True(t, ok)
+	rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "deferred-none"})
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.StateSucceeded, rec.State)
+	require.Zero(t, d.Pool().Stat().AcquiredConns(), "every connection went back to the pool")
 }

@@ -16,20 +16,15 @@ import (
 
 var _ idemdriver.CompleteCommitter = businessTx{}
 
-// Begin implements idemdriver.Driver (READ COMMITTED, the default): BEGIN,
-// one round trip, on a connection the driver acquires from the pool (see
-// claimTx).
+// Begin implements idemdriver.Driver (READ COMMITTED, the default) on a
+// connection the driver acquires from the pool, sending BEGIN with the
+// transaction's first statement (see claimTx).
 func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	conn, err := d.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{})
-	if err != nil {
-		conn.Release()
-		return nil, err
-	}
-	return businessTx{newClaimTx(conn, tx), d}, nil
+	return businessTx{newClaimTx(conn, nil), d}, nil
 }
 
 // businessTx is the claim's business transaction on PostgreSQL.
@@ -48,7 +43,8 @@ func (t businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (
 }
 
 // CompleteCommit implements idemdriver.CompleteCommitter: the completion
-// (completeOrRaiseSQL) and the COMMIT in one pipeline, one round trip. When
+// (completeOrRaiseSQL) and the COMMIT in one pipeline, one round trip (with
+// BEGIN first when the handler sent no statement). When
 // the completion fails or is fenced out, the server skips the COMMIT (every
 // message after an error up to the pipeline's Sync is skipped, as is the
 // rest of a multi-statement query in the simple protocol), so nothing is
@@ -62,9 +58,20 @@ func (t businessTx) CompleteCommit(ctx context.Context, p idemdriver.CompletePar
 		return false, err
 	}
 	b := newBatch()
+	deferred := t.tx.Tx == nil // no statement yet: BEGIN goes first
+	if deferred {
+		b.BeginTx(pgx.TxOptions{})
+	}
 	b.queue(t.d.q(completeOrRaiseSQL), args...)
 	b.queue("commit")
-	br := t.tx.Tx.SendBatch(ctx, &b.Batch)
+	br := t.tx.conn.SendBatch(ctx, &b.Batch)
+	if deferred {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return false, err
+		}
+		t.tx.Tx = br.Tx()
+	}
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close() // the same error, or a later one of the skipped COMMIT
 		var pgErr *pgconn.PgError
@@ -134,14 +141,18 @@ func (b *batch) queue(sql string, args ...any) {
 }
 
 // claimTx is the pgx.Tx a protected handler gets (Tx): pgx's transaction on
-// a connection the driver acquired from the pool itself. idem can then
+// a connection the driver acquired from the pool itself, so that idem can
 // commit it in the pipeline of the completion (businessTx.CompleteCommit)
-// and put the connection back at once; a pgxpool.Tx would need a COMMIT of
-// its own, one more round trip, before it gave the connection back. Once
-// the transaction has ended, by idem or by the handler, every method
-// returns pgx.ErrTxClosed, as pgx's own do; so do those of its savepoints
-// (Begin).
+// and put the connection back at once (a pgxpool.Tx would need a COMMIT of
+// its own, one more round trip, before it gave the connection back).
+//
+// Begin defers BEGIN to the transaction's first statement: an Exec sends
+// both in one pipeline (pgx's Batch.BeginTx), any other first use sends
+// BEGIN first, as pgx.Conn.BeginTx does. Once the transaction has ended, by
+// idem or by the handler, every method returns pgx.ErrTxClosed, as pgx's
+// own do; so do those of its savepoints (Begin).
 type claimTx struct {
+	// Tx is pgx's transaction; nil until BEGIN is sent (see begun).
 	pgx.Tx
 	conn *pgxpool.Conn // nil on a savepoint
 	// done is shared by a transaction and its savepoints: set when the
@@ -151,6 +162,8 @@ type claimTx struct {
 	ended atomic.Bool
 }
 
+// newClaimTx is a claimTx on conn: tx, or, when tx is nil, one whose BEGIN
+// is deferred.
 func newClaimTx(conn *pgxpool.Conn, tx pgx.Tx) *claimTx {
 	t := &claimTx{Tx: tx, conn: conn}
 	t.done = &t.ended
@@ -166,70 +179,167 @@ func (t *claimTx) end() {
 	t.conn.Release()
 }
 
-func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if t.done.Load() {
-		return nil, pgx.ErrTxClosed
+// begun is the transaction to run a statement in: pgx's, begun now when
+// BEGIN was deferred; ended once the transaction is over.
+func (t *claimTx) begun(ctx context.Context) (pgx.Tx, error) {
+	switch {
+	case t.done.Load():
+		return ended, nil
+	case t.Tx != nil:
+		return t.Tx, nil
 	}
-	sp, err := t.Tx.Begin(ctx)
+	tx, err := t.conn.BeginTx(ctx, pgx.TxOptions{})
+	if err != nil {
+		return nil, err
+	}
+	t.Tx = tx
+	return tx, nil
+}
+
+// beginWith sends the deferred BEGIN and the statement sql in one pipeline.
+// When BEGIN itself fails, BEGIN stays deferred: the next statement tries
+// again, and a completion reports the connection's error, not a closed
+// transaction.
+func (t *claimTx) beginWith(ctx context.Context, sql string, args []any) (pgconn.CommandTag, error) {
+	b := newBatch()
+	b.BeginTx(pgx.TxOptions{})
+	b.queue(sql, args...)
+	br := t.conn.SendBatch(ctx, &b.Batch)
+	_, err := br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		t.Tx = br.Tx()
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// execModeGiven reports whether the leading arguments of an Exec name a
+// pgx.QueryExecMode, which a batch cannot carry (only a QueryRewriter).
+func execModeGiven(args []any) bool {
+	for _, a := range args {
+		switch a.(type) {
+		case pgx.QueryExecMode:
+			return true
+		case pgx.QueryRewriter:
+			continue
+		}
+		return false
+	}
+	return false
+}
+
+func (t *claimTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.Tx == nil && !t.done.Load() && !execModeGiven(args) {
+		return t.beginWith(ctx, sql, args)
+	}
+	tx, err := t.begun(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return tx.Exec(ctx, sql, args...)
+}
+
+func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	tx, err := t.begun(ctx)
+	if err != nil {
+		rows, _ := ended.Query(ctx, sql) // rows that report an error, for the rows, _ := tx.Query(...) idiom
+		return rows, err
+	}
+	return tx.Query(ctx, sql, args...)
+}
+
+func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	tx, err := t.begun(ctx)
+	if err != nil {
+		return errRow{err}
+	}
+	return tx.QueryRow(ctx, sql, args...)
+}
+
+func (t *claimTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	tx, err := t.begun(ctx)
+	if err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return tx.SendBatch(ctx, b)
+}
+
+func (t *claimTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error) {
+	tx, err := t.begun(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return tx.CopyFrom(ctx, table, columns, rows)
+}
+
+func (t *claimTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	tx, err := t.begun(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return tx.Prepare(ctx, name, sql)
+}
+
+// LargeObjects is pgx's; it sends a deferred BEGIN first (pgx gives it no
+// context: it is sent without a deadline).
+func (t *claimTx) LargeObjects() pgx.LargeObjects {
+	tx, err := t.begun(context.Background())
+	if err != nil {
+		return ended.LargeObjects()
+	}
+	return tx.LargeObjects()
+}
+
+func (t *claimTx) Conn() *pgx.Conn {
+	if t.Tx == nil {
+		return t.conn.Conn()
+	}
+	return t.Tx.Conn()
+}
+
+// Begin starts a savepoint (pgx's pseudo nested transaction).
+func (t *claimTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := t.begun(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return &claimTx{Tx: sp, done: t.done}, nil
 }
 
-// Commit commits the transaction (a savepoint: releases it). The
-// transaction's connection goes back to the pool whatever the outcome.
+// Commit commits the transaction (a savepoint: releases it); one never
+// begun has nothing to commit. The transaction's connection goes back to
+// the pool whatever the outcome.
 func (t *claimTx) Commit(ctx context.Context) error {
-	if t.done.Load() {
-		return pgx.ErrTxClosed
-	}
-	err := t.Tx.Commit(ctx)
-	if t.conn != nil {
-		t.end()
-	}
-	return err
+	return t.finish(ctx, pgx.Tx.Commit)
 }
 
-// Rollback rolls the transaction back (a savepoint: rolls back to it). The
-// transaction's connection goes back to the pool whatever the outcome.
+// Rollback rolls the transaction back (a savepoint: rolls back to it); one
+// never begun has nothing to roll back. The transaction's connection goes
+// back to the pool whatever the outcome.
 func (t *claimTx) Rollback(ctx context.Context) error {
+	return t.finish(ctx, pgx.Tx.Rollback)
+}
+
+func (t *claimTx) finish(ctx context.Context, f func(pgx.Tx, context.Context) error) error {
 	if t.done.Load() {
 		return pgx.ErrTxClosed
 	}
-	err := t.Tx.Rollback(ctx)
+	var err error
+	if t.Tx != nil {
+		err = f(t.Tx, ctx)
+	}
 	if t.conn != nil {
 		t.end()
 	}
 	return err
-}
-
-func (t *claimTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error) {
-	return t.live().CopyFrom(ctx, table, columns, rows)
-}
-func (t *claimTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	return t.live().SendBatch(ctx, b)
-}
-func (t *claimTx) LargeObjects() pgx.LargeObjects { return t.live().LargeObjects() }
-func (t *claimTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	return t.live().Prepare(ctx, name, sql)
-}
-func (t *claimTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	return t.live().Exec(ctx, sql, args...)
-}
-func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	return t.live().Query(ctx, sql, args...)
-}
-func (t *claimTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return t.live().QueryRow(ctx, sql, args...)
-}
-
-// live is the transaction to run a statement in: pgx's, or ended once the
-// transaction is over.
-func (t *claimTx) live() pgx.Tx {
-	if t.done.Load() {
-		return ended
-	}
-	return t.Tx
 }
 
 // ended is a pgx transaction that has ended: every method returns an error
@@ -240,3 +350,8 @@ var ended = func() pgx.Tx {
 	b.BeginTx(pgx.TxOptions{})
 	return pgx.FailedBatchResults(b, pgx.ErrTxClosed).Tx()
 }()
+
+// errRow is the row of a query whose transaction could not begin.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
