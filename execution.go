@@ -184,14 +184,12 @@ func (e *execution) durable(f func(context.Context) (bool, error)) (bool, error)
 // a 2xx is a success whose writes never happened: complete then records
 // nothing and returns ErrTxAborted.
 func (e *execution) complete(resp idemdriver.Response) (bool, error) {
-	ctx, cancel := e.detached()
-	defer cancel()
 	p := idemdriver.CompleteParams{FenceParams: e.fence, Response: resp}
 	tx := e.endTx()
 	if tx == nil {
 		return e.completeAlone(p)
 	}
-	ok, committed, err := e.completeIn(ctx, tx, p)
+	ok, committed, err := e.completeIn(tx, p)
 	if committed {
 		return ok, err
 	}
@@ -204,7 +202,7 @@ func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 			"scope", e.fence.Scope, "key", e.fence.Key)
 		return e.completeAlone(p)
 	case errors.Is(err, idemdriver.ErrTxAborted):
-		if rerr := tx.Rollback(ctx); rerr != nil {
+		if rerr := e.rollbackTx(tx); rerr != nil {
 			e.m.cfg.Logger.WarnContext(e.parent, "idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", rerr)
 		}
 		if resp.Status >= 200 && resp.Status < 300 {
@@ -212,7 +210,7 @@ func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 		}
 		return e.completeAlone(p)
 	case err != nil || !ok:
-		_ = tx.Rollback(ctx)
+		_ = e.rollbackTx(tx)
 		if err != nil {
 			return false, &StoreError{Op: "complete", Err: err}
 		}
@@ -232,9 +230,11 @@ func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 // CompleteTimeout). Otherwise it is tx.Complete, and the caller commits or
 // rolls back. A completion that fails or is fenced out commits nothing
 // either way (committed is false, and the caller rolls back).
-func (e *execution) completeIn(ctx context.Context, tx idemdriver.Tx, p idemdriver.CompleteParams) (ok, committed bool, err error) {
+func (e *execution) completeIn(tx idemdriver.Tx, p idemdriver.CompleteParams) (ok, committed bool, err error) {
 	cc, pipelined := tx.(idemdriver.CompleteCommitter)
 	if !pipelined {
+		ctx, cancel := e.detached()
+		defer cancel()
 		ok, err = tx.Complete(ctx, p)
 		return ok, false, err
 	}
@@ -255,12 +255,17 @@ func (e *execution) completeAlone(p idemdriver.CompleteParams) (bool, error) {
 	return ok, nil
 }
 
+// rollbackTx rolls tx back, on a detached context (see detached).
+func (e *execution) rollbackTx(tx idemdriver.Tx) error {
+	ctx, cancel := e.detached()
+	defer cancel()
+	return tx.Rollback(ctx)
+}
+
 // rollback aborts the business transaction, if one was begun.
 func (e *execution) rollback() {
 	if tx := e.endTx(); tx != nil {
-		ctx, cancel := e.detached()
-		defer cancel()
-		if err := tx.Rollback(ctx); err != nil {
+		if err := e.rollbackTx(tx); err != nil {
 			e.m.cfg.Logger.WarnContext(e.parent, "idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 		}
 	}

@@ -139,11 +139,9 @@ func (m *Middleware) executeOneCommit(w http.ResponseWriter, r *http.Request, ne
 // commits: claim, business writes and outcome together. It returns the
 // status sent and what went wrong, if anything.
 func (m *Middleware) commitOneCommit(w http.ResponseWriter, r *http.Request, e *execution, cw *captureWriter, p idemdriver.ClaimParams) (int, error) {
-	ctx, cancel := e.detached()
-	defer cancel()
 	cp := idemdriver.CompleteParams{FenceParams: e.fence, Response: m.storedResponse(cw)}
 	tx := e.endTx()
-	ok, committed, err := e.completeIn(ctx, tx, cp)
+	ok, committed, err := e.completeIn(tx, cp)
 	switch {
 	case committed && err != nil:
 		return m.commitFailed(w, r, err), err
@@ -160,7 +158,7 @@ func (m *Middleware) commitOneCommit(w http.ResponseWriter, r *http.Request, e *
 		}
 		return sendCaptured(cw), nil
 	case errors.Is(err, idemdriver.ErrTxAborted):
-		_ = tx.Rollback(ctx)
+		_ = e.rollbackTx(tx)
 		if cp.Response.Status >= 200 && cp.Response.Status < 300 {
 			m.cfg.Logger.ErrorContext(e.parent, "idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
 				"its writes are gone: answer an error when a statement fails", "scope", p.Scope, "key", p.Key, "status", cp.Response.Status)
@@ -170,19 +168,21 @@ func (m *Middleware) commitOneCommit(w http.ResponseWriter, r *http.Request, e *
 		// The claim went with the aborted transaction: record the answer
 		// on its own (a claim and a completion), so that it is replayed as
 		// in the default mode.
+		ctx, cancel := e.detached()
+		defer cancel()
 		if !m.recordAfterRollback(ctx, p, cp.Response) {
 			err := errors.New("idem: the answer of an aborted one-commit transaction could not be recorded")
 			return m.outcomeUnknown(w, r, err, "the request's transaction failed and its answer could not be recorded; retry with the same key: the request runs again"), err
 		}
 		return sendCaptured(cw), nil
 	case err != nil:
-		_ = tx.Rollback(ctx)
+		_ = e.rollbackTx(tx)
 		serr := &StoreError{Op: "complete", Err: err}
 		return m.outcomeUnknown(w, r, serr, "the idempotency store failed while recording the result, which was not recorded "+
 			"(the request's writes were rolled back with it); retry with the same key: the request runs again"), serr
 	case !ok:
 		// Only the handler itself can have changed the row its claim locks.
-		_ = tx.Rollback(ctx)
+		_ = e.rollbackTx(tx)
 		return m.leaseLost(w, r), ErrLeaseLost
 	}
 	// The COMMIT is never cancelled (see execution.durable).

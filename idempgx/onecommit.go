@@ -42,7 +42,7 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 		}
 		res, tx, err := d.claimIn(ctx, conn, args, waitMS)
 		if err == nil && res.Claimed {
-			return res, businessTx{tx, d}, nil
+			return res, tx.business(d), nil
 		}
 		// Nothing was written: a rollback ends the read (a detached context:
 		// the connection must go back to the pool idle).

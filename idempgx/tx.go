@@ -14,7 +14,7 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 )
 
-var _ idemdriver.CompleteCommitter = businessTx{}
+var _ idemdriver.CompleteCommitter = (*businessTx)(nil)
 
 // Begin implements idemdriver.Driver (READ COMMITTED, the default) on a
 // connection the driver acquires from the pool, sending BEGIN with the
@@ -24,7 +24,7 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return businessTx{newClaimTx(conn, nil), d}, nil
+	return newClaimTx(conn, nil).business(d), nil
 }
 
 // businessTx is the claim's business transaction on PostgreSQL.
@@ -37,7 +37,7 @@ type businessTx struct {
 // failed statement of the handler aborted answers 25P02
 // (in_failed_sql_transaction), reported as idemdriver.ErrTxAborted; one the
 // handler ended itself, as idemdriver.ErrTxDone.
-func (t businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
+func (t *businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
 	ok, err := t.d.complete(ctx, t.tx, p)
 	return ok, txErr(err)
 }
@@ -49,7 +49,7 @@ func (t businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (
 // message after an error up to the pipeline's Sync is skipped, as is the
 // rest of a multi-statement query in the simple protocol), so nothing is
 // committed and the transaction waits, aborted, for Rollback.
-func (t businessTx) CompleteCommit(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
+func (t *businessTx) CompleteCommit(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
 	if t.tx.done.Load() {
 		return false, txErr(pgx.ErrTxClosed)
 	}
@@ -92,14 +92,14 @@ func (t businessTx) CompleteCommit(ctx context.Context, p idemdriver.CompletePar
 	return true, nil
 }
 
-func (t businessTx) Commit(ctx context.Context) error { return t.tx.Commit(ctx) }
-func (t businessTx) Rollback(ctx context.Context) error {
+func (t *businessTx) Commit(ctx context.Context) error { return t.tx.Commit(ctx) }
+func (t *businessTx) Rollback(ctx context.Context) error {
 	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return err
 	}
 	return nil
 }
-func (t businessTx) Native() any { return t.tx }
+func (t *businessTx) Native() any { return t.tx }
 
 // txErr reports the errors of a completion in the business transaction as
 // the seam names them: a transaction the handler ended (pgx.ErrTxClosed) as
@@ -160,6 +160,15 @@ type claimTx struct {
 	// points at the transaction's ended.
 	done  *atomic.Bool
 	ended atomic.Bool
+	// biz is idem's view of the transaction (see business), allocated
+	// with it.
+	biz businessTx
+}
+
+// business is t as the seam's transaction, for d.
+func (t *claimTx) business(d *Driver) *businessTx {
+	t.biz = businessTx{t, d}
+	return &t.biz
 }
 
 // newClaimTx is a claimTx on conn: tx, or, when tx is nil, one whose BEGIN
