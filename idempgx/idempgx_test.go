@@ -70,17 +70,21 @@ func (b business) Count(ctx context.Context, id string) (n int, err error) {
 	return n, err
 }
 
-// countingTracer counts the statements pgx sends.
-type countingTracer struct{ n atomic.Int64 }
+// countingTracer counts the statements pgx sends (n), and its exchanges
+// with the server (trips): a statement sent alone, or a batch sent whole (a
+// prepare, once per statement and connection, is not counted).
+type countingTracer struct{ n, trips atomic.Int64 }
 
 func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	c.n.Add(1)
+	c.trips.Add(1)
 	return ctx
 }
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// The partitioned claim is a batch: each of its statements counts.
+// Each statement of a batch counts (the partitioned claim is one).
 func (c *countingTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.trips.Add(1)
 	return ctx
 }
 func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {

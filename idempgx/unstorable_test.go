@@ -24,6 +24,81 @@ import (
 func TestUnstorableInEveryExecMode(t *testing.T) {
 	t.Parallel()
 	odd := map[string]string{"nul": "acct\x00evil", "invalid-utf8": "acct\xff\xfe"}
+	inEveryExecMode(t, 2, func(t *testing.T, mode string, d *idempgx.Driver) {
+		ctx := context.Background()
+		for what, v := range odd {
+			fp := idemdriver.FenceParams{Scope: v, Key: "k", FencingToken: 1, CreatedAt: time.Now(), LeaseDuration: time.Minute}
+			calls := map[string]func() error{
+				"Claim": func() error {
+					_, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: v, Key: "k", Method: "POST", Path: "/",
+						Fingerprint: []byte{1}, LeaseDuration: time.Minute, Retention: time.Hour})
+					return err
+				},
+				"Claim (path)": func() error {
+					_, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct", Key: "k", Method: "POST", Path: "/" + v,
+						Fingerprint: []byte{1}, LeaseDuration: time.Minute, Retention: time.Hour})
+					return err
+				},
+				"Claim (owner)": func() error {
+					_, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct", Key: "k", Method: "POST", Path: "/",
+						Fingerprint: []byte{1}, LeaseDuration: time.Minute, Retention: time.Hour, Owner: v})
+					return err
+				},
+				"ClaimTx": func() error {
+					_, tx, err := d.ClaimTx(ctx, idemdriver.ClaimParams{Scope: v, Key: "k", Method: "POST", Path: "/",
+						Fingerprint: []byte{1}, LeaseDuration: time.Minute, Retention: time.Hour}, time.Second)
+					if tx != nil {
+						defer tx.Rollback(ctx) //nolint:errcheck // the test's own
+					}
+					return err
+				},
+				"Get": func() error {
+					_, err := d.Get(ctx, idemdriver.GetParams{Scope: v, Key: "k"})
+					return err
+				},
+				"Get (key)": func() error {
+					_, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: v})
+					return err
+				},
+				"Heartbeat": func() error { _, err := d.Heartbeat(ctx, fp); return err },
+				"Complete": func() error {
+					_, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fp,
+						Response: idemdriver.Response{Status: 200, BodyStored: true}})
+					return err
+				},
+				"Complete in a transaction": func() error {
+					tx, err := d.Begin(ctx)
+					require.NoError(t, err)
+					defer tx.Rollback(ctx) //nolint:errcheck // the test's own
+					_, err = tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fp,
+						Response: idemdriver.Response{Status: 200, BodyStored: true}})
+					return err
+				},
+				"Fail":    func() error { _, err := d.Fail(ctx, fp); return err },
+				"Release": func() error { _, err := d.Release(ctx, fp); return err },
+				"Remove": func() error {
+					_, err := d.Remove(ctx, idemdriver.RemoveParams{FenceParams: fp, State: idemdriver.StateFailed})
+					return err
+				},
+				"List": func() error {
+					_, err := d.List(ctx, idemdriver.ListParams{Scope: v, Limit: 10})
+					return err
+				},
+			}
+			for call, f := range calls {
+				require.ErrorIs(t, f(), idemdriver.ErrUnstorable, "%s, %s in the scope, exec mode %s", call, what, mode)
+			}
+		}
+		// The pool is still good for plain values.
+		_, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
+		require.ErrorIs(t, err, idemdriver.ErrNotFound)
+	})
+}
+
+// inEveryExecMode runs f, in parallel subtests, on a migrated store of each
+// pgx exec mode (default_query_exec_mode), plain and partitioned, on a pool
+// of maxConns connections.
+func inEveryExecMode(t *testing.T, maxConns int32, f func(t *testing.T, mode string, d *idempgx.Driver)) {
 	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
 		for _, partitioned := range []bool{false, true} {
 			name := mode
@@ -35,75 +110,8 @@ func TestUnstorableInEveryExecMode(t *testing.T) {
 				url, _ := dbtest.PostgresURL(t)
 				cfg, err := pgxpool.ParseConfig(url + "&default_query_exec_mode=" + mode)
 				require.NoError(t, err)
-				cfg.MaxConns = 2
-				d := storeOn(t, cfg, partitioned)
-				ctx := context.Background()
-				for what, v := range odd {
-					fp := idemdriver.FenceParams{Scope: v, Key: "k", FencingToken: 1, CreatedAt: time.Now(), LeaseDuration: time.Minute}
-					calls := map[string]func() error{
-						"Claim": func() error {
-							_, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: v, Key: "k", Method: "POST", Path: "/",
-								Fingerprint: []byte{1}, LeaseDuration: time.Minute, Retention: time.Hour})
-							return err
-						},
-						"Claim (path)": func() error {
-							_, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct", Key: "k", Method: "POST", Path: "/" + v,
-								Fingerprint: []byte{1}, LeaseDuration: time.Minute, Retention: time.Hour})
-							return err
-						},
-						"Claim (owner)": func() error {
-							_, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct", Key: "k", Method: "POST", Path: "/",
-								Fingerprint: []byte{1}, LeaseDuration: time.Minute, Retention: time.Hour, Owner: v})
-							return err
-						},
-						"ClaimTx": func() error {
-							_, tx, err := d.ClaimTx(ctx, idemdriver.ClaimParams{Scope: v, Key: "k", Method: "POST", Path: "/",
-								Fingerprint: []byte{1}, LeaseDuration: time.Minute, Retention: time.Hour}, time.Second)
-							if tx != nil {
-								defer tx.Rollback(ctx) //nolint:errcheck // the test's own
-							}
-							return err
-						},
-						"Get": func() error {
-							_, err := d.Get(ctx, idemdriver.GetParams{Scope: v, Key: "k"})
-							return err
-						},
-						"Get (key)": func() error {
-							_, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: v})
-							return err
-						},
-						"Heartbeat": func() error { _, err := d.Heartbeat(ctx, fp); return err },
-						"Complete": func() error {
-							_, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fp,
-								Response: idemdriver.Response{Status: 200, BodyStored: true}})
-							return err
-						},
-						"Complete in a transaction": func() error {
-							tx, err := d.Begin(ctx)
-							require.NoError(t, err)
-							defer tx.Rollback(ctx) //nolint:errcheck // the test's own
-							_, err = tx.Complete(ctx, idemdriver.CompleteParams{FenceParams: fp,
-								Response: idemdriver.Response{Status: 200, BodyStored: true}})
-							return err
-						},
-						"Fail":    func() error { _, err := d.Fail(ctx, fp); return err },
-						"Release": func() error { _, err := d.Release(ctx, fp); return err },
-						"Remove": func() error {
-							_, err := d.Remove(ctx, idemdriver.RemoveParams{FenceParams: fp, State: idemdriver.StateFailed})
-							return err
-						},
-						"List": func() error {
-							_, err := d.List(ctx, idemdriver.ListParams{Scope: v, Limit: 10})
-							return err
-						},
-					}
-					for call, f := range calls {
-						require.ErrorIs(t, f(), idemdriver.ErrUnstorable, "%s, %s in the scope, exec mode %s", call, what, mode)
-					}
-				}
-				// The pool is still good for plain values.
-				_, err = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
-				require.ErrorIs(t, err, idemdriver.ErrNotFound)
+				cfg.MaxConns = maxConns
+				f(t, mode, storeOn(t, cfg, partitioned))
 			})
 		}
 	}
