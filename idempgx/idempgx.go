@@ -8,6 +8,18 @@
 // run out. pgx prepares and caches each
 // statement on each connection, so the request path parses no SQL twice.
 //
+// # Round trips
+//
+// Where statements need not wait for one another they go together, in a pgx
+// batch (one pipeline, one round trip): the business transaction's BEGIN
+// with its first Exec; the completion with the COMMIT, written so that it
+// raises when it is fenced out and the server then skips the COMMIT
+// (idemdriver.CompleteCommitter); in the one-commit mode BEGIN, the lock
+// bound and the claim. A replay, 409 or 422 is one statement; a first
+// execution in transactional mode three round trips around the handler's
+// own statements (the claim, BEGIN with the first of them, the completion
+// with the COMMIT), in the one-commit mode two.
+//
 // # Behind pgbouncer
 //
 // Session pooling (pool_mode=session) needs nothing: idem takes no
@@ -98,6 +110,13 @@ func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 // Commit and Rollback to idem: the completion is written in the same
 // transaction, fenced by the token, and committed with it (CONTRACT
 // section 6). It returns idemdriver.ErrNoExecution outside a protected handler.
+//
+// Its BEGIN goes with its first statement (in one pipeline when that is an
+// Exec), and the completion goes with its COMMIT (one pipeline): a
+// transactional first execution is the claim, the handler's statements and
+// one more round trip. Once idem has committed or rolled it back, every
+// method returns pgx.ErrTxClosed: a goroutine the handler left behind cannot
+// write on a connection that went back to the pool.
 //
 // A statement of the handler that fails (a unique violation it answers 409
 // for, say) aborts the whole transaction in PostgreSQL: its writes are gone
