@@ -44,8 +44,8 @@ func (t *businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) 
 
 // CompleteCommit implements idemdriver.CompleteCommitter: the completion
 // (completeOrRaiseSQL) and the COMMIT in one pipeline, one round trip (with
-// BEGIN first when the handler sent no statement). When
-// the completion fails or is fenced out, the server skips the COMMIT (every
+// BEGIN first when the handler sent no statement). When the completion
+// fails or is fenced out, the server skips the COMMIT (every
 // message after an error up to the pipeline's Sync is skipped, as is the
 // rest of a multi-statement query in the simple protocol), so nothing is
 // committed and the transaction waits, aborted, for Rollback.
@@ -81,7 +81,9 @@ func (t *businessTx) CompleteCommit(ctx context.Context, p idemdriver.CompletePa
 		return false, txErr(unstorable(err))
 	}
 	tag, err := br.Exec()
-	err = errors.Join(err, br.Close())
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	t.tx.end()
 	switch {
 	case err != nil:
