@@ -238,7 +238,16 @@ func (e *execution) completeIn(tx idemdriver.Tx, p idemdriver.CompleteParams) (o
 		ok, err = tx.Complete(ctx, p)
 		return ok, false, err
 	}
-	ok, err = e.durable(func(ctx context.Context) (bool, error) { return cc.CompleteCommit(ctx, p) })
+	ok, err = e.durable(func(ctx context.Context) (bool, error) {
+		ok, err := cc.CompleteCommit(ctx, p)
+		if !ok && !errors.Is(err, idemdriver.ErrCommit) {
+			// Nothing was committed: roll back here, for the caller stops
+			// waiting after CompleteTimeout (ErrCommitPending) and would
+			// leave the transaction open; its own Rollback is then a no-op.
+			_ = tx.Rollback(ctx)
+		}
+		return ok, err
+	})
 	if errors.Is(err, idemdriver.ErrCommit) || errors.Is(err, ErrCommitPending) {
 		return false, true, &StoreError{Op: "commit", Err: err}
 	}

@@ -280,10 +280,13 @@ type CompleteCommitter interface {
 	// CompleteCommit is Complete followed, when the completion holds, by
 	// Commit. It reports false when the completion was fenced out, and
 	// returns Complete's errors (ErrTxDone and ErrTxAborted wrapped as
-	// Complete wraps them): in both cases nothing was committed and the
-	// caller must Rollback. An error of the COMMIT itself wraps ErrCommit:
-	// the transaction is over, and whether its writes took effect is
-	// unknown (a connection lost after the COMMIT was sent).
+	// Complete wraps them) when the database refused the completion: in
+	// both cases nothing was committed and the caller must Rollback (the
+	// core does, even when it has stopped waiting for the call). An error
+	// of the COMMIT itself, or one after which the driver cannot tell
+	// whether the COMMIT ran (the connection lost once both were sent),
+	// wraps ErrCommit: the transaction is over, and whether its writes took
+	// effect is unknown.
 	CompleteCommit(ctx context.Context, p CompleteParams) (bool, error)
 }
 

@@ -66,16 +66,23 @@ func (t *businessTx) CompleteCommit(ctx context.Context, p idemdriver.CompletePa
 	b.queue("commit")
 	br := t.tx.conn.SendBatch(ctx, &b.Batch)
 	if deferred {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return false, err
-		}
+		_, err = br.Exec()
 		t.tx.Tx = br.Tx()
 	}
-	if _, err := br.Exec(); err != nil {
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err != nil {
 		_ = br.Close() // the same error, or a later one of the skipped COMMIT
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, fencedOutMarker) {
+		if !errors.As(err, &pgErr) {
+			// Not the server's answer (the connection broke, say): the
+			// COMMIT may have reached the server and run. The connection
+			// is closed, unless idle, as it goes back to the pool.
+			t.tx.end()
+			return false, fmt.Errorf("idempgx: %w (outcome unknown): %w", idemdriver.ErrCommit, err)
+		}
+		if pgErr.Code == "22P02" && strings.Contains(pgErr.Message, fencedOutMarker) {
 			return false, nil
 		}
 		return false, txErr(unstorable(err))
@@ -152,7 +159,9 @@ func (b *batch) queue(sql string, args ...any) {
 // both in one pipeline (pgx's Batch.BeginTx), any other first use sends
 // BEGIN first, as pgx.Conn.BeginTx does. Once the transaction has ended, by
 // idem or by the handler, every method returns pgx.ErrTxClosed, as pgx's
-// own do; so do those of its savepoints (Begin).
+// own do, and Conn returns nil; so do those of its savepoints (Begin). Like
+// pgx's, it is not safe for concurrent use: a goroutine the handler leaves
+// behind must not race idem's completion.
 type claimTx struct {
 	// Tx is pgx's transaction; nil until BEGIN is sent (see begun).
 	pgx.Tx
@@ -305,11 +314,16 @@ func (t *claimTx) LargeObjects() pgx.LargeObjects {
 	return tx.LargeObjects()
 }
 
+// Conn is the connection the transaction runs on, its deferred BEGIN sent
+// first (without a deadline: pgx gives Conn no context), so that a statement
+// sent on it runs in the transaction; nil once the transaction has ended
+// (the connection went back to the pool, and belongs to another request).
 func (t *claimTx) Conn() *pgx.Conn {
-	if t.Tx == nil {
-		return t.conn.Conn()
+	tx, err := t.begun(context.Background())
+	if err != nil || t.done.Load() {
+		return nil
 	}
-	return t.Tx.Conn()
+	return tx.Conn()
 }
 
 // Begin starts a savepoint (pgx's pseudo nested transaction).
