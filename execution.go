@@ -30,12 +30,17 @@ type Execution struct {
 	Created time.Time
 }
 
-type executionKey struct{}
+// executionFrom is the execution a protected handler's context runs under
+// (execctx carries it, for the seam's TxFromContext too).
+func executionFrom(ctx context.Context) (*execution, bool) {
+	e, ok := execctx.From(ctx).(*execution)
+	return e, ok
+}
 
 // ExecutionFromContext returns the claim that the handler's context runs
 // under, and false outside a protected execution.
 func ExecutionFromContext(ctx context.Context) (Execution, bool) {
-	e, ok := ctx.Value(executionKey{}).(*execution)
+	e, ok := executionFrom(ctx)
 	if !ok {
 		return Execution{}, false
 	}
@@ -54,7 +59,7 @@ func ExecutionFromContext(ctx context.Context) (Execution, bool) {
 // idemdriver.ErrNoExecution outside a protected handler and
 // ErrExecutionEnded after the handler returned.
 func ReleaseKey(ctx context.Context) error {
-	e, ok := ctx.Value(executionKey{}).(*execution)
+	e, ok := executionFrom(ctx)
 	if !ok {
 		return idemdriver.ErrNoExecution
 	}
@@ -81,6 +86,10 @@ type execution struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	parent context.Context // the request's context, for detached completion
+	// detachedParent is parent without its cancellation (and deadline): the
+	// root of every context the execution's statements run on.
+	detachedParent context.Context
+	hb             heartbeat // see startHeartbeat
 
 	mu           sync.Mutex
 	tx           idemdriver.Tx
@@ -96,10 +105,10 @@ func newExecution(m *Middleware, parent context.Context, rec idemdriver.Record, 
 			LeaseDuration: p.LeaseDuration},
 		parent: parent,
 	}
+	e.detachedParent = context.WithoutCancel(parent)
 	// Detached from the client: a hang-up does not stop the work; a lost
 	// lease does (CONTRACT section 4).
-	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
-	ctx = context.WithValue(ctx, executionKey{}, e)
+	ctx, cancel := context.WithCancelCause(e.detachedParent)
 	e.ctx, e.cancel = execctx.With(ctx, e), cancel
 	return e
 }
@@ -134,7 +143,7 @@ func (e *execution) endTx() idemdriver.Tx {
 // detached returns a context for recording the outcome: not cancelled by
 // the client, bounded by CompleteTimeout.
 func (e *execution) detached() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(e.parent), e.m.cfg.CompleteTimeout)
+	return context.WithTimeout(e.detachedParent, e.m.cfg.CompleteTimeout)
 }
 
 // ErrCommitPending is the cause of the store error answered when the
@@ -158,7 +167,7 @@ func (e *execution) durable(f func(context.Context) (bool, error)) (bool, error)
 	}
 	done := make(chan result, 1)
 	go func() {
-		ok, err := f(context.WithoutCancel(e.parent))
+		ok, err := f(e.detachedParent)
 		done <- result{ok, err}
 	}()
 	t := time.NewTimer(e.m.cfg.CompleteTimeout)
@@ -384,8 +393,11 @@ type heartbeat struct {
 //
 // claimSent is when the claim statement was sent: the first lease runs from
 // no earlier.
+//
+// It is called once per execution: the heartbeat is allocated with it.
 func (e *execution) startHeartbeat(claimSent time.Time) *heartbeat {
-	hb := &heartbeat{e: e, lease: e.m.cfg.LeaseDuration, started: time.Now(), lastOK: claimSent}
+	hb := &e.hb
+	*hb = heartbeat{e: e, lease: e.m.cfg.LeaseDuration, started: time.Now(), lastOK: claimSent}
 	hb.first = time.AfterFunc(min(hb.lease/3, e.m.cfg.MaxExecution), hb.run)
 	return hb
 }

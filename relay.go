@@ -60,7 +60,7 @@ func DeriveKey(secret []byte, scope, key string, created time.Time, step string)
 // record expired gets another. It returns ErrNoExecution outside a
 // protected handler.
 func RelayKey(ctx context.Context, step string) (string, error) {
-	e, ok := ctx.Value(executionKey{}).(*execution)
+	e, ok := executionFrom(ctx)
 	if !ok {
 		return "", ErrNoExecution
 	}
