@@ -22,6 +22,14 @@ import (
 // database's URL with extra query parameters appended.
 func open(t testing.TB, params string) *idemmysql.Driver {
 	t.Helper()
+	d := openUnmigrated(t, params)
+	require.NoError(t, d.Migrate(context.Background()))
+	return d
+}
+
+// openUnmigrated is open without the migrations.
+func openUnmigrated(t testing.TB, params string) *idemmysql.Driver {
+	t.Helper()
 	url, _ := dbtest.MySQLURL(t)
 	if params != "" {
 		url += sep(url) + params
@@ -29,7 +37,6 @@ func open(t testing.TB, params string) *idemmysql.Driver {
 	d, err := idemmysql.Open(context.Background(), url)
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.Migrate(context.Background()))
 	urls.Store(d, url)
 	return d
 }

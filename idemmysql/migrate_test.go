@@ -48,12 +48,9 @@ func tableExists(t *testing.T, d *idemmysql.Driver, name string) bool {
 func TestMigrateFailsHalfway(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, _ := dbtest.MySQLURL(t)
-	d, err := idemmysql.Open(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
+	d := openUnmigrated(t, "")
 
-	err = idemmysql.MigrateFS(d, ctx, brokenSet(t))
+	err := idemmysql.MigrateFS(d, ctx, brokenSet(t))
 	var me *idemmysql.MigrateError
 	require.True(t, errors.As(err, &me), "%v", err)
 	require.EqualValues(t, 2, me.Version)
@@ -201,12 +198,8 @@ func TestMigrateAfterKillBeforeVersionRecorded(t *testing.T) {
 func TestMigrateAfterOwnerColumnAddedButNotRecorded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, _ := dbtest.MySQLURL(t)
-	d, err := idemmysql.Open(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.Migrate(ctx))
-	_, err = d.DB().ExecContext(ctx, `DELETE FROM `+idemmysql.SchemaVersionTable+` WHERE version_id = 2`)
+	d := open(t, "")
+	_, err := d.DB().ExecContext(ctx, `DELETE FROM `+idemmysql.SchemaVersionTable+` WHERE version_id = 2`)
 	require.NoError(t, err)
 
 	require.NoError(t, d.Migrate(ctx), "a start after the kill")

@@ -26,6 +26,7 @@ import (
 // deferred-BEGIN transaction (claimTx), end to end through the middleware
 // against a real PostgreSQL.
 
+// execModes are pgx's exec modes (default_query_exec_mode).
 var execModes = []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"}
 
 // txApp is a migrated store on a fresh schema with a business table "rows"
@@ -140,6 +141,71 @@ func (b *txApp) mw(cfg idem.Config) *idem.Middleware {
 	return m
 }
 
+// inEveryMode runs f in a parallel subtest on a fresh txApp for each of
+// modes (pgx exec modes; "" is the default) and both of idem's modes.
+func inEveryMode(t *testing.T, modes []string, f func(t *testing.T, b *txApp, oneCommit bool)) {
+	for _, mode := range modes {
+		for _, oneCommit := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/oneCommit=%v", mode, oneCommit), func(t *testing.T) {
+				t.Parallel()
+				f(t, newTxApp(t, mode), oneCommit)
+			})
+		}
+	}
+}
+
+// retryCommitsOnce sends key through h twice: the first answer, checked by
+// first, commits nothing and leaks nothing; the retry runs and commits one
+// row.
+func (b *txApp) retryCommitsOnce(h http.Handler, key string, first func(res *httptest.ResponseRecorder)) {
+	b.t.Helper()
+	first(send(h, key))
+	require.Zero(b.t, b.rows(key))
+	b.noLeak()
+	res := send(h, key)
+	require.Equal(b.t, http.StatusCreated, res.Code, res.Body.String())
+	require.Equal(b.t, 1, b.rows(key))
+	b.noLeak()
+}
+
+// counted is a protected handler (idem's modes as in cfg) that hands the
+// claim's transaction to body with the number of its run (1 for the
+// first), then answers 201; runs counts the executions.
+func (b *txApp) counted(cfg idem.Config, body func(ctx context.Context, tx pgx.Tx, run int64)) (h http.Handler, runs *atomic.Int64) {
+	runs = new(atomic.Int64)
+	h = b.mw(cfg).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		run := runs.Add(1)
+		tx, err := idempgx.Tx(r.Context())
+		require.NoError(b.t, err)
+		body(r.Context(), tx, run)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	return h, runs
+}
+
+// notSucceeded is a first answer of retryCommitsOnce: anything but 201.
+func notSucceeded(t *testing.T) func(*httptest.ResponseRecorder) {
+	return func(res *httptest.ResponseRecorder) { require.NotEqual(t, http.StatusCreated, res.Code) }
+}
+
+// lockedCompletion is a middleware whose completion outlives
+// CompleteTimeout: the handler writes a row for key and, before it
+// answers 201, has *locker (a transaction of its own, left open) take the
+// record's row lock, as a takeover in flight would.
+func (b *txApp) lockedCompletion(key string, locker *pgx.Tx) http.Handler {
+	ctx := context.Background()
+	return b.mw(idem.Config{CompleteTimeout: 300 * time.Millisecond}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, err := idempgx.Tx(r.Context())
+		require.NoError(b.t, err)
+		require.NoError(b.t, b.insert(r.Context(), tx, key))
+		*locker, err = b.pool.Begin(ctx)
+		require.NoError(b.t, err)
+		_, err = (*locker).Exec(ctx, `SELECT 1 FROM idem_keys WHERE key = $1 FOR UPDATE`, key)
+		require.NoError(b.t, err)
+		w.WriteHeader(http.StatusCreated)
+	}))
+}
+
 // A takeover while the handler runs (the record's fencing token moves on):
 // the completion is fenced out and the business write must not commit, in
 // every exec mode, whatever the handler's first statement was.
@@ -197,23 +263,19 @@ func TestHandlerTxFencedOutEndToEndEveryExecMode(t *testing.T) {
 // inside the transaction: a 500 rolls it back, and nothing stays.
 func TestHandlerTxConnFirstStatementRunsInTheTransaction(t *testing.T) {
 	t.Parallel()
-	for _, oneCommit := range []bool{false, true} {
-		t.Run(fmt.Sprint("oneCommit=", oneCommit), func(t *testing.T) {
-			t.Parallel()
-			b := newTxApp(t, "")
-			h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				tx, err := idempgx.Tx(r.Context())
-				require.NoError(t, err)
-				_, err = tx.Conn().Exec(r.Context(), `INSERT INTO `+b.table+` (k) VALUES ('conn')`)
-				require.NoError(t, err)
-				http.Error(w, "provider declined", http.StatusInternalServerError)
-			}))
-			res := send(h, "conn")
-			require.Equal(t, http.StatusInternalServerError, res.Code)
-			require.Zero(t, b.rows("conn"), "the write through tx.Conn() was rolled back with the transaction")
-			b.noLeak()
-		})
-	}
+	inEveryMode(t, []string{""}, func(t *testing.T, b *txApp, oneCommit bool) {
+		h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tx, err := idempgx.Tx(r.Context())
+			require.NoError(t, err)
+			_, err = tx.Conn().Exec(r.Context(), `INSERT INTO `+b.table+` (k) VALUES ('conn')`)
+			require.NoError(t, err)
+			http.Error(w, "provider declined", http.StatusInternalServerError)
+		}))
+		res := send(h, "conn")
+		require.Equal(t, http.StatusInternalServerError, res.Code)
+		require.Zero(t, b.rows("conn"), "the write through tx.Conn() was rolled back with the transaction")
+		b.noLeak()
+	})
 }
 
 // A stray goroutine of a handler that keeps its tx after idem committed:
@@ -307,18 +369,7 @@ func TestHandlerTxPendingCompletionFencedOutIsRolledBack(t *testing.T) {
 	b := newTxApp(t, "")
 	ctx := context.Background()
 	var locker pgx.Tx
-	h := b.mw(idem.Config{CompleteTimeout: 300 * time.Millisecond}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := idempgx.Tx(r.Context())
-		require.NoError(t, err)
-		require.NoError(t, b.insert(r.Context(), tx, "pending"))
-		// a takeover in flight: its transaction holds the record's row lock
-		locker, err = b.pool.Begin(ctx)
-		require.NoError(t, err)
-		_, err = locker.Exec(ctx, `SELECT 1 FROM idem_keys WHERE key = 'pending' FOR UPDATE`)
-		require.NoError(t, err)
-		w.WriteHeader(http.StatusCreated)
-	}))
-	res := send(h, "pending")
+	res := send(b.lockedCompletion("pending", &locker), "pending")
 	require.Equal(t, http.StatusServiceUnavailable, res.Code, res.Body.String())
 	_, err := locker.Exec(ctx, `UPDATE idem_keys SET fencing_token = fencing_token + 1 WHERE key = 'pending'`)
 	require.NoError(t, err)
@@ -332,21 +383,11 @@ func TestHandlerTxPendingCompletionFencedOutIsRolledBack(t *testing.T) {
 func TestHandlerTxPendingCompletionCommits(t *testing.T) {
 	t.Parallel()
 	b := newTxApp(t, "")
-	ctx := context.Background()
 	var locker pgx.Tx
-	h := b.mw(idem.Config{CompleteTimeout: 300 * time.Millisecond}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := idempgx.Tx(r.Context())
-		require.NoError(t, err)
-		require.NoError(t, b.insert(r.Context(), tx, "pending-ok"))
-		locker, err = b.pool.Begin(ctx)
-		require.NoError(t, err)
-		_, err = locker.Exec(ctx, `SELECT 1 FROM idem_keys WHERE key = 'pending-ok' FOR UPDATE`)
-		require.NoError(t, err)
-		w.WriteHeader(http.StatusCreated)
-	}))
+	h := b.lockedCompletion("pending-ok", &locker)
 	res := send(h, "pending-ok")
 	require.Equal(t, http.StatusServiceUnavailable, res.Code, res.Body.String())
-	require.NoError(t, locker.Commit(ctx))
+	require.NoError(t, locker.Commit(context.Background()))
 	b.noLeak()
 	require.Equal(t, 1, b.rows("pending-ok"))
 	require.Equal(t, "SUCCEEDED", b.state("pending-ok"))
@@ -360,129 +401,100 @@ func TestHandlerTxPendingCompletionCommits(t *testing.T) {
 // commits exactly once.
 func TestHandlerTxConcurrentDuplicatesCommitOnce(t *testing.T) {
 	t.Parallel()
-	for _, mode := range execModes {
-		for _, oneCommit := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/oneCommit=%v", mode, oneCommit), func(t *testing.T) {
-				t.Parallel()
-				b := newTxApp(t, mode)
-				var runs atomic.Int64
-				h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					runs.Add(1)
-					tx, err := idempgx.Tx(r.Context())
-					if err == nil {
-						err = b.insert(r.Context(), tx, "dup")
-					}
-					if err != nil {
-						http.Error(w, err.Error(), 500)
-						return
-					}
-					w.WriteHeader(http.StatusCreated)
-				}))
-				var wg sync.WaitGroup
-				var created atomic.Int64
-				for i := 0; i < 16; i++ {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						if send(h, "dup").Code == http.StatusCreated {
-							created.Add(1)
-						}
-					}()
+	inEveryMode(t, execModes, func(t *testing.T, b *txApp, oneCommit bool) {
+		var runs atomic.Int64
+		h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			tx, err := idempgx.Tx(r.Context())
+			if err == nil {
+				err = b.insert(r.Context(), tx, "dup")
+			}
+			if err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+		var wg sync.WaitGroup
+		var created atomic.Int64
+		for i := 0; i < 16; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if send(h, "dup").Code == http.StatusCreated {
+					created.Add(1)
 				}
-				wg.Wait()
-				require.Equal(t, 1, b.rows("dup"), "one committed execution")
-				require.Equal(t, int64(1), runs.Load(), "one execution")
-				require.GreaterOrEqual(t, created.Load(), int64(1))
-				b.noLeak()
-			})
+			}()
 		}
-	}
+		wg.Wait()
+		require.Equal(t, 1, b.rows("dup"), "one committed execution")
+		require.Equal(t, int64(1), runs.Load(), "one execution")
+		require.GreaterOrEqual(t, created.Load(), int64(1))
+		b.noLeak()
+	})
 }
 
 // A unique violation in the handler's transaction, then 2xx: 500
 // transaction-aborted, nothing committed, FAILED; then 409: replayed.
 func TestHandlerTxFailedStatementThenAnswer(t *testing.T) {
 	t.Parallel()
-	for _, mode := range execModes {
-		for _, oneCommit := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/oneCommit=%v", mode, oneCommit), func(t *testing.T) {
-				t.Parallel()
-				b := newTxApp(t, mode)
-				ctx := context.Background()
-				_, err := b.pool.Exec(ctx, `CREATE TABLE uniq (id int PRIMARY KEY); INSERT INTO uniq VALUES (1)`)
-				require.NoError(t, err)
-				answer := http.StatusCreated
-				h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					tx, err := idempgx.Tx(r.Context())
-					require.NoError(t, err)
-					require.NoError(t, b.insert(r.Context(), tx, r.Header.Get(idem.HeaderKey)))
-					_, err = tx.Exec(r.Context(), `INSERT INTO uniq VALUES (1)`)
-					require.Error(t, err)
-					w.WriteHeader(answer)
-				}))
-				res := send(h, "u2xx")
-				require.Equal(t, http.StatusInternalServerError, res.Code)
-				require.Zero(t, b.rows("u2xx"))
-				if oneCommit {
-					require.Equal(t, "absent", b.state("u2xx"), "the claim rolled back with the transaction")
-				} else {
-					require.Equal(t, "FAILED", b.state("u2xx"))
-				}
-				b.noLeak()
-				answer = http.StatusConflict
-				res = send(h, "u409")
-				require.Equal(t, http.StatusConflict, res.Code)
-				require.Zero(t, b.rows("u409"))
-				res = send(h, "u409")
-				require.Equal(t, http.StatusConflict, res.Code)
-				require.Equal(t, "true", res.Header().Get("Idempotent-Replayed"))
-				b.noLeak()
-			})
+	inEveryMode(t, execModes, func(t *testing.T, b *txApp, oneCommit bool) {
+		ctx := context.Background()
+		_, err := b.pool.Exec(ctx, `CREATE TABLE uniq (id int PRIMARY KEY); INSERT INTO uniq VALUES (1)`)
+		require.NoError(t, err)
+		answer := http.StatusCreated
+		h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tx, err := idempgx.Tx(r.Context())
+			require.NoError(t, err)
+			require.NoError(t, b.insert(r.Context(), tx, r.Header.Get(idem.HeaderKey)))
+			_, err = tx.Exec(r.Context(), `INSERT INTO uniq VALUES (1)`)
+			require.Error(t, err)
+			w.WriteHeader(answer)
+		}))
+		res := send(h, "u2xx")
+		require.Equal(t, http.StatusInternalServerError, res.Code)
+		require.Zero(t, b.rows("u2xx"))
+		if oneCommit {
+			require.Equal(t, "absent", b.state("u2xx"), "the claim rolled back with the transaction")
+		} else {
+			require.Equal(t, "FAILED", b.state("u2xx"))
 		}
-	}
+		b.noLeak()
+		answer = http.StatusConflict
+		res = send(h, "u409")
+		require.Equal(t, http.StatusConflict, res.Code)
+		require.Zero(t, b.rows("u409"))
+		res = send(h, "u409")
+		require.Equal(t, http.StatusConflict, res.Code)
+		require.Equal(t, "true", res.Header().Get("Idempotent-Replayed"))
+		b.noLeak()
+	})
 }
 
 // A deferred foreign key fails at COMMIT, in every exec mode and both
 // modes: the rows are gone, 503, and the retry runs again.
 func TestHandlerTxDeferredConstraintAtCommit(t *testing.T) {
 	t.Parallel()
-	for _, mode := range execModes {
-		for _, oneCommit := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/oneCommit=%v", mode, oneCommit), func(t *testing.T) {
-				t.Parallel()
-				b := newTxApp(t, mode)
-				ctx := context.Background()
-				_, err := b.pool.Exec(ctx, `CREATE TABLE parents (id int PRIMARY KEY);
-					CREATE TABLE children (parent_id int REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)`)
-				require.NoError(t, err)
-				var runs atomic.Int64
-				h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					n := runs.Add(1)
-					tx, err := idempgx.Tx(r.Context())
-					require.NoError(t, err)
-					require.NoError(t, b.insert(r.Context(), tx, "fk"))
-					if n == 1 {
-						_, err = tx.Exec(r.Context(), `INSERT INTO children VALUES (42)`)
-					} else {
-						_, err = tx.Exec(r.Context(), `INSERT INTO parents VALUES (42)`)
-					}
-					require.NoError(t, err)
-					w.WriteHeader(http.StatusCreated)
-				}))
-				res := send(h, "fk")
-				require.Equal(t, http.StatusServiceUnavailable, res.Code, res.Body.String())
-				require.Zero(t, b.rows("fk"))
-				st := b.state("fk")
-				require.Contains(t, []string{"FAILED", "absent"}, st)
-				b.noLeak()
-				res = send(h, "fk")
-				require.Equal(t, http.StatusCreated, res.Code, res.Body.String())
-				require.Equal(t, int64(2), runs.Load())
-				require.Equal(t, 1, b.rows("fk"))
-				b.noLeak()
-			})
-		}
-	}
+	inEveryMode(t, execModes, func(t *testing.T, b *txApp, oneCommit bool) {
+		ctx := context.Background()
+		_, err := b.pool.Exec(ctx, `CREATE TABLE parents (id int PRIMARY KEY);
+			CREATE TABLE children (parent_id int REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)`)
+		require.NoError(t, err)
+		h, runs := b.counted(idem.Config{OneCommit: oneCommit}, func(ctx context.Context, tx pgx.Tx, run int64) {
+			require.NoError(t, b.insert(ctx, tx, "fk"))
+			stmt := `INSERT INTO children VALUES (42)` // no parent 42: the COMMIT fails
+			if run > 1 {
+				stmt = `INSERT INTO parents VALUES (42)`
+			}
+			_, err := tx.Exec(ctx, stmt)
+			require.NoError(t, err)
+		})
+		b.retryCommitsOnce(h, "fk", func(res *httptest.ResponseRecorder) {
+			require.Equal(t, http.StatusServiceUnavailable, res.Code, res.Body.String())
+			require.Contains(t, []string{"FAILED", "absent"}, b.state("fk"))
+		})
+		require.Equal(t, int64(2), runs.Load())
+	})
 }
 
 // The server kills the business transaction's backend while the handler
@@ -490,38 +502,19 @@ func TestHandlerTxDeferredConstraintAtCommit(t *testing.T) {
 // and the retry commits exactly once.
 func TestHandlerTxBackendKilledMidHandler(t *testing.T) {
 	t.Parallel()
-	for _, mode := range execModes {
-		for _, oneCommit := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/oneCommit=%v", mode, oneCommit), func(t *testing.T) {
-				t.Parallel()
-				b := newTxApp(t, mode)
-				ctx := context.Background()
-				var runs atomic.Int64
-				h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					n := runs.Add(1)
-					tx, err := idempgx.Tx(r.Context())
-					require.NoError(t, err)
-					require.NoError(t, b.insert(r.Context(), tx, "killed"))
-					if n == 1 {
-						var pid uint32 = tx.Conn().PgConn().PID()
-						_, err = b.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, int(pid))
-						require.NoError(t, err)
-					}
-					w.WriteHeader(http.StatusCreated)
-				}))
-				res := send(h, "killed")
-				require.NotEqual(t, http.StatusCreated, res.Code)
-				require.Zero(t, b.rows("killed"))
-				b.noLeak()
-				// retry until it runs (a lease may have to run out: not here, since
-				// Fail or the rolled-back one-commit claim freed it)
-				res = send(h, "killed")
-				require.Equal(t, http.StatusCreated, res.Code, res.Body.String())
-				require.Equal(t, 1, b.rows("killed"))
-				b.noLeak()
-			})
-		}
-	}
+	inEveryMode(t, execModes, func(t *testing.T, b *txApp, oneCommit bool) {
+		h, _ := b.counted(idem.Config{OneCommit: oneCommit}, func(ctx context.Context, tx pgx.Tx, run int64) {
+			require.NoError(t, b.insert(ctx, tx, "killed"))
+			if run == 1 {
+				var pid uint32 = tx.Conn().PgConn().PID()
+				_, err := b.pool.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, int(pid))
+				require.NoError(t, err)
+			}
+		})
+		// The retry runs at once: Fail, or the rolled-back one-commit
+		// claim, freed the key.
+		b.retryCommitsOnce(h, "killed", notSucceeded(t))
+	})
 }
 
 // The handler commits or rolls back the transaction itself (against the
@@ -562,83 +555,60 @@ func TestHandlerTxHandlerEndsTheTransaction(t *testing.T) {
 // business write and the record agree, and nothing leaks.
 func TestHandlerTxClientCancelsMidHandler(t *testing.T) {
 	t.Parallel()
-	for _, oneCommit := range []bool{false, true} {
-		t.Run(fmt.Sprint("oneCommit=", oneCommit), func(t *testing.T) {
-			t.Parallel()
-			b := newTxApp(t, "")
-			ctx, cancel := context.WithCancel(context.Background())
-			h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				tx, err := idempgx.Tx(r.Context())
-				require.NoError(t, err)
-				require.NoError(t, b.insert(r.Context(), tx, "hangup"))
-				cancel()
-				if err := b.insert(r.Context(), tx, "hangup"); err != nil {
-					http.Error(w, err.Error(), http.StatusInternalServerError)
-					return
-				}
-				w.WriteHeader(http.StatusCreated)
-			}))
-			req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`)).WithContext(ctx)
-			req.Header.Set(idem.HeaderKey, "hangup")
-			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, req)
-			n, st := b.rows("hangup"), b.state("hangup")
-			if rec.Code == http.StatusCreated {
-				require.Equal(t, 2, n)
-				require.Equal(t, "SUCCEEDED", st)
-			} else {
-				require.Zero(t, n, "answered %d", rec.Code)
-				require.NotEqual(t, "SUCCEEDED", st)
+	inEveryMode(t, []string{""}, func(t *testing.T, b *txApp, oneCommit bool) {
+		ctx, cancel := context.WithCancel(context.Background())
+		h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tx, err := idempgx.Tx(r.Context())
+			require.NoError(t, err)
+			require.NoError(t, b.insert(r.Context(), tx, "hangup"))
+			cancel()
+			if err := b.insert(r.Context(), tx, "hangup"); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
 			}
-			b.noLeak()
-		})
-	}
+			w.WriteHeader(http.StatusCreated)
+		}))
+		req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`)).WithContext(ctx)
+		req.Header.Set(idem.HeaderKey, "hangup")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		n, st := b.rows("hangup"), b.state("hangup")
+		if rec.Code == http.StatusCreated {
+			require.Equal(t, 2, n)
+			require.Equal(t, "SUCCEEDED", st)
+		} else {
+			require.Zero(t, n, "answered %d", rec.Code)
+			require.NotEqual(t, "SUCCEEDED", st)
+		}
+		b.noLeak()
+	})
 }
 
 // The server ends the session of a business transaction left idle past
-// idle_in_transaction_session_timeout (set for the pool's sessions) while
+// idle_in_transaction_session_timeout (SET LOCAL in the transaction) while
 // the handler waits: nothing commits, the answer is not a success, the
 // retry commits exactly once.
 func TestHandlerTxIdleInTransactionTimeout(t *testing.T) {
 	t.Parallel()
-	for _, mode := range execModes {
-		for _, oneCommit := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/oneCommit=%v", mode, oneCommit), func(t *testing.T) {
-				t.Parallel()
-				b := newTxApp(t, mode)
-				ctx := context.Background()
-				var runs atomic.Int64
-				h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					n := runs.Add(1)
-					tx, err := idempgx.Tx(r.Context())
-					require.NoError(t, err)
-					if n == 1 {
-						_, err = tx.Exec(r.Context(), `SET LOCAL idle_in_transaction_session_timeout = 100`)
-						require.NoError(t, err)
+	inEveryMode(t, execModes, func(t *testing.T, b *txApp, oneCommit bool) {
+		h, _ := b.counted(idem.Config{OneCommit: oneCommit}, func(ctx context.Context, tx pgx.Tx, run int64) {
+			if run == 1 {
+				_, err := tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 100`)
+				require.NoError(t, err)
+			}
+			require.NoError(t, b.insert(ctx, tx, "idle"))
+			if run == 1 {
+				pid := int(tx.Conn().PgConn().PID())
+				for i := 0; i < 200; i++ { // until the server ended the session
+					var alive bool
+					require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive))
+					if !alive {
+						break
 					}
-					require.NoError(t, b.insert(r.Context(), tx, "idle"))
-					if n == 1 {
-						pid := int(tx.Conn().PgConn().PID())
-						for i := 0; i < 200; i++ { // until the server ended the session
-							var alive bool
-							require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive))
-							if !alive {
-								break
-							}
-							time.Sleep(20 * time.Millisecond)
-						}
-					}
-					w.WriteHeader(http.StatusCreated)
-				}))
-				res := send(h, "idle")
-				require.NotEqual(t, http.StatusCreated, res.Code)
-				require.Zero(t, b.rows("idle"))
-				b.noLeak()
-				res = send(h, "idle")
-				require.Equal(t, http.StatusCreated, res.Code, res.Body.String())
-				require.Equal(t, 1, b.rows("idle"))
-				b.noLeak()
-			})
-		}
-	}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+		})
+		b.retryCommitsOnce(h, "idle", notSucceeded(t))
+	})
 }

@@ -99,7 +99,7 @@ func TestUnstorableInEveryExecMode(t *testing.T) {
 // pgx exec mode (default_query_exec_mode), plain and partitioned, on a pool
 // of maxConns connections.
 func inEveryExecMode(t *testing.T, maxConns int32, f func(t *testing.T, mode string, d *idempgx.Driver)) {
-	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
+	for _, mode := range execModes {
 		for _, partitioned := range []bool{false, true} {
 			name := mode
 			if partitioned {
