@@ -53,7 +53,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -91,9 +90,6 @@ type Driver struct {
 	// qualified caches the rewritten statements (see q).
 	schema    string
 	qualified sync.Map
-	// lockArg is the one-commit claim's last lock_timeout argument (see
-	// lockTimeout).
-	lockArg atomic.Pointer[lockArg]
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)

@@ -73,7 +73,7 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 func (d *Driver) claimIn(ctx context.Context, conn *pgxpool.Conn, args []any, waitMS int64) (res idemdriver.ClaimResult, tx *claimTx, err error) {
 	b := newBatch()
 	b.BeginTx(pgx.TxOptions{})
-	b.queue(setLockTimeoutSQL, d.lockTimeout(waitMS))
+	b.queue(setLockTimeoutSQL, strconv.FormatInt(waitMS, 10))
 	query := d.q(claimSQL)
 	if d.part != nil {
 		b.queue(lockKeySQL, args[0], args[1]) // scope, key: claimArgs's first two
@@ -101,24 +101,6 @@ func (d *Driver) claimIn(ctx context.Context, conn *pgxpool.Conn, args []any, wa
 		err = errClaimRaced
 	}
 	return res, tx, err
-}
-
-// lockTimeout is the argument of setLockTimeoutSQL for waitMS, kept for the
-// next claim (a middleware uses one bound).
-func (d *Driver) lockTimeout(waitMS int64) any {
-	if c := d.lockArg.Load(); c != nil && c.ms == waitMS {
-		return c.arg
-	}
-	c := &lockArg{waitMS, strconv.FormatInt(waitMS, 10)}
-	d.lockArg.Store(c)
-	return c.arg
-}
-
-// lockArg is a lock bound in milliseconds and its setLockTimeoutSQL
-// argument.
-type lockArg struct {
-	ms  int64
-	arg any
 }
 
 // setLockTimeoutSQL bounds the transaction's lock waits (milliseconds, as
