@@ -48,7 +48,10 @@ func (t *businessTx) Complete(ctx context.Context, p idemdriver.CompleteParams) 
 // fails or is fenced out, the server skips the COMMIT (every
 // message after an error up to the pipeline's Sync is skipped, as is the
 // rest of a multi-statement query in the simple protocol), so nothing is
-// committed and the transaction waits, aborted, for Rollback.
+// committed and the transaction waits, aborted, for Rollback. An error that
+// is not the server's answer (a connection lost once the pipeline went
+// out) leaves the COMMIT's fate unknown: it wraps idemdriver.ErrCommit, as
+// a failed COMMIT does.
 func (t *businessTx) CompleteCommit(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
 	if t.tx.done.Load() {
 		return false, txErr(pgx.ErrTxClosed)
