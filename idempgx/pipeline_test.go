@@ -1,20 +1,27 @@
 package idempgx_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idempgx"
+	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // The pipelines (the completion with its COMMIT, BEGIN with the one-commit
@@ -267,4 +274,118 @@ func TestDeferredBeginHoldsEveryFirstStatement(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.StateSucceeded, rec.State)
 	require.Zero(t, d.Pool().Stat().AcquiredConns(), "every connection went back to the pool")
+}
+
+// A one-commit execution whose connection breaks once its completion and
+// COMMIT have gone out (here a proxy drops the server's answer to the
+// COMMIT, which the server has run) cannot know whether it committed: the
+// answer says so (the retry gets the result if the commit took effect),
+// not that the writes were rolled back, and the retry replays. Regression:
+// the lost connection was reported as a failed completion, and the 503
+// said the request's writes were rolled back with it, while they had
+// committed.
+func TestConnectionLostAfterThePipelinedCommit(t *testing.T) {
+	t.Parallel()
+	url, _ := dbtest.PostgresURL(t)
+	cfg, err := pgxpool.ParseConfig(url + "&default_query_exec_mode=simple_protocol") // the SQL text on the wire
+	require.NoError(t, err)
+	proxy := newCutProxy(t, fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port))
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = "127.0.0.1", proxy.port, nil
+	cfg.MaxConns = 2
+	d := storeOn(t, cfg, false)
+	biz := newBusiness(t, d)
+	m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, OneCommit: true})
+	require.NoError(t, err)
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, err := idemdriver.TxFromContext(r.Context())
+		require.NoError(t, err)
+		require.NoError(t, biz.Insert(r.Context(), tx, "lost-row"))
+		proxy.cut.Store(true) // the next COMMIT's answer never arrives
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send := func() *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
+		req.Header.Set(idem.HeaderKey, "lost")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	first := send()
+	require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())
+	require.Contains(t, first.Body.String(), "if the commit took effect")
+	require.NotContains(t, first.Body.String(), "rolled back")
+	n, err := biz.Count(context.Background(), "lost-row")
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the server ran the COMMIT")
+	retry := send()
+	require.Equal(t, http.StatusCreated, retry.Code, retry.Body.String())
+	require.Equal(t, "true", retry.Header().Get(idem.HeaderReplayed))
+}
+
+// cutProxy forwards TCP connections to a server. Once cut is set, the
+// server's answer to the next client message that holds "commit" is not
+// delivered: the connection is closed instead, after the server has read
+// the message.
+type cutProxy struct {
+	port uint16
+	cut  atomic.Bool
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	p := &cutProxy{port: uint16(ln.Addr().(*net.TCPAddr).Port)}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			go p.serve(c, s)
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) serve(c, s net.Conn) {
+	var committing atomic.Bool
+	go func() { // client to server
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				if p.cut.Load() && bytes.Contains(bytes.ToLower(buf[:n]), []byte("commit")) {
+					committing.Store(true)
+				}
+				if _, werr := s.Write(buf[:n]); werr != nil {
+					err = werr
+				}
+			}
+			if err != nil {
+				_ = s.Close()
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	for { // server to client
+		n, err := s.Read(buf)
+		if n > 0 && committing.Load() {
+			p.cut.Store(false)
+			err = errors.New("cut")
+		} else if n > 0 {
+			_, err = c.Write(buf[:n])
+		}
+		if err != nil {
+			_ = c.Close()
+			_ = s.Close()
+			return
+		}
+	}
 }
