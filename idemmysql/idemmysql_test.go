@@ -131,7 +131,7 @@ func TestConformance(t *testing.T) {
 		// then completes. Replays, 409 and 422 are answered by the read.
 		// A transactional completion adds START TRANSACTION and COMMIT
 		// (Open's sessions default to READ COMMITTED, so no SET TRANSACTION).
-		Budget:       map[string]int{"first": 3, "first-transactional": 5, "first-one-commit": 5, "replay": 1, "in-flight": 1, "key-reused": 1},
+		Budget:       map[string]int{"first": 3, "first-transactional": 5, "first-one-commit": 5, "replay-one-commit": 3, "replay": 1, "in-flight": 1, "key-reused": 1},
 		SingleWriter: false,
 		Maintenance:  true,
 		SecondDriver: secondDriver,

@@ -324,18 +324,28 @@ func runOneCommit(t *testing.T, h Harness) {
 		}
 		want, ok := h.Budget["first-one-commit"]
 		require.True(t, ok, "the harness gives no budget for first-one-commit")
+		wantReplay, ok := h.Budget["replay-one-commit"]
+		require.True(t, ok, "the harness gives no budget for replay-one-commit")
 		biz := h.Business(t, d)
 		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, OneCommit: true})
 		require.NoError(t, err)
-		req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{}`))
-		req.Header.Set("Idempotency-Key", "k")
-		rec := httptest.NewRecorder()
 		a := &app{biz: biz}
 		t.Cleanup(func() { a.writes.check(t) })
+		serve := func() *httptest.ResponseRecorder {
+			req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{}`))
+			req.Header.Set("Idempotency-Key", "k")
+			rec := httptest.NewRecorder()
+			m.Handler(a).ServeHTTP(rec, req)
+			return rec
+		}
 		before := count()
-		m.Handler(a).ServeHTTP(rec, req)
+		rec := serve()
 		require.Equal(t, 201, rec.Code, rec.Body.String())
 		require.EqualValues(t, want, count()-before-1, "statements for a one-commit first execution (one business write not counted)")
+		before = count()
+		rec = serve()
+		require.Equal(t, "true", rec.Header().Get(idem.HeaderReplayed), rec.Body.String())
+		require.EqualValues(t, wantReplay, count()-before, "statements for a one-commit replay")
 	})
 
 	t.Run("ConfigNeedsTxClaimer", func(t *testing.T) {

@@ -40,7 +40,9 @@ type Harness struct {
 	// Budget gives the statements one request costs, per outcome: "first"
 	// (claim + completion), "first-transactional" (idem's statements around
 	// one business write: the write itself is not counted), "replay",
-	// "in-flight" and "key-reused". CONTRACT section 10 sets the targets;
+	// "in-flight" and "key-reused"; with a idemdriver.TxClaimer,
+	// "first-one-commit" (as first-transactional) and "replay-one-commit".
+	// CONTRACT section 10 sets the targets;
 	// a driver states its real figures here and the suite holds it to them.
 	Budget map[string]int
 	// SingleWriter is true for databases with one writer at a time (SQLite):
