@@ -14,8 +14,8 @@
 // batch (one pipeline, one round trip): the business transaction's BEGIN
 // with its first Exec; the completion with the COMMIT, written so that it
 // raises when it is fenced out and the server then skips the COMMIT
-// (idemdriver.CompleteCommitter); in the one-commit mode BEGIN, the lock
-// bound and the claim. A replay, 409 or 422 is one statement; a first
+// (idemdriver.CompleteCommitter); in the one-commit mode BEGIN and the
+// claim, which also sets the transaction's lock bound. A replay, 409 or 422 is one statement; a first
 // execution in transactional mode three round trips around the handler's
 // own statements (the claim, BEGIN with the first of them, the completion
 // with the COMMIT), in the one-commit mode two.
@@ -50,6 +50,7 @@ import (
 	"fmt"
 	"io/fs"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -170,19 +171,37 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // answer (it would give 422 with the expired record's old payload, or 409
 // on a lease that has run out), so no row comes back, and Claim runs the
 // statement again with a new snapshot, which sees the winner.
-var claimSQL = bind(claimParams, `WITH `+curCTE(now)+`, claim AS (
+var claimSQL = bind(claimParams, claimStatement(""))
+
+// claimBoundedSQL is claimSQL that also bounds the transaction's lock waits
+// (@wait: lock_timeout in milliseconds, as text, local to the transaction),
+// for the one-commit claim (ClaimTx): one statement instead of a set_config
+// of its own before the claim. The bound is in the WHERE of the row the
+// INSERT proposes, so it is set before the INSERT can wait on the key: for
+// a concurrent claim's uncommitted row (the unique index) or for a takeover's
+// row lock (ON CONFLICT DO UPDATE). A claim that inserts nothing because
+// "cur" is the answer may not set it; that transaction is rolled back.
+var claimBoundedSQL = bind(slices.Concat(claimParams, []string{"wait"}),
+	claimStatement(` AND set_config('lock_timeout', @wait, true) IS NOT NULL`))
+
+// claimStatement is the claim's text (see claimSQL) with extra, an SQL
+// condition starting with AND, added to the WHERE of the row its INSERT
+// proposes.
+func claimStatement(extra string) string {
+	return `WITH ` + curCTE(now) + `, claim AS (
 	INSERT INTO idem_keys AS k (scope, key, method, path, fingerprint, state, fencing_token,
 		locked_until, created_at, updated_at, expires_at, attempts, owner)
 	SELECT @scope::text, @key::text, @method::text, @path::text, @fingerprint::bytea, 'PROCESSING', 1,
-		`+now+` + @lease::bigint * interval '1 microsecond', `+now+`, `+now+`,
-		`+now+` + @retention::bigint * interval '1 microsecond', 1, @owner::text
-	WHERE NOT EXISTS (SELECT 1 FROM cur WHERE NOT claimable)
-	`+idemdriver.ClaimUpsertSQL("k", clock+` + @lease::bigint * interval '1 microsecond'`)+`
-	RETURNING `+columns+`
+		` + now + ` + @lease::bigint * interval '1 microsecond', ` + now + `, ` + now + `,
+		` + now + ` + @retention::bigint * interval '1 microsecond', 1, @owner::text
+	WHERE NOT EXISTS (SELECT 1 FROM cur WHERE NOT claimable)` + extra + `
+	` + idemdriver.ClaimUpsertSQL("k", clock+` + @lease::bigint * interval '1 microsecond'`) + `
+	RETURNING ` + columns + `
 )
 SELECT true, *, coalesce((SELECT state = 'PROCESSING' FROM cur), false) AND attempts > 1 FROM claim
 UNION ALL
-SELECT false, `+columns+`, false FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM claim)`)
+SELECT false, ` + columns + `, false FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM claim)`
+}
 
 var getSQL = bind([]string{"scope", "key", "offset"}, `SELECT `+columns+` FROM idem_keys WHERE scope = @scope AND key = @key`)
 

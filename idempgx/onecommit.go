@@ -18,16 +18,17 @@ var _ idemdriver.TxClaimer = (*Driver)(nil)
 
 // ClaimTx implements idemdriver.TxClaimer: the one-commit mode's claim, in
 // one round trip: a pgx batch that begins the transaction (pgx's
-// Batch.BeginTx), bounds its lock wait (set_config of lock_timeout, local
-// to the transaction) and runs the claim statement of Claim (claimSQL; on a
-// partitioned table the key's transaction-scoped advisory lock and
-// claimPartitionedSQL), uncommitted, on a connection the driver acquired
-// (see claimTx). A concurrent claim of the key (an INSERT ... ON CONFLICT,
-// or the partitioned claim's advisory lock) waits for this transaction to
-// end; past wait it fails with 55P03 lock_not_available, reported as
-// idemdriver.ErrLockWait. Statements: BEGIN, the set_config and the claim
-// (and the lock on a partitioned table); a claim that does not win adds a
-// ROLLBACK.
+// Batch.BeginTx) and runs the claim statement of Claim, uncommitted, on a
+// connection the driver acquired (see claimTx). The claim also bounds the
+// transaction's lock waits (lock_timeout, local to the transaction:
+// claimBoundedSQL); on a partitioned table the bound is a set_config of its
+// own, followed by the key's transaction-scoped advisory lock and
+// claimPartitionedSQL. A concurrent claim of the key (an INSERT ... ON
+// CONFLICT, or the partitioned claim's advisory lock) waits for this
+// transaction to end; past wait it fails with 55P03 lock_not_available,
+// reported as idemdriver.ErrLockWait. Statements: BEGIN and the claim (and
+// the set_config and the lock on a partitioned table); a claim that does
+// not win adds a ROLLBACK.
 func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (idemdriver.ClaimResult, idemdriver.Tx, error) {
 	if err := claimTextable(p); err != nil {
 		return idemdriver.ClaimResult{}, nil, err
@@ -73,13 +74,16 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 func (d *Driver) claimIn(ctx context.Context, conn *pgxpool.Conn, args []any, waitMS int64) (res idemdriver.ClaimResult, tx *claimTx, err error) {
 	b := newBatch()
 	b.BeginTx(pgx.TxOptions{})
-	b.queue(setLockTimeoutSQL, strconv.FormatInt(waitMS, 10))
-	query := d.q(claimSQL)
+	wait := strconv.FormatInt(waitMS, 10)
 	if d.part != nil {
+		// The bound must come before the key's advisory lock, a statement
+		// of its own.
+		b.queue(setLockTimeoutSQL, wait)
 		b.queue(lockKeySQL, args[0], args[1]) // scope, key: claimArgs's first two
-		query = d.q(claimPartitionedSQL)
+		b.queue(d.q(claimPartitionedSQL), args...)
+	} else {
+		b.queue(d.q(claimBoundedSQL), append(args, wait)...)
 	}
-	b.queue(query, args...)
 	br := conn.SendBatch(ctx, &b.Batch)
 	tx = newClaimTx(conn, br.Tx())
 	defer func() {

@@ -95,7 +95,7 @@ func TestPipelinesInEveryExecMode(t *testing.T) {
 		require.ErrorIs(t, err, pgx.ErrTxClosed, "the handler's transaction is closed once idem committed it")
 		require.Zero(t, d.Pool().Stat().AcquiredConns())
 
-		// One-commit: BEGIN, the lock bound and the claim in one
+		// One-commit: BEGIN and the claim, which bounds the lock wait, in one
 		// batch; a duplicate waits at most its bound.
 		res, tx, err = d.ClaimTx(ctx, claimParams("one", 0), time.Second)
 		require.NoError(t, err)

@@ -31,6 +31,7 @@ const (
 	routeOwnTx     = "/idem-own/payments"    // idem; the handler commits its own transaction
 	routeOneCommit = "/idem-1c/payments"     // idem in the one-commit mode; the handler writes in the claim's transaction
 	routeFloor     = "/floor/payments"       // idem's statements sent by hand
+	routeFloor1c   = "/floor-1c/payments"    // the one-commit mode's statements sent by hand
 	routeNaive     = "/naive/payments"       // the article's naive Redis cache
 	routeHold      = "/hold/payments"        // idem; the handler waits for release (409s)
 	routeCached    = "/idem-cached/payments" // idem with a replay cache; the handler writes in the claim's transaction
@@ -113,6 +114,7 @@ func (a *app) routes() http.Handler {
 	mux.Handle("POST "+routeOneCommit, a.mw1c.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeCached, a.mwRC.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeFloor, http.HandlerFunc(a.createFloor))
+	mux.Handle("POST "+routeFloor1c, http.HandlerFunc(a.createFloor1c))
 	mux.Handle("POST "+routeHold, a.mw.Handler(http.HandlerFunc(a.held)))
 	if a.naive != nil {
 		mux.Handle("POST "+routeNaive, a.naive.wrap(http.HandlerFunc(a.createOwnTx)))
@@ -220,34 +222,61 @@ func floorHeaders(p payment) ([]byte, error) {
 // the business transaction with the completion (an UPDATE by primary key and
 // fencing token) before its COMMIT. The request is read whole and hashed
 // (SHA-256) for the fingerprint column, as any claim must.
-func (a *app) createFloor(w http.ResponseWriter, r *http.Request) {
+func (a *app) createFloor(w http.ResponseWriter, r *http.Request) { a.floor(w, r, false) }
+
+// createFloor1c is the one-commit mode's floor: the same statements in one
+// transaction, the claim INSERT first (it takes the key's lock until the
+// COMMIT), then the business writes and the completion. It sets no lock
+// bound and sends every statement on its own (pgx's Begin sends BEGIN
+// alone): idem's one-commit claim also bounds the wait, in the claim
+// statement, and goes with the BEGIN.
+func (a *app) createFloor1c(w http.ResponseWriter, r *http.Request) { a.floor(w, r, true) }
+
+// floor serves createFloor (oneCommit false) and createFloor1c.
+func (a *app) floor(w http.ResponseWriter, r *http.Request, oneCommit bool) {
 	ctx := r.Context()
+	var tx bizTx
+	abort := func(status int, err error) {
+		if tx != nil {
+			_ = tx.rollback(ctx)
+		}
+		a.fail(w, status, err)
+	}
 	scope, _ := scopeOf(r)
 	key := r.Header.Get(idem.HeaderKey)
 	body, err := io.ReadAll(io.LimitReader(r.Body, idem.DefaultMaxRequestBytes))
 	if err != nil {
-		a.fail(w, http.StatusBadRequest, err)
+		abort(http.StatusBadRequest, err)
 		return
 	}
 	fp := sha256.Sum256(body)
-	claimed, err := a.t.floorClaim(ctx, scope, key, r.URL.EscapedPath(), fp[:])
-	if err != nil {
-		a.fail(w, http.StatusServiceUnavailable, err)
-		return
+	if oneCommit {
+		if tx, err = a.t.begin(ctx); err != nil {
+			abort(http.StatusInternalServerError, err)
+			return
+		}
 	}
-	if !claimed {
-		http.Error(w, "key in use", http.StatusConflict)
+	// The claim: on its own (tx nil), or the one-commit transaction's first
+	// statement.
+	claimed, err := a.t.floorClaim(ctx, tx, scope, key, r.URL.EscapedPath(), fp[:])
+	switch {
+	case err != nil:
+		abort(http.StatusServiceUnavailable, err)
+		return
+	case !claimed:
+		abort(http.StatusConflict, errors.New("key in use"))
 		return
 	}
 	p, err := newPayment(bytes.NewReader(body))
 	if err != nil {
-		a.fail(w, http.StatusBadRequest, err)
+		abort(http.StatusBadRequest, err)
 		return
 	}
-	tx, err := a.t.begin(ctx)
-	if err != nil {
-		a.fail(w, http.StatusInternalServerError, err)
-		return
+	if tx == nil {
+		if tx, err = a.t.begin(ctx); err != nil {
+			abort(http.StatusInternalServerError, err)
+			return
+		}
 	}
 	resp := p.response()
 	headers, err := floorHeaders(p)
@@ -258,8 +287,7 @@ func (a *app) createFloor(w http.ResponseWriter, r *http.Request) {
 		err = a.t.floorComplete(ctx, tx, scope, key, http.StatusCreated, headers, resp)
 	}
 	if err != nil {
-		_ = tx.rollback(ctx)
-		a.fail(w, http.StatusInternalServerError, err)
+		abort(http.StatusInternalServerError, err)
 		return
 	}
 	if err := tx.commit(ctx); err != nil {

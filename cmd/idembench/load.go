@@ -47,6 +47,7 @@ const (
 	vOwnTx     = "idem-own"
 	vOneCommit = "idem-1c"
 	vFloor     = "floor"
+	vFloor1c   = "floor-1c"
 	vReplay    = "replay"
 	vInFlight  = "409"
 	vKeyReused = "422"
@@ -64,6 +65,7 @@ var allVariants = []variant{
 	{id: vOneCommit, label: "idem first execution, one-commit mode (Config.OneCommit)", route: routeOneCommit, body: paymentBody, want: http.StatusCreated},
 	{id: vOwnTx, label: "idem first execution, handler commits its own transaction", route: routeOwnTx, body: paymentBody, want: http.StatusCreated},
 	{id: vFloor, label: "the floor: idem's statements sent by hand (raw driver)", route: routeFloor, body: paymentBody, want: http.StatusCreated},
+	{id: vFloor1c, label: "the one-commit floor: its statements sent by hand in one transaction (raw driver)", route: routeFloor1c, body: paymentBody, want: http.StatusCreated},
 	{id: vReplay, label: "idem replay", route: routeClaimTx, body: paymentBody, key: keyReplay, want: http.StatusCreated, replayed: true},
 	{id: vInFlight, label: "idem 409 (key in flight)", route: routeHold, body: paymentBody, key: keyHeld, want: http.StatusConflict},
 	{id: vKeyReused, label: "idem 422 (key reused, other body)", route: routeClaimTx, body: otherPaymentBody, key: keyReplay, want: http.StatusUnprocessableEntity},

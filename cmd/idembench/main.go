@@ -16,6 +16,10 @@
 //     raw driver (a claim INSERT committed on its own, then the business
 //     transaction with the completion UPDATE by primary key): what a first
 //     execution with a durable claim cannot go below;
+//   - floor-1c: the one-commit mode's floor, the same statements by hand in
+//     one transaction (the claim INSERT first, then the business writes and
+//     the completion, one COMMIT): what a first execution in the one-commit
+//     mode cannot go below;
 //   - replay, 409, 422: idem answering a completed key, a key in flight
 //     (held by a request parked in its handler) and a completed key sent
 //     with another body;

@@ -46,6 +46,7 @@ func TestQuickReportHasEveryVariant(t *testing.T) {
 		require.Contains(t, md, "| "+v.label, v.id)
 	}
 	require.Contains(t, md, "ratio to the floor")
+	require.Contains(t, md, "ratio to the one-commit floor")
 	require.Len(t, rep.allocs, len(allVariants))
 	for _, a := range rep.allocs {
 		require.Positive(t, a.perReq, a.variant)
@@ -85,6 +86,9 @@ func TestRatiosArePerRound(t *testing.T) {
 		{db: dbSQLite, variant: vFloor, conc: 8, round: 3, rps: 300},
 		// Another concurrency's bare handler must not be the denominator.
 		{db: dbSQLite, variant: vBare, conc: 1, round: 1, rps: 10},
+		// The one-commit mode is measured against its own floor.
+		{db: dbSQLite, variant: vOneCommit, conc: 8, round: 1, rps: 80},
+		{db: dbSQLite, variant: vFloor1c, conc: 8, round: 1, rps: 160},
 	}
 	s := summarize(cells)[sumKey{dbSQLite, vClaimTx, 8}]
 	require.Equal(t, []float64{0.9, 0.5, 0.75}, s.ratio)
@@ -92,7 +96,8 @@ func TestRatiosArePerRound(t *testing.T) {
 	require.Equal(t, "0.75x (0.50-0.90)", ratioCell(s.ratio, "x"))
 	require.Equal(t, []float64{0.9, 0.4, 1}, s.floorRatio)
 	require.Equal(t, "0.90 (0.40-1.00)", ratioCell(s.floorRatio, "")) // not 100/250
-	require.Empty(t, summarize(cells)[sumKey{dbSQLite, vFloor, 8}].floorRatio, "only idem-tx has a ratio to the floor")
+	require.Empty(t, summarize(cells)[sumKey{dbSQLite, vFloor, 8}].floorRatio, "a floor has no ratio to a floor")
+	require.Equal(t, []float64{0.5}, summarize(cells)[sumKey{dbSQLite, vOneCommit, 8}].floorRatio, "80/160, not 80/100")
 }
 
 func TestReplaceBlockNeedsTheMarkers(t *testing.T) {

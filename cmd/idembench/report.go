@@ -25,7 +25,7 @@ type sumKey struct {
 type summary struct {
 	rps        []float64       // per round
 	ratio      []float64       // per round: rps / the bare handler's rps of the same round
-	floorRatio []float64       // idem-tx only: rps / the floor's rps of the same round
+	floorRatio []float64       // idem-tx and idem-1c only: rps / their floor's rps of the same round
 	p50, p99   []time.Duration // per round
 	n, errs    int
 	firstErr   string
@@ -36,18 +36,28 @@ type roundKey struct {
 	conc, round int
 }
 
+// floorOf is the floor of each mode's first execution: its statements sent
+// by hand, with no middleware.
+var floorOf = map[string]string{vClaimTx: vFloor, vOneCommit: vFloor1c}
+
+// floorRows label the ratio of each mode's first execution to its floor,
+// in the report's order.
+var floorRows = []struct{ variant, label string }{
+	{vClaimTx, "idem transactional first execution, ratio to the floor"},
+	{vOneCommit, "idem one-commit first execution, ratio to the one-commit floor"},
+}
+
 // summarize groups cells by sumKey and takes each round's ratios against
-// the bare handler (and, for the transactional first execution, the floor)
-// of the same database, concurrency and round.
+// the bare handler (and, for a first execution, its floor: floorOf) of the
+// same database, concurrency and round.
 func summarize(cells []cell) map[sumKey]*summary {
-	bare, floor := map[roundKey]float64{}, map[roundKey]float64{}
+	type variantRound struct {
+		variant string
+		roundKey
+	}
+	rps := map[variantRound]float64{}
 	for _, c := range cells {
-		switch c.variant {
-		case vBare:
-			bare[roundKey{c.db, c.conc, c.round}] = c.rps
-		case vFloor:
-			floor[roundKey{c.db, c.conc, c.round}] = c.rps
-		}
+		rps[variantRound{c.variant, roundKey{c.db, c.conc, c.round}}] = c.rps
 	}
 	sums := map[sumKey]*summary{}
 	for _, c := range cells {
@@ -66,11 +76,13 @@ func summarize(cells []cell) map[sumKey]*summary {
 			s.firstErr = c.firstErr
 		}
 		rk := roundKey{c.db, c.conc, c.round}
-		if b := bare[rk]; b > 0 {
+		if b := rps[variantRound{vBare, rk}]; b > 0 {
 			s.ratio = append(s.ratio, c.rps/b)
 		}
-		if f := floor[rk]; f > 0 && c.variant == vClaimTx {
-			s.floorRatio = append(s.floorRatio, c.rps/f)
+		if fl, ok := floorOf[c.variant]; ok {
+			if f := rps[variantRound{fl, rk}]; f > 0 {
+				s.floorRatio = append(s.floorRatio, c.rps/f)
+			}
 		}
 	}
 	return sums
@@ -232,8 +244,8 @@ func (r *report) concHeader(b *strings.Builder, first string) {
 
 // ratioTable is the ratio table for one database: the bare handler in
 // requests per second, every other variant as a ratio to it (median of the
-// rounds, and their range), and the transactional first execution as a
-// ratio to the floor.
+// rounds, and their range), and each mode's first execution as a ratio to
+// its floor (floorRows).
 func (r *report) ratioTable(t *target) string {
 	var b strings.Builder
 	r.concHeader(&b, t.name)
@@ -260,11 +272,14 @@ func (r *report) ratioTable(t *target) string {
 		}
 		b.WriteString("\n")
 	}
-	if slices.ContainsFunc(r.variants, func(v variant) bool { return v.id == vFloor }) {
-		b.WriteString("| idem transactional first execution, ratio to the floor |")
+	for _, row := range floorRows {
+		if !r.measured(row.variant) || !r.measured(floorOf[row.variant]) {
+			continue
+		}
+		b.WriteString("| " + row.label + " |")
 		for _, c := range r.opts.concurrency {
 			var rs []float64
-			if s := r.sums[sumKey{t.slug, vClaimTx, c}]; s != nil {
+			if s := r.sums[sumKey{t.slug, row.variant, c}]; s != nil {
 				rs = s.floorRatio
 			}
 			fmt.Fprintf(&b, " %s |", ratioCell(rs, ""))
@@ -272,6 +287,11 @@ func (r *report) ratioTable(t *target) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// measured reports whether the run measures the variant id.
+func (r *report) measured(id string) bool {
+	return slices.ContainsFunc(r.variants, func(v variant) bool { return v.id == id })
 }
 
 // latencyTable gives each cell's median throughput, p50 and p99.

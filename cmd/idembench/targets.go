@@ -85,10 +85,10 @@ type target struct {
 	// amount, created_at (µs).
 	insertPayment, insertLedger string
 
-	// floorClaim inserts the PROCESSING record of a new key in a statement
-	// of its own (committed before the handler runs, as idem's durable
-	// claim); false when the key exists.
-	floorClaim func(ctx context.Context, scope, key, path string, fingerprint []byte) (bool, error)
+	// floorClaim inserts the PROCESSING record of a new key: in tx, or,
+	// with tx nil, in a statement of its own (committed before the handler
+	// runs, as idem's durable claim); false when the key exists.
+	floorClaim func(ctx context.Context, tx bizTx, scope, key, path string, fingerprint []byte) (bool, error)
 	// floorComplete records the response in tx, by primary key and
 	// fencing token, as idem's completion in the business transaction.
 	floorComplete func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error
@@ -174,8 +174,14 @@ func openPostgres(ctx context.Context, rawURL, schema string) (*target, error) {
 		insertPayment: `INSERT INTO bench_payments (id, merchant, amount, currency, customer, description, status, created_at)
 			VALUES ($1, $2, $3, $4, $5, $6, 'succeeded', $7)`,
 		insertLedger: `INSERT INTO bench_ledger (payment_id, merchant, amount, created_at) VALUES ($1, $2, $3, $4)`,
-		floorClaim: func(ctx context.Context, scope, key, path string, fp []byte) (bool, error) {
-			tag, err := pool.Exec(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
+		floorClaim: func(ctx context.Context, tx bizTx, scope, key, path string, fp []byte) (bool, error) {
+			var on interface {
+				Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+			} = pool
+			if tx != nil {
+				on = tx.(pgxTx).tx
+			}
+			tag, err := on.Exec(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 				locked_until, created_at, updated_at, expires_at, attempts)
 				VALUES ($1, $2, 'POST', $3, $4, 'PROCESSING', 1, now() + interval '30 seconds', now(), now(), now() + interval '1 day', 1)
 				ON CONFLICT DO NOTHING`, scope, key, path, fp)
@@ -335,8 +341,18 @@ func sqlTarget(slug, name, version string, store idem.Store, db *sql.DB,
 	}
 }
 
+// sqlOn is tx's *sql.Tx, or db when tx is nil.
+func sqlOn(db *sql.DB, tx bizTx) interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+} {
+	if tx != nil {
+		return tx.(sqlTx).tx
+	}
+	return db
+}
+
 // withFloor returns t with its floor: floorClaim and floorComplete.
-func (t target) withFloor(claim func(ctx context.Context, scope, key, path string, fingerprint []byte) (bool, error),
+func (t target) withFloor(claim func(ctx context.Context, tx bizTx, scope, key, path string, fingerprint []byte) (bool, error),
 	complete func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error) *target {
 	t.floorClaim, t.floorComplete = claim, complete
 	return &t
@@ -417,8 +433,8 @@ func openMariaDB(ctx context.Context, rawURL, database string) (*target, error) 
 	// idemmysql.Open sets.
 	t := sqlTarget(dbMariaDB, "MariaDB", "MariaDB "+strings.TrimSuffix(version, "-MariaDB"), d, db, idemmysql.Tx, drop)
 	return t.withFloor(
-		func(ctx context.Context, scope, key, path string, fp []byte) (bool, error) {
-			_, err := db.ExecContext(ctx, "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, state, fencing_token,"+
+		func(ctx context.Context, tx bizTx, scope, key, path string, fp []byte) (bool, error) {
+			_, err := sqlOn(db, tx).ExecContext(ctx, "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, state, fencing_token,"+
 				" locked_until, created_at, updated_at, expires_at, attempts)"+
 				" VALUES (?, ?, 'POST', ?, ?, 'PROCESSING', 1, NOW(6) + INTERVAL 30 SECOND, NOW(6), NOW(6), NOW(6) + INTERVAL 1 DAY, 1)",
 				scope, key, path, fp)
@@ -461,8 +477,8 @@ func openSQLite(ctx context.Context, path string) (*target, error) {
 	// Business transactions BEGIN IMMEDIATE (idemsqlite.DSN).
 	t := sqlTarget(dbSQLite, "SQLite", "SQLite "+version+" (modernc.org/sqlite, WAL, synchronous=FULL)", d, db, idemsqlite.Tx, drop)
 	return t.withFloor(
-		func(ctx context.Context, scope, key, path string, fp []byte) (bool, error) {
-			res, err := db.ExecContext(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
+		func(ctx context.Context, tx bizTx, scope, key, path string, fp []byte) (bool, error) {
+			res, err := sqlOn(db, tx).ExecContext(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 				locked_until, created_at, updated_at, expires_at, attempts)
 				VALUES (?, ?, 'POST', ?, ?, 'PROCESSING', 1, `+sqliteNow+` + 30000000, `+sqliteNow+`, `+sqliteNow+`,
 				`+sqliteNow+` + 86400000000, 1) ON CONFLICT DO NOTHING`, scope, key, path, fp)
