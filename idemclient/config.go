@@ -21,17 +21,20 @@ const (
 	DefaultMaxDrainBytes   = 64 << 10 // 64 KiB
 )
 
-// DefaultKeyMethods are the methods that get an Idempotency-Key when
+// DefaultKeyMethods returns the methods that get an Idempotency-Key when
 // Config.KeyMethods is empty: the two methods RFC 9110 (section 9.2.2) does
 // not define as idempotent and that the draft names (section 1), matching
-// the methods idem protects by default (idem.DefaultMethods).
-var DefaultKeyMethods = []string{http.MethodPost, http.MethodPatch}
+// the methods idem protects by default (idem.DefaultMethods). Each call
+// returns a new slice, so no Config shares it with another.
+func DefaultKeyMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
 
-// DefaultRetryMethods are the methods retried without a key when
+// DefaultRetryMethods returns the methods retried without a key when
 // Config.RetryMethods is nil: the idempotent methods of RFC 9110 section
 // 9.2.2 (GET, HEAD, PUT, DELETE, OPTIONS; TRACE is left out, it has no use
-// behind a retrying client).
-var DefaultRetryMethods = []string{http.MethodGet, http.MethodHead, http.MethodPut, http.MethodDelete, http.MethodOptions}
+// behind a retrying client). Each call returns a new slice.
+func DefaultRetryMethods() []string {
+	return []string{http.MethodGet, http.MethodHead, http.MethodPut, http.MethodDelete, http.MethodOptions}
+}
 
 // Config configures a Transport. The zero value of every field means its
 // documented default; a Config is read once, by New.
@@ -140,10 +143,10 @@ func (c Config) WithDefaults() Config {
 		c.Transport = http.DefaultTransport
 	}
 	if len(c.KeyMethods) == 0 {
-		c.KeyMethods = DefaultKeyMethods
+		c.KeyMethods = DefaultKeyMethods()
 	}
 	if c.RetryMethods == nil {
-		c.RetryMethods = DefaultRetryMethods
+		c.RetryMethods = DefaultRetryMethods()
 	}
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.BaseDelay = cmp.Or(c.BaseDelay, DefaultBaseDelay)

@@ -657,12 +657,22 @@ func TestKeyFromResponseAndReplayed(t *testing.T) {
 	require.False(t, idemclient.Replayed(&http.Response{Header: http.Header{}}))
 }
 
+// Regression: DefaultKeyMethods and DefaultRetryMethods were package
+// variables that every Config shared: one Config's edit changed all others.
+func TestDefaultListsAreCopies(t *testing.T) {
+	t.Parallel()
+	a, b := idemclient.Config{}.WithDefaults(), idemclient.Config{}.WithDefaults()
+	a.KeyMethods[0], a.RetryMethods[0] = http.MethodPut, http.MethodPost
+	require.Equal(t, http.MethodPost, b.KeyMethods[0])
+	require.Equal(t, http.MethodGet, b.RetryMethods[0])
+}
+
 func TestConfig(t *testing.T) {
 	t.Parallel()
 	c := idemclient.Config{}.WithDefaults()
 	require.Equal(t, http.DefaultTransport, c.Transport)
-	require.Equal(t, idemclient.DefaultKeyMethods, c.KeyMethods)
-	require.Equal(t, idemclient.DefaultRetryMethods, c.RetryMethods)
+	require.Equal(t, idemclient.DefaultKeyMethods(), c.KeyMethods)
+	require.Equal(t, idemclient.DefaultRetryMethods(), c.RetryMethods)
 	require.Equal(t, 8, c.MaxAttempts)
 	require.Equal(t, 100*time.Millisecond, c.BaseDelay)
 	require.Equal(t, 10*time.Second, c.MaxDelay)

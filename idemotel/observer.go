@@ -47,10 +47,12 @@ const (
 	SpanRequest = "idem.request"
 )
 
-// DurationBuckets are the explicit bucket boundaries, in seconds, of the
-// three duration histograms: from 0.5 ms (a claim on a local database) to
-// 30 s (idem's default lease).
-var DurationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+// DurationBuckets returns the explicit bucket boundaries, in seconds, of
+// the three duration histograms: from 0.5 ms (a claim on a local database)
+// to 30 s (idem's default lease). Each call returns a new slice.
+func DurationBuckets() []float64 {
+	return []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+}
 
 // Observer is an idem.Observer that records each idem.Event as
 // OpenTelemetry metrics and spans; set it as idem.Config.Observer. The
@@ -80,7 +82,7 @@ var _ idem.Observer = (*Observer)(nil)
 //     with a 0 point (no attributes) so that the series exists, and an
 //     alert on it has data, before the first takeover.
 //   - idem.claim.duration, idem.handler.duration, idem.completion.duration,
-//     Float64Histogram, unit s (DurationBuckets): Event.Claim, Handler and
+//     Float64Histogram, unit s (DurationBuckets()): Event.Claim, Handler and
 //     Completion, each recorded only when the phase ran (non-zero), with
 //     idem.decision, http.route and http.request.method.
 //
@@ -100,7 +102,7 @@ func NewObserver(opts ...Option) (*Observer, error) {
 	}
 	hist := func(name, desc string) (metric.Float64Histogram, error) {
 		return meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
-			metric.WithExplicitBucketBoundaries(DurationBuckets...))
+			metric.WithExplicitBucketBoundaries(DurationBuckets()...))
 	}
 	if o.claim, err = hist("idem.claim.duration", "Duration of idem's claim statement."); err != nil {
 		return nil, err

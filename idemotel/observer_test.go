@@ -256,7 +256,7 @@ func TestObserverEveryDecision(t *testing.T) {
 				for _, hp := range histogram(t, ms, name).DataPoints {
 					if attr(hp.Attributes, idemotel.DecisionKey) == tc.decision {
 						count, sum = hp.Count, hp.Sum
-						require.Equal(t, idemotel.DurationBuckets, hp.Bounds)
+						require.Equal(t, idemotel.DurationBuckets(), hp.Bounds)
 					}
 				}
 				if d == 0 {
