@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/httprec"
 )
 
 // Store is the database seam: a driver such as idempgx.New or idemsqlite.Open.
@@ -253,36 +254,13 @@ func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, pr Pro
 		pr.Write(w)
 		return pr.Status
 	}
-	sw := &statusWriter{ResponseWriter: w}
+	sw := httprec.New(w, false)
 	m.cfg.ProblemWriter(sw, r, pr)
-	if sw.status == 0 {
+	if sw.Status == 0 {
 		return http.StatusOK
 	}
-	return sw.status
+	return sw.Status
 }
-
-// statusWriter remembers the status a ProblemWriter sent.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusWriter) WriteHeader(status int) {
-	if s.status == 0 {
-		s.status = status
-	}
-	s.ResponseWriter.WriteHeader(status)
-}
-
-func (s *statusWriter) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-// Unwrap returns the client's writer (for http.ResponseController).
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // inFlightRetryAfter is the Retry-After of a 409 request-in-flight: the
 // configured in-flight delay, never beyond what is left of the owner's lease

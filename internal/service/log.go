@@ -1,7 +1,6 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/httprec"
 )
 
 // NewLogger returns the logger of --log-format on w: format "text" is
@@ -63,7 +63,7 @@ func LogRequests(log *slog.Logger, unanswered int, next http.Handler) http.Handl
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		info := &RequestInfo{}
-		rec := NewRecorder(w, false)
+		rec := httprec.New(w, false)
 		next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info)))
 		if rec.Status == 0 {
 			rec.Status = unanswered
@@ -96,48 +96,3 @@ func LoggedKey(r *http.Request) string {
 	return strings.Join(values, ", ")
 }
 
-// Recorder passes a response through and remembers its status (0 until
-// the handler writes) and size in bytes; with a Body it also keeps a copy
-// of what was written. Unwrap keeps http.ResponseController (Flush,
-// deadlines) working through it.
-type Recorder struct {
-	http.ResponseWriter
-	Status int
-	Bytes  int64
-	// Body, when not nil, receives a copy of every write.
-	Body *bytes.Buffer
-}
-
-// NewRecorder wraps w; keepBody gives the Recorder a Body.
-func NewRecorder(w http.ResponseWriter, keepBody bool) *Recorder {
-	rec := &Recorder{ResponseWriter: w}
-	if keepBody {
-		rec.Body = &bytes.Buffer{}
-	}
-	return rec
-}
-
-// WriteHeader remembers the first status and passes it on.
-func (s *Recorder) WriteHeader(status int) {
-	if s.Status == 0 {
-		s.Status = status
-	}
-	s.ResponseWriter.WriteHeader(status)
-}
-
-// Write counts (and with a Body copies) b and passes it on; a write before
-// WriteHeader is a 200.
-func (s *Recorder) Write(b []byte) (int, error) {
-	if s.Status == 0 {
-		s.Status = http.StatusOK
-	}
-	if s.Body != nil {
-		s.Body.Write(b)
-	}
-	n, err := s.ResponseWriter.Write(b)
-	s.Bytes += int64(n)
-	return n, err
-}
-
-// Unwrap returns the wrapped writer (http.ResponseController).
-func (s *Recorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
