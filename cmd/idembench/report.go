@@ -262,31 +262,28 @@ func (r *report) ratioTable(t *target) string {
 			b.WriteString("\n")
 			continue
 		}
-		b.WriteString("| " + v.label + ", ratio to bare |")
-		for _, c := range r.opts.concurrency {
-			var rs []float64
-			if s := r.sums[sumKey{t.slug, v.id, c}]; s != nil {
-				rs = s.ratio
-			}
-			fmt.Fprintf(&b, " %s |", ratioCell(rs, "x"))
-		}
-		b.WriteString("\n")
+		r.ratioRow(&b, t, v.label+", ratio to bare", v.id, "x", func(s *summary) []float64 { return s.ratio })
 	}
 	for _, row := range floorRows {
-		if !r.measured(row.variant) || !r.measured(floorOf[row.variant]) {
-			continue
+		if r.measured(row.variant) && r.measured(floorOf[row.variant]) {
+			r.ratioRow(&b, t, row.label, row.variant, "", func(s *summary) []float64 { return s.floorRatio })
 		}
-		b.WriteString("| " + row.label + " |")
-		for _, c := range r.opts.concurrency {
-			var rs []float64
-			if s := r.sums[sumKey{t.slug, row.variant, c}]; s != nil {
-				rs = s.floorRatio
-			}
-			fmt.Fprintf(&b, " %s |", ratioCell(rs, ""))
-		}
-		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// ratioRow writes one row of t's ratio table: label, then per concurrency
+// the ratios pick takes from variant's summary, with unit after each.
+func (r *report) ratioRow(b *strings.Builder, t *target, label, variant, unit string, pick func(*summary) []float64) {
+	b.WriteString("| " + label + " |")
+	for _, c := range r.opts.concurrency {
+		var rs []float64
+		if s := r.sums[sumKey{t.slug, variant, c}]; s != nil {
+			rs = pick(s)
+		}
+		fmt.Fprintf(b, " %s |", ratioCell(rs, unit))
+	}
+	b.WriteString("\n")
 }
 
 // measured reports whether the run measures the variant id.

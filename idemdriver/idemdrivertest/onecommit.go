@@ -153,38 +153,31 @@ func runOneCommit(t *testing.T, h Harness) {
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 	})
 
-	t.Run("WaitBoundGivesLockWait", func(t *testing.T) {
-		t.Parallel()
-		if h.SingleWriter {
-			t.Skip("a single writer's ClaimTx waits for the database's write lock (its busy timeout), not a per-key bound")
-		}
-		_, tc := claimer(t)
-		res, tx := own(t, tc)
-		t.Cleanup(func() { _ = tx.Rollback(ctx) })
-		_, dupTx, err := tc.ClaimTx(ctx, params("acct", "k", "body"), 300*time.Millisecond)
-		require.ErrorIs(t, err, idemdriver.ErrLockWait)
-		require.Nil(t, dupTx)
-		// The owner is not disturbed: it still commits.
-		completeCommit(t, tx, res.Record, `{"id":1}`)
-	})
-
-	// The bound holds where the duplicate waits on a row lock, not on a
-	// new row: the owner's uncommitted takeover of a FAILED record.
-	t.Run("WaitBoundOnTakeover", func(t *testing.T) {
-		t.Parallel()
-		if h.SingleWriter {
-			t.Skip("a single writer's ClaimTx waits for the database's write lock (its busy timeout), not a per-key bound")
-		}
-		d, tc := claimer(t)
-		first := claim(t, d, params("acct", "k", "body"))
-		require.True(t, wrote(t, d.Fail, fence(first.Record)))
-		res, tx := own(t, tc, "a FAILED record is re-claimed")
-		t.Cleanup(func() { _ = tx.Rollback(ctx) })
-		_, dupTx, err := tc.ClaimTx(ctx, params("acct", "k", "body"), 300*time.Millisecond)
-		require.ErrorIs(t, err, idemdriver.ErrLockWait)
-		require.Nil(t, dupTx)
-		completeCommit(t, tx, res.Record, `{"id":1}`)
-	})
+	// A duplicate waits for the owner at most its bound: on the owner's new
+	// row, and on a row lock, the owner's uncommitted takeover of a FAILED
+	// record. The owner is not disturbed: it still commits.
+	for _, bound := range []struct {
+		name     string
+		takeover bool
+	}{{"WaitBoundGivesLockWait", false}, {"WaitBoundOnTakeover", true}} {
+		t.Run(bound.name, func(t *testing.T) {
+			t.Parallel()
+			if h.SingleWriter {
+				t.Skip("a single writer's ClaimTx waits for the database's write lock (its busy timeout), not a per-key bound")
+			}
+			d, tc := claimer(t)
+			if bound.takeover {
+				first := claim(t, d, params("acct", "k", "body"))
+				require.True(t, wrote(t, d.Fail, fence(first.Record)))
+			}
+			res, tx := own(t, tc)
+			t.Cleanup(func() { _ = tx.Rollback(ctx) })
+			_, dupTx, err := tc.ClaimTx(ctx, params("acct", "k", "body"), 300*time.Millisecond)
+			require.ErrorIs(t, err, idemdriver.ErrLockWait)
+			require.Nil(t, dupTx)
+			completeCommit(t, tx, res.Record, `{"id":1}`)
+		})
+	}
 
 	// N requests race on one key through the middleware in the one-commit
 	// mode: one handler run, one business row; every other request gets
