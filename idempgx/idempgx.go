@@ -49,11 +49,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -91,6 +93,8 @@ type Driver struct {
 	// qualified caches the rewritten statements (see q).
 	schema    string
 	qualified sync.Map
+	// consts are the boxed claim arguments of the last claim (claimArgs).
+	consts atomic.Pointer[claimConsts]
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)
@@ -260,10 +264,52 @@ var releaseSQL = bind(fenceParams, `DELETE FROM idem_keys`+fenced)
 // claimPartitionedSQL), in claimArgs's order.
 var claimParams = []string{"scope", "key", "method", "path", "fingerprint", "lease", "retention", "owner", "offset"}
 
-func claimArgs(p idemdriver.ClaimParams) []any {
-	return []any{p.Scope, p.Key, p.Method, p.Path, p.Fingerprint, p.LeaseDuration.Microseconds(),
-		p.Retention.Microseconds(), p.Owner, p.ClockOffset.Microseconds()}
+// claimArgs are the arguments of the claim statements for p, in
+// claimParams's order, with room for one more (claimBoundedSQL's wait).
+// Each string, []byte or int64 above 255 put in an any is an allocation of
+// its own; the lease, the retention and the owner are the same on every
+// claim of a Middleware, so they are boxed once (claimConsts), and the
+// common methods are boxed constants.
+func (d *Driver) claimArgs(p idemdriver.ClaimParams) []any {
+	lease, retention := p.LeaseDuration.Microseconds(), p.Retention.Microseconds()
+	c := d.consts.Load()
+	if c == nil || c.lease != lease || c.retention != retention || c.owner != p.Owner {
+		c = &claimConsts{lease: lease, retention: retention, owner: p.Owner,
+			leaseArg: lease, retentionArg: retention, ownerArg: p.Owner}
+		d.consts.Store(c)
+	}
+	args := make([]any, 0, len(claimParams)+1)
+	return append(args, p.Scope, p.Key, methodArg(p.Method), p.Path, p.Fingerprint, c.leaseArg,
+		c.retentionArg, c.ownerArg, p.ClockOffset.Microseconds())
 }
+
+// claimConsts are the claim arguments that come from a Middleware's Config
+// (LeaseDuration, Retention, Owner), with their values boxed in an any.
+// Driver.consts holds the last seen; a claim with other values replaces it.
+type claimConsts struct {
+	lease, retention       int64
+	owner                  string
+	leaseArg, retentionArg any
+	ownerArg               any
+}
+
+// methodArg is method as a claim argument: the methods idem protects by
+// default, and PUT and DELETE, are constants already boxed.
+func methodArg(method string) any {
+	switch method {
+	case http.MethodPost:
+		return argPOST
+	case http.MethodPatch:
+		return argPATCH
+	case http.MethodPut:
+		return argPUT
+	case http.MethodDelete:
+		return argDELETE
+	}
+	return method
+}
+
+var argPOST, argPATCH, argPUT, argDELETE any = http.MethodPost, http.MethodPatch, http.MethodPut, http.MethodDelete
 
 // bind turns the named parameters of query (@name) into positional ones:
 // $1 for names[0], $2 for names[1], and so on. It runs once per statement,
@@ -395,7 +441,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	if err := claimTextable(p); err != nil {
 		return idemdriver.ClaimResult{}, err
 	}
-	args := claimArgs(p)
+	args := d.claimArgs(p)
 	if d.part != nil {
 		res, err := d.claimPartitioned(ctx, args)
 		return res, unstorable(err)
@@ -539,7 +585,8 @@ type execer interface {
 
 // fenceArgs are the arguments of a fenced write: fenceParams's, then extra.
 func fenceArgs(p idemdriver.FenceParams, extra ...any) []any {
-	return append([]any{p.Scope, p.Key, p.FencingToken, p.CreatedAt}, extra...)
+	args := make([]any, 0, len(fenceParams)+len(extra))
+	return append(append(args, p.Scope, p.Key, p.FencingToken, p.CreatedAt), extra...)
 }
 
 func (d *Driver) complete(ctx context.Context, db execer, p idemdriver.CompleteParams) (bool, error) {

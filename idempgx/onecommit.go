@@ -33,7 +33,7 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 	if err := claimTextable(p); err != nil {
 		return idemdriver.ClaimResult{}, nil, err
 	}
-	args := claimArgs(p)
+	args := d.claimArgs(p)
 	waitMS := max(wait.Milliseconds(), 1)
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/internal/dbtest"
 )
 
@@ -115,4 +116,34 @@ func explain(t *testing.T, pool *pgxpool.Pool, mode, query string, args []any) s
 	_, err = tx.Exec(ctx, "DEALLOCATE fenced_write")
 	require.NoError(t, err)
 	return strings.Join(plan, "\n")
+}
+
+// claimArgs boxes a Middleware's lease, retention and owner once and reuses
+// them; a claim with other values (another Middleware on the same driver)
+// must get its own, never the last one's.
+func TestClaimArgsFollowEachClaimsConfig(t *testing.T) {
+	t.Parallel()
+	d := &Driver{}
+	a := idemdriver.ClaimParams{Scope: "s", Key: "k", Method: "POST", Path: "/p", Fingerprint: []byte{1},
+		LeaseDuration: 30 * time.Second, Retention: 24 * time.Hour, Owner: "host/1"}
+	b := a
+	b.Method, b.LeaseDuration, b.Retention, b.Owner = "OPTIONS", 5*time.Second, time.Hour, "host/2"
+	want := func(p idemdriver.ClaimParams) []any {
+		return []any{p.Scope, p.Key, p.Method, p.Path, p.Fingerprint, p.LeaseDuration.Microseconds(),
+			p.Retention.Microseconds(), p.Owner, p.ClockOffset.Microseconds()}
+	}
+	for _, p := range []idemdriver.ClaimParams{a, a, b, a, b, b} {
+		require.Equal(t, want(p), d.claimArgs(p))
+	}
+	// Only one of the three differs from the last claim's (b's).
+	for _, change := range []func(*idemdriver.ClaimParams){
+		func(p *idemdriver.ClaimParams) { p.Owner = "host/3" },
+		func(p *idemdriver.ClaimParams) { p.LeaseDuration += time.Second },
+		func(p *idemdriver.ClaimParams) { p.Retention += time.Second },
+	} {
+		c := b
+		change(&c)
+		require.Equal(t, want(c), d.claimArgs(c))
+		require.Equal(t, want(b), d.claimArgs(b))
+	}
 }
