@@ -235,7 +235,8 @@ type Config struct {
 
 	// ClaimTimeout bounds the claim statement (a store that hangs, a lock
 	// held by someone else): past it the request is answered 503
-	// store-unavailable and the handler does not run. Default: 10 s.
+	// store-unavailable and the handler does not run. In the one-commit
+	// mode the bound is ClaimTimeout + OneCommitWait. Default: 10 s.
 	ClaimTimeout time.Duration
 
 	// CompleteTimeout bounds the statements that record an outcome, which run
@@ -296,8 +297,15 @@ type Config struct {
 	// OneCommitWait bounds how long a request waits for the row lock of a
 	// key that a one-commit execution holds, before it is answered 409
 	// request-in-flight; when the owner commits first, the request gets the
-	// replay. The waiting request holds a connection of the store's pool
-	// meanwhile. SQLite does not use it: there a request waits for the
+	// replay. A request waiting on the row lock holds a connection of the
+	// store's pool; the duplicates that reach this process while another of
+	// its requests claims or runs the key wait in the process instead,
+	// holding none (docs/contract.md section 6). The one-commit claim, the
+	// wait for a pool connection included, is bounded by ClaimTimeout +
+	// OneCommitWait (503 past it). On PostgreSQL it is the transaction's
+	// lock_timeout, so it also bounds the handler's own lock waits in the
+	// claim's transaction (SQLSTATE 55P03); on MySQL/MariaDB only the
+	// claim's. SQLite does not use it: there a request waits for the
 	// database's single write lock (idemsqlite.BusyTimeout), which every
 	// key's transaction takes, and gets the replay once the owner commits.
 	// Default: 2 s.

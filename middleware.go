@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -27,6 +28,10 @@ type Middleware struct {
 	methods map[string]bool
 	replay  map[string]bool // canonical header names kept for replay
 	replays *replayCache    // nil without Config.ReplayCacheBytes
+	// owners holds, per key (localKey), a channel that is closed when the
+	// one-commit request of this process that claims or runs the key has
+	// ended its transaction (see serveOneCommit).
+	owners sync.Map
 }
 
 // neverReplayed are the headers dropped from the replay allow-list whatever

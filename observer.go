@@ -115,7 +115,8 @@ type Event struct {
 	// Cached reports an answer (EventReplayed or EventKeyReused) from the
 	// replay cache (Config.ReplayCacheBytes): no claim ran, Claim is 0.
 	Cached bool
-	// Claim is how long the claim statement took (0 when it did not run).
+	// Claim is how long the claim statement took (0 when it did not run);
+	// in the one-commit mode, with the wait for the key (OneCommitWait).
 	Claim time.Duration
 	// Handler is how long the handler (or Do's fn) ran; 0 when it did not.
 	Handler time.Duration

@@ -33,16 +33,54 @@ func (c Config) validateOneCommit() []error {
 // serveOneCommit serves a protected request in the one-commit mode, from
 // the claim on (serve has parsed the key, the scope and the body). It
 // reports one Event, as serve and execute do.
+//
+// A request waiting on the key's row lock holds a connection of the
+// store's pool. So that a storm of duplicates of one key cannot take every
+// connection (and stall every other key's requests), the duplicates that
+// reach this process while another of its requests claims or runs the key
+// wait here, holding no connection, until that request's transaction has
+// ended, and then claim: the committed record answers them (a replay, or
+// 422), or the rollback lets one of them claim. Only one request of a
+// process at a time waits on a key in the database. The whole wait, here
+// and in the database, is bounded by OneCommitWait; past it the answer is
+// 409.
 func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next http.Handler, p idemdriver.ClaimParams, body []byte) {
 	ctx := r.Context()
+	waitStart := time.Now()
+	deadline := waitStart.Add(m.cfg.OneCommitWait)
+	lk := localKey{scope: p.Scope, key: p.Key}
+	ended := make(chan struct{})
+	for {
+		other, waiting := m.owners.LoadOrStore(lk, ended)
+		if !waiting {
+			break
+		}
+		left := time.NewTimer(time.Until(deadline))
+		select {
+		case <-other.(chan struct{}):
+			left.Stop()
+			continue
+		case <-left.C:
+		}
+		ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Claim: time.Since(waitStart), Kind: EventInFlight}
+		ev.Status = m.oneCommitInFlight(w, r)
+		ev.Route = m.route(r, nil)
+		m.observe(ctx, &ev)
+		return
+	}
+	defer func() {
+		m.owners.CompareAndDelete(lk, ended)
+		close(ended)
+	}()
+	wait := max(time.Until(deadline), time.Millisecond)
+
 	// Detached from the client, like the durable claim; bounded as a whole
 	// (database/sql ends a transaction when the context it began on ends).
 	txCtx, cancelTx := context.WithTimeout(context.WithoutCancel(ctx),
 		m.cfg.ClaimTimeout+m.cfg.MaxExecution+m.cfg.CompleteTimeout)
 	defer cancelTx()
-	claimSent := time.Now()
-	res, tx, err := m.cfg.Store.(idemdriver.TxClaimer).ClaimTx(txCtx, p, m.cfg.OneCommitWait)
-	ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Claim: time.Since(claimSent), Attempt: res.Record.Attempts}
+	res, tx, err := m.claimTx(txCtx, p, wait)
+	ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Claim: time.Since(waitStart), Attempt: res.Record.Attempts}
 	if err == nil && !res.Record.ExpiresAt.IsZero() {
 		w.Header().Set(HeaderKeyExpires, res.Record.ExpiresAt.UTC().Format(http.TimeFormat)) // as serve does
 	}
@@ -50,9 +88,7 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 	case errors.Is(err, idemdriver.ErrLockWait):
 		// Another one-commit execution of the key holds its row past the
 		// wait bound: it is in flight, though no lease says so.
-		pr := ProblemFor(ErrInFlight, "another request with this key is being processed; retry after the Retry-After delay to get its result")
-		pr.RetryAfter = m.inFlightRetryAfter(m.cfg.LeaseDuration)
-		ev.Kind, ev.Status = EventInFlight, m.writeProblem(w, r, pr)
+		ev.Kind, ev.Status = EventInFlight, m.oneCommitInFlight(w, r)
 	case errors.Is(err, idemdriver.ErrUnstorable):
 		m.cfg.Logger.ErrorContext(ctx, "idem: the store cannot hold this request's scope", "err", err)
 		m.writeProblem(w, r, ProblemFor(ErrScopeUnstorable, "the server could not scope this request"))
@@ -71,6 +107,42 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 	}
 	ev.Route = m.route(r, nil)
 	m.observe(ctx, &ev)
+}
+
+// localKey names a key in Middleware.owners.
+type localKey struct{ scope, key string }
+
+// claimTx runs the store's ClaimTx on txCtx, bounded by ClaimTimeout plus
+// wait, the bound of the lock wait: a claim that gets no connection from
+// the pool, or no answer, by then fails (context.DeadlineExceeded; the
+// caller answers 503), as a durable claim fails past ClaimTimeout. The
+// bound cancels the claim only while ClaimTx runs; the transaction it
+// returns lives on txCtx.
+func (m *Middleware) claimTx(txCtx context.Context, p idemdriver.ClaimParams, wait time.Duration) (idemdriver.ClaimResult, idemdriver.Tx, error) {
+	ctx, stop := context.WithCancel(txCtx)
+	bound := m.cfg.ClaimTimeout + wait
+	timer := time.AfterFunc(bound, stop)
+	res, tx, err := m.cfg.Store.(idemdriver.TxClaimer).ClaimTx(ctx, p, wait)
+	if timer.Stop() {
+		// Not cancelled: ctx ends with txCtx, as the transaction must.
+		return res, tx, err
+	}
+	// The bound ran out, perhaps just as ClaimTx returned: a transaction it
+	// returned is on a cancelled context and is rolled back.
+	if tx != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(txCtx), m.cfg.CompleteTimeout)
+		_ = tx.Rollback(rctx)
+		cancel()
+	}
+	return idemdriver.ClaimResult{}, nil, fmt.Errorf("idem: the one-commit claim had no answer within ClaimTimeout + OneCommitWait (%s): %w", bound, context.DeadlineExceeded)
+}
+
+// oneCommitInFlight answers 409 request-in-flight to a one-commit request
+// that waited for the key past OneCommitWait, and returns the status sent.
+func (m *Middleware) oneCommitInFlight(w http.ResponseWriter, r *http.Request) int {
+	pr := ProblemFor(ErrInFlight, "another request with this key is being processed; retry after the Retry-After delay to get its result")
+	pr.RetryAfter = m.inFlightRetryAfter(m.cfg.LeaseDuration)
+	return m.writeProblem(w, r, pr)
 }
 
 // executeOneCommit runs next as the owner of the uncommitted claim res,

@@ -2,13 +2,21 @@ package idempgx_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idempgx"
+	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // A one-commit execution whose process dies mid-transaction (its backend
@@ -44,4 +52,167 @@ func TestOneCommitCrashLeavesNothing(t *testing.T) {
 	require.Error(t, tx.Rollback(ctx), "the owner's connection is gone") // and goes back to the pool, closed
 	require.True(t, got.Claimed, "the duplicate claims as soon as the dead owner's transaction is gone")
 	require.EqualValues(t, 1, got.Record.Attempts, "a new record: the dead claim left nothing")
+}
+
+// smallPoolApp is a migrated store and business table "biz" on a pool of
+// two connections, for the tests of what one-commit requests do to a pool.
+func smallPoolApp(t *testing.T) (*idempgx.Driver, *pgxpool.Pool, string) {
+	t.Helper()
+	url, schema := dbtest.PostgresURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	d := idempgx.New(pool)
+	require.NoError(t, d.Migrate(context.Background()))
+	_, err = pool.Exec(context.Background(), `CREATE TABLE biz (k text NOT NULL)`)
+	require.NoError(t, err)
+	return d, pool, schema + ".biz"
+}
+
+// answerOf serves one POST of key through h in the background.
+func answerOf(h http.Handler, key string) <-chan *httptest.ResponseRecorder {
+	out := make(chan *httptest.ResponseRecorder, 1)
+	go func() { out <- send(h, key) }()
+	return out
+}
+
+// awaitAnswer is the answer from out; a request still unanswered after a
+// minute is a hang, reported as such (no speed is asserted).
+func awaitAnswer(t *testing.T, out <-chan *httptest.ResponseRecorder, what string) *httptest.ResponseRecorder {
+	t.Helper()
+	select {
+	case res := <-out:
+		return res
+	case <-time.After(time.Minute):
+		t.Fatalf("%s: no answer after a minute", what)
+		return nil
+	}
+}
+
+// Regression (review of 0b0b976): duplicates of a one-commit key each held
+// a connection while they waited on its row lock, so a storm of retries of
+// one key took the pool and every other key's request waited behind them.
+// Now the duplicates of this process wait for the owner without a
+// connection; the other key is answered while the owner still runs, and
+// the duplicates get the replay once it commits.
+func TestOneCommitDuplicatesLeaveThePoolToOtherKeys(t *testing.T) {
+	d, pool, biz := smallPoolApp(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the pool closes: a failed run must not hang there
+	var runs atomic.Int64
+	mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 10 * time.Minute})
+	require.NoError(t, err)
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get(idem.HeaderKey)
+		runs.Add(1)
+		tx, err := idempgx.Tx(r.Context())
+		if err == nil {
+			_, err = tx.Exec(r.Context(), `INSERT INTO `+biz+` (k) VALUES ($1)`, key)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if key == "slow" {
+			close(entered)
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"key":"` + key + `"}`))
+	}))
+
+	owner := answerOf(h, "slow")
+	<-entered // the owner holds one of the two connections
+	var dups []<-chan *httptest.ResponseRecorder
+	for range 10 {
+		dups = append(dups, answerOf(h, "slow"))
+	}
+	// Give a duplicate the time to take the second connection, as each
+	// did before the fix (then within milliseconds).
+	for i := 0; i < 20 && pool.Stat().AcquiredConns() < 2; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	other := awaitAnswer(t, answerOf(h, "other"), "another key's request while the owner runs")
+	require.Equal(t, http.StatusCreated, other.Code, other.Body.String())
+
+	free()
+	require.Equal(t, http.StatusCreated, awaitAnswer(t, owner, "the owner").Code)
+	for i, dup := range dups {
+		res := awaitAnswer(t, dup, "a duplicate")
+		require.Equal(t, http.StatusCreated, res.Code, "duplicate %d: %s", i, res.Body.String())
+		require.Equal(t, "true", res.Header().Get(idem.HeaderReplayed), "duplicate %d", i)
+		require.JSONEq(t, `{"key":"slow"}`, res.Body.String())
+	}
+	require.EqualValues(t, 2, runs.Load(), "the slow key once, the other key once")
+	var rows int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+biz+` WHERE k = 'slow'`).Scan(&rows))
+	require.Equal(t, 1, rows)
+}
+
+// The wait for a key held by this process is bounded by OneCommitWait as
+// the wait on its row lock is: past it, 409 with Retry-After, and the
+// owner still commits.
+func TestOneCommitLocalWaitIsBounded(t *testing.T) {
+	d, _, biz := smallPoolApp(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 100 * time.Millisecond})
+	require.NoError(t, err)
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, err := idempgx.Tx(r.Context())
+		if err == nil {
+			_, err = tx.Exec(r.Context(), `INSERT INTO `+biz+` (k) VALUES ('k')`)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		close(entered)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	}))
+	owner := answerOf(h, "k")
+	<-entered
+	for range 3 {
+		res := awaitAnswer(t, answerOf(h, "k"), "a duplicate past the wait bound")
+		require.Equal(t, http.StatusConflict, res.Code, res.Body.String())
+		require.Equal(t, "1", res.Header().Get("Retry-After"))
+		require.Equal(t, "application/problem+json", res.Header().Get("Content-Type"))
+	}
+	close(release)
+	require.Equal(t, http.StatusCreated, awaitAnswer(t, owner, "the owner").Code)
+	res := send(h, "k")
+	require.Equal(t, "true", res.Header().Get(idem.HeaderReplayed))
+}
+
+// Regression (review of 0b0b976): a one-commit claim waited for a pool
+// connection as long as the whole execution may last, though ClaimTimeout
+// bounds a claim. Now ClaimTimeout + OneCommitWait bounds it: 503.
+func TestOneCommitClaimBoundedWhenThePoolIsTaken(t *testing.T) {
+	d, pool, _ := smallPoolApp(t)
+	var held []*pgxpool.Conn
+	for range 2 {
+		c, err := pool.Acquire(context.Background())
+		require.NoError(t, err)
+		held = append(held, c)
+	}
+	t.Cleanup(func() {
+		for _, c := range held {
+			c.Release()
+		}
+	})
+	mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true,
+		ClaimTimeout: 100 * time.Millisecond, OneCommitWait: 100 * time.Millisecond})
+	require.NoError(t, err)
+	var runs atomic.Int64
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs.Add(1) }))
+	res := awaitAnswer(t, answerOf(h, "k"), "a claim with no connection to be had")
+	require.Equal(t, http.StatusServiceUnavailable, res.Code, res.Body.String())
+	require.Equal(t, "application/problem+json", res.Header().Get("Content-Type"))
+	require.NotEmpty(t, res.Header().Get("Retry-After"))
+	require.Zero(t, runs.Load(), "the handler never runs unprotected")
 }
