@@ -95,4 +95,3 @@ func LoggedKey(r *http.Request) string {
 	}
 	return strings.Join(values, ", ")
 }
-
