@@ -28,10 +28,11 @@ type Middleware struct {
 	methods map[string]bool
 	replay  map[string]bool // canonical header names kept for replay
 	replays *replayCache    // nil without Config.ReplayCacheBytes
-	// owners holds, per key (localKey), a channel that is closed when the
-	// one-commit request of this process that claims or runs the key has
-	// ended its transaction (see serveOneCommit).
-	owners sync.Map
+	// owners holds, per key, a channel that is closed when the one-commit
+	// request of this process that claims or runs the key has ended its
+	// transaction (see serveOneCommit); ownersMu guards it.
+	ownersMu sync.Mutex
+	owners   map[localKey]chan struct{}
 }
 
 // neverReplayed are the headers dropped from the replay allow-list whatever

@@ -49,15 +49,15 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 	waitStart := time.Now()
 	deadline := waitStart.Add(m.cfg.OneCommitWait)
 	lk := localKey{scope: p.Scope, key: p.Key}
-	ended := make(chan struct{})
+	var ended chan struct{}
 	for {
-		other, waiting := m.owners.LoadOrStore(lk, ended)
-		if !waiting {
+		other := m.ownKey(lk, &ended)
+		if other == nil {
 			break
 		}
 		left := time.NewTimer(time.Until(deadline))
 		select {
-		case <-other.(chan struct{}):
+		case <-other:
 			left.Stop()
 			continue
 		case <-left.C:
@@ -68,10 +68,7 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 		m.observe(ctx, &ev)
 		return
 	}
-	defer func() {
-		m.owners.CompareAndDelete(lk, ended)
-		close(ended)
-	}()
+	defer m.disownKey(lk, ended)
 	wait := max(time.Until(deadline), time.Millisecond)
 
 	// Detached from the client, like the durable claim; bounded as a whole
@@ -79,7 +76,7 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 	txCtx, cancelTx := context.WithTimeout(context.WithoutCancel(ctx),
 		m.cfg.ClaimTimeout+m.cfg.MaxExecution+m.cfg.CompleteTimeout)
 	defer cancelTx()
-	res, tx, err := m.claimTx(txCtx, p, wait)
+	res, tx, err := m.claimTx(txCtx, cancelTx, p, wait)
 	ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Claim: time.Since(waitStart), Attempt: res.Record.Attempts}
 	if err == nil && !res.Record.ExpiresAt.IsZero() {
 		w.Header().Set(HeaderKeyExpires, res.Record.ExpiresAt.UTC().Format(http.TimeFormat)) // as serve does
@@ -112,19 +109,45 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 // localKey names a key in Middleware.owners.
 type localKey struct{ scope, key string }
 
+// ownKey makes this request the one of the process that claims lk and
+// returns nil, its channel in *ended (made on first use); or it returns
+// the channel of the request that already does.
+func (m *Middleware) ownKey(lk localKey, ended *chan struct{}) chan struct{} {
+	m.ownersMu.Lock()
+	defer m.ownersMu.Unlock()
+	if other, ok := m.owners[lk]; ok {
+		return other
+	}
+	if *ended == nil {
+		*ended = make(chan struct{})
+	}
+	if m.owners == nil {
+		m.owners = map[localKey]chan struct{}{}
+	}
+	m.owners[lk] = *ended
+	return nil
+}
+
+// disownKey ends what ownKey began: lk is free in the process, and the
+// requests waiting on ended claim.
+func (m *Middleware) disownKey(lk localKey, ended chan struct{}) {
+	m.ownersMu.Lock()
+	delete(m.owners, lk)
+	m.ownersMu.Unlock()
+	close(ended)
+}
+
 // claimTx runs the store's ClaimTx on txCtx, bounded by ClaimTimeout plus
 // wait, the bound of the lock wait: a claim that gets no connection from
 // the pool, or no answer, by then fails (context.DeadlineExceeded; the
 // caller answers 503), as a durable claim fails past ClaimTimeout. The
-// bound cancels the claim only while ClaimTx runs; the transaction it
-// returns lives on txCtx.
-func (m *Middleware) claimTx(txCtx context.Context, p idemdriver.ClaimParams, wait time.Duration) (idemdriver.ClaimResult, idemdriver.Tx, error) {
-	ctx, stop := context.WithCancel(txCtx)
+// bound cancels txCtx (cancelTx) only while ClaimTx runs: the transaction
+// it returns lives on txCtx.
+func (m *Middleware) claimTx(txCtx context.Context, cancelTx context.CancelFunc, p idemdriver.ClaimParams, wait time.Duration) (idemdriver.ClaimResult, idemdriver.Tx, error) {
 	bound := m.cfg.ClaimTimeout + wait
-	timer := time.AfterFunc(bound, stop)
-	res, tx, err := m.cfg.Store.(idemdriver.TxClaimer).ClaimTx(ctx, p, wait)
+	timer := time.AfterFunc(bound, cancelTx)
+	res, tx, err := m.cfg.Store.(idemdriver.TxClaimer).ClaimTx(txCtx, p, wait)
 	if timer.Stop() {
-		// Not cancelled: ctx ends with txCtx, as the transaction must.
 		return res, tx, err
 	}
 	// The bound ran out, perhaps just as ClaimTx returned: a transaction it
