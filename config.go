@@ -298,14 +298,14 @@ type Config struct {
 	// key that a one-commit execution holds, before it is answered 409
 	// request-in-flight; when the owner commits first, the request gets the
 	// replay. A request waiting on the row lock holds a connection of the
-	// store's pool; the duplicates that reach this process while another of
-	// its requests claims or runs the key wait in the process instead,
-	// holding none (docs/contract.md section 6). The one-commit claim, the
-	// wait for a pool connection included, is bounded by ClaimTimeout +
-	// OneCommitWait (503 past it). On PostgreSQL it is the transaction's
-	// lock_timeout, so it also bounds the handler's own lock waits in the
-	// claim's transaction (SQLSTATE 55P03); on MySQL/MariaDB only the
-	// claim's. SQLite does not use it: there a request waits for the
+	// store's pool; a request that finds the key's uncommitted claim held by
+	// another request of this process waits in the process instead, holding
+	// none, for at most OneCommitWait (docs/contract.md section 6). The
+	// one-commit claim, the wait for a pool connection included, is bounded
+	// by ClaimTimeout + OneCommitWait (503 past it). On PostgreSQL it is the
+	// transaction's lock_timeout, so it also bounds the handler's own lock
+	// waits in the claim's transaction (SQLSTATE 55P03); on MySQL/MariaDB
+	// only the claim's. SQLite does not use it: there a request waits for the
 	// database's single write lock (idemsqlite.BusyTimeout), which every
 	// key's transaction takes, and gets the replay once the owner commits.
 	// Default: 2 s.

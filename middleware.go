@@ -29,10 +29,12 @@ type Middleware struct {
 	replay  map[string]bool // canonical header names kept for replay
 	replays *replayCache    // nil without Config.ReplayCacheBytes
 	// owners holds, per key, a channel that is closed when the one-commit
-	// request of this process that claims or runs the key has ended its
-	// transaction (see serveOneCommit); ownersMu guards it.
-	ownersMu sync.Mutex
-	owners   map[localKey]chan struct{}
+	// request of this process that holds the key's uncommitted claim has
+	// ended its transaction (see serveOneCommit); ownersMu guards it. Nil
+	// on a single-writer store (localWait false).
+	ownersMu  sync.Mutex
+	owners    map[localKey]chan struct{}
+	localWait bool
 }
 
 // neverReplayed are the headers dropped from the replay allow-list whatever
@@ -75,6 +77,13 @@ func newMiddleware(cfg Config, forHTTP bool) (*Middleware, error) {
 	}
 	if cfg.ReplayCacheBytes > 0 && forHTTP {
 		m.replays = newReplayCache(cfg.ReplayCacheBytes, cfg.ReplayCacheTTL)
+	}
+	// On a single-writer store every one-commit transaction queues for the
+	// database's write lock, a duplicate with it: no wait in the process.
+	sw, ok := cfg.Store.(idemdriver.SingleWriter)
+	m.localWait = cfg.OneCommit && !(ok && sw.SingleWriter())
+	if m.localWait {
+		m.owners = map[localKey]chan struct{}{}
 	}
 	return m, nil
 }

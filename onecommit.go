@@ -36,47 +36,34 @@ func (c Config) validateOneCommit() []error {
 //
 // A request waiting on the key's row lock holds a connection of the
 // store's pool. So that a storm of duplicates of one key cannot take every
-// connection (and stall every other key's requests), the duplicates that
-// reach this process while another of its requests claims or runs the key
-// wait here, holding no connection, until that request's transaction has
-// ended, and then claim: the committed record answers them (a replay, or
-// 422), or the rollback lets one of them claim. Only one request of a
-// process at a time waits on a key in the database. The whole wait, here
-// and in the database, is bounded by OneCommitWait; past it the answer is
-// 409.
+// connection (and stall every other key's requests), a request that finds
+// the key's uncommitted claim held by another request of this process
+// waits here, holding no connection, for at most OneCommitWait, until that
+// request's transaction has ended (past it: 409), and then claims: the
+// committed record answers it (a replay, or 422), or the rollback lets it
+// claim. Replays and 422s of a key nobody holds go to the store at once,
+// concurrently. Not on a single-writer store (SQLite), where every
+// transaction, a duplicate's with it, queues for the database's write lock.
 func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next http.Handler, p idemdriver.ClaimParams, body []byte) {
 	ctx := r.Context()
 	waitStart := time.Now()
-	deadline := waitStart.Add(m.cfg.OneCommitWait)
 	lk := localKey{scope: p.Scope, key: p.Key}
-	var ended chan struct{}
-	for {
-		other := m.ownKey(lk, &ended)
-		if other == nil {
-			break
-		}
-		left := time.NewTimer(time.Until(deadline))
-		select {
-		case <-other:
-			left.Stop()
-			continue
-		case <-left.C:
-		}
+	if m.localWait && !m.awaitOwner(ctx, lk, waitStart.Add(m.cfg.OneCommitWait)) {
 		ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Claim: time.Since(waitStart), Kind: EventInFlight}
 		ev.Status = m.oneCommitInFlight(w, r)
 		ev.Route = m.route(r, nil)
 		m.observe(ctx, &ev)
 		return
 	}
-	defer m.disownKey(lk, ended)
-	wait := max(time.Until(deadline), time.Millisecond)
 
 	// Detached from the client, like the durable claim; bounded as a whole
 	// (database/sql ends a transaction when the context it began on ends).
 	txCtx, cancelTx := context.WithTimeout(context.WithoutCancel(ctx),
 		m.cfg.ClaimTimeout+m.cfg.MaxExecution+m.cfg.CompleteTimeout)
 	defer cancelTx()
-	res, tx, err := m.claimTx(txCtx, cancelTx, p, wait)
+	// The whole OneCommitWait, whatever was waited in the process: on
+	// PostgreSQL it is the transaction's lock_timeout, the handler's too.
+	res, tx, err := m.claimTx(txCtx, cancelTx, p, m.cfg.OneCommitWait)
 	ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Claim: time.Since(waitStart), Attempt: res.Record.Attempts}
 	if err == nil && !res.Record.ExpiresAt.IsZero() {
 		w.Header().Set(HeaderKeyExpires, res.Record.ExpiresAt.UTC().Format(http.TimeFormat)) // as serve does
@@ -98,6 +85,10 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 		m.remember(p, res.Record)
 		ev.Kind, ev.Status = m.answer(w, r, res.Record, p)
 	default:
+		if m.localWait {
+			ended := m.ownKey(lk)
+			defer m.disownKey(lk, ended)
+		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		m.executeOneCommit(w, r, next, res, tx, p, &ev)
 		return
@@ -109,30 +100,50 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 // localKey names a key in Middleware.owners.
 type localKey struct{ scope, key string }
 
-// ownKey makes this request the one of the process that claims lk and
-// returns nil, its channel in *ended (made on first use); or it returns
-// the channel of the request that already does.
-func (m *Middleware) ownKey(lk localKey, ended *chan struct{}) chan struct{} {
-	m.ownersMu.Lock()
-	defer m.ownersMu.Unlock()
-	if other, ok := m.owners[lk]; ok {
-		return other
+// awaitOwner waits until no request of this process holds lk's uncommitted
+// claim (at once when none does), and reports false when deadline came
+// first or the client went away: the key is still in flight.
+func (m *Middleware) awaitOwner(ctx context.Context, lk localKey, deadline time.Time) bool {
+	for {
+		m.ownersMu.Lock()
+		owner := m.owners[lk]
+		m.ownersMu.Unlock()
+		if owner == nil {
+			return true
+		}
+		left := time.NewTimer(time.Until(deadline))
+		select {
+		case <-owner:
+			left.Stop()
+			// Another waiter may hold the key now (the owner rolled back
+			// and it claimed): look again.
+		case <-left.C:
+			return false
+		case <-ctx.Done():
+			left.Stop()
+			return false
+		}
 	}
-	if *ended == nil {
-		*ended = make(chan struct{})
-	}
-	if m.owners == nil {
-		m.owners = map[localKey]chan struct{}{}
-	}
-	m.owners[lk] = *ended
-	return nil
 }
 
-// disownKey ends what ownKey began: lk is free in the process, and the
-// requests waiting on ended claim.
+// ownKey records that this request holds lk's uncommitted claim, and
+// returns the channel disownKey closes. It replaces the entry of an owner
+// that has rolled back and not yet disowned the key.
+func (m *Middleware) ownKey(lk localKey) chan struct{} {
+	ended := make(chan struct{})
+	m.ownersMu.Lock()
+	m.owners[lk] = ended
+	m.ownersMu.Unlock()
+	return ended
+}
+
+// disownKey ends what ownKey began, once the claim's transaction has
+// ended: the requests waiting on ended claim.
 func (m *Middleware) disownKey(lk localKey, ended chan struct{}) {
 	m.ownersMu.Lock()
-	delete(m.owners, lk)
+	if m.owners[lk] == ended {
+		delete(m.owners, lk)
+	}
 	m.ownersMu.Unlock()
 	close(ended)
 }

@@ -2,6 +2,7 @@ package idempgx_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -215,4 +216,86 @@ func TestOneCommitClaimBoundedWhenThePoolIsTaken(t *testing.T) {
 	require.Equal(t, "application/problem+json", res.Header().Get("Content-Type"))
 	require.NotEmpty(t, res.Header().Get("Retry-After"))
 	require.Zero(t, runs.Load(), "the handler never runs unprotected")
+}
+
+// Regression (review of a139c0b): every request of a key, a replay's too,
+// held the key in the process while it claimed, so a burst of retries of a
+// completed key was answered one claim at a time and the last ones got 409
+// past OneCommitWait. A replay of a key nobody holds goes to the store at
+// once.
+func TestOneCommitBurstOfReplaysIsNotQueued(t *testing.T) {
+	d, _, biz := smallPoolApp(t)
+	// A bound far shorter than 300 claims one after another take.
+	mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 10 * time.Millisecond})
+	require.NoError(t, err)
+	var runs atomic.Int64
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		tx, err := idempgx.Tx(r.Context())
+		if err == nil {
+			_, err = tx.Exec(r.Context(), `INSERT INTO `+biz+` (k) VALUES ('k')`)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":1}`))
+	}))
+	require.Equal(t, http.StatusCreated, send(h, "k").Code)
+	var burst []<-chan *httptest.ResponseRecorder
+	for range 300 {
+		burst = append(burst, answerOf(h, "k"))
+	}
+	codes := map[string]int{}
+	for _, out := range burst {
+		res := awaitAnswer(t, out, "a replay")
+		codes[fmt.Sprintf("%d replayed=%s", res.Code, res.Header().Get(idem.HeaderReplayed))]++
+	}
+	require.Equal(t, map[string]int{"201 replayed=true": 300}, codes)
+	require.EqualValues(t, 1, runs.Load())
+}
+
+// Regression (review of a139c0b): a request that waited in the process for
+// the key's owner then claimed with what was left of OneCommitWait, which
+// on PostgreSQL is the transaction's lock_timeout: its handler's own lock
+// waits had less time the longer it had queued. Every one-commit
+// transaction gets the whole bound.
+func TestOneCommitWaiterGetsTheWholeLockBound(t *testing.T) {
+	d, _, _ := smallPoolApp(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 2 * time.Second})
+	require.NoError(t, err)
+	var runs atomic.Int64
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, err := idempgx.Tx(r.Context())
+		var bound string
+		if err == nil {
+			err = tx.QueryRow(r.Context(), `SELECT current_setting('lock_timeout')`).Scan(&bound)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if runs.Add(1) == 1 {
+			close(entered)
+			<-release
+			http.Error(w, "the first run fails", http.StatusInternalServerError) // rolled back: the waiter claims
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(bound))
+	}))
+	owner := answerOf(h, "k")
+	<-entered
+	dup := answerOf(h, "k")
+	time.Sleep(300 * time.Millisecond) // the duplicate waits in the process meanwhile
+	free()
+	require.Equal(t, http.StatusInternalServerError, awaitAnswer(t, owner, "the owner").Code)
+	res := awaitAnswer(t, dup, "the waiter")
+	require.Equal(t, http.StatusCreated, res.Code, res.Body.String())
+	require.Equal(t, "2s", res.Body.String(), "the waiter's transaction has the whole lock bound")
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemdrivertest"
 	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/dbtest"
 )
 
 // SQLite never answers 503 for a busy, healthy database (issue 13 item 8).
@@ -134,4 +135,36 @@ func TestRenewalQueuedBehindAnotherTransactionKeepsTheLease(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.StateSucceeded, rec.State)
 	require.EqualValues(t, 1, bRuns.Load())
+}
+
+// Regression (review of a139c0b): the one-commit duplicates' wait in the
+// process was bounded by OneCommitWait on SQLite too, where the bound is
+// not used (a duplicate queues for the database's one write lock, as every
+// transaction does, and gets the replay): a duplicate got 409 instead.
+func TestOneCommitDuplicateQueuesForTheWriteLock(t *testing.T) {
+	d := dbtest.SQLite(t)
+	mw, err := idem.New(idem.Config{Store: d, Scope: globalScope, OneCommit: true, OneCommitWait: time.Millisecond})
+	require.NoError(t, err)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int64
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":1}`))
+	}))
+	owner := make(chan *httptest.ResponseRecorder, 1)
+	go func() { owner <- post(h, "k") }()
+	<-entered
+	dup := make(chan *httptest.ResponseRecorder, 1)
+	go func() { dup <- post(h, "k") }()
+	time.Sleep(200 * time.Millisecond) // far past OneCommitWait
+	close(release)
+	require.Equal(t, http.StatusCreated, (<-owner).Code)
+	res := <-dup
+	require.Equal(t, http.StatusCreated, res.Code, res.Body.String())
+	require.Equal(t, "true", res.Header().Get(idem.HeaderReplayed))
+	require.EqualValues(t, 1, runs.Load())
 }
