@@ -73,6 +73,20 @@ func smallPoolApp(t *testing.T) (*idempgx.Driver, *pgxpool.Pool, string) {
 	return d, pool, schema + ".biz"
 }
 
+// writeBiz inserts key into biz in the claim's transaction, or answers 500
+// and reports false.
+func writeBiz(w http.ResponseWriter, r *http.Request, biz, key string) bool {
+	tx, err := idempgx.Tx(r.Context())
+	if err == nil {
+		_, err = tx.Exec(r.Context(), `INSERT INTO `+biz+` (k) VALUES ($1)`, key)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return false
+	}
+	return true
+}
+
 // answerOf serves one POST of key through h in the background.
 func answerOf(h http.Handler, key string) <-chan *httptest.ResponseRecorder {
 	out := make(chan *httptest.ResponseRecorder, 1)
@@ -111,12 +125,7 @@ func TestOneCommitDuplicatesLeaveThePoolToOtherKeys(t *testing.T) {
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get(idem.HeaderKey)
 		runs.Add(1)
-		tx, err := idempgx.Tx(r.Context())
-		if err == nil {
-			_, err = tx.Exec(r.Context(), `INSERT INTO `+biz+` (k) VALUES ($1)`, key)
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+		if !writeBiz(w, r, biz, key) {
 			return
 		}
 		if key == "slow" {
@@ -164,12 +173,7 @@ func TestOneCommitLocalWaitIsBounded(t *testing.T) {
 	mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 100 * time.Millisecond})
 	require.NoError(t, err)
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := idempgx.Tx(r.Context())
-		if err == nil {
-			_, err = tx.Exec(r.Context(), `INSERT INTO `+biz+` (k) VALUES ('k')`)
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+		if !writeBiz(w, r, biz, "k") {
 			return
 		}
 		close(entered)
@@ -231,12 +235,7 @@ func TestOneCommitBurstOfReplaysIsNotQueued(t *testing.T) {
 	var runs atomic.Int64
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
-		tx, err := idempgx.Tx(r.Context())
-		if err == nil {
-			_, err = tx.Exec(r.Context(), `INSERT INTO `+biz+` (k) VALUES ('k')`)
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+		if !writeBiz(w, r, biz, "k") {
 			return
 		}
 		w.WriteHeader(http.StatusCreated)
