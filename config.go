@@ -298,9 +298,10 @@ type Config struct {
 	// key that a one-commit execution holds, before it is answered 409
 	// request-in-flight; when the owner commits first, the request gets the
 	// replay. A request waiting on the row lock holds a connection of the
-	// store's pool; a request that finds the key's uncommitted claim held by
-	// another request of this process waits in the process instead, holding
-	// none, for at most OneCommitWait (docs/contract.md section 6). The
+	// store's pool, so the requests of one key in this process claim one
+	// wave at a time: while the first claims or runs the key, the others
+	// wait in the process, holding none, for at most OneCommitWait
+	// (docs/contract.md section 6). The
 	// one-commit claim, the wait for a pool connection included, is bounded
 	// by ClaimTimeout + OneCommitWait (503 past it). On PostgreSQL it is the
 	// transaction's lock_timeout, so it also bounds the handler's own lock

@@ -28,13 +28,12 @@ type Middleware struct {
 	methods map[string]bool
 	replay  map[string]bool // canonical header names kept for replay
 	replays *replayCache    // nil without Config.ReplayCacheBytes
-	// owners holds, per key, a channel that is closed when the one-commit
-	// request of this process that holds the key's uncommitted claim has
-	// ended its transaction (see serveOneCommit); ownersMu guards it. Nil
-	// on a single-writer store (localWait false).
-	ownersMu  sync.Mutex
-	owners    map[localKey]chan struct{}
-	localWait bool
+	// turns holds the current turn of each key that one-commit requests of
+	// this process are claiming or running (see serveOneCommit); turnsMu
+	// guards it. localWait bounds a request's wait for its turn.
+	turnsMu   sync.Mutex
+	turns     map[localKey]*keyTurn
+	localWait time.Duration
 }
 
 // neverReplayed are the headers dropped from the replay allow-list whatever
@@ -78,12 +77,15 @@ func newMiddleware(cfg Config, forHTTP bool) (*Middleware, error) {
 	if cfg.ReplayCacheBytes > 0 && forHTTP {
 		m.replays = newReplayCache(cfg.ReplayCacheBytes, cfg.ReplayCacheTTL)
 	}
-	// On a single-writer store every one-commit transaction queues for the
-	// database's write lock, a duplicate with it: no wait in the process.
-	sw, ok := cfg.Store.(idemdriver.SingleWriter)
-	m.localWait = cfg.OneCommit && !(ok && sw.SingleWriter())
-	if m.localWait {
-		m.owners = map[localKey]chan struct{}{}
+	if cfg.OneCommit {
+		m.turns = map[localKey]*keyTurn{}
+		m.localWait = cfg.OneCommitWait
+		// On a single-writer store a duplicate waits for the owner's
+		// transaction, as for the database's write lock (OneCommitWait is
+		// not used there): at most as long as that transaction may last.
+		if sw, ok := cfg.Store.(idemdriver.SingleWriter); ok && sw.SingleWriter() {
+			m.localWait = cfg.ClaimTimeout + cfg.MaxExecution + cfg.CompleteTimeout
+		}
 	}
 	return m, nil
 }

@@ -36,24 +36,34 @@ func (c Config) validateOneCommit() []error {
 //
 // A request waiting on the key's row lock holds a connection of the
 // store's pool. So that a storm of duplicates of one key cannot take every
-// connection (and stall every other key's requests), a request that finds
-// the key's uncommitted claim held by another request of this process
-// waits here, holding no connection, for at most OneCommitWait, until that
-// request's transaction has ended (past it: 409), and then claims: the
-// committed record answers it (a replay, or 422), or the rollback lets it
-// claim. Replays and 422s of a key nobody holds go to the store at once,
-// concurrently. Not on a single-writer store (SQLite), where every
-// transaction, a duplicate's with it, queues for the database's write lock.
+// connection (and stall every other key's requests), the requests of one
+// key in this process go to the store one wave at a time: the first claims
+// (the leader, keyTurn), the others wait here, holding no connection, for
+// at most OneCommitWait: past it, 409 when the leader holds the key's
+// uncommitted claim, or a claim of their own when the leader's claim has
+// not answered yet (the record may well be committed; the database
+// decides). When the leader's claim answers
+// without claiming (a replay, 422, 409), or its execution commits, the
+// waiters claim at once, concurrently: the committed record answers them.
+// When it rolls back (FAILED, a panic, a release) or cannot answer, one of
+// them leads the next wave. On a single-writer store (SQLite), where every
+// transaction waits for the database's write lock anyway, the wait here
+// is bounded by the leader's own transaction instead of OneCommitWait.
 func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next http.Handler, p idemdriver.ClaimParams, body []byte) {
 	ctx := r.Context()
 	waitStart := time.Now()
 	lk := localKey{scope: p.Scope, key: p.Key}
-	if m.localWait && !m.awaitOwner(ctx, lk, waitStart.Add(m.cfg.OneCommitWait)) {
+	turn, ok := m.keyTurn(ctx, lk, waitStart.Add(m.localWait))
+	if !ok {
 		ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Claim: time.Since(waitStart), Kind: EventInFlight}
 		ev.Status = m.oneCommitInFlight(w, r)
 		ev.Route = m.route(r, nil)
 		m.observe(ctx, &ev)
 		return
+	}
+	settled := true // what the waiters learn when this request's turn ends
+	if turn != nil {
+		defer func() { m.endTurn(lk, turn, settled) }()
 	}
 
 	// Detached from the client, like the durable claim; bounded as a whole
@@ -70,14 +80,17 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 	}
 	switch {
 	case errors.Is(err, idemdriver.ErrLockWait):
-		// Another one-commit execution of the key holds its row past the
-		// wait bound: it is in flight, though no lease says so.
+		// Another one-commit execution of the key (another process's)
+		// holds its row past the wait bound: it is in flight, though no
+		// lease says so; the next waiter leads, the others keep waiting.
+		settled = false
 		ev.Kind, ev.Status = EventInFlight, m.oneCommitInFlight(w, r)
 	case errors.Is(err, idemdriver.ErrUnstorable):
 		m.cfg.Logger.ErrorContext(ctx, "idem: the store cannot hold this request's scope", "err", err)
 		m.writeProblem(w, r, ProblemFor(ErrScopeUnstorable, "the server could not scope this request"))
 		return
 	case err != nil:
+		settled = false
 		serr := &StoreError{Op: "claim", Err: err}
 		m.storeUnavailable(w, r, serr)
 		ev.Kind, ev.Status, ev.Err = EventStoreUnavailable, http.StatusServiceUnavailable, serr
@@ -85,67 +98,81 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 		m.remember(p, res.Record)
 		ev.Kind, ev.Status = m.answer(w, r, res.Record, p)
 	default:
-		if m.localWait {
-			ended := m.ownKey(lk)
-			defer m.disownKey(lk, ended)
+		// Until the execution ends: settled (the record committed) only
+		// when it says so, also when the handler panics.
+		settled = false
+		if turn != nil {
+			m.turnsMu.Lock()
+			turn.owning = true
+			m.turnsMu.Unlock()
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		m.executeOneCommit(w, r, next, res, tx, p, &ev)
+		settled = ev.Kind == EventExecuted && ev.Err == nil && ev.Outcome == Succeeded
 		return
 	}
 	ev.Route = m.route(r, nil)
 	m.observe(ctx, &ev)
 }
 
-// localKey names a key in Middleware.owners.
+// localKey names a key in Middleware.turns.
 type localKey struct{ scope, key string }
 
-// awaitOwner waits until no request of this process holds lk's uncommitted
-// claim (at once when none does), and reports false when deadline came
-// first or the client went away: the key is still in flight.
-func (m *Middleware) awaitOwner(ctx context.Context, lk localKey, deadline time.Time) bool {
+// keyTurn is one wave of lk's requests in this process (see
+// serveOneCommit): ended is closed when its leader's turn is over, settled
+// (written before) says whether the key's record is then committed.
+type keyTurn struct {
+	ended   chan struct{}
+	settled bool
+	owning  bool // the leader's claim won: it runs the key; turnsMu guards it
+}
+
+// keyTurn waits for this request's turn to claim lk. It returns the turn
+// the request leads (end it with endTurn), or nil to claim as a waiter of
+// a settled turn (or of one whose leader's claim is still unanswered at
+// deadline); ok is false when deadline came while the leader runs the key,
+// or the client went away: the key is in flight.
+func (m *Middleware) keyTurn(ctx context.Context, lk localKey, deadline time.Time) (turn *keyTurn, ok bool) {
 	for {
-		m.ownersMu.Lock()
-		owner := m.owners[lk]
-		m.ownersMu.Unlock()
-		if owner == nil {
-			return true
+		m.turnsMu.Lock()
+		other := m.turns[lk]
+		if other == nil {
+			turn = &keyTurn{ended: make(chan struct{})}
+			m.turns[lk] = turn
+		}
+		m.turnsMu.Unlock()
+		if other == nil {
+			return turn, true
 		}
 		left := time.NewTimer(time.Until(deadline))
 		select {
-		case <-owner:
+		case <-other.ended:
 			left.Stop()
-			// Another waiter may hold the key now (the owner rolled back
-			// and it claimed): look again.
+			if other.settled {
+				return nil, true
+			}
+			// Rolled back, or no answer: one of the waiters leads next.
 		case <-left.C:
-			return false
+			m.turnsMu.Lock()
+			owning := other.owning
+			m.turnsMu.Unlock()
+			return nil, !owning
 		case <-ctx.Done():
 			left.Stop()
-			return false
+			return nil, false
 		}
 	}
 }
 
-// ownKey records that this request holds lk's uncommitted claim, and
-// returns the channel disownKey closes. It replaces the entry of an owner
-// that has rolled back and not yet disowned the key.
-func (m *Middleware) ownKey(lk localKey) chan struct{} {
-	ended := make(chan struct{})
-	m.ownersMu.Lock()
-	m.owners[lk] = ended
-	m.ownersMu.Unlock()
-	return ended
-}
-
-// disownKey ends what ownKey began, once the claim's transaction has
-// ended: the requests waiting on ended claim.
-func (m *Middleware) disownKey(lk localKey, ended chan struct{}) {
-	m.ownersMu.Lock()
-	if m.owners[lk] == ended {
-		delete(m.owners, lk)
-	}
-	m.ownersMu.Unlock()
-	close(ended)
+// endTurn ends turn, the leader's, once its claim has answered or its
+// transaction has ended: the waiters claim (settled) or elect the next
+// leader.
+func (m *Middleware) endTurn(lk localKey, turn *keyTurn, settled bool) {
+	m.turnsMu.Lock()
+	delete(m.turns, lk)
+	m.turnsMu.Unlock()
+	turn.settled = settled
+	close(turn.ended)
 }
 
 // claimTx runs the store's ClaimTx on txCtx, bounded by ClaimTimeout plus

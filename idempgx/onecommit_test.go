@@ -110,58 +110,109 @@ func awaitAnswer(t *testing.T, out <-chan *httptest.ResponseRecorder, what strin
 // Regression (review of 0b0b976): duplicates of a one-commit key each held
 // a connection while they waited on its row lock, so a storm of retries of
 // one key took the pool and every other key's request waited behind them.
-// Now the duplicates of this process wait for the owner without a
-// connection; the other key is answered while the owner still runs, and
-// the duplicates get the replay once it commits.
+// Now the duplicates of this process wait for their turn without a
+// connection; another key is answered while the key's owner runs. The
+// storm comes after the owner's claim, with it (review of 1f0c7eb: nothing
+// held them before the first claim answered), or waits through a first run
+// that rolls back (review of 1f0c7eb: every waiter then went to the row
+// lock at once); then the duplicates get the replay of the run that
+// committed.
 func TestOneCommitDuplicatesLeaveThePoolToOtherKeys(t *testing.T) {
-	d, pool, biz := smallPoolApp(t)
-	entered, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	free := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(free) // before the pool closes: a failed run must not hang there
-	var runs atomic.Int64
-	mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 10 * time.Minute})
-	require.NoError(t, err)
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get(idem.HeaderKey)
-		runs.Add(1)
-		if !writeBiz(w, r, biz, key) {
-			return
-		}
-		if key == "slow" {
-			close(entered)
-			<-release
-		}
-		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write([]byte(`{"key":"` + key + `"}`))
-	}))
+	for _, storm := range []struct {
+		name                string
+		withOwner, rollback bool
+	}{{"AfterTheClaim", false, false}, {"WithTheClaim", true, false}, {"ThroughARollback", false, true}} {
+		t.Run(storm.name, func(t *testing.T) {
+			d, pool, biz := smallPoolApp(t)
+			held := make(chan chan struct{}) // each run of "slow" sends its release
+			var releases []chan struct{}
+			t.Cleanup(func() { // before the pool closes: a failed run must not hang there
+				for _, r := range releases {
+					close(r)
+				}
+			})
+			var runs atomic.Int64
+			mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 10 * time.Minute})
+			require.NoError(t, err)
+			h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				key := r.Header.Get(idem.HeaderKey)
+				run := runs.Add(1)
+				if !writeBiz(w, r, biz, key) {
+					return
+				}
+				if key == "slow" {
+					release := make(chan struct{})
+					held <- release
+					<-release
+					if storm.rollback && run == 1 {
+						http.Error(w, "the first run fails", http.StatusInternalServerError)
+						return
+					}
+				}
+				w.WriteHeader(http.StatusCreated)
+				_, _ = fmt.Fprintf(w, `{"key":%q,"run":%d}`, key, run)
+			}))
+			// requireOtherKeyServed checks, while a run of "slow" holds one
+			// of the two connections, that another key gets the other one.
+			requireOtherKeyServed := func(key string) {
+				// Give a duplicate the time to take the second connection,
+				// as each did before the fix (then within milliseconds).
+				for i := 0; i < 20 && pool.Stat().AcquiredConns() < 2; i++ {
+					time.Sleep(50 * time.Millisecond)
+				}
+				other := awaitAnswer(t, answerOf(h, key), "another key's request while the owner runs")
+				require.Equal(t, http.StatusCreated, other.Code, other.Body.String())
+			}
 
-	owner := answerOf(h, "slow")
-	<-entered // the owner holds one of the two connections
-	var dups []<-chan *httptest.ResponseRecorder
-	for range 10 {
-		dups = append(dups, answerOf(h, "slow"))
+			var owner <-chan *httptest.ResponseRecorder
+			var dups []<-chan *httptest.ResponseRecorder
+			storming := func() {
+				for range 10 {
+					dups = append(dups, answerOf(h, "slow"))
+				}
+			}
+			owner = answerOf(h, "slow")
+			if storm.withOwner {
+				storming()
+			}
+			releases = append(releases, <-held) // the first run holds one connection
+			if !storm.withOwner {
+				storming()
+			}
+			requireOtherKeyServed("other-1")
+			first := releases[0]
+			releases = releases[1:]
+			close(first)
+			wantRun := 1
+			if storm.rollback {
+				require.Equal(t, http.StatusInternalServerError, awaitAnswer(t, owner, "the failing first run").Code)
+				releases = append(releases, <-held) // a duplicate runs the key again
+				requireOtherKeyServed("other-2")
+				second := releases[0]
+				releases = releases[1:]
+				close(second)
+				wantRun = 3 // after the failed run and other-1's
+			} else {
+				// With the claim, any of the eleven may be the owner.
+				dups = append(dups, owner)
+			}
+			created, replays := 0, 0
+			for i, dup := range dups {
+				res := awaitAnswer(t, dup, "a duplicate")
+				require.Equal(t, http.StatusCreated, res.Code, "duplicate %d: %s", i, res.Body.String())
+				require.JSONEq(t, fmt.Sprintf(`{"key":"slow","run":%d}`, wantRun), res.Body.String(), "duplicate %d", i)
+				if res.Header().Get(idem.HeaderReplayed) == "true" {
+					replays++
+				} else {
+					created++
+				}
+			}
+			require.Equal(t, [2]int{1, len(dups) - 1}, [2]int{created, replays}, "one request ran the key (again), the others replayed it")
+			var rows int
+			require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+biz+` WHERE k = 'slow'`).Scan(&rows))
+			require.Equal(t, 1, rows, "one committed run of the key")
+		})
 	}
-	// Give a duplicate the time to take the second connection, as each
-	// did before the fix (then within milliseconds).
-	for i := 0; i < 20 && pool.Stat().AcquiredConns() < 2; i++ {
-		time.Sleep(50 * time.Millisecond)
-	}
-	other := awaitAnswer(t, answerOf(h, "other"), "another key's request while the owner runs")
-	require.Equal(t, http.StatusCreated, other.Code, other.Body.String())
-
-	free()
-	require.Equal(t, http.StatusCreated, awaitAnswer(t, owner, "the owner").Code)
-	for i, dup := range dups {
-		res := awaitAnswer(t, dup, "a duplicate")
-		require.Equal(t, http.StatusCreated, res.Code, "duplicate %d: %s", i, res.Body.String())
-		require.Equal(t, "true", res.Header().Get(idem.HeaderReplayed), "duplicate %d", i)
-		require.JSONEq(t, `{"key":"slow"}`, res.Body.String())
-	}
-	require.EqualValues(t, 2, runs.Load(), "the slow key once, the other key once")
-	var rows int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+biz+` WHERE k = 'slow'`).Scan(&rows))
-	require.Equal(t, 1, rows)
 }
 
 // The wait for a key held by this process is bounded by OneCommitWait as
