@@ -301,15 +301,16 @@ type Config struct {
 	// store's pool, so the requests of one key in this process claim one
 	// wave at a time: while the first claims or runs the key, the others
 	// wait in the process, holding none, for at most OneCommitWait
-	// (docs/contract.md section 6). The
-	// one-commit claim, the wait for a pool connection included, is bounded
-	// by ClaimTimeout + OneCommitWait (503 past it). On PostgreSQL it is the
-	// transaction's lock_timeout, so it also bounds the handler's own lock
-	// waits in the claim's transaction (SQLSTATE 55P03); on MySQL/MariaDB
-	// only the claim's. SQLite does not use it: there a request waits for the
-	// database's single write lock (idemsqlite.BusyTimeout), which every
-	// key's transaction takes, and gets the replay once the owner commits.
-	// Default: 2 s.
+	// (docs/contract.md section 6). The one-commit claim, the wait for a
+	// pool connection included, is bounded by ClaimTimeout + OneCommitWait
+	// (503 past it). On PostgreSQL it is the transaction's lock_timeout, so
+	// it also bounds the handler's own lock waits in the claim's
+	// transaction (SQLSTATE 55P03); on MySQL/MariaDB only the claim's.
+	// SQLite does not use it: there a request waits for the database's
+	// single write lock (idemsqlite.BusyTimeout), which every key's
+	// transaction takes, and gets the replay once the owner commits (its
+	// wait in the process is bounded by the owner's transaction). Default:
+	// 2 s.
 	OneCommitWait time.Duration
 
 	// ReplayCacheBytes, when positive, keeps the responses of completed
