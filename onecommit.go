@@ -37,23 +37,22 @@ func (c Config) validateOneCommit() []error {
 // A request waiting on the key's row lock holds a connection of the
 // store's pool. So that a storm of duplicates of one key cannot take every
 // connection (and stall every other key's requests), the requests of one
-// key in this process go to the store one wave at a time: the first claims
-// (the leader, keyTurn), the others wait here, holding no connection, for
-// at most OneCommitWait: past it, 409 when the leader holds the key's
-// uncommitted claim, or a claim of their own when the leader's claim has
-// not answered yet (the record may well be committed; the database
-// decides). When the leader's claim answers
-// without claiming (a replay, 422, 409), or its execution commits, the
-// waiters claim at once, concurrently: the committed record answers them.
-// When it rolls back (FAILED, a panic, a release) or cannot answer, one of
-// them leads the next wave. On a single-writer store (SQLite), where every
+// key in this process go to the store one wave at a time (a keyTurn): the
+// first claims (the leader), the others wait here, holding no connection,
+// for at most OneCommitWait. Past it a waiter gets 409 when the leader
+// holds the key's uncommitted claim, and otherwise claims on its own (the
+// leader's claim has not answered yet; the database decides). When the
+// leader's claim answers without claiming (a replay, 422, 409), or its
+// execution commits, the waiters claim at once, concurrently: the
+// committed record answers them. When it rolls back (FAILED, a panic, a
+// release) or cannot answer, one of them leads the next wave. On a single-writer store (SQLite), where every
 // transaction waits for the database's write lock anyway, the wait here
 // is bounded by the leader's own transaction instead of OneCommitWait.
 func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next http.Handler, p idemdriver.ClaimParams, body []byte) {
 	ctx := r.Context()
 	waitStart := time.Now()
 	lk := localKey{scope: p.Scope, key: p.Key}
-	turn, ok := m.keyTurn(ctx, lk, waitStart.Add(m.localWait))
+	turn, ok := m.awaitTurn(ctx, lk, waitStart.Add(m.localWait))
 	if !ok {
 		ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Claim: time.Since(waitStart), Kind: EventInFlight}
 		ev.Status = m.oneCommitInFlight(w, r)
@@ -127,12 +126,12 @@ type keyTurn struct {
 	owning  bool // the leader's claim won: it runs the key; turnsMu guards it
 }
 
-// keyTurn waits for this request's turn to claim lk. It returns the turn
+// awaitTurn waits for this request's turn to claim lk. It returns the turn
 // the request leads (end it with endTurn), or nil to claim as a waiter of
 // a settled turn (or of one whose leader's claim is still unanswered at
 // deadline); ok is false when deadline came while the leader runs the key,
 // or the client went away: the key is in flight.
-func (m *Middleware) keyTurn(ctx context.Context, lk localKey, deadline time.Time) (turn *keyTurn, ok bool) {
+func (m *Middleware) awaitTurn(ctx context.Context, lk localKey, deadline time.Time) (turn *keyTurn, ok bool) {
 	for {
 		m.turnsMu.Lock()
 		other := m.turns[lk]

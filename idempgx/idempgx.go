@@ -15,10 +15,11 @@
 // with its first Exec; the completion with the COMMIT, written so that it
 // raises when it is fenced out and the server then skips the COMMIT
 // (idemdriver.CompleteCommitter); in the one-commit mode BEGIN and the
-// claim, which also sets the transaction's lock bound. A replay, 409 or 422 is one statement; a first
-// execution in transactional mode three round trips around the handler's
-// own statements (the claim, BEGIN with the first of them, the completion
-// with the COMMIT), in the one-commit mode two.
+// claim, which also sets the transaction's lock bound. A replay, 409 or 422
+// is one statement; a first execution in transactional mode three round
+// trips around the handler's own statements (the claim, BEGIN with the
+// first of them, the completion with the COMMIT), in the one-commit mode
+// two.
 //
 // # Behind pgbouncer
 //
