@@ -39,13 +39,12 @@ func (c Config) validateOneCommit() []error {
 // connection (and stall every other key's requests), the requests of one
 // key in this process go to the store one wave at a time (a keyTurn): the
 // first claims (the leader), the others wait here, holding no connection,
-// for at most OneCommitWait. Past it a waiter gets 409 when the leader
-// holds the key's uncommitted claim, and otherwise claims on its own (the
-// leader's claim has not answered yet; the database decides). When the
-// leader's claim answers without claiming (a replay, 422, 409), or its
-// execution commits, the waiters claim at once, concurrently: the
-// committed record answers them. When it rolls back (FAILED, a panic, a
-// release) or cannot answer, one of them leads the next wave. On a single-writer store (SQLite), where every
+// for at most OneCommitWait, then get 409. When the leader's claim answers
+// without claiming (a replay, 422, 409), the waiters claim at once,
+// concurrently: the committed record answers them. When the leader ran the
+// key, its turn ends with its transaction (before its response is sent,
+// which a slow client may take long to read), and one waiter leads the
+// next wave: the replay, or the claim after a rollback. On a single-writer store (SQLite), where every
 // transaction waits for the database's write lock anyway, the wait here
 // is bounded by the leader's own transaction instead of OneCommitWait.
 func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next http.Handler, p idemdriver.ClaimParams, body []byte) {
@@ -97,17 +96,15 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 		m.remember(p, res.Record)
 		ev.Kind, ev.Status = m.answer(w, r, res.Record, p)
 	default:
-		// Until the execution ends: settled (the record committed) only
-		// when it says so, also when the handler panics.
+		// The response is held until the transaction has ended: the turn
+		// ends at its first write (or when the handler panics), and a
+		// waiter leads the next wave, whatever the outcome was.
 		settled = false
 		if turn != nil {
-			m.turnsMu.Lock()
-			turn.owning = true
-			m.turnsMu.Unlock()
+			w = &turnWriter{ResponseWriter: w, end: func() { m.endTurn(lk, turn, false) }}
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		m.executeOneCommit(w, r, next, res, tx, p, &ev)
-		settled = ev.Kind == EventExecuted && ev.Err == nil && ev.Outcome == Succeeded
 		return
 	}
 	ev.Route = m.route(r, nil)
@@ -123,14 +120,13 @@ type localKey struct{ scope, key string }
 type keyTurn struct {
 	ended   chan struct{}
 	settled bool
-	owning  bool // the leader's claim won: it runs the key; turnsMu guards it
+	over    bool // endTurn has run; turnsMu guards it
 }
 
 // awaitTurn waits for this request's turn to claim lk. It returns the turn
 // the request leads (end it with endTurn), or nil to claim as a waiter of
-// a settled turn (or of one whose leader's claim is still unanswered at
-// deadline); ok is false when deadline came while the leader runs the key,
-// or the client went away: the key is in flight.
+// a settled turn; ok is false when deadline came first, or the client went
+// away: the key is in flight.
 func (m *Middleware) awaitTurn(ctx context.Context, lk localKey, deadline time.Time) (turn *keyTurn, ok bool) {
 	for {
 		m.turnsMu.Lock()
@@ -152,10 +148,7 @@ func (m *Middleware) awaitTurn(ctx context.Context, lk localKey, deadline time.T
 			}
 			// Rolled back, or no answer: one of the waiters leads next.
 		case <-left.C:
-			m.turnsMu.Lock()
-			owning := other.owning
-			m.turnsMu.Unlock()
-			return nil, !owning
+			return nil, false
 		case <-ctx.Done():
 			left.Stop()
 			return nil, false
@@ -165,14 +158,42 @@ func (m *Middleware) awaitTurn(ctx context.Context, lk localKey, deadline time.T
 
 // endTurn ends turn, the leader's, once its claim has answered or its
 // transaction has ended: the waiters claim (settled) or elect the next
-// leader.
+// leader. Only its first call counts.
 func (m *Middleware) endTurn(lk localKey, turn *keyTurn, settled bool) {
 	m.turnsMu.Lock()
+	if turn.over {
+		m.turnsMu.Unlock()
+		return
+	}
+	turn.over = true
 	delete(m.turns, lk)
 	m.turnsMu.Unlock()
 	turn.settled = settled
 	close(turn.ended)
 }
+
+// turnWriter is the client's writer while a leader runs its key: its first
+// write ends the leader's turn (end). Nothing is written before the claim's
+// transaction has ended (the response is held until then), and a client
+// that reads slowly must not keep the key's waiters from the committed
+// record.
+type turnWriter struct {
+	http.ResponseWriter
+	end func()
+}
+
+func (t *turnWriter) WriteHeader(status int) {
+	t.end()
+	t.ResponseWriter.WriteHeader(status)
+}
+
+func (t *turnWriter) Write(b []byte) (int, error) {
+	t.end()
+	return t.ResponseWriter.Write(b)
+}
+
+// Unwrap returns the client's writer (http.ResponseController).
+func (t *turnWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
 // claimTx runs the store's ClaimTx on txCtx, bounded by ClaimTimeout plus
 // wait, the bound of the lock wait: a claim that gets no connection from
