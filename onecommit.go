@@ -44,9 +44,10 @@ func (c Config) validateOneCommit() []error {
 // concurrently: the committed record answers them. When the leader ran the
 // key, its turn ends with its transaction (before its response is sent,
 // which a slow client may take long to read), and one waiter leads the
-// next wave: the replay, or the claim after a rollback. On a single-writer store (SQLite), where every
-// transaction waits for the database's write lock anyway, the wait here
-// is bounded by the leader's own transaction instead of OneCommitWait.
+// next wave: the replay, or the claim after a rollback. On a single-writer
+// store (SQLite), where every transaction waits for the database's write
+// lock anyway, the wait here is bounded by the leader's own transaction
+// instead of OneCommitWait.
 func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next http.Handler, p idemdriver.ClaimParams, body []byte) {
 	ctx := r.Context()
 	waitStart := time.Now()
@@ -59,9 +60,10 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 		m.observe(ctx, &ev)
 		return
 	}
-	settled := true // what the waiters learn when this request's turn ends
 	if turn != nil {
-		defer func() { m.endTurn(lk, turn, settled) }()
+		// A no-op once the turn has ended (below, or at the first write);
+		// here for a handler that panics.
+		defer m.endTurn(lk, turn, false)
 	}
 
 	// Detached from the client, like the durable claim; bounded as a whole
@@ -72,6 +74,13 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 	// The whole OneCommitWait, whatever was waited in the process: on
 	// PostgreSQL it is the transaction's lock_timeout, the handler's too.
 	res, tx, err := m.claimTx(txCtx, cancelTx, p, m.cfg.OneCommitWait)
+	if turn != nil && (err != nil || !res.Claimed) {
+		// Answered without claiming: the waiters go now, not once this
+		// request's client has read its answer. They claim at once when
+		// the record answered (settled); when the store did not, or the
+		// row lock stayed held past the bound, one of them leads next.
+		m.endTurn(lk, turn, err == nil || errors.Is(err, idemdriver.ErrUnstorable))
+	}
 	ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Claim: time.Since(waitStart), Attempt: res.Record.Attempts}
 	if err == nil && !res.Record.ExpiresAt.IsZero() {
 		w.Header().Set(HeaderKeyExpires, res.Record.ExpiresAt.UTC().Format(http.TimeFormat)) // as serve does
@@ -81,14 +90,12 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 		// Another one-commit execution of the key (another process's)
 		// holds its row past the wait bound: it is in flight, though no
 		// lease says so; the next waiter leads, the others keep waiting.
-		settled = false
 		ev.Kind, ev.Status = EventInFlight, m.oneCommitInFlight(w, r)
 	case errors.Is(err, idemdriver.ErrUnstorable):
 		m.cfg.Logger.ErrorContext(ctx, "idem: the store cannot hold this request's scope", "err", err)
 		m.writeProblem(w, r, ProblemFor(ErrScopeUnstorable, "the server could not scope this request"))
 		return
 	case err != nil:
-		settled = false
 		serr := &StoreError{Op: "claim", Err: err}
 		m.storeUnavailable(w, r, serr)
 		ev.Kind, ev.Status, ev.Err = EventStoreUnavailable, http.StatusServiceUnavailable, serr
@@ -99,7 +106,6 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 		// The response is held until the transaction has ended: the turn
 		// ends at its first write (or when the handler panics), and a
 		// waiter leads the next wave, whatever the outcome was.
-		settled = false
 		if turn != nil {
 			w = &turnWriter{ResponseWriter: w, end: func() { m.endTurn(lk, turn, false) }}
 		}

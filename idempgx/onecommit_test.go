@@ -392,11 +392,27 @@ func TestOneCommitSlowOwnerClientDoesNotHoldTheKey(t *testing.T) {
 		h.ServeHTTP(owner, req)
 	}()
 	<-owner.wrote // committed: the response is being sent, and not read
-	for i := range 3 {
-		res := awaitAnswer(t, answerOf(h, "k"), "a duplicate while the owner's client reads")
-		require.Equal(t, http.StatusCreated, res.Code, "duplicate %d: %s", i, res.Body.String())
-		require.Equal(t, "true", res.Header().Get(idem.HeaderReplayed), "duplicate %d", i)
+	requireReplays := func(what string) {
+		t.Helper()
+		for i := range 3 {
+			res := awaitAnswer(t, answerOf(h, "k"), what)
+			require.Equal(t, http.StatusCreated, res.Code, "%s %d: %s", what, i, res.Body.String())
+			require.Equal(t, "true", res.Header().Get(idem.HeaderReplayed), "%s %d", what, i)
+		}
 	}
+	requireReplays("a duplicate while the owner's client reads")
+
+	// The same for a request that only got the replay and whose client
+	// reads slowly (review of c07035c).
+	replayed := &blockedWriter{ResponseRecorder: httptest.NewRecorder(), wrote: make(chan struct{}), release: make(chan struct{})}
+	t.Cleanup(func() { close(replayed.release) })
+	go func() {
+		req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
+		req.Header.Set(idem.HeaderKey, "k")
+		h.ServeHTTP(replayed, req)
+	}()
+	<-replayed.wrote
+	requireReplays("a retry while another retry's client reads")
 }
 
 // claimCounter counts the one-commit claims a pool sends (pgx batches
