@@ -294,8 +294,9 @@ type Config struct {
 	// uncommitted claim's row lock holds the key. Default: false.
 	OneCommit bool
 
-	// OneCommitWait bounds how long a request waits for the row lock of a
-	// key that a one-commit execution holds, before it is answered 409
+	// OneCommitWait bounds how long a request waits for a key that a
+	// one-commit execution holds (in the process, or on the key's row
+	// lock), before it is answered 409
 	// request-in-flight; when the owner commits first, the request gets the
 	// replay. A request waiting on the row lock holds a connection of the
 	// store's pool, so the requests of one key in this process claim one

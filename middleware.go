@@ -30,10 +30,10 @@ type Middleware struct {
 	replays *replayCache    // nil without Config.ReplayCacheBytes
 	// turns holds the current turn of each key that one-commit requests of
 	// this process are claiming or running (see serveOneCommit); turnsMu
-	// guards it. localWait bounds a request's wait for its turn.
-	turnsMu   sync.Mutex
-	turns     map[localKey]*keyTurn
-	localWait time.Duration
+	// guards it. turnWait bounds a request's wait for its turn.
+	turnsMu  sync.Mutex
+	turns    map[localKey]*keyTurn
+	turnWait time.Duration
 }
 
 // neverReplayed are the headers dropped from the replay allow-list whatever
@@ -79,12 +79,12 @@ func newMiddleware(cfg Config, forHTTP bool) (*Middleware, error) {
 	}
 	if cfg.OneCommit {
 		m.turns = map[localKey]*keyTurn{}
-		m.localWait = cfg.OneCommitWait
+		m.turnWait = cfg.OneCommitWait
 		// On a single-writer store a duplicate waits for the owner's
 		// transaction, as for the database's write lock (OneCommitWait is
 		// not used there): at most as long as that transaction may last.
 		if sw, ok := cfg.Store.(idemdriver.SingleWriter); ok && sw.SingleWriter() {
-			m.localWait = cfg.ClaimTimeout + cfg.MaxExecution + cfg.CompleteTimeout
+			m.turnWait = cfg.ClaimTimeout + cfg.MaxExecution + cfg.CompleteTimeout
 		}
 	}
 	return m, nil

@@ -52,7 +52,7 @@ func (m *Middleware) serveOneCommit(w http.ResponseWriter, r *http.Request, next
 	ctx := r.Context()
 	waitStart := time.Now()
 	lk := localKey{scope: p.Scope, key: p.Key}
-	turn, ok := m.awaitTurn(ctx, lk, waitStart.Add(m.localWait))
+	turn, ok := m.awaitTurn(ctx, lk, waitStart.Add(m.turnWait))
 	if !ok {
 		ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Claim: time.Since(waitStart), Kind: EventInFlight}
 		ev.Status = m.oneCommitInFlight(w, r)

@@ -126,11 +126,16 @@ func (b *txApp) insert(ctx context.Context, tx pgx.Tx, key string) error {
 }
 
 func send(h http.Handler, key string) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, post(key))
+	return rec
+}
+
+// post is the request send sends: POST /v1/payments with key.
+func post(key string) *http.Request {
 	req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
 	req.Header.Set(idem.HeaderKey, key)
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	return rec
+	return req
 }
 
 func (b *txApp) mw(cfg idem.Config) *idem.Middleware {

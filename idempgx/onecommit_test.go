@@ -369,6 +369,17 @@ func (b *blockedWriter) Write(p []byte) (int, error) {
 	return b.ResponseRecorder.Write(p)
 }
 
+// sendUnread serves a POST of key through h to a client that reads
+// nothing, and returns once the answer is being written: the claim's
+// transaction has ended by then.
+func sendUnread(t *testing.T, h http.Handler, key string) {
+	t.Helper()
+	b := &blockedWriter{ResponseRecorder: httptest.NewRecorder(), wrote: make(chan struct{}), release: make(chan struct{})}
+	t.Cleanup(func() { close(b.release) })
+	go h.ServeHTTP(b, post(key))
+	<-b.wrote
+}
+
 // Regression (review of bba86a9): the leader's turn ended only after its
 // response was sent, so while its client read slowly the key's duplicates
 // got 409 though the record had committed. The turn ends with the
@@ -384,14 +395,7 @@ func TestOneCommitSlowOwnerClientDoesNotHoldTheKey(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(`{"id":1}`))
 	}))
-	owner := &blockedWriter{ResponseRecorder: httptest.NewRecorder(), wrote: make(chan struct{}), release: make(chan struct{})}
-	t.Cleanup(func() { close(owner.release) })
-	go func() {
-		req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
-		req.Header.Set(idem.HeaderKey, "k")
-		h.ServeHTTP(owner, req)
-	}()
-	<-owner.wrote // committed: the response is being sent, and not read
+	sendUnread(t, h, "k") // committed: the response is being sent, and not read
 	requireReplays := func(what string) {
 		t.Helper()
 		for i := range 3 {
@@ -404,14 +408,7 @@ func TestOneCommitSlowOwnerClientDoesNotHoldTheKey(t *testing.T) {
 
 	// The same for a request that only got the replay and whose client
 	// reads slowly (review of c07035c).
-	replayed := &blockedWriter{ResponseRecorder: httptest.NewRecorder(), wrote: make(chan struct{}), release: make(chan struct{})}
-	t.Cleanup(func() { close(replayed.release) })
-	go func() {
-		req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
-		req.Header.Set(idem.HeaderKey, "k")
-		h.ServeHTTP(replayed, req)
-	}()
-	<-replayed.wrote
+	sendUnread(t, h, "k")
 	requireReplays("a retry while another retry's client reads")
 }
 

@@ -263,8 +263,11 @@ func (a *app) floor(w http.ResponseWriter, r *http.Request, oneCommit bool) {
 	case err != nil:
 		abort(http.StatusServiceUnavailable, err)
 		return
-	case !claimed:
-		abort(http.StatusConflict, errors.New("key in use"))
+	case !claimed: // not an error: no log
+		if tx != nil {
+			_ = tx.rollback(ctx)
+		}
+		http.Error(w, "key in use", http.StatusConflict)
 		return
 	}
 	p, err := newPayment(bytes.NewReader(body))
