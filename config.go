@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemgo/idem/fingerprint"
 	"github.com/idemgo/idem/idemdriver"
 )
 
@@ -390,7 +391,7 @@ func (c Config) WithDefaults() Config {
 		c.Outcome = DefaultOutcome
 	}
 	if c.Fingerprint == nil {
-		c.Fingerprint = Fingerprint
+		c.Fingerprint = fingerprint.Request
 	}
 	c.StoreRetryAfter = cmp.Or(c.StoreRetryAfter, DefaultStoreRetryAfter)
 	c.InFlightRetryAfter = cmp.Or(c.InFlightRetryAfter, DefaultInFlightRetryAfter)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/fingerprint"
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemsqlite"
 )
@@ -79,7 +80,7 @@ func TestObserverEvents(t *testing.T) {
 		req := httptest.NewRequest("POST", "/pay/1", strings.NewReader("{}"))
 		req.Header.Set("Content-Type", "application/json")
 		_, err := d.Claim(t.Context(), idemdriver.ClaimParams{Scope: idem.SingleTenantScope, Key: key, Method: "POST", Path: "/pay/1",
-			Fingerprint: idem.Fingerprint(req, []byte("{}")), LeaseDuration: time.Second, Retention: 24 * time.Hour,
+			Fingerprint: fingerprint.Request(req, []byte("{}")), LeaseDuration: time.Second, Retention: 24 * time.Hour,
 			ClockOffset: -time.Hour})
 		require.NoError(t, err)
 	}
@@ -211,7 +212,7 @@ func TestObserverLeaseLost(t *testing.T) {
 		// key over.
 		body := []byte("{}")
 		res, err := d.Claim(context.Background(), idemdriver.ClaimParams{Scope: idem.SingleTenantScope, Key: "k", Method: "POST", Path: "/x",
-			Fingerprint: idem.Fingerprint(r, body), LeaseDuration: time.Minute, Retention: 24 * time.Hour, ClockOffset: time.Hour})
+			Fingerprint: fingerprint.Request(r, body), LeaseDuration: time.Minute, Retention: 24 * time.Hour, ClockOffset: time.Hour})
 		if err != nil || !res.Claimed || !res.TookOver {
 			panic("the takeover did not happen")
 		}

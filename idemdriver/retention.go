@@ -7,7 +7,7 @@ import (
 )
 
 // The optional interfaces below are what retention and the operator's tools
-// (idem.Maintainer, cmd/idem) need from a driver beyond the claim protocol.
+// (retention.Maintainer, cmd/idem) need from a driver beyond the claim protocol.
 // A driver implements them on the same value as Driver; the core and the CLI
 // find them with a type assertion, so a driver without them still serves
 // requests. The conformance suite (idemdrivertest) runs their cases when a

@@ -157,7 +157,7 @@
 // # Retention and maintenance
 //
 // The driver implements idemdriver.Purger, MaintenanceLocker, Inspector and
-// Migrator, so idem.Maintainer and every command of cmd/idem but
+// Migrator, so retention.Maintainer and every command of cmd/idem but
 // `partitions` (PostgreSQL's partitioned mode) work on MySQL. Every "now" is
 // UTC_TIMESTAMP(6) plus the parameters' ClockOffset, as on the request path.
 //
@@ -212,7 +212,7 @@
 //   - Release: 1 (UPDATE of the lease row).
 //   - a purge batch under the lock: the batch's statements and the lease's
 //     renewal in its transaction (5, or 4 when nothing is purgeable).
-//   - idem.Maintainer, per Interval: the leader's first cycle takes the lock
+//   - retention.Maintainer, per Interval: the leader's first cycle takes the lock
 //     (2) and later cycles refresh it (1), then it purges batches until one
 //     comes back short (5 each, 4 for an empty one); so a quiet leader costs
 //     5 statements per Interval. A standby costs 2 per Interval (its failed

@@ -11,10 +11,10 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemmysql"
 	"github.com/idemgo/idem/internal/dbtest"
+	idemretention "github.com/idemgo/idem/retention"
 )
 
 // expired claims n keys of scope that expired an hour ago.
@@ -222,13 +222,13 @@ func TestMaintenanceStatementBudget(t *testing.T) {
 	// ones), then the batches.
 	expired(t, d, "u", 5)
 	type counted struct {
-		c idem.MaintenanceCycle
+		c idemretention.Cycle
 		n int64 // statements sent when the cycle ended
 	}
 	cycles := make(chan counted, 10)
 	before := n.Load()
-	m, err := idem.NewMaintainer(d, idem.MaintainerConfig{Interval: 20 * time.Millisecond,
-		OnCycle: func(c idem.MaintenanceCycle) { cycles <- counted{c, n.Load()} }})
+	m, err := idemretention.NewMaintainer(d, idemretention.Config{Interval: 20 * time.Millisecond,
+		OnCycle: func(c idemretention.Cycle) { cycles <- counted{c, n.Load()} }})
 	require.NoError(t, err)
 	require.NoError(t, m.Start(ctx))
 	first, second := <-cycles, <-cycles

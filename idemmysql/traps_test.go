@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/fingerprint"
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemdrivertest"
 	"github.com/idemgo/idem/idemmysql"
@@ -246,7 +247,7 @@ func TestLockWaitTimeout(t *testing.T) {
 	}
 	// The record as the middleware claims it (scope "global").
 	p := idemdriver.ClaimParams{Scope: "global", Key: "lw", Method: http.MethodPost, Path: "/v1/payments",
-		Fingerprint: idem.Fingerprint(newRequest(), []byte(body)), LeaseDuration: lease, Retention: retention}
+		Fingerprint: fingerprint.Request(newRequest(), []byte(body)), LeaseDuration: lease, Retention: retention}
 	res, err := d.Claim(ctx, p)
 	require.NoError(t, err)
 	tx, err := d.Begin(ctx)

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/fingerprint"
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemotel"
 	"github.com/idemgo/idem/idemsqlite"
@@ -158,7 +159,7 @@ func TestObserverEveryDecision(t *testing.T) {
 	// ran out an hour ago by the database clock: its worker died.
 	claimAt := func(d *idemsqlite.Driver, r *http.Request, clock time.Duration) (idemdriver.ClaimResult, error) {
 		return d.Claim(context.Background(), idemdriver.ClaimParams{Scope: idem.SingleTenantScope, Key: "k", Method: "POST", Path: "/pay/1",
-			Fingerprint: idem.Fingerprint(r, []byte("{}")), LeaseDuration: time.Second, Retention: 24 * time.Hour, ClockOffset: clock})
+			Fingerprint: fingerprint.Request(r, []byte("{}")), LeaseDuration: time.Second, Retention: 24 * time.Hour, ClockOffset: clock})
 	}
 	fakeReq := func() *http.Request {
 		r := httptest.NewRequest("POST", "/pay/1", strings.NewReader("{}"))

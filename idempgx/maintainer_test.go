@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idempgx"
+	"github.com/idemgo/idem/retention"
 )
 
 // A maintainer that ensures fewer days of partitions than the store's own
@@ -21,12 +21,12 @@ func TestMaintainerDaysAheadCoversTheStore(t *testing.T) {
 	t.Cleanup(pool.Close)
 	store := idempgx.NewPartitioned(pool, idempgx.PartitionConfig{DaysAhead: 7}) // MaxRetention 6 days
 
-	_, err = idem.NewMaintainer(store, idem.MaintainerConfig{DaysAhead: 2})
+	_, err = retention.NewMaintainer(store, retention.Config{DaysAhead: 2})
 	require.ErrorContains(t, err, "DaysAhead 2 is less than the store's 7 days ahead")
-	_, err = idem.NewMaintainer(store, idem.MaintainerConfig{DaysAhead: -3})
+	_, err = retention.NewMaintainer(store, retention.Config{DaysAhead: -3})
 	require.ErrorContains(t, err, "DaysAhead not negative")
 	for _, ok := range []int{0, 7, 10} {
-		_, err = idem.NewMaintainer(store, idem.MaintainerConfig{DaysAhead: ok})
+		_, err = retention.NewMaintainer(store, retention.Config{DaysAhead: ok})
 		require.NoError(t, err, "DaysAhead %d", ok)
 	}
 }

@@ -169,7 +169,7 @@ const partContinues = `(k.method = @method AND k.path = @path AND k.fingerprint 
 
 // ErrNoPartition is wrapped by the error of a claim whose expires_at has no
 // partition: partition maintenance has not run (EnsurePartitions, an
-// idem.Maintainer, or `idem partitions ensure`), or Retention exceeds
+// retention.Maintainer, or `idem partitions ensure`), or Retention exceeds
 // MaxRetention.
 var ErrNoPartition = errors.New("idempgx: no partition of idem_keys for this expires_at")
 
@@ -190,7 +190,7 @@ func (d *Driver) claimPartitioned(ctx context.Context, args []any) (idemdriver.C
 			lastErr = err
 			continue
 		case errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition"):
-			return res, fmt.Errorf("%w (run `idem partitions ensure` or an idem.Maintainer; Retention at most %s): %v",
+			return res, fmt.Errorf("%w (run `idem partitions ensure` or an retention.Maintainer; Retention at most %s): %v",
 				ErrNoPartition, d.MaxRetention(), err)
 		default:
 			return res, err

@@ -262,7 +262,7 @@ is never deleted, expired or not.
 
 An expired record is answered as a new request whether it is purged or not:
 purging frees space, it does not change what clients get. Purging while an
-idem.Maintainer runs is safe. On a partitioned PostgreSQL table prefer
+retention.Maintainer runs is safe. On a partitioned PostgreSQL table prefer
 ` + "`idem partitions drop`" + `, which removes whole days without a DELETE.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -313,7 +313,7 @@ func partitionsCmd(g *globals, out io.Writer) *cobra.Command {
 		Long: `In partitioned mode (idempgx.NewPartitioned; ` + "`idem migrate up --partitioned`" + `),
 idem_keys is range partitioned by expires_at, one partition per UTC day
 (idem_keys_pYYYYMMDD). Partitions are created ahead and dropped once every
-record in them has expired; an idem.Maintainer does both every cycle.`,
+record in them has expired; an retention.Maintainer does both every cycle.`,
 		Args: noArgs,
 	}
 	var daysAhead int

@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/internal/racetest"
+	idemretention "github.com/idemgo/idem/retention"
 )
 
 // need returns d as T when it implements it. Otherwise the case fails when
@@ -443,9 +444,9 @@ func runRetention(t *testing.T, h Harness) {
 		}
 		w := &overlap{}
 		stores := []*watchedStore{{Driver: d, w: w}, {Driver: h.SecondDriver(t, d), w: w}}
-		var ms []*idem.Maintainer
+		var ms []*idemretention.Maintainer
 		for i, s := range stores {
-			m, err := idem.NewMaintainer(s, idem.MaintainerConfig{
+			m, err := idemretention.NewMaintainer(s, idemretention.Config{
 				Interval: 2 * time.Millisecond, Batch: 3, Holder: fmt.Sprintf("m%d", i), LockTTL: time.Minute})
 			require.NoError(t, err)
 			require.NoError(t, m.Start(context.Background()))

@@ -401,7 +401,7 @@ func (x *Lease) Keep(ctx context.Context) (context.Context, func() error) {
 	}
 }
 
-// MaintenanceLeaseName is the lease of idem's maintainer (idem.Maintainer),
+// MaintenanceLeaseName is the lease of idem's maintainer (retention.Maintainer),
 // one per lease table.
 const MaintenanceLeaseName = "maintainer"
 

@@ -1,4 +1,4 @@
-package idem_test
+package fingerprint_test
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package idem_test
+package fingerprint_test
 
 import (
 	"net/http/httptest"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/fingerprint"
 )
 
 func fp(method, target, contentType, body string) []byte {
@@ -15,7 +15,7 @@ func fp(method, target, contentType, body string) []byte {
 	if contentType != "" {
 		r.Header.Set("Content-Type", contentType)
 	}
-	return idem.Fingerprint(r, []byte(body))
+	return fingerprint.Request(r, []byte(body))
 }
 
 func TestFingerprint(t *testing.T) {
@@ -93,6 +93,6 @@ func BenchmarkFingerprintHugeExponent(b *testing.B) {
 	r := httptest.NewRequest("POST", "/v1/payments", nil)
 	r.Header.Set("Content-Type", "application/json")
 	for b.Loop() {
-		idem.Fingerprint(r, body)
+		fingerprint.Request(r, body)
 	}
 }

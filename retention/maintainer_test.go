@@ -1,4 +1,4 @@
-package idem_test
+package retention_test
 
 import (
 	"context"
@@ -9,30 +9,32 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/retention"
 )
 
 // bareStore is a driver without the optional maintenance interfaces.
 type bareStore struct{ idemdriver.Driver }
 
 func TestNewMaintainerRefusesWhatItCannotDo(t *testing.T) {
-	_, err := idem.NewMaintainer(bareStore{}, idem.MaintainerConfig{})
-	require.ErrorIs(t, err, idem.ErrMaintenanceUnsupported)
+	_, err := retention.NewMaintainer(bareStore{}, retention.Config{})
+	require.ErrorIs(t, err, retention.ErrUnsupported)
 
-	store := openSQLite(t)
-	_, err = idem.NewMaintainer(store, idem.MaintainerConfig{Interval: -time.Second, Batch: -1})
+	store := dbtest.SQLite(t)
+	_, err = retention.NewMaintainer(store, retention.Config{Interval: -time.Second, Batch: -1})
 	require.ErrorContains(t, err, "Interval")
 	require.ErrorContains(t, err, "Batch")
 
-	cfg := idem.MaintainerConfig{}.WithDefaults()
-	require.Equal(t, idem.DefaultMaintainInterval, cfg.Interval)
-	require.Equal(t, idem.DefaultPurgeBatch, cfg.Batch)
+	cfg := retention.Config{}.WithDefaults()
+	require.Equal(t, retention.DefaultInterval, cfg.Interval)
+	require.Equal(t, retention.DefaultBatch, cfg.Batch)
 	require.Equal(t, 3*time.Minute, cfg.LockTTL)
 	require.NotEmpty(t, cfg.Holder)
 }
 
 func TestMaintainerStartStop(t *testing.T) {
-	store := openSQLite(t)
-	m, err := idem.NewMaintainer(store, idem.MaintainerConfig{Interval: time.Millisecond})
+	store := dbtest.SQLite(t)
+	m, err := retention.NewMaintainer(store, retention.Config{Interval: time.Millisecond})
 	require.NoError(t, err)
 	m.Stop() // before Start: a no-op
 	require.NoError(t, m.Start(context.Background()))
@@ -45,7 +47,7 @@ func TestMaintainerStartStop(t *testing.T) {
 	require.False(t, st.Leader, "Stop releases the lock")
 	require.Zero(t, st.Errors)
 	// The lock is free again: another maintainer leads at once.
-	other, err := idem.NewMaintainer(store, idem.MaintainerConfig{Interval: time.Millisecond})
+	other, err := retention.NewMaintainer(store, retention.Config{Interval: time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, other.Start(context.Background()))
 	defer other.Stop()

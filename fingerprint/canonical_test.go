@@ -1,4 +1,4 @@
-package idem
+package fingerprint
 
 import (
 	"crypto/sha256"
@@ -17,7 +17,7 @@ import (
 )
 
 // FuzzCanonicalMatchesJCS: wherever the single-pass canonicalizer answers,
-// its output is jcs.Transform's, byte for byte (Fingerprint depends on it:
+// its output is jcs.Transform's, byte for byte (Request depends on it:
 // a stored fingerprint must not change); and when it finds an inexact
 // number, the general path's numbersExact agrees.
 func FuzzCanonicalMatchesJCS(f *testing.F) {
@@ -118,12 +118,12 @@ func TestFingerprintLeavesNoLargeBodyToJCS(t *testing.T) {
 	}
 	r := httptest.NewRequest(http.MethodPost, "/v1/payments", nil)
 	r.Header.Set("Content-Type", "application/json")
-	if got, want := Fingerprint(r, body), fingerprintParts("POST", "/v1/payments", "", "application/json", body); string(got) != string(want) {
+	if got, want := Request(r, body), fingerprintParts("POST", "/v1/payments", "", "application/json", body); string(got) != string(want) {
 		t.Fatal("a 1 MiB body left to the general path was not hashed raw")
 	}
 }
 
-// fingerprintParts hashes the five parts as Fingerprint does (the encoding
+// fingerprintParts hashes the five parts as Request does (the encoding
 // of TestFingerprintGolden's digests).
 func fingerprintParts(parts ...any) []byte {
 	h := sha256.New()
@@ -150,7 +150,7 @@ func BenchmarkFingerprint(b *testing.B) {
 	r.Header.Set("Content-Type", "application/json")
 	b.ReportAllocs()
 	for b.Loop() {
-		Fingerprint(r, body)
+		Request(r, body)
 	}
 }
 
@@ -189,7 +189,7 @@ func BenchmarkFingerprintLongNumber(b *testing.B) {
 	r := httptest.NewRequest(http.MethodPost, "/v1/payments", nil)
 	r.Header.Set("Content-Type", "application/json")
 	for b.Loop() {
-		Fingerprint(r, body)
+		Request(r, body)
 	}
 }
 
@@ -201,12 +201,12 @@ func TestExactFormBudget(t *testing.T) {
 	body := []byte("[" + strings.Repeat("1e999,", 170_000) + "9007199254740993]")
 	r := httptest.NewRequest(http.MethodPost, "/v1/payments", nil)
 	r.Header.Set("Content-Type", "application/json")
-	if got, want := Fingerprint(r, body), fingerprintParts("POST", "/v1/payments", "", "application/json", body); string(got) != string(want) {
+	if got, want := Request(r, body), fingerprintParts("POST", "/v1/payments", "", "application/json", body); string(got) != string(want) {
 		t.Fatal("a body over the exact form's digit budget was not hashed raw")
 	}
 	small := []byte(`{"b":[1e999,1e999,1e999,1e999,1e999],"a":9007199254740993}`)
 	reordered := []byte(`{"a":9007199254740993,"b":[1e999,1e999,1e999,1e999,1e999]}`)
-	if string(Fingerprint(r, small)) != string(Fingerprint(r, reordered)) {
+	if string(Request(r, small)) != string(Request(r, reordered)) {
 		t.Fatal("a small body within the budget is no longer canonicalized")
 	}
 }

@@ -1,4 +1,7 @@
-package idem
+// Package fingerprint computes the request fingerprint that tells a retry
+// from a reused key (CONTRACT section 2): Request is idem's default
+// (Config.Fingerprint), with JSON bodies canonicalized per RFC 8785.
+package fingerprint
 
 import (
 	"bytes"
@@ -19,7 +22,7 @@ import (
 	"github.com/gowebpki/jcs"
 )
 
-// Fingerprint is the default request fingerprint (CONTRACT section 2): the
+// Request is the default request fingerprint (CONTRACT section 2): the
 // SHA-256 (32 bytes) of the method, the route path, the canonical query
 // string (url.Values.Encode: keys sorted; the raw query when it does not
 // parse), the media type (lower-cased, without parameters) and the body.
@@ -48,7 +51,7 @@ import (
 // escape not followed by another \u escape) are hashed raw when longer
 // than 16 KiB, since that library's time grows with the square of an
 // object's members.
-func Fingerprint(r *http.Request, body []byte) []byte {
+func Request(r *http.Request, body []byte) []byte {
 	mediaType := ""
 	if ct := r.Header.Get("Content-Type"); ct == "application/json" {
 		mediaType = ct // what mime.ParseMediaType would answer, without its allocations

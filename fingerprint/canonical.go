@@ -1,4 +1,4 @@
-package idem
+package fingerprint
 
 import (
 	"encoding/json"

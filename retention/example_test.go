@@ -1,4 +1,4 @@
-package idem_test
+package retention_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/retention"
 )
 
 // A Maintainer purges expired records in the background, in batches, in the
@@ -35,11 +36,11 @@ func ExampleMaintainer() {
 		log.Fatal(err)
 	}
 
-	cycles := make(chan idem.MaintenanceCycle, 1)
-	m, err := idem.NewMaintainer(store, idem.MaintainerConfig{
+	cycles := make(chan retention.Cycle, 1)
+	m, err := retention.NewMaintainer(store, retention.Config{
 		Interval:    time.Minute,
 		ClockOffset: 25 * time.Hour, // a day later
-		OnCycle: func(c idem.MaintenanceCycle) {
+		OnCycle: func(c retention.Cycle) {
 			select {
 			case cycles <- c:
 			default:

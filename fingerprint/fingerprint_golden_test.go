@@ -1,4 +1,4 @@
-package idem_test
+package fingerprint_test
 
 import (
 	"encoding/hex"
@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/fingerprint"
 )
 
 // TestFingerprintGolden pins Fingerprint's output: a fingerprint is stored
@@ -49,7 +49,7 @@ func TestFingerprintGolden(t *testing.T) {
 		if c.contentType != "" {
 			r.Header.Set("Content-Type", c.contentType)
 		}
-		got := hex.EncodeToString(idem.Fingerprint(r, []byte(c.body)))
+		got := hex.EncodeToString(fingerprint.Request(r, []byte(c.body)))
 		if got != c.want {
 			t.Errorf("Fingerprint(%s %s, %q, %q) = %s, want %s", c.method, c.target, c.contentType, c.body, got, c.want)
 		}

@@ -1,4 +1,7 @@
-package idem
+// Package retention purges expired idempotency records (CONTRACT section 9,
+// docs/retention.md): a Maintainer, elected among processes by the store's
+// maintenance lock, deletes them in batches or drops expired partitions.
+package retention
 
 //lint:file-ignore ST1005 validation errors start with the Config field they name (Store, Retention, Interval...), as New joins them
 
@@ -16,22 +19,22 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 )
 
-// Defaults of MaintainerConfig.
+// Defaults of Config.
 const (
-	DefaultMaintainInterval = time.Minute
-	DefaultPurgeBatch       = 1000
-	DefaultMaxBatches       = 1000
-	// DefaultLockTTLMin is the least default LockTTL (see MaintainerConfig.LockTTL).
+	DefaultInterval   = time.Minute
+	DefaultBatch      = 1000
+	DefaultMaxBatches = 1000
+	// DefaultLockTTLMin is the least default LockTTL (see Config.LockTTL).
 	DefaultLockTTLMin = 30 * time.Second
 )
 
-// ErrMaintenanceUnsupported is returned by NewMaintainer for a store that
+// ErrUnsupported is returned by NewMaintainer for a store that
 // does not implement the driver interfaces the maintainer needs.
-var ErrMaintenanceUnsupported = errors.New("idem: the store does not support maintenance")
+var ErrUnsupported = errors.New("idem: the store does not support maintenance")
 
-// MaintainerConfig configures a Maintainer. The zero value of every field
+// Config configures a Maintainer. The zero value of every field
 // means its documented default.
-type MaintainerConfig struct {
+type Config struct {
 	// Interval is the time between two maintenance cycles, and between two
 	// attempts of a standby process to become the maintainer. Default: 1 min.
 	Interval time.Duration
@@ -77,7 +80,7 @@ type MaintainerConfig struct {
 	// OnCycle, when set, is called after every cycle, leader or standby,
 	// from the maintainer's goroutine: hook metrics here. It must not block
 	// for long. Default: none (Stats gives the running totals).
-	OnCycle func(MaintenanceCycle)
+	OnCycle func(Cycle)
 
 	// Logger receives leadership changes, each cycle's work (Info when it
 	// removed something, Debug otherwise) and errors (Warn). Default:
@@ -90,9 +93,9 @@ type MaintainerConfig struct {
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
-func (c MaintainerConfig) WithDefaults() MaintainerConfig {
-	c.Interval = cmp.Or(c.Interval, DefaultMaintainInterval)
-	c.Batch = cmp.Or(c.Batch, DefaultPurgeBatch)
+func (c Config) WithDefaults() Config {
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.Batch = cmp.Or(c.Batch, DefaultBatch)
 	c.MaxBatches = cmp.Or(c.MaxBatches, DefaultMaxBatches)
 	if c.LockTTL == 0 {
 		c.LockTTL = max(3*c.Interval, DefaultLockTTLMin)
@@ -107,7 +110,7 @@ func (c MaintainerConfig) WithDefaults() MaintainerConfig {
 	return c
 }
 
-func (c MaintainerConfig) validate() error {
+func (c Config) validate() error {
 	var errs []error
 	if c.Interval <= 0 {
 		errs = append(errs, fmt.Errorf("Interval %s must be positive", c.Interval))
@@ -119,13 +122,13 @@ func (c MaintainerConfig) validate() error {
 		errs = append(errs, errors.New("LockTTL must be positive; BatchPause, OlderThan and DaysAhead not negative"))
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("idem: invalid MaintainerConfig: %w", errors.Join(errs...))
+		return fmt.Errorf("idem: invalid Config: %w", errors.Join(errs...))
 	}
 	return nil
 }
 
-// MaintenanceCycle reports one cycle of a Maintainer.
-type MaintenanceCycle struct {
+// Cycle reports one cycle of a Maintainer.
+type Cycle struct {
 	// Leader is true when this process held the maintenance lock for the
 	// cycle (and did the work); false on a standby.
 	Leader bool
@@ -144,8 +147,8 @@ type MaintenanceCycle struct {
 	Err error
 }
 
-// MaintainerStats are a Maintainer's running totals since Start.
-type MaintainerStats struct {
+// Stats are a Maintainer's running totals since Start.
+type Stats struct {
 	// Leader is true while this process holds the maintenance lock.
 	Leader bool
 	// Cycles counts every cycle; LeaderCycles those this process led.
@@ -170,7 +173,7 @@ type MaintainerStats struct {
 //
 // Create it with NewMaintainer, run it with Start, end it with Stop.
 type Maintainer struct {
-	cfg     MaintainerConfig
+	cfg     Config
 	locker  idemdriver.MaintenanceLocker
 	parts   idemdriver.Partitioner // nil unless the store is partitioned
 	lock    idemdriver.MaintenanceLock
@@ -188,16 +191,16 @@ type Maintainer struct {
 // implement idemdriver.MaintenanceLocker (idempgx, idemsqlite and idemmysql do); a
 // partitioned store (idemdriver.Partitioner reporting Partitioned) is
 // maintained by partitions instead of batched deletes. It returns
-// ErrMaintenanceUnsupported (wrapped) for other stores, and an error naming
+// ErrUnsupported (wrapped) for other stores, and an error naming
 // every invalid field of cfg.
-func NewMaintainer(store Store, cfg MaintainerConfig) (*Maintainer, error) {
+func NewMaintainer(store idemdriver.Driver, cfg Config) (*Maintainer, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	locker, ok := store.(idemdriver.MaintenanceLocker)
 	if !ok {
-		return nil, fmt.Errorf("%w: %T does not implement idemdriver.MaintenanceLocker", ErrMaintenanceUnsupported, store)
+		return nil, fmt.Errorf("%w: %T does not implement idemdriver.MaintenanceLocker", ErrUnsupported, store)
 	}
 	m := &Maintainer{cfg: cfg, locker: locker}
 	if p, ok := store.(idemdriver.Partitioner); ok && p.Partitioned() {
@@ -208,7 +211,7 @@ func NewMaintainer(store Store, cfg MaintainerConfig) (*Maintainer, error) {
 		if lim, ok := store.(idemdriver.RetentionLimiter); ok && cfg.DaysAhead != 0 {
 			need := int(lim.MaxRetention()/(24*time.Hour)) + 1
 			if cfg.DaysAhead < need {
-				return nil, fmt.Errorf("idem: invalid MaintainerConfig: DaysAhead %d is less than the store's %d days ahead: "+
+				return nil, fmt.Errorf("idem: invalid Config: DaysAhead %d is less than the store's %d days ahead: "+
 					"claims with its longest retention (%s) would find no partition; leave DaysAhead 0 for the store's own",
 					cfg.DaysAhead, need, lim.MaxRetention())
 			}
@@ -247,8 +250,8 @@ func (m *Maintainer) Stop() {
 }
 
 // Stats returns the running totals.
-func (m *Maintainer) Stats() MaintainerStats {
-	return MaintainerStats{
+func (m *Maintainer) Stats() Stats {
+	return Stats{
 		Leader: m.leader.Load(), Cycles: m.cycles.Load(), LeaderCycles: m.leaderCycles.Load(),
 		Purged: m.purged.Load(), Batches: m.batches.Load(),
 		PartitionsCreated: m.created.Load(), PartitionsDropped: m.dropped.Load(), Errors: m.errs.Load(),
@@ -315,7 +318,7 @@ func (m *Maintainer) lead(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-func (m *Maintainer) cycle(ctx context.Context) (c MaintenanceCycle) {
+func (m *Maintainer) cycle(ctx context.Context) (c Cycle) {
 	start := time.Now()
 	defer func() { c.Duration = time.Since(start) }()
 	lead, err := m.lead(ctx)
@@ -366,7 +369,7 @@ func (m *Maintainer) cycle(ctx context.Context) (c MaintenanceCycle) {
 	return c
 }
 
-func (m *Maintainer) partitions(ctx context.Context, c *MaintenanceCycle) error {
+func (m *Maintainer) partitions(ctx context.Context, c *Cycle) error {
 	p := idemdriver.PartitionParams{DaysAhead: m.cfg.DaysAhead, OlderThan: m.cfg.OlderThan, ClockOffset: m.cfg.ClockOffset}
 	created, err := m.parts.EnsurePartitions(ctx, p)
 	for _, part := range created {
@@ -382,7 +385,7 @@ func (m *Maintainer) partitions(ctx context.Context, c *MaintenanceCycle) error 
 	return err
 }
 
-func (m *Maintainer) report(c MaintenanceCycle) {
+func (m *Maintainer) report(c Cycle) {
 	m.cycles.Add(1)
 	if c.Leader {
 		m.leaderCycles.Add(1)
