@@ -293,796 +293,833 @@ func newHandlerServer(t *testing.T, store idem.Store, cfg idem.Config, handler h
 
 func runMiddleware(t *testing.T, h Harness) {
 	runEdges(t, h)
-
-	t.Run("FirstRunThenReplay", func(t *testing.T) {
-		t.Parallel()
-		s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
-		first := s.post(t, "k1", `{"amount":100}`)
-		require.NoError(t, first.err)
-		require.Equal(t, http.StatusCreated, first.status)
-		require.Empty(t, first.header.Get(idem.HeaderReplayed))
-		require.Equal(t, "session=secret", first.header.Get("Set-Cookie"), "the first caller gets every header")
-		again := s.post(t, "k1", `{"amount":100}`)
-		requireReplay(t, first, again)
-		require.EqualValues(t, 1, s.app.runs.Load())
+	runCases(t, h, []suiteCase{
+		{"FirstRunThenReplay", middlewareFirstRunThenReplay},
+		{"KeyForms", middlewareKeyForms},
+		{"InvalidKeys", middlewareInvalidKeys},
+		{"RequestTooLarge", middlewareRequestTooLarge},
+		{"JSONCanonicalFingerprint", middlewareJSONCanonicalFingerprint},
+		{"KeyReusedInEveryState", middlewareKeyReusedInEveryState},
+		{"InFlight409", middlewareInFlight409},
+		{"ConcurrentDuplicates", middlewareConcurrentDuplicates},
+		{"TakeoverAfterLeaseExpiry", middlewareTakeoverAfterLeaseExpiry},
+		{"FencedOutFailure", middlewareFencedOutFailure},
+		{"LostLeaseCancelsHandler", middlewareLostLeaseCancelsHandler},
+		{"FailedOutcomesRunAgain", middlewareFailedOutcomesRunAgain},
+		{"PanicRecordsFailed", middlewarePanicRecordsFailed},
+		{"ClientDisconnects", middlewareClientDisconnects},
+		{"StoreUnavailable", middlewareStoreUnavailable},
+		{"UnprotectedRequestsPassThrough", middlewareUnprotectedRequestsPassThrough},
+		{"ResponseTooLargeToStore", middlewareResponseTooLargeToStore},
+		{"TransactionalCommitTogether", middlewareTransactionalCommitTogether},
+		{"MaxExecutionRollsBack", middlewareMaxExecutionRollsBack},
+		{"HandlerCommitsItself", middlewareHandlerCommitsItself},
+		{"ExpiredKeyIsNew", middlewareExpiredKeyIsNew},
+		{"RelayKeyPerLife", middlewareRelayKeyPerLife},
+		{"StatementBudget", middlewareStatementBudget},
+		{"ScopesNeverMeet", middlewareScopesNeverMeet},
 	})
+}
 
-	t.Run("KeyForms", func(t *testing.T) {
-		t.Parallel()
-		s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
-		first := s.post(t, `"abc-123"`, `{}`)
-		require.Equal(t, http.StatusCreated, first.status)
-		requireReplay(t, first, s.post(t, `abc-123`, `{}`))
-		requireReplay(t, first, s.post(t, `"abc-123";v=1`, `{}`))
-		require.EqualValues(t, 1, s.app.runs.Load())
-		// A quoted key may hold a comma: it is one sf-string, not a list.
-		require.Equal(t, http.StatusCreated, s.post(t, `"a,b"`, `{}`).status)
-	})
+func middlewareFirstRunThenReplay(t *testing.T, h Harness) {
+	t.Parallel()
+	s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
+	first := s.post(t, "k1", `{"amount":100}`)
+	require.NoError(t, first.err)
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Empty(t, first.header.Get(idem.HeaderReplayed))
+	require.Equal(t, "session=secret", first.header.Get("Set-Cookie"), "the first caller gets every header")
+	again := s.post(t, "k1", `{"amount":100}`)
+	requireReplay(t, first, again)
+	require.EqualValues(t, 1, s.app.runs.Load())
+}
 
-	t.Run("InvalidKeys", func(t *testing.T) {
-		t.Parallel()
-		s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
-		requireProblem(t, s.post(t, "", `{}`), 400, "missing-key")
-		twoLines := func(r *http.Request) { r.Header.Add("Idempotency-Key", "k") }
-		requireProblem(t, s.post(t, "k", `{}`, twoLines), 400, "invalid-key")
-		for _, k := range []string{"k, k", "a,b", `"a", "b"`, `"k", k`, strings.Repeat("x", 256),
-			`"with space"`, `"`, `"unterminated`, "caf\u00e9", `""`, "tab\tkey"} {
-			requireProblem(t, s.post(t, k, `{}`), 400, "invalid-key")
-		}
-		require.Equal(t, http.StatusCreated, s.post(t, strings.Repeat("x", 255), `{}`).status)
-		require.EqualValues(t, 1, s.app.runs.Load())
-	})
+func middlewareKeyForms(t *testing.T, h Harness) {
+	t.Parallel()
+	s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
+	first := s.post(t, `"abc-123"`, `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	requireReplay(t, first, s.post(t, `abc-123`, `{}`))
+	requireReplay(t, first, s.post(t, `"abc-123";v=1`, `{}`))
+	require.EqualValues(t, 1, s.app.runs.Load())
+	// A quoted key may hold a comma: it is one sf-string, not a list.
+	require.Equal(t, http.StatusCreated, s.post(t, `"a,b"`, `{}`).status)
+}
 
-	t.Run("RequestTooLarge", func(t *testing.T) {
-		t.Parallel()
-		s := newServer(t, h.NewDriver(t), idem.Config{MaxRequestBytes: 16}, &app{})
-		requireProblem(t, s.post(t, "big", strings.Repeat("1", 17)), 413, "request-too-large")
-		require.Zero(t, s.app.runs.Load())
-		ok := s.post(t, "fits", strings.Repeat("1", 16))
-		require.Equal(t, http.StatusCreated, ok.status)
-		require.Contains(t, string(ok.body), strings.Repeat("1", 16), "the handler sees the whole body")
-	})
+func middlewareInvalidKeys(t *testing.T, h Harness) {
+	t.Parallel()
+	s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
+	requireProblem(t, s.post(t, "", `{}`), 400, "missing-key")
+	twoLines := func(r *http.Request) { r.Header.Add("Idempotency-Key", "k") }
+	requireProblem(t, s.post(t, "k", `{}`, twoLines), 400, "invalid-key")
+	for _, k := range []string{"k, k", "a,b", `"a", "b"`, `"k", k`, strings.Repeat("x", 256),
+		`"with space"`, `"`, `"unterminated`, "caf\u00e9", `""`, "tab\tkey"} {
+		requireProblem(t, s.post(t, k, `{}`), 400, "invalid-key")
+	}
+	require.Equal(t, http.StatusCreated, s.post(t, strings.Repeat("x", 255), `{}`).status)
+	require.EqualValues(t, 1, s.app.runs.Load())
+}
 
-	t.Run("JSONCanonicalFingerprint", func(t *testing.T) {
-		t.Parallel()
-		s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
-		first := s.post(t, "k", `{"amount":100,"currency":"JPY","meta":{"a":1,"b":[1,2]}}`)
-		require.Equal(t, http.StatusCreated, first.status)
-		requireReplay(t, first, s.post(t, "k", "{ \"meta\" : {\"b\":[1, 2],\"a\":1},\n\t\"currency\":\"JPY\", \"amount\": 1e2 }"))
-		requireProblem(t, s.post(t, "k", `{"amount":101,"currency":"JPY","meta":{"a":1,"b":[1,2]}}`), 422, "key-reused")
-		requireProblem(t, s.post(t, "k", `{"amount":100,"currency":"JPY","meta":{"a":1,"b":[2,1]}}`), 422, "key-reused")
-		require.EqualValues(t, 1, s.app.runs.Load())
-	})
+func middlewareRequestTooLarge(t *testing.T, h Harness) {
+	t.Parallel()
+	s := newServer(t, h.NewDriver(t), idem.Config{MaxRequestBytes: 16}, &app{})
+	requireProblem(t, s.post(t, "big", strings.Repeat("1", 17)), 413, "request-too-large")
+	require.Zero(t, s.app.runs.Load())
+	ok := s.post(t, "fits", strings.Repeat("1", 16))
+	require.Equal(t, http.StatusCreated, ok.status)
+	require.Contains(t, string(ok.body), strings.Repeat("1", 16), "the handler sees the whole body")
+}
 
-	t.Run("KeyReusedInEveryState", func(t *testing.T) {
-		t.Parallel()
-		a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1),
-			status: func(run int32) int {
-				if run == 2 {
-					return 500
-				}
-				return 201
-			}}
-		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
-		otherBody := func(k string) { requireProblem(t, s.post(t, k, `{"amount":2}`), 422, "key-reused") }
-		otherPath := func(k string) {
-			requireProblem(t, s.do(context.Background(), "POST", "/v1/refunds", k, `{"amount":1}`), 422, "key-reused")
-		}
-		otherMethod := func(k string) {
-			requireProblem(t, s.do(context.Background(), "PATCH", "/v1/payments", k, `{"amount":1}`), 422, "key-reused")
-		}
-		// PROCESSING
-		done := make(chan answer)
-		go func() { done <- s.post(t, "p", `{"amount":1}`) }()
-		<-a.started
-		otherBody("p")
-		otherPath("p")
-		otherMethod("p")
-		a.release()
-		require.Equal(t, 201, (<-done).status)
-		// SUCCEEDED
-		otherBody("p")
-		otherPath("p")
-		otherMethod("p")
-		// FAILED (run 2 answers 500)
-		a.started = nil
-		require.Equal(t, 500, s.post(t, "f", `{"amount":1}`).status)
-		otherBody("f")
-		otherPath("f")
-		otherMethod("f")
-		require.EqualValues(t, 2, a.runs.Load())
-	})
+func middlewareJSONCanonicalFingerprint(t *testing.T, h Harness) {
+	t.Parallel()
+	s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
+	first := s.post(t, "k", `{"amount":100,"currency":"JPY","meta":{"a":1,"b":[1,2]}}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	requireReplay(t, first, s.post(t, "k", "{ \"meta\" : {\"b\":[1, 2],\"a\":1},\n\t\"currency\":\"JPY\", \"amount\": 1e2 }"))
+	requireProblem(t, s.post(t, "k", `{"amount":101,"currency":"JPY","meta":{"a":1,"b":[1,2]}}`), 422, "key-reused")
+	requireProblem(t, s.post(t, "k", `{"amount":100,"currency":"JPY","meta":{"a":1,"b":[2,1]}}`), 422, "key-reused")
+	require.EqualValues(t, 1, s.app.runs.Load())
+}
 
-	t.Run("InFlight409", func(t *testing.T) {
-		t.Parallel()
-		a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
-		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
-		done := make(chan answer)
-		go func() { done <- s.post(t, "k", `{}`) }()
-		<-a.started
-		busy := s.post(t, "k", `{}`)
-		requireProblem(t, busy, 409, "request-in-flight")
-		ra := retryAfter(t, busy)
-		require.GreaterOrEqual(t, ra, 1)
-		require.LessOrEqual(t, ra, int(idem.DefaultLeaseDuration/time.Second))
-		a.release()
-		first := <-done
-		require.Equal(t, 201, first.status)
-		requireReplay(t, first, s.post(t, "k", `{}`))
-		require.EqualValues(t, 1, a.runs.Load())
-	})
-
-	t.Run("ConcurrentDuplicates", func(t *testing.T) {
-		t.Parallel()
-		a := &app{gate: make(chan struct{})}
-		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
-		answers := make(chan answer, racers)
-		var wg sync.WaitGroup
-		for i := 0; i < racers; i++ {
-			wg.Add(1)
-			go func() { defer wg.Done(); answers <- s.post(t, "hot", `{"amount":1}`) }()
-		}
-		// Every loser answers while the winner is held; then the winner runs.
-		var got []answer
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for len(got) < racers-1 {
-			select {
-			case g := <-answers:
-				got = append(got, g)
-			case <-tick.C:
-				if n := a.runs.Load(); n > 1 {
-					a.release()
-					t.Fatalf("the handler ran %d times for one key", n)
-				}
-			}
-		}
-		a.release()
-		wg.Wait()
-		got = append(got, <-answers)
-		counts := map[int]int{}
-		for _, g := range got {
-			require.NoError(t, g.err)
-			counts[g.status]++
-			if g.status == 409 {
-				require.GreaterOrEqual(t, retryAfter(t, g), 1)
-			}
-		}
-		require.Equal(t, map[int]int{201: 1, 409: racers - 1}, counts)
-		require.EqualValues(t, 1, a.runs.Load(), "exactly one handler run")
-	})
-
-	t.Run("TakeoverAfterLeaseExpiry", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		biz := h.Business(t, d)
-		slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1), biz: biz, rowPrefix: "slow:"}
-		requireFencedOut(t, d, slow, &app{biz: biz, rowPrefix: "fast:"})
-		require.Zero(t, rows(t, biz, "slow:k/1"), "the fenced-out run's business writes rolled back")
-		require.Equal(t, 1, rows(t, biz, "fast:k/1"), "the takeover's business writes committed with its completion")
-		rec := record(t, d, "global", "k")
-		require.Equal(t, idemdriver.StateSucceeded, rec.State)
-		require.Equal(t, 2, rec.Attempts)
-	})
-
-	// Regression: a fenced-out worker whose handler failed sent its 5xx,
-	// although another worker owned the key (and had answered).
-	t.Run("FencedOutFailure", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1), status: func(int32) int { return 500 }}
-		requireFencedOut(t, d, slow, &app{})
-	})
-
-	t.Run("LostLeaseCancelsHandler", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		const shortLease = time.Second
-		slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)} // never opened: waits for its context
-		s1 := newServer(t, d, idem.Config{LeaseDuration: shortLease}, slow)
-		later := &Clock{}
-		later.Advance(time.Minute)
-		s2 := newServer(t, Shift(d, later), idem.Config{LeaseDuration: shortLease}, &app{})
-		done := make(chan answer)
-		go func() { done <- s1.post(t, "k", `{}`) }()
-		<-slow.started
-		require.Equal(t, 201, s2.post(t, "k", `{}`).status)
-		// s1's next heartbeat finds the token moved and cancels its handler.
-		requireProblem(t, <-done, 409, "request-in-flight")
-		require.Equal(t, idem.ErrLeaseLost.Error(), slow.ctxErr.Load())
-	})
-
-	t.Run("FailedOutcomesRunAgain", func(t *testing.T) {
-		t.Parallel()
-		for _, failing := range []int{500, 502, 503, 408, 425, 429} {
-			a := &app{status: func(run int32) int {
-				if run == 1 {
-					return failing
-				}
-				return 201
-			}}
-			s := newServer(t, h.NewDriver(t), idem.Config{}, a)
-			require.Equal(t, failing, s.post(t, "k", `{}`).status)
-			second := s.post(t, "k", `{}`)
-			require.Equal(t, 201, second.status, "after %d the retry runs again", failing)
-			requireReplay(t, second, s.post(t, "k", `{}`))
-			require.EqualValues(t, 2, a.runs.Load())
-		}
-		for _, final := range []int{200, 202, 204, 400, 404, 409, 422} {
-			a := &app{status: func(int32) int { return final }}
-			s := newServer(t, h.NewDriver(t), idem.Config{}, a)
-			first := s.post(t, "k", `{}`)
-			require.Equal(t, final, first.status)
-			requireReplay(t, first, s.post(t, "k", `{}`))
-			require.EqualValues(t, 1, a.runs.Load(), "%d is final", final)
-		}
-	})
-
-	t.Run("PanicRecordsFailed", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		a := &app{panicOn: 1}
-		s := newServer(t, d, idem.Config{}, a)
-		first := s.post(t, "k", `{}`)
-		require.Error(t, first.err, "net/http aborts the connection of a panicking handler")
-		rec := record(t, d, "global", "k")
-		require.Equal(t, idemdriver.StateFailed, rec.State)
-		retry := s.post(t, "k", `{}`)
-		require.Equal(t, 201, retry.status)
-		require.EqualValues(t, 2, a.runs.Load())
-	})
-
-	t.Run("ClientDisconnects", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
-		s := newServer(t, d, idem.Config{}, a)
-		ctx, hangUp := context.WithCancel(context.Background())
-		done := make(chan answer)
-		go func() { done <- s.do(ctx, "POST", "/v1/payments", "k", `{}`) }()
-		<-a.started
-		hangUp()
-		require.Error(t, (<-done).err)
-		a.release() // the work goes on and is recorded
-		var rec idemdriver.Record
-		require.Eventually(t, func() bool {
-			var err error
-			rec, err = d.Get(context.Background(), idemdriver.GetParams{Scope: "global", Key: "k"})
-			return err == nil && rec.State == idemdriver.StateSucceeded
-		}, 30*time.Second, 5*time.Millisecond)
-		require.Equal(t, "<nil>", a.ctxErr.Load(), "the handler's context is detached from the client's")
-		retry := s.post(t, "k", `{}`)
-		require.Equal(t, 201, retry.status)
-		require.Equal(t, "true", retry.header.Get(idem.HeaderReplayed))
-		require.Equal(t, rec.Response.Body, retry.body)
-		require.EqualValues(t, 1, a.runs.Load())
-	})
-
-	t.Run("StoreUnavailable", func(t *testing.T) {
-		t.Parallel()
-		a := &app{}
-		s := newServer(t, h.Unreachable(t), idem.Config{}, a)
-		got := s.post(t, "k", `{}`)
-		requireProblem(t, got, 503, "store-unavailable")
-		require.Equal(t, 1, retryAfter(t, got))
-		require.Zero(t, a.runs.Load(), "never run unprotected")
-	})
-
-	t.Run("UnprotectedRequestsPassThrough", func(t *testing.T) {
-		t.Parallel()
-		a := &app{}
-		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
-		for i := 0; i < 2; i++ {
-			got := s.do(context.Background(), "GET", "/v1/payments", "k", "")
-			require.Equal(t, 201, got.status)
-			require.Empty(t, got.header.Get(idem.HeaderReplayed))
-		}
-		require.EqualValues(t, 2, a.runs.Load())
-		opt := &app{}
-		so := newServer(t, h.NewDriver(t), idem.Config{KeyOptional: true}, opt)
-		require.Equal(t, 201, so.post(t, "", `{}`).status)
-		require.Equal(t, 201, so.post(t, "", `{}`).status)
-		require.EqualValues(t, 2, opt.runs.Load())
-	})
-
-	t.Run("ResponseTooLargeToStore", func(t *testing.T) {
-		t.Parallel()
-		a := &app{bigBody: 4096}
-		s := newServer(t, h.NewDriver(t), idem.Config{MaxResponseBytes: 1024}, a)
-		first := s.post(t, "k", `{}`)
-		require.Equal(t, 201, first.status)
-		require.Len(t, first.body, 4096, "the first caller gets the whole response")
-		again := s.post(t, "k", `{}`)
-		requireProblem(t, again, 410, "response-not-stored")
-		require.Equal(t, "true", again.header.Get(idem.HeaderReplayed))
-		require.Equal(t, first.header.Get("Location"), again.header.Get("Location"))
-		require.EqualValues(t, 1, a.runs.Load(), "never run twice because of it")
-	})
-
-	t.Run("TransactionalCommitTogether", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		biz := h.Business(t, d)
-		a := &app{biz: biz, status: func(run int32) int {
-			if run == 1 {
-				return 503 // FAILED: its business row must roll back
+func middlewareKeyReusedInEveryState(t *testing.T, h Harness) {
+	t.Parallel()
+	a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1),
+		status: func(run int32) int {
+			if run == 2 {
+				return 500
 			}
 			return 201
 		}}
-		s := newServer(t, d, idem.Config{}, a)
-		require.Equal(t, 503, s.post(t, "k", `{}`).status)
-		require.Zero(t, rows(t, biz, "k/1"))
-		first := s.post(t, "k", `{}`)
-		require.Equal(t, 201, first.status)
-		require.Equal(t, 1, rows(t, biz, "k/2"))
-		requireReplay(t, first, s.post(t, "k", `{}`))
-		require.EqualValues(t, 2, a.runs.Load())
-	})
+	s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+	otherBody := func(k string) { requireProblem(t, s.post(t, k, `{"amount":2}`), 422, "key-reused") }
+	otherPath := func(k string) {
+		requireProblem(t, s.do(context.Background(), "POST", "/v1/refunds", k, `{"amount":1}`), 422, "key-reused")
+	}
+	otherMethod := func(k string) {
+		requireProblem(t, s.do(context.Background(), "PATCH", "/v1/payments", k, `{"amount":1}`), 422, "key-reused")
+	}
+	// PROCESSING
+	done := make(chan answer)
+	go func() { done <- s.post(t, "p", `{"amount":1}`) }()
+	<-a.started
+	otherBody("p")
+	otherPath("p")
+	otherMethod("p")
+	a.release()
+	require.Equal(t, 201, (<-done).status)
+	// SUCCEEDED
+	otherBody("p")
+	otherPath("p")
+	otherMethod("p")
+	// FAILED (run 2 answers 500)
+	a.started = nil
+	require.Equal(t, 500, s.post(t, "f", `{"amount":1}`).status)
+	otherBody("f")
+	otherPath("f")
+	otherMethod("f")
+	require.EqualValues(t, 2, a.runs.Load())
+}
 
-	// A transactional handler that runs past MaxExecution is rolled back and
-	// recorded FAILED, whatever it answers: database/sql aborts a
-	// transaction whose context ends, so recording its 201 would keep a
-	// SUCCEEDED without its writes (regression, MySQL and SQLite).
-	t.Run("MaxExecutionRollsBack", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		biz := h.Business(t, d)
-		var runs atomic.Int32
-		s := newHandlerServer(t, d, idem.Config{LeaseDuration: time.Second, MaxExecution: time.Second}, func(w http.ResponseWriter, r *http.Request) {
-			run := runs.Add(1)
-			if err := insertRow(r, biz, fmt.Sprintf("slow/%d", run)); err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
+func middlewareInFlight409(t *testing.T, h Harness) {
+	t.Parallel()
+	a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
+	s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+	done := make(chan answer)
+	go func() { done <- s.post(t, "k", `{}`) }()
+	<-a.started
+	busy := s.post(t, "k", `{}`)
+	requireProblem(t, busy, 409, "request-in-flight")
+	ra := retryAfter(t, busy)
+	require.GreaterOrEqual(t, ra, 1)
+	require.LessOrEqual(t, ra, int(idem.DefaultLeaseDuration/time.Second))
+	a.release()
+	first := <-done
+	require.Equal(t, 201, first.status)
+	requireReplay(t, first, s.post(t, "k", `{}`))
+	require.EqualValues(t, 1, a.runs.Load())
+}
+
+func middlewareConcurrentDuplicates(t *testing.T, h Harness) {
+	t.Parallel()
+	a := &app{gate: make(chan struct{})}
+	s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+	answers := make(chan answer, racers)
+	var wg sync.WaitGroup
+	for i := 0; i < racers; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); answers <- s.post(t, "hot", `{"amount":1}`) }()
+	}
+	// Every loser answers while the winner is held; then the winner runs.
+	var got []answer
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for len(got) < racers-1 {
+		select {
+		case g := <-answers:
+			got = append(got, g)
+		case <-tick.C:
+			if n := a.runs.Load(); n > 1 {
+				a.release()
+				t.Fatalf("the handler ran %d times for one key", n)
 			}
+		}
+	}
+	a.release()
+	wg.Wait()
+	got = append(got, <-answers)
+	counts := map[int]int{}
+	for _, g := range got {
+		require.NoError(t, g.err)
+		counts[g.status]++
+		if g.status == 409 {
+			require.GreaterOrEqual(t, retryAfter(t, g), 1)
+		}
+	}
+	require.Equal(t, map[int]int{201: 1, 409: racers - 1}, counts)
+	require.EqualValues(t, 1, a.runs.Load(), "exactly one handler run")
+}
+
+func middlewareTakeoverAfterLeaseExpiry(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	biz := h.Business(t, d)
+	slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1), biz: biz, rowPrefix: "slow:"}
+	requireFencedOut(t, d, slow, &app{biz: biz, rowPrefix: "fast:"})
+	require.Zero(t, rows(t, biz, "slow:k/1"), "the fenced-out run's business writes rolled back")
+	require.Equal(t, 1, rows(t, biz, "fast:k/1"), "the takeover's business writes committed with its completion")
+	rec := record(t, d, "global", "k")
+	require.Equal(t, idemdriver.StateSucceeded, rec.State)
+	require.Equal(t, 2, rec.Attempts)
+}
+
+// Regression: a fenced-out worker whose handler failed sent its 5xx,
+// although another worker owned the key (and had answered).
+func middlewareFencedOutFailure(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1), status: func(int32) int { return 500 }}
+	requireFencedOut(t, d, slow, &app{})
+}
+
+func middlewareLostLeaseCancelsHandler(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	const shortLease = time.Second
+	slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)} // never opened: waits for its context
+	s1 := newServer(t, d, idem.Config{LeaseDuration: shortLease}, slow)
+	later := &Clock{}
+	later.Advance(time.Minute)
+	s2 := newServer(t, Shift(d, later), idem.Config{LeaseDuration: shortLease}, &app{})
+	done := make(chan answer)
+	go func() { done <- s1.post(t, "k", `{}`) }()
+	<-slow.started
+	require.Equal(t, 201, s2.post(t, "k", `{}`).status)
+	// s1's next heartbeat finds the token moved and cancels its handler.
+	requireProblem(t, <-done, 409, "request-in-flight")
+	require.Equal(t, idem.ErrLeaseLost.Error(), slow.ctxErr.Load())
+}
+
+func middlewareFailedOutcomesRunAgain(t *testing.T, h Harness) {
+	t.Parallel()
+	for _, failing := range []int{500, 502, 503, 408, 425, 429} {
+		a := &app{status: func(run int32) int {
 			if run == 1 {
-				<-r.Context().Done() // past MaxExecution; it answers 201 all the same
+				return failing
 			}
-			w.WriteHeader(http.StatusCreated)
-		})
-		first := s.post(t, "k", `{}`)
-		require.Equal(t, http.StatusServiceUnavailable, first.status, "body: %s", first.body)
-		rec := record(t, d, "global", "k")
-		require.Equal(t, idemdriver.StateFailed, rec.State)
-		require.Zero(t, rows(t, biz, "slow/1"), "its writes rolled back")
-		require.Equal(t, http.StatusCreated, s.post(t, "k", `{}`).status, "the retry runs again")
-		require.Equal(t, 1, rows(t, biz, "slow/2"))
-	})
-
-	// Regression: a handler that committed the claim's transaction itself got
-	// 503 while its writes were committed, and the record stayed PROCESSING,
-	// so the retry after the lease charged again.
-	t.Run("HandlerCommitsItself", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		biz := h.Business(t, d)
-		var runs atomic.Int32
-		s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
-			runs.Add(1)
-			tx, err := idemdriver.TxFromContext(r.Context())
-			if err == nil {
-				err = biz.Insert(r.Context(), tx, "self-commit")
-			}
-			if err == nil {
-				err = tx.Commit(r.Context()) // against the contract
-			}
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
-			w.WriteHeader(http.StatusCreated)
-		})
-		first := s.post(t, "k", `{}`)
-		rec := record(t, d, "global", "k")
-		require.Equal(t, idemdriver.StateSucceeded, rec.State)
-		requireCommittedOnce(t, s, first, biz, "self-commit", runs.Load())
-	})
-
-	t.Run("ExpiredKeyIsNew", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		a := &app{}
-		clock := &Clock{}
-		s := newServer(t, Shift(d, clock), idem.Config{}, a)
-		first := s.post(t, "k", `{"amount":1}`)
-		require.Equal(t, 201, first.status)
-		clock.Advance(idem.DefaultRetention + time.Second)
-		again := s.post(t, "k", `{"amount":2}`)
-		require.Equal(t, 201, again.status)
-		require.Empty(t, again.header.Get(idem.HeaderReplayed))
-		require.EqualValues(t, 2, a.runs.Load())
-	})
-
-	// The relayed key (CONTRACT section 7) is one for every execution of one
-	// life of the key (the first run, the re-claim after FAILED) and a new
-	// one when the key is reused after its record expired: a provider that
-	// keeps keys longer than idem must not answer the new request with the
-	// old charge.
-	t.Run("RelayKeyPerLife", func(t *testing.T) {
-		t.Parallel()
-		clock := &Clock{}
-		secret := []byte("relay-secret")
-		var (
-			mu      sync.Mutex
-			relayed []string
-			derived []string
-		)
-		s := newHandlerServer(t, Shift(h.NewDriver(t), clock), idem.Config{RelaySecret: secret}, func(w http.ResponseWriter, r *http.Request) {
-			k, err := idem.RelayKey(r.Context(), "charge")
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
-			ex, _ := idem.ExecutionFromContext(r.Context())
-			mu.Lock()
-			relayed = append(relayed, k)
-			derived = append(derived, idem.DeriveKey(secret, ex.Scope, ex.Key, ex.Created, "charge"))
-			run := len(relayed)
-			mu.Unlock()
-			if run == 1 {
-				w.WriteHeader(http.StatusBadGateway) // FAILED: the retry runs again
-				return
-			}
-			w.WriteHeader(http.StatusCreated)
-		})
-		require.Equal(t, http.StatusBadGateway, s.post(t, "k", `{"amount":1}`).status)
-		require.Equal(t, http.StatusCreated, s.post(t, "k", `{"amount":1}`).status)
-		require.Equal(t, "true", s.post(t, "k", `{"amount":1}`).header.Get(idem.HeaderReplayed))
-		clock.Advance(idem.DefaultRetention + time.Second)
-		require.Equal(t, http.StatusCreated, s.post(t, "k", `{"amount":1}`).status)
-
-		require.Len(t, relayed, 3)
-		require.Equal(t, derived, relayed, "RelayKey is DeriveKey of the execution")
-		require.Equal(t, relayed[0], relayed[1], "the re-claim after FAILED relays the first run's key")
-		require.NotEqual(t, relayed[1], relayed[2], "the key reused after expiry relays a new key")
-	})
-
-	t.Run("StatementBudget", func(t *testing.T) {
-		t.Parallel()
-		require.NotNil(t, h.NewCountingDriver, "the harness must count statements")
-		d, count := h.NewCountingDriver(t)
-		biz := h.Business(t, d)
-		plain, held := &app{}, &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
-		t.Cleanup(held.release)
-		txApp := &app{biz: biz}
-		for _, a := range []*app{plain, held, txApp} {
-			t.Cleanup(func() { a.writes.check(t) })
-		}
-		serve := func(a *app, key, body string) *httptest.ResponseRecorder {
-			m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d})
-			require.NoError(t, err)
-			req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Idempotency-Key", key)
-			rec := httptest.NewRecorder()
-			m.Handler(a).ServeHTTP(rec, req)
-			return rec
-		}
-		cost := func(outcome string, wantStatus int, f func() *httptest.ResponseRecorder, business int64) {
-			t.Helper()
-			want, ok := h.Budget[outcome]
-			require.True(t, ok, "the harness gives no budget for %q", outcome)
-			before := count()
-			rec := f()
-			require.Equal(t, wantStatus, rec.Code, rec.Body.String())
-			require.EqualValues(t, want, count()-before-business, "statements for %s", outcome)
-		}
-		cost("first", 201, func() *httptest.ResponseRecorder { return serve(plain, "k", `{}`) }, 0)
-		cost("replay", 201, func() *httptest.ResponseRecorder { return serve(plain, "k", `{}`) }, 0)
-		cost("key-reused", 422, func() *httptest.ResponseRecorder { return serve(plain, "k", `{"x":1}`) }, 0)
-		cost("first-transactional", 201, func() *httptest.ResponseRecorder { return serve(txApp, "t", `{}`) }, 1)
-		done := make(chan struct{})
-		go func() { defer close(done); serve(held, "h", `{}`) }()
-		<-held.started
-		cost("in-flight", 409, func() *httptest.ResponseRecorder { return serve(plain, "h", `{}`) }, 0)
-		held.release()
-		<-done
-	})
-
-	t.Run("ScopesNeverMeet", func(t *testing.T) {
-		t.Parallel()
-		a := &app{}
-		cfg := idem.Config{Scope: func(r *http.Request) (string, error) {
-			if m := r.Header.Get("X-Test-Merchant"); m != "" {
-				return m, nil
-			}
-			return "", fmt.Errorf("no merchant")
+			return 201
 		}}
-		s := newServer(t, h.NewDriver(t), cfg, a)
-		as := func(m string) func(*http.Request) {
-			return func(r *http.Request) { r.Header.Set("X-Test-Merchant", m) }
-		}
-		first := s.post(t, "k", `{}`, as("m1"))
-		require.Equal(t, 201, first.status)
-		other := s.post(t, "k", `{"different":true}`, as("m2"))
-		require.Equal(t, 201, other.status)
-		require.Empty(t, other.header.Get(idem.HeaderReplayed))
-		requireReplay(t, first, s.post(t, "k", `{}`, as("m1")))
-		requireProblem(t, s.post(t, "k", `{}`), 401, "missing-scope")
+		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+		require.Equal(t, failing, s.post(t, "k", `{}`).status)
+		second := s.post(t, "k", `{}`)
+		require.Equal(t, 201, second.status, "after %d the retry runs again", failing)
+		requireReplay(t, second, s.post(t, "k", `{}`))
 		require.EqualValues(t, 2, a.runs.Load())
+	}
+	for _, final := range []int{200, 202, 204, 400, 404, 409, 422} {
+		a := &app{status: func(int32) int { return final }}
+		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+		first := s.post(t, "k", `{}`)
+		require.Equal(t, final, first.status)
+		requireReplay(t, first, s.post(t, "k", `{}`))
+		require.EqualValues(t, 1, a.runs.Load(), "%d is final", final)
+	}
+}
+
+func middlewarePanicRecordsFailed(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	a := &app{panicOn: 1}
+	s := newServer(t, d, idem.Config{}, a)
+	first := s.post(t, "k", `{}`)
+	require.Error(t, first.err, "net/http aborts the connection of a panicking handler")
+	rec := record(t, d, "global", "k")
+	require.Equal(t, idemdriver.StateFailed, rec.State)
+	retry := s.post(t, "k", `{}`)
+	require.Equal(t, 201, retry.status)
+	require.EqualValues(t, 2, a.runs.Load())
+}
+
+func middlewareClientDisconnects(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
+	s := newServer(t, d, idem.Config{}, a)
+	ctx, hangUp := context.WithCancel(context.Background())
+	done := make(chan answer)
+	go func() { done <- s.do(ctx, "POST", "/v1/payments", "k", `{}`) }()
+	<-a.started
+	hangUp()
+	require.Error(t, (<-done).err)
+	a.release() // the work goes on and is recorded
+	var rec idemdriver.Record
+	require.Eventually(t, func() bool {
+		var err error
+		rec, err = d.Get(context.Background(), idemdriver.GetParams{Scope: "global", Key: "k"})
+		return err == nil && rec.State == idemdriver.StateSucceeded
+	}, 30*time.Second, 5*time.Millisecond)
+	require.Equal(t, "<nil>", a.ctxErr.Load(), "the handler's context is detached from the client's")
+	retry := s.post(t, "k", `{}`)
+	require.Equal(t, 201, retry.status)
+	require.Equal(t, "true", retry.header.Get(idem.HeaderReplayed))
+	require.Equal(t, rec.Response.Body, retry.body)
+	require.EqualValues(t, 1, a.runs.Load())
+}
+
+func middlewareStoreUnavailable(t *testing.T, h Harness) {
+	t.Parallel()
+	a := &app{}
+	s := newServer(t, h.Unreachable(t), idem.Config{}, a)
+	got := s.post(t, "k", `{}`)
+	requireProblem(t, got, 503, "store-unavailable")
+	require.Equal(t, 1, retryAfter(t, got))
+	require.Zero(t, a.runs.Load(), "never run unprotected")
+}
+
+func middlewareUnprotectedRequestsPassThrough(t *testing.T, h Harness) {
+	t.Parallel()
+	a := &app{}
+	s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+	for i := 0; i < 2; i++ {
+		got := s.do(context.Background(), "GET", "/v1/payments", "k", "")
+		require.Equal(t, 201, got.status)
+		require.Empty(t, got.header.Get(idem.HeaderReplayed))
+	}
+	require.EqualValues(t, 2, a.runs.Load())
+	opt := &app{}
+	so := newServer(t, h.NewDriver(t), idem.Config{KeyOptional: true}, opt)
+	require.Equal(t, 201, so.post(t, "", `{}`).status)
+	require.Equal(t, 201, so.post(t, "", `{}`).status)
+	require.EqualValues(t, 2, opt.runs.Load())
+}
+
+func middlewareResponseTooLargeToStore(t *testing.T, h Harness) {
+	t.Parallel()
+	a := &app{bigBody: 4096}
+	s := newServer(t, h.NewDriver(t), idem.Config{MaxResponseBytes: 1024}, a)
+	first := s.post(t, "k", `{}`)
+	require.Equal(t, 201, first.status)
+	require.Len(t, first.body, 4096, "the first caller gets the whole response")
+	again := s.post(t, "k", `{}`)
+	requireProblem(t, again, 410, "response-not-stored")
+	require.Equal(t, "true", again.header.Get(idem.HeaderReplayed))
+	require.Equal(t, first.header.Get("Location"), again.header.Get("Location"))
+	require.EqualValues(t, 1, a.runs.Load(), "never run twice because of it")
+}
+
+func middlewareTransactionalCommitTogether(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	biz := h.Business(t, d)
+	a := &app{biz: biz, status: func(run int32) int {
+		if run == 1 {
+			return 503 // FAILED: its business row must roll back
+		}
+		return 201
+	}}
+	s := newServer(t, d, idem.Config{}, a)
+	require.Equal(t, 503, s.post(t, "k", `{}`).status)
+	require.Zero(t, rows(t, biz, "k/1"))
+	first := s.post(t, "k", `{}`)
+	require.Equal(t, 201, first.status)
+	require.Equal(t, 1, rows(t, biz, "k/2"))
+	requireReplay(t, first, s.post(t, "k", `{}`))
+	require.EqualValues(t, 2, a.runs.Load())
+}
+
+// A transactional handler that runs past MaxExecution is rolled back and
+// recorded FAILED, whatever it answers: database/sql aborts a
+// transaction whose context ends, so recording its 201 would keep a
+// SUCCEEDED without its writes (regression, MySQL and SQLite).
+func middlewareMaxExecutionRollsBack(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	biz := h.Business(t, d)
+	var runs atomic.Int32
+	s := newHandlerServer(t, d, idem.Config{LeaseDuration: time.Second, MaxExecution: time.Second}, func(w http.ResponseWriter, r *http.Request) {
+		run := runs.Add(1)
+		if err := insertRow(r, biz, fmt.Sprintf("slow/%d", run)); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if run == 1 {
+			<-r.Context().Done() // past MaxExecution; it answers 201 all the same
+		}
+		w.WriteHeader(http.StatusCreated)
 	})
+	first := s.post(t, "k", `{}`)
+	require.Equal(t, http.StatusServiceUnavailable, first.status, "body: %s", first.body)
+	rec := record(t, d, "global", "k")
+	require.Equal(t, idemdriver.StateFailed, rec.State)
+	require.Zero(t, rows(t, biz, "slow/1"), "its writes rolled back")
+	require.Equal(t, http.StatusCreated, s.post(t, "k", `{}`).status, "the retry runs again")
+	require.Equal(t, 1, rows(t, biz, "slow/2"))
+}
+
+// Regression: a handler that committed the claim's transaction itself got
+// 503 while its writes were committed, and the record stayed PROCESSING,
+// so the retry after the lease charged again.
+func middlewareHandlerCommitsItself(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	biz := h.Business(t, d)
+	var runs atomic.Int32
+	s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		tx, err := idemdriver.TxFromContext(r.Context())
+		if err == nil {
+			err = biz.Insert(r.Context(), tx, "self-commit")
+		}
+		if err == nil {
+			err = tx.Commit(r.Context()) // against the contract
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	first := s.post(t, "k", `{}`)
+	rec := record(t, d, "global", "k")
+	require.Equal(t, idemdriver.StateSucceeded, rec.State)
+	requireCommittedOnce(t, s, first, biz, "self-commit", runs.Load())
+}
+
+func middlewareExpiredKeyIsNew(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	a := &app{}
+	clock := &Clock{}
+	s := newServer(t, Shift(d, clock), idem.Config{}, a)
+	first := s.post(t, "k", `{"amount":1}`)
+	require.Equal(t, 201, first.status)
+	clock.Advance(idem.DefaultRetention + time.Second)
+	again := s.post(t, "k", `{"amount":2}`)
+	require.Equal(t, 201, again.status)
+	require.Empty(t, again.header.Get(idem.HeaderReplayed))
+	require.EqualValues(t, 2, a.runs.Load())
+}
+
+// The relayed key (CONTRACT section 7) is one for every execution of one
+// life of the key (the first run, the re-claim after FAILED) and a new
+// one when the key is reused after its record expired: a provider that
+// keeps keys longer than idem must not answer the new request with the
+// old charge.
+func middlewareRelayKeyPerLife(t *testing.T, h Harness) {
+	t.Parallel()
+	clock := &Clock{}
+	secret := []byte("relay-secret")
+	var (
+		mu      sync.Mutex
+		relayed []string
+		derived []string
+	)
+	s := newHandlerServer(t, Shift(h.NewDriver(t), clock), idem.Config{RelaySecret: secret}, func(w http.ResponseWriter, r *http.Request) {
+		k, err := idem.RelayKey(r.Context(), "charge")
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		ex, _ := idem.ExecutionFromContext(r.Context())
+		mu.Lock()
+		relayed = append(relayed, k)
+		derived = append(derived, idem.DeriveKey(secret, ex.Scope, ex.Key, ex.Created, "charge"))
+		run := len(relayed)
+		mu.Unlock()
+		if run == 1 {
+			w.WriteHeader(http.StatusBadGateway) // FAILED: the retry runs again
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	require.Equal(t, http.StatusBadGateway, s.post(t, "k", `{"amount":1}`).status)
+	require.Equal(t, http.StatusCreated, s.post(t, "k", `{"amount":1}`).status)
+	require.Equal(t, "true", s.post(t, "k", `{"amount":1}`).header.Get(idem.HeaderReplayed))
+	clock.Advance(idem.DefaultRetention + time.Second)
+	require.Equal(t, http.StatusCreated, s.post(t, "k", `{"amount":1}`).status)
+
+	require.Len(t, relayed, 3)
+	require.Equal(t, derived, relayed, "RelayKey is DeriveKey of the execution")
+	require.Equal(t, relayed[0], relayed[1], "the re-claim after FAILED relays the first run's key")
+	require.NotEqual(t, relayed[1], relayed[2], "the key reused after expiry relays a new key")
+}
+
+func middlewareStatementBudget(t *testing.T, h Harness) {
+	t.Parallel()
+	require.NotNil(t, h.NewCountingDriver, "the harness must count statements")
+	d, count := h.NewCountingDriver(t)
+	biz := h.Business(t, d)
+	plain, held := &app{}, &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
+	t.Cleanup(held.release)
+	txApp := &app{biz: biz}
+	for _, a := range []*app{plain, held, txApp} {
+		t.Cleanup(func() { a.writes.check(t) })
+	}
+	serve := func(a *app, key, body string) *httptest.ResponseRecorder {
+		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d})
+		require.NoError(t, err)
+		req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		rec := httptest.NewRecorder()
+		m.Handler(a).ServeHTTP(rec, req)
+		return rec
+	}
+	cost := func(outcome string, wantStatus int, f func() *httptest.ResponseRecorder, business int64) {
+		t.Helper()
+		want, ok := h.Budget[outcome]
+		require.True(t, ok, "the harness gives no budget for %q", outcome)
+		before := count()
+		rec := f()
+		require.Equal(t, wantStatus, rec.Code, rec.Body.String())
+		require.EqualValues(t, want, count()-before-business, "statements for %s", outcome)
+	}
+	cost("first", 201, func() *httptest.ResponseRecorder { return serve(plain, "k", `{}`) }, 0)
+	cost("replay", 201, func() *httptest.ResponseRecorder { return serve(plain, "k", `{}`) }, 0)
+	cost("key-reused", 422, func() *httptest.ResponseRecorder { return serve(plain, "k", `{"x":1}`) }, 0)
+	cost("first-transactional", 201, func() *httptest.ResponseRecorder { return serve(txApp, "t", `{}`) }, 1)
+	done := make(chan struct{})
+	go func() { defer close(done); serve(held, "h", `{}`) }()
+	<-held.started
+	cost("in-flight", 409, func() *httptest.ResponseRecorder { return serve(plain, "h", `{}`) }, 0)
+	held.release()
+	<-done
+}
+
+func middlewareScopesNeverMeet(t *testing.T, h Harness) {
+	t.Parallel()
+	a := &app{}
+	cfg := idem.Config{Scope: func(r *http.Request) (string, error) {
+		if m := r.Header.Get("X-Test-Merchant"); m != "" {
+			return m, nil
+		}
+		return "", fmt.Errorf("no merchant")
+	}}
+	s := newServer(t, h.NewDriver(t), cfg, a)
+	as := func(m string) func(*http.Request) {
+		return func(r *http.Request) { r.Header.Set("X-Test-Merchant", m) }
+	}
+	first := s.post(t, "k", `{}`, as("m1"))
+	require.Equal(t, 201, first.status)
+	other := s.post(t, "k", `{"different":true}`, as("m2"))
+	require.Equal(t, 201, other.status)
+	require.Empty(t, other.header.Get(idem.HeaderReplayed))
+	requireReplay(t, first, s.post(t, "k", `{}`, as("m1")))
+	requireProblem(t, s.post(t, "k", `{}`), 401, "missing-scope")
+	require.EqualValues(t, 2, a.runs.Load())
 }
 
 // runEdges holds the cases of the timing, size and error corners where the
 // guarantee once broke (one regression each).
 func runEdges(t *testing.T, h Harness) {
-	// Regression (lease 1 s, Retention 2 s, a 3 s handler): completion never
-	// moved expires_at, so the retry after the completion found the record
-	// expired and ran the handler again, under a new relayed key. Now an
-	// outcome is recorded only while its lease is live, and MaxExecution
-	// (1 s here, bounded by Retention - LeaseDuration) ends the renewals:
-	// the slow run is recorded FAILED, and its retry continues the same life.
-	t.Run("LongExecutionIsReplayed", func(t *testing.T) {
-		t.Parallel()
-		var (
-			mu      sync.Mutex
-			relayed []string
-		)
-		writes := checkWrites(t)
-		s := newHandlerServer(t, h.NewDriver(t), idem.Config{LeaseDuration: time.Second, Retention: 2 * time.Second},
-			func(w http.ResponseWriter, r *http.Request) {
-				k, err := idem.RelayKey(r.Context(), "charge")
-				if err != nil {
-					http.Error(w, err.Error(), http.StatusInternalServerError)
-					return
-				}
-				mu.Lock()
-				relayed = append(relayed, k)
-				run := len(relayed)
-				mu.Unlock()
-				if run == 1 {
-					time.Sleep(3 * time.Second) // real time: the handler outlives the retention
-				}
-				w.WriteHeader(http.StatusCreated)
-				writes.printf(w, `{"run":%d}`, run)
-			})
-		first := s.post(t, "k", `{}`)
-		require.NoError(t, first.err)
-		second := s.post(t, "k", `{}`)
-		if first.status == http.StatusCreated {
-			requireReplay(t, first, second)
-		} else {
-			requireProblem(t, first, http.StatusServiceUnavailable, "store-unavailable")
-			require.Equal(t, http.StatusCreated, second.status, "%s", second.body)
-			requireReplay(t, second, s.post(t, "k", `{}`))
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		for _, k := range relayed {
-			require.Equal(t, relayed[0], k, "one life of the key: one relayed key")
-		}
+	runCases(t, h, []suiteCase{
+		{"LongExecutionIsReplayed", edgeLongExecutionIsReplayed},
+		{"HandlerAnswersItsSQLError", edgeHandlerAnswersItsSQLError},
+		{"HandlerIgnoresSQLError", edgeHandlerIgnoresSQLError},
+		{"InFlightRetryAfter", edgeInFlightRetryAfter},
+		{"Trailers", edgeTrailers},
+		{"LowercaseMethodProtected", edgeLowercaseMethodProtected},
+		{"UnstorableScope", edgeUnstorableScope},
+		{"ValidationFailureReleasesKey", edgeValidationFailureReleasesKey},
 	})
+}
 
-	// Regression (PostgreSQL): a handler whose statement failed inside the
-	// claim's transaction (aborted, 25P02) and that answered 409 itself got
-	// 503 store-unavailable on every attempt, ran on every retry, and
-	// nothing was recorded.
-	t.Run("HandlerAnswersItsSQLError", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		biz := h.Business(t, d)
-		var runs, dupFailed atomic.Int32
-		writes := checkWrites(t)
-		s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
-			runs.Add(1)
-			id := "dup/" + r.Header.Get("Idempotency-Key")
-			if err := insertRow(r, biz, id); err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
-			if err := insertRow(r, biz, id); err != nil { // a unique violation the handler handles
-				dupFailed.Add(1)
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusConflict)
-				writes.printf(w, `{"error":"duplicate order"}`)
-				return
-			}
-			w.WriteHeader(http.StatusCreated)
-		})
-		first := s.post(t, "k", `{}`)
-		require.NoError(t, first.err)
-		require.Equal(t, http.StatusConflict, first.status, "%s", first.body)
-		requireReplay(t, first, s.post(t, "k", `{}`))
-		require.EqualValues(t, 1, runs.Load())
-		require.EqualValues(t, 1, dupFailed.Load())
-	})
-
-	// The README's snippet ignores tx.Exec's error and answers 201. Where
-	// the failed statement aborted the transaction (PostgreSQL), the 201
-	// claims writes that never happened: 500 transaction-aborted, recorded
-	// FAILED, and the retry runs again (regression: 503 store-unavailable
-	// forever). Where it did not (SQLite, MariaDB: only the statement
-	// fails), the other writes commit with the 201, which is replayed.
-	t.Run("HandlerIgnoresSQLError", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		biz := h.Business(t, d)
-		var runs atomic.Int32
-		var aborted atomic.Bool
-		s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
-			run := runs.Add(1)
-			tx, err := idemdriver.TxFromContext(r.Context())
+// Regression (lease 1 s, Retention 2 s, a 3 s handler): completion never
+// moved expires_at, so the retry after the completion found the record
+// expired and ran the handler again, under a new relayed key. Now an
+// outcome is recorded only while its lease is live, and MaxExecution
+// (1 s here, bounded by Retention - LeaseDuration) ends the renewals:
+// the slow run is recorded FAILED, and its retry continues the same life.
+func edgeLongExecutionIsReplayed(t *testing.T, h Harness) {
+	t.Parallel()
+	var (
+		mu      sync.Mutex
+		relayed []string
+	)
+	writes := checkWrites(t)
+	s := newHandlerServer(t, h.NewDriver(t), idem.Config{LeaseDuration: time.Second, Retention: 2 * time.Second},
+		func(w http.ResponseWriter, r *http.Request) {
+			k, err := idem.RelayKey(r.Context(), "charge")
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
-			id := fmt.Sprintf("ignored/%d", run)
-			_ = biz.Insert(r.Context(), tx, id)
-			_ = biz.Insert(r.Context(), tx, id) // fails: ignored, as the snippet does
-			// Whether the database aborted the transaction: a later
-			// statement fails too.
-			if biz.Insert(r.Context(), tx, fmt.Sprintf("probe/%d", run)) != nil {
-				aborted.Store(true)
+			mu.Lock()
+			relayed = append(relayed, k)
+			run := len(relayed)
+			mu.Unlock()
+			if run == 1 {
+				time.Sleep(3 * time.Second) // real time: the handler outlives the retention
 			}
 			w.WriteHeader(http.StatusCreated)
+			writes.printf(w, `{"run":%d}`, run)
 		})
-		first := s.post(t, "k", `{}`)
-		require.NoError(t, first.err)
-		t.Logf("the failed statement aborted the transaction: %v", aborted.Load())
-		if aborted.Load() {
-			requireProblem(t, first, http.StatusInternalServerError, "transaction-aborted")
-			rec := record(t, d, idem.SingleTenantScope, "k")
-			require.Equal(t, idemdriver.StateFailed, rec.State)
-			require.Zero(t, rows(t, biz, "ignored/1"))
-			requireProblem(t, s.post(t, "k", `{}`), http.StatusInternalServerError, "transaction-aborted")
-			require.EqualValues(t, 2, runs.Load(), "FAILED: the retry runs again")
+	first := s.post(t, "k", `{}`)
+	require.NoError(t, first.err)
+	second := s.post(t, "k", `{}`)
+	if first.status == http.StatusCreated {
+		requireReplay(t, first, second)
+	} else {
+		requireProblem(t, first, http.StatusServiceUnavailable, "store-unavailable")
+		require.Equal(t, http.StatusCreated, second.status, "%s", second.body)
+		requireReplay(t, second, s.post(t, "k", `{}`))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, k := range relayed {
+		require.Equal(t, relayed[0], k, "one life of the key: one relayed key")
+	}
+}
+
+// Regression (PostgreSQL): a handler whose statement failed inside the
+// claim's transaction (aborted, 25P02) and that answered 409 itself got
+// 503 store-unavailable on every attempt, ran on every retry, and
+// nothing was recorded.
+func edgeHandlerAnswersItsSQLError(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	biz := h.Business(t, d)
+	var runs, dupFailed atomic.Int32
+	writes := checkWrites(t)
+	s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		id := "dup/" + r.Header.Get("Idempotency-Key")
+		if err := insertRow(r, biz, id); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		requireCommittedOnce(t, s, first, biz, "ignored/1", runs.Load())
-	})
-
-	// Regression: Retry-After on 409 was the whole lease left (30 s by
-	// default) and, with the database clock stepped back, more than the
-	// lease (330 s). It is the in-flight delay (1 s by default), within
-	// [1 s, lease left] and never beyond LeaseDuration.
-	t.Run("InFlightRetryAfter", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
-		s := newServer(t, d, idem.Config{}, a)
-		back := &Clock{}
-		back.Advance(-5 * time.Minute)
-		stepped := newServer(t, Shift(d, back), idem.Config{}, &app{})
-		slow := newServer(t, d, idem.Config{InFlightRetryAfter: 5 * time.Second}, &app{})
-		done := make(chan answer)
-		go func() { done <- s.post(t, "k", `{}`) }()
-		<-a.started
-		busy := s.post(t, "k", `{}`)
-		requireProblem(t, busy, http.StatusConflict, "request-in-flight")
-		require.Equal(t, 1, retryAfter(t, busy), "the default in-flight delay")
-		stepBack := stepped.post(t, "k", `{}`)
-		requireProblem(t, stepBack, http.StatusConflict, "request-in-flight")
-		require.Equal(t, 1, retryAfter(t, stepBack), "a clock stepped back does not stretch it")
-		configured := slow.post(t, "k", `{}`)
-		requireProblem(t, configured, http.StatusConflict, "request-in-flight")
-		require.Equal(t, 5, retryAfter(t, configured))
-		a.release()
-		require.Equal(t, http.StatusCreated, (<-done).status)
-		require.EqualValues(t, 1, a.runs.Load())
-	})
-
-	// Regression: trailers (declared with Trailer, or set with
-	// http.TrailerPrefix) reached neither the first caller nor the replay,
-	// so a gRPC-style handler with its status in trailers broke.
-	t.Run("Trailers", func(t *testing.T) {
-		t.Parallel()
-		var runs atomic.Int32
-		cfg := idem.Config{ReplayHeaders: append(idem.DefaultReplayHeaders(), "X-Checksum", "Grpc-Status")}
-		writes := checkWrites(t)
-		s := newHandlerServer(t, h.NewDriver(t), cfg, func(w http.ResponseWriter, r *http.Request) {
-			runs.Add(1)
-			w.Header().Set("Trailer", "X-Checksum, X-Private")
+		if err := insertRow(r, biz, id); err != nil { // a unique violation the handler handles
+			dupFailed.Add(1)
 			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusCreated)
-			writes.printf(w, `{"id":"pay_1"}`)
-			w.Header().Set("X-Checksum", "sha256:abc")
-			w.Header().Set("X-Private", "not replayed")
-			w.Header().Set(http.TrailerPrefix+"grpc-status", "0")
-		})
-		first := s.post(t, "k", `{}`)
-		require.NoError(t, first.err)
-		require.Equal(t, http.StatusCreated, first.status)
-		require.Equal(t, "sha256:abc", first.trailer.Get("X-Checksum"))
-		require.Equal(t, "not replayed", first.trailer.Get("X-Private"), "the first caller gets every trailer")
-		require.Equal(t, "0", first.trailer.Get("Grpc-Status"))
-		require.Empty(t, first.header.Get("X-Checksum"), "a trailer is not sent as a header")
-		again := s.post(t, "k", `{}`)
-		requireReplay(t, first, again)
-		require.Equal(t, "sha256:abc", again.trailer.Get("X-Checksum"))
-		require.Equal(t, "0", again.trailer.Get("Grpc-Status"))
-		require.Empty(t, again.trailer.Get("X-Private"), "only allow-listed trailers are replayed")
-		require.EqualValues(t, 1, runs.Load())
+			w.WriteHeader(http.StatusConflict)
+			writes.printf(w, `{"error":"duplicate order"}`)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
 	})
+	first := s.post(t, "k", `{}`)
+	require.NoError(t, first.err)
+	require.Equal(t, http.StatusConflict, first.status, "%s", first.body)
+	requireReplay(t, first, s.post(t, "k", `{}`))
+	require.EqualValues(t, 1, runs.Load())
+	require.EqualValues(t, 1, dupFailed.Load())
+}
 
-	// Regression: a method that differs only in case from a protected one
-	// ("post") passed through unprotected, and a handler that matched
-	// methods case-insensitively ran twice.
-	t.Run("LowercaseMethodProtected", func(t *testing.T) {
-		t.Parallel()
+// The README's snippet ignores tx.Exec's error and answers 201. Where
+// the failed statement aborted the transaction (PostgreSQL), the 201
+// claims writes that never happened: 500 transaction-aborted, recorded
+// FAILED, and the retry runs again (regression: 503 store-unavailable
+// forever). Where it did not (SQLite, MariaDB: only the statement
+// fails), the other writes commit with the 201, which is replayed.
+func edgeHandlerIgnoresSQLError(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	biz := h.Business(t, d)
+	var runs atomic.Int32
+	var aborted atomic.Bool
+	s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		run := runs.Add(1)
+		tx, err := idemdriver.TxFromContext(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		id := fmt.Sprintf("ignored/%d", run)
+		_ = biz.Insert(r.Context(), tx, id)
+		_ = biz.Insert(r.Context(), tx, id) // fails: ignored, as the snippet does
+		// Whether the database aborted the transaction: a later
+		// statement fails too.
+		if biz.Insert(r.Context(), tx, fmt.Sprintf("probe/%d", run)) != nil {
+			aborted.Store(true)
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	first := s.post(t, "k", `{}`)
+	require.NoError(t, first.err)
+	t.Logf("the failed statement aborted the transaction: %v", aborted.Load())
+	if aborted.Load() {
+		requireProblem(t, first, http.StatusInternalServerError, "transaction-aborted")
+		rec := record(t, d, idem.SingleTenantScope, "k")
+		require.Equal(t, idemdriver.StateFailed, rec.State)
+		require.Zero(t, rows(t, biz, "ignored/1"))
+		requireProblem(t, s.post(t, "k", `{}`), http.StatusInternalServerError, "transaction-aborted")
+		require.EqualValues(t, 2, runs.Load(), "FAILED: the retry runs again")
+		return
+	}
+	requireCommittedOnce(t, s, first, biz, "ignored/1", runs.Load())
+}
+
+// Regression: Retry-After on 409 was the whole lease left (30 s by
+// default) and, with the database clock stepped back, more than the
+// lease (330 s). It is the in-flight delay (1 s by default), within
+// [1 s, lease left] and never beyond LeaseDuration.
+func edgeInFlightRetryAfter(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
+	s := newServer(t, d, idem.Config{}, a)
+	back := &Clock{}
+	back.Advance(-5 * time.Minute)
+	stepped := newServer(t, Shift(d, back), idem.Config{}, &app{})
+	slow := newServer(t, d, idem.Config{InFlightRetryAfter: 5 * time.Second}, &app{})
+	done := make(chan answer)
+	go func() { done <- s.post(t, "k", `{}`) }()
+	<-a.started
+	busy := s.post(t, "k", `{}`)
+	requireProblem(t, busy, http.StatusConflict, "request-in-flight")
+	require.Equal(t, 1, retryAfter(t, busy), "the default in-flight delay")
+	stepBack := stepped.post(t, "k", `{}`)
+	requireProblem(t, stepBack, http.StatusConflict, "request-in-flight")
+	require.Equal(t, 1, retryAfter(t, stepBack), "a clock stepped back does not stretch it")
+	configured := slow.post(t, "k", `{}`)
+	requireProblem(t, configured, http.StatusConflict, "request-in-flight")
+	require.Equal(t, 5, retryAfter(t, configured))
+	a.release()
+	require.Equal(t, http.StatusCreated, (<-done).status)
+	require.EqualValues(t, 1, a.runs.Load())
+}
+
+// Regression: trailers (declared with Trailer, or set with
+// http.TrailerPrefix) reached neither the first caller nor the replay,
+// so a gRPC-style handler with its status in trailers broke.
+func edgeTrailers(t *testing.T, h Harness) {
+	t.Parallel()
+	var runs atomic.Int32
+	cfg := idem.Config{ReplayHeaders: append(idem.DefaultReplayHeaders(), "X-Checksum", "Grpc-Status")}
+	writes := checkWrites(t)
+	s := newHandlerServer(t, h.NewDriver(t), cfg, func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.Header().Set("Trailer", "X-Checksum, X-Private")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		writes.printf(w, `{"id":"pay_1"}`)
+		w.Header().Set("X-Checksum", "sha256:abc")
+		w.Header().Set("X-Private", "not replayed")
+		w.Header().Set(http.TrailerPrefix+"grpc-status", "0")
+	})
+	first := s.post(t, "k", `{}`)
+	require.NoError(t, first.err)
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Equal(t, "sha256:abc", first.trailer.Get("X-Checksum"))
+	require.Equal(t, "not replayed", first.trailer.Get("X-Private"), "the first caller gets every trailer")
+	require.Equal(t, "0", first.trailer.Get("Grpc-Status"))
+	require.Empty(t, first.header.Get("X-Checksum"), "a trailer is not sent as a header")
+	again := s.post(t, "k", `{}`)
+	requireReplay(t, first, again)
+	require.Equal(t, "sha256:abc", again.trailer.Get("X-Checksum"))
+	require.Equal(t, "0", again.trailer.Get("Grpc-Status"))
+	require.Empty(t, again.trailer.Get("X-Private"), "only allow-listed trailers are replayed")
+	require.EqualValues(t, 1, runs.Load())
+}
+
+// Regression: a method that differs only in case from a protected one
+// ("post") passed through unprotected, and a handler that matched
+// methods case-insensitively ran twice.
+func edgeLowercaseMethodProtected(t *testing.T, h Harness) {
+	t.Parallel()
+	a := &app{}
+	s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+	first := s.do(context.Background(), "post", "/v1/payments", "k", `{}`)
+	require.NoError(t, first.err)
+	require.Equal(t, http.StatusCreated, first.status)
+	requireReplay(t, first, s.do(context.Background(), "post", "/v1/payments", "k", `{}`))
+	requireProblem(t, s.do(context.Background(), "post", "/v1/payments", "", `{}`), 400, "missing-key")
+	require.EqualValues(t, 1, a.runs.Load())
+}
+
+// Regression: a scope PostgreSQL cannot store (a NUL byte, invalid
+// UTF-8) was answered 503, inviting retries forever. It is a server
+// fault answered 500 once, the same on every driver.
+func edgeUnstorableScope(t *testing.T, h Harness) {
+	t.Parallel()
+	for _, scope := range []string{"acct\x00nul", "acct\xff\xfe"} {
 		a := &app{}
-		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
-		first := s.do(context.Background(), "post", "/v1/payments", "k", `{}`)
-		require.NoError(t, first.err)
-		require.Equal(t, http.StatusCreated, first.status)
-		requireReplay(t, first, s.do(context.Background(), "post", "/v1/payments", "k", `{}`))
-		requireProblem(t, s.do(context.Background(), "post", "/v1/payments", "", `{}`), 400, "missing-key")
-		require.EqualValues(t, 1, a.runs.Load())
-	})
+		s := newServer(t, h.NewDriver(t), idem.Config{Scope: func(*http.Request) (string, error) { return scope, nil }}, a)
+		requireProblem(t, s.post(t, "k", `{}`), http.StatusInternalServerError, "scope-unstorable")
+		require.Zero(t, a.runs.Load())
+	}
+}
 
-	// Regression: a scope PostgreSQL cannot store (a NUL byte, invalid
-	// UTF-8) was answered 503, inviting retries forever. It is a server
-	// fault answered 500 once, the same on every driver.
-	t.Run("UnstorableScope", func(t *testing.T) {
-		t.Parallel()
-		for _, scope := range []string{"acct\x00nul", "acct\xff\xfe"} {
-			a := &app{}
-			s := newServer(t, h.NewDriver(t), idem.Config{Scope: func(*http.Request) (string, error) { return scope, nil }}, a)
-			requireProblem(t, s.post(t, "k", `{}`), http.StatusInternalServerError, "scope-unstorable")
-			require.Zero(t, a.runs.Load())
-		}
-	})
-
-	// Regression: a validation failure (415 for a wrong Content-Type) was
-	// recorded, so the corrected request with the same key got 422
-	// key-reused. The default still records it (idem cannot tell a 4xx
-	// answered before any side effect from one answered after); a handler
-	// that calls idem.ReleaseKey, or the ReleaseValidationFailures policy,
-	// releases the key, and the corrected request runs.
-	t.Run("ValidationFailureReleasesKey", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		biz := h.Business(t, d)
-		var runs atomic.Int32
-		writes := checkWrites(t)
-		validating := func(release bool) http.HandlerFunc {
-			return func(w http.ResponseWriter, r *http.Request) {
-				run := runs.Add(1)
-				if err := insertRow(r, biz, fmt.Sprintf("%s/%d", r.Header.Get("Idempotency-Key"), run)); err != nil {
-					http.Error(w, err.Error(), http.StatusInternalServerError)
-					return
-				}
-				if r.Header.Get("Content-Type") != "application/json" {
-					if release {
-						if err := idem.ReleaseKey(r.Context()); err != nil {
-							http.Error(w, err.Error(), http.StatusInternalServerError)
-							return
-						}
-					}
-					http.Error(w, "send application/json", http.StatusUnsupportedMediaType)
-					return
-				}
-				w.WriteHeader(http.StatusCreated)
-				writes.printf(w, `{"run":%d}`, run)
+// Regression: a validation failure (415 for a wrong Content-Type) was
+// recorded, so the corrected request with the same key got 422
+// key-reused. The default still records it (idem cannot tell a 4xx
+// answered before any side effect from one answered after); a handler
+// that calls idem.ReleaseKey, or the ReleaseValidationFailures policy,
+// releases the key, and the corrected request runs.
+func edgeValidationFailureReleasesKey(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	biz := h.Business(t, d)
+	var runs atomic.Int32
+	writes := checkWrites(t)
+	validating := func(release bool) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			run := runs.Add(1)
+			if err := insertRow(r, biz, fmt.Sprintf("%s/%d", r.Header.Get("Idempotency-Key"), run)); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
 			}
+			if r.Header.Get("Content-Type") != "application/json" {
+				if release {
+					if err := idem.ReleaseKey(r.Context()); err != nil {
+						http.Error(w, err.Error(), http.StatusInternalServerError)
+						return
+					}
+				}
+				http.Error(w, "send application/json", http.StatusUnsupportedMediaType)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+			writes.printf(w, `{"run":%d}`, run)
 		}
-		asText := func(r *http.Request) { r.Header.Set("Content-Type", "text/plain") }
+	}
+	asText := func(r *http.Request) { r.Header.Set("Content-Type", "text/plain") }
 
-		// The default: the 415 is an outcome, replayed; the corrected
-		// request is another request for the key.
-		recorded := newHandlerServer(t, d, idem.Config{}, validating(false))
-		first := recorded.post(t, "burned", `{}`, asText)
-		require.Equal(t, http.StatusUnsupportedMediaType, first.status)
-		requireReplay(t, first, recorded.post(t, "burned", `{}`, asText))
-		requireProblem(t, recorded.post(t, "burned", `{}`), 422, "key-reused")
+	// The default: the 415 is an outcome, replayed; the corrected
+	// request is another request for the key.
+	recorded := newHandlerServer(t, d, idem.Config{}, validating(false))
+	first := recorded.post(t, "burned", `{}`, asText)
+	require.Equal(t, http.StatusUnsupportedMediaType, first.status)
+	requireReplay(t, first, recorded.post(t, "burned", `{}`, asText))
+	requireProblem(t, recorded.post(t, "burned", `{}`), 422, "key-reused")
 
-		// The handler releases the key: nothing recorded, its writes
-		// rolled back, and the corrected request runs.
-		released := newHandlerServer(t, d, idem.Config{}, validating(true))
-		runs.Store(0)
-		refused := released.post(t, "k", `{}`, asText)
-		require.Equal(t, http.StatusUnsupportedMediaType, refused.status)
-		require.Empty(t, refused.header.Get(idem.HeaderReplayed))
-		requireGone(t, d, idem.SingleTenantScope, "k", "the record is removed")
-		require.Zero(t, rows(t, biz, "k/1"), "the released execution's writes rolled back")
-		corrected := released.post(t, "k", `{}`)
-		require.Equal(t, http.StatusCreated, corrected.status, "%s", corrected.body)
-		requireReplay(t, corrected, released.post(t, "k", `{}`))
-		require.EqualValues(t, 2, runs.Load())
+	// The handler releases the key: nothing recorded, its writes
+	// rolled back, and the corrected request runs.
+	released := newHandlerServer(t, d, idem.Config{}, validating(true))
+	runs.Store(0)
+	refused := released.post(t, "k", `{}`, asText)
+	require.Equal(t, http.StatusUnsupportedMediaType, refused.status)
+	require.Empty(t, refused.header.Get(idem.HeaderReplayed))
+	requireGone(t, d, idem.SingleTenantScope, "k", "the record is removed")
+	require.Zero(t, rows(t, biz, "k/1"), "the released execution's writes rolled back")
+	corrected := released.post(t, "k", `{}`)
+	require.Equal(t, http.StatusCreated, corrected.status, "%s", corrected.body)
+	requireReplay(t, corrected, released.post(t, "k", `{}`))
+	require.EqualValues(t, 2, runs.Load())
 
-		// The policy releases 400, 415 and 422 without the handler's help.
-		policy := newHandlerServer(t, d, idem.Config{Outcome: idem.ReleaseValidationFailures}, validating(false))
-		runs.Store(0)
-		require.Equal(t, http.StatusUnsupportedMediaType, policy.post(t, "p", `{}`, asText).status)
-		require.Equal(t, http.StatusCreated, policy.post(t, "p", `{}`).status)
-		require.EqualValues(t, 2, runs.Load())
-	})
+	// The policy releases 400, 415 and 422 without the handler's help.
+	policy := newHandlerServer(t, d, idem.Config{Outcome: idem.ReleaseValidationFailures}, validating(false))
+	runs.Store(0)
+	require.Equal(t, http.StatusUnsupportedMediaType, policy.post(t, "p", `{}`, asText).status)
+	require.Equal(t, http.StatusCreated, policy.post(t, "p", `{}`).status)
+	require.EqualValues(t, 2, runs.Load())
 }

@@ -212,509 +212,532 @@ func setup(t *testing.T, d idemdriver.Driver, state string, p idemdriver.ClaimPa
 	return sd, res.Record
 }
 
+// suiteCase is one named case of the suite: its name is the subtest's
+// (what -run selects).
+type suiteCase struct {
+	name string
+	run  func(*testing.T, Harness)
+}
+
+// runCases runs cases as subtests of t, in order.
+func runCases(t *testing.T, h Harness, cases []suiteCase) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { c.run(t, h) })
+	}
+}
+
 func runDriver(t *testing.T, h Harness) {
-	t.Run("ClaimNew", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		res := claim(t, d, params("acct_1", "k1", "a"))
-		require.True(t, res.Claimed)
-		rec := res.Record
-		require.Equal(t, idemdriver.StateProcessing, rec.State)
-		require.Equal(t, "acct_1", rec.Scope)
-		require.Equal(t, "k1", rec.Key)
-		require.Equal(t, "POST", rec.Method)
-		require.Equal(t, "/v1/payments", rec.Path)
-		require.Equal(t, fingerprint("a"), rec.Fingerprint)
-		require.Equal(t, 1, rec.Attempts)
-		require.Positive(t, rec.FencingToken)
-		require.Nil(t, rec.Response)
-		require.InDelta(t, lease.Seconds(), rec.LeaseLeft.Seconds(), 5)
-		require.NotNil(t, rec.LockedUntil)
-		require.WithinDuration(t, rec.CreatedAt.Add(retention), rec.ExpiresAt, time.Millisecond)
-		require.WithinDuration(t, rec.CreatedAt.Add(lease), *rec.LockedUntil, time.Millisecond)
-
-		got := record(t, d, "acct_1", "k1")
-		require.Equal(t, rec.FencingToken, got.FencingToken)
-		requireGone(t, d, "acct_1", "nope")
+	runCases(t, h, []suiteCase{
+		{"ClaimNew", driverClaimNew},
+		{"MigrateTwice", driverMigrateTwice},
+		{"DecisionTable", driverDecisionTable},
+		{"MethodOrPathDiffers", driverMethodOrPathDiffers},
+		{"ReplayByteExact", driverReplayByteExact},
+		{"ScopesIndependent", driverScopesIndependent},
+		{"Fencing", driverFencing},
+		{"HeartbeatExtendsLease", driverHeartbeatExtendsLease},
+		{"Transactional", driverTransactional},
+		{"CompleteCommit", driverCompleteCommit},
+		{"ConcurrentClaim", driverConcurrentClaim},
+		{"ConcurrentTakeover", driverConcurrentClaimable("EXPIRED_LEASE", "b", 2)},
+		{"ConcurrentReclaimAfterFailed", driverConcurrentClaimable("FAILED", "b", 2)},
+		{"ConcurrentExpiredIsNew", driverConcurrentClaimable("EXPIRED", "other payload, after expiry", 1)},
+		{"Owner", onFreshDriver(driverOwner)},
+		{"LeaseCountsFromTheWrite", onFreshDriver(driverLeaseCountsFromTheWrite)},
+		{"Release", onFreshDriver(driverRelease)},
+		{"Unstorable", onFreshDriver(driverUnstorable)},
+		{"Unreachable", driverUnreachable},
 	})
+}
 
-	t.Run("MigrateTwice", func(t *testing.T) {
+// onFreshDriver makes a case of run, which needs nothing but a fresh driver.
+func onFreshDriver(run func(*testing.T, idemdriver.Driver)) func(*testing.T, Harness) {
+	return func(t *testing.T, h Harness) {
 		t.Parallel()
-		d := h.NewDriver(t)
-		require.NoError(t, d.Migrate(context.Background()))
-	})
+		run(t, h.NewDriver(t))
+	}
+}
 
-	// The decision table, row by row, at the driver: what the claim decides
-	// for each stored state with the same and with a different request. Each
-	// row names its idemdriver.Decision: Decide must name it for the record
-	// as read at the claim's clock, and the driver's claim must do it.
-	t.Run("DecisionTable", func(t *testing.T) {
-		t.Parallel()
-		const (
-			same   = ""
-			body   = "body"
-			method = "method"
-			path   = "path"
-		)
-		cases := []struct {
-			state       string
-			other       string // "" for the same request, else what differs
-			wantClaimed bool
-			wantState   idemdriver.State
-			want        idemdriver.Decision
-		}{
-			{"none", same, true, idemdriver.StateProcessing, idemdriver.DecisionNew},
-			{"PROCESSING", same, false, idemdriver.StateProcessing, idemdriver.DecisionInFlight},
-			{"PROCESSING", body, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
-			{"PROCESSING", method, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
-			{"EXPIRED_LEASE", same, true, idemdriver.StateProcessing, idemdriver.DecisionTakeOver},
-			{"EXPIRED_LEASE", body, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
-			{"EXPIRED_LEASE", path, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
-			{"SUCCEEDED", same, false, idemdriver.StateSucceeded, idemdriver.DecisionReplay},
-			{"SUCCEEDED", body, false, idemdriver.StateSucceeded, idemdriver.DecisionKeyReused},
-			{"SUCCEEDED", method, false, idemdriver.StateSucceeded, idemdriver.DecisionKeyReused},
-			{"SUCCEEDED", path, false, idemdriver.StateSucceeded, idemdriver.DecisionKeyReused},
-			{"FAILED", same, true, idemdriver.StateProcessing, idemdriver.DecisionReclaim},
-			{"FAILED", body, false, idemdriver.StateFailed, idemdriver.DecisionKeyReused},
-			{"FAILED", method, false, idemdriver.StateFailed, idemdriver.DecisionKeyReused},
-			{"FAILED", path, false, idemdriver.StateFailed, idemdriver.DecisionKeyReused},
-			{"EXPIRED", same, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
-			{"EXPIRED", body, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
-			{"EXPIRED", path, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
-			// Unfinished past retention: the same request continues the
-			// record's life (a retry of an execution whose outcome is
-			// unknown keeps its relayed key); another request starts a new
-			// one; a live lease is never taken, expired or not.
-			{"EXPIRED_FAILED", same, true, idemdriver.StateProcessing, idemdriver.DecisionReclaim},
-			{"EXPIRED_FAILED", body, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
-			{"EXPIRED_DEAD", same, true, idemdriver.StateProcessing, idemdriver.DecisionTakeOver},
-			{"EXPIRED_DEAD", body, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
-			{"EXPIRED_DEAD", method, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
-			{"EXPIRED_LIVE", same, false, idemdriver.StateProcessing, idemdriver.DecisionInFlight},
-			{"EXPIRED_LIVE", body, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
-		}
-		d := h.NewDriver(t)
-		for i, tc := range cases {
-			t.Run(fmt.Sprintf("%s/other=%s", tc.state, tc.other), func(t *testing.T) {
-				key := fmt.Sprintf("dt-%d", i)
-				sd, before := setup(t, d, tc.state, params("acct", key, "body"))
-				p := params("acct", key, "body")
-				switch tc.other {
-				case body:
-					p.Fingerprint = fingerprint("other body")
-				case method:
-					p.Method = "PATCH"
-				case path:
-					p.Path = "/v1/refunds"
-				}
-				// The rule: Decide on the record as the claim will read it.
-				var read *idemdriver.Record
-				if tc.state != "none" {
-					rec := record(t, sd, "acct", key)
-					read = &rec
-				}
-				expired := tc.state == "EXPIRED" || tc.state == "EXPIRED_FAILED" || tc.state == "EXPIRED_DEAD" || tc.state == "EXPIRED_LIVE"
-				require.Equal(t, tc.want, idemdriver.Decide(read, expired, p), "Decide names the row")
-				require.Equal(t, tc.wantClaimed, tc.want.Claims())
+func driverClaimNew(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	res := claim(t, d, params("acct_1", "k1", "a"))
+	require.True(t, res.Claimed)
+	rec := res.Record
+	require.Equal(t, idemdriver.StateProcessing, rec.State)
+	require.Equal(t, "acct_1", rec.Scope)
+	require.Equal(t, "k1", rec.Key)
+	require.Equal(t, "POST", rec.Method)
+	require.Equal(t, "/v1/payments", rec.Path)
+	require.Equal(t, fingerprint("a"), rec.Fingerprint)
+	require.Equal(t, 1, rec.Attempts)
+	require.Positive(t, rec.FencingToken)
+	require.Nil(t, rec.Response)
+	require.InDelta(t, lease.Seconds(), rec.LeaseLeft.Seconds(), 5)
+	require.NotNil(t, rec.LockedUntil)
+	require.WithinDuration(t, rec.CreatedAt.Add(retention), rec.ExpiresAt, time.Millisecond)
+	require.WithinDuration(t, rec.CreatedAt.Add(lease), *rec.LockedUntil, time.Millisecond)
 
-				res := claim(t, sd, p)
-				requireDecision(t, tc.want, read, res, p)
-				require.Equal(t, tc.wantClaimed, res.Claimed)
-				require.Equal(t, tc.want == idemdriver.DecisionTakeOver, res.TookOver, "TookOver says a takeover, and only a takeover")
-				require.Equal(t, tc.wantState, res.Record.State)
+	got := record(t, d, "acct_1", "k1")
+	require.Equal(t, rec.FencingToken, got.FencingToken)
+	requireGone(t, d, "acct_1", "nope")
+}
+
+func driverMigrateTwice(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	require.NoError(t, d.Migrate(context.Background()))
+}
+
+// The decision table, row by row, at the driver: what the claim decides
+// for each stored state with the same and with a different request. Each
+// row names its idemdriver.Decision: Decide must name it for the record
+// as read at the claim's clock, and the driver's claim must do it.
+func driverDecisionTable(t *testing.T, h Harness) {
+	t.Parallel()
+	const (
+		same   = ""
+		body   = "body"
+		method = "method"
+		path   = "path"
+	)
+	cases := []struct {
+		state       string
+		other       string // "" for the same request, else what differs
+		wantClaimed bool
+		wantState   idemdriver.State
+		want        idemdriver.Decision
+	}{
+		{"none", same, true, idemdriver.StateProcessing, idemdriver.DecisionNew},
+		{"PROCESSING", same, false, idemdriver.StateProcessing, idemdriver.DecisionInFlight},
+		{"PROCESSING", body, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
+		{"PROCESSING", method, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
+		{"EXPIRED_LEASE", same, true, idemdriver.StateProcessing, idemdriver.DecisionTakeOver},
+		{"EXPIRED_LEASE", body, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
+		{"EXPIRED_LEASE", path, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
+		{"SUCCEEDED", same, false, idemdriver.StateSucceeded, idemdriver.DecisionReplay},
+		{"SUCCEEDED", body, false, idemdriver.StateSucceeded, idemdriver.DecisionKeyReused},
+		{"SUCCEEDED", method, false, idemdriver.StateSucceeded, idemdriver.DecisionKeyReused},
+		{"SUCCEEDED", path, false, idemdriver.StateSucceeded, idemdriver.DecisionKeyReused},
+		{"FAILED", same, true, idemdriver.StateProcessing, idemdriver.DecisionReclaim},
+		{"FAILED", body, false, idemdriver.StateFailed, idemdriver.DecisionKeyReused},
+		{"FAILED", method, false, idemdriver.StateFailed, idemdriver.DecisionKeyReused},
+		{"FAILED", path, false, idemdriver.StateFailed, idemdriver.DecisionKeyReused},
+		{"EXPIRED", same, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
+		{"EXPIRED", body, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
+		{"EXPIRED", path, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
+		// Unfinished past retention: the same request continues the
+		// record's life (a retry of an execution whose outcome is
+		// unknown keeps its relayed key); another request starts a new
+		// one; a live lease is never taken, expired or not.
+		{"EXPIRED_FAILED", same, true, idemdriver.StateProcessing, idemdriver.DecisionReclaim},
+		{"EXPIRED_FAILED", body, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
+		{"EXPIRED_DEAD", same, true, idemdriver.StateProcessing, idemdriver.DecisionTakeOver},
+		{"EXPIRED_DEAD", body, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
+		{"EXPIRED_DEAD", method, true, idemdriver.StateProcessing, idemdriver.DecisionNewLife},
+		{"EXPIRED_LIVE", same, false, idemdriver.StateProcessing, idemdriver.DecisionInFlight},
+		{"EXPIRED_LIVE", body, false, idemdriver.StateProcessing, idemdriver.DecisionKeyReused},
+	}
+	d := h.NewDriver(t)
+	for i, tc := range cases {
+		t.Run(fmt.Sprintf("%s/other=%s", tc.state, tc.other), func(t *testing.T) {
+			key := fmt.Sprintf("dt-%d", i)
+			sd, before := setup(t, d, tc.state, params("acct", key, "body"))
+			p := params("acct", key, "body")
+			switch tc.other {
+			case body:
+				p.Fingerprint = fingerprint("other body")
+			case method:
+				p.Method = "PATCH"
+			case path:
+				p.Path = "/v1/refunds"
+			}
+			// The rule: Decide on the record as the claim will read it.
+			var read *idemdriver.Record
+			if tc.state != "none" {
+				rec := record(t, sd, "acct", key)
+				read = &rec
+			}
+			expired := tc.state == "EXPIRED" || tc.state == "EXPIRED_FAILED" || tc.state == "EXPIRED_DEAD" || tc.state == "EXPIRED_LIVE"
+			require.Equal(t, tc.want, idemdriver.Decide(read, expired, p), "Decide names the row")
+			require.Equal(t, tc.wantClaimed, tc.want.Claims())
+
+			res := claim(t, sd, p)
+			requireDecision(t, tc.want, read, res, p)
+			require.Equal(t, tc.wantClaimed, res.Claimed)
+			require.Equal(t, tc.want == idemdriver.DecisionTakeOver, res.TookOver, "TookOver says a takeover, and only a takeover")
+			require.Equal(t, tc.wantState, res.Record.State)
+			if tc.wantClaimed {
+				require.Equal(t, p.Fingerprint, res.Record.Fingerprint)
+				require.Greater(t, res.Record.FencingToken, before.FencingToken)
+			} else {
+				// The row it lost to, untouched: the core answers 422 from
+				// its fingerprint, 409 from its lease, or replays it.
+				require.Equal(t, before.FencingToken, res.Record.FencingToken)
+				require.Equal(t, fingerprint("body"), res.Record.Fingerprint)
+			}
+			if tc.state == "PROCESSING" || tc.state == "EXPIRED_LIVE" {
+				require.Positive(t, res.Record.LeaseLeft)
+				require.LessOrEqual(t, res.Record.LeaseLeft, lease)
+			}
+			if tc.wantClaimed {
+				// Every claim keeps the record for a whole retention
+				// from now, so the outcome it writes can be replayed.
+				require.WithinDuration(t, res.Record.UpdatedAt.Add(retention), res.Record.ExpiresAt, time.Millisecond)
+			}
+			if tc.state == "SUCCEEDED" {
+				require.NotNil(t, res.Record.Response)
+				require.Equal(t, `{"id":"pay_1"}`, string(res.Record.Response.Body))
+			}
+			continues := tc.other == same && (tc.state == "EXPIRED_FAILED" || tc.state == "EXPIRED_DEAD")
+			switch {
+			case continues:
+				require.Equal(t, 2, res.Record.Attempts)
+				require.True(t, before.CreatedAt.Equal(res.Record.CreatedAt),
+					"the same unfinished request continues the record's life: created_at %s, then %s", before.CreatedAt, res.Record.CreatedAt)
+			case tc.state == "EXPIRED_FAILED" || tc.state == "EXPIRED_DEAD":
+				require.Equal(t, 1, res.Record.Attempts, "another request starts over")
+				require.True(t, res.Record.CreatedAt.After(before.CreatedAt), "another request starts a new life")
+			}
+			switch tc.state {
+			case "FAILED", "EXPIRED_LEASE":
 				if tc.wantClaimed {
-					require.Equal(t, p.Fingerprint, res.Record.Fingerprint)
-					require.Greater(t, res.Record.FencingToken, before.FencingToken)
-				} else {
-					// The row it lost to, untouched: the core answers 422 from
-					// its fingerprint, 409 from its lease, or replays it.
-					require.Equal(t, before.FencingToken, res.Record.FencingToken)
-					require.Equal(t, fingerprint("body"), res.Record.Fingerprint)
-				}
-				if tc.state == "PROCESSING" || tc.state == "EXPIRED_LIVE" {
-					require.Positive(t, res.Record.LeaseLeft)
-					require.LessOrEqual(t, res.Record.LeaseLeft, lease)
-				}
-				if tc.wantClaimed {
-					// Every claim keeps the record for a whole retention
-					// from now, so the outcome it writes can be replayed.
-					require.WithinDuration(t, res.Record.UpdatedAt.Add(retention), res.Record.ExpiresAt, time.Millisecond)
-				}
-				if tc.state == "SUCCEEDED" {
-					require.NotNil(t, res.Record.Response)
-					require.Equal(t, `{"id":"pay_1"}`, string(res.Record.Response.Body))
-				}
-				continues := tc.other == same && (tc.state == "EXPIRED_FAILED" || tc.state == "EXPIRED_DEAD")
-				switch {
-				case continues:
 					require.Equal(t, 2, res.Record.Attempts)
+					// The same life of the key: the relayed key derived
+					// from CreatedAt must not change (CONTRACT section 7).
 					require.True(t, before.CreatedAt.Equal(res.Record.CreatedAt),
-						"the same unfinished request continues the record's life: created_at %s, then %s", before.CreatedAt, res.Record.CreatedAt)
-				case tc.state == "EXPIRED_FAILED" || tc.state == "EXPIRED_DEAD":
-					require.Equal(t, 1, res.Record.Attempts, "another request starts over")
-					require.True(t, res.Record.CreatedAt.After(before.CreatedAt), "another request starts a new life")
+						"a takeover or re-claim keeps created_at: %s, then %s", before.CreatedAt, res.Record.CreatedAt)
 				}
-				switch tc.state {
-				case "FAILED", "EXPIRED_LEASE":
-					if tc.wantClaimed {
-						require.Equal(t, 2, res.Record.Attempts)
-						// The same life of the key: the relayed key derived
-						// from CreatedAt must not change (CONTRACT section 7).
-						require.True(t, before.CreatedAt.Equal(res.Record.CreatedAt),
-							"a takeover or re-claim keeps created_at: %s, then %s", before.CreatedAt, res.Record.CreatedAt)
-					}
-				case "EXPIRED":
-					require.Equal(t, 1, res.Record.Attempts, "an expired record starts over")
-					require.Nil(t, res.Record.Response)
-					require.True(t, res.Record.CreatedAt.After(before.CreatedAt), "an expired record starts a new life")
-				}
-			})
-		}
-	})
+			case "EXPIRED":
+				require.Equal(t, 1, res.Record.Attempts, "an expired record starts over")
+				require.Nil(t, res.Record.Response)
+				require.True(t, res.Record.CreatedAt.After(before.CreatedAt), "an expired record starts a new life")
+			}
+		})
+	}
+}
 
-	t.Run("MethodOrPathDiffers", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		sd, before := setup(t, d, "FAILED", params("acct", "k", "body"))
-		p := params("acct", "k", "body")
-		p.Path = "/v1/refunds"
-		res := claim(t, sd, p)
-		require.False(t, res.Claimed)
-		require.Equal(t, "/v1/payments", res.Record.Path)
-		p = params("acct", "k", "body")
-		p.Method = "PATCH"
-		res = claim(t, sd, p)
-		require.False(t, res.Claimed)
-		require.Equal(t, before.FencingToken, res.Record.FencingToken)
-	})
+func driverMethodOrPathDiffers(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	sd, before := setup(t, d, "FAILED", params("acct", "k", "body"))
+	p := params("acct", "k", "body")
+	p.Path = "/v1/refunds"
+	res := claim(t, sd, p)
+	require.False(t, res.Claimed)
+	require.Equal(t, "/v1/payments", res.Record.Path)
+	p = params("acct", "k", "body")
+	p.Method = "PATCH"
+	res = claim(t, sd, p)
+	require.False(t, res.Claimed)
+	require.Equal(t, before.FencingToken, res.Record.FencingToken)
+}
 
-	t.Run("ReplayByteExact", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		res := claim(t, d, params("acct", "bin", "b"))
-		body := make([]byte, 0, 512)
-		for i := 0; i < 512; i++ {
-			body = append(body, byte(i))
-		}
-		resp := idemdriver.Response{Status: 202, Body: body, BodyStored: true, BodySize: int64(len(body)),
-			Header: map[string][]string{"Content-Type": {"application/octet-stream"}, "Link": {"<a>; rel=x", "<b>; rel=y"}}}
-		require.True(t, complete(t, d, fence(res.Record), resp))
-		again := claim(t, d, params("acct", "bin", "b"))
-		require.False(t, again.Claimed)
-		require.Equal(t, idemdriver.StateSucceeded, again.Record.State)
-		require.Equal(t, resp.Status, again.Record.Response.Status)
-		require.True(t, bytes.Equal(body, again.Record.Response.Body))
-		require.Equal(t, resp.Header, again.Record.Response.Header)
-		require.NotNil(t, again.Record.CompletedAt)
-		require.Zero(t, again.Record.LeaseLeft)
+func driverReplayByteExact(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	res := claim(t, d, params("acct", "bin", "b"))
+	body := make([]byte, 0, 512)
+	for i := 0; i < 512; i++ {
+		body = append(body, byte(i))
+	}
+	resp := idemdriver.Response{Status: 202, Body: body, BodyStored: true, BodySize: int64(len(body)),
+		Header: map[string][]string{"Content-Type": {"application/octet-stream"}, "Link": {"<a>; rel=x", "<b>; rel=y"}}}
+	require.True(t, complete(t, d, fence(res.Record), resp))
+	again := claim(t, d, params("acct", "bin", "b"))
+	require.False(t, again.Claimed)
+	require.Equal(t, idemdriver.StateSucceeded, again.Record.State)
+	require.Equal(t, resp.Status, again.Record.Response.Status)
+	require.True(t, bytes.Equal(body, again.Record.Response.Body))
+	require.Equal(t, resp.Header, again.Record.Response.Header)
+	require.NotNil(t, again.Record.CompletedAt)
+	require.Zero(t, again.Record.LeaseLeft)
 
-		// An empty body and a body that was not stored.
-		res = claim(t, d, params("acct", "empty", "b"))
-		require.True(t, complete(t, d, fence(res.Record), idemdriver.Response{Status: 204, BodyStored: true}))
-		rec := record(t, d, "acct", "empty")
-		require.Equal(t, 204, rec.Response.Status)
-		require.Empty(t, rec.Response.Body)
-		require.True(t, rec.Response.BodyStored)
+	// An empty body and a body that was not stored.
+	res = claim(t, d, params("acct", "empty", "b"))
+	require.True(t, complete(t, d, fence(res.Record), idemdriver.Response{Status: 204, BodyStored: true}))
+	rec := record(t, d, "acct", "empty")
+	require.Equal(t, 204, rec.Response.Status)
+	require.Empty(t, rec.Response.Body)
+	require.True(t, rec.Response.BodyStored)
 
-		res = claim(t, d, params("acct", "big", "b"))
-		require.True(t, complete(t, d, fence(res.Record), idemdriver.Response{Status: 201, BodyStored: false, BodySize: 5 << 20}))
-		rec = record(t, d, "acct", "big")
-		require.False(t, rec.Response.BodyStored)
-		require.Equal(t, int64(5<<20), rec.Response.BodySize)
-	})
+	res = claim(t, d, params("acct", "big", "b"))
+	require.True(t, complete(t, d, fence(res.Record), idemdriver.Response{Status: 201, BodyStored: false, BodySize: 5 << 20}))
+	rec = record(t, d, "acct", "big")
+	require.False(t, rec.Response.BodyStored)
+	require.Equal(t, int64(5<<20), rec.Response.BodySize)
+}
 
-	t.Run("ScopesIndependent", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		a := claim(t, d, params("merchant_a", "same-key", "a"))
-		require.True(t, a.Claimed)
-		b := claim(t, d, params("merchant_b", "same-key", "b"))
-		require.True(t, b.Claimed, "another scope's key never meets this one")
-		require.True(t, complete(t, d, fence(a.Record), okResponse("A")))
-		rb := record(t, d, "merchant_b", "same-key")
-		require.Equal(t, idemdriver.StateProcessing, rb.State)
-		// Keys are case-sensitive.
-		c := claim(t, d, params("merchant_a", "SAME-KEY", "a"))
-		require.True(t, c.Claimed)
-	})
+func driverScopesIndependent(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	a := claim(t, d, params("merchant_a", "same-key", "a"))
+	require.True(t, a.Claimed)
+	b := claim(t, d, params("merchant_b", "same-key", "b"))
+	require.True(t, b.Claimed, "another scope's key never meets this one")
+	require.True(t, complete(t, d, fence(a.Record), okResponse("A")))
+	rb := record(t, d, "merchant_b", "same-key")
+	require.Equal(t, idemdriver.StateProcessing, rb.State)
+	// Keys are case-sensitive.
+	c := claim(t, d, params("merchant_a", "SAME-KEY", "a"))
+	require.True(t, c.Claimed)
+}
 
-	t.Run("Fencing", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		sd, old := setup(t, d, "EXPIRED_LEASE", params("acct", "k", "body"))
-		// The owner died; a retry takes over.
-		take := claim(t, sd, params("acct", "k", "body"))
-		require.True(t, take.Claimed)
-		require.Greater(t, take.Record.FencingToken, old.FencingToken)
+func driverFencing(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	sd, old := setup(t, d, "EXPIRED_LEASE", params("acct", "k", "body"))
+	// The owner died; a retry takes over.
+	take := claim(t, sd, params("acct", "k", "body"))
+	require.True(t, take.Claimed)
+	require.Greater(t, take.Record.FencingToken, old.FencingToken)
 
-		// The old owner wakes up: every write it attempts is refused.
-		require.False(t, wrote(t, sd.Heartbeat, fence(old)))
-		require.False(t, complete(t, sd, fence(old), okResponse("stale")))
-		require.False(t, wrote(t, sd.Fail, fence(old)))
-		require.False(t, wrote(t, sd.Release, fence(old)), "a worker that lost the record cannot release the new owner's")
-		rec := record(t, d, "acct", "k")
-		require.Equal(t, idemdriver.StateProcessing, rec.State)
-		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
+	// The old owner wakes up: every write it attempts is refused.
+	require.False(t, wrote(t, sd.Heartbeat, fence(old)))
+	require.False(t, complete(t, sd, fence(old), okResponse("stale")))
+	require.False(t, wrote(t, sd.Fail, fence(old)))
+	require.False(t, wrote(t, sd.Release, fence(old)), "a worker that lost the record cannot release the new owner's")
+	rec := record(t, d, "acct", "k")
+	require.Equal(t, idemdriver.StateProcessing, rec.State)
+	require.Equal(t, take.Record.FencingToken, rec.FencingToken)
 
-		// The new owner's writes go through; a completed record refuses them all.
-		require.True(t, wrote(t, sd.Heartbeat, fence(take.Record)))
-		require.True(t, complete(t, sd, fence(take.Record), okResponse("new")))
-		require.False(t, complete(t, sd, fence(take.Record), okResponse("twice")), "a completed record is final")
-		require.False(t, wrote(t, sd.Fail, fence(take.Record)))
-		require.False(t, wrote(t, sd.Release, fence(take.Record)), "a completed record is not released")
-		rec = record(t, d, "acct", "k")
-		require.Equal(t, "new", string(rec.Response.Body))
-	})
+	// The new owner's writes go through; a completed record refuses them all.
+	require.True(t, wrote(t, sd.Heartbeat, fence(take.Record)))
+	require.True(t, complete(t, sd, fence(take.Record), okResponse("new")))
+	require.False(t, complete(t, sd, fence(take.Record), okResponse("twice")), "a completed record is final")
+	require.False(t, wrote(t, sd.Fail, fence(take.Record)))
+	require.False(t, wrote(t, sd.Release, fence(take.Record)), "a completed record is not released")
+	rec = record(t, d, "acct", "k")
+	require.Equal(t, "new", string(rec.Response.Body))
+}
 
-	t.Run("HeartbeatExtendsLease", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
+func driverHeartbeatExtendsLease(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	clock := &Clock{}
+	sd := Shift(d, clock)
+	res := claim(t, sd, params("acct", "k", "body"))
+	clock.Advance(lease - 5*time.Second)
+	require.True(t, wrote(t, sd.Heartbeat, fence(res.Record)))
+	// Past the first lease, but within the renewed one: no takeover.
+	clock.Advance(10 * time.Second)
+	again := claim(t, sd, params("acct", "k", "body"))
+	require.False(t, again.Claimed)
+	require.InDelta(t, (lease - 10*time.Second).Seconds(), again.Record.LeaseLeft.Seconds(), 5)
+}
+
+func driverTransactional(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	biz := h.Business(t, d)
+	ctx := context.Background()
+
+	// Commit together: the business row and SUCCEEDED, or neither.
+	res := claim(t, d, params("acct", "tx-ok", "b"))
+	tx, err := d.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, biz.Insert(ctx, tx, "row-ok"))
+	require.True(t, complete(t, tx, fence(res.Record), okResponse("ok")))
+	rec := record(t, d, "acct", "tx-ok")
+	require.Equal(t, idemdriver.StateProcessing, rec.State, "the completion is invisible before commit")
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 1, rows(t, biz, "row-ok"))
+	rec = record(t, d, "acct", "tx-ok")
+	require.Equal(t, idemdriver.StateSucceeded, rec.State)
+
+	// Rolled back: neither.
+	res = claim(t, d, params("acct", "tx-rb", "b"))
+	tx, err = d.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, biz.Insert(ctx, tx, "row-rb"))
+	require.True(t, complete(t, tx, fence(res.Record), okResponse("rb")))
+	require.NoError(t, tx.Rollback(ctx))
+	require.Zero(t, rows(t, biz, "row-rb"))
+	rec = record(t, d, "acct", "tx-rb")
+	require.Equal(t, idemdriver.StateProcessing, rec.State)
+
+	// Fenced out: a worker whose lease was taken over cannot complete in
+	// its transaction, and its business writes never commit. With a
+	// single-writer database the old owner's transaction can only begin
+	// after the takeover; elsewhere it is also open across it.
+	orders := []string{"begin-after-takeover"}
+	if !h.SingleWriter {
+		orders = append(orders, "begin-before-takeover")
+	}
+	for _, order := range orders {
 		clock := &Clock{}
 		sd := Shift(d, clock)
-		res := claim(t, sd, params("acct", "k", "body"))
-		clock.Advance(lease - 5*time.Second)
-		require.True(t, wrote(t, sd.Heartbeat, fence(res.Record)))
-		// Past the first lease, but within the renewed one: no takeover.
-		clock.Advance(10 * time.Second)
-		again := claim(t, sd, params("acct", "k", "body"))
-		require.False(t, again.Claimed)
-		require.InDelta(t, (lease - 10*time.Second).Seconds(), again.Record.LeaseLeft.Seconds(), 5)
-	})
-
-	t.Run("Transactional", func(t *testing.T) {
-		t.Parallel()
-		d := h.NewDriver(t)
-		biz := h.Business(t, d)
-		ctx := context.Background()
-
-		// Commit together: the business row and SUCCEEDED, or neither.
-		res := claim(t, d, params("acct", "tx-ok", "b"))
-		tx, err := d.Begin(ctx)
-		require.NoError(t, err)
-		require.NoError(t, biz.Insert(ctx, tx, "row-ok"))
-		require.True(t, complete(t, tx, fence(res.Record), okResponse("ok")))
-		rec := record(t, d, "acct", "tx-ok")
-		require.Equal(t, idemdriver.StateProcessing, rec.State, "the completion is invisible before commit")
-		require.NoError(t, tx.Commit(ctx))
-		require.Equal(t, 1, rows(t, biz, "row-ok"))
-		rec = record(t, d, "acct", "tx-ok")
-		require.Equal(t, idemdriver.StateSucceeded, rec.State)
-
-		// Rolled back: neither.
-		res = claim(t, d, params("acct", "tx-rb", "b"))
-		tx, err = d.Begin(ctx)
-		require.NoError(t, err)
-		require.NoError(t, biz.Insert(ctx, tx, "row-rb"))
-		require.True(t, complete(t, tx, fence(res.Record), okResponse("rb")))
-		require.NoError(t, tx.Rollback(ctx))
-		require.Zero(t, rows(t, biz, "row-rb"))
-		rec = record(t, d, "acct", "tx-rb")
-		require.Equal(t, idemdriver.StateProcessing, rec.State)
-
-		// Fenced out: a worker whose lease was taken over cannot complete in
-		// its transaction, and its business writes never commit. With a
-		// single-writer database the old owner's transaction can only begin
-		// after the takeover; elsewhere it is also open across it.
-		orders := []string{"begin-after-takeover"}
-		if !h.SingleWriter {
-			orders = append(orders, "begin-before-takeover")
-		}
-		for _, order := range orders {
-			clock := &Clock{}
-			sd := Shift(d, clock)
-			key, row := "tx-fenced-"+order, "row-fenced-"+order
-			old := claim(t, sd, params("acct", key, "b"))
-			var tx idemdriver.Tx
-			if order == "begin-before-takeover" {
-				tx, err = sd.Begin(ctx)
-				require.NoError(t, err)
-				require.NoError(t, biz.Insert(ctx, tx, row))
-			}
-			clock.Advance(lease + time.Second)
-			take := claim(t, sd, params("acct", key, "b"))
-			require.True(t, take.Claimed)
-			if tx == nil {
-				tx, err = sd.Begin(ctx)
-				require.NoError(t, err)
-				require.NoError(t, biz.Insert(ctx, tx, row))
-			}
-			require.False(t, complete(t, tx, fence(old.Record), okResponse("stale")), order)
-			require.NoError(t, tx.Rollback(ctx))
-			require.Zero(t, rows(t, biz, row), "a fenced-out worker's business writes never commit (%s)", order)
-			rec = record(t, d, "acct", key)
-			require.Equal(t, take.Record.FencingToken, rec.FencingToken)
-		}
-	})
-
-	// A driver that sends the completion and the COMMIT together
-	// (idemdriver.CompleteCommitter) keeps the same three promises in that
-	// one call, and the COMMIT never goes through without the completion.
-	t.Run("CompleteCommit", func(t *testing.T) {
-		t.Parallel()
-		clock := &Clock{}
-		sd := Shift(h.NewDriver(t), clock)
-		biz := h.Business(t, sd.Driver)
-		ctx := context.Background()
-		begin := func(row string) (idemdriver.Tx, idemdriver.CompleteCommitter) {
-			t.Helper()
-			tx, err := sd.Begin(ctx)
+		key, row := "tx-fenced-"+order, "row-fenced-"+order
+		old := claim(t, sd, params("acct", key, "b"))
+		var tx idemdriver.Tx
+		if order == "begin-before-takeover" {
+			tx, err = sd.Begin(ctx)
 			require.NoError(t, err)
-			cc, ok := tx.(idemdriver.CompleteCommitter)
-			if !ok {
-				require.NoError(t, tx.Rollback(ctx))
-				t.Skipf("%T does not implement idemdriver.CompleteCommitter", tx)
-			}
-			if row != "" {
-				require.NoError(t, biz.Insert(ctx, tx, row))
-			}
-			return tx, cc
+			require.NoError(t, biz.Insert(ctx, tx, row))
 		}
-		completeCommit := func(cc idemdriver.CompleteCommitter, rec idemdriver.Record, body string) (bool, error) {
-			return cc.CompleteCommit(ctx, idemdriver.CompleteParams{FenceParams: fence(rec), Response: okResponse(body)})
-		}
-
-		// Both commit, in the one call.
-		res := claim(t, sd, params("acct", "cc-ok", "b"))
-		tx, cc := begin("cc-row-ok")
-		ok, err := completeCommit(cc, res.Record, "ok")
-		require.NoError(t, err)
-		require.True(t, ok)
-		require.Equal(t, 1, rows(t, biz, "cc-row-ok"))
-		require.Equal(t, idemdriver.StateSucceeded, record(t, sd, "acct", "cc-ok").State)
-		require.NoError(t, tx.Rollback(ctx), "a Rollback after the commit is a no-op")
-		require.Equal(t, 1, rows(t, biz, "cc-row-ok"))
-
-		// Fenced out: the lease was taken over while the transaction was
-		// open; the completion fails, so the COMMIT sent with it must not
-		// commit the business row.
-		old := claim(t, sd, params("acct", "cc-fenced", "b"))
-		tx, cc = begin("cc-row-fenced")
 		clock.Advance(lease + time.Second)
-		take := claim(t, sd, params("acct", "cc-fenced", "b"))
+		take := claim(t, sd, params("acct", key, "b"))
 		require.True(t, take.Claimed)
-		ok, err = completeCommit(cc, old.Record, "stale")
-		require.NoError(t, err)
-		require.False(t, ok, "a fenced-out completion reports false")
-		require.NoError(t, tx.Rollback(ctx))
-		require.Zero(t, rows(t, biz, "cc-row-fenced"), "a fenced-out worker's business writes never commit")
-		rec := record(t, sd, "acct", "cc-fenced")
-		require.Equal(t, idemdriver.StateProcessing, rec.State)
-		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
-
-		// The handler ended the transaction itself: ErrTxDone, nothing
-		// recorded.
-		res = claim(t, sd, params("acct", "cc-done", "b"))
-		tx, cc = begin("")
-		require.NoError(t, tx.Commit(ctx))
-		_, err = completeCommit(cc, res.Record, "late")
-		require.ErrorIs(t, err, idemdriver.ErrTxDone)
-		require.Equal(t, idemdriver.StateProcessing, record(t, sd, "acct", "cc-done").State)
-	})
-
-	// Races: many goroutines, exactly one winner, no errors.
-	race := func(t *testing.T, sd idemdriver.Driver, p idemdriver.ClaimParams) (winners int, records []idemdriver.ClaimResult) {
-		t.Helper()
-		records, err := racetest.Race(racers, func(int) (idemdriver.ClaimResult, error) { return sd.Claim(context.Background(), p) })
-		require.NoError(t, err)
-		for _, r := range records {
-			if r.Claimed {
-				winners++
-			}
+		if tx == nil {
+			tx, err = sd.Begin(ctx)
+			require.NoError(t, err)
+			require.NoError(t, biz.Insert(ctx, tx, row))
 		}
-		return winners, records
+		require.False(t, complete(t, tx, fence(old.Record), okResponse("stale")), order)
+		require.NoError(t, tx.Rollback(ctx))
+		require.Zero(t, rows(t, biz, row), "a fenced-out worker's business writes never commit (%s)", order)
+		rec = record(t, d, "acct", key)
+		require.Equal(t, take.Record.FencingToken, rec.FencingToken)
+	}
+}
+
+// A driver that sends the completion and the COMMIT together
+// (idemdriver.CompleteCommitter) keeps the same three promises in that
+// one call, and the COMMIT never goes through without the completion.
+func driverCompleteCommit(t *testing.T, h Harness) {
+	t.Parallel()
+	clock := &Clock{}
+	sd := Shift(h.NewDriver(t), clock)
+	biz := h.Business(t, sd.Driver)
+	ctx := context.Background()
+	begin := func(row string) (idemdriver.Tx, idemdriver.CompleteCommitter) {
+		t.Helper()
+		tx, err := sd.Begin(ctx)
+		require.NoError(t, err)
+		cc, ok := tx.(idemdriver.CompleteCommitter)
+		if !ok {
+			require.NoError(t, tx.Rollback(ctx))
+			t.Skipf("%T does not implement idemdriver.CompleteCommitter", tx)
+		}
+		if row != "" {
+			require.NoError(t, biz.Insert(ctx, tx, row))
+		}
+		return tx, cc
+	}
+	completeCommit := func(cc idemdriver.CompleteCommitter, rec idemdriver.Record, body string) (bool, error) {
+		return cc.CompleteCommit(ctx, idemdriver.CompleteParams{FenceParams: fence(rec), Response: okResponse(body)})
 	}
 
-	t.Run("ConcurrentClaim", func(t *testing.T) {
+	// Both commit, in the one call.
+	res := claim(t, sd, params("acct", "cc-ok", "b"))
+	tx, cc := begin("cc-row-ok")
+	ok, err := completeCommit(cc, res.Record, "ok")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, 1, rows(t, biz, "cc-row-ok"))
+	require.Equal(t, idemdriver.StateSucceeded, record(t, sd, "acct", "cc-ok").State)
+	require.NoError(t, tx.Rollback(ctx), "a Rollback after the commit is a no-op")
+	require.Equal(t, 1, rows(t, biz, "cc-row-ok"))
+
+	// Fenced out: the lease was taken over while the transaction was
+	// open; the completion fails, so the COMMIT sent with it must not
+	// commit the business row.
+	old := claim(t, sd, params("acct", "cc-fenced", "b"))
+	tx, cc = begin("cc-row-fenced")
+	clock.Advance(lease + time.Second)
+	take := claim(t, sd, params("acct", "cc-fenced", "b"))
+	require.True(t, take.Claimed)
+	ok, err = completeCommit(cc, old.Record, "stale")
+	require.NoError(t, err)
+	require.False(t, ok, "a fenced-out completion reports false")
+	require.NoError(t, tx.Rollback(ctx))
+	require.Zero(t, rows(t, biz, "cc-row-fenced"), "a fenced-out worker's business writes never commit")
+	rec := record(t, sd, "acct", "cc-fenced")
+	require.Equal(t, idemdriver.StateProcessing, rec.State)
+	require.Equal(t, take.Record.FencingToken, rec.FencingToken)
+
+	// The handler ended the transaction itself: ErrTxDone, nothing
+	// recorded.
+	res = claim(t, sd, params("acct", "cc-done", "b"))
+	tx, cc = begin("")
+	require.NoError(t, tx.Commit(ctx))
+	_, err = completeCommit(cc, res.Record, "late")
+	require.ErrorIs(t, err, idemdriver.ErrTxDone)
+	require.Equal(t, idemdriver.StateProcessing, record(t, sd, "acct", "cc-done").State)
+}
+
+func driverConcurrentClaim(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	winners, results := race(t, d, params("acct", "hot", "b"))
+	require.Equal(t, 1, winners)
+	for _, r := range results {
+		require.Equal(t, idemdriver.StateProcessing, r.Record.State)
+		if !r.Claimed {
+			require.Positive(t, r.Record.LeaseLeft, "losers see the winner's live lease")
+		}
+	}
+}
+
+// race races racers claims of p on sd: many goroutines, exactly one winner,
+// no errors.
+func race(t *testing.T, sd idemdriver.Driver, p idemdriver.ClaimParams) (winners int, records []idemdriver.ClaimResult) {
+	t.Helper()
+	records, err := racetest.Race(racers, func(int) (idemdriver.ClaimResult, error) { return sd.Claim(context.Background(), p) })
+	require.NoError(t, err)
+	for _, r := range records {
+		if r.Claimed {
+			winners++
+		}
+	}
+	return winners, records
+}
+
+// requireOneOwner checks a race's results: one winner, and every loser
+// answered from the winner's record (the live lease it must wait for),
+// never from the row as it was before the race. A loser that read the old
+// row would answer 422 for a duplicate after expiry (the old payload),
+// or 409 with a lease that has run out.
+func requireOneOwner(t *testing.T, winners int, results []idemdriver.ClaimResult, p idemdriver.ClaimParams, old idemdriver.Record) {
+	t.Helper()
+	require.Equal(t, 1, winners)
+	var won idemdriver.Record
+	for _, r := range results {
+		if r.Claimed {
+			won = r.Record
+		}
+	}
+	require.Greater(t, won.FencingToken, old.FencingToken)
+	for _, r := range results {
+		require.Equal(t, won.FencingToken, r.Record.FencingToken, "every loser sees the winner's claim")
+		require.Equal(t, idemdriver.StateProcessing, r.Record.State)
+		require.Equal(t, p.Fingerprint, r.Record.Fingerprint)
+		require.Positive(t, r.Record.LeaseLeft, "the winner's live lease")
+	}
+}
+
+// Each race of a claimable row runs on raceRounds keys: a loser reading
+// a stale row is a narrow window, and one race rarely hits it.
+const raceRounds = 8
+
+// driverConcurrentClaimable races claims (with body) on a row in state: the
+// claim that wins continues the record's life (attempts 2) or, past
+// retention and with another payload, starts a new one (attempts 1); tokens
+// never go back, even across expiry.
+func driverConcurrentClaimable(state, body string, attempts int) func(*testing.T, Harness) {
+	return func(t *testing.T, h Harness) {
 		t.Parallel()
 		d := h.NewDriver(t)
-		winners, results := race(t, d, params("acct", "hot", "b"))
-		require.Equal(t, 1, winners)
-		for _, r := range results {
-			require.Equal(t, idemdriver.StateProcessing, r.Record.State)
-			if !r.Claimed {
-				require.Positive(t, r.Record.LeaseLeft, "losers see the winner's live lease")
-			}
-		}
-	})
-
-	// requireOneOwner checks a race's results: one winner, and every loser
-	// answered from the winner's record (the live lease it must wait for),
-	// never from the row as it was before the race. A loser that read the old
-	// row would answer 422 for a duplicate after expiry (the old payload),
-	// or 409 with a lease that has run out.
-	requireOneOwner := func(t *testing.T, winners int, results []idemdriver.ClaimResult, p idemdriver.ClaimParams, old idemdriver.Record) {
-		t.Helper()
-		require.Equal(t, 1, winners)
-		var won idemdriver.Record
-		for _, r := range results {
-			if r.Claimed {
-				won = r.Record
-			}
-		}
-		require.Greater(t, won.FencingToken, old.FencingToken)
-		for _, r := range results {
-			require.Equal(t, won.FencingToken, r.Record.FencingToken, "every loser sees the winner's claim")
-			require.Equal(t, idemdriver.StateProcessing, r.Record.State)
-			require.Equal(t, p.Fingerprint, r.Record.Fingerprint)
-			require.Positive(t, r.Record.LeaseLeft, "the winner's live lease")
+		for i := range raceRounds {
+			key := fmt.Sprintf("hot-%d", i)
+			sd, old := setup(t, d, state, params("acct", key, "b"))
+			p := params("acct", key, body)
+			winners, results := race(t, sd, p)
+			requireOneOwner(t, winners, results, p, old)
+			rec := record(t, d, "acct", key)
+			require.Equal(t, attempts, rec.Attempts)
+			require.Greater(t, rec.FencingToken, old.FencingToken, "tokens never go back, even across expiry")
 		}
 	}
+}
 
-	// Each race of a claimable row runs on raceRounds keys: a loser reading
-	// a stale row is a narrow window, and one race rarely hits it.
-	const raceRounds = 8
-
-	// Races on a claimable row: the claim that wins continues the record's
-	// life (attempts 2) or, past retention and with another payload, starts
-	// a new one (attempts 1); tokens never go back, even across expiry.
-	for _, c := range []struct {
-		name, state, body string
-		attempts          int
-	}{
-		{"ConcurrentTakeover", "EXPIRED_LEASE", "b", 2},
-		{"ConcurrentReclaimAfterFailed", "FAILED", "b", 2},
-		{"ConcurrentExpiredIsNew", "EXPIRED", "other payload, after expiry", 1},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			d := h.NewDriver(t)
-			for i := range raceRounds {
-				key := fmt.Sprintf("hot-%d", i)
-				sd, old := setup(t, d, c.state, params("acct", key, "b"))
-				p := params("acct", key, c.body)
-				winners, results := race(t, sd, p)
-				requireOneOwner(t, winners, results, p, old)
-				rec := record(t, d, "acct", key)
-				require.Equal(t, c.attempts, rec.Attempts)
-				require.Greater(t, rec.FencingToken, old.FencingToken, "tokens never go back, even across expiry")
-			}
-		})
-	}
-
-	// The cases that need nothing but a fresh driver.
-	for _, c := range []struct {
-		name string
-		run  func(*testing.T, idemdriver.Driver)
-	}{
-		{"Owner", driverOwner},
-		{"LeaseCountsFromTheWrite", driverLeaseCountsFromTheWrite},
-		{"Release", driverRelease},
-		{"Unstorable", driverUnstorable},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			c.run(t, h.NewDriver(t))
-		})
-	}
-
-	t.Run("Unreachable", func(t *testing.T) {
-		t.Parallel()
-		d := h.Unreachable(t)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, err := d.Claim(ctx, params("acct", "k", "b"))
-		require.Error(t, err)
-	})
+func driverUnreachable(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.Unreachable(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := d.Claim(ctx, params("acct", "k", "b"))
+	require.Error(t, err)
 }
 
 // driverOwner: every claim stores who claimed (ClaimParams.Owner), and the
