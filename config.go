@@ -143,257 +143,178 @@ func SingleTenant(*http.Request) (string, error) { return SingleTenantScope, nil
 // body (already read, at most MaxRequestBytes). It must be deterministic.
 type FingerprintFunc func(r *http.Request, body []byte) []byte
 
-// Config configures Middleware. The zero value of every field means its
-// documented default; a Config is read once, by New.
-type Config struct {
-	// Store is the database driver (idempgx, idemsqlite, ...). Required.
+// EngineConfig configures an Engine: the claim protocol, whatever the
+// front (HTTP through Config, or Engine.Do). The zero value of every field
+// means its default; it is read once, by NewEngine or New.
+type EngineConfig struct {
+	// Store is the database driver (idempgx, idemsqlite, idemmysql). Required.
 	Store Store
 
-	// Scope names the owner of a key (the tenant, account or principal the
-	// request is authenticated as; never a client-controlled header).
-	// Required: New refuses a nil Scope. An API with a single owner of
-	// every key says so with SingleTenant.
-	Scope ScopeFunc
-
-	// Methods lists the protected methods; other methods pass through
-	// untouched. Methods are matched without regard to case (a "post" is
-	// protected as POST is), so a handler that matches methods
-	// case-insensitively never runs unprotected. Default: DefaultMethods()
-	// (POST, PATCH).
-	Methods []string
-
-	// KeyOptional lets a protected request without Idempotency-Key pass
-	// through unprotected. Default false: a missing key is answered 400
-	// (problem type missing-key).
-	KeyOptional bool
-
-	// LeaseDuration is how long a claim owns a key before another worker may
-	// take it over; the lease is renewed every LeaseDuration/3 while the
-	// handler runs. At least 1 s (New refuses less). Default: 30 s.
+	// LeaseDuration is how long a claim owns its key before another worker
+	// may take it over; renewed every LeaseDuration/3 while the handler
+	// runs (CONTRACT section 4). At least 1 s. Default: 30 s.
 	LeaseDuration time.Duration
 
-	// Retention is how long a key is remembered after its latest execution
-	// began (each claim sets expires_at = now + Retention); past it, the key
-	// names a new request, whether its record is purged yet or not, unless
-	// its handler still runs under a live lease (409) or the same request's
-	// execution never finished (FAILED, or its owner died: the retry
-	// continues it, relaying the same key downstream). For a retention per
-	// route, give each route group its own Middleware (docs/retention.md).
-	//
-	// A completed execution is always replayed, however long its handler
-	// ran: an outcome is recorded only while its execution's lease is live,
-	// which is at most MaxExecution + LeaseDuration after the claim, so New
-	// refuses a Retention shorter than MaxExecution + LeaseDuration
-	// (CONTRACT section 9). It also refuses more than the store's
-	// MaxRetention where it has one (idemdriver.RetentionLimiter). Default:
-	// 24 h.
+	// Retention is how long a key is remembered after its latest claim
+	// (expires_at = now + Retention); past it the key names a new request,
+	// unless the same request is unfinished (FAILED, or its owner died).
+	// At least MaxExecution + LeaseDuration, so that every recorded outcome
+	// is replayed, and at most the store's MaxRetention
+	// (idemdriver.RetentionLimiter). Per-route retention: one Middleware per
+	// route group (docs/retention.md). Default: 24 h.
 	Retention time.Duration
 
-	// MaxRequestBytes bounds the request body read for the fingerprint; a
-	// larger body is answered 413 (problem type request-too-large). Default: 1 MiB.
-	MaxRequestBytes int64
-
 	// MaxResponseBytes bounds the response body stored for replay. A larger
-	// response still reaches the first caller in full and is recorded as
-	// SUCCEEDED without its body; later requests with the key get 410 with
-	// the problem type response-not-stored, and the handler is not run
-	// again. Whatever this bound, the whole response is held in memory
-	// until the outcome is recorded (the caller must not see a 201 whose
-	// writes then fail to commit), and Flush is deferred until then: idem
-	// does not suit streaming responses. Default: 1 MiB.
+	// one still reaches the first caller and is recorded SUCCEEDED without
+	// its body: later requests get 410 response-not-stored (Do:
+	// ErrResponseNotStored), never a second run. The whole response is held
+	// in memory until its outcome is recorded, so idem does not suit
+	// streaming. Default: 1 MiB.
 	MaxResponseBytes int64
 
-	// ReplayHeaders is the allow-list of response headers kept for replay.
-	// Trailers (declared with the Trailer header, or set with
-	// http.TrailerPrefix) are kept for replay by the same list. Default:
-	// DefaultReplayHeaders().
-	ReplayHeaders []string
-
-	// Outcome maps the handler's final status code to how it is recorded:
-	// Succeeded, Failed or Released. A handler that called ReleaseKey is
-	// Released whatever its status. Default: DefaultOutcome, under which
-	// every 4xx but 408, 425 and 429 is recorded and replayed, validation
-	// failures included (idem cannot tell a 400 answered before any side
-	// effect from one answered after); ReleaseValidationFailures releases
-	// 400, 415 and 422 instead.
+	// Outcome maps the final status to how it is recorded (CONTRACT
+	// section 5). ReleaseKey overrides it with Released; an error from Do's
+	// fn is always Failed. Default: DefaultOutcome (ReleaseValidationFailures
+	// releases 400, 415 and 422 instead).
 	Outcome func(status int) Outcome
 
-	// Fingerprint replaces the request fingerprint. Default: Fingerprint
-	// (SHA-256 over method, path, canonical query, media type and body).
-	Fingerprint FingerprintFunc
-
-	// StoreRetryAfter is the Retry-After sent with 503 store-unavailable.
-	// Default: 1 s.
-	StoreRetryAfter time.Duration
-
-	// InFlightRetryAfter is the delay a 409 request-in-flight asks for in
-	// its Retry-After header, so that a client that honours it comes back
-	// soon after a typical execution ends. The header says this delay, but
-	// never more than what is left of the owner's lease, never more than
-	// LeaseDuration, and never less than 1 s (CONTRACT section 3). Set it
-	// near your routes' usual execution time. Default: 1 s.
+	// InFlightRetryAfter is the delay a 409 request-in-flight asks for
+	// (Retry-After; Do: InFlightError.RetryAfter): never more than the lease
+	// left or LeaseDuration, never less than 1 s. Set it near the usual
+	// execution time. Default: 1 s.
 	InFlightRetryAfter time.Duration
 
-	// ClaimTimeout bounds the claim statement (a store that hangs, a lock
-	// held by someone else): past it the request is answered 503
-	// store-unavailable and the handler does not run. In the one-commit
-	// mode the bound is ClaimTimeout + OneCommitWait. Default: 10 s.
+	// ClaimTimeout bounds the claim (a store that hangs, a pool that has no
+	// connection): past it the answer is 503 store-unavailable and nothing
+	// runs. One-commit mode: ClaimTimeout + OneCommitWait. Default: 10 s.
 	ClaimTimeout time.Duration
 
-	// CompleteTimeout bounds the statements that record an outcome, which run
-	// on a context detached from the client's. Default: 10 s. The statement
-	// that commits the outcome is never cancelled (a cancelled wait for a
-	// synchronous standby would leave it committed locally only): past the
-	// bound the request is answered 503 with cause ErrCommitPending while the
-	// commit goes on (docs/deployment.md).
+	// CompleteTimeout bounds the statements that record an outcome. The
+	// COMMIT of an outcome is never cancelled (a cancelled wait for a
+	// synchronous standby leaves it committed locally only): past the bound
+	// the answer is 503 with cause ErrCommitPending while it goes on
+	// (docs/deployment.md). Default: 10 s.
 	CompleteTimeout time.Duration
 
-	// MaxExecution bounds how long one execution may own its key (CONTRACT
-	// section 4: the work is bounded by the lease, not by the client). Past
-	// it the lease is no longer renewed and the handler's context is
-	// cancelled with cause ErrExecutionTimeout. What a handler without the
-	// claim's transaction then answers is recorded as usual (a 5xx: FAILED,
-	// the retry runs again) if it returns while its lease is still live; a
-	// handler that used the transaction has it rolled back and recorded
-	// FAILED, answered 503. A handler that returns after its lease ran out
-	// is not recorded as it answered (its key may have been taken over, or
-	// its record may expire before anyone replays it): it is recorded
-	// FAILED and answered 503, and the retry runs again under the same
-	// relayed key. A handler that does not return loses its key to the next
-	// request once the lease runs out. Without it a handler stuck forever
-	// would hold its key (409 to every retry) for as long as its process
-	// lives. At least LeaseDuration, and at most Retention - LeaseDuration.
-	// Default: 10 min, but no more than Retention - LeaseDuration and no
-	// less than LeaseDuration.
+	// MaxExecution bounds how long one execution owns its key: past it the
+	// lease is no longer renewed and the handler's context is cancelled
+	// with cause ErrExecutionTimeout. A handler that used the claim's
+	// transaction, or returned after its lease ran out, is then recorded
+	// FAILED and answered 503; the retry runs again under the same relayed
+	// key. Between LeaseDuration and Retention - LeaseDuration. Default:
+	// 10 min, within those bounds.
 	MaxExecution time.Duration
 
-	// RelaySecret keys the derivation of the keys relayed to downstream
-	// providers (RelayKey, DeriveKey, RelayTransport). Every process serving
-	// the same API must use the same secret, and keep it for as long as keys
-	// are retained; changing it changes every relayed key. Default: none (a
-	// plain SHA-256 derivation).
+	// RelaySecret keys the keys relayed downstream (RelayKey, DeriveKey,
+	// RelayTransport): the same on every process, kept as long as keys are
+	// retained. Default: none (a plain SHA-256 derivation).
 	RelaySecret []byte
 
 	// Owner names this process in the records it claims (Record.Owner,
-	// shown by the idem command's stuck and inspect), so an operator can
-	// tell whose worker died; at most idemdriver.MaxOwnerBytes bytes (New
-	// refuses longer). Default: "<hostname>/<pid>".
+	// shown by `idem stuck`): at most idemdriver.MaxOwnerBytes bytes.
+	// Default: "<hostname>/<pid>".
 	Owner string
 
-	// OneCommit selects the one-commit mode (docs/contract.md, "Modes";
-	// CONTRACT section 10): the claim, the handler's writes in the claim's
-	// transaction (idempgx.Tx, idemmysql.Tx, idemsqlite.Tx) and the
-	// completion are one transaction with one COMMIT, so a crash or a
-	// rollback leaves no record and no lease, and the retry runs at once. Only
-	// for handlers whose side effects all live in the store's database: the
-	// claim is not durable before the handler runs, so a handler that calls
-	// a provider (with a relayed key) must use the default mode, whose claim
-	// commits first and survives a crash. The Store must implement
-	// idemdriver.TxClaimer (New refuses one that does not). The handler
-	// always runs in the transaction; a 5xx answer (FAILED), ReleaseKey or
-	// a panic roll it back, claim included. No lease is renewed: the
-	// uncommitted claim's row lock holds the key. Default: false.
+	// OneCommit selects the one-commit mode (docs/contract.md section 6):
+	// the claim, the handler's writes in the claim's transaction (Tx) and
+	// the completion commit together, so a crash or rollback leaves no
+	// record and the retry runs at once. Only for work whose side effects
+	// all live in the store's database: nothing is durable before the
+	// COMMIT, so a handler that calls a provider needs the default mode.
+	// The Store must implement idemdriver.TxClaimer. No lease is renewed:
+	// the uncommitted claim's row lock holds the key. Default: false.
 	OneCommit bool
 
-	// OneCommitWait bounds how long a request waits for a key that a
-	// one-commit execution holds (in the process, or on the key's row
-	// lock), before it is answered 409
-	// request-in-flight; when the owner commits first, the request gets the
-	// replay. A request waiting on the row lock holds a connection of the
-	// store's pool, so the requests of one key in this process claim one
-	// wave at a time: while the first claims or runs the key, the others
-	// wait in the process, holding none, for at most OneCommitWait
-	// (docs/contract.md section 6). The one-commit claim, the wait for a
-	// pool connection included, is bounded by ClaimTimeout + OneCommitWait
-	// (503 past it). On PostgreSQL it is the transaction's lock_timeout, so
-	// it also bounds the handler's own lock waits in the claim's
-	// transaction (SQLSTATE 55P03); on MySQL/MariaDB only the claim's.
-	// SQLite does not use it: there a request waits for the database's
-	// single write lock (idemsqlite.BusyTimeout), which every key's
-	// transaction takes, and gets the replay once the owner commits (its
-	// wait in the process is bounded by the owner's transaction). Default:
-	// 2 s.
+	// OneCommitWait bounds how long a one-commit request waits for a key
+	// another one-commit execution runs before it is answered 409 (on the
+	// row lock for another process's execution; in the process, holding no
+	// connection, for this process's). A wait is never cut short while the
+	// key's claim is still being decided, and a key found completed is
+	// replayed (section 6). On PostgreSQL it is the transaction's
+	// lock_timeout, so it also bounds the handler's own lock waits
+	// (SQLSTATE 55P03). SQLite does not use it: there every transaction
+	// queues for the write lock (idemsqlite.BusyTimeout). Default: 2 s.
 	OneCommitWait time.Duration
 
-	// ReplayCacheBytes, when positive, keeps the responses of completed
-	// keys in this process's memory, up to about that many bytes (body,
-	// headers and key; least recently and least frequently used evicted
-	// first), so that a retry of a request this process has already
-	// replayed once is answered without the store: its replay, or its 422
-	// key-reused, costs no statement. Only SUCCEEDED records enter it, as a
-	// replay read them from the store: a completed record never changes
-	// until it expires, so the cache never answers what the store would
-	// not, with two bounds on how long it keeps an answer: ReplayCacheTTL,
-	// and the record's expires_at read on this process's clock (a retry
-	// after the key expired runs again, as Retention promises, give or take
-	// the skew between this process's clock and the database's). An
-	// operator who deletes a SUCCEEDED record by hand (`idem release
-	// --force`, or SQL) sees it replayed from the cache up to ReplayCacheTTL
-	// longer, by each process that had replayed it. In flight (409) and
-	// every first execution always go to the store. Used by the HTTP
-	// middleware, in both modes; Engine.Do does not. Default: 0, no cache.
-	ReplayCacheBytes int64
-
-	// ReplayCacheTTL is the longest a response stays in the replay cache
-	// after it was read from the store. Default: 1 min when
-	// ReplayCacheBytes is set.
-	ReplayCacheTTL time.Duration
-
-	// Logger receives store errors and lost leases, each call with the
-	// request's context (Logger.ErrorContext and the like), so a handler
-	// that carries trace ids in its context finds them in idem's records.
-	// Default: slog.Default().
+	// Logger receives store errors and lost leases, with the request's
+	// context. Default: slog.Default().
 	Logger *slog.Logger
 
-	// Observer receives one Event per decision (executed, replayed, in
-	// flight, key reused, released, taken over, lease lost, store
-	// unavailable, completion failed) with its route, attempt, status and
-	// durations: the hook for metrics and traces (docs/observability.md).
-	// Default: none (nil), and no event is built.
+	// Observer receives one Event per decision (docs/observability.md).
+	// Default: none.
 	Observer Observer
+}
 
-	// ProblemWriter writes the error answers idem makes itself (every
-	// problem of docs/problems.md: 400 missing-key, 409 request-in-flight,
-	// 422 key-reused, 503 store-unavailable, ...), so an API can answer in
-	// its own error format (Stripe's error object, for one). p is the
-	// problem idem would send: p.Type names the kind (ProblemTypeBase + the
-	// slug), p.Status the status, p.RetryAfter the delay to send as
-	// Retry-After. The writer chooses the status, headers and body it sends;
-	// Event.Status reports the status it wrote. Answers the handler wrote
-	// (and their replays) never go through it. Default: nil, p.Write: RFC
-	// 9457 problem details as application/problem+json, by which
-	// adapters/idemconnect recognises idem's answers (a ProblemWriter that
-	// sends another Content-Type makes idemconnect pass them through as the
-	// handler's).
+// Config configures Middleware, the HTTP front of an Engine: the engine's
+// fields (EngineConfig) and those only HTTP reads. The zero value of every
+// field means its default; it is read once, by New.
+type Config struct {
+	EngineConfig
+
+	// Scope names the owner of a key (the authenticated tenant, account or
+	// principal; never a client-controlled header). Required: an API with
+	// one owner of every key says so with SingleTenant.
+	Scope ScopeFunc
+
+	// Methods lists the protected methods, matched without regard to case;
+	// others pass through. Default: DefaultMethods() (POST, PATCH).
+	Methods []string
+
+	// KeyOptional lets a protected request without Idempotency-Key pass
+	// through unprotected. Default: false (400 missing-key).
+	KeyOptional bool
+
+	// MaxRequestBytes bounds the body read for the fingerprint; larger:
+	// 413 request-too-large. Default: 1 MiB.
+	MaxRequestBytes int64
+
+	// ReplayHeaders is the allow-list of response headers and trailers
+	// kept for replay. Default: DefaultReplayHeaders().
+	ReplayHeaders []string
+
+	// Fingerprint replaces the request fingerprint. Default:
+	// fingerprint.Request (CONTRACT section 2).
+	Fingerprint FingerprintFunc
+
+	// StoreRetryAfter is the Retry-After of 503 store-unavailable.
+	// Default: 1 s.
+	StoreRetryAfter time.Duration
+
+	// ReplayCacheBytes, when positive, keeps about that many bytes of
+	// completed keys' responses in this process, so that a retry this
+	// process has replayed once is answered (replay or 422) without a
+	// statement. Only SUCCEEDED records enter it; they never change until
+	// they expire, so it answers what the store would, for at most
+	// ReplayCacheTTL and never past the record's expires_at (this process's
+	// clock). A record deleted by hand stays replayed up to ReplayCacheTTL.
+	// Default: 0, no cache.
+	ReplayCacheBytes int64
+
+	// ReplayCacheTTL is the longest a response stays in the replay cache.
+	// Default: 1 min when ReplayCacheBytes is set.
+	ReplayCacheTTL time.Duration
+
+	// ProblemWriter writes the answers idem makes itself (docs/problems.md),
+	// for an API with its own error format; p.Type names the kind,
+	// p.RetryAfter the delay to send. Answers the handler wrote never go
+	// through it. Default: p.Write, RFC 9457 application/problem+json (by
+	// which adapters/idemconnect recognises idem's answers).
 	ProblemWriter func(w http.ResponseWriter, r *http.Request, p Problem)
 
-	// Route names a request's route for Event.Route when the request has no
-	// ServeMux pattern (r.Pattern is empty: chi, gorilla/mux, or idem
-	// wrapping the ServeMux itself). Return a bounded set of names, such as
-	// the router's route template: never the raw path, whose cardinality a
-	// metric cannot bear. Default: none (Event.Route is "").
+	// Route names a request's route for Event.Route when it has no ServeMux
+	// pattern (chi, gorilla/mux): a bounded set of names, never the raw
+	// path. Default: none.
 	Route func(r *http.Request) string
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
-func (c Config) WithDefaults() Config {
-	if len(c.Methods) == 0 {
-		c.Methods = DefaultMethods()
-	}
+func (c EngineConfig) WithDefaults() EngineConfig {
 	c.LeaseDuration = cmp.Or(c.LeaseDuration, DefaultLeaseDuration)
 	c.Retention = cmp.Or(c.Retention, DefaultRetention)
-	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, DefaultMaxRequestBytes)
 	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, DefaultMaxResponseBytes)
-	if c.ReplayHeaders == nil {
-		c.ReplayHeaders = DefaultReplayHeaders()
-	}
 	if c.Outcome == nil {
 		c.Outcome = DefaultOutcome
 	}
-	if c.Fingerprint == nil {
-		c.Fingerprint = fingerprint.Request
-	}
-	c.StoreRetryAfter = cmp.Or(c.StoreRetryAfter, DefaultStoreRetryAfter)
 	c.InFlightRetryAfter = cmp.Or(c.InFlightRetryAfter, DefaultInFlightRetryAfter)
 	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, DefaultClaimTimeout)
 	c.CompleteTimeout = cmp.Or(c.CompleteTimeout, DefaultCompleteTimeout)
@@ -408,22 +329,36 @@ func (c Config) WithDefaults() Config {
 		}
 	}
 	c.OneCommitWait = cmp.Or(c.OneCommitWait, DefaultOneCommitWait)
-	if c.ReplayCacheBytes > 0 && c.ReplayCacheTTL == 0 {
-		c.ReplayCacheTTL = DefaultReplayCacheTTL
-	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c
 }
 
-func (c Config) validate(forHTTP bool) error {
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	c.EngineConfig = c.EngineConfig.WithDefaults()
+	if len(c.Methods) == 0 {
+		c.Methods = DefaultMethods()
+	}
+	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, DefaultMaxRequestBytes)
+	if c.ReplayHeaders == nil {
+		c.ReplayHeaders = DefaultReplayHeaders()
+	}
+	if c.Fingerprint == nil {
+		c.Fingerprint = fingerprint.Request
+	}
+	c.StoreRetryAfter = cmp.Or(c.StoreRetryAfter, DefaultStoreRetryAfter)
+	if c.ReplayCacheBytes > 0 && c.ReplayCacheTTL == 0 {
+		c.ReplayCacheTTL = DefaultReplayCacheTTL
+	}
+	return c
+}
+
+func (c EngineConfig) validate() []error {
 	var errs []error
 	if c.Store == nil {
 		errs = append(errs, errors.New("Store is required"))
-	}
-	if c.Scope == nil && forHTTP {
-		errs = append(errs, errors.New("Scope is required: name the owner of each request's key (idem.SingleTenant for an API with one owner)"))
 	}
 	if c.LeaseDuration < time.Second {
 		errs = append(errs, fmt.Errorf("LeaseDuration %s is below 1s", c.LeaseDuration))
@@ -435,8 +370,6 @@ func (c Config) validate(forHTTP bool) error {
 		errs = append(errs, fmt.Errorf("MaxExecution %s is shorter than LeaseDuration %s", c.MaxExecution, c.LeaseDuration))
 	}
 	if c.Retention >= c.LeaseDuration && c.MaxExecution >= c.LeaseDuration && c.Retention < c.MaxExecution+c.LeaseDuration {
-		// An outcome recorded late in a long execution would expire before
-		// (or soon after) it is recorded, and the retry would run again.
 		errs = append(errs, fmt.Errorf("Retention %s is shorter than MaxExecution %s + LeaseDuration %s: a long execution's outcome would expire before it is replayed",
 			c.Retention, c.MaxExecution, c.LeaseDuration))
 	}
@@ -446,18 +379,36 @@ func (c Config) validate(forHTTP bool) error {
 	if len(c.Owner) > idemdriver.MaxOwnerBytes || !utf8.ValidString(c.Owner) || strings.IndexByte(c.Owner, 0) >= 0 {
 		errs = append(errs, fmt.Errorf("Owner must be valid UTF-8 of at most %d bytes without NUL", idemdriver.MaxOwnerBytes))
 	}
-	if c.MaxRequestBytes < 0 || c.MaxResponseBytes < 0 {
-		errs = append(errs, errors.New("MaxRequestBytes and MaxResponseBytes must not be negative"))
+	if c.MaxResponseBytes < 0 {
+		errs = append(errs, errors.New("MaxResponseBytes must not be negative"))
 	}
-	if c.StoreRetryAfter < 0 || c.InFlightRetryAfter < 0 || c.CompleteTimeout < 0 || c.ClaimTimeout < 0 {
-		errs = append(errs, errors.New("StoreRetryAfter, InFlightRetryAfter, ClaimTimeout and CompleteTimeout must not be negative"))
+	if c.InFlightRetryAfter < 0 || c.CompleteTimeout < 0 || c.ClaimTimeout < 0 || c.OneCommitWait < 0 {
+		errs = append(errs, errors.New("InFlightRetryAfter, ClaimTimeout, CompleteTimeout and OneCommitWait must not be negative"))
+	}
+	if _, ok := c.Store.(idemdriver.TxClaimer); c.OneCommit && c.Store != nil && !ok {
+		errs = append(errs, fmt.Errorf("OneCommit needs a Store that implements idemdriver.TxClaimer; %T does not", c.Store))
+	}
+	return errs
+}
+
+func (c Config) validate() []error {
+	errs := c.EngineConfig.validate()
+	if c.Scope == nil {
+		errs = append(errs, errors.New("Scope is required: name the owner of each request's key (idem.SingleTenant for an API with one owner)"))
+	}
+	if c.MaxRequestBytes < 0 || c.StoreRetryAfter < 0 {
+		errs = append(errs, errors.New("MaxRequestBytes and StoreRetryAfter must not be negative"))
 	}
 	if c.ReplayCacheBytes < 0 || c.ReplayCacheTTL < 0 {
 		errs = append(errs, errors.New("ReplayCacheBytes and ReplayCacheTTL must not be negative"))
 	}
-	errs = append(errs, c.validateOneCommit()...)
-	if len(errs) > 0 {
-		return fmt.Errorf("idem: invalid Config: %w", errors.Join(errs...))
+	return errs
+}
+
+// invalid joins errs into New's and NewEngine's error, or nil.
+func invalid(errs []error) error {
+	if len(errs) == 0 {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("idem: invalid Config: %w", errors.Join(errs...))
 }

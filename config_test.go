@@ -49,7 +49,7 @@ func TestConfigDefaults(t *testing.T) {
 
 	// A short Retention bounds the default MaxExecution, so that every
 	// recorded outcome is replayed (CONTRACT section 9).
-	short := idem.Config{LeaseDuration: time.Second, Retention: 2 * time.Second}.WithDefaults()
+	short := idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: time.Second, Retention: 2 * time.Second}}.WithDefaults()
 	require.Equal(t, time.Second, short.MaxExecution)
 }
 
@@ -74,32 +74,32 @@ func TestNewValidates(t *testing.T) {
 	// Regression: a nil Scope put every request in one "global" scope, so a
 	// multi-tenant API that forgot it replayed one tenant's response to
 	// another.
-	_, err = idem.New(idem.Config{Store: d})
+	_, err = idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d}})
 	require.ErrorContains(t, err, "Scope is required")
 
 	for name, tc := range map[string]struct {
 		cfg  idem.Config
 		want string
 	}{
-		"lease below 1s":         {idem.Config{LeaseDuration: 500 * time.Millisecond}, "LeaseDuration"},
-		"retention below lease":  {idem.Config{LeaseDuration: time.Minute, Retention: time.Second}, "Retention"},
+		"lease below 1s":         {idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: 500 * time.Millisecond}}, "LeaseDuration"},
+		"retention below lease":  {idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: time.Minute, Retention: time.Second}}, "Retention"},
 		"negative request limit": {idem.Config{MaxRequestBytes: -1}, "MaxRequestBytes"},
 		"negative store retry":   {idem.Config{StoreRetryAfter: -time.Second}, "StoreRetryAfter"},
-		"negative in-flight":     {idem.Config{InFlightRetryAfter: -time.Second}, "InFlightRetryAfter"},
-		"execution below lease":  {idem.Config{MaxExecution: time.Second}, "MaxExecution"},
+		"negative in-flight":     {idem.Config{EngineConfig: idem.EngineConfig{InFlightRetryAfter: -time.Second}}, "InFlightRetryAfter"},
+		"execution below lease":  {idem.Config{EngineConfig: idem.EngineConfig{MaxExecution: time.Second}}, "MaxExecution"},
 		// Regression (lease 1 s, Retention 2 s, a 3 s handler): New accepted
 		// a Retention shorter than an execution may last, and the retry
 		// after the completion found the record expired and ran again.
-		"retention below execution": {idem.Config{LeaseDuration: time.Second, Retention: 2 * time.Second, MaxExecution: 10 * time.Minute},
+		"retention below execution": {idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: time.Second, Retention: 2 * time.Second, MaxExecution: 10 * time.Minute}},
 			"shorter than MaxExecution"},
 	} {
 		tc.cfg.Store, tc.cfg.Scope = d, idem.SingleTenant
 		_, err := idem.New(tc.cfg)
 		require.ErrorContains(t, err, tc.want, name)
 	}
-	_, err = idem.New(idem.Config{Scope: idem.SingleTenant, Store: d})
+	_, err = idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
-	_, err = idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, LeaseDuration: time.Second, Retention: 2 * time.Second})
+	_, err = idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, LeaseDuration: time.Second, Retention: 2 * time.Second}, Scope: idem.SingleTenant})
 	require.NoError(t, err, "the default MaxExecution fits a short Retention")
 }
 
@@ -225,7 +225,7 @@ func TestEmptyScopeIsMissing(t *testing.T) {
 func TestStoreLostDuringHandler(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{Store: d, LeaseDuration: time.Second})
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, LeaseDuration: time.Second}})
 	started := make(chan struct{})
 	var cause error
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -263,7 +263,7 @@ func TestClaimTimeout(t *testing.T) {
 	t.Cleanup(func() { _ = tx.Rollback() })
 
 	c := &counter{}
-	h := newMiddleware(t, idem.Config{Store: d, ClaimTimeout: 200 * time.Millisecond}).Handler(c)
+	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, ClaimTimeout: 200 * time.Millisecond}}).Handler(c)
 	rec := send(h, "POST", "/x", "k", "{}")
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
 	require.Zero(t, c.runs)

@@ -19,7 +19,7 @@ func TestKeyEchoAndExpiry(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
 	started, release := make(chan struct{}), make(chan struct{})
-	h := newMiddleware(t, idem.Config{Store: d}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
 			close(started)
 			<-release
@@ -70,7 +70,7 @@ func TestKeyEchoAndExpiry(t *testing.T) {
 // A released execution leaves no record: no expiry is advertised.
 func TestReleasedAdvertisesNoExpiry(t *testing.T) {
 	t.Parallel()
-	h := newMiddleware(t, idem.Config{Outcome: idem.ReleaseValidationFailures}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Outcome: idem.ReleaseValidationFailures}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadRequest)
 	}))
 	got := send(h, "POST", "/x", "k", "{}")
@@ -99,7 +99,7 @@ func TestProblemWriter(t *testing.T) {
 	}
 	obs := &events{}
 	started, release := make(chan struct{}), make(chan struct{})
-	mw := newMiddleware(t, idem.Config{ProblemWriter: stripe, Observer: obs})
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Observer: obs}, ProblemWriter: stripe})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		close(started)
 		<-release

@@ -103,7 +103,7 @@
 // side effect), or an Outcome policy that says Released
 // (ReleaseValidationFailures), records nothing: the record is removed and
 // the corrected request runs. A handler that writes through the claim's
-// transaction (idempgx.Tx, idemsqlite.Tx, idemmysql.Tx) gets its writes and
+// transaction (idem.Tx: pgx.Tx or *sql.Tx) gets its writes and
 // the completion committed together; when the completion is fenced out,
 // both roll back and the caller gets 409. When a statement of the handler
 // aborted the transaction (PostgreSQL), its writes are gone: an error the
@@ -138,10 +138,10 @@
 // ErrReleased, ...). The middleware is one user of that engine;
 // examples/natsconsumer is another, for NATS JetStream:
 //
-//	engine, _ := idem.NewEngine(idem.Config{Store: store})
+//	engine, _ := idem.NewEngine(idem.EngineConfig{Store: store})
 //	res, err := engine.Do(ctx, idem.DoParams{Scope: "orders", Key: msgID, Payload: data},
 //		func(ctx context.Context) (idem.Result, error) {
-//			tx, _ := idemsqlite.Tx(ctx) // committed with the outcome
+//			tx, _ := idem.Tx[*sql.Tx](ctx) // committed with the outcome
 //			...
 //		})
 //

@@ -11,273 +11,290 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 )
 
-// verdict is how an owned execution ended: what its caller must be told.
-// run decides it, once, for both the HTTP middleware and Do.
-type verdict int
+// Store is the database seam: a driver such as idempgx.New or idemsqlite.Open.
+type Store = idemdriver.Driver
 
-const (
-	// verdictSend: the outcome was recorded (Succeeded, Failed or
-	// Released): send the handler's answer.
-	verdictSend verdict = iota + 1
-	// verdictLeaseLost: fenced out; nothing recorded.
-	verdictLeaseLost
-	// verdictTimedOut: past MaxExecution, recorded FAILED.
-	verdictTimedOut
-	// verdictUnreachable: the lease could not be renewed; nothing recorded.
-	verdictUnreachable
-	// verdictReleaseFailed: a release failed; marked FAILED if the store
-	// answered.
-	verdictReleaseFailed
-	// verdictTxAborted: a 2xx in an aborted transaction, recorded FAILED.
-	verdictTxAborted
-	// verdictCompletionUnknown: the completion failed and so did the FAILED
-	// mark: the record's state is unknown.
-	verdictCompletionUnknown
-	// verdictCompletionNotRecorded: the completion failed; recorded FAILED.
-	verdictCompletionNotRecorded
-	// verdictCompletionMovedOn: the completion reported an error, but the
-	// record moved on (recorded after all, or taken over).
-	verdictCompletionMovedOn
-)
-
-// finish is run's verdict and its cause.
-type finish struct {
-	verdict verdict
-	err     error
+// Engine runs the claim protocol of docs/contract.md (CONTRACT sections 3
+// to 6): claim, run under the claim, record the outcome. Middleware is its
+// HTTP front; Do runs it for message consumers, webhooks and jobs.
+type Engine struct {
+	cfg  EngineConfig
+	mode mode
 }
 
-// run owns the execution of a won claim (CONTRACT sections 4 to 6): it
-// starts the lease heartbeat, calls body on the execution's context, and
-// records the outcome the policy names for body's status (or ReleaseKey),
-// in the business transaction when body used one. response builds the
-// stored response, only when it is recorded. It fills ev's Kind, Outcome,
-// Err and durations; the caller sets Status and reports ev, except when
-// body panicked: run then reports ev itself and raises the panic again.
-//
-// This is the one copy of the execution protocol: the HTTP middleware
-// (execute) and Do are its users.
-func (m *Middleware) run(ctx context.Context, res idemdriver.ClaimResult, p idemdriver.ClaimParams, claimSent time.Time, ev *Event,
-	body func(ctx context.Context) (status int, panicked bool, recovered any), response func() idemdriver.Response) finish {
-	rec := res.Record
-	e := newExecution(m, ctx, rec, p)
-	defer e.cancel(nil)
-	hb := e.startHeartbeat(claimSent)
+// NewEngine validates cfg (after WithDefaults) and returns the engine. The
+// error names every invalid field.
+func NewEngine(cfg EngineConfig) (*Engine, error) {
+	cfg = cfg.WithDefaults()
+	if err := invalid(cfg.validate()); err != nil {
+		return nil, err
+	}
+	return newEngine(cfg), nil
+}
 
+func newEngine(cfg EngineConfig) *Engine {
+	g := &Engine{cfg: cfg}
+	if cfg.OneCommit {
+		g.mode = newOneCommit(g)
+	} else {
+		g.mode = durable{g}
+	}
+	return g
+}
+
+// job is what a front runs under a claim: an HTTP handler or Do's fn.
+type job interface {
+	// run does the work on the execution's context and returns its status;
+	// failed forces the Failed outcome (Do's fn returned an error).
+	run(ctx context.Context) (status int, failed bool)
+	// response is the stored form of the work's answer.
+	response() idemdriver.Response
+}
+
+// claimed is a won claim: its record, and in the one-commit mode the
+// transaction it is uncommitted in.
+type claimed struct {
+	res  idemdriver.ClaimResult
+	tx   idemdriver.Tx
+	sent time.Time // when the claim was sent: the first lease runs from no earlier
+	// one-commit mode: the turn the claim leads, and the end of tx's context
+	turn  *keyTurn
+	endTx context.CancelFunc
+}
+
+// execute is the protocol, for both fronts and both modes: it claims p's
+// key, runs j when the claim is won and records its outcome, and returns
+// the one verdict the front answers. It fills ev except Status and Route.
+// When j panics, the outcome is recorded, ev reported, and the panic
+// raised again.
+func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, j job, ev *Event) verdict {
+	ev.Method, ev.Scope, ev.Key = p.Method, p.Scope, p.Key
+	start := time.Now()
+	c, v := g.mode.claim(ctx, p)
+	ev.Claim = time.Since(start)
+	ev.Attempt = max(c.res.Record.Attempts, v.rec.Attempts)
+	if v.kind != 0 {
+		ev.Kind = v.event()
+		if v.kind == answerClaimFailed {
+			ev.Err = v.err
+		}
+		return v
+	}
+	e := newExecution(g, ctx, c, p)
+	defer e.cancel(nil)
+	defer g.mode.finish(e)
+	stop := g.mode.start(e, c.sent)
 	ran := time.Now()
-	status, panicked, recovered := body(e.ctx)
+	status, failed, panicked, recovered := e.runJob(j)
 	ev.Handler = time.Since(ran)
-	hb.stop()
+	leaseRanOut := stop()
+
+	recording := time.Now()
 	executed := EventExecuted
-	if res.TookOver {
+	if c.res.TookOver {
 		executed = EventTakenOver
 	}
-	recording := time.Now()
-	end := func(kind EventKind, v verdict, err error) finish {
+	end := func(kind EventKind, v verdict) verdict {
 		ev.Completion = time.Since(recording)
-		ev.Kind, ev.Err = kind, err
-		return finish{verdict: v, err: err}
+		ev.Kind, ev.Err = kind, v.err
+		v.status, v.rec = status, c.res.Record
+		return v
 	}
-
+	outcome := g.cfg.Outcome(cmp0(status))
+	switch {
+	case e.released():
+		outcome = Released
+	case failed || panicked:
+		outcome = Failed
+	}
 	cause := context.Cause(e.ctx)
 	lost, unreachable := errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrStoreUnavailable)
-	// Past MaxExecution a handler that used the claim's transaction cannot
-	// be recorded as it answered: its context was cancelled, and
-	// database/sql rolls a transaction back when the context it began on
-	// ends (MySQL, SQLite), so its writes may be gone. Nor can a handler
-	// that returned after its lease ran out: its record may expire before
-	// anyone replays it (Config.Retention). Roll back and record FAILED
-	// everywhere, so the retry runs again under the same relayed key.
-	timedOut := errors.Is(cause, ErrExecutionTimeout) && (e.txBegun() || hb.leaseRanOut())
-	if panicked {
-		e.rollback()
-		switch {
-		case lost:
-			end(EventLeaseLost, verdictLeaseLost, cause)
-		case unreachable:
-			end(EventStoreUnavailable, verdictUnreachable, cause)
-		case !e.fail():
-			end(EventLeaseLost, verdictLeaseLost, ErrLeaseLost)
-		default:
-			ev.Outcome = Failed
-			end(executed, verdictSend, fmt.Errorf("idem: the handler panicked: %v", recovered))
-		}
-		ev.Status = 0
-		m.observe(ctx, ev)
-		panic(recovered)
-	}
+	// Past MaxExecution, a handler that used the claim's transaction may
+	// have lost its writes (database/sql ends a transaction with its
+	// context), and one that returned after its lease ran out may see its
+	// record expire unreplayed: both are recorded FAILED.
+	timedOut := errors.Is(cause, ErrExecutionTimeout) && (e.txBegun() || leaseRanOut)
 	switch {
 	case lost:
 		e.rollback()
-		return end(EventLeaseLost, verdictLeaseLost, cause)
-	case timedOut:
+		v = end(EventLeaseLost, verdict{kind: answerLeaseLost, err: cause})
+	case unreachable:
+		// The record stays PROCESSING until its lease runs out.
 		e.rollback()
-		if !e.fail() {
-			return end(EventLeaseLost, verdictLeaseLost, ErrLeaseLost)
+		v = end(EventStoreUnavailable, verdict{kind: answerUnreachable, err: cause})
+	case timedOut || outcome == Failed:
+		e.rollback()
+		if owned, err := g.mode.fail(e); !owned && err == nil {
+			v = end(EventLeaseLost, verdict{kind: answerLeaseLost, err: ErrLeaseLost})
+			break
 		}
 		ev.Outcome = Failed
-		return end(executed, verdictTimedOut, cause)
-	case unreachable:
-		// The lease could not be renewed: the outcome cannot be recorded as
-		// ours. The record stays PROCESSING until its lease runs out.
+		switch {
+		case timedOut:
+			v = end(executed, verdict{kind: answerTimedOut, err: cause})
+		case failed:
+			v = end(executed, verdict{kind: answerRan, err: errFnFailed})
+		default:
+			v = end(executed, verdict{kind: answerRan})
+		}
+	case outcome == Released:
+		ev.Outcome = Released
 		e.rollback()
-		return end(EventStoreUnavailable, verdictUnreachable, cause)
-	}
-	outcome := e.outcome(status)
-	ev.Outcome = outcome
-	switch outcome {
-	case Released:
-		e.rollback()
-		owned, err := e.release()
+		owned, err := g.mode.release(e)
 		switch {
 		case err != nil:
-			// The key could not be released: a corrected request would
-			// meet key-reused. Mark it FAILED if the store answers, so the
-			// same request runs again at once, and say so rather than send
-			// an answer whose key stays burned.
-			e.fail()
-			return end(EventCompletionFailed, verdictReleaseFailed, err)
+			// The key stays burned for a corrected request: marked FAILED,
+			// if the store answers, so the same request runs again at once.
+			_, _ = g.mode.fail(e)
+			v = end(EventCompletionFailed, verdict{kind: answerReleaseFailed, err: err})
 		case !owned:
-			return end(EventLeaseLost, verdictLeaseLost, ErrLeaseLost)
+			v = end(EventLeaseLost, verdict{kind: answerLeaseLost, err: ErrLeaseLost})
+		default:
+			v = end(EventReleased, verdict{kind: answerReleased})
 		}
-		return end(EventReleased, verdictSend, nil)
-	case Failed:
-		e.rollback()
-		if !e.fail() {
-			// another worker owns the key now: its answer counts
-			return end(EventLeaseLost, verdictLeaseLost, ErrLeaseLost)
+	default:
+		v = g.complete(e, j.response(), executed, end)
+		if v.kind == answerTxAborted {
+			ev.Outcome = Failed
 		}
-		return end(executed, verdictSend, nil)
 	}
-	ok, err := e.complete(response())
+	if panicked {
+		ev.Status = 0
+		g.observe(ctx, ev)
+		panic(recovered)
+	}
+	return v
+}
+
+// complete records the Succeeded outcome resp, in the business transaction
+// when there is one (committing both together).
+func (g *Engine) complete(e *execution, resp idemdriver.Response, executed EventKind, end func(EventKind, verdict) verdict) verdict {
+	cp := idemdriver.CompleteParams{FenceParams: e.fence, Response: resp}
+	tx := e.endTx()
+	var ok bool
+	var err error
+	if tx == nil {
+		ok, err = e.completeAlone(cp)
+	} else {
+		ok, err = e.completeIn(tx, cp)
+	}
 	switch {
-	case errors.Is(err, ErrTxAborted):
-		m.cfg.Logger.ErrorContext(ctx, "idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
-			"its writes are gone: answer an error when a statement fails", "scope", p.Scope, "key", p.Key, "status", status)
-		e.rollback()
-		if !e.fail() {
-			return end(EventLeaseLost, verdictLeaseLost, ErrLeaseLost)
+	case errors.Is(err, idemdriver.ErrTxDone):
+		// The handler ended the claim's transaction itself, against the
+		// contract: its writes are committed or gone; record on its own.
+		g.cfg.Logger.ErrorContext(e.parent, "idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
+			"scope", e.fence.Scope, "key", e.fence.Key)
+		ok, err = e.completeAlone(cp)
+	case errors.Is(err, idemdriver.ErrTxAborted):
+		_ = e.rollbackTx(tx)
+		if resp.Status >= 200 && resp.Status < 300 {
+			g.cfg.Logger.ErrorContext(e.parent, "idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
+				"its writes are gone: answer an error when a statement fails", "scope", e.fence.Scope, "key", e.fence.Key, "status", resp.Status)
+			if owned, ferr := g.mode.fail(e); !owned && ferr == nil {
+				return end(EventLeaseLost, verdict{kind: answerLeaseLost, err: ErrLeaseLost})
+			}
+			return end(executed, verdict{kind: answerTxAborted, err: ErrTxAborted})
 		}
-		ev.Outcome = Failed
-		return end(executed, verdictTxAborted, ErrTxAborted)
+		ok, err = g.mode.recordAlone(e, cp)
+	}
+	switch {
 	case err != nil:
-		// The completion (or the COMMIT that carries it) failed, perhaps
-		// after it took effect. Fail is fenced on a PROCESSING record under
-		// this execution's token, and waits for the row lock a transaction
-		// still in flight holds: it marks the record FAILED only when the
-		// outcome did not commit, so the retry runs at once instead of
-		// waiting out the lease.
-		owned, ferr := e.failed()
-		switch {
-		case !owned && e.takenOver():
-			// The COMMIT failed because another request took the key over
-			// (on Galera, a certification failure, 1213, against a takeover
-			// on another node): the lease was lost, as on one server.
-			return end(EventLeaseLost, verdictLeaseLost, ErrLeaseLost)
-		case ferr != nil:
-			return end(EventCompletionFailed, verdictCompletionUnknown, err)
-		case owned:
-			return end(EventCompletionFailed, verdictCompletionNotRecorded, err)
+		if tx != nil && !isCommitError(err) {
+			_ = e.rollbackTx(tx)
 		}
-		return end(EventCompletionFailed, verdictCompletionMovedOn, err)
+		v := g.mode.notCompleted(e, err)
+		if v.kind == answerLeaseLost {
+			return end(EventLeaseLost, v)
+		}
+		return end(EventCompletionFailed, v)
 	case !ok:
-		m.cfg.Logger.WarnContext(ctx, "idem: completion fenced out", "scope", p.Scope, "key", p.Key, "fencing_token", rec.FencingToken)
-		return end(EventLeaseLost, verdictLeaseLost, ErrLeaseLost)
+		if tx != nil {
+			_ = e.rollbackTx(tx)
+		}
+		g.cfg.Logger.WarnContext(e.parent, "idem: completion fenced out", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
+		return end(EventLeaseLost, verdict{kind: answerLeaseLost, err: ErrLeaseLost})
 	}
-	return end(executed, verdictSend, nil)
+	e.committed = &resp
+	return end(executed, verdict{kind: answerRan})
 }
 
-// claim runs the claim statement, detached from the caller (a hang-up must
-// not cancel a claim that the database may already have committed, which
-// would leave the key PROCESSING with nobody running it for a whole lease)
-// and bounded by ClaimTimeout. It returns when the statement was sent (the
-// lease runs from the database's now, no earlier) and fills ev.Claim and
-// ev.Attempt.
-func (m *Middleware) claim(ctx context.Context, p idemdriver.ClaimParams, ev *Event) (idemdriver.ClaimResult, time.Time, error) {
-	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.ClaimTimeout)
-	defer cancel()
-	sent := time.Now()
-	res, err := m.cfg.Store.Claim(claimCtx, p)
-	ev.Claim = time.Since(sent)
-	if err == nil {
-		ev.Attempt = res.Record.Attempts
+// answerFrom is the verdict for a request that did not win the claim, from
+// the record it lost to (idemdriver.Decide, the one decision table): a
+// replay, 422, or 409 (also for a record that changed between the claim and
+// its answer: come back).
+func (g *Engine) answerFrom(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) verdict {
+	switch idemdriver.Decide(&rec, false, p) {
+	case idemdriver.DecisionReplay:
+		if rec.Response == nil {
+			// Damaged by hand or by a partial restore: say so, not 409 forever.
+			g.cfg.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
+			return verdict{kind: answerResponseMissing, rec: rec, err: ErrResponseMissing}
+		}
+		return verdict{kind: answerReplay, rec: rec}
+	case idemdriver.DecisionKeyReused:
+		return verdict{kind: answerKeyReused, rec: rec, sameOp: rec.Method == p.Method && rec.Path == p.Path,
+			err: fmt.Errorf("%w: the key was first used for %s %q with another payload or operation", ErrKeyReused, rec.Method, rec.Path)}
 	}
-	return res, sent, err
+	ra := g.inFlightRetryAfter(rec.LeaseLeft)
+	return verdict{kind: answerInFlight, rec: rec, retryAfter: ra, err: &InFlightError{RetryAfter: ra}}
 }
 
-// lostTo decides, with idemdriver.Decide (the one decision table), how a
-// request that did not win the claim is answered from the record it lost
-// to: DecisionReplay, DecisionKeyReused, or DecisionInFlight (also for a
-// record that changed between the claim and its answer: ask to come back).
-func lostTo(rec idemdriver.Record, p idemdriver.ClaimParams) idemdriver.Decision {
-	// A record a claim lost to is never expired and claimable (Decide's
-	// doc), so expired is false.
-	switch d := idemdriver.Decide(&rec, false, p); d {
-	case idemdriver.DecisionReplay, idemdriver.DecisionKeyReused:
-		return d
+// inFlightRetryAfter is the Retry-After of 409 request-in-flight: the
+// configured delay, never beyond the lease left or LeaseDuration, at least
+// 1 s (CONTRACT section 3).
+func (g *Engine) inFlightRetryAfter(leaseLeft time.Duration) time.Duration {
+	return max(time.Second, min(g.cfg.InFlightRetryAfter, leaseLeft, g.cfg.LeaseDuration))
+}
+
+// claimFailed is the verdict of a claim the store did not answer.
+func (g *Engine) claimFailed(ctx context.Context, err error) verdict {
+	if errors.Is(err, idemdriver.ErrUnstorable) {
+		g.cfg.Logger.ErrorContext(ctx, "idem: the store cannot hold this request's scope", "err", err)
+		return verdict{kind: answerUnstorable, err: fmt.Errorf("%w: %w", ErrScopeUnstorable, err)}
 	}
-	return idemdriver.DecisionInFlight
+	serr := &StoreError{Op: "claim", Err: err}
+	g.cfg.Logger.ErrorContext(ctx, "idem: store unavailable", "err", serr)
+	return verdict{kind: answerClaimFailed, err: serr}
 }
 
-// Engine runs the claim protocol without net/http: the same claim, lease,
-// heartbeat, fencing, outcome policy and replay as the middleware, for
-// message consumers, webhooks and jobs (Do). Create it with NewEngine, or
-// take a Middleware's with Middleware.Engine.
-type Engine struct {
-	m *Middleware
-}
-
-// NewEngine validates cfg (after WithDefaults) as New does, except that
-// Scope is not required (Do's caller names the scope), and returns the
-// engine. Fields that only HTTP reads (Scope, Methods, KeyOptional,
-// MaxRequestBytes, ReplayHeaders, ReplayCacheBytes, ReplayCacheTTL,
-// Fingerprint, Route) are ignored.
-func NewEngine(cfg Config) (*Engine, error) {
-	m, err := newMiddleware(cfg, false)
-	if err != nil {
-		return nil, err
+// observe sends e to the configured Observer, if any.
+func (g *Engine) observe(ctx context.Context, e *Event) {
+	if g.cfg.Observer != nil {
+		g.cfg.Observer.Observe(ctx, *e)
 	}
-	return &Engine{m: m}, nil
 }
-
-// Engine returns the engine behind m: Do with m's store and Config.
-func (m *Middleware) Engine() *Engine { return &Engine{m: m} }
 
 // DoParams name one execution of Do.
 type DoParams struct {
-	// Scope names who owns the key (a tenant, a stream, a queue); the rules
-	// of ScopeFunc apply (valid UTF-8, at most MaxScopeLength bytes, no
-	// NUL). Required.
+	// Scope names who owns the key (a tenant, a stream, a queue): valid
+	// UTF-8, at most MaxScopeLength bytes, no NUL. Required.
 	Scope string
-	// Key names the logical operation (a message id, a webhook's event id):
-	// 1 to MaxKeyLength visible ASCII characters, as an Idempotency-Key.
-	// Required.
+	// Key names the operation (a message id, an event id): 1 to
+	// MaxKeyLength visible ASCII characters. Required.
 	Key string
-	// Method and Route name the operation (recorded as the record's method
-	// and path, reported as Event.Method and Event.Route): a retry must name
-	// the same ones, or it gets ErrKeyReused. Default Method: "DO"; Route:
-	// "". Route is at most MaxPathLength bytes.
+	// Method and Route name the operation (the record's method and path;
+	// Event.Method and Event.Route): a retry naming others gets
+	// ErrKeyReused. Default Method: "DO"; Route: "", at most MaxPathLength
+	// bytes.
 	Method, Route string
-	// Fingerprint is the operation's payload fingerprint: 32 bytes (a
-	// SHA-256). When nil, it is the SHA-256 of Payload (nil Payload: of
-	// nothing). A retry whose fingerprint differs gets ErrKeyReused.
+	// Fingerprint is the payload's 32-byte SHA-256; nil: the SHA-256 of
+	// Payload. A retry whose fingerprint differs gets ErrKeyReused.
 	Fingerprint []byte
 	Payload     []byte
 }
 
 // Result is what an execution of Do answers, recorded and replayed
-// byte-exact. Status is optional (0 counts as 200 for Config.Outcome and is
-// replayed as 0); Header is stored whole (Config.ReplayHeaders does not
-// apply).
+// byte-exact. Status 0 counts as 200 for Config.Outcome and is replayed as
+// 0; Header is stored whole.
 type Result struct {
 	Status int
 	Header map[string][]string
 	Body   []byte
 }
 
-// InFlightError is the error of Do for an operation that another execution
-// owns under a live lease: errors.Is(err, ErrInFlight). RetryAfter is the
-// delay to wait before trying again (Config.InFlightRetryAfter, never
-// beyond the lease left, at least 1 s).
+// InFlightError is Do's error for an operation another execution owns:
+// errors.Is(err, ErrInFlight). RetryAfter is the delay before trying again
+// (EngineConfig.InFlightRetryAfter, bounded as for HTTP).
 type InFlightError struct {
 	RetryAfter time.Duration
 }
@@ -290,99 +307,102 @@ func (e *InFlightError) Error() string {
 func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }
 
 // ErrReleased is returned by Do, with fn's Result, when the execution was
-// released (ReleaseKey, or the Released outcome): nothing was recorded, and
-// the next call with the key runs fn again.
+// released (ReleaseKey, or the Released outcome): nothing was recorded.
 var ErrReleased = errors.New("idem: the execution was released; nothing was recorded")
 
-// Do runs fn at most once to a recorded outcome for (p.Scope, p.Key), the
-// engine of the middleware without net/http (CONTRACT sections 3 to 6):
+// errFnFailed marks the verdict of a Do whose fn returned an error.
+var errFnFailed = errors.New("idem: fn failed")
+
+// Do runs fn at most once to a recorded outcome for (p.Scope, p.Key): the
+// protocol of the HTTP front without net/http, in either mode (CONTRACT
+// sections 3 to 6).
 //
-//   - the first call claims the key, runs fn under a lease renewed by a
-//     heartbeat (ctx passed to fn is detached from the caller's and
-//     cancelled when the lease is lost, with context.Cause ErrLeaseLost),
-//     and records the outcome Config.Outcome names for the Result's status
-//     (200 when 0): Succeeded stores the Result, Failed lets the next call
-//     run again. An error from fn is recorded Failed and returned as is.
-//     In fn the drivers' Tx functions (idempgx.Tx, idemsqlite.Tx, ...)
-//     return the claim's business transaction, committed with the outcome;
-//     ReleaseKey and ExecutionFromContext work as in a handler.
-//   - a later call with the same operation returns the stored Result
-//     (replayed, fn not run), or an *InFlightError (ErrInFlight) while
-//     another execution owns the key; one with another Method, Route or
-//     fingerprint returns ErrKeyReused.
+// The first call claims the key and runs fn on a context detached from
+// ctx, cancelled when the lease is lost (context.Cause: ErrLeaseLost); Tx,
+// ReleaseKey, RelayKey and ExecutionFromContext work in fn as in a handler.
+// The Result is recorded as Config.Outcome says for its status; an error
+// from fn is recorded Failed, whatever Outcome says, and returned as is
+// (the next call runs fn again). A later call returns the stored Result
+// without running fn.
 //
-// Errors, for errors.Is: ErrInvalidKey and ErrScopeUnstorable (bad
-// DoParams), ErrInFlight (*InFlightError), ErrKeyReused, ErrStoreUnavailable
-// (a *StoreError: the claim failed and fn did not run, or the outcome could
-// not be recorded), ErrLeaseLost (fenced out: fn's outcome was not
-// recorded), ErrExecutionTimeout (recorded Failed), ErrTxAborted,
-// ErrReleased (with fn's Result), ErrResponseNotStored (the recorded body
-// exceeded MaxResponseBytes), ErrResponseMissing; or fn's own error. When
-// fn panics, the record is marked FAILED and the panic raised again.
+// Errors, for errors.Is: ErrInvalidKey, ErrMissingScope, ErrPathTooLong
+// and ErrScopeUnstorable (bad DoParams); ErrInFlight (*InFlightError);
+// ErrKeyReused; ErrStoreUnavailable (*StoreError: fn did not run, or its
+// outcome may not be recorded); ErrLeaseLost; ErrExecutionTimeout;
+// ErrTxAborted; ErrReleased (with fn's Result); ErrResponseNotStored;
+// ErrResponseMissing; or fn's own error. When fn panics, the outcome is
+// recorded Failed and the panic raised again.
 func (g *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context) (Result, error)) (Result, error) {
-	m := g.m
-	cp, err := m.doParams(p)
+	cp, err := g.doParams(p)
 	if err != nil {
 		return Result{}, err
 	}
-	ev := Event{Method: cp.Method, Route: cp.Path, Scope: cp.Scope, Key: cp.Key}
-	res, claimSent, err := m.claim(ctx, cp, &ev)
-	if err != nil {
-		var kind error = &StoreError{Op: "claim", Err: err}
-		if errors.Is(err, idemdriver.ErrUnstorable) {
-			kind = fmt.Errorf("%w: %w", ErrScopeUnstorable, err)
-		} else {
-			m.cfg.Logger.ErrorContext(ctx, "idem: store unavailable", "err", err)
-			ev.Kind, ev.Err = EventStoreUnavailable, kind
-			m.observe(ctx, &ev)
-		}
-		return Result{}, kind
-	}
-	if !res.Claimed {
-		out, err := m.doAnswer(ctx, res.Record, cp, &ev)
-		m.observe(ctx, &ev)
-		return out, err
-	}
-	var (
-		out   Result
-		fnErr error
-	)
-	fin := m.run(ctx, res, cp, claimSent, &ev, func(ectx context.Context) (status int, panicked bool, recovered any) {
-		panicked = true
-		defer func() {
-			if panicked {
-				recovered = recover() // run records FAILED and raises it again
-			}
-		}()
-		out, fnErr = fn(ectx)
-		panicked = false
-		if fnErr != nil {
-			return http.StatusInternalServerError, false, nil
-		}
-		return cmp0(out.Status), false, nil
-	}, func() idemdriver.Response { return m.doResponse(out) })
+	ev := Event{Route: cp.Path}
+	j := &doJob{g: g, fn: fn}
+	v := g.execute(ctx, cp, j, &ev)
+	out, err := v.result(j)
 	ev.Status = out.Status
-	m.observe(ctx, &ev)
-	switch fin.verdict {
-	case verdictSend:
-		switch {
-		case fnErr != nil:
-			return out, fnErr
-		case ev.Kind == EventReleased:
-			return out, ErrReleased
+	g.observe(ctx, &ev)
+	switch {
+	case errors.Is(err, errFnFailed):
+		return out, j.err
+	case j.err != nil:
+		return out, errors.Join(err, j.err)
+	}
+	return out, err
+}
+
+// result is Do's answer for v: the answer table's error (v.err), or a
+// Result.
+func (v verdict) result(j *doJob) (Result, error) {
+	switch v.kind {
+	case answerRan:
+		return j.out, v.err
+	case answerReleased:
+		return j.out, ErrReleased
+	case answerReplay:
+		resp := v.rec.Response
+		out := Result{Status: resp.Status, Header: resp.Header}
+		if !resp.BodyStored {
+			return out, fmt.Errorf("%w: its %d-byte result exceeded MaxResponseBytes", ErrResponseNotStored, resp.BodySize)
 		}
+		out.Body = resp.Body
 		return out, nil
-	case verdictTxAborted:
-		return Result{}, ErrTxAborted
-	case verdictLeaseLost:
+	case answerLeaseLost:
 		return Result{}, fmt.Errorf("%w: the outcome was not recorded", ErrLeaseLost)
-	case verdictTimedOut:
-		return Result{}, fmt.Errorf("idem: the execution ran past MaxExecution (%s) and was recorded FAILED: %w", m.cfg.MaxExecution, ErrExecutionTimeout)
+	case answerTimedOut:
+		return Result{}, fmt.Errorf("idem: the execution ran past MaxExecution and was recorded FAILED: %w", ErrExecutionTimeout)
+	case answerTxAborted:
+		return Result{}, ErrTxAborted
 	}
-	if fnErr != nil {
-		return out, errors.Join(fin.err, fnErr)
+	return Result{}, v.err
+}
+
+// doJob runs Do's fn.
+type doJob struct {
+	g   *Engine
+	fn  func(ctx context.Context) (Result, error)
+	out Result
+	err error
+}
+
+func (j *doJob) run(ctx context.Context) (int, bool) {
+	j.out, j.err = j.fn(ctx)
+	if j.err != nil {
+		return http.StatusInternalServerError, true
 	}
-	return out, fin.err
+	return j.out.Status, false
+}
+
+func (j *doJob) response() idemdriver.Response {
+	resp := idemdriver.Response{Status: j.out.Status, Header: map[string][]string{}, BodySize: int64(len(j.out.Body))}
+	for k, v := range j.out.Header {
+		resp.Header[k] = append([]string(nil), v...)
+	}
+	if resp.BodySize <= j.g.cfg.MaxResponseBytes {
+		resp.Body, resp.BodyStored = j.out.Body, true
+	}
+	return resp
 }
 
 // cmp0 is status, or 200 when it is 0.
@@ -394,7 +414,7 @@ func cmp0(status int) int {
 }
 
 // doParams checks p and turns it into the claim's parameters.
-func (m *Middleware) doParams(p DoParams) (idemdriver.ClaimParams, error) {
+func (g *Engine) doParams(p DoParams) (idemdriver.ClaimParams, error) {
 	if _, err := ParseKey([]string{p.Key}); err != nil || p.Key == "" || p.Key[0] == '"' {
 		return idemdriver.ClaimParams{}, fmt.Errorf("%w: a key is 1 to %d visible ASCII characters", ErrInvalidKey, MaxKeyLength)
 	}
@@ -418,43 +438,101 @@ func (m *Middleware) doParams(p DoParams) (idemdriver.ClaimParams, error) {
 	if method == "" {
 		method = "DO"
 	}
-	return idemdriver.ClaimParams{Scope: p.Scope, Key: p.Key, Method: method, Path: p.Route, Fingerprint: fp,
-		LeaseDuration: m.cfg.LeaseDuration, Retention: m.cfg.Retention, Owner: m.cfg.Owner}, nil
+	return g.claimParams(p.Scope, p.Key, method, p.Route, fp), nil
 }
 
-// doResponse is the stored form of a Do Result.
-func (m *Middleware) doResponse(out Result) idemdriver.Response {
-	resp := idemdriver.Response{Status: out.Status, Header: map[string][]string{}, BodySize: int64(len(out.Body))}
-	for k, v := range out.Header {
-		resp.Header[k] = append([]string(nil), v...)
-	}
-	if resp.BodySize <= m.cfg.MaxResponseBytes {
-		resp.Body, resp.BodyStored = out.Body, true
-	}
-	return resp
+// claimParams are the claim's parameters for one request.
+func (g *Engine) claimParams(scope, key, method, path string, fp []byte) idemdriver.ClaimParams {
+	return idemdriver.ClaimParams{Scope: scope, Key: key, Method: method, Path: path, Fingerprint: fp,
+		LeaseDuration: g.cfg.LeaseDuration, Retention: g.cfg.Retention, Owner: g.cfg.Owner}
 }
 
-// doAnswer is answer for Do: the replayed Result, or the error of the
-// decision; it fills ev's Kind and Status.
-func (m *Middleware) doAnswer(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams, ev *Event) (Result, error) {
-	switch lostTo(rec, p) {
-	case idemdriver.DecisionKeyReused:
-		ev.Kind = EventKeyReused
-		return Result{}, fmt.Errorf("%w: the key was first used for %s %q with another payload or operation", ErrKeyReused, rec.Method, rec.Path)
-	case idemdriver.DecisionReplay:
-		ev.Kind = EventReplayed
-		if rec.Response == nil {
-			m.cfg.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
-			return Result{}, ErrResponseMissing
-		}
-		ev.Status = rec.Response.Status
-		out := Result{Status: rec.Response.Status, Header: rec.Response.Header}
-		if !rec.Response.BodyStored {
-			return out, fmt.Errorf("%w: its %d-byte result exceeded MaxResponseBytes", ErrResponseNotStored, rec.Response.BodySize)
-		}
-		out.Body = rec.Response.Body
-		return out, nil
-	}
-	ev.Kind = EventInFlight
-	return Result{}, &InFlightError{RetryAfter: m.inFlightRetryAfter(rec.LeaseLeft)}
+// mode is how a claim and the outcomes that are not the completion reach
+// the store: the one place the two modes differ (docs/contract.md section
+// 6). durable is the default; oneCommit is Config.OneCommit.
+type mode interface {
+	// claim decides p's key: a won claim, or the verdict to answer (kind
+	// not 0).
+	claim(ctx context.Context, p idemdriver.ClaimParams) (claimed, verdict)
+	// start holds the claim while the work runs (the lease's heartbeat, or
+	// the time limit); stop ends that and reports whether the lease may
+	// have run out.
+	start(e *execution, sent time.Time) (stop func() bool)
+	// fail records the Failed outcome once the business transaction is
+	// rolled back: owned is false when another claim fenced this one out.
+	fail(e *execution) (owned bool, err error)
+	// release removes the execution's record (the Released outcome).
+	release(e *execution) (owned bool, err error)
+	// recordAlone records cp outside the business transaction, which
+	// aborted (a 4xx or a 3xx answered in it is still replayed).
+	recordAlone(e *execution, cp idemdriver.CompleteParams) (bool, error)
+	// notCompleted is the verdict after the completion or its COMMIT
+	// failed with err.
+	notCompleted(e *execution, err error) verdict
+	// finish ends the execution, once its outcome is recorded (or not).
+	finish(e *execution)
 }
+
+// durable is the default mode: the claim commits on its own before the
+// work runs, held by a lease the heartbeat renews (CONTRACT section 4).
+type durable struct{ g *Engine }
+
+func (d durable) claim(ctx context.Context, p idemdriver.ClaimParams) (claimed, verdict) {
+	// Detached from the caller: a hang-up must not cancel a claim the
+	// database may have committed (PROCESSING, with nobody running it).
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.g.cfg.ClaimTimeout)
+	defer cancel()
+	sent := time.Now()
+	res, err := d.g.cfg.Store.Claim(cctx, p)
+	switch {
+	case err != nil:
+		return claimed{}, d.g.claimFailed(ctx, err)
+	case !res.Claimed:
+		return claimed{res: res}, d.g.answerFrom(ctx, res.Record, p)
+	}
+	return claimed{res: res, sent: sent}, verdict{}
+}
+
+func (durable) start(e *execution, sent time.Time) func() bool {
+	hb := e.startHeartbeat(sent)
+	return func() bool {
+		hb.stop()
+		return hb.leaseRanOut()
+	}
+}
+
+func (durable) fail(e *execution) (bool, error) { return e.storeFail() }
+
+func (d durable) release(e *execution) (bool, error) {
+	ctx, cancel := e.detached()
+	defer cancel()
+	owned, err := d.g.cfg.Store.Release(ctx, e.fence)
+	if err != nil {
+		return false, &StoreError{Op: "release", Err: err}
+	}
+	return owned, nil
+}
+
+func (durable) recordAlone(e *execution, cp idemdriver.CompleteParams) (bool, error) {
+	return e.completeAlone(cp)
+}
+
+func (durable) notCompleted(e *execution, err error) verdict {
+	// Fail is fenced on PROCESSING under this token and waits for the row
+	// lock of a COMMIT still in flight: it marks FAILED only when the
+	// outcome did not commit, so the retry runs at once.
+	owned, ferr := e.storeFail()
+	switch {
+	case !owned && e.takenOver():
+		// Another request took the key over (on Galera, a certification
+		// failure against a takeover on another node).
+		return verdict{kind: answerLeaseLost, err: ErrLeaseLost}
+	case ferr != nil:
+		return verdict{kind: answerCompletionUnknown, err: err}
+	case owned:
+		return verdict{kind: answerCompletionNotRecorded, err: err}
+	}
+	return verdict{kind: answerCompletionMovedOn, err: err}
+}
+
+func (durable) finish(*execution) {}

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"errors"
 	"log/slog"
 	"sync"
@@ -17,7 +18,7 @@ import (
 	"github.com/idemgo/idem/idemsqlite"
 )
 
-func newEngine(t *testing.T, cfg idem.Config) (*idem.Engine, *idemsqlite.Driver) {
+func newEngine(t *testing.T, cfg idem.EngineConfig) (*idem.Engine, *idemsqlite.Driver) {
 	t.Helper()
 	d := openSQLite(t)
 	if cfg.Store == nil {
@@ -33,7 +34,7 @@ func newEngine(t *testing.T, cfg idem.Config) (*idem.Engine, *idemsqlite.Driver)
 func TestDoOnceAndReplay(t *testing.T) {
 	t.Parallel()
 	obs := &events{}
-	g, _ := newEngine(t, idem.Config{Observer: obs})
+	g, _ := newEngine(t, idem.EngineConfig{Observer: obs})
 	runs := 0
 	fn := func(ctx context.Context) (idem.Result, error) {
 		runs++
@@ -68,7 +69,7 @@ func TestDoOnceAndReplay(t *testing.T) {
 // (with a Retry-After) or get the replay.
 func TestDoConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
-	g, _ := newEngine(t, idem.Config{})
+	g, _ := newEngine(t, idem.EngineConfig{})
 	var runs atomic.Int32
 	release := make(chan struct{})
 	started := make(chan struct{})
@@ -110,7 +111,7 @@ func TestDoConcurrentDuplicates(t *testing.T) {
 // runs fn again (attempt 2).
 func TestDoErrorRunsAgain(t *testing.T) {
 	t.Parallel()
-	g, d := newEngine(t, idem.Config{})
+	g, d := newEngine(t, idem.EngineConfig{})
 	boom := errors.New("provider down")
 	var attempts []int
 	fn := func(ctx context.Context) (idem.Result, error) {
@@ -131,16 +132,16 @@ func TestDoErrorRunsAgain(t *testing.T) {
 	require.Equal(t, []int{1, 2}, attempts)
 }
 
-// fn's business writes go in the claim's transaction (idemsqlite.Tx), and
+// fn's business writes go in the claim's transaction (idem.Tx[*sql.Tx]), and
 // commit with the outcome; an error rolls them back.
 func TestDoTransactional(t *testing.T) {
 	t.Parallel()
-	g, d := newEngine(t, idem.Config{})
+	g, d := newEngine(t, idem.EngineConfig{})
 	_, err := d.DB().Exec(`CREATE TABLE effects (id TEXT)`)
 	require.NoError(t, err)
 	write := func(fail bool) func(ctx context.Context) (idem.Result, error) {
 		return func(ctx context.Context) (idem.Result, error) {
-			tx, err := idemsqlite.Tx(ctx)
+			tx, err := idem.Tx[*sql.Tx](ctx)
 			if err != nil {
 				return idem.Result{}, err
 			}
@@ -172,7 +173,7 @@ func TestDoTransactional(t *testing.T) {
 // the next call runs fn again whatever its payload.
 func TestDoReleased(t *testing.T) {
 	t.Parallel()
-	g, _ := newEngine(t, idem.Config{})
+	g, _ := newEngine(t, idem.EngineConfig{})
 	runs := 0
 	fn := func(ctx context.Context) (idem.Result, error) {
 		runs++
@@ -195,7 +196,7 @@ func TestDoReleased(t *testing.T) {
 func TestDoTakeOverStoreAndParams(t *testing.T) {
 	t.Parallel()
 	obs := &events{}
-	g, d := newEngine(t, idem.Config{Observer: obs})
+	g, d := newEngine(t, idem.EngineConfig{Observer: obs})
 	p := idem.DoParams{Scope: "s", Key: "k", Payload: []byte("p")}
 	_, err := d.Claim(t.Context(), idemdriver.ClaimParams{Scope: "s", Key: "k", Method: "DO", Path: "",
 		Fingerprint: sha(p.Payload), LeaseDuration: time.Second, Retention: 24 * time.Hour, ClockOffset: -time.Hour})
@@ -223,7 +224,7 @@ func TestDoTakeOverStoreAndParams(t *testing.T) {
 // A panicking fn is recorded FAILED and its panic raised again.
 func TestDoPanic(t *testing.T) {
 	t.Parallel()
-	g, d := newEngine(t, idem.Config{})
+	g, d := newEngine(t, idem.EngineConfig{})
 	require.PanicsWithValue(t, "boom", func() {
 		_, _ = g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k"}, func(context.Context) (idem.Result, error) { panic("boom") })
 	})
@@ -239,7 +240,7 @@ func TestMiddlewareEngine(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Equal(t, "x", string(out.Body))
-	_, err = idem.NewEngine(idem.Config{})
+	_, err = idem.NewEngine(idem.EngineConfig{})
 	require.Error(t, err, "a Store is still required")
 }
 

@@ -3,6 +3,8 @@ package idem
 import (
 	"errors"
 	"fmt"
+
+	"github.com/idemgo/idem/idemdriver"
 )
 
 // Sentinel errors, one per kind of answer. Each maps to one problem type
@@ -53,12 +55,19 @@ var (
 	// restore): 500, problem type response-missing. The handler is not run
 	// again; an operator may release the key.
 	ErrResponseMissing = errors.New("idem: the key's record succeeded but holds no response")
-	// ErrTxAborted is the kind of a handler that answered 2xx although the
-	// claim's transaction had aborted (a statement in it failed and the
-	// handler went on): its writes are gone, so its success cannot be
-	// recorded. Answered 500, problem type transaction-aborted, recorded
-	// FAILED (the retry runs again) and logged as a handler bug.
-	ErrTxAborted = errors.New("idem: the handler answered 2xx but the claim's transaction had aborted")
+	// ErrTxAborted is the kind of an execution whose claim's transaction
+	// had aborted before its completion (a statement in it failed; the
+	// drivers wrap it, as idemdriver.ErrTxAborted): its writes are gone. A
+	// 2xx answered then is a handler bug: recorded FAILED (the retry runs
+	// again), answered 500 transaction-aborted, and logged.
+	ErrTxAborted = idemdriver.ErrTxAborted
+	// ErrNoExecution is returned by Tx, RelayKey and ReleaseKey outside a
+	// protected execution. With gin, pass c.Request.Context(), not the
+	// *gin.Context (or use adapters/idemgin's helpers).
+	ErrNoExecution = errors.New("idem: no idempotent execution in this context (is the work behind idem's middleware or Engine.Do, with an Idempotency-Key, and is this its context, such as r.Context() or c.Request.Context() with gin?)")
+	// ErrExecutionEnded is returned by Tx and ReleaseKey after the execution
+	// ended (from a goroutine that outlived the handler, say).
+	ErrExecutionEnded = errors.New("idem: the execution has ended; its transaction is closed")
 	// ErrStoreUnavailable is the kind of a request the store could not
 	// answer for: 503 with Retry-After, problem type store-unavailable. The
 	// handler does not run unprotected.

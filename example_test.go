@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"database/sql"
 	"fmt"
 	"log"
 	"net/http"
@@ -8,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dbtest"
 )
 
@@ -19,9 +19,8 @@ func Example() {
 	defer done()
 
 	mw, err := idem.New(idem.Config{
-		Store: store,
-		// The tenant owns the key; here, one fixed merchant.
-		Scope: func(r *http.Request) (string, error) { return "merchant_42", nil },
+		EngineConfig: idem.EngineConfig{Store: store},
+		Scope:        func(r *http.Request) (string, error) { return "merchant_42", nil },
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -56,14 +55,14 @@ func Example_transactional() {
 	if _, err := store.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: store})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
 	}
 	pay := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Call the payment provider first, then write: the transaction (and
-		// SQLite's write lock) begins on the first idemsqlite.Tx call.
-		tx, err := idemsqlite.Tx(r.Context())
+		// SQLite's write lock) begins on the first idem.Tx call.
+		tx, err := idem.Tx[*sql.Tx](r.Context())
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
@@ -98,7 +97,7 @@ func Example_transactional() {
 func ExampleReleaseKey() {
 	store, done := dbtest.ExampleStore()
 	defer done()
-	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -3,42 +3,41 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
+	"reflect"
 	"sync"
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/execctx"
 )
 
-// Execution describes the claim a protected handler runs under. Get it with
-// ExecutionFromContext.
+// Execution describes the claim a protected handler (or Do's fn) runs
+// under. Get it with ExecutionFromContext.
 type Execution struct {
 	Scope string
 	Key   string
 	// FencingToken is this claim's token: greater than every earlier claim's
-	// for (Scope, Key) while its record exists (a purged key starts again at
-	// 1). Downstream writes may be fenced with (Created, FencingToken), which
-	// orders every claim of the key.
+	// of (Scope, Key) while its record exists (a purged key starts at 1
+	// again; (Created, FencingToken) orders every claim of the key).
 	FencingToken int64
-	// Attempt counts the claims of this key so far, this one included (1 on
-	// the first execution; more after a FAILED outcome or a takeover).
+	// Attempt counts the claims of this key, this one included.
 	Attempt int
-	// Created is the record's created_at on the database clock (microsecond
-	// precision): when this life of the key began. Takeovers and re-claims
-	// keep it; a key reused after its record expired starts a new life. It
-	// is part of the relayed key (DeriveKey).
+	// Created is the record's created_at (database clock, microseconds):
+	// when this life of the key began, kept by takeovers and re-claims; part
+	// of the relayed key (DeriveKey).
 	Created time.Time
 }
 
-// executionFrom is the execution a protected handler's context runs under
-// (execctx carries it, for the seam's TxFromContext too).
+// ctxKey carries the *execution in the context of the work it runs.
+type ctxKey struct{}
+
 func executionFrom(ctx context.Context) (*execution, bool) {
-	e, ok := execctx.From(ctx).(*execution)
+	e, ok := ctx.Value(ctxKey{}).(*execution)
 	return e, ok
 }
 
-// ExecutionFromContext returns the claim that the handler's context runs
-// under, and false outside a protected execution.
+// ExecutionFromContext returns the claim the context's work runs under, and
+// false outside a protected execution.
 func ExecutionFromContext(ctx context.Context) (Execution, bool) {
 	e, ok := executionFrom(ctx)
 	if !ok {
@@ -47,21 +46,42 @@ func ExecutionFromContext(ctx context.Context) (Execution, bool) {
 	return e.info, true
 }
 
-// ReleaseKey asks that the protected execution running under ctx not be
-// recorded: when the handler returns, its record is removed (a fenced
-// Driver.Release) instead of completed, its answer reaches the caller as
-// written, and the next request with the key runs as a new one, whatever
-// its payload. Call it on a validation path, before any side effect: a
-// request the client will correct must not burn the key (Stripe saves no
-// result when parameters fail validation), and a key released after a side
-// effect lets the corrected request run it again under a new relayed key.
-// In transactional mode the business writes are rolled back. It returns
-// idemdriver.ErrNoExecution outside a protected handler and
-// ErrExecutionEnded after the handler returned.
+// Tx returns the claim's business transaction as the store's own type T:
+// pgx.Tx for idempgx, *sql.Tx for idemsqlite and idemmysql (CONTRACT
+// section 6). It is begun on first use, on the execution's context (a lost
+// lease aborts it), and the completion commits with it: leave Commit and
+// Rollback to idem. In the one-commit mode it is the claim's own
+// transaction. Errors: ErrNoExecution outside a protected execution,
+// ErrExecutionEnded after it ended, a *StoreError when the store could not
+// begin, and an error naming both types when T is not the store's.
+func Tx[T any](ctx context.Context) (T, error) {
+	var zero T
+	e, ok := executionFrom(ctx)
+	if !ok {
+		return zero, ErrNoExecution
+	}
+	tx, err := e.businessTx()
+	if err != nil {
+		return zero, err
+	}
+	native, ok := tx.Native().(T)
+	if !ok {
+		return zero, fmt.Errorf("idem: the store's transaction is a %T, not a %v: ask Tx for the Store's own type", tx.Native(), reflect.TypeFor[T]())
+	}
+	return native, nil
+}
+
+// ReleaseKey asks that the execution running under ctx not be recorded:
+// its record is removed (a fenced Driver.Release), its answer reaches the
+// caller as written, and the next request with the key runs as new. Call
+// it on a validation path, before any side effect (Stripe saves no result
+// when parameters fail validation). The business writes are rolled back.
+// Errors: ErrNoExecution outside a protected execution, ErrExecutionEnded
+// after it ended.
 func ReleaseKey(ctx context.Context) error {
 	e, ok := executionFrom(ctx)
 	if !ok {
-		return idemdriver.ErrNoExecution
+		return ErrNoExecution
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -72,58 +92,67 @@ func ReleaseKey(ctx context.Context) error {
 	return nil
 }
 
-// ErrExecutionEnded is returned by the drivers' Tx functions when a handler
-// asks for the business transaction after its execution ended (from a
-// goroutine that outlived the handler, for example).
-var ErrExecutionEnded = errors.New("idem: the execution has ended; its transaction is closed")
-
-// execution is one owned run of a handler: its detached context, its lease
-// heartbeat and its lazily begun business transaction.
+// execution is one owned run of a job: its detached context, what holds
+// its claim, and its business transaction.
 type execution struct {
-	m      *Middleware
+	g      *Engine
+	c      claimed
+	p      idemdriver.ClaimParams
 	info   Execution
 	fence  idemdriver.FenceParams
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	parent context.Context // the request's context, for detached completion
-	// detachedParent is parent without its cancellation (and deadline): the
-	// root of every context the execution's statements run on.
+	parent context.Context // the caller's, for logs
+	// detachedParent is parent without its cancellation: the root of every
+	// context the execution's statements run on.
 	detachedParent context.Context
-	hb             heartbeat // see startHeartbeat
+	hb             heartbeat
+	committed      *idemdriver.Response // the outcome, once committed
 
 	mu           sync.Mutex
 	tx           idemdriver.Tx
 	ended        bool
-	releaseAsked bool // ReleaseKey was called
+	releaseAsked bool
 }
 
-func newExecution(m *Middleware, parent context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) *execution {
+func newExecution(g *Engine, parent context.Context, c claimed, p idemdriver.ClaimParams) *execution {
+	rec := c.res.Record
 	e := &execution{
-		m:    m,
+		g: g, c: c, p: p, tx: c.tx, parent: parent,
 		info: Execution{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, Attempt: rec.Attempts, Created: rec.CreatedAt},
 		fence: idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt,
 			LeaseDuration: p.LeaseDuration},
-		parent: parent,
 	}
 	e.detachedParent = context.WithoutCancel(parent)
-	// Detached from the client: a hang-up does not stop the work; a lost
+	// Detached from the caller: a hang-up does not stop the work; a lost
 	// lease does (CONTRACT section 4).
 	ctx, cancel := context.WithCancelCause(e.detachedParent)
-	e.ctx, e.cancel = execctx.With(ctx, e), cancel
+	e.ctx, e.cancel = context.WithValue(ctx, ctxKey{}, e), cancel
 	return e
 }
 
-// Tx hands idemdriver.TxFromContext (and so the drivers' Tx functions) the
-// claim's business transaction, begun on first use on the execution's
-// context (so a lost lease aborts it).
-func (e *execution) Tx(context.Context) (idemdriver.Tx, error) {
+// runJob runs j, recovering a panic so that its outcome is recorded
+// (Failed, CONTRACT section 5) before it is raised again.
+func (e *execution) runJob(j job) (status int, failed, panicked bool, recovered any) {
+	panicked = true
+	defer func() {
+		if panicked {
+			recovered = recover()
+		}
+	}()
+	status, failed = j.run(e.ctx)
+	return status, failed, false, nil
+}
+
+// businessTx returns the business transaction, begun on first use.
+func (e *execution) businessTx() (idemdriver.Tx, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.ended {
 		return nil, ErrExecutionEnded
 	}
 	if e.tx == nil {
-		tx, err := e.m.cfg.Store.Begin(e.ctx)
+		tx, err := e.g.cfg.Store.Begin(e.ctx)
 		if err != nil {
 			return nil, &StoreError{Op: "begin", Err: err}
 		}
@@ -141,25 +170,21 @@ func (e *execution) endTx() idemdriver.Tx {
 }
 
 // detached returns a context for recording the outcome: not cancelled by
-// the client, bounded by CompleteTimeout.
+// the caller, bounded by CompleteTimeout.
 func (e *execution) detached() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(e.detachedParent, e.m.cfg.CompleteTimeout)
+	return context.WithTimeout(e.detachedParent, e.g.cfg.CompleteTimeout)
 }
 
-// ErrCommitPending is the cause of the store error answered when the
-// statement that commits an outcome has not returned within CompleteTimeout.
-// It keeps running: idem never cancels it (see durable).
+// ErrCommitPending is the cause of the store error answered when the COMMIT
+// of an outcome has not returned within CompleteTimeout; it goes on, never
+// cancelled (docs/deployment.md).
 var ErrCommitPending = errors.New("idem: the commit of the outcome did not return within CompleteTimeout; it was not cancelled and may still take effect")
 
-// durable runs f, a statement that commits an outcome, on a context that is
-// never cancelled, and waits for it at most CompleteTimeout. Cancelling a
-// COMMIT can leave it committed locally but not as durable as the server is
-// configured to make it: PostgreSQL answers a cancelled wait for synchronous
-// replication with "canceling wait for synchronous replication ... already
-// committed locally", and the outcome, visible to replays, is lost in a
-// failover (docs/deployment.md). Past CompleteTimeout the request gets
-// ErrCommitPending while the statement goes on: the record stays locked, and
-// invisible to replays, until the server has made it durable (or not).
+// durable runs f, a statement that commits an outcome, on a context never
+// cancelled, and waits for it at most CompleteTimeout (then
+// ErrCommitPending). A cancelled COMMIT can be committed locally only: on
+// PostgreSQL "canceling wait for synchronous replication", an outcome lost
+// in a failover.
 func (e *execution) durable(f func(context.Context) (bool, error)) (bool, error) {
 	type result struct {
 		ok  bool
@@ -170,60 +195,46 @@ func (e *execution) durable(f func(context.Context) (bool, error)) (bool, error)
 		ok, err := f(e.detachedParent)
 		done <- result{ok, err}
 	}()
-	t := time.NewTimer(e.m.cfg.CompleteTimeout)
+	t := time.NewTimer(e.g.cfg.CompleteTimeout)
 	defer t.Stop()
 	select {
 	case r := <-done:
 		return r.ok, r.err
 	case <-t.C:
-		e.m.cfg.Logger.WarnContext(e.parent, "idem: the commit of an outcome is still running past CompleteTimeout; not cancelling it",
-			"scope", e.fence.Scope, "key", e.fence.Key, "complete_timeout", e.m.cfg.CompleteTimeout)
+		e.g.cfg.Logger.WarnContext(e.parent, "idem: the commit of an outcome is still running past CompleteTimeout; not cancelling it",
+			"scope", e.fence.Scope, "key", e.fence.Key, "complete_timeout", e.g.cfg.CompleteTimeout)
 		return false, ErrCommitPending
 	}
 }
 
-// complete records SUCCEEDED, in the business transaction when the handler
-// used one (committing both together), else in one statement. It reports
-// false when the execution was fenced out. The statement that commits the
-// outcome is never cancelled (see durable).
-//
-// A business transaction that had aborted (idemdriver.ErrTxAborted: a
-// statement of the handler failed) is rolled back and the response is
-// recorded on its own, since the business writes are gone either way; but
-// a 2xx is a success whose writes never happened: complete then records
-// nothing and returns ErrTxAborted.
-func (e *execution) complete(resp idemdriver.Response) (bool, error) {
-	p := idemdriver.CompleteParams{FenceParams: e.fence, Response: resp}
-	tx := e.endTx()
-	if tx == nil {
-		return e.completeAlone(p)
+// completeIn writes the completion p in the business transaction tx and
+// commits both, never cancelling the COMMIT (see durable): in one round
+// trip when tx is an idemdriver.CompleteCommitter. It reports false when
+// fenced out. An error of the COMMIT, after which the outcome is unknown, is
+// a StoreError with Op "commit" (isCommitError); ErrTxDone and ErrTxAborted
+// come as the driver wraps them; nothing is committed after any other.
+func (e *execution) completeIn(tx idemdriver.Tx, p idemdriver.CompleteParams) (bool, error) {
+	cc, pipelined := tx.(idemdriver.CompleteCommitter)
+	if pipelined {
+		ok, err := e.durable(func(ctx context.Context) (bool, error) {
+			ok, err := cc.CompleteCommit(ctx, p)
+			if !ok && !errors.Is(err, idemdriver.ErrCommit) {
+				// Nothing committed: roll back here, as the caller may have
+				// stopped waiting (ErrCommitPending).
+				_ = tx.Rollback(ctx)
+			}
+			return ok, err
+		})
+		if errors.Is(err, idemdriver.ErrCommit) || errors.Is(err, ErrCommitPending) {
+			return false, &StoreError{Op: "commit", Err: err}
+		}
+		return ok, completionError(err)
 	}
-	ok, committed, err := e.completeIn(tx, p)
-	if committed {
-		return ok, err
-	}
-	switch {
-	case errors.Is(err, idemdriver.ErrTxDone):
-		// The handler ended the transaction itself, against the contract:
-		// its writes are committed (or gone) already. Record the outcome on
-		// its own, so the next request replays instead of running again.
-		e.m.cfg.Logger.ErrorContext(e.parent, "idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
-			"scope", e.fence.Scope, "key", e.fence.Key)
-		return e.completeAlone(p)
-	case errors.Is(err, idemdriver.ErrTxAborted):
-		if rerr := e.rollbackTx(tx); rerr != nil {
-			e.m.cfg.Logger.WarnContext(e.parent, "idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", rerr)
-		}
-		if resp.Status >= 200 && resp.Status < 300 {
-			return false, ErrTxAborted
-		}
-		return e.completeAlone(p)
-	case err != nil || !ok:
-		_ = e.rollbackTx(tx)
-		if err != nil {
-			return false, &StoreError{Op: "complete", Err: err}
-		}
-		return false, nil
+	ctx, cancel := e.detached()
+	ok, err := tx.Complete(ctx, p)
+	cancel()
+	if err != nil || !ok {
+		return ok, completionError(err)
 	}
 	if _, err := e.durable(func(ctx context.Context) (bool, error) { return true, tx.Commit(ctx) }); err != nil {
 		return false, &StoreError{Op: "commit", Err: err}
@@ -231,49 +242,31 @@ func (e *execution) complete(resp idemdriver.Response) (bool, error) {
 	return true, nil
 }
 
-// completeIn writes the completion p in the business transaction tx. When
-// tx sends the completion and its COMMIT together
-// (idemdriver.CompleteCommitter), it does both, never cancelled (see
-// durable), and committed reports that the transaction is over: ok, or the
-// commit's error (a StoreError; ErrCommitPending when the commit outlives
-// CompleteTimeout). Otherwise it is tx.Complete, and the caller commits or
-// rolls back. A completion that fails or is fenced out commits nothing
-// either way (committed is false, and the caller rolls back).
-func (e *execution) completeIn(tx idemdriver.Tx, p idemdriver.CompleteParams) (ok, committed bool, err error) {
-	cc, pipelined := tx.(idemdriver.CompleteCommitter)
-	if !pipelined {
-		ctx, cancel := e.detached()
-		defer cancel()
-		ok, err = tx.Complete(ctx, p)
-		return ok, false, err
+// completionError is a completion's error as the caller branches on it.
+func completionError(err error) error {
+	if err == nil || errors.Is(err, idemdriver.ErrTxDone) || errors.Is(err, idemdriver.ErrTxAborted) {
+		return err
 	}
-	ok, err = e.durable(func(ctx context.Context) (bool, error) {
-		ok, err := cc.CompleteCommit(ctx, p)
-		if !ok && !errors.Is(err, idemdriver.ErrCommit) {
-			// Nothing was committed: roll back here, for the caller stops
-			// waiting after CompleteTimeout (ErrCommitPending) and would
-			// leave the transaction open; its own Rollback is then a no-op.
-			_ = tx.Rollback(ctx)
-		}
-		return ok, err
-	})
-	if errors.Is(err, idemdriver.ErrCommit) || errors.Is(err, ErrCommitPending) {
-		return false, true, &StoreError{Op: "commit", Err: err}
-	}
-	return ok, ok && err == nil, err
+	return &StoreError{Op: "complete", Err: err}
 }
 
-// completeAlone records SUCCEEDED in one statement of its own, never
-// cancelled (see durable).
+// isCommitError reports whether err is a COMMIT's (completeIn): the
+// outcome may have committed.
+func isCommitError(err error) bool {
+	var se *StoreError
+	return errors.As(err, &se) && se.Op == "commit"
+}
+
+// completeAlone records SUCCEEDED in one statement, never cancelled.
 func (e *execution) completeAlone(p idemdriver.CompleteParams) (bool, error) {
-	ok, err := e.durable(func(ctx context.Context) (bool, error) { return e.m.cfg.Store.Complete(ctx, p) })
+	ok, err := e.durable(func(ctx context.Context) (bool, error) { return e.g.cfg.Store.Complete(ctx, p) })
 	if err != nil {
 		return false, &StoreError{Op: "complete", Err: err}
 	}
 	return ok, nil
 }
 
-// rollbackTx rolls tx back, on a detached context (see detached).
+// rollbackTx rolls tx back on a detached context (a no-op once it ended).
 func (e *execution) rollbackTx(tx idemdriver.Tx) error {
 	ctx, cancel := e.detached()
 	defer cancel()
@@ -284,82 +277,48 @@ func (e *execution) rollbackTx(tx idemdriver.Tx) error {
 func (e *execution) rollback() {
 	if tx := e.endTx(); tx != nil {
 		if err := e.rollbackTx(tx); err != nil {
-			e.m.cfg.Logger.WarnContext(e.parent, "idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+			e.g.cfg.Logger.WarnContext(e.parent, "idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 		}
 	}
 }
 
-// fail records FAILED so the next request runs again. When the store cannot
-// be reached the record stays PROCESSING until its lease runs out, after
-// which it is taken over: the same end, later.
-//
-// It reports false only when the store says another worker owns the key
-// (fenced out); a store error counts as still owned.
-func (e *execution) fail() bool {
-	owned, err := e.failed()
-	return owned || err != nil
-}
-
-// failed records FAILED after a completion error and reports whether this
-// execution still owned the record (it is FAILED now: nothing committed),
-// or the store's error (the record is unknown).
-func (e *execution) failed() (owned bool, err error) {
+// storeFail records FAILED (fenced), so the next request runs again. It
+// reports whether this execution still owned the record; a store error
+// leaves it PROCESSING until its lease runs out (taken over then).
+func (e *execution) storeFail() (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
-	owned, err = e.m.cfg.Store.Fail(ctx, e.fence)
+	owned, err := e.g.cfg.Store.Fail(ctx, e.fence)
 	if err != nil {
-		e.m.cfg.Logger.WarnContext(e.parent, "idem: recording FAILED", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+		e.g.cfg.Logger.WarnContext(e.parent, "idem: recording FAILED", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 	}
 	return owned, err
 }
 
 // takenOver reports whether the key's record now belongs to another claim
-// (another fencing token, or a new life of the key): this execution's
-// outcome did not commit, and the new owner's counts.
+// (another fencing token, or a new life of the key).
 func (e *execution) takenOver() bool {
 	ctx, cancel := e.detached()
 	defer cancel()
-	rec, err := e.m.cfg.Store.Get(ctx, idemdriver.GetParams{Scope: e.fence.Scope, Key: e.fence.Key})
+	rec, err := e.g.cfg.Store.Get(ctx, idemdriver.GetParams{Scope: e.fence.Scope, Key: e.fence.Key})
 	return err == nil && (rec.FencingToken != e.fence.FencingToken || !rec.CreatedAt.Equal(e.fence.CreatedAt))
 }
 
-// outcome is how an execution that answered status is recorded:
-// Released when the handler called ReleaseKey, else Config.Outcome's
-// choice.
-func (e *execution) outcome(status int) Outcome {
-	if e.released() {
-		return Released
-	}
-	return e.m.cfg.Outcome(status)
-}
-
-// released reports whether the handler called ReleaseKey.
+// released reports whether the work called ReleaseKey.
 func (e *execution) released() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.releaseAsked
 }
 
-// release removes the execution's record (fenced), and reports whether this
-// execution still owned it.
-func (e *execution) release() (bool, error) {
-	ctx, cancel := e.detached()
-	defer cancel()
-	owned, err := e.m.cfg.Store.Release(ctx, e.fence)
-	if err != nil {
-		return false, &StoreError{Op: "release", Err: err}
-	}
-	return owned, nil
-}
-
-// txBegun reports whether the handler began the business transaction.
+// txBegun reports whether the business transaction was begun.
 func (e *execution) txBegun() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.tx != nil
 }
 
-// txOpen reports whether the handler's business transaction is open.
+// txOpen reports whether the business transaction is open.
 func (e *execution) txOpen() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -397,8 +356,8 @@ type heartbeat struct {
 // It is called once per execution: the heartbeat is allocated with it.
 func (e *execution) startHeartbeat(claimSent time.Time) *heartbeat {
 	hb := &e.hb
-	*hb = heartbeat{e: e, lease: e.m.cfg.LeaseDuration, started: time.Now(), lastOK: claimSent}
-	hb.first = time.AfterFunc(min(hb.lease/3, e.m.cfg.MaxExecution), hb.run)
+	*hb = heartbeat{e: e, lease: e.g.cfg.LeaseDuration, started: time.Now(), lastOK: claimSent}
+	hb.first = time.AfterFunc(min(hb.lease/3, e.g.cfg.MaxExecution), hb.run)
 	return hb
 }
 
@@ -417,15 +376,15 @@ func (hb *heartbeat) run() {
 	defer close(hb.done)
 	defer cancel()
 
-	if time.Since(hb.started) >= e.m.cfg.MaxExecution {
+	if time.Since(hb.started) >= e.g.cfg.MaxExecution {
 		hb.ranPastMaxExecution() // MaxExecution shorter than LeaseDuration/3
 		return
 	}
-	sw, ok := e.m.cfg.Store.(idemdriver.SingleWriter)
+	sw, ok := e.g.cfg.Store.(idemdriver.SingleWriter)
 	singleWriter := ok && sw.SingleWriter()
 	t := time.NewTicker(hb.lease / 3)
 	defer t.Stop()
-	limit := time.NewTimer(e.m.cfg.MaxExecution - time.Since(hb.started))
+	limit := time.NewTimer(e.g.cfg.MaxExecution - time.Since(hb.started))
 	defer limit.Stop()
 	for hb.renew(hbCtx, singleWriter) {
 		select {
@@ -459,7 +418,7 @@ func (hb *heartbeat) renew(ctx context.Context, singleWriter bool) bool {
 	// the moment the renewal was sent.
 	sent := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, hb.lease/3)
-	ok, err := e.m.cfg.Store.Heartbeat(rctx, e.fence)
+	ok, err := e.g.cfg.Store.Heartbeat(rctx, e.fence)
 	cancel()
 	select { // stopped during the renewal: the outcome is recorded next, whatever it said
 	case <-hb.stopc:
@@ -470,7 +429,7 @@ func (hb *heartbeat) renew(ctx context.Context, singleWriter bool) bool {
 	case err == nil && ok:
 		hb.lastOK = sent
 	case err == nil && !ok:
-		e.m.cfg.Logger.WarnContext(e.parent, "idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
+		e.g.cfg.Logger.WarnContext(e.parent, "idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
 		e.cancel(ErrLeaseLost)
 		return false
 	case errors.Is(err, idemdriver.ErrBusy):
@@ -478,7 +437,7 @@ func (hb *heartbeat) renew(ctx context.Context, singleWriter bool) bool {
 		// writer): no claim can take the key over while it is held.
 		hb.lastOK = time.Now()
 	case time.Since(hb.lastOK) >= hb.lease:
-		e.m.cfg.Logger.WarnContext(e.parent, "idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+		e.g.cfg.Logger.WarnContext(e.parent, "idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 		e.cancel(&StoreError{Op: "heartbeat", Err: err})
 		return false
 	}
@@ -494,8 +453,8 @@ func (hb *heartbeat) ranPastMaxExecution() {
 	default:
 	}
 	e := hb.e
-	e.m.cfg.Logger.WarnContext(e.parent, "idem: execution ran past MaxExecution; no longer renewing its lease",
-		"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.m.cfg.MaxExecution)
+	e.g.cfg.Logger.WarnContext(e.parent, "idem: execution ran past MaxExecution; no longer renewing its lease",
+		"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.g.cfg.MaxExecution)
 	e.cancel(ErrExecutionTimeout)
 }
 

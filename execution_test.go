@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"net/http"
 	"testing"
@@ -11,7 +12,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/idemsqlite"
 )
 
 // Regression: a client that hung up during the claim cancelled a claim the
@@ -21,7 +21,7 @@ func TestClientGoneBeforeClaim(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
 	c := &counter{status: http.StatusCreated}
-	h := newMiddleware(t, idem.Config{Store: d}).Handler(c)
+	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d}}).Handler(c)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // gone before idem even claimed
 	send(h, "POST", "/x", "k", "{}", withContext(ctx))
@@ -37,9 +37,9 @@ func TestSQLiteRenewalDoesNotWaitForOwnTransaction(t *testing.T) {
 	d := openSQLite(t)
 	_, err := d.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY)`)
 	require.NoError(t, err)
-	mw := newMiddleware(t, idem.Config{Store: d, LeaseDuration: time.Second})
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, LeaseDuration: time.Second}})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := idemsqlite.Tx(r.Context())
+		tx, err := idem.Tx[*sql.Tx](r.Context())
 		if err == nil {
 			_, err = tx.ExecContext(r.Context(), `INSERT INTO payments DEFAULT VALUES`)
 		}
@@ -63,14 +63,14 @@ func TestSQLiteRenewalDoesNotWaitForOwnTransaction(t *testing.T) {
 func TestTxAfterExecutionEnded(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{Store: d})
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d}})
 	var kept context.Context
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		kept = r.Context()
 		w.WriteHeader(http.StatusCreated)
 	}))
 	send(h, "POST", "/x", "k", "{}")
-	_, err := idemsqlite.Tx(kept)
+	_, err := idem.Tx[*sql.Tx](kept)
 	require.ErrorIs(t, err, idem.ErrExecutionEnded)
 }
 
@@ -80,8 +80,11 @@ func TestTxAfterExecutionEnded(t *testing.T) {
 func TestReplayAllowListAndMethods(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{Store: d, Methods: []string{"PUT"},
-		ReplayHeaders: []string{"Set-Cookie", "Date", "Connection", "X-Order"}})
+	mw := newMiddleware(t, idem.Config{
+		EngineConfig:  idem.EngineConfig{Store: d},
+		Methods:       []string{"PUT"},
+		ReplayHeaders: []string{"Set-Cookie", "Date", "Connection", "X-Order"},
+	})
 	runs := 0
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
@@ -128,7 +131,7 @@ func (s *blockingHeartbeat) Heartbeat(ctx context.Context, _ idemdriver.FencePar
 func TestHandlerEndCancelsRenewal(t *testing.T) {
 	t.Parallel()
 	store := &blockingHeartbeat{Store: openSQLite(t), started: make(chan struct{}, 1), ended: make(chan error, 8)}
-	mw := newMiddleware(t, idem.Config{Store: store, LeaseDuration: 3 * time.Second})
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, LeaseDuration: 3 * time.Second}})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		<-store.started // a renewal is in flight
 		w.WriteHeader(http.StatusCreated)
@@ -147,7 +150,7 @@ func TestHandlerEndCancelsRenewal(t *testing.T) {
 func TestMaxExecution(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{Store: d, LeaseDuration: time.Second, MaxExecution: time.Second})
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, LeaseDuration: time.Second, MaxExecution: time.Second}})
 	var causes []error
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(causes) == 0 {
@@ -173,7 +176,7 @@ func TestSucceededWithoutResponse(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
 	c := &counter{status: http.StatusCreated}
-	h := newMiddleware(t, idem.Config{Store: d}).Handler(c)
+	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d}}).Handler(c)
 	require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "k", "{}").Code)
 	_, err := d.DB().Exec(`UPDATE idem_keys SET response_status = NULL, response_headers = NULL, response_body = NULL`)
 	require.NoError(t, err)
@@ -192,7 +195,7 @@ func TestSucceededWithoutResponse(t *testing.T) {
 // the handler can see.
 func TestReleaseKeyOutsideExecution(t *testing.T) {
 	t.Parallel()
-	require.ErrorIs(t, idem.ReleaseKey(context.Background()), idemdriver.ErrNoExecution)
+	require.ErrorIs(t, idem.ReleaseKey(context.Background()), idem.ErrNoExecution)
 	var kept context.Context
 	h := newMiddleware(t, idem.Config{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		kept = r.Context()
@@ -215,7 +218,7 @@ func (refusingStore) Claim(context.Context, idemdriver.ClaimParams) (idemdriver.
 func TestStoreRefusesScope(t *testing.T) {
 	t.Parallel()
 	c := &counter{}
-	h := newMiddleware(t, idem.Config{Store: refusingStore{openSQLite(t)}}).Handler(c)
+	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: refusingStore{openSQLite(t)}}}).Handler(c)
 	got := send(h, "POST", "/x", "k", "{}")
 	requireKind(t, got, http.StatusInternalServerError, "scope-unstorable")
 	require.Empty(t, got.Header().Get("Retry-After"))

@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"time"
 )
 
@@ -129,26 +128,4 @@ type Event struct {
 	// (ErrExecutionTimeout, ErrTxAborted), or the error Do's fn returned;
 	// nil otherwise.
 	Err error
-}
-
-// observe sends e to the configured Observer, if any.
-func (m *Middleware) observe(ctx context.Context, e *Event) {
-	if m.cfg.Observer != nil {
-		m.cfg.Observer.Observe(ctx, *e)
-	}
-}
-
-// route names r's route for Event.Route: the pattern the handler's ServeMux
-// matched (set on the request the handler got, hr, which may be nil), the
-// pattern of r, or Config.Route's name.
-func (m *Middleware) route(r, hr *http.Request) string {
-	switch {
-	case hr != nil && hr.Pattern != "":
-		return hr.Pattern
-	case r.Pattern != "":
-		return r.Pattern
-	case m.cfg.Route != nil:
-		return m.cfg.Route(r)
-	}
-	return ""
 }

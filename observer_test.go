@@ -115,7 +115,7 @@ func TestObserverEvents(t *testing.T) {
 			t.Parallel()
 			d := openSQLite(t)
 			obs := &events{}
-			mw := newMiddleware(t, idem.Config{Store: d, Observer: obs, Outcome: idem.ReleaseValidationFailures})
+			mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, Observer: obs, Outcome: idem.ReleaseValidationFailures}})
 			ran := false
 			mux := http.NewServeMux()
 			mux.Handle("POST /pay/{id}", mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -180,7 +180,7 @@ func statusOf(r *http.Request, def int) int {
 func TestObserverInFlight(t *testing.T) {
 	t.Parallel()
 	obs := &events{}
-	mw := newMiddleware(t, idem.Config{Observer: obs})
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Observer: obs}})
 	started, release := make(chan struct{}), make(chan struct{})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		close(started)
@@ -206,7 +206,7 @@ func TestObserverLeaseLost(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
 	obs := &events{}
-	mw := newMiddleware(t, idem.Config{Store: d, Observer: obs, Route: func(*http.Request) string { return "payments" }})
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, Observer: obs}, Route: func(*http.Request) string { return "payments" }})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Another worker, an hour later by the database clock, takes the
 		// key over.
@@ -228,7 +228,7 @@ func TestObserverCompletionFailed(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
 	obs := &events{}
-	mw := newMiddleware(t, idem.Config{Store: d, Observer: obs})
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, Observer: obs}})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = d.Close()
 		w.WriteHeader(http.StatusCreated)
@@ -241,7 +241,7 @@ func TestObserverCompletionFailed(t *testing.T) {
 func TestObserverSilentBeforeClaim(t *testing.T) {
 	t.Parallel()
 	obs := &events{}
-	h := newMiddleware(t, idem.Config{Observer: obs}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Observer: obs}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	require.Equal(t, http.StatusBadRequest, send(h, "POST", "/x", "", "{}").Code)
 	require.Equal(t, http.StatusOK, send(h, "GET", "/x", "k", "").Code)
 	require.Empty(t, obs.take())
@@ -256,7 +256,7 @@ func TestObserverRouteFromInnerMux(t *testing.T) {
 	obs := &events{}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/payments/{id}", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
-	h := newMiddleware(t, idem.Config{Observer: obs}).Handler(mux)
+	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Observer: obs}}).Handler(mux)
 	require.Equal(t, http.StatusCreated, send(h, "POST", "/v1/payments/42", "k", "{}").Code)
 	require.Equal(t, "POST /v1/payments/{id}", obs.takeOne(t, idem.EventExecuted).Route)
 }
@@ -289,7 +289,7 @@ func TestLogCallsCarryRequestContext(t *testing.T) {
 	d := openSQLite(t)
 	lh := &ctxHandler{}
 	obs := &events{}
-	mw := newMiddleware(t, idem.Config{Store: d, Logger: slog.New(lh), Observer: obs})
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, Logger: slog.New(lh), Observer: obs}})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = d.Close() // the completion fails and logs
 		w.WriteHeader(http.StatusCreated)

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemgo/idem/idemdriver"
 )
 
 // ProblemTypeBase prefixes every problem type URI idem emits; the fragment
@@ -139,4 +142,118 @@ func retryAfterSeconds(d time.Duration) int64 {
 		s++
 	}
 	return max(s, 1)
+}
+
+// answerKind names the protocol's verdict for one request: what its caller
+// is told (Engine.execute decides it once, for both fronts).
+type answerKind int
+
+const (
+	answerRan      answerKind = iota + 1 // the outcome was recorded: the work's answer
+	answerReleased                       // the record was removed: the work's answer
+	answerReplay                         // the stored response
+	answerKeyReused
+	answerInFlight
+	answerClaimFailed
+	answerUnstorable
+	answerLeaseLost
+	answerTimedOut
+	answerUnreachable
+	answerReleaseFailed
+	answerTxAborted
+	answerCompletionUnknown
+	answerCompletionNotRecorded
+	answerCompletionMovedOn
+	answerCommitFailed
+	answerResponseMissing // a SUCCEEDED record without its response
+)
+
+// verdict is the protocol's answer to one request.
+type verdict struct {
+	kind       answerKind
+	rec        idemdriver.Record // the record a lost claim was answered from
+	err        error             // the cause; Do's error
+	retryAfter time.Duration     // answerInFlight
+	status     int               // the work's status, for the answers that quote it
+	sameOp     bool              // answerKeyReused: the same method and path, another payload
+}
+
+// answers is the answer table: each verdict that is not the work's own
+// answer, as a problem kind (ProblemFor), the Event it reports, and its
+// detail. c is the front's Config; v.status is the work's status.
+var answers = [...]struct {
+	kind   error
+	event  EventKind
+	detail func(c *Config, v verdict) string
+}{
+	answerKeyReused: {ErrKeyReused, EventKeyReused, func(_ *Config, v verdict) string {
+		return fmt.Sprintf("this %s was first used for %s %s; a key names one request", HeaderKey, v.rec.Method, v.rec.Path)
+	}},
+	answerInFlight: {ErrInFlight, EventInFlight, fixed("another request with this key is being processed; retry after the Retry-After delay to get its result")},
+	answerClaimFailed: {ErrStoreUnavailable, EventStoreUnavailable,
+		fixed("the idempotency store did not answer; the request was not processed, retry later with the same key")},
+	answerUnstorable: {ErrScopeUnstorable, 0, fixed("the server could not scope this request")},
+	answerLeaseLost: {ErrLeaseLost, EventLeaseLost,
+		fixed("this request's lease ran out and another request took its key over; its result was not recorded; retry with the same key to get the new owner's result")},
+	answerTimedOut: {ErrStoreUnavailable, EventExecuted, func(c *Config, _ verdict) string {
+		return fmt.Sprintf("the request ran past its time limit (%s) and its result was not recorded "+
+			"(in transactional mode its writes were rolled back); retry with the same key: the request runs again", c.MaxExecution)
+	}},
+	answerUnreachable: {ErrStoreUnavailable, EventStoreUnavailable, func(c *Config, _ verdict) string {
+		return fmt.Sprintf("the idempotency store stopped answering while the request ran, so its result was not recorded; "+
+			"retry with the same key: once the store answers and the lease (%s) runs out, the request runs again", c.LeaseDuration)
+	}},
+	answerReleaseFailed: {ErrStoreUnavailable, EventCompletionFailed, func(_ *Config, v verdict) string {
+		return fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
+			"retry the same request with the same key", v.status)
+	}},
+	answerTxAborted: {ErrTxAborted, EventExecuted, func(_ *Config, v verdict) string {
+		return fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
+			"(the server answered %d regardless); retry with the same key: the request runs again", v.status)
+	}},
+	answerCompletionUnknown: {ErrStoreUnavailable, EventCompletionFailed, func(c *Config, _ verdict) string {
+		return fmt.Sprintf("the idempotency store failed while recording the result; "+
+			"retry with the same key: it gets the result if it was recorded, or runs again once the lease (%s) runs out", c.LeaseDuration)
+	}},
+	answerCompletionNotRecorded: {ErrStoreUnavailable, EventCompletionFailed, fixed("the idempotency store failed while recording the result, which was not recorded " +
+		"(in transactional mode the request's writes were rolled back with it); retry with the same key: the request runs again")},
+	answerCompletionMovedOn: {ErrStoreUnavailable, EventCompletionFailed, fixed("the idempotency store reported an error while recording the result, but the key's record " +
+		"has moved on (the result was recorded after all, or another request took the key over); retry with the same key to get its result")},
+	answerResponseMissing: {ErrResponseMissing, EventReplayed, fixed("the request with this key succeeded, but its stored response is missing from the idempotency store; " +
+		"it will not run again: ask the operator to release the key, or use a new key only if you know the first request had no effect")},
+	answerCommitFailed: {ErrStoreUnavailable, EventCompletionFailed, fixed("the idempotency store failed while committing the request's writes and result; " +
+		"retry with the same key: it gets the result if the commit took effect, or the request runs again")},
+}
+
+func fixed(s string) func(*Config, verdict) string { return func(*Config, verdict) string { return s } }
+
+// event is the Event kind of a verdict from the answer table (0: none).
+func (v verdict) event() EventKind {
+	switch v.kind {
+	case answerReplay:
+		return EventReplayed
+	case answerRan, answerReleased:
+		return 0
+	}
+	return answers[v.kind].event
+}
+
+// problem is the answer table's problem for v: its status, type, detail and
+// Retry-After.
+func (v verdict) problem(c *Config) Problem {
+	row := answers[v.kind]
+	detail := row.detail(c, v)
+	if v.kind == answerKeyReused && v.sameOp {
+		detail = fmt.Sprintf("this %s was first used with a different request (its body, query or media type differ); use a new key for a new request", HeaderKey)
+	}
+	p := ProblemFor(row.kind, detail)
+	switch {
+	case v.kind == answerInFlight:
+		p.RetryAfter = v.retryAfter
+	case v.kind == answerLeaseLost:
+		p.RetryAfter = time.Second
+	case p.Status == http.StatusServiceUnavailable:
+		p.RetryAfter = c.StoreRetryAfter
+	}
+	return p
 }

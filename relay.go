@@ -10,13 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
-
-	"github.com/idemgo/idem/idemdriver"
 )
-
-// ErrNoExecution is returned by RelayKey, and by the drivers' Tx functions,
-// outside a protected execution.
-var ErrNoExecution = idemdriver.ErrNoExecution
 
 // relayPrefix names the derivation, so a relayed key can be told apart and
 // the scheme can change without collisions. (idr1 includes created_at: the
@@ -64,7 +58,7 @@ func RelayKey(ctx context.Context, step string) (string, error) {
 	if !ok {
 		return "", ErrNoExecution
 	}
-	return DeriveKey(e.m.cfg.RelaySecret, e.info.Scope, e.info.Key, e.info.Created, step), nil
+	return DeriveKey(e.g.cfg.RelaySecret, e.info.Scope, e.info.Key, e.info.Created, step), nil
 }
 
 // RelayTransport is an http.RoundTripper for calls to downstream providers

@@ -51,9 +51,12 @@ func newReplayCache(maxBytes int64, ttl time.Duration) *replayCache {
 	})}
 }
 
-// get returns the cached record of (scope, key) as a claim that lost to it
+// get returns the cached record (none on a nil cache) of (scope, key) as a claim that lost to it
 // would have read it, and false when there is none or it has expired.
 func (rc *replayCache) get(scope, key string) (idemdriver.Record, bool) {
+	if rc == nil {
+		return idemdriver.Record{}, false
+	}
 	r, ok := rc.c.GetIfPresent(replayKey{scope, key})
 	if !ok || !time.Now().Before(r.expiresAt) {
 		return idemdriver.Record{}, false
@@ -70,7 +73,7 @@ func (rc *replayCache) get(scope, key string) (idemdriver.Record, bool) {
 // store and lost to, when it is SUCCEEDED with its response and has not
 // expired on this process's clock.
 func (rc *replayCache) put(scope, key string, rec idemdriver.Record) {
-	if rec.State != idemdriver.StateSucceeded || rec.Response == nil || !time.Now().Before(rec.ExpiresAt) {
+	if rc == nil || rec.State != idemdriver.StateSucceeded || rec.Response == nil || !time.Now().Before(rec.ExpiresAt) {
 		return
 	}
 	// A copy of the headers: this request's replay hands rec's to the
@@ -79,31 +82,4 @@ func (rc *replayCache) put(scope, key string, rec idemdriver.Record) {
 	resp.Header = http.Header(resp.Header).Clone()
 	rc.c.Set(replayKey{scope, key}, &cachedRecord{method: rec.Method, path: rec.Path,
 		fingerprint: rec.Fingerprint, response: &resp, expiresAt: rec.ExpiresAt})
-}
-
-// answerCached answers a request from the replay cache, when it holds the
-// record of the request's key (as serve answers a claim that lost to it),
-// and reports whether it did.
-func (m *Middleware) answerCached(w http.ResponseWriter, r *http.Request, p idemdriver.ClaimParams) bool {
-	if m.replays == nil {
-		return false
-	}
-	rec, ok := m.replays.get(p.Scope, p.Key)
-	if !ok {
-		return false
-	}
-	w.Header().Set(HeaderKeyExpires, rec.ExpiresAt.UTC().Format(http.TimeFormat))
-	ev := Event{Method: r.Method, Scope: p.Scope, Key: p.Key, Cached: true}
-	ev.Kind, ev.Status = m.answer(w, r, rec, p)
-	ev.Route = m.route(r, nil)
-	m.observe(r.Context(), &ev)
-	return true
-}
-
-// remember keeps the record a claim lost to in the replay cache, if there
-// is one (put says which records it keeps).
-func (m *Middleware) remember(p idemdriver.ClaimParams, rec idemdriver.Record) {
-	if m.replays != nil {
-		m.replays.put(p.Scope, p.Key, rec)
-	}
 }

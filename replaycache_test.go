@@ -88,7 +88,7 @@ func TestReplayCacheBounds(t *testing.T) {
 // A negative size or TTL is refused by New.
 func TestReplayCacheConfig(t *testing.T) {
 	t.Parallel()
-	_, err := idem.New(idem.Config{Store: openSQLite(t), Scope: idem.SingleTenant, ReplayCacheBytes: -1})
+	_, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: openSQLite(t)}, Scope: idem.SingleTenant, ReplayCacheBytes: -1})
 	require.ErrorContains(t, err, "ReplayCacheBytes and ReplayCacheTTL must not be negative")
 	require.Equal(t, idem.DefaultReplayCacheTTL, idem.Config{ReplayCacheBytes: 1}.WithDefaults().ReplayCacheTTL)
 	require.Zero(t, idem.Config{}.WithDefaults().ReplayCacheTTL)
@@ -100,7 +100,7 @@ func TestReplayCacheConfig(t *testing.T) {
 func TestReplayCacheAnswersAreCopies(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{Store: d, ReplayCacheBytes: 1 << 20})
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d}, ReplayCacheBytes: 1 << 20})
 	inner := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Location", "/v1/payments/pay_1")
 		w.WriteHeader(http.StatusCreated)
@@ -128,7 +128,7 @@ func (p prefixLocation) WriteHeader(status int) {
 // The one-commit mode keeps its replays in the cache too.
 func TestReplayCacheInOneCommitMode(t *testing.T) {
 	t.Parallel()
-	h, runs, closeStore, obs := replayCacheEnv(t, idem.Config{ReplayCacheBytes: 1 << 20, OneCommit: true})
+	h, runs, closeStore, obs := replayCacheEnv(t, idem.Config{EngineConfig: idem.EngineConfig{OneCommit: true}, ReplayCacheBytes: 1 << 20})
 	require.Equal(t, http.StatusCreated, send(h, "POST", "/pay", "k1", `{}`).Code)
 	require.Equal(t, "true", send(h, "POST", "/pay", "k1", `{}`).Header().Get(idem.HeaderReplayed))
 	closeStore()

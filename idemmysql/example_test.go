@@ -2,6 +2,7 @@ package idemmysql_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log"
@@ -27,7 +28,7 @@ func ExampleOpen() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -42,7 +43,7 @@ func ExampleOpen() {
 // anything else a 5xx, so the retry runs again. (Compiled, not run.)
 func ExampleTx() {
 	pay := func(w http.ResponseWriter, r *http.Request) {
-		tx, err := idemmysql.Tx(r.Context())
+		tx, err := idem.Tx[*sql.Tx](r.Context())
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return

@@ -2,6 +2,7 @@ package idemmysql_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -125,11 +126,14 @@ func TestGaleraCertificationFailureIsLeaseLost(t *testing.T) {
 		require.True(t, res.Claimed, "the takeover on node 2")
 		took.Store(true)
 	}
-	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: takeoverStore{d1, takeover},
-		Fingerprint: func(*http.Request, []byte) []byte { return fp }})
+	mw, err := idem.New(idem.Config{
+		EngineConfig: idem.EngineConfig{Store: takeoverStore{d1, takeover}},
+		Scope:        idem.SingleTenant,
+		Fingerprint:  func(*http.Request, []byte) []byte { return fp },
+	})
 	require.NoError(t, err)
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := idemmysql.Tx(r.Context())
+		tx, err := idem.Tx[*sql.Tx](r.Context())
 		require.NoError(t, err)
 		_, err = tx.ExecContext(r.Context(), `INSERT INTO business_rows VALUES ('p1')`)
 		require.NoError(t, err)

@@ -340,20 +340,6 @@ func (d *Driver) Close() error {
 	return errors.Join(errs...)
 }
 
-// Tx returns the claim's business transaction from a protected handler's
-// context, beginning it on first use (READ COMMITTED, see Driver.Begin). Do
-// the business writes in it and leave Commit and Rollback to idem: the
-// completion is written in the same transaction, fenced by the token, and
-// committed with it (CONTRACT section 6). It returns
-// idemdriver.ErrNoExecution outside a protected handler.
-//
-// Never swallow an error of a statement in it: after a deadlock (1213), or
-// a lock wait timeout (1205) with innodb_rollback_on_timeout, InnoDB has
-// rolled the whole transaction back and the session is in autocommit, so a
-// handler that answers 2xx anyway would have idem's completion commit alone,
-// without the business writes. Return a 5xx (FAILED: the retry runs again).
-func Tx(ctx context.Context) (*sql.Tx, error) { return idemdriver.NativeTx[*sql.Tx](ctx) }
-
 // SQL building blocks. Times cross between Go and MySQL as microseconds
 // since the epoch; DATETIME(6) arithmetic on them is exact.
 const (
@@ -771,6 +757,18 @@ func (d *Driver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, e
 // START TRANSACTION; otherwise READ COMMITTED is already the session's
 // default (see Open). The fenced completion inside is correct at any level:
 // an UPDATE always reads the latest committed row.
+//
+// A protected handler gets this transaction with
+// idem.Tx[*sql.Tx](r.Context()), beginning it on first use (READ COMMITTED,
+// see Driver.Begin). Do the business writes in it and leave Commit and
+// Rollback to idem: the completion is written in the same transaction,
+// fenced by the token, and committed with it (CONTRACT section 6).
+//
+// Never swallow an error of a statement in it: after a deadlock (1213), or a
+// lock wait timeout (1205) with innodb_rollback_on_timeout, InnoDB has
+// rolled the whole transaction back and the session is in autocommit, so a
+// handler that answers 2xx anyway would have idem's completion commit alone,
+// without the business writes. Return a 5xx (FAILED: the retry runs again).
 func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	tx, err := d.db.BeginTx(ctx, d.beginOpts)
 	if err != nil {

@@ -54,14 +54,13 @@ func newHarness(t *testing.T, handler http.HandlerFunc, configure ...func(*idem.
 		idemotel.WithTracerProvider(h.tp))
 	require.NoError(t, err)
 	cfg := idem.Config{
-		Store: d, Scope: idem.SingleTenant, Logger: slog.New(slog.DiscardHandler),
-		Outcome: idem.ReleaseValidationFailures,
-		Observer: idem.ObserverFunc(func(ctx context.Context, e idem.Event) {
+		EngineConfig: idem.EngineConfig{Store: d, Logger: slog.New(slog.DiscardHandler), Outcome: idem.ReleaseValidationFailures, Observer: idem.ObserverFunc(func(ctx context.Context, e idem.Event) {
 			h.mu.Lock()
 			h.events = append(h.events, e)
 			h.mu.Unlock()
 			obs.Observe(ctx, e)
-		}),
+		})},
+		Scope: idem.SingleTenant,
 	}
 	for _, f := range configure {
 		f(&cfg)

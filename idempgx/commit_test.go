@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
@@ -29,12 +30,12 @@ func TestCommitFailureReleasesTheClaim(t *testing.T) {
 	_, err := pool.Exec(ctx, `CREATE TABLE parents (id int PRIMARY KEY);
 		CREATE TABLE children (parent_id int REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)`)
 	require.NoError(t, err)
-	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	runs := 0
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
-		tx, err := idempgx.Tx(r.Context())
+		tx, err := idem.Tx[pgx.Tx](r.Context())
 		require.NoError(t, err)
 		if runs == 1 {
 			_, err = tx.Exec(r.Context(), `INSERT INTO children VALUES (42)`) // no parent 42: COMMIT fails

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -29,8 +30,8 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	mw, err := idem.New(idem.Config{
-		Store: store,
-		Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }, // from your authentication, in real code
+		EngineConfig: idem.EngineConfig{Store: store},
+		Scope:        func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil },
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -46,7 +47,7 @@ func ExampleNew() {
 // that never happened, and is answered 500 instead. (Compiled, not run.)
 func ExampleTx() {
 	pay := func(w http.ResponseWriter, r *http.Request) {
-		tx, err := idempgx.Tx(r.Context())
+		tx, err := idem.Tx[pgx.Tx](r.Context())
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
@@ -81,7 +82,7 @@ func ExampleNewPartitioned() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	if _, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant}); err != nil {
+	if _, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant}); err != nil {
 		log.Fatal(err) // a Retention beyond the partitions' MaxRetention is refused
 	}
 }

@@ -180,7 +180,7 @@ func (b *txApp) counted(cfg idem.Config, body func(ctx context.Context, tx pgx.T
 	runs = new(atomic.Int64)
 	h = b.mw(cfg).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		run := runs.Add(1)
-		tx, err := idempgx.Tx(r.Context())
+		tx, err := idem.Tx[pgx.Tx](r.Context())
 		require.NoError(b.t, err)
 		body(r.Context(), tx, run)
 		w.WriteHeader(http.StatusCreated)
@@ -199,8 +199,8 @@ func notSucceeded(t *testing.T) func(*httptest.ResponseRecorder) {
 // record's row lock, as a takeover in flight would.
 func (b *txApp) lockedCompletion(key string, locker *pgx.Tx) http.Handler {
 	ctx := context.Background()
-	return b.mw(idem.Config{CompleteTimeout: 300 * time.Millisecond}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := idempgx.Tx(r.Context())
+	return b.mw(idem.Config{EngineConfig: idem.EngineConfig{CompleteTimeout: 300 * time.Millisecond}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, err := idem.Tx[pgx.Tx](r.Context())
 		require.NoError(b.t, err)
 		require.NoError(b.t, b.insert(r.Context(), tx, key))
 		*locker, err = b.pool.Begin(ctx)
@@ -245,7 +245,7 @@ func TestHandlerTxFencedOutEndToEndEveryExecMode(t *testing.T) {
 			for name, first := range firsts {
 				key := "fenced-" + name
 				h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					tx, err := idempgx.Tx(r.Context())
+					tx, err := idem.Tx[pgx.Tx](r.Context())
 					require.NoError(t, err)
 					require.NoError(t, first(r.Context(), tx, key))
 					// another worker takes the key over
@@ -269,8 +269,8 @@ func TestHandlerTxFencedOutEndToEndEveryExecMode(t *testing.T) {
 func TestHandlerTxConnFirstStatementRunsInTheTransaction(t *testing.T) {
 	t.Parallel()
 	inEveryMode(t, []string{""}, func(t *testing.T, b *txApp, oneCommit bool) {
-		h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			tx, err := idempgx.Tx(r.Context())
+		h := b.mw(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tx, err := idem.Tx[pgx.Tx](r.Context())
 			require.NoError(t, err)
 			_, err = tx.Conn().Exec(r.Context(), `INSERT INTO `+b.table+` (k) VALUES ('conn')`)
 			require.NoError(t, err)
@@ -294,8 +294,8 @@ func TestHandlerTxStrayGoroutineAfterCommit(t *testing.T) {
 				t.Parallel()
 				b := newTxApp(t, "")
 				var kept pgx.Tx
-				h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					tx, err := idempgx.Tx(r.Context())
+				h := b.mw(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					tx, err := idem.Tx[pgx.Tx](r.Context())
 					require.NoError(t, err)
 					if used {
 						require.NoError(t, b.insert(r.Context(), tx, "stray"))
@@ -351,7 +351,7 @@ func TestHandlerTxConnOfANeverBegunTransactionAfterRollback(t *testing.T) {
 	b := newTxApp(t, "")
 	var kept pgx.Tx
 	h := b.mw(idem.Config{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := idempgx.Tx(r.Context())
+		tx, err := idem.Tx[pgx.Tx](r.Context())
 		require.NoError(t, err)
 		kept = tx
 		http.Error(w, "declined", http.StatusInternalServerError)
@@ -408,9 +408,9 @@ func TestHandlerTxConcurrentDuplicatesCommitOnce(t *testing.T) {
 	t.Parallel()
 	inEveryMode(t, execModes, func(t *testing.T, b *txApp, oneCommit bool) {
 		var runs atomic.Int64
-		h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := b.mw(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
-			tx, err := idempgx.Tx(r.Context())
+			tx, err := idem.Tx[pgx.Tx](r.Context())
 			if err == nil {
 				err = b.insert(r.Context(), tx, "dup")
 			}
@@ -448,8 +448,8 @@ func TestHandlerTxFailedStatementThenAnswer(t *testing.T) {
 		_, err := b.pool.Exec(ctx, `CREATE TABLE uniq (id int PRIMARY KEY); INSERT INTO uniq VALUES (1)`)
 		require.NoError(t, err)
 		answer := http.StatusCreated
-		h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			tx, err := idempgx.Tx(r.Context())
+		h := b.mw(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tx, err := idem.Tx[pgx.Tx](r.Context())
 			require.NoError(t, err)
 			require.NoError(t, b.insert(r.Context(), tx, r.Header.Get(idem.HeaderKey)))
 			_, err = tx.Exec(r.Context(), `INSERT INTO uniq VALUES (1)`)
@@ -485,7 +485,7 @@ func TestHandlerTxDeferredConstraintAtCommit(t *testing.T) {
 		_, err := b.pool.Exec(ctx, `CREATE TABLE parents (id int PRIMARY KEY);
 			CREATE TABLE children (parent_id int REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)`)
 		require.NoError(t, err)
-		h, runs := b.counted(idem.Config{OneCommit: oneCommit}, func(ctx context.Context, tx pgx.Tx, run int64) {
+		h, runs := b.counted(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}, func(ctx context.Context, tx pgx.Tx, run int64) {
 			require.NoError(t, b.insert(ctx, tx, "fk"))
 			stmt := `INSERT INTO children VALUES (42)` // no parent 42: the COMMIT fails
 			if run > 1 {
@@ -508,7 +508,7 @@ func TestHandlerTxDeferredConstraintAtCommit(t *testing.T) {
 func TestHandlerTxBackendKilledMidHandler(t *testing.T) {
 	t.Parallel()
 	inEveryMode(t, execModes, func(t *testing.T, b *txApp, oneCommit bool) {
-		h, _ := b.counted(idem.Config{OneCommit: oneCommit}, func(ctx context.Context, tx pgx.Tx, run int64) {
+		h, _ := b.counted(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}, func(ctx context.Context, tx pgx.Tx, run int64) {
 			require.NoError(t, b.insert(ctx, tx, "killed"))
 			if run == 1 {
 				var pid uint32 = tx.Conn().PgConn().PID()
@@ -531,8 +531,8 @@ func TestHandlerTxHandlerEndsTheTransaction(t *testing.T) {
 			t.Run(fmt.Sprintf("oneCommit=%v/noStatement=%v", oneCommit, deferred), func(t *testing.T) {
 				t.Parallel()
 				b := newTxApp(t, "")
-				h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					tx, err := idempgx.Tx(r.Context())
+				h := b.mw(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					tx, err := idem.Tx[pgx.Tx](r.Context())
 					require.NoError(t, err)
 					if !deferred {
 						require.NoError(t, b.insert(r.Context(), tx, "self"))
@@ -562,8 +562,8 @@ func TestHandlerTxClientCancelsMidHandler(t *testing.T) {
 	t.Parallel()
 	inEveryMode(t, []string{""}, func(t *testing.T, b *txApp, oneCommit bool) {
 		ctx, cancel := context.WithCancel(context.Background())
-		h := b.mw(idem.Config{OneCommit: oneCommit}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			tx, err := idempgx.Tx(r.Context())
+		h := b.mw(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tx, err := idem.Tx[pgx.Tx](r.Context())
 			require.NoError(t, err)
 			require.NoError(t, b.insert(r.Context(), tx, "hangup"))
 			cancel()
@@ -596,7 +596,7 @@ func TestHandlerTxClientCancelsMidHandler(t *testing.T) {
 func TestHandlerTxIdleInTransactionTimeout(t *testing.T) {
 	t.Parallel()
 	inEveryMode(t, execModes, func(t *testing.T, b *txApp, oneCommit bool) {
-		h, _ := b.counted(idem.Config{OneCommit: oneCommit}, func(ctx context.Context, tx pgx.Tx, run int64) {
+		h, _ := b.counted(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}, func(ctx context.Context, tx pgx.Tx, run int64) {
 			if run == 1 {
 				_, err := tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 100`)
 				require.NoError(t, err)

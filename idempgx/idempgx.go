@@ -107,27 +107,6 @@ func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
 // Pool returns the driver's pool, for the application's own queries.
 func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 
-// Tx returns the claim's business transaction from a protected handler's
-// context, beginning it on first use. Do the business writes in it and leave
-// Commit and Rollback to idem: the completion is written in the same
-// transaction, fenced by the token, and committed with it (CONTRACT
-// section 6). It returns idemdriver.ErrNoExecution outside a protected handler.
-//
-// Its BEGIN goes with its first statement (in one pipeline when that is an
-// Exec), and the completion goes with its COMMIT (one pipeline): a
-// transactional first execution is the claim, the handler's statements and
-// one more round trip. Once idem has committed or rolled it back, every
-// method returns pgx.ErrTxClosed: a goroutine the handler left behind cannot
-// write on a connection that went back to the pool.
-//
-// A statement of the handler that fails (a unique violation it answers 409
-// for, say) aborts the whole transaction in PostgreSQL: its writes are gone
-// and nothing more can be written in it. idem then rolls it back and records
-// the handler's answer on its own, so a 409 is replayed; a 2xx after such a
-// failure would claim writes that never happened, and is answered 500
-// (problem type transaction-aborted) and recorded FAILED.
-func Tx(ctx context.Context) (pgx.Tx, error) { return idemdriver.NativeTx[pgx.Tx](ctx) }
-
 // now is the database clock moved by the @offset parameter (microseconds).
 const now = `(statement_timestamp() + @offset::bigint * interval '1 microsecond')`
 

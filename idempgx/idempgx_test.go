@@ -60,8 +60,8 @@ type business struct {
 	table string
 }
 
-func (b business) Insert(ctx context.Context, tx idemdriver.Tx, id string) error {
-	_, err := tx.Native().(pgx.Tx).Exec(ctx, `INSERT INTO `+b.table+` (id) VALUES ($1)`, id)
+func (b business) Insert(ctx context.Context, tx any, id string) error {
+	_, err := tx.(pgx.Tx).Exec(ctx, `INSERT INTO `+b.table+` (id) VALUES ($1)`, id)
 	return err
 }
 

@@ -80,7 +80,7 @@ func poolApp(t *testing.T, conns int32) (*idempgx.Driver, *pgxpool.Pool, string)
 // writeBiz inserts key into biz in the claim's transaction, or answers 500
 // and reports false.
 func writeBiz(w http.ResponseWriter, r *http.Request, biz, key string) bool {
-	tx, err := idempgx.Tx(r.Context())
+	tx, err := idem.Tx[pgx.Tx](r.Context())
 	if err == nil {
 		_, err = tx.Exec(r.Context(), `INSERT INTO `+biz+` (k) VALUES ($1)`, key)
 	}
@@ -136,7 +136,7 @@ func TestOneCommitDuplicatesLeaveThePoolToOtherKeys(t *testing.T) {
 				}
 			})
 			var runs atomic.Int64
-			mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 10 * time.Minute})
+			mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: 10 * time.Minute}, Scope: idem.SingleTenant})
 			require.NoError(t, err)
 			h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				key := r.Header.Get(idem.HeaderKey)
@@ -225,7 +225,7 @@ func TestOneCommitDuplicatesLeaveThePoolToOtherKeys(t *testing.T) {
 func TestOneCommitLocalWaitIsBounded(t *testing.T) {
 	d, _, biz := smallPoolApp(t)
 	entered, release := make(chan struct{}), make(chan struct{})
-	mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 100 * time.Millisecond})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: 100 * time.Millisecond}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !writeBiz(w, r, biz, "k") {
@@ -265,8 +265,10 @@ func TestOneCommitClaimBoundedWhenThePoolIsTaken(t *testing.T) {
 			c.Release()
 		}
 	})
-	mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true,
-		ClaimTimeout: 100 * time.Millisecond, OneCommitWait: 100 * time.Millisecond})
+	mw, err := idem.New(idem.Config{
+		EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, ClaimTimeout: 100 * time.Millisecond, OneCommitWait: 100 * time.Millisecond},
+		Scope:        idem.SingleTenant,
+	})
 	require.NoError(t, err)
 	var runs atomic.Int64
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs.Add(1) }))
@@ -286,7 +288,7 @@ func TestOneCommitBurstOfReplaysIsNotQueued(t *testing.T) {
 	d, _, biz := poolApp(t, 16)
 	// A bound shorter than 500 claims one after another take, and longer
 	// than one claim behind 500 on 16 connections.
-	mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 100 * time.Millisecond})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: 100 * time.Millisecond}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	var runs atomic.Int64
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -322,11 +324,11 @@ func TestOneCommitWaiterGetsTheWholeLockBound(t *testing.T) {
 	var releaseOnce sync.Once
 	free := func() { releaseOnce.Do(func() { close(release) }) }
 	t.Cleanup(free)
-	mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 2 * time.Second})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: 2 * time.Second}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	var runs atomic.Int64
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := idempgx.Tx(r.Context())
+		tx, err := idem.Tx[pgx.Tx](r.Context())
 		var bound string
 		if err == nil {
 			err = tx.QueryRow(r.Context(), `SELECT current_setting('lock_timeout')`).Scan(&bound)
@@ -386,7 +388,7 @@ func sendUnread(t *testing.T, h http.Handler, key string) {
 // transaction: they get the replay while the owner's client still reads.
 func TestOneCommitSlowOwnerClientDoesNotHoldTheKey(t *testing.T) {
 	d, _, biz := smallPoolApp(t)
-	mw, err := idem.New(idem.Config{Store: d, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 200 * time.Millisecond})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: 200 * time.Millisecond}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !writeBiz(w, r, biz, "k") {
@@ -465,9 +467,9 @@ func TestOneCommitDuplicatesOfAKeyAnotherProcessHolds(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 		})
 	}
-	mwA, err := idem.New(idem.Config{Store: a, Scope: idem.SingleTenant, OneCommit: true})
+	mwA, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: a, OneCommit: true}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
-	mwB, err := idem.New(idem.Config{Store: b, Scope: idem.SingleTenant, OneCommit: true, OneCommitWait: 500 * time.Millisecond})
+	mwB, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: b, OneCommit: true, OneCommitWait: 500 * time.Millisecond}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	owner := answerOf(mwA.Handler(handler(true)), "k")
 	<-entered

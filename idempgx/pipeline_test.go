@@ -45,7 +45,7 @@ func TestPipelinesInEveryExecMode(t *testing.T) {
 			t.Helper()
 			tx, err := d.Begin(ctx)
 			require.NoError(t, err)
-			require.NoError(t, biz.Insert(ctx, tx, row))
+			require.NoError(t, biz.Insert(ctx, tx.Native(), row))
 			return tx, tx.(idemdriver.CompleteCommitter)
 		}
 		count := func(row string) int {
@@ -75,7 +75,7 @@ func TestPipelinesInEveryExecMode(t *testing.T) {
 		// violation), so the completion cannot be written.
 		res := claimAt("aborted", 0)
 		tx, cc = begin("row-aborted")
-		require.Error(t, biz.Insert(ctx, tx, "row-aborted"), "a unique violation")
+		require.Error(t, biz.Insert(ctx, tx.Native(), "row-aborted"), "a unique violation")
 		_, err = cc.CompleteCommit(ctx, completion(res.Record, 0))
 		require.ErrorIs(t, err, idemdriver.ErrTxAborted)
 		require.NoError(t, tx.Rollback(ctx))
@@ -100,7 +100,7 @@ func TestPipelinesInEveryExecMode(t *testing.T) {
 		res, tx, err = d.ClaimTx(ctx, claimParams("one", 0), time.Second)
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
-		require.NoError(t, biz.Insert(ctx, tx, "row-one"))
+		require.NoError(t, biz.Insert(ctx, tx.Native(), "row-one"))
 		_, _, err = d.ClaimTx(ctx, claimParams("one", 0), 50*time.Millisecond)
 		require.ErrorIs(t, err, idemdriver.ErrLockWait)
 		ok, err = tx.(idemdriver.CompleteCommitter).CompleteCommit(ctx, completion(res.Record, 0))
@@ -144,10 +144,10 @@ func TestFirstExecutionRoundTrips(t *testing.T) {
 		oneCommit bool
 		want      int64
 	}{{"transactional", false, 3}, {"one-commit", true, 3}} {
-		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, OneCommit: tc.oneCommit})
+		m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: tc.oneCommit}, Scope: idem.SingleTenant})
 		require.NoError(t, err)
 		h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			tx, err := idemdriver.TxFromContext(r.Context())
+			tx, err := idem.Tx[any](r.Context())
 			if err == nil {
 				err = biz.Insert(r.Context(), tx, r.Header.Get(idem.HeaderKey))
 			}
@@ -294,10 +294,10 @@ func TestConnectionLostAfterThePipelinedCommit(t *testing.T) {
 	cfg.MaxConns = 2
 	d := storeOn(t, cfg, false)
 	biz := newBusiness(t, d)
-	m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, OneCommit: true})
+	m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := idemdriver.TxFromContext(r.Context())
+		tx, err := idem.Tx[any](r.Context())
 		require.NoError(t, err)
 		require.NoError(t, biz.Insert(r.Context(), tx, "lost-row"))
 		proxy.cut.Store(true) // the next COMMIT's answer never arrives

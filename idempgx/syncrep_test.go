@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -66,13 +67,13 @@ func testOutcomeCommitWaits(t *testing.T, base string, transactional bool) {
 	probe := syncRepPool(t, base, schema, "on")
 	store := idempgx.New(syncRepPool(t, base, schema, "on"))
 	t.Cleanup(func() { setStandbys("") }) // before the pool's Close, which waits for the commit
-	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: store, CompleteTimeout: time.Second, ClaimTimeout: time.Second})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store, CompleteTimeout: time.Second, ClaimTimeout: time.Second}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	var runs atomic.Int32
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		if transactional {
-			tx, err := idempgx.Tx(r.Context())
+			tx, err := idem.Tx[pgx.Tx](r.Context())
 			require.NoError(t, err)
 			_, err = tx.Exec(r.Context(), `INSERT INTO business_rows VALUES ('p1')`)
 			require.NoError(t, err)

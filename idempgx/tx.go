@@ -19,6 +19,26 @@ var _ idemdriver.CompleteCommitter = (*businessTx)(nil)
 // Begin implements idemdriver.Driver (READ COMMITTED, the default) on a
 // connection the driver acquires from the pool, sending BEGIN with the
 // transaction's first statement (see claimTx).
+//
+// A protected handler gets this transaction with
+// idem.Tx[pgx.Tx](r.Context()), beginning it on first use. Do the business
+// writes in it and leave Commit and Rollback to idem: the completion is
+// written in the same transaction, fenced by the token, and committed with
+// it (CONTRACT section 6).
+//
+// Its BEGIN goes with its first statement (in one pipeline when that is an
+// Exec), and the completion goes with its COMMIT (one pipeline): a
+// transactional first execution is the claim, the handler's statements and
+// one more round trip. Once idem has committed or rolled it back, every
+// method returns pgx.ErrTxClosed: a goroutine the handler left behind cannot
+// write on a connection that went back to the pool.
+//
+// A statement of the handler that fails (a unique violation it answers 409
+// for, say) aborts the whole transaction in PostgreSQL: its writes are gone
+// and nothing more can be written in it. idem then rolls it back and records
+// the handler's answer on its own, so a 409 is replayed; a 2xx after such a
+// failure would claim writes that never happened, and is answered 500
+// (problem type transaction-aborted) and recorded FAILED.
 func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	conn, err := d.pool.Acquire(ctx)
 	if err != nil {

@@ -2,6 +2,7 @@ package idemsqlite_test
 
 import (
 	"context"
+	"database/sql"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,7 +15,6 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemdrivertest"
-	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dbtest"
 )
 
@@ -39,7 +39,7 @@ func post(h http.Handler, key string) *httptest.ResponseRecorder {
 func holdWriteLock(runs *atomic.Int32, started, release chan struct{}) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
-		tx, err := idemsqlite.Tx(r.Context())
+		tx, err := idem.Tx[*sql.Tx](r.Context())
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
@@ -65,7 +65,7 @@ func TestDuplicateDuringOwnersTransactionIs409(t *testing.T) {
 	d := newDriver(t)
 	var runs atomic.Int32
 	started, release := make(chan struct{}), make(chan struct{})
-	owner, err := idem.New(idem.Config{Store: d, Scope: globalScope, LeaseDuration: time.Second})
+	owner, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, LeaseDuration: time.Second}, Scope: globalScope})
 	require.NoError(t, err)
 	h := owner.Handler(holdWriteLock(&runs, started, release))
 	first := make(chan *httptest.ResponseRecorder, 1)
@@ -75,8 +75,10 @@ func TestDuplicateDuringOwnersTransactionIs409(t *testing.T) {
 	// The duplicate sees the database's clock past the owner's lease.
 	clock := &idemdrivertest.Clock{}
 	clock.Advance(2 * time.Second)
-	dupMW, err := idem.New(idem.Config{Store: idemdrivertest.Shift(d, clock), Scope: globalScope, LeaseDuration: time.Second,
-		ClaimTimeout: 300 * time.Millisecond})
+	dupMW, err := idem.New(idem.Config{
+		EngineConfig: idem.EngineConfig{Store: idemdrivertest.Shift(d, clock), LeaseDuration: time.Second, ClaimTimeout: 300 * time.Millisecond},
+		Scope:        globalScope,
+	})
 	require.NoError(t, err)
 	dup := dupMW.Handler(holdWriteLock(&runs, make(chan struct{}), release))
 	w := post(dup, "k")
@@ -101,7 +103,7 @@ func TestRenewalQueuedBehindAnotherTransactionKeepsTheLease(t *testing.T) {
 	t.Parallel()
 	d := newDriver(t)
 	const lease = time.Second
-	m, err := idem.New(idem.Config{Store: d, Scope: globalScope, LeaseDuration: lease})
+	m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, LeaseDuration: lease}, Scope: globalScope})
 	require.NoError(t, err)
 
 	// B runs without a transaction until A's transaction has ended.
@@ -143,7 +145,7 @@ func TestRenewalQueuedBehindAnotherTransactionKeepsTheLease(t *testing.T) {
 // transaction does, and gets the replay): a duplicate got 409 instead.
 func TestOneCommitDuplicateQueuesForTheWriteLock(t *testing.T) {
 	d := dbtest.SQLite(t)
-	mw, err := idem.New(idem.Config{Store: d, Scope: globalScope, OneCommit: true, OneCommitWait: time.Millisecond})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: time.Millisecond}, Scope: globalScope})
 	require.NoError(t, err)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int64

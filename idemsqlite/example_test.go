@@ -2,6 +2,7 @@ package idemsqlite_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"log"
 	"net/http"
@@ -28,7 +29,7 @@ func ExampleOpen() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -56,12 +57,12 @@ func ExampleTx() {
 	if _, err := store.DB().Exec(`CREATE TABLE orders (number TEXT PRIMARY KEY)`); err != nil {
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
 	}
 	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, err := idemsqlite.Tx(r.Context())
+		tx, err := idem.Tx[*sql.Tx](r.Context())
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return

@@ -127,13 +127,6 @@ func (d *Driver) DB() *sql.DB { return d.db }
 // Close closes the database.
 func (d *Driver) Close() error { return d.db.Close() }
 
-// Tx returns the claim's business transaction from a protected handler's
-// context, beginning it on first use (BEGIN IMMEDIATE). Do the business
-// writes in it and leave Commit and Rollback to idem: the completion is
-// written in the same transaction and committed with it (CONTRACT section 6).
-// It returns idemdriver.ErrNoExecution outside a protected handler.
-func Tx(ctx context.Context) (*sql.Tx, error) { return idemdriver.NativeTx[*sql.Tx](ctx) }
-
 // now is SQLite's clock in microseconds, moved by the @offset parameter.
 // SQLite keeps 'now' fixed within one statement, so every use agrees.
 const now = `(CAST(unixepoch('subsec') * 1000000 AS INTEGER) + @offset)`
@@ -348,6 +341,12 @@ func (d *Driver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, e
 // Begin implements idemdriver.Driver with BEGIN IMMEDIATE: the transaction
 // holds SQLite's write lock from its first statement, so it never fails
 // half-way with SQLITE_BUSY when it starts writing.
+//
+// A protected handler gets this transaction with
+// idem.Tx[*sql.Tx](r.Context()), beginning it on first use (BEGIN
+// IMMEDIATE). Do the business writes in it and leave Commit and Rollback to
+// idem: the completion is written in the same transaction and committed with
+// it (CONTRACT section 6).
 func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	if err := d.prepare(ctx); err != nil {
 		return nil, err

@@ -53,7 +53,7 @@ type service struct {
 func newService(t *testing.T, store idem.Store, cfg func(*idem.Config), handlerOpts ...connect.HandlerOption) *service {
 	t.Helper()
 	s := &service{}
-	c := idem.Config{Store: store, Scope: func(*http.Request) (string, error) { return adaptertest.Scope, nil }}
+	c := idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: func(*http.Request) (string, error) { return adaptertest.Scope, nil }}
 	if cfg != nil {
 		cfg(&c)
 	}

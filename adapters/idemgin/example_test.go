@@ -1,6 +1,7 @@
 package idemgin_test
 
 import (
+	"database/sql"
 	"fmt"
 	"log"
 	"net/http"
@@ -10,7 +11,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/adapters/idemgin"
-	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dbtest"
 )
 
@@ -44,7 +44,7 @@ func Example() {
 			return
 		}
 		// c.Request is idem's: its context carries the claim's transaction.
-		tx, err := idemsqlite.Tx(c.Request.Context())
+		tx, err := idem.Tx[*sql.Tx](c.Request.Context())
 		if err != nil {
 			_ = c.AbortWithError(http.StatusServiceUnavailable, err)
 			return

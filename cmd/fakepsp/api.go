@@ -67,11 +67,8 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		cfg.Roll = rand.Float64
 	}
 	mw, err := idem.New(idem.Config{
-		Store:         cfg.Store.Idem(),
-		Scope:         service.Scope,
-		LeaseDuration: cfg.Lease,
-		Logger:        cfg.Logger,
-		Observer:      cfg.Observer,
+		EngineConfig: idem.EngineConfig{Store: cfg.Store.Idem(), LeaseDuration: cfg.Lease, Logger: cfg.Logger, Observer: cfg.Observer},
+		Scope:        service.Scope,
 	})
 	if err != nil {
 		return nil, err

@@ -34,8 +34,8 @@
 //	GET  /metrics           idem's decisions in Prometheus' text format, no
 //	                        authentication (docs/observability.md)
 //
-// A charge is written in the claim's transaction (idemsqlite.Tx,
-// idempgx.Tx), so it commits together with idem's record of the 201: a
+// A charge is written in the claim's transaction (idem.Tx[*sql.Tx] or
+// idem.Tx[pgx.Tx]), so it commits together with idem's record of the 201: a
 // charge exists if and only if its key replays it.
 //
 // # Fault injection

@@ -12,8 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/idempgx"
-	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dburl"
 	"github.com/idemgo/idem/internal/service"
 )
@@ -146,7 +144,7 @@ func readStats(rows service.Rows) (Stats, error) {
 type postgresStore struct{ *service.DB }
 
 func (s *postgresStore) CreateCharge(ctx context.Context, c NewCharge) (Charge, error) {
-	tx, err := idempgx.Tx(ctx)
+	tx, err := idem.Tx[pgx.Tx](ctx)
 	if err != nil {
 		return Charge{}, err
 	}
@@ -189,7 +187,7 @@ type sqliteStore struct{ *service.DB }
 const sqliteNow = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
 
 func (s *sqliteStore) CreateCharge(ctx context.Context, c NewCharge) (Charge, error) {
-	tx, err := idemsqlite.Tx(ctx)
+	tx, err := idem.Tx[*sql.Tx](ctx)
 	if err != nil {
 		return Charge{}, err
 	}

@@ -91,15 +91,15 @@ type app struct {
 }
 
 func newApp(t *target, naive *naiveCache, log *slog.Logger) (*app, error) {
-	mw, err := idem.New(idem.Config{Store: t.store, Scope: scopeOf, Logger: log})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: t.store, Logger: log}, Scope: scopeOf})
 	if err != nil {
 		return nil, err
 	}
-	mw1c, err := idem.New(idem.Config{Store: t.store, Scope: scopeOf, Logger: log, OneCommit: true})
+	mw1c, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: t.store, Logger: log, OneCommit: true}, Scope: scopeOf})
 	if err != nil {
 		return nil, err
 	}
-	mwRC, err := idem.New(idem.Config{Store: t.store, Scope: scopeOf, Logger: log, ReplayCacheBytes: replayCacheBytes})
+	mwRC, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: t.store, Logger: log}, Scope: scopeOf, ReplayCacheBytes: replayCacheBytes})
 	if err != nil {
 		return nil, err
 	}

@@ -8,8 +8,8 @@
 //   - bare: the handler alone, no idempotency (the denominator of every
 //     ratio);
 //   - idem-tx: idem's first execution in transactional mode, the rows
-//     written in the claim's transaction (idempgx.Tx, idemmysql.Tx,
-//     idemsqlite.Tx) and committed with the completion;
+//     written in the claim's transaction (idem.Tx[pgx.Tx] or
+//     idem.Tx[*sql.Tx]) and committed with the completion;
 //   - idem-own: idem's first execution, the handler committing its own
 //     transaction (the completion is a statement of its own);
 //   - floor: no middleware, the statements idem needs sent by hand with the

@@ -76,8 +76,8 @@ type target struct {
 	// begin starts a business transaction of the handler's own on the
 	// pool idem uses.
 	begin func(ctx context.Context) (bizTx, error)
-	// claimTx returns the claim's transaction (idempgx.Tx, idemmysql.Tx,
-	// idemsqlite.Tx) from a protected handler's context.
+	// claimTx returns the claim's transaction (idem.Tx[pgx.Tx], idem.Tx[*sql.Tx],
+	// idem.Tx[*sql.Tx]) from a protected handler's context.
 	claimTx func(ctx context.Context) (bizTx, error)
 
 	// insertPayment takes id, merchant, amount, currency, customer,
@@ -168,7 +168,7 @@ func openPostgres(ctx context.Context, rawURL, schema string) (*target, error) {
 			return pgxTx{tx}, err
 		},
 		claimTx: func(ctx context.Context) (bizTx, error) {
-			tx, err := idempgx.Tx(ctx)
+			tx, err := idem.Tx[pgx.Tx](ctx)
 			return pgxTx{tx}, err
 		},
 		insertPayment: `INSERT INTO bench_payments (id, merchant, amount, currency, customer, description, status, created_at)
@@ -431,7 +431,7 @@ func openMariaDB(ctx context.Context, rawURL, database string) (*target, error) 
 	}
 	// Business transactions in READ COMMITTED: the sessions' default that
 	// idemmysql.Open sets.
-	t := sqlTarget(dbMariaDB, "MariaDB", "MariaDB "+strings.TrimSuffix(version, "-MariaDB"), d, db, idemmysql.Tx, drop)
+	t := sqlTarget(dbMariaDB, "MariaDB", "MariaDB "+strings.TrimSuffix(version, "-MariaDB"), d, db, idem.Tx[*sql.Tx], drop)
 	return t.withFloor(
 		func(ctx context.Context, tx bizTx, scope, key, path string, fp []byte) (bool, error) {
 			_, err := sqlOn(db, tx).ExecContext(ctx, "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, state, fencing_token,"+
@@ -475,7 +475,7 @@ func openSQLite(ctx context.Context, path string) (*target, error) {
 	}
 	const sqliteNow = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
 	// Business transactions BEGIN IMMEDIATE (idemsqlite.DSN).
-	t := sqlTarget(dbSQLite, "SQLite", "SQLite "+version+" (modernc.org/sqlite, WAL, synchronous=FULL)", d, db, idemsqlite.Tx, drop)
+	t := sqlTarget(dbSQLite, "SQLite", "SQLite "+version+" (modernc.org/sqlite, WAL, synchronous=FULL)", d, db, idem.Tx[*sql.Tx], drop)
 	return t.withFloor(
 		func(ctx context.Context, tx bizTx, scope, key, path string, fp []byte) (bool, error) {
 			res, err := sqlOn(db, tx).ExecContext(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,

@@ -97,12 +97,8 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 // relay secret, logger and observer.
 func (cfg handlerConfig) idemConfig() idem.Config {
 	return idem.Config{
-		Store:         cfg.Faults.store(cfg.Store.Idem()),
-		Scope:         service.Scope,
-		LeaseDuration: cfg.Lease,
-		RelaySecret:   cfg.RelaySecret,
-		Logger:        cfg.Logger,
-		Observer:      cfg.Observer,
+		EngineConfig: idem.EngineConfig{Store: cfg.Faults.store(cfg.Store.Idem()), LeaseDuration: cfg.Lease, RelaySecret: cfg.RelaySecret, Logger: cfg.Logger, Observer: cfg.Observer},
+		Scope:        service.Scope,
 	}
 }
 
@@ -228,7 +224,7 @@ func readPayment(w http.ResponseWriter, r *http.Request, body io.Reader) (paymen
 // validation failure, before any side effect. Outside idem (the naive
 // handler) there is no execution to release.
 func releaseKey(r *http.Request) {
-	_ = idem.ReleaseKey(r.Context()) // idemdriver.ErrNoExecution outside idem: nothing to release
+	_ = idem.ReleaseKey(r.Context()) // idem.ErrNoExecution outside idem: nothing to release
 }
 
 // chargeRequest is the provider's charge for in, keyed with key.

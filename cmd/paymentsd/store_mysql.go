@@ -10,14 +10,14 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/idemgo/idem/idemmysql"
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/service"
 )
 
 // onMySQL is the Store on MySQL or MariaDB (idemmysql); a payment written
 // on its own commits in READ COMMITTED.
 func onMySQL(db *service.DB) *sqlStore {
-	return &sqlStore{DB: db, separateTx: &sql.TxOptions{Isolation: sql.LevelReadCommitted}, claimTx: idemmysql.Tx,
+	return &sqlStore{DB: db, separateTx: &sql.TxOptions{Isolation: sql.LevelReadCommitted}, claimTx: idem.Tx[*sql.Tx],
 		insert: insertMySQLPayment, scan: scanMySQLPayment, sumAmount: service.SumColumns(`amount`, func(sum string) string { return `CAST(` + sum + ` AS SIGNED)` })}
 }
 

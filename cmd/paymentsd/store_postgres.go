@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemgo/idem/idempgx"
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/service"
 )
 
@@ -30,7 +30,7 @@ func (s *postgresStore) CreatePayment(ctx context.Context, p NewPayment, mode Wr
 		}
 		return got, tx.Commit(ctx)
 	}
-	tx, err := idempgx.Tx(ctx)
+	tx, err := idem.Tx[pgx.Tx](ctx)
 	if err != nil {
 		return Payment{}, err
 	}

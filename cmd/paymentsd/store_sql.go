@@ -17,7 +17,7 @@ type sqlStore struct {
 	*service.DB
 	// separateTx are the options of a WriteSeparate transaction.
 	separateTx *sql.TxOptions
-	// claimTx returns the claim's transaction: idemsqlite.Tx or idemmysql.Tx.
+	// claimTx returns the claim's transaction: idem.Tx[*sql.Tx].
 	claimTx func(ctx context.Context) (*sql.Tx, error)
 	// insert writes p's row in tx at the database's clock, unless a payment
 	// already records p's charge (dup; nothing written). It returns

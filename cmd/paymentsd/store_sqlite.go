@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/service"
 )
 
 // onSQLite is the Store on an embedded SQLite file (idemsqlite).
 func onSQLite(db *service.DB) *sqlStore {
-	return &sqlStore{DB: db, claimTx: idemsqlite.Tx, insert: insertSQLitePayment, scan: scanSQLitePayment,
+	return &sqlStore{DB: db, claimTx: idem.Tx[*sql.Tx], insert: insertSQLitePayment, scan: scanSQLitePayment,
 		sumAmount: service.SumColumns(`amount`, func(sum string) string { return sum })}
 }
 

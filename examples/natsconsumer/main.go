@@ -19,6 +19,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -92,7 +93,7 @@ func run() (err error) {
 	if _, err := store.DB().ExecContext(ctx, schema); err != nil {
 		return err
 	}
-	engine, err := idem.NewEngine(idem.Config{Store: store, LeaseDuration: time.Second, Logger: log})
+	engine, err := idem.NewEngine(idem.EngineConfig{Store: store, LeaseDuration: time.Second, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -151,7 +152,7 @@ func (h *handler) handle(ctx context.Context, msg jetstream.Msg) {
 	k := key(msg)
 	p := idem.DoParams{Scope: h.stream + "/" + msg.Subject(), Key: k, Route: msg.Subject(), Payload: msg.Data()}
 	_, err := h.engine.Do(ctx, p, func(ctx context.Context) (idem.Result, error) {
-		tx, err := idemsqlite.Tx(ctx)
+		tx, err := idem.Tx[*sql.Tx](ctx)
 		if err != nil {
 			return idem.Result{}, err
 		}

@@ -86,7 +86,7 @@ func (hw *handlerWrites) check(t *testing.T) {
 // insertRow writes the business row id in the claim's transaction, which
 // r's context carries.
 func insertRow(r *http.Request, biz Business, id string) error {
-	tx, err := idemdriver.TxFromContext(r.Context())
+	tx, err := idem.Tx[any](r.Context())
 	if err != nil {
 		return err
 	}
@@ -506,10 +506,10 @@ func middlewareLostLeaseCancelsHandler(t *testing.T, h Harness) {
 	d := h.NewDriver(t)
 	const shortLease = time.Second
 	slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)} // never opened: waits for its context
-	s1 := newServer(t, d, idem.Config{LeaseDuration: shortLease}, slow)
+	s1 := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: shortLease}}, slow)
 	later := &Clock{}
 	later.Advance(time.Minute)
-	s2 := newServer(t, Shift(d, later), idem.Config{LeaseDuration: shortLease}, &app{})
+	s2 := newServer(t, Shift(d, later), idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: shortLease}}, &app{})
 	done := make(chan answer)
 	go func() { done <- s1.post(t, "k", `{}`) }()
 	<-slow.started
@@ -615,7 +615,7 @@ func middlewareUnprotectedRequestsPassThrough(t *testing.T, h Harness) {
 func middlewareResponseTooLargeToStore(t *testing.T, h Harness) {
 	t.Parallel()
 	a := &app{bigBody: 4096}
-	s := newServer(t, h.NewDriver(t), idem.Config{MaxResponseBytes: 1024}, a)
+	s := newServer(t, h.NewDriver(t), idem.Config{EngineConfig: idem.EngineConfig{MaxResponseBytes: 1024}}, a)
 	first := s.post(t, "k", `{}`)
 	require.Equal(t, 201, first.status)
 	require.Len(t, first.body, 4096, "the first caller gets the whole response")
@@ -655,7 +655,7 @@ func middlewareMaxExecutionRollsBack(t *testing.T, h Harness) {
 	d := h.NewDriver(t)
 	biz := h.Business(t, d)
 	var runs atomic.Int32
-	s := newHandlerServer(t, d, idem.Config{LeaseDuration: time.Second, MaxExecution: time.Second}, func(w http.ResponseWriter, r *http.Request) {
+	s := newHandlerServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: time.Second, MaxExecution: time.Second}}, func(w http.ResponseWriter, r *http.Request) {
 		run := runs.Add(1)
 		if err := insertRow(r, biz, fmt.Sprintf("slow/%d", run)); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -685,12 +685,17 @@ func middlewareHandlerCommitsItself(t *testing.T, h Harness) {
 	var runs atomic.Int32
 	s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
-		tx, err := idemdriver.TxFromContext(r.Context())
+		tx, err := idem.Tx[any](r.Context())
 		if err == nil {
 			err = biz.Insert(r.Context(), tx, "self-commit")
 		}
-		if err == nil {
-			err = tx.Commit(r.Context()) // against the contract
+		if err == nil { // against the contract: pgx.Tx or *sql.Tx
+			switch native := tx.(type) {
+			case interface{ Commit(context.Context) error }:
+				err = native.Commit(r.Context())
+			case interface{ Commit() error }:
+				err = native.Commit()
+			}
 		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -733,7 +738,7 @@ func middlewareRelayKeyPerLife(t *testing.T, h Harness) {
 		relayed []string
 		derived []string
 	)
-	s := newHandlerServer(t, Shift(h.NewDriver(t), clock), idem.Config{RelaySecret: secret}, func(w http.ResponseWriter, r *http.Request) {
+	s := newHandlerServer(t, Shift(h.NewDriver(t), clock), idem.Config{EngineConfig: idem.EngineConfig{RelaySecret: secret}}, func(w http.ResponseWriter, r *http.Request) {
 		k, err := idem.RelayKey(r.Context(), "charge")
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -775,7 +780,7 @@ func middlewareStatementBudget(t *testing.T, h Harness) {
 		t.Cleanup(func() { a.writes.check(t) })
 	}
 	serve := func(a *app, key, body string) *httptest.ResponseRecorder {
-		m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d})
+		m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d}, Scope: idem.SingleTenant})
 		require.NoError(t, err)
 		req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
@@ -856,7 +861,7 @@ func edgeLongExecutionIsReplayed(t *testing.T, h Harness) {
 		relayed []string
 	)
 	writes := checkWrites(t)
-	s := newHandlerServer(t, h.NewDriver(t), idem.Config{LeaseDuration: time.Second, Retention: 2 * time.Second},
+	s := newHandlerServer(t, h.NewDriver(t), idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: time.Second, Retention: 2 * time.Second}},
 		func(w http.ResponseWriter, r *http.Request) {
 			k, err := idem.RelayKey(r.Context(), "charge")
 			if err != nil {
@@ -938,7 +943,7 @@ func edgeHandlerIgnoresSQLError(t *testing.T, h Harness) {
 	var aborted atomic.Bool
 	s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		run := runs.Add(1)
-		tx, err := idemdriver.TxFromContext(r.Context())
+		tx, err := idem.Tx[any](r.Context())
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
@@ -980,7 +985,7 @@ func edgeInFlightRetryAfter(t *testing.T, h Harness) {
 	back := &Clock{}
 	back.Advance(-5 * time.Minute)
 	stepped := newServer(t, Shift(d, back), idem.Config{}, &app{})
-	slow := newServer(t, d, idem.Config{InFlightRetryAfter: 5 * time.Second}, &app{})
+	slow := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{InFlightRetryAfter: 5 * time.Second}}, &app{})
 	done := make(chan answer)
 	go func() { done <- s.post(t, "k", `{}`) }()
 	<-a.started
@@ -1117,7 +1122,7 @@ func edgeValidationFailureReleasesKey(t *testing.T, h Harness) {
 	require.EqualValues(t, 2, runs.Load())
 
 	// The policy releases 400, 415 and 422 without the handler's help.
-	policy := newHandlerServer(t, d, idem.Config{Outcome: idem.ReleaseValidationFailures}, validating(false))
+	policy := newHandlerServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{Outcome: idem.ReleaseValidationFailures}}, validating(false))
 	runs.Store(0)
 	require.Equal(t, http.StatusUnsupportedMediaType, policy.post(t, "p", `{}`, asText).status)
 	require.Equal(t, http.StatusCreated, policy.post(t, "p", `{}`).status)

@@ -214,7 +214,7 @@ func oneCommitRaceOneBusinessRow(t *testing.T, h Harness) {
 	d, _ := txClaimer(t, h)
 	biz := h.Business(t, d)
 	a := &app{biz: biz, rowPrefix: "oc:"}
-	s := newServer(t, d, idem.Config{OneCommit: true, OneCommitWait: 20 * time.Second}, a)
+	s := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{OneCommit: true, OneCommitWait: 20 * time.Second}}, a)
 	var wg sync.WaitGroup
 	answers := make(chan answer, racers)
 	start := make(chan struct{})
@@ -252,7 +252,7 @@ func oneCommitDistinctKeysAllRun(t *testing.T, h Harness) {
 	d, _ := txClaimer(t, h)
 	biz := h.Business(t, d)
 	a := &app{biz: biz, rowPrefix: "dk:"}
-	cfg := idem.Config{OneCommit: true}
+	cfg := idem.Config{EngineConfig: idem.EngineConfig{OneCommit: true}}
 	if h.SingleWriter {
 		cfg.OneCommitWait = time.Millisecond // the bound that would refuse queued writers
 	}
@@ -292,7 +292,7 @@ func oneCommitFailureAndPanicLeaveNothing(t *testing.T, h Harness) {
 		return http.StatusCreated
 	}}
 	t.Cleanup(func() { a.writes.check(t) })
-	cfg := idem.Config{OneCommit: true, Scope: idem.SingleTenant, Store: d}
+	cfg := idem.Config{EngineConfig: idem.EngineConfig{OneCommit: true, Store: d}, Scope: idem.SingleTenant}
 	m, err := idem.New(cfg)
 	require.NoError(t, err)
 	serve := func() *httptest.ResponseRecorder {
@@ -336,7 +336,7 @@ func oneCommitReleaseFreesTheKey(t *testing.T, h Harness) {
 	// releases (a validation failure): the rollback restores the FAILED
 	// record, and idem still removes it.
 	release := true
-	s := newHandlerServer(t, d, idem.Config{OneCommit: true}, func(w http.ResponseWriter, r *http.Request) {
+	s := newHandlerServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{OneCommit: true}}, func(w http.ResponseWriter, r *http.Request) {
 		if release {
 			if err := idem.ReleaseKey(r.Context()); err != nil {
 				w.WriteHeader(http.StatusInternalServerError)
@@ -365,7 +365,7 @@ func oneCommitStatementBudget(t *testing.T, h Harness) {
 	wantReplay, ok := h.Budget["replay-one-commit"]
 	require.True(t, ok, "the harness gives no budget for replay-one-commit")
 	biz := h.Business(t, d)
-	m, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: d, OneCommit: true})
+	m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	a := &app{biz: biz}
 	t.Cleanup(func() { a.writes.check(t) })
@@ -389,7 +389,7 @@ func oneCommitStatementBudget(t *testing.T, h Harness) {
 func oneCommitConfigNeedsTxClaimer(t *testing.T, h Harness) {
 	t.Parallel()
 	d := h.NewDriver(t)
-	_, err := idem.New(idem.Config{Scope: idem.SingleTenant, Store: noTxClaimer{d}, OneCommit: true})
+	_, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: noTxClaimer{d}, OneCommit: true}, Scope: idem.SingleTenant})
 	require.Error(t, err)
 	require.True(t, strings.Contains(err.Error(), "TxClaimer"), err.Error())
 	require.False(t, errors.Is(err, idemdriver.ErrLockWait))

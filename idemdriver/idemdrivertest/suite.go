@@ -69,8 +69,8 @@ type Harness struct {
 
 // Business writes rows of a test business table inside a claim's transaction.
 type Business interface {
-	// Insert writes one row with id in tx (tx.Native() is the driver's type).
-	Insert(ctx context.Context, tx idemdriver.Tx, id string) error
+	// Insert writes one row with id in tx, the driver's native transaction (pgx.Tx, *sql.Tx).
+	Insert(ctx context.Context, tx any, id string) error
 	// Count returns the committed rows with id.
 	Count(ctx context.Context, id string) (int, error)
 }
@@ -536,7 +536,7 @@ func driverTransactional(t *testing.T, h Harness) {
 	res := claim(t, d, params("acct", "tx-ok", "b"))
 	tx, err := d.Begin(ctx)
 	require.NoError(t, err)
-	require.NoError(t, biz.Insert(ctx, tx, "row-ok"))
+	require.NoError(t, biz.Insert(ctx, tx.Native(), "row-ok"))
 	require.True(t, complete(t, tx, fence(res.Record), okResponse("ok")))
 	rec := record(t, d, "acct", "tx-ok")
 	require.Equal(t, idemdriver.StateProcessing, rec.State, "the completion is invisible before commit")
@@ -549,7 +549,7 @@ func driverTransactional(t *testing.T, h Harness) {
 	res = claim(t, d, params("acct", "tx-rb", "b"))
 	tx, err = d.Begin(ctx)
 	require.NoError(t, err)
-	require.NoError(t, biz.Insert(ctx, tx, "row-rb"))
+	require.NoError(t, biz.Insert(ctx, tx.Native(), "row-rb"))
 	require.True(t, complete(t, tx, fence(res.Record), okResponse("rb")))
 	require.NoError(t, tx.Rollback(ctx))
 	require.Zero(t, rows(t, biz, "row-rb"))
@@ -573,7 +573,7 @@ func driverTransactional(t *testing.T, h Harness) {
 		if order == "begin-before-takeover" {
 			tx, err = sd.Begin(ctx)
 			require.NoError(t, err)
-			require.NoError(t, biz.Insert(ctx, tx, row))
+			require.NoError(t, biz.Insert(ctx, tx.Native(), row))
 		}
 		clock.Advance(lease + time.Second)
 		take := claim(t, sd, params("acct", key, "b"))
@@ -581,7 +581,7 @@ func driverTransactional(t *testing.T, h Harness) {
 		if tx == nil {
 			tx, err = sd.Begin(ctx)
 			require.NoError(t, err)
-			require.NoError(t, biz.Insert(ctx, tx, row))
+			require.NoError(t, biz.Insert(ctx, tx.Native(), row))
 		}
 		require.False(t, complete(t, tx, fence(old.Record), okResponse("stale")), order)
 		require.NoError(t, tx.Rollback(ctx))
@@ -610,7 +610,7 @@ func driverCompleteCommit(t *testing.T, h Harness) {
 			t.Skipf("%T does not implement idemdriver.CompleteCommitter", tx)
 		}
 		if row != "" {
-			require.NoError(t, biz.Insert(ctx, tx, row))
+			require.NoError(t, biz.Insert(ctx, tx.Native(), row))
 		}
 		return tx, cc
 	}

@@ -174,8 +174,8 @@ func Postgres(t *testing.T) idem.Store {
 func NewMiddleware(t *testing.T, store idem.Store) *idem.Middleware {
 	t.Helper()
 	mw, err := idem.New(idem.Config{
-		Store: store,
-		Scope: func(*http.Request) (string, error) { return Scope, nil },
+		EngineConfig: idem.EngineConfig{Store: store},
+		Scope:        func(*http.Request) (string, error) { return Scope, nil },
 	})
 	require.NoError(t, err)
 	return mw

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"sync/atomic"
-
-	"github.com/idemgo/idem/idemdriver"
 )
 
 // SQLBusiness is the conformance suite's business table (idemdrivertest.Business)
@@ -15,9 +13,9 @@ import (
 // creates the table.
 type SQLBusiness struct{ DB *sql.DB }
 
-// Insert writes the row id in tx, whose Native() must be a *sql.Tx.
-func (b SQLBusiness) Insert(ctx context.Context, tx idemdriver.Tx, id string) error {
-	_, err := tx.Native().(*sql.Tx).ExecContext(ctx, `INSERT INTO business_rows (id) VALUES (?)`, id)
+// Insert writes the row id in tx, a *sql.Tx.
+func (b SQLBusiness) Insert(ctx context.Context, tx any, id string) error {
+	_, err := tx.(*sql.Tx).ExecContext(ctx, `INSERT INTO business_rows (id) VALUES (?)`, id)
 	return err
 }
 

@@ -50,7 +50,7 @@ type Options struct {
 // Store is an idem store Open opened: the driver, and the pool under it for
 // a program's own queries (Pool on PostgreSQL, SQL on MySQL and SQLite; the
 // other is nil). Both go through the same connections, so a transaction
-// idem begins (idempgx.Tx, idemmysql.Tx, idemsqlite.Tx) sees the program's
+// idem begins (idem.Tx[pgx.Tx] or idemsqlite.Tx) sees the program's
 // tables.
 type Store struct {
 	// Kind is Postgres, MySQL or SQLite.
