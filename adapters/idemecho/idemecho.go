@@ -25,6 +25,17 @@
 // answer it), so idem records it with its real status and body. When idem
 // answers by itself (replay, 409, 422, 400, 503, ...) the chain does not run.
 //
+// # Unrouted requests
+//
+// echo's Group.Use registers catch-all not-found routes for the group's
+// prefix, so the group's middleware also runs for a mistyped path under it
+// (POST /v1/chargee) and for a method no route of the path takes. Middleware
+// passes such a request through unprotected, for echo to answer 404 (or 405):
+// it has no side effect, and recording its 404 would burn the key, the
+// corrected request getting 422. A request is routed when a route is
+// registered for its method at the path echo matched (c.Path()); a route
+// registered with RouteNotFound is not.
+//
 // # What the chain sees
 //
 // c.Request() is idem's request for the execution: its context carries the
@@ -53,6 +64,7 @@ package idemecho
 
 import (
 	"net/http"
+	"sync"
 
 	"github.com/labstack/echo/v4"
 
@@ -66,8 +78,15 @@ import (
 // methods, Config.KeyOptional without a key) run the chain as usual, still
 // inside mw's handler, their errors answered the same way.
 func Middleware(mw *idem.Middleware) echo.MiddlewareFunc {
+	var routes routeSet
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
+			if !routes.routed(c) {
+				// echo answers it (404, 405): a request no route takes
+				// has no side effect to protect, and recording its 404
+				// would burn the key for the corrected request.
+				return next(c)
+			}
 			outerResp, outerReq := c.Response(), c.Request()
 			mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				c.SetResponse(echo.NewResponse(w, c.Echo()))
@@ -84,4 +103,44 @@ func Middleware(mw *idem.Middleware) echo.MiddlewareFunc {
 			return nil
 		}
 	}
+}
+
+// routeSet answers whether echo routed a request to a route registered for
+// its method, rather than to a not-found handler: the catch-all routes
+// Group.Use registers (RouteNotFound "/prefix" and "/prefix/*", whose handler
+// is echo.NotFoundHandler), one registered with RouteNotFound, or echo's own
+// NotFoundHandler and MethodNotAllowedHandler for a path or method no route
+// takes (under e.Use).
+type routeSet struct {
+	known sync.Map // routeKey -> struct{}: routed, for good (echo removes no route)
+}
+
+type routeKey struct {
+	router       *echo.Router
+	method, path string
+}
+
+// routed reports whether c's route (c.Path(), the path of the route the
+// router matched) is registered for the request's method on the router
+// that matched it (the host's, else the default one). A route added later
+// is found then; only the routes found are remembered.
+func (s *routeSet) routed(c echo.Context) bool {
+	e, r := c.Echo(), c.Request()
+	router := e.Router()
+	if hosts := e.Routers(); len(hosts) > 0 {
+		if hr, ok := hosts[r.Host]; ok {
+			router = hr
+		}
+	}
+	k := routeKey{router, r.Method, c.Path()}
+	if _, ok := s.known.Load(k); ok {
+		return true
+	}
+	for _, route := range router.Routes() {
+		if route.Method == k.method && route.Path == k.path {
+			s.known.Store(k, struct{}{})
+			return true
+		}
+	}
+	return false
 }
