@@ -30,8 +30,11 @@
 // claim (idem.ExecutionFromContext, the business transaction of the drivers'
 // Tx functions, idem.RelayKey), is detached from the client's, and is
 // cancelled when the lease is lost or Config.MaxExecution passes (CONTRACT
-// section 4). Use c.Request.Context(); c itself reaches that context only with
-// gin's Engine.ContextWithFallback. The body was read by idem (at most
+// section 4). Pass Context(c) (that is, c.Request.Context()) to idem's
+// context-taking functions, or use Execution(c) and RelayKey(c, step): c
+// itself, as a context.Context, reaches idem's context only with gin's
+// Engine.ContextWithFallback, and idem.RelayKey(c, ...) or idemsqlite.Tx(c)
+// otherwise answer idem.ErrNoExecution. The body was read by idem (at most
 // Config.MaxRequestBytes) and is given again in full.
 //
 // c.Writer keeps gin's semantics (a status set with c.Status is written with
