@@ -55,15 +55,27 @@
 // 402 *echo.HTTPError is recorded and replayed, a 503 is recorded FAILED and
 // runs again on retry. Middleware itself returns nil once the error is
 // answered: the error has its response, recorded, and must not be answered
-// again. A panic in the chain reaches idem, which releases the claim (FAILED:
-// a retry runs again) and raises it again for middleware.Recover, registered
-// before this middleware, to answer 500 (CONTRACT section 5). Recover
-// registered after this middleware answers the panic inside idem's writer
-// instead: a 500, recorded FAILED, with the same effect.
+// again.
+//
+// A panic in the chain of a protected execution reaches idem, which records
+// the claim FAILED (a retry runs again, CONTRACT section 5) and raises it
+// again; Middleware recovers it there, as middleware.Recover would: its stack
+// logged with c.Logger(), a 500 *echo.HTTPError answered by the
+// HTTPErrorHandler. middleware.Recover registered before this middleware does
+// not see it. Left to net/http, the panic would drop the connection, and Go's
+// http.Transport resends by itself a POST that carries an Idempotency-Key
+// when its reused connection breaks before any response byte: one client
+// call would run the handler twice. Recover registered after this middleware
+// answers the panic inside idem's writer instead: a 500, recorded FAILED,
+// with the same effect. A panic of a request idem passes through (another
+// method, no key with Config.KeyOptional, an unrouted request) is left to
+// echo.
 package idemecho
 
 import (
+	"fmt"
 	"net/http"
+	"runtime/debug"
 	"sync"
 
 	"github.com/labstack/echo/v4"
@@ -73,8 +85,8 @@ import (
 
 // Middleware returns echo middleware that runs the rest of the chain under
 // mw: once per claim, inside mw's handler, writing through mw's writer, with
-// a returned error answered there by the Echo instance's HTTPErrorHandler
-// (see the package documentation). Requests that mw does not protect (other
+// a returned error answered there by the Echo instance's HTTPErrorHandler,
+// and a panic answered 500 (see the package documentation). Requests that mw does not protect (other
 // methods, Config.KeyOptional without a key) run the chain as usual, still
 // inside mw's handler, their errors answered the same way.
 func Middleware(mw *idem.Middleware) echo.MiddlewareFunc {
@@ -88,11 +100,21 @@ func Middleware(mw *idem.Middleware) echo.MiddlewareFunc {
 				return next(c)
 			}
 			outerResp, outerReq := c.Response(), c.Request()
+			protected := false
+			defer func() {
+				if !protected {
+					return // a panic of a request idem passed through: echo's, as usual
+				}
+				if rec := recover(); rec != nil {
+					answerPanic(c, rec)
+				}
+			}()
 			mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, protected = idem.ExecutionFromContext(r.Context())
 				c.SetResponse(echo.NewResponse(w, c.Echo()))
 				c.SetRequest(r)
-				// Put back on a panic too: middleware.Recover then answers
-				// on the client's writer, after idem released the claim.
+				// Put back on a panic too: it is answered on the client's
+				// writer, after idem recorded the claim FAILED.
 				defer func() { c.SetResponse(outerResp); c.SetRequest(outerReq) }()
 				if err := next(c); err != nil {
 					// What echo's ServeHTTP does with the chain's error,
@@ -103,6 +125,23 @@ func Middleware(mw *idem.Middleware) echo.MiddlewareFunc {
 			return nil
 		}
 	}
+}
+
+// answerPanic answers a protected execution's panic, which idem recorded
+// FAILED and raised again, as middleware.Recover does: the stack logged with
+// c.Logger(), and a 500 *echo.HTTPError (its Internal error naming the panic)
+// answered by the HTTPErrorHandler on the client's writer, not recorded.
+// Left to net/http, the panic would drop the connection, and Go's
+// http.Transport resends a keyed POST whose reused connection broke before
+// any response byte: one client call would run the handler twice.
+func answerPanic(c echo.Context, rec any) {
+	if rec != http.ErrAbortHandler { //nolint:errorlint // the sentinel itself, as net/http compares it
+		c.Logger().Errorf("[PANIC RECOVER] idemecho (the claim is recorded FAILED; a retry runs again): %v %s", rec, debug.Stack())
+	}
+	if c.Response().Committed {
+		return // idem holds a protected answer until it is recorded: not reached
+	}
+	c.Error(echo.NewHTTPError(http.StatusInternalServerError).WithInternal(fmt.Errorf("idemecho: handler panic: %v", rec)))
 }
 
 // routeSet answers whether echo routed a request to a route registered for
