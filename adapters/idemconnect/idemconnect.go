@@ -109,7 +109,9 @@ const HeaderProblemType = "Idem-Problem-Type"
 // Handler returns h (a Connect handler, or a mux of them) protected by mw,
 // with idem's own answers to unary Connect-protocol requests written as
 // Connect errors (see the package documentation). Other requests get
-// mw.Handler(h) unchanged.
+// mw.Handler(h) unchanged. When h is an *http.ServeMux, a request that no
+// pattern of it matches (an unknown procedure) reaches it unprotected, for
+// its 404 or 405: recorded, it would burn the key for the corrected call.
 func Handler(mw *idem.Middleware, h http.Handler) http.Handler {
 	protected := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, ok := idem.ExecutionFromContext(r.Context()); ok {
@@ -121,7 +123,17 @@ func Handler(mw *idem.Middleware, h http.Handler) http.Handler {
 		h.ServeHTTP(w, r)
 	}))
 	ew := connect.NewErrorWriter()
+	mux, _ := h.(*http.ServeMux)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if mux != nil {
+			if _, pattern := mux.Handler(r); pattern == "" {
+				// No procedure of the mux takes it: the mux answers
+				// 404 (or 405), not recorded, so the key is not burnt
+				// for the corrected call.
+				h.ServeHTTP(w, r)
+				return
+			}
+		}
 		st := &state{}
 		r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
 		var tw *translator

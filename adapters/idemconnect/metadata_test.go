@@ -126,3 +126,20 @@ func TestPanicWithoutRecoveryRunsOnce(t *testing.T) {
 		})
 	}
 }
+
+func TestUnknownProcedureDoesNotBurnTheKey(t *testing.T) {
+	// A call of a procedure the mux does not route (a client on a stale
+	// schema) is the mux's 404, not recorded: the corrected call with the
+	// same key runs.
+	s := newService(t, adaptertest.SQLite(t), nil)
+	stale := connect.NewClient[ChargeRequest, ChargeResponse](http.DefaultClient, s.url+"/payments.v1.PaymentService/Chargee", connect.WithCodec(jsonCodec{}))
+	req := connect.NewRequest(&ChargeRequest{Amount: 1000})
+	req.Header().Set(idem.HeaderKey, "k")
+	_, err := stale.CallUnary(context.Background(), req)
+	requireCode(t, err, connect.CodeUnimplemented)
+	res, err := s.call("k", 1000)
+	require.NoError(t, err)
+	require.Empty(t, res.Header().Get(idem.HeaderReplayed))
+	require.Equal(t, ChargeResponse{Charge: 1, Amount: 1000}, *res.Msg)
+	require.EqualValues(t, 1, s.runs.Load())
+}

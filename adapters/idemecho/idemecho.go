@@ -86,9 +86,10 @@ import (
 // Middleware returns echo middleware that runs the rest of the chain under
 // mw: once per claim, inside mw's handler, writing through mw's writer, with
 // a returned error answered there by the Echo instance's HTTPErrorHandler,
-// and a panic answered 500 (see the package documentation). Requests that mw does not protect (other
-// methods, Config.KeyOptional without a key) run the chain as usual, still
-// inside mw's handler, their errors answered the same way.
+// and a panic answered 500 (see the package documentation). Requests that mw
+// does not protect (other methods, Config.KeyOptional without a key) run the
+// chain as usual, still inside mw's handler, their errors answered the same
+// way. Requests echo does not route run the chain outside mw's handler.
 func Middleware(mw *idem.Middleware) echo.MiddlewareFunc {
 	var routes routeSet
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
