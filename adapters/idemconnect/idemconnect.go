@@ -42,20 +42,54 @@
 // translated: the whole response is held until its outcome is recorded, so a
 // streaming response would arrive at once, at the end. Connect streams, gRPC
 // and gRPC-Web requests pass through Handler untranslated; gRPC and gRPC-Web
-// responses carry their status in HTTP trailers, which idem does not record,
-// so they are not supported.
+// responses carry their status in HTTP trailers (Grpc-Status, Grpc-Message),
+// which idem replays only when Config.ReplayHeaders names them, so they are
+// not supported.
 //
-// A panic in the handler reaches idem, which releases the claim (FAILED: a
-// retry runs again) and raises it again; net/http then drops the connection.
-// connect.WithRecover on the handler answers it as a Connect error instead
-// (internal, 500: FAILED).
+// # Metadata
+//
+// A replay carries the response headers, trailers and error metadata of the
+// first call that are on Config.ReplayHeaders, as on net/http: in the
+// Connect protocol's unary responses all three are HTTP headers, a trailer
+// under the Trailer- prefix. Set Config.ReplayHeaders to ReplayHeaders(names...)
+// with the metadata names the handlers set; it lists each name in both forms.
+// Metadata off the list is not replayed.
+//
+// # Deadlines
+//
+// The execution of a protected request is detached from the client, as on
+// net/http (CONTRACT section 4): Handler removes the client's deadline
+// (Connect-Timeout-Ms, Grpc-Timeout) from the request before connect-go
+// reads it, so a client that gives up after a short deadline does not cut
+// the execution short (a deadline_exceeded, recorded FAILED, would run it
+// again on retry); the execution is bounded by the lease and
+// Config.MaxExecution, and the retry with the same key gets its result (or
+// unavailable while it still runs). Requests idem passes through keep their
+// deadline.
+//
+// # Panics
+//
+// A panic in the handler of a protected execution reaches idem, which
+// records the claim FAILED (a retry runs again) and raises it again. Handler
+// recovers it there and answers a Connect error with code internal (HTTP
+// 500; a 500 problem for a request of another protocol), logged as net/http
+// logs a panic. Left to net/http, the panic would drop the connection, and
+// Go's http.Transport resends by itself a POST that carries an
+// Idempotency-Key when its reused connection breaks before any response
+// byte: one client call would run the handler twice. connect.WithRecover on
+// the handler answers the panic inside idem's writer instead (internal, 500:
+// FAILED), with the same effect. A panic of a request idem passes through is
+// left to net/http.
 package idemconnect
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"log"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -75,21 +109,133 @@ const HeaderProblemType = "Idem-Problem-Type"
 // Handler returns h (a Connect handler, or a mux of them) protected by mw,
 // with idem's own answers to unary Connect-protocol requests written as
 // Connect errors (see the package documentation). Other requests get
-// mw.Handler(h) unchanged.
+// mw.Handler(h) unchanged. When h is an *http.ServeMux, a request that no
+// pattern of it matches (an unknown procedure) reaches it unprotected, for
+// its 404 or 405: recorded, it would burn the key for the corrected call.
 func Handler(mw *idem.Middleware, h http.Handler) http.Handler {
-	protected := mw.Handler(h)
+	protected := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := idem.ExecutionFromContext(r.Context()); ok {
+			if st, _ := r.Context().Value(stateKey{}).(*state); st != nil {
+				st.protected = true
+			}
+			r = detachDeadline(r)
+		}
+		h.ServeHTTP(w, r)
+	}))
 	ew := connect.NewErrorWriter()
+	mux, _ := h.(*http.ServeMux)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if mux != nil {
+			if _, pattern := mux.Handler(r); pattern == "" {
+				// No procedure of the mux takes it: the mux answers
+				// 404 (or 405), not recorded, so the key is not burnt
+				// for the corrected call.
+				h.ServeHTTP(w, r)
+				return
+			}
+		}
+		st := &state{}
+		r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+		var tw *translator
+		defer func() {
+			if !st.protected {
+				return // a panic of a request idem passed through: net/http's, as usual
+			}
+			if rec := recover(); rec != nil {
+				answerPanic(ew, w, r, tw, rec)
+			}
+		}()
 		if !isConnect(ew, r) {
 			protected.ServeHTTP(w, r)
 			return
 		}
-		tw := &translator{w: w}
+		tw = &translator{w: w}
 		protected.ServeHTTP(tw, r)
 		if tw.problem {
 			writeProblem(ew, w, r, tw.status, tw.body.Bytes())
 		}
 	})
+}
+
+// ReplayHeaders returns an allow-list for Config.ReplayHeaders that keeps a
+// Connect API's metadata for replay: idem.DefaultReplayHeaders() and each of
+// metadata (header names: the response headers, trailers and error metadata
+// the handlers set), each name also as the header that carries it as a
+// trailer in the Connect protocol's unary responses (Trailer-<name>). In
+// that protocol every piece of metadata is an HTTP header (an error's
+// metadata too), which idem keeps by the allow-list like any header; a
+// trailer is a header with the Trailer- prefix, which the list must name as
+// such. Headers off the list are not replayed, as on net/http (CONTRACT
+// section 5).
+func ReplayHeaders(metadata ...string) []string {
+	names := append(idem.DefaultReplayHeaders(), metadata...)
+	out := make([]string, 0, 2*len(names))
+	for _, n := range names {
+		out = append(out, n, connectTrailerPrefix+n)
+	}
+	return out
+}
+
+// connectTrailerPrefix prefixes the headers that carry a unary Connect
+// response's trailers.
+const connectTrailerPrefix = "Trailer-"
+
+// timeoutHeaders carry the client's deadline: Connect's, and gRPC's.
+var timeoutHeaders = []string{"Connect-Timeout-Ms", "Grpc-Timeout"}
+
+// detachDeadline returns r without the client's deadline headers, which
+// connect-go's handler would turn into a deadline on the execution's
+// context: idem detaches the execution from the client (a client that gives
+// up does not stop the work or its recording; CONTRACT section 4), and the
+// execution is bounded by the lease and Config.MaxExecution instead. r's
+// header is copied, not changed.
+func detachDeadline(r *http.Request) *http.Request {
+	for _, k := range timeoutHeaders {
+		if _, ok := r.Header[k]; ok {
+			r2 := r.WithContext(r.Context())
+			r2.Header = r.Header.Clone()
+			for _, k := range timeoutHeaders {
+				delete(r2.Header, k)
+			}
+			return r2
+		}
+	}
+	return r
+}
+
+// state is what Handler learns of a request from inside idem's handler.
+type state struct {
+	protected bool // it runs as a protected execution (a claim's owner)
+}
+
+type stateKey struct{}
+
+// answerPanic answers a protected execution's panic, which idem recorded
+// FAILED and raised again: a Connect (or gRPC) error with code internal, or
+// a 500 problem for another protocol, on the client's writer, not recorded;
+// logged as net/http logs a handler's panic. Left to net/http, the panic
+// would drop the connection, and Go's http.Transport resends a keyed POST
+// whose reused connection broke before any response byte: one client call
+// would run the handler twice.
+func answerPanic(ew *connect.ErrorWriter, w http.ResponseWriter, r *http.Request, tw *translator, rec any) {
+	if rec != http.ErrAbortHandler { //nolint:errorlint // the sentinel itself, as net/http compares it
+		logf := log.Printf
+		if srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server); srv != nil && srv.ErrorLog != nil {
+			logf = srv.ErrorLog.Printf
+		}
+		logf("idemconnect: panic serving %s (the claim is recorded FAILED; a retry runs again): %v\n%s", r.URL.Path, rec, debug.Stack())
+	}
+	if tw != nil && tw.wrote && !tw.problem {
+		return // idem holds a protected answer until it is recorded: not reached
+	}
+	h := w.Header()
+	h.Del("Content-Length")
+	h.Del(HeaderProblemType)
+	if ew.IsSupported(r) {
+		_ = ew.Write(w, r, connect.NewError(connect.CodeInternal, errors.New("internal error: the handler panicked; a retry with the same key runs it again")))
+		return
+	}
+	idem.Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError), Status: http.StatusInternalServerError}.Write(w)
 }
 
 // Outcome is idem.DefaultOutcome with the Connect codes that call for a

@@ -30,8 +30,11 @@
 // claim (idem.ExecutionFromContext, the business transaction of the drivers'
 // Tx functions, idem.RelayKey), is detached from the client's, and is
 // cancelled when the lease is lost or Config.MaxExecution passes (CONTRACT
-// section 4). Use c.Request.Context(); c itself reaches that context only with
-// gin's Engine.ContextWithFallback. The body was read by idem (at most
+// section 4). Pass Context(c) (that is, c.Request.Context()) to idem's
+// context-taking functions, or use Execution(c) and RelayKey(c, step): c
+// itself, as a context.Context, reaches idem's context only with gin's
+// Engine.ContextWithFallback, and idem.RelayKey(c, ...) or idemsqlite.Tx(c)
+// otherwise answer idem.ErrNoExecution. The body was read by idem (at most
 // Config.MaxRequestBytes) and is given again in full.
 //
 // c.Writer keeps gin's semantics (a status set with c.Status is written with
@@ -49,10 +52,20 @@
 // added with c.Error by a chain that wrote nothing are answered by the
 // ErrorHandler (default DefaultErrorHandler: a problem details 500, or the
 // status the chain set when it is 4xx or 5xx) inside idem's writer, so they are
-// recorded like any answer rather than as an empty 200. A panic in the chain
-// reaches idem, which releases the claim (FAILED: a retry runs again) and
-// raises it again for gin.Recovery, registered before this middleware, to
-// answer 500 (CONTRACT section 5).
+// recorded like any answer rather than as an empty 200.
+//
+// A panic in the chain of a protected execution reaches idem, which records
+// the claim FAILED (a retry runs again, CONTRACT section 5) and raises it
+// again; Middleware recovers it there and answers 500 by the ErrorHandler
+// (the panic added to c.Errors, its stack printed to gin.DefaultErrorWriter
+// as gin.Recovery does), so gin.Recovery registered before it does not see
+// it. Left to net/http, the panic would drop the connection, and Go's
+// http.Transport resends by itself a POST that carries an Idempotency-Key
+// when its reused connection breaks before any response byte: one client
+// call would run the handler twice. gin.Recovery registered after this
+// middleware answers the panic inside idem's writer instead: a 500, recorded
+// FAILED, with the same effect. A panic of a request idem passes through
+// (another method, no key with Config.KeyOptional) is left to gin.
 package idemgin
 
 import (
@@ -62,6 +75,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"strings"
 
 	"github.com/gin-gonic/gin"
@@ -112,9 +126,18 @@ func Middleware(mw *idem.Middleware, opts ...Option) gin.HandlerFunc {
 	}
 	return func(c *gin.Context) {
 		outerW, outerR := c.Writer, c.Request
-		ran := false
+		ran, protected := false, false
+		defer func() {
+			if !protected {
+				return // a panic of a request idem passed through: gin's, as usual
+			}
+			if rec := recover(); rec != nil {
+				answerPanic(c, o.errorHandler, rec)
+			}
+		}()
 		mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			ran = true
+			_, protected = idem.ExecutionFromContext(r.Context())
 			iw := &responseWriter{ResponseWriter: w, ctx: r.Context(), size: noWritten, status: http.StatusOK}
 			c.Writer, c.Request = iw, r
 			// Restored on a panic too: gin.Recovery then answers on the
@@ -130,6 +153,26 @@ func Middleware(mw *idem.Middleware, opts ...Option) gin.HandlerFunc {
 			c.Abort() // idem answered by itself: the handler must not run
 		}
 	}
+}
+
+// answerPanic answers a protected execution's panic, which idem recorded
+// FAILED and raised again: a 500 by the error handler (the panic added to
+// c.Errors as a private error), on the client's writer, not recorded. Left to
+// net/http, the panic would drop the connection, and Go's http.Transport
+// resends a keyed POST whose reused connection broke before any response
+// byte: one client call would run the handler twice.
+func answerPanic(c *gin.Context, errorHandler gin.HandlerFunc, rec any) {
+	if rec != http.ErrAbortHandler { //nolint:errorlint // the sentinel itself, as net/http compares it
+		fmt.Fprintf(gin.DefaultErrorWriter, "[idemgin] panic recovered (the claim is recorded FAILED; a retry runs again): %v\n%s\n", rec, debug.Stack())
+	}
+	_ = c.Error(fmt.Errorf("idemgin: handler panic: %v", rec))
+	c.Abort()
+	if c.Writer.Written() {
+		return // idem holds a protected answer until it is recorded: not reached
+	}
+	c.Status(http.StatusInternalServerError)
+	errorHandler(c)
+	c.Writer.WriteHeaderNow()
 }
 
 const noWritten = -1

@@ -152,23 +152,6 @@ func TestRecoveryInsideTheAdapter(t *testing.T) {
 	require.EqualValues(t, 2, runs.Load())
 }
 
-func TestPanicWithoutRecovery(t *testing.T) {
-	// No gin.Recovery at all: net/http ends the connection; idem still
-	// released the claim, so the retry runs instead of meeting a 409.
-	url, runs := serve(t, nil, nil, func(c *gin.Context) { panic(http.ErrAbortHandler) })
-	for range 2 {
-		req, err := http.NewRequest(http.MethodPost, url, nil)
-		require.NoError(t, err)
-		req.Header.Set(idem.HeaderKey, "k")
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			t.Fatalf("status %d: a panic without recovery must end the connection", resp.StatusCode)
-		}
-	}
-	require.EqualValues(t, 2, runs.Load())
-}
-
 func TestStatusWithoutBody(t *testing.T) {
 	// c.Status(204) writes nothing: gin sends it when the chain ends; the
 	// adapter does so inside idem's writer, so 204 is what is recorded.
