@@ -11,7 +11,7 @@ import (
 // Context returns the context of the execution c's handler runs under:
 // c.Request.Context(), which the middleware set to idem's. Pass it to every
 // context-taking idem function (idem.ReleaseKey, idem.RelayTransport's
-// requests, a driver's Tx: idemsqlite.Tx(idemgin.Context(c)), ...). c itself,
+// requests, a driver's Tx: idem.Tx[*sql.Tx](idemgin.Context(c)), ...). c itself,
 // as a context.Context, does not reach it: gin's Context.Value falls back to
 // the request's context only with Engine.ContextWithFallback, so
 // idem.RelayKey(c, ...) answers idem.ErrNoExecution. Outside a protected

@@ -1,6 +1,7 @@
 package idemgin_test
 
 import (
+	"database/sql"
 	"net/http"
 	"testing"
 
@@ -9,7 +10,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/adapters/idemgin"
-	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/adaptertest"
 )
 
@@ -38,7 +38,7 @@ func TestHelpersTakeTheGinContext(t *testing.T) {
 		relay, err := idemgin.RelayKey(c, "charge")
 		s.Relay = relay
 		errs = append(errs, err)
-		tx, err := idemsqlite.Tx(idemgin.Context(c))
+		tx, err := idem.Tx[*sql.Tx](idemgin.Context(c))
 		if err == nil {
 			var one int
 			err = tx.QueryRowContext(idemgin.Context(c), "SELECT 1").Scan(&one)
@@ -77,7 +77,7 @@ func TestHelpersOutsideAnExecution(t *testing.T) {
 	url, _ := serve(t, nil, nil, func(c *gin.Context) {
 		_, execOK = idemgin.Execution(c)
 		_, relayErr = idemgin.RelayKey(c, "charge")
-		_, txErr = idemsqlite.Tx(idemgin.Context(c))
+		_, txErr = idem.Tx[*sql.Tx](idemgin.Context(c))
 		c.Status(http.StatusNoContent)
 	})
 	resp, err := http.Get(url)

@@ -33,7 +33,7 @@
 // section 4). Pass Context(c) (that is, c.Request.Context()) to idem's
 // context-taking functions, or use Execution(c) and RelayKey(c, step): c
 // itself, as a context.Context, reaches idem's context only with gin's
-// Engine.ContextWithFallback, and idem.RelayKey(c, ...) or idemsqlite.Tx(c)
+// Engine.ContextWithFallback, and idem.RelayKey(c, ...) or idem.Tx[*sql.Tx](c)
 // otherwise answer idem.ErrNoExecution. The body was read by idem (at most
 // Config.MaxRequestBytes) and is given again in full.
 //
