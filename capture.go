@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 )
 
@@ -157,20 +156,4 @@ func (c *captureWriter) send() {
 		h[http.TrailerPrefix+name] = v
 	}
 	writeResponse(c.w, c.statusCode(), c.body.Bytes())
-}
-
-// writeResponse sends status and body, then flushes. Header keys with
-// http.TrailerPrefix are sent as trailers; without them the body gets an
-// exact Content-Length where the status allows a body (RFC 9110 section
-// 8.6), with them none (trailers need a chunked or HTTP/2 body).
-func writeResponse(w http.ResponseWriter, status int, body []byte) {
-	bodyAllowed := status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
-	if bodyAllowed && w.Header().Get("Content-Length") == "" && !hasTrailerKeys(w.Header()) {
-		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	}
-	w.WriteHeader(status)
-	if bodyAllowed {
-		_, _ = w.Write(body)
-	}
-	_ = http.NewResponseController(w).Flush()
 }

@@ -143,6 +143,9 @@ func SingleTenant(*http.Request) (string, error) { return SingleTenantScope, nil
 // body (already read, at most MaxRequestBytes). It must be deterministic.
 type FingerprintFunc func(r *http.Request, body []byte) []byte
 
+// Store is the database seam: a driver such as idempgx.New or idemsqlite.Open.
+type Store = idemdriver.Driver
+
 // EngineConfig configures an Engine: the claim protocol, whatever the
 // front (HTTP through Config, or Engine.Do). The zero value of every field
 // means its default; it is read once, by NewEngine or New.

@@ -11,9 +11,6 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 )
 
-// Store is the database seam: a driver such as idempgx.New or idemsqlite.Open.
-type Store = idemdriver.Driver
-
 // Engine runs the claim protocol of docs/contract.md (CONTRACT sections 3
 // to 6): claim, run under the claim, record the outcome. Middleware is its
 // HTTP front; Do runs it for message consumers, webhooks and jobs.
@@ -35,31 +32,11 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 func newEngine(cfg EngineConfig) *Engine {
 	g := &Engine{cfg: cfg}
 	if cfg.OneCommit {
-		g.mode = newOneCommit(g)
+		g.mode = newOneCommit(&g.cfg)
 	} else {
 		g.mode = durable{g}
 	}
 	return g
-}
-
-// job is what a front runs under a claim: an HTTP handler or Do's fn.
-type job interface {
-	// run does the work on the execution's context and returns its status;
-	// failed forces the Failed outcome (Do's fn returned an error).
-	run(ctx context.Context) (status int, failed bool)
-	// response is the stored form of the work's answer.
-	response() idemdriver.Response
-}
-
-// claimed is a won claim: its record, and in the one-commit mode the
-// transaction it is uncommitted in.
-type claimed struct {
-	res  idemdriver.ClaimResult
-	tx   idemdriver.Tx
-	sent time.Time // when the claim was sent: the first lease runs from no earlier
-	// one-commit mode: the turn the claim leads, and the end of tx's context
-	turn  *keyTurn
-	endTx context.CancelFunc
 }
 
 // execute is the protocol, for both fronts and both modes: it claims p's
@@ -80,7 +57,7 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, j job, e
 		}
 		return v
 	}
-	e := newExecution(g, ctx, c, p)
+	e := newExecution(&g.cfg, ctx, c, p)
 	defer e.cancel(nil)
 	defer g.mode.finish(e)
 	stop := g.mode.start(e, c.sent)
@@ -216,45 +193,6 @@ func (g *Engine) complete(e *execution, resp idemdriver.Response, executed Event
 	}
 	e.committed = &resp
 	return end(executed, verdict{kind: answerRan})
-}
-
-// answerFrom is the verdict for a request that did not win the claim, from
-// the record it lost to (idemdriver.Decide, the one decision table): a
-// replay, 422, or 409 (also for a record that changed between the claim and
-// its answer: come back).
-func (g *Engine) answerFrom(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) verdict {
-	switch idemdriver.Decide(&rec, false, p) {
-	case idemdriver.DecisionReplay:
-		if rec.Response == nil {
-			// Damaged by hand or by a partial restore: say so, not 409 forever.
-			g.cfg.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
-			return verdict{kind: answerResponseMissing, rec: rec, err: ErrResponseMissing}
-		}
-		return verdict{kind: answerReplay, rec: rec}
-	case idemdriver.DecisionKeyReused:
-		return verdict{kind: answerKeyReused, rec: rec, sameOp: rec.Method == p.Method && rec.Path == p.Path,
-			err: fmt.Errorf("%w: the key was first used for %s %q with another payload or operation", ErrKeyReused, rec.Method, rec.Path)}
-	}
-	ra := g.inFlightRetryAfter(rec.LeaseLeft)
-	return verdict{kind: answerInFlight, rec: rec, retryAfter: ra, err: &InFlightError{RetryAfter: ra}}
-}
-
-// inFlightRetryAfter is the Retry-After of 409 request-in-flight: the
-// configured delay, never beyond the lease left or LeaseDuration, at least
-// 1 s (CONTRACT section 3).
-func (g *Engine) inFlightRetryAfter(leaseLeft time.Duration) time.Duration {
-	return max(time.Second, min(g.cfg.InFlightRetryAfter, leaseLeft, g.cfg.LeaseDuration))
-}
-
-// claimFailed is the verdict of a claim the store did not answer.
-func (g *Engine) claimFailed(ctx context.Context, err error) verdict {
-	if errors.Is(err, idemdriver.ErrUnstorable) {
-		g.cfg.Logger.ErrorContext(ctx, "idem: the store cannot hold this request's scope", "err", err)
-		return verdict{kind: answerUnstorable, err: fmt.Errorf("%w: %w", ErrScopeUnstorable, err)}
-	}
-	serr := &StoreError{Op: "claim", Err: err}
-	g.cfg.Logger.ErrorContext(ctx, "idem: store unavailable", "err", serr)
-	return verdict{kind: answerClaimFailed, err: serr}
 }
 
 // observe sends e to the configured Observer, if any.
@@ -486,9 +424,9 @@ func (d durable) claim(ctx context.Context, p idemdriver.ClaimParams) (claimed, 
 	res, err := d.g.cfg.Store.Claim(cctx, p)
 	switch {
 	case err != nil:
-		return claimed{}, d.g.claimFailed(ctx, err)
+		return claimed{}, d.g.cfg.claimFailed(ctx, err)
 	case !res.Claimed:
-		return claimed{res: res}, d.g.answerFrom(ctx, res.Record, p)
+		return claimed{res: res}, d.g.cfg.answerFrom(ctx, res.Record, p)
 	}
 	return claimed{res: res, sent: sent}, verdict{}
 }

@@ -92,10 +92,30 @@ func ReleaseKey(ctx context.Context) error {
 	return nil
 }
 
+// job is what a front runs under a claim: an HTTP handler or Do's fn.
+type job interface {
+	// run does the work on the execution's context and returns its status;
+	// failed forces the Failed outcome (Do's fn returned an error).
+	run(ctx context.Context) (status int, failed bool)
+	// response is the stored form of the work's answer.
+	response() idemdriver.Response
+}
+
+// claimed is a won claim: its record, and in the one-commit mode the
+// transaction it is uncommitted in.
+type claimed struct {
+	res  idemdriver.ClaimResult
+	tx   idemdriver.Tx
+	sent time.Time // when the claim was sent: the first lease runs from no earlier
+	// one-commit mode: the turn the claim leads, and the end of tx's context
+	turn  *keyTurn
+	endTx context.CancelFunc
+}
+
 // execution is one owned run of a job: its detached context, what holds
 // its claim, and its business transaction.
 type execution struct {
-	g      *Engine
+	cfg    *EngineConfig
 	c      claimed
 	p      idemdriver.ClaimParams
 	info   Execution
@@ -115,10 +135,10 @@ type execution struct {
 	releaseAsked bool
 }
 
-func newExecution(g *Engine, parent context.Context, c claimed, p idemdriver.ClaimParams) *execution {
+func newExecution(cfg *EngineConfig, parent context.Context, c claimed, p idemdriver.ClaimParams) *execution {
 	rec := c.res.Record
 	e := &execution{
-		g: g, c: c, p: p, tx: c.tx, parent: parent,
+		cfg: cfg, c: c, p: p, tx: c.tx, parent: parent,
 		info: Execution{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, Attempt: rec.Attempts, Created: rec.CreatedAt},
 		fence: idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt,
 			LeaseDuration: p.LeaseDuration},
@@ -152,7 +172,7 @@ func (e *execution) businessTx() (idemdriver.Tx, error) {
 		return nil, ErrExecutionEnded
 	}
 	if e.tx == nil {
-		tx, err := e.g.cfg.Store.Begin(e.ctx)
+		tx, err := e.cfg.Store.Begin(e.ctx)
 		if err != nil {
 			return nil, &StoreError{Op: "begin", Err: err}
 		}
@@ -172,7 +192,7 @@ func (e *execution) endTx() idemdriver.Tx {
 // detached returns a context for recording the outcome: not cancelled by
 // the caller, bounded by CompleteTimeout.
 func (e *execution) detached() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(e.detachedParent, e.g.cfg.CompleteTimeout)
+	return context.WithTimeout(e.detachedParent, e.cfg.CompleteTimeout)
 }
 
 // ErrCommitPending is the cause of the store error answered when the COMMIT
@@ -195,14 +215,14 @@ func (e *execution) durable(f func(context.Context) (bool, error)) (bool, error)
 		ok, err := f(e.detachedParent)
 		done <- result{ok, err}
 	}()
-	t := time.NewTimer(e.g.cfg.CompleteTimeout)
+	t := time.NewTimer(e.cfg.CompleteTimeout)
 	defer t.Stop()
 	select {
 	case r := <-done:
 		return r.ok, r.err
 	case <-t.C:
-		e.g.cfg.Logger.WarnContext(e.parent, "idem: the commit of an outcome is still running past CompleteTimeout; not cancelling it",
-			"scope", e.fence.Scope, "key", e.fence.Key, "complete_timeout", e.g.cfg.CompleteTimeout)
+		e.cfg.Logger.WarnContext(e.parent, "idem: the commit of an outcome is still running past CompleteTimeout; not cancelling it",
+			"scope", e.fence.Scope, "key", e.fence.Key, "complete_timeout", e.cfg.CompleteTimeout)
 		return false, ErrCommitPending
 	}
 }
@@ -259,7 +279,7 @@ func isCommitError(err error) bool {
 
 // completeAlone records SUCCEEDED in one statement, never cancelled.
 func (e *execution) completeAlone(p idemdriver.CompleteParams) (bool, error) {
-	ok, err := e.durable(func(ctx context.Context) (bool, error) { return e.g.cfg.Store.Complete(ctx, p) })
+	ok, err := e.durable(func(ctx context.Context) (bool, error) { return e.cfg.Store.Complete(ctx, p) })
 	if err != nil {
 		return false, &StoreError{Op: "complete", Err: err}
 	}
@@ -277,7 +297,7 @@ func (e *execution) rollbackTx(tx idemdriver.Tx) error {
 func (e *execution) rollback() {
 	if tx := e.endTx(); tx != nil {
 		if err := e.rollbackTx(tx); err != nil {
-			e.g.cfg.Logger.WarnContext(e.parent, "idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+			e.cfg.Logger.WarnContext(e.parent, "idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 		}
 	}
 }
@@ -288,9 +308,9 @@ func (e *execution) rollback() {
 func (e *execution) storeFail() (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
-	owned, err := e.g.cfg.Store.Fail(ctx, e.fence)
+	owned, err := e.cfg.Store.Fail(ctx, e.fence)
 	if err != nil {
-		e.g.cfg.Logger.WarnContext(e.parent, "idem: recording FAILED", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+		e.cfg.Logger.WarnContext(e.parent, "idem: recording FAILED", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 	}
 	return owned, err
 }
@@ -300,7 +320,7 @@ func (e *execution) storeFail() (bool, error) {
 func (e *execution) takenOver() bool {
 	ctx, cancel := e.detached()
 	defer cancel()
-	rec, err := e.g.cfg.Store.Get(ctx, idemdriver.GetParams{Scope: e.fence.Scope, Key: e.fence.Key})
+	rec, err := e.cfg.Store.Get(ctx, idemdriver.GetParams{Scope: e.fence.Scope, Key: e.fence.Key})
 	return err == nil && (rec.FencingToken != e.fence.FencingToken || !rec.CreatedAt.Equal(e.fence.CreatedAt))
 }
 
@@ -356,8 +376,8 @@ type heartbeat struct {
 // It is called once per execution: the heartbeat is allocated with it.
 func (e *execution) startHeartbeat(claimSent time.Time) *heartbeat {
 	hb := &e.hb
-	*hb = heartbeat{e: e, lease: e.g.cfg.LeaseDuration, started: time.Now(), lastOK: claimSent}
-	hb.first = time.AfterFunc(min(hb.lease/3, e.g.cfg.MaxExecution), hb.run)
+	*hb = heartbeat{e: e, lease: e.cfg.LeaseDuration, started: time.Now(), lastOK: claimSent}
+	hb.first = time.AfterFunc(min(hb.lease/3, e.cfg.MaxExecution), hb.run)
 	return hb
 }
 
@@ -376,15 +396,15 @@ func (hb *heartbeat) run() {
 	defer close(hb.done)
 	defer cancel()
 
-	if time.Since(hb.started) >= e.g.cfg.MaxExecution {
+	if time.Since(hb.started) >= e.cfg.MaxExecution {
 		hb.ranPastMaxExecution() // MaxExecution shorter than LeaseDuration/3
 		return
 	}
-	sw, ok := e.g.cfg.Store.(idemdriver.SingleWriter)
+	sw, ok := e.cfg.Store.(idemdriver.SingleWriter)
 	singleWriter := ok && sw.SingleWriter()
 	t := time.NewTicker(hb.lease / 3)
 	defer t.Stop()
-	limit := time.NewTimer(e.g.cfg.MaxExecution - time.Since(hb.started))
+	limit := time.NewTimer(e.cfg.MaxExecution - time.Since(hb.started))
 	defer limit.Stop()
 	for hb.renew(hbCtx, singleWriter) {
 		select {
@@ -418,7 +438,7 @@ func (hb *heartbeat) renew(ctx context.Context, singleWriter bool) bool {
 	// the moment the renewal was sent.
 	sent := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, hb.lease/3)
-	ok, err := e.g.cfg.Store.Heartbeat(rctx, e.fence)
+	ok, err := e.cfg.Store.Heartbeat(rctx, e.fence)
 	cancel()
 	select { // stopped during the renewal: the outcome is recorded next, whatever it said
 	case <-hb.stopc:
@@ -429,7 +449,7 @@ func (hb *heartbeat) renew(ctx context.Context, singleWriter bool) bool {
 	case err == nil && ok:
 		hb.lastOK = sent
 	case err == nil && !ok:
-		e.g.cfg.Logger.WarnContext(e.parent, "idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
+		e.cfg.Logger.WarnContext(e.parent, "idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
 		e.cancel(ErrLeaseLost)
 		return false
 	case errors.Is(err, idemdriver.ErrBusy):
@@ -437,7 +457,7 @@ func (hb *heartbeat) renew(ctx context.Context, singleWriter bool) bool {
 		// writer): no claim can take the key over while it is held.
 		hb.lastOK = time.Now()
 	case time.Since(hb.lastOK) >= hb.lease:
-		e.g.cfg.Logger.WarnContext(e.parent, "idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+		e.cfg.Logger.WarnContext(e.parent, "idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 		e.cancel(&StoreError{Op: "heartbeat", Err: err})
 		return false
 	}
@@ -453,8 +473,8 @@ func (hb *heartbeat) ranPastMaxExecution() {
 	default:
 	}
 	e := hb.e
-	e.g.cfg.Logger.WarnContext(e.parent, "idem: execution ran past MaxExecution; no longer renewing its lease",
-		"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.g.cfg.MaxExecution)
+	e.cfg.Logger.WarnContext(e.parent, "idem: execution ran past MaxExecution; no longer renewing its lease",
+		"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.cfg.MaxExecution)
 	e.cancel(ErrExecutionTimeout)
 }
 

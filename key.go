@@ -3,6 +3,7 @@ package idem
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/dunglas/httpsfv"
 )
@@ -71,4 +72,18 @@ func ParseKey(values []string) (string, error) {
 		}
 	}
 	return key, nil
+}
+
+// unstorableScope says why no store can hold scope (ScopeFunc's rules), or
+// "" when every store can.
+func unstorableScope(scope string) string {
+	switch {
+	case len(scope) > MaxScopeLength:
+		return "longer than MaxScopeLength"
+	case !utf8.ValidString(scope):
+		return "not valid UTF-8"
+	case strings.IndexByte(scope, 0) >= 0:
+		return "contains a NUL byte"
+	}
+	return ""
 }

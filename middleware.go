@@ -6,12 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
-	"unicode/utf8"
+	"time"
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/internal/httprec"
+	"github.com/maypok86/otter/v2"
 )
 
 // Middleware is the HTTP front of an Engine (docs/contract.md, CONTRACT
@@ -100,19 +103,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	cw := newCaptureWriter(w)
 	var v verdict
 	if rec, ok := m.replays.get(p.Scope, p.Key); ok {
-		v = m.g.answerFrom(r.Context(), rec, p)
+		v = m.cfg.answerFrom(r.Context(), rec, p)
 		ev = Event{Kind: v.event(), Method: p.Method, Scope: p.Scope, Key: p.Key, Cached: true}
 	} else {
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		v = m.g.execute(r.Context(), p, &httpJob{m: m, r: r, next: next, cw: cw, ev: &ev}, &ev)
-		if v.kind == answerReplay || v.kind == answerKeyReused {
-			m.replays.put(p.Scope, p.Key, v.rec)
-		}
 	}
-	ev.Status = m.respond(w, r, v, cw)
-	if ev.Route == "" {
-		ev.Route = m.route(r, nil)
-	}
+	m.respond(w, r, v, cw, &ev)
 	if ev.Kind != 0 {
 		m.g.observe(r.Context(), &ev)
 	}
@@ -178,23 +175,36 @@ func (j *httpJob) run(ctx context.Context) (int, bool) {
 func (j *httpJob) response() idemdriver.Response { return j.m.storedResponse(j.cw) }
 
 // respond writes the verdict v (the answer table's problem, a replay, or
-// the handler's captured answer) and returns the status sent.
-func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, v verdict, cw *captureWriter) int {
+// the handler's captured answer), keeps a completed record in the replay
+// cache, and fills ev's Status and Route.
+func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, v verdict, cw *captureWriter, ev *Event) {
 	if !v.rec.ExpiresAt.IsZero() && v.kind != answerReleased {
 		w.Header().Set(HeaderKeyExpires, v.rec.ExpiresAt.UTC().Format(http.TimeFormat))
+	}
+	if ev.Route == "" {
+		ev.Route = m.route(r, nil)
 	}
 	switch v.kind {
 	case answerRan, answerReleased:
 		cw.send()
-		return cw.statusCode()
+		ev.Status = cw.statusCode()
+		return
 	case answerReplay:
-		return m.replayResponse(w, r, v.rec.Response)
+		if !ev.Cached {
+			m.replays.put(ev.Scope, ev.Key, v.rec)
+		}
+		ev.Status = m.replayResponse(w, r, v.rec.Response)
+		return
+	case answerKeyReused:
+		if !ev.Cached {
+			m.replays.put(ev.Scope, ev.Key, v.rec)
+		}
 	}
 	pr := v.problem(&m.cfg)
 	if pr.Status == http.StatusServiceUnavailable && v.kind != answerClaimFailed {
 		m.cfg.Logger.ErrorContext(r.Context(), "idem: outcome not recorded", "err", v.err)
 	}
-	return m.writeProblem(w, r, pr)
+	ev.Status = m.writeProblem(w, r, pr)
 }
 
 // route names r's route for Event.Route: the pattern the handler's ServeMux
@@ -207,20 +217,6 @@ func (m *Middleware) route(r, hr *http.Request) string {
 		return r.Pattern
 	case m.cfg.Route != nil:
 		return m.cfg.Route(r)
-	}
-	return ""
-}
-
-// unstorableScope says why no store can hold scope (ScopeFunc's rules), or
-// "" when every store can.
-func unstorableScope(scope string) string {
-	switch {
-	case len(scope) > MaxScopeLength:
-		return "longer than MaxScopeLength"
-	case !utf8.ValidString(scope):
-		return "not valid UTF-8"
-	case strings.IndexByte(scope, 0) >= 0:
-		return "contains a NUL byte"
 	}
 	return ""
 }
@@ -305,4 +301,94 @@ func (m *Middleware) storedResponse(c *captureWriter) idemdriver.Response {
 		resp.Body, resp.BodyStored = c.body.Bytes(), true
 	}
 	return resp
+}
+
+// writeResponse sends status and body, then flushes. Header keys with
+// http.TrailerPrefix are sent as trailers; without them the body gets an
+// exact Content-Length where the status allows a body (RFC 9110 section
+// 8.6), with them none (trailers need a chunked or HTTP/2 body).
+func writeResponse(w http.ResponseWriter, status int, body []byte) {
+	bodyAllowed := status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+	if bodyAllowed && w.Header().Get("Content-Length") == "" && !hasTrailerKeys(w.Header()) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	w.WriteHeader(status)
+	if bodyAllowed {
+		_, _ = w.Write(body)
+	}
+	_ = http.NewResponseController(w).Flush()
+}
+
+// replayCache holds the SUCCEEDED records the middleware replayed, by
+// scope and key (Config.ReplayCacheBytes): what a retry needs to be
+// answered its replay or its 422 without the store.
+type replayCache struct {
+	c *otter.Cache[replayKey, *cachedRecord]
+}
+
+type replayKey struct{ scope, key string }
+
+// cachedRecord is the part of a SUCCEEDED record that the answer to a
+// claim that lost to it reads (idemdriver.Decide and Middleware.answer).
+type cachedRecord struct {
+	method, path string
+	fingerprint  []byte
+	response     *idemdriver.Response
+	expiresAt    time.Time // database clock
+}
+
+// recordOverhead approximates, in bytes, what an entry costs beyond the
+// lengths of its strings and body.
+const recordOverhead = 256
+
+func newReplayCache(maxBytes int64, ttl time.Duration) *replayCache {
+	return &replayCache{c: otter.Must(&otter.Options[replayKey, *cachedRecord]{
+		MaximumWeight: uint64(maxBytes),
+		Weigher: func(k replayKey, r *cachedRecord) uint32 {
+			n := recordOverhead + len(k.scope) + len(k.key) + len(r.method) + len(r.path) + len(r.fingerprint) + len(r.response.Body)
+			for name, vs := range r.response.Header {
+				n += len(name)
+				for _, v := range vs {
+					n += len(v)
+				}
+			}
+			return uint32(min(n, math.MaxUint32))
+		},
+		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[replayKey, *cachedRecord]) time.Duration {
+			return min(ttl, time.Until(e.Value.expiresAt))
+		}),
+	})}
+}
+
+// get returns the cached record (none on a nil cache) of (scope, key) as a claim that lost to it
+// would have read it, and false when there is none or it has expired.
+func (rc *replayCache) get(scope, key string) (idemdriver.Record, bool) {
+	if rc == nil {
+		return idemdriver.Record{}, false
+	}
+	r, ok := rc.c.GetIfPresent(replayKey{scope, key})
+	if !ok || !time.Now().Before(r.expiresAt) {
+		return idemdriver.Record{}, false
+	}
+	// The headers copied: the replay hands their value slices to the
+	// response writer, where another middleware may change them in place.
+	resp := *r.response
+	resp.Header = http.Header(resp.Header).Clone()
+	return idemdriver.Record{Scope: scope, Key: key, Method: r.method, Path: r.path, Fingerprint: r.fingerprint,
+		State: idemdriver.StateSucceeded, Response: &resp, ExpiresAt: r.expiresAt}, true
+}
+
+// put keeps rec, the record of (scope, key) that a claim read from the
+// store and lost to, when it is SUCCEEDED with its response and has not
+// expired on this process's clock.
+func (rc *replayCache) put(scope, key string, rec idemdriver.Record) {
+	if rc == nil || rec.State != idemdriver.StateSucceeded || rec.Response == nil || !time.Now().Before(rec.ExpiresAt) {
+		return
+	}
+	// A copy of the headers: this request's replay hands rec's to the
+	// response writer.
+	resp := *rec.Response
+	resp.Header = http.Header(resp.Header).Clone()
+	rc.c.Set(replayKey{scope, key}, &cachedRecord{method: rec.Method, path: rec.Path,
+		fingerprint: rec.Fingerprint, response: &resp, expiresAt: rec.ExpiresAt})
 }

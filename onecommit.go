@@ -27,8 +27,8 @@ import (
 // while the leader runs the key is a waiter's wait bounded, by OneCommitWait
 // from its arrival (then 409: the key is in flight).
 type oneCommit struct {
-	g  *Engine
-	tc idemdriver.TxClaimer
+	cfg *EngineConfig
+	tc  idemdriver.TxClaimer
 	// waitRunning bounds a wait for a leader that runs the key:
 	// OneCommitWait, or on a single-writer store the leader's whole
 	// transaction (every transaction queues for its write lock anyway).
@@ -49,10 +49,10 @@ type keyTurn struct {
 	shared  *verdict
 }
 
-func newOneCommit(g *Engine) *oneCommit {
-	o := &oneCommit{g: g, tc: g.cfg.Store.(idemdriver.TxClaimer), waitRunning: g.cfg.OneCommitWait, turns: map[localKey]*keyTurn{}}
-	if sw, ok := g.cfg.Store.(idemdriver.SingleWriter); ok && sw.SingleWriter() {
-		o.waitRunning = g.cfg.ClaimTimeout + g.cfg.MaxExecution + g.cfg.CompleteTimeout
+func newOneCommit(cfg *EngineConfig) *oneCommit {
+	o := &oneCommit{cfg: cfg, tc: cfg.Store.(idemdriver.TxClaimer), waitRunning: cfg.OneCommitWait, turns: map[localKey]*keyTurn{}}
+	if sw, ok := cfg.Store.(idemdriver.SingleWriter); ok && sw.SingleWriter() {
+		o.waitRunning = cfg.ClaimTimeout + cfg.MaxExecution + cfg.CompleteTimeout
 	}
 	return o
 }
@@ -63,7 +63,7 @@ func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams) (claime
 	if turn == nil {
 		return claimed{}, v
 	}
-	cfg := &o.g.cfg
+	cfg := o.cfg
 	// Detached from the caller, bounded as a whole (database/sql ends a
 	// transaction when the context it began on ends).
 	txCtx, cancelTx := context.WithTimeout(context.WithoutCancel(ctx), cfg.ClaimTimeout+cfg.MaxExecution+cfg.CompleteTimeout)
@@ -76,11 +76,11 @@ func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams) (claime
 		v = o.inFlight()
 		o.end(lk, turn, nil, &v)
 	case err != nil:
-		v = o.g.claimFailed(ctx, err)
+		v = o.cfg.claimFailed(ctx, err)
 		o.end(lk, turn, nil, &v)
 	case !res.Claimed:
 		o.end(lk, turn, &res.Record, nil)
-		v = o.g.answerFrom(ctx, res.Record, p)
+		v = o.cfg.answerFrom(ctx, res.Record, p)
 	default:
 		close(turn.running)
 		return claimed{res: res, tx: tx, sent: sent, turn: turn, endTx: cancelTx}, verdict{}
@@ -129,7 +129,7 @@ func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimPa
 				resp.Header = http.Header(resp.Header).Clone() // each replay's own
 				rec.Response = &resp
 			}
-			return nil, o.g.answerFrom(ctx, rec, p)
+			return nil, o.cfg.answerFrom(ctx, rec, p)
 		case t.shared != nil:
 			return nil, *t.shared
 		}
@@ -150,7 +150,7 @@ func (o *oneCommit) end(lk localKey, t *keyTurn, final *idemdriver.Record, share
 // inFlight is the verdict of a request that waited for the key past
 // OneCommitWait, or whose caller went away.
 func (o *oneCommit) inFlight() verdict {
-	ra := o.g.inFlightRetryAfter(o.g.cfg.LeaseDuration)
+	ra := o.cfg.inFlightRetryAfter(o.cfg.LeaseDuration)
 	return verdict{kind: answerInFlight, retryAfter: ra, err: &InFlightError{RetryAfter: ra}}
 }
 
@@ -159,7 +159,7 @@ func (o *oneCommit) inFlight() verdict {
 // OneCommitWait is the whole lock bound of every claim. The bound cancels
 // txCtx only while ClaimTx runs: the transaction it returns lives on txCtx.
 func (o *oneCommit) claimTx(txCtx context.Context, cancelTx context.CancelFunc, p idemdriver.ClaimParams) (idemdriver.ClaimResult, idemdriver.Tx, error) {
-	cfg := &o.g.cfg
+	cfg := o.cfg
 	bound := cfg.ClaimTimeout + cfg.OneCommitWait
 	timer := time.AfterFunc(bound, cancelTx)
 	res, tx, err := o.tc.ClaimTx(txCtx, p, cfg.OneCommitWait)
@@ -175,7 +175,7 @@ func (o *oneCommit) claimTx(txCtx context.Context, cancelTx context.CancelFunc, 
 }
 
 func (o *oneCommit) start(e *execution, _ time.Time) func() bool {
-	limit := time.AfterFunc(o.g.cfg.MaxExecution, func() { e.cancel(ErrExecutionTimeout) })
+	limit := time.AfterFunc(o.cfg.MaxExecution, func() { e.cancel(ErrExecutionTimeout) })
 	return func() bool {
 		limit.Stop()
 		return false
@@ -194,7 +194,7 @@ func (o *oneCommit) release(e *execution) (bool, error) {
 	}
 	ctx, cancel := e.detached()
 	defer cancel()
-	res, err := o.g.cfg.Store.Claim(ctx, e.p)
+	res, err := o.cfg.Store.Claim(ctx, e.p)
 	if err != nil {
 		return false, &StoreError{Op: "release", Err: err}
 	}
@@ -202,7 +202,7 @@ func (o *oneCommit) release(e *execution) (bool, error) {
 		return true, nil // another request owns the key now: nothing of ours is left
 	}
 	f := idemdriver.FenceParams{Scope: e.p.Scope, Key: e.p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt}
-	if ok, err := o.g.cfg.Store.Release(ctx, f); err != nil || !ok {
+	if ok, err := o.cfg.Store.Release(ctx, f); err != nil || !ok {
 		return false, &StoreError{Op: "release", Err: fmt.Errorf("release after rollback: %v", err)}
 	}
 	return true, nil
@@ -213,7 +213,7 @@ func (o *oneCommit) release(e *execution) (bool, error) {
 func (o *oneCommit) recordAlone(e *execution, cp idemdriver.CompleteParams) (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
-	res, err := o.g.cfg.Store.Claim(ctx, e.p)
+	res, err := o.cfg.Store.Claim(ctx, e.p)
 	if err == nil && !res.Claimed {
 		err = errors.New("idem: the key was claimed by another request meanwhile")
 	}

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -256,4 +257,43 @@ func (v verdict) problem(c *Config) Problem {
 		p.RetryAfter = c.StoreRetryAfter
 	}
 	return p
+}
+
+// answerFrom is the verdict for a request that did not win the claim, from
+// the record it lost to (idemdriver.Decide, the one decision table): a
+// replay, 422, or 409 (also for a record that changed between the claim and
+// its answer: come back).
+func (c *EngineConfig) answerFrom(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) verdict {
+	switch idemdriver.Decide(&rec, false, p) {
+	case idemdriver.DecisionReplay:
+		if rec.Response == nil {
+			// Damaged by hand or by a partial restore: say so, not 409 forever.
+			c.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
+			return verdict{kind: answerResponseMissing, rec: rec, err: ErrResponseMissing}
+		}
+		return verdict{kind: answerReplay, rec: rec}
+	case idemdriver.DecisionKeyReused:
+		return verdict{kind: answerKeyReused, rec: rec, sameOp: rec.Method == p.Method && rec.Path == p.Path,
+			err: fmt.Errorf("%w: the key was first used for %s %q with another payload or operation", ErrKeyReused, rec.Method, rec.Path)}
+	}
+	ra := c.inFlightRetryAfter(rec.LeaseLeft)
+	return verdict{kind: answerInFlight, rec: rec, retryAfter: ra, err: &InFlightError{RetryAfter: ra}}
+}
+
+// inFlightRetryAfter is the Retry-After of 409 request-in-flight: the
+// configured delay, never beyond the lease left or LeaseDuration, at least
+// 1 s (CONTRACT section 3).
+func (c *EngineConfig) inFlightRetryAfter(leaseLeft time.Duration) time.Duration {
+	return max(time.Second, min(c.InFlightRetryAfter, leaseLeft, c.LeaseDuration))
+}
+
+// claimFailed is the verdict of a claim the store did not answer.
+func (c *EngineConfig) claimFailed(ctx context.Context, err error) verdict {
+	if errors.Is(err, idemdriver.ErrUnstorable) {
+		c.Logger.ErrorContext(ctx, "idem: the store cannot hold this request's scope", "err", err)
+		return verdict{kind: answerUnstorable, err: fmt.Errorf("%w: %w", ErrScopeUnstorable, err)}
+	}
+	serr := &StoreError{Op: "claim", Err: err}
+	c.Logger.ErrorContext(ctx, "idem: store unavailable", "err", serr)
+	return verdict{kind: answerClaimFailed, err: serr}
 }

@@ -58,7 +58,7 @@ func RelayKey(ctx context.Context, step string) (string, error) {
 	if !ok {
 		return "", ErrNoExecution
 	}
-	return DeriveKey(e.g.cfg.RelaySecret, e.info.Scope, e.info.Key, e.info.Created, step), nil
+	return DeriveKey(e.cfg.RelaySecret, e.info.Scope, e.info.Key, e.info.Created, step), nil
 }
 
 // RelayTransport is an http.RoundTripper for calls to downstream providers
