@@ -87,6 +87,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Middleware", func(t *testing.T) { runMiddleware(t, h) })
 	t.Run("Retention", func(t *testing.T) { runRetention(t, h) })
 	t.Run("OneCommit", func(t *testing.T) { runOneCommit(t, h) })
+	t.Run("Engine", func(t *testing.T) { runEngine(t, h) })
 }
 
 func fingerprint(s string) []byte {
