@@ -20,7 +20,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/dbtest"
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 const chargeBody = `{"amount":1000,"currency":"jpy","customer":"cus_42","description":"Order #1"}`

@@ -14,7 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/command"
+	"github.com/idemgo/idem/cmd/internal/command"
 )
 
 // bodyPreview is how many leading bytes of a stored response body inspect shows.

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/dburl"
+	"github.com/idemgo/idem/cmd/internal/dburl"
 )
 
 // store is an opened database (dburl.Open, the opener every command

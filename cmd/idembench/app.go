@@ -20,7 +20,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/naivecache"
+	"github.com/idemgo/idem/cmd/internal/naivecache"
 )
 
 // The routes of the server under test, one per way of serving POST

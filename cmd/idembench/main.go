@@ -62,7 +62,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemgo/idem/internal/command"
+	"github.com/idemgo/idem/cmd/internal/command"
 )
 
 func main() { command.Main(run) }

@@ -14,8 +14,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemgo/idem/internal/command"
-	"github.com/idemgo/idem/internal/supervise"
+	"github.com/idemgo/idem/cmd/internal/command"
+	"github.com/idemgo/idem/cmd/internal/supervise"
 )
 
 // Bounds of the fleet's loops.

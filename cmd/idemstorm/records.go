@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/dburl"
+	"github.com/idemgo/idem/cmd/internal/dburl"
 )
 
 // stuckLimit bounds the stuck records read (the idem stuck query).

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/internal/dbtest"
-	"github.com/idemgo/idem/internal/supervise"
+	"github.com/idemgo/idem/cmd/internal/supervise"
 )
 
 // The paymentsd binary under test, built once per test binary, as

@@ -17,7 +17,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 const paymentBody = `{"amount":1000,"currency":"JPY","customer":"cus_42","description":"Order #1"}`

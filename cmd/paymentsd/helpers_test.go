@@ -17,9 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/internal/dbtest"
-	"github.com/idemgo/idem/internal/demotest"
-	"github.com/idemgo/idem/internal/service"
-	"github.com/idemgo/idem/internal/supervise"
+	"github.com/idemgo/idem/cmd/internal/demotest"
+	"github.com/idemgo/idem/cmd/internal/service"
+	"github.com/idemgo/idem/cmd/internal/supervise"
 )
 
 // testServer is the whole service on httptest, on a fresh database.

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/internal/dbtest"
-	"github.com/idemgo/idem/internal/naivecache"
+	"github.com/idemgo/idem/cmd/internal/naivecache"
 )
 
 // EnvRedis names the variable holding the Redis test server's URL, for

@@ -26,7 +26,7 @@ import (
 	"github.com/idemgo/idem/idemmysql"
 	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dbtest"
-	"github.com/idemgo/idem/internal/supervise"
+	"github.com/idemgo/idem/cmd/internal/supervise"
 )
 
 // The binaries under test, cmd/paymentsd and cmd/fakepsp, built once per
