@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/idempgx"
-	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/cmd/internal/dburl"
 	"github.com/idemgo/idem/cmd/internal/service"
+	"github.com/idemgo/idem/idempgx"
+	"github.com/idemgo/idem/idemsqlite"
 )
 
 // SchemaVersionTable records fakepsp's own migrations, beside idem's

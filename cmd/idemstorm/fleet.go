@@ -45,7 +45,7 @@ type fleet struct {
 }
 
 // server is one paymentsd process on a fixed address, restarted there
-// (internal/supervise runs the process), its generations' output appended
+// (cmd/internal/supervise runs the process), its generations' output appended
 // to logPath.
 type server struct {
 	name    string

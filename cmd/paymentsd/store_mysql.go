@@ -10,8 +10,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/idemgo/idem/idemmysql"
 	"github.com/idemgo/idem/cmd/internal/service"
+	"github.com/idemgo/idem/idemmysql"
 )
 
 // onMySQL is the Store on MySQL or MariaDB (idemmysql); a payment written

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemgo/idem/idempgx"
 	"github.com/idemgo/idem/cmd/internal/service"
+	"github.com/idemgo/idem/idempgx"
 )
 
 // postgresStore is the Store on PostgreSQL (idempgx): service.DB's pgx

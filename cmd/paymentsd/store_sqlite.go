@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/cmd/internal/service"
+	"github.com/idemgo/idem/idemsqlite"
 )
 
 // onSQLite is the Store on an embedded SQLite file (idemsqlite).
