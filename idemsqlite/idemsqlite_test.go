@@ -81,7 +81,7 @@ func TestOpenPathWithURICharacters(t *testing.T) {
 // Processes opening one new file at the same time both migrate it; the
 // one that loses the race runs again and finds the versions applied.
 // Regression: it failed with "table idem_keys already exists" (about every
-// other run of internal/service's TestOpenSQLite under -count=10), and,
+// other run of cmd/internal/service's TestOpenSQLite under -count=10), and,
 // under load, Open itself with SQLITE_BUSY while the file turned to WAL.
 func TestMigrateConcurrently(t *testing.T) {
 	t.Parallel()

@@ -19,8 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/internal/service"
 	"github.com/idemgo/idem/internal/dbtest"
-	"github.com/idemgo/idem/internal/service"
 )
 
 const chargeBody = `{"amount":1000,"currency":"jpy","customer":"cus_42","description":"Order #1"}`

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/demotest"
+	"github.com/idemgo/idem/cmd/internal/demotest"
 )
 
 // slowClaims is a Store whose claims take 300 ms and report the

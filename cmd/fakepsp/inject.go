@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 // withhold plays the "outcome unknown" failure (--timeout-rate): with

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 func main() { service.Main("fakepsp", run) }

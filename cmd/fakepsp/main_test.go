@@ -11,9 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgo/idem/internal/demotest"
-	"github.com/idemgo/idem/internal/service"
-	"github.com/idemgo/idem/internal/supervise"
+	"github.com/idemgo/idem/cmd/internal/demotest"
+	"github.com/idemgo/idem/cmd/internal/service"
+	"github.com/idemgo/idem/cmd/internal/supervise"
 )
 
 func TestParseFlags(t *testing.T) {

@@ -6,8 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgo/idem/internal/promtest"
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/promtest"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 // fakepsp serves its idem metrics at GET /metrics, without

@@ -1,6 +1,6 @@
 package main
 
-import "github.com/idemgo/idem/internal/service"
+import "github.com/idemgo/idem/cmd/internal/service"
 
 // ProblemTypeBase prefixes the type URI of fakepsp's own problems; idem's
 // (missing-key, key-reused, request-in-flight, ...) keep idem's URIs.

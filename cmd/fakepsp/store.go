@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/dburl"
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/dburl"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 // SchemaVersionTable records fakepsp's own migrations, beside idem's

@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/idemgo/idem/cmd/internal/command"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/command"
 )
 
 // globals are the flags every command takes.

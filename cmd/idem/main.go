@@ -22,6 +22,6 @@
 // help COMMAND` describes each command and its flags.
 package main
 
-import "github.com/idemgo/idem/internal/command"
+import "github.com/idemgo/idem/cmd/internal/command"
 
 func main() { command.Main(run) }

@@ -13,8 +13,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemgo/idem/cmd/internal/command"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/command"
 )
 
 // bodyPreview is how many leading bytes of a stored response body inspect shows.

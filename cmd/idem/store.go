@@ -9,8 +9,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemgo/idem/cmd/internal/dburl"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/dburl"
 )
 
 // store is an opened database (dburl.Open, the opener every command

@@ -19,8 +19,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/internal/naivecache"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/naivecache"
 )
 
 // The routes of the server under test, one per way of serving POST
@@ -334,7 +334,7 @@ func (a *app) held(w http.ResponseWriter, r *http.Request) {
 }
 
 // naiveCache is the article's naive idempotency middleware, for comparison
-// only (internal/naivecache, the one cmd/paymentsd's --naive runs): GET the
+// only (cmd/internal/naivecache, the one cmd/paymentsd's --naive runs): GET the
 // key from Redis; on a hit replay the stored response; on a miss run the
 // handler and SET its response with a TTL. No lock, no fingerprint, fails open: it double-executes concurrent
 // duplicates (README, "Why not cache the response in Redis?").

@@ -33,7 +33,7 @@
 // docs/benchmarks.md between the idembench markers and draws one PNG per
 // database into docs/img (throughput and p99 per concurrency).
 //
-// Usage, from cmd/idembench (its own module, so gonum/plot stays out of
+// Usage, from cmd/idembench (in the cmd module, so gonum/plot stays out of
 // the library's go.mod):
 //
 //	go run . --docs ../../docs                      # the full run: ~15 minutes
@@ -62,7 +62,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemgo/idem/internal/command"
+	"github.com/idemgo/idem/cmd/internal/command"
 )
 
 func main() { command.Main(run) }

@@ -14,8 +14,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemgo/idem/internal/command"
-	"github.com/idemgo/idem/internal/supervise"
+	"github.com/idemgo/idem/cmd/internal/command"
+	"github.com/idemgo/idem/cmd/internal/supervise"
 )
 
 // Bounds of the fleet's loops.
@@ -45,7 +45,7 @@ type fleet struct {
 }
 
 // server is one paymentsd process on a fixed address, restarted there
-// (internal/supervise runs the process), its generations' output appended
+// (cmd/internal/supervise runs the process), its generations' output appended
 // to logPath.
 type server struct {
 	name    string

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/idemgo/idem/internal/command"
+	"github.com/idemgo/idem/cmd/internal/command"
 )
 
 // Exit statuses.

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/idemgo/idem/cmd/internal/dburl"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/dburl"
 )
 
 // stuckLimit bounds the stuck records read (the idem stuck query).
@@ -35,7 +35,7 @@ type RecordsCheck struct {
 // checkRecords reads idem's record of every logical payment's key, and the
 // run's stuck records.
 func checkRecords(ctx context.Context, databaseURL string, p *plan) (_ *RecordsCheck, err error) {
-	// The URL rules and the opener are paymentsd's own (internal/dburl),
+	// The URL rules and the opener are paymentsd's own (cmd/internal/dburl),
 	// so the check reads the database the servers wrote.
 	kind, target, err := dburl.Parse(databaseURL)
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
-	"github.com/idemgo/idem/internal/command"
+	"github.com/idemgo/idem/cmd/internal/command"
 )
 
 // Report is the whole outcome of a storm (--report writes it as JSON).

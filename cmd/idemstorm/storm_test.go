@@ -12,8 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem/cmd/internal/supervise"
 	"github.com/idemgo/idem/internal/dbtest"
-	"github.com/idemgo/idem/internal/supervise"
 )
 
 // The paymentsd binary under test, built once per test binary, as
@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 // -race, whatever this test binary: the storm tests measure paymentsd's
 // exactly-once behaviour under load and SIGKILL, and a race-instrumented
 // server is several times slower, which on CI's two cores would stretch the
-// short storms past their budget (e2e/ runs paymentsd with -race, on fewer
+// short storms past their budget (cmd/e2e/ runs paymentsd with -race, on fewer
 // requests, and fails on any race it reports). idemstorm itself (the
 // client, the chaos and the reconciliation) runs in this test binary, with
 // -race under scripts/test.

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/internal/service"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/service"
 )
 
 // List limits of GET /v1/payments.

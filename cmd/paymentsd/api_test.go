@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/internal/service"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/service"
 )
 
 const paymentBody = `{"amount":1000,"currency":"JPY","customer":"cus_42","description":"Order #1"}`

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/internal/service"
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/service"
 )
 
 // This file and crash_*.go are the fault injection of the crash and storm

@@ -16,10 +16,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem/cmd/internal/demotest"
+	"github.com/idemgo/idem/cmd/internal/service"
+	"github.com/idemgo/idem/cmd/internal/supervise"
 	"github.com/idemgo/idem/internal/dbtest"
-	"github.com/idemgo/idem/internal/demotest"
-	"github.com/idemgo/idem/internal/service"
-	"github.com/idemgo/idem/internal/supervise"
 )
 
 // testServer is the whole service on httptest, on a fresh database.

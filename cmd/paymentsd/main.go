@@ -10,8 +10,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/idemgo/idem/internal/naivecache"
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/naivecache"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 // EnvRelaySecret names the environment variable read for the relay secret

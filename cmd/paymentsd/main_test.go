@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 func TestParseDatabaseURL(t *testing.T) {

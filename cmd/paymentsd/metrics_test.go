@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgo/idem/internal/promtest"
+	"github.com/idemgo/idem/cmd/internal/promtest"
 )
 
 // The command serves its idem metrics at GET /metrics, without

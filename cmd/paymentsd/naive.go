@@ -52,8 +52,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/naivecache"
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/naivecache"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 // DefaultRedisURL is --redis-url's default.

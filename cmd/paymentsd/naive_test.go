@@ -15,8 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem/cmd/internal/naivecache"
 	"github.com/idemgo/idem/internal/dbtest"
-	"github.com/idemgo/idem/internal/naivecache"
 )
 
 // EnvRedis names the variable holding the Redis test server's URL, for

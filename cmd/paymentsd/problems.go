@@ -3,7 +3,7 @@ package main
 import (
 	"net/http"
 
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 // ProblemTypeBase prefixes the type URI of every problem the demo itself

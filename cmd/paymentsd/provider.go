@@ -17,7 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 // RelayStep names the provider call in the relayed key:

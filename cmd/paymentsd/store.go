@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/dburl"
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/dburl"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 // SchemaVersionTable is the table in which the demo's own migrations are

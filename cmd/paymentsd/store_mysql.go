@@ -11,7 +11,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 // onMySQL is the Store on MySQL or MariaDB (idemmysql); a payment written

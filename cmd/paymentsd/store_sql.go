@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 // sqlStore is the Store on database/sql that SQLite (idemsqlite, onSQLite)

@@ -13,7 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/service"
+	"github.com/idemgo/idem/cmd/internal/service"
 )
 
 // The Stripe-compatible endpoint: POST /v1/payment_intents takes Stripe's

@@ -10,7 +10,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/dburl"
+	"github.com/idemgo/idem/cmd/internal/dburl"
 )
 
 // Schema is a service's own tables, which Open migrates after idem's.

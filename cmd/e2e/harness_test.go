@@ -23,10 +23,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/internal/supervise"
 	"github.com/idemgo/idem/idemmysql"
 	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dbtest"
-	"github.com/idemgo/idem/internal/supervise"
 )
 
 // The binaries under test, cmd/paymentsd and cmd/fakepsp, built once per
@@ -84,7 +84,7 @@ func forEachTarget(t *testing.T, f func(t *testing.T, tgt target)) {
 	}
 }
 
-// proc is one service run as a child process (internal/supervise, as
+// proc is one service run as a child process (cmd/internal/supervise, as
 // cmd/idemstorm's fleet); restarts keep its address, arguments (unless
 // replaced) and log.
 type proc struct {

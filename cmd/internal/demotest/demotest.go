@@ -1,5 +1,5 @@
 // Package demotest holds what the tests of idem's demo services
-// (cmd/paymentsd, cmd/fakepsp, internal/service) share: an idem store
+// (cmd/paymentsd, cmd/fakepsp, cmd/internal/service) share: an idem store
 // whose claims are slow, and waiting for a service's run to return.
 package demotest
 

@@ -8,8 +8,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/idemgo/idem/internal/command"
-	"github.com/idemgo/idem/internal/dburl"
+	"github.com/idemgo/idem/cmd/internal/command"
+	"github.com/idemgo/idem/cmd/internal/dburl"
 )
 
 // Flags are the command-line flags every service takes (Flags.FlagSet),

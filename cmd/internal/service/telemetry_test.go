@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/internal/promtest"
+	"github.com/idemgo/idem/cmd/internal/service"
 	"github.com/idemgo/idem/idemsqlite"
-	"github.com/idemgo/idem/internal/promtest"
-	"github.com/idemgo/idem/internal/service"
 )
 
 // protected is a ServeMux with POST /pay/{id} behind a real idem

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgo/idem/internal/dburl"
+	"github.com/idemgo/idem/cmd/internal/dburl"
 )
 
 func TestFlagSet(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgo/idem/internal/demotest"
+	"github.com/idemgo/idem/cmd/internal/demotest"
 )
 
 // slowServer is a Server on a free loopback port whose handler answers

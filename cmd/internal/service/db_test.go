@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem/cmd/internal/dburl"
 	"github.com/idemgo/idem/internal/dbtest"
-	"github.com/idemgo/idem/internal/dburl"
 )
 
 // testSchema has one migration per kind, creating the table things.
