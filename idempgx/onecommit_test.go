@@ -19,6 +19,7 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idempgx"
 	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/internal/parked"
 )
 
 // A one-commit execution whose process dies mid-transaction (its backend
@@ -156,14 +157,12 @@ func TestOneCommitDuplicatesLeaveThePoolToOtherKeys(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				_, _ = fmt.Fprintf(w, `{"key":%q,"run":%d}`, key, run)
 			}))
-			// requireOtherKeyServed checks, while a run of "slow" holds one
-			// of the two connections, that another key gets the other one.
-			requireOtherKeyServed := func(key string) {
-				// Give a duplicate the time to take the second connection,
-				// as each did before the fix (then within milliseconds).
-				for i := 0; i < 20 && pool.Stat().AcquiredConns() < 2; i++ {
-					time.Sleep(50 * time.Millisecond)
-				}
+			// requireOtherKeyServed checks, once the run of "slow" and its
+			// duplicates (blocked of them in all) are all blocked (the
+			// duplicates in the process, or, as before the fix, on the pool or
+			// the row lock), that another key gets the second connection.
+			requireOtherKeyServed := func(key string, blocked int) {
+				parked.Wait(t, blocked, "idempgx_test.answerOf")
 				other := awaitAnswer(t, answerOf(h, key), "another key's request while the owner runs")
 				require.Equal(t, http.StatusCreated, other.Code, other.Body.String())
 			}
@@ -183,15 +182,15 @@ func TestOneCommitDuplicatesLeaveThePoolToOtherKeys(t *testing.T) {
 			if !storm.withOwner {
 				storming()
 			}
-			requireOtherKeyServed("other-1")
+			requireOtherKeyServed("other-1", 11) // the owner and its ten duplicates
 			first := releases[0]
 			releases = releases[1:]
 			close(first)
 			wantRun := 1
 			if storm.rollback {
 				require.Equal(t, http.StatusInternalServerError, awaitAnswer(t, owner, "the failing first run").Code)
-				releases = append(releases, <-held) // a duplicate runs the key again
-				requireOtherKeyServed("other-2")
+				releases = append(releases, <-held)  // a duplicate runs the key again
+				requireOtherKeyServed("other-2", 10) // the second run and nine duplicates
 				second := releases[0]
 				releases = releases[1:]
 				close(second)
@@ -349,7 +348,7 @@ func TestOneCommitWaiterGetsTheWholeLockBound(t *testing.T) {
 	owner := answerOf(h, "k")
 	<-entered
 	dup := answerOf(h, "k")
-	time.Sleep(300 * time.Millisecond) // the duplicate waits in the process meanwhile
+	parked.Wait(t, 2, "idempgx_test.answerOf") // the owner runs; the duplicate waits in the process
 	free()
 	require.Equal(t, http.StatusInternalServerError, awaitAnswer(t, owner, "the owner").Code)
 	res := awaitAnswer(t, dup, "the waiter")

@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemdrivertest"
 	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/internal/parked"
 )
 
 // SQLite never answers 503 for a busy, healthy database (issue 13 item 8).
@@ -145,7 +146,8 @@ func TestRenewalQueuedBehindAnotherTransactionKeepsTheLease(t *testing.T) {
 // transaction does, and gets the replay): a duplicate got 409 instead.
 func TestOneCommitDuplicateQueuesForTheWriteLock(t *testing.T) {
 	d := dbtest.SQLite(t)
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: time.Millisecond}, Scope: globalScope})
+	// Any wait is past a 1 ns bound, once the duplicate waits.
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: time.Nanosecond}, Scope: globalScope})
 	require.NoError(t, err)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int64
@@ -162,7 +164,7 @@ func TestOneCommitDuplicateQueuesForTheWriteLock(t *testing.T) {
 	<-entered
 	dup := make(chan *httptest.ResponseRecorder, 1)
 	go func() { dup <- post(h, "k") }()
-	time.Sleep(200 * time.Millisecond) // far past OneCommitWait
+	parked.Wait(t, 2, "idemsqlite_test.TestOneCommitDuplicateQueuesForTheWriteLock.func") // the owner runs, the duplicate waits
 	close(release)
 	require.Equal(t, http.StatusCreated, (<-owner).Code)
 	res := <-dup
