@@ -9,12 +9,8 @@ import (
 	"strings"
 )
 
-// captureWriter holds a protected handler's response until its outcome is
-// recorded: the caller must never see a 201 for business writes that then
-// fail to commit (CONTRACT section 6). Flush is accepted and deferred: the
-// whole response is written, and flushed, once the outcome is recorded.
-// Unwrap exposes the client's writer to http.ResponseController for the
-// methods captureWriter does not implement (deadlines); Hijack is refused.
+// captureWriter holds a handler's response until its outcome is recorded
+// (CONTRACT section 6).
 type captureWriter struct {
 	w      http.ResponseWriter
 	header http.Header // what the handler sees
@@ -29,8 +25,6 @@ func newCaptureWriter(w http.ResponseWriter) *captureWriter {
 
 func (c *captureWriter) Header() http.Header { return c.header }
 
-// WriteHeader records the status and, as net/http does, the headers as they
-// are now: later changes to Header() are not sent. 1xx statuses are ignored.
 func (c *captureWriter) WriteHeader(status int) {
 	if c.status == 0 && status >= 200 {
 		c.status = status
@@ -45,22 +39,15 @@ func (c *captureWriter) Write(b []byte) (int, error) {
 	return c.body.Write(b)
 }
 
-// Flush is deferred until the outcome is recorded (see captureWriter).
 func (c *captureWriter) Flush() {}
 
-// Hijack refuses (http.ErrNotSupported): an answer written on the raw
-// connection would bypass idem, which could neither record it nor replay it.
-// Without it, http.ResponseController would reach the client's writer
-// through Unwrap.
+// Hijack refuses: idem could not record a hijacked answer.
 func (c *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return nil, nil, fmt.Errorf("idem: a protected handler cannot hijack the connection, its response is recorded and replayed: %w", http.ErrNotSupported)
 }
 
-// Unwrap returns the client's writer (for http.ResponseController).
 func (c *captureWriter) Unwrap() http.ResponseWriter { return c.w }
 
-// statusCode is the handler's status; 200 when it wrote nothing at all, as
-// net/http would answer.
 func (c *captureWriter) statusCode() int {
 	if c.status == 0 {
 		return http.StatusOK
@@ -68,9 +55,6 @@ func (c *captureWriter) statusCode() int {
 	return c.status
 }
 
-// sentHeader returns the response headers: as they were at WriteHeader, or
-// as they are now when the handler wrote nothing. Trailers are not among
-// them (see trailers).
 func (c *captureWriter) sentHeader() http.Header {
 	h := c.header
 	if c.sent != nil {
@@ -89,7 +73,6 @@ func (c *captureWriter) sentHeader() http.Header {
 	return out
 }
 
-// declaredTrailers returns the canonical names h's Trailer header declares.
 func (c *captureWriter) declaredTrailers(h http.Header) map[string]bool {
 	var names map[string]bool
 	for _, v := range h.Values("Trailer") {
@@ -114,10 +97,6 @@ func hasTrailerKeys(h http.Header) bool {
 	return false
 }
 
-// trailers returns the response trailers by canonical name, as net/http
-// would send them: the values, when the handler returned, of the names its
-// Trailer header declared at WriteHeader, and every header key with
-// http.TrailerPrefix; nil when there are none.
 func (c *captureWriter) trailers() http.Header {
 	var t http.Header // nil, allocated at the first trailer: most responses have none
 	add := func(name string, v []string) {
@@ -146,7 +125,6 @@ func (c *captureWriter) sentOrLive() http.Header {
 	return c.header
 }
 
-// send writes the captured response, trailers included, to the client.
 func (c *captureWriter) send() {
 	h := c.w.Header()
 	for k, v := range c.sentHeader() {

@@ -11,16 +11,14 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 )
 
-// Engine runs the claim protocol of docs/contract.md (CONTRACT sections 3
-// to 6): claim, run under the claim, record the outcome. Middleware is its
-// HTTP front; Do runs it for message consumers, webhooks and jobs.
+// Engine runs the claim protocol of CONTRACT sections 3 to 6. Middleware is
+// its HTTP front; Do runs it for other work.
 type Engine struct {
 	cfg  EngineConfig
 	mode mode
 }
 
-// NewEngine validates cfg (after WithDefaults) and returns the engine. The
-// error names every invalid field.
+// NewEngine validates cfg after WithDefaults; the error names every field.
 func NewEngine(cfg EngineConfig) (*Engine, error) {
 	cfg = cfg.WithDefaults()
 	if err := invalid(cfg.validate()); err != nil {
@@ -39,11 +37,8 @@ func newEngine(cfg EngineConfig) *Engine {
 	return g
 }
 
-// execute is the protocol, for both fronts and both modes: it claims p's
-// key, runs j when the claim is won and records its outcome, and returns
-// the one verdict the front answers. It fills ev except Status and Route.
-// When j panics, the outcome is recorded, ev reported, and the panic
-// raised again.
+// execute claims p's key, runs j under a won claim and records the outcome;
+// a panic in j is raised again after that.
 func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, j job, ev *Event) verdict {
 	ev.Method, ev.Scope, ev.Key = p.Method, p.Scope, p.Key
 	start := time.Now()
@@ -86,17 +81,14 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, j job, e
 	}
 	cause := context.Cause(e.ctx)
 	lost, unreachable := errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrStoreUnavailable)
-	// Past MaxExecution, a handler that used the claim's transaction may
-	// have lost its writes (database/sql ends a transaction with its
-	// context), and one that returned after its lease ran out may see its
-	// record expire unreplayed: both are recorded FAILED.
+	// Past MaxExecution a used transaction may be gone (database/sql ends it
+	// with its context) and a late outcome may expire unreplayed.
 	timedOut := errors.Is(cause, ErrExecutionTimeout) && (e.txBegun() || leaseRanOut)
 	switch {
 	case lost:
 		e.rollback()
 		v = end(EventLeaseLost, verdict{kind: answerLeaseLost, err: cause})
 	case unreachable:
-		// The record stays PROCESSING until its lease runs out.
 		e.rollback()
 		v = end(EventStoreUnavailable, verdict{kind: answerUnreachable, err: cause})
 	case timedOut || outcome == Failed:
@@ -120,8 +112,7 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, j job, e
 		owned, err := g.mode.release(e)
 		switch {
 		case err != nil:
-			// The key stays burned for a corrected request: marked FAILED,
-			// if the store answers, so the same request runs again at once.
+			// Mark FAILED so the same request runs again at once.
 			_, _ = g.mode.fail(e)
 			v = end(EventCompletionFailed, verdict{kind: answerReleaseFailed, err: err})
 		case !owned:
@@ -143,8 +134,6 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, j job, e
 	return v
 }
 
-// complete records the Succeeded outcome resp, in the business transaction
-// when there is one (committing both together).
 func (g *Engine) complete(e *execution, resp idemdriver.Response, executed EventKind, end func(EventKind, verdict) verdict) verdict {
 	cp := idemdriver.CompleteParams{FenceParams: e.fence, Response: resp}
 	tx := e.endTx()
@@ -157,8 +146,6 @@ func (g *Engine) complete(e *execution, resp idemdriver.Response, executed Event
 	}
 	switch {
 	case errors.Is(err, idemdriver.ErrTxDone):
-		// The handler ended the claim's transaction itself, against the
-		// contract: its writes are committed or gone; record on its own.
 		g.cfg.Logger.ErrorContext(e.parent, "idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
 			"scope", e.fence.Scope, "key", e.fence.Key)
 		ok, err = e.completeAlone(cp)
@@ -195,44 +182,38 @@ func (g *Engine) complete(e *execution, resp idemdriver.Response, executed Event
 	return end(executed, verdict{kind: answerRan})
 }
 
-// observe sends e to the configured Observer, if any.
 func (g *Engine) observe(ctx context.Context, e *Event) {
 	if g.cfg.Observer != nil {
 		g.cfg.Observer.Observe(ctx, *e)
 	}
 }
 
-// DoParams name one execution of Do.
+// DoParams names one execution of Do.
 type DoParams struct {
-	// Scope names who owns the key (a tenant, a stream, a queue): valid
-	// UTF-8, at most MaxScopeLength bytes, no NUL. Required.
+	// Scope names the key's owner: valid UTF-8, at most MaxScopeLength bytes, no
+	// NUL. Default: none (required).
 	Scope string
-	// Key names the operation (a message id, an event id): 1 to
-	// MaxKeyLength visible ASCII characters. Required.
+	// Key is 1 to MaxKeyLength visible ASCII characters. Default: none (required).
 	Key string
-	// Method and Route name the operation (the record's method and path;
-	// Event.Method and Event.Route): a retry naming others gets
-	// ErrKeyReused. Default Method: "DO"; Route: "", at most MaxPathLength
-	// bytes.
+	// Method and Route are the record's method and path (Route at most
+	// MaxPathLength bytes); a retry naming others gets ErrKeyReused. Default:
+	// "DO" and "".
 	Method, Route string
-	// Fingerprint is the payload's 32-byte SHA-256; nil: the SHA-256 of
-	// Payload. A retry whose fingerprint differs gets ErrKeyReused.
+	// Fingerprint is a 32-byte SHA-256; a retry with another gets ErrKeyReused.
+	// Default: the SHA-256 of Payload.
 	Fingerprint []byte
 	Payload     []byte
 }
 
-// Result is what an execution of Do answers, recorded and replayed
-// byte-exact. Status 0 counts as 200 for Config.Outcome and is replayed as
-// 0; Header is stored whole.
+// Result is Do's recorded answer, replayed byte-exact. Status 0 counts as
+// 200 for Outcome and is replayed as 0.
 type Result struct {
 	Status int
 	Header map[string][]string
 	Body   []byte
 }
 
-// InFlightError is Do's error for an operation another execution owns:
-// errors.Is(err, ErrInFlight). RetryAfter is the delay before trying again
-// (EngineConfig.InFlightRetryAfter, bounded as for HTTP).
+// InFlightError is Do's ErrInFlight; RetryAfter is bounded as for HTTP.
 type InFlightError struct {
 	RetryAfter time.Duration
 }
@@ -244,32 +225,23 @@ func (e *InFlightError) Error() string {
 // Is reports true for ErrInFlight.
 func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }
 
-// ErrReleased is returned by Do, with fn's Result, when the execution was
-// released (ReleaseKey, or the Released outcome): nothing was recorded.
+// ErrReleased is returned by Do, with fn's Result, when nothing was recorded.
 var ErrReleased = errors.New("idem: the execution was released; nothing was recorded")
 
-// errFnFailed marks the verdict of a Do whose fn returned an error.
 var errFnFailed = errors.New("idem: fn failed")
 
-// Do runs fn at most once to a recorded outcome for (p.Scope, p.Key): the
-// protocol of the HTTP front without net/http, in either mode (CONTRACT
-// sections 3 to 6).
+// Do runs fn at most once to a recorded outcome for (p.Scope, p.Key)
+// (CONTRACT sections 3 to 6). fn runs on a context detached from ctx, where
+// Tx, ReleaseKey, RelayKey and ExecutionFromContext work as in a handler. An
+// error from fn is recorded Failed and returned; a later call returns the
+// stored Result without running fn. A panic in fn is recorded Failed and
+// raised again.
 //
-// The first call claims the key and runs fn on a context detached from
-// ctx, cancelled when the lease is lost (context.Cause: ErrLeaseLost); Tx,
-// ReleaseKey, RelayKey and ExecutionFromContext work in fn as in a handler.
-// The Result is recorded as Config.Outcome says for its status; an error
-// from fn is recorded Failed, whatever Outcome says, and returned as is
-// (the next call runs fn again). A later call returns the stored Result
-// without running fn.
-//
-// Errors, for errors.Is: ErrInvalidKey, ErrMissingScope, ErrPathTooLong
-// and ErrScopeUnstorable (bad DoParams); ErrInFlight (*InFlightError);
-// ErrKeyReused; ErrStoreUnavailable (*StoreError: fn did not run, or its
-// outcome may not be recorded); ErrLeaseLost; ErrExecutionTimeout;
-// ErrTxAborted; ErrReleased (with fn's Result); ErrResponseNotStored;
-// ErrResponseMissing; or fn's own error. When fn panics, the outcome is
-// recorded Failed and the panic raised again.
+// Errors (errors.Is): ErrInvalidKey, ErrMissingScope, ErrPathTooLong,
+// ErrScopeUnstorable, ErrInFlight (*InFlightError), ErrKeyReused,
+// ErrStoreUnavailable (*StoreError), ErrLeaseLost, ErrExecutionTimeout,
+// ErrTxAborted, ErrReleased, ErrResponseNotStored, ErrResponseMissing, or
+// fn's own.
 func (g *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context) (Result, error)) (Result, error) {
 	cp, err := g.doParams(p)
 	if err != nil {
@@ -290,8 +262,6 @@ func (g *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context
 	return out, err
 }
 
-// result is Do's answer for v: the answer table's error (v.err), or a
-// Result.
 func (v verdict) result(j *doJob) (Result, error) {
 	switch v.kind {
 	case answerRan:
@@ -316,7 +286,6 @@ func (v verdict) result(j *doJob) (Result, error) {
 	return Result{}, v.err
 }
 
-// doJob runs Do's fn.
 type doJob struct {
 	g   *Engine
 	fn  func(ctx context.Context) (Result, error)
@@ -343,7 +312,6 @@ func (j *doJob) response() idemdriver.Response {
 	return resp
 }
 
-// cmp0 is status, or 200 when it is 0.
 func cmp0(status int) int {
 	if status == 0 {
 		return http.StatusOK
@@ -351,7 +319,6 @@ func cmp0(status int) int {
 	return status
 }
 
-// doParams checks p and turns it into the claim's parameters.
 func (g *Engine) doParams(p DoParams) (idemdriver.ClaimParams, error) {
 	if _, err := ParseKey([]string{p.Key}); err != nil || p.Key == "" || p.Key[0] == '"' {
 		return idemdriver.ClaimParams{}, fmt.Errorf("%w: a key is 1 to %d visible ASCII characters", ErrInvalidKey, MaxKeyLength)
@@ -379,45 +346,27 @@ func (g *Engine) doParams(p DoParams) (idemdriver.ClaimParams, error) {
 	return g.claimParams(p.Scope, p.Key, method, p.Route, fp), nil
 }
 
-// claimParams are the claim's parameters for one request.
 func (g *Engine) claimParams(scope, key, method, path string, fp []byte) idemdriver.ClaimParams {
 	return idemdriver.ClaimParams{Scope: scope, Key: key, Method: method, Path: path, Fingerprint: fp,
 		LeaseDuration: g.cfg.LeaseDuration, Retention: g.cfg.Retention, Owner: g.cfg.Owner}
 }
 
-// mode is how a claim and the outcomes that are not the completion reach
-// the store: the one place the two modes differ (docs/contract.md section
-// 6). durable is the default; oneCommit is Config.OneCommit.
+// mode is where durable and oneCommit differ (CONTRACT section 6).
 type mode interface {
-	// claim decides p's key: a won claim, or the verdict to answer (kind
-	// not 0).
 	claim(ctx context.Context, p idemdriver.ClaimParams) (claimed, verdict)
-	// start holds the claim while the work runs (the lease's heartbeat, or
-	// the time limit); stop ends that and reports whether the lease may
-	// have run out.
+	// stop reports whether the lease may have run out.
 	start(e *execution, sent time.Time) (stop func() bool)
-	// fail records the Failed outcome once the business transaction is
-	// rolled back: owned is false when another claim fenced this one out.
 	fail(e *execution) (owned bool, err error)
-	// release removes the execution's record (the Released outcome).
 	release(e *execution) (owned bool, err error)
-	// recordAlone records cp outside the business transaction, which
-	// aborted (a 4xx or a 3xx answered in it is still replayed).
 	recordAlone(e *execution, cp idemdriver.CompleteParams) (bool, error)
-	// notCompleted is the verdict after the completion or its COMMIT
-	// failed with err.
 	notCompleted(e *execution, err error) verdict
-	// finish ends the execution, once its outcome is recorded (or not).
 	finish(e *execution)
 }
 
-// durable is the default mode: the claim commits on its own before the
-// work runs, held by a lease the heartbeat renews (CONTRACT section 4).
 type durable struct{ g *Engine }
 
 func (d durable) claim(ctx context.Context, p idemdriver.ClaimParams) (claimed, verdict) {
-	// Detached from the caller: a hang-up must not cancel a claim the
-	// database may have committed (PROCESSING, with nobody running it).
+	// Detached: a hang-up must not cancel a claim the database may commit.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.g.cfg.ClaimTimeout)
 	defer cancel()
 	sent := time.Now()
@@ -456,14 +405,12 @@ func (durable) recordAlone(e *execution, cp idemdriver.CompleteParams) (bool, er
 }
 
 func (durable) notCompleted(e *execution, err error) verdict {
-	// Fail is fenced on PROCESSING under this token and waits for the row
-	// lock of a COMMIT still in flight: it marks FAILED only when the
-	// outcome did not commit, so the retry runs at once.
+	// Fail waits for an in-flight COMMIT's row lock: it marks FAILED only if
+	// the outcome did not commit.
 	owned, ferr := e.storeFail()
 	switch {
 	case !owned && e.takenOver():
-		// Another request took the key over (on Galera, a certification
-		// failure against a takeover on another node).
+		// On Galera, a certification failure against another node's takeover.
 		return verdict{kind: answerLeaseLost, err: ErrLeaseLost}
 	case ferr != nil:
 		return verdict{kind: answerCompletionUnknown, err: err}

@@ -8,8 +8,7 @@ import (
 	"github.com/dunglas/httpsfv"
 )
 
-// HeaderKey is the request header that carries the key
-// (draft-ietf-httpapi-idempotency-key-header, section 2).
+// HeaderKey is the key's header (draft-ietf-httpapi-idempotency-key-header).
 const HeaderKey = "Idempotency-Key"
 
 // HeaderReplayed is set to "true" on every replayed response.
@@ -18,22 +17,11 @@ const HeaderReplayed = "Idempotent-Replayed"
 // MaxKeyLength is the longest accepted key, in bytes, after unquoting.
 const MaxKeyLength = 255
 
-// ParseKey reads the Idempotency-Key field values of one request (as returned
-// by http.Header.Values) and returns the key.
-//
-// Accepted forms (CONTRACT section 2): the RFC 8941 sf-string form ("abc",
-// section 3.3.3) and the bare form (abc); both name the same key. RFC 8941
-// section 3.3 lets an Item carry parameters (section 3.1.2) and the
-// Idempotency-Key draft defines none, so idem ignores them: `"p";x=1`,
-// `"p";x=2` and `"p"` name one key, "p" (a malformed parameter is still an
-// ErrInvalidKey). The bare form is taken whole, so `abc;v=1` is the key
-// "abc;v=1", while `"abc";v=1` is the key "abc". The key must be 1 to 255 characters of visible ASCII (0x21-0x7E)
-// after unquoting.
-//
-// Errors, all wrapping ErrMissingKey or ErrInvalidKey: no field line
-// (ErrMissingKey); two or more field lines, or a comma-joined list in one
-// line (ErrInvalidKey: "K, K" is never a new key); an empty, too long,
-// malformed or non-visible-ASCII key (ErrInvalidKey).
+// ParseKey returns the key of one request's Idempotency-Key values: an RFC
+// 8941 sf-string (parameters ignored) or the bare form, taken whole (`abc;v=1`
+// is that key, `"abc";v=1` is "abc"), of 1 to MaxKeyLength visible ASCII
+// characters (CONTRACT section 2). Errors: ErrMissingKey without a field line;
+// ErrInvalidKey for two lines, a comma list, or an empty, long or bad key.
 func ParseKey(values []string) (string, error) {
 	switch len(values) {
 	case 0:
@@ -74,8 +62,6 @@ func ParseKey(values []string) (string, error) {
 	return key, nil
 }
 
-// unstorableScope says why no store can hold scope (ScopeFunc's rules), or
-// "" when every store can.
 func unstorableScope(scope string) string {
 	switch {
 	case len(scope) > MaxScopeLength:

@@ -17,11 +17,7 @@ import (
 	"github.com/maypok86/otter/v2"
 )
 
-// Middleware is the HTTP front of an Engine (docs/contract.md, CONTRACT
-// sections 2 to 6): it reads the key, the scope and the body, runs the
-// engine's protocol with the handler as its work, and answers the verdict.
-// Create it with New; Handler is a func(http.Handler) http.Handler for
-// net/http, chi, gorilla/mux and anything that speaks http.Handler.
+// Middleware is the HTTP front of an Engine (CONTRACT sections 2 to 6).
 type Middleware struct {
 	g       *Engine
 	cfg     Config
@@ -30,9 +26,7 @@ type Middleware struct {
 	replays *replayCache    // nil without Config.ReplayCacheBytes
 }
 
-// neverReplayed are dropped from the replay allow-list whatever it says
-// (CONTRACT section 5): cookies, hop-by-hop headers (RFC 9110 section
-// 7.6.1), Date and Content-Length (recomputed), and idem's own.
+// neverReplayed are never replayed (CONTRACT section 5, RFC 9110 section 7.6.1).
 var neverReplayed = map[string]bool{
 	"Set-Cookie": true, "Date": true, "Content-Length": true, "Connection": true,
 	"Keep-Alive": true, "Proxy-Connection": true, "Transfer-Encoding": true,
@@ -40,14 +34,11 @@ var neverReplayed = map[string]bool{
 	HeaderReplayed: true, HeaderKey: true, HeaderKeyExpires: true,
 }
 
-// HeaderKeyExpires is the response header that says when the request's
-// key expires: the record's expires_at (database clock, rounded down) as
-// an RFC 9110 HTTP-date (section 5.6.7). Sent on every answer from a
-// record, not on a 503 claim failure nor after a release.
+// HeaderKeyExpires carries the record's expires_at as an RFC 9110 HTTP-date
+// on every answer from a record.
 const HeaderKeyExpires = "Idempotency-Key-Expires"
 
-// New validates cfg (after WithDefaults) and returns the middleware. The
-// error names every invalid field.
+// New validates cfg after WithDefaults; the error names every field.
 func New(cfg Config) (*Middleware, error) {
 	cfg = cfg.WithDefaults()
 	if err := invalid(cfg.validate()); err != nil {
@@ -68,11 +59,10 @@ func New(cfg Config) (*Middleware, error) {
 	return m, nil
 }
 
-// Engine returns the engine behind m: Do with m's store and EngineConfig.
+// Engine returns the engine behind m.
 func (m *Middleware) Engine() *Engine { return m.g }
 
-// Handler wraps next: protected methods with a key go through the claim;
-// everything else reaches next untouched.
+// Handler wraps next: protected requests go through the claim.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		m.serve(w, r, next)
@@ -80,8 +70,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 }
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	// Methods are case-sensitive (RFC 9110 section 9.1), but a router may
-	// match them without regard to case: a "post" is protected too.
+	// RFC 9110 methods are case-sensitive, but routers may not be.
 	if !m.methods[strings.ToUpper(r.Method)] {
 		next.ServeHTTP(w, r)
 		return
@@ -96,8 +85,6 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.writeProblem(w, r, *pr)
 		return
 	}
-	// Echoed as sent on every answer from here on, so a client can tell
-	// which key an answer is for (stripe-go's LastResponse.IdempotencyKey).
 	w.Header().Set(HeaderKey, values[0])
 	ev := Event{}
 	cw := newCaptureWriter(w)
@@ -115,8 +102,6 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 }
 
-// request reads a protected request's claim parameters (CONTRACT section
-// 2) and its body, or the problem it is refused with.
 func (m *Middleware) request(r *http.Request, values []string) (idemdriver.ClaimParams, []byte, *Problem) {
 	refuse := func(kind error, detail string) (idemdriver.ClaimParams, []byte, *Problem) {
 		pr := ProblemFor(kind, detail)
@@ -130,15 +115,13 @@ func (m *Middleware) request(r *http.Request, values []string) (idemdriver.Claim
 	}
 	scope, err := m.cfg.Scope(r)
 	if err != nil || scope == "" {
-		// An empty scope is most often an unauthenticated request: sharing
-		// it would let strangers' keys meet. The error is the server's: logged, never sent.
+		// The error is the server's: logged, never sent.
 		if err != nil {
 			m.cfg.Logger.InfoContext(r.Context(), "idem: Scope refused the request", "err", err)
 		}
 		return refuse(ErrMissingScope, "this request names no owner for its key; authenticate first")
 	}
 	if why := unstorableScope(scope); why != "" {
-		// The server's Scope function is at fault: a 500 no retry cures.
 		m.cfg.Logger.ErrorContext(r.Context(), "idem: Scope returned a scope no store can hold", "reason", why, "length", len(scope))
 		return refuse(ErrScopeUnstorable, "the server could not scope this request")
 	}
@@ -155,8 +138,6 @@ func (m *Middleware) request(r *http.Request, values []string) (idemdriver.Claim
 	return m.g.claimParams(scope, key, r.Method, path, m.cfg.Fingerprint(r, body)), body, nil
 }
 
-// httpJob is the handler as the engine's work: its response is captured
-// until the outcome is recorded (CONTRACT section 6).
 type httpJob struct {
 	m    *Middleware
 	r    *http.Request
@@ -174,9 +155,6 @@ func (j *httpJob) run(ctx context.Context) (int, bool) {
 
 func (j *httpJob) response() idemdriver.Response { return j.m.storedResponse(j.cw) }
 
-// respond writes the verdict v (the answer table's problem, a replay, or
-// the handler's captured answer), keeps a completed record in the replay
-// cache, and fills ev's Status and Route.
 func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, v verdict, cw *captureWriter, ev *Event) {
 	if !v.rec.ExpiresAt.IsZero() && v.kind != answerReleased {
 		w.Header().Set(HeaderKeyExpires, v.rec.ExpiresAt.UTC().Format(http.TimeFormat))
@@ -207,8 +185,6 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, v verdict, 
 	ev.Status = m.writeProblem(w, r, pr)
 }
 
-// route names r's route for Event.Route: the pattern the handler's ServeMux
-// matched (on hr, the handler's request, when it ran), r's, or Config.Route's.
 func (m *Middleware) route(r, hr *http.Request) string {
 	switch {
 	case hr != nil && hr.Pattern != "":
@@ -221,13 +197,10 @@ func (m *Middleware) route(r, hr *http.Request) string {
 	return ""
 }
 
-// readBody reads at most limit bytes of r's body.
 func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	// The server's request body: closing it releases the connection for
-	// the next request; a Close error says nothing the read did not.
 	defer func() { _ = r.Body.Close() }()
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
@@ -239,8 +212,6 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	return body, nil
 }
 
-// writeProblem writes pr, through Config.ProblemWriter when set, and
-// returns the status sent.
 func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, pr Problem) int {
 	if m.cfg.ProblemWriter == nil {
 		pr.Write(w)
@@ -254,8 +225,6 @@ func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, pr Pro
 	return sw.Status
 }
 
-// replayResponse sends a stored response byte-exact (CONTRACT section 5)
-// and returns the status sent.
 func (m *Middleware) replayResponse(w http.ResponseWriter, r *http.Request, resp *idemdriver.Response) int {
 	h := w.Header()
 	for k, v := range resp.Header {
@@ -280,9 +249,6 @@ func (m *Middleware) replayResponse(w http.ResponseWriter, r *http.Request, resp
 	return resp.Status
 }
 
-// storedResponse is what the completion records of a captured response:
-// the status, the allow-listed headers and trailers, and the body when it
-// fits MaxResponseBytes.
 func (m *Middleware) storedResponse(c *captureWriter) idemdriver.Response {
 	resp := idemdriver.Response{Status: c.statusCode(), Header: map[string][]string{}, BodySize: int64(c.body.Len())}
 	for k, v := range c.sentHeader() {
@@ -290,8 +256,6 @@ func (m *Middleware) storedResponse(c *captureWriter) idemdriver.Response {
 			resp.Header[http.CanonicalHeaderKey(k)] = append([]string(nil), v...)
 		}
 	}
-	// Trailers are kept under their http.TrailerPrefix key, allow-listed
-	// by name like headers, and replayed as trailers.
 	for name, v := range c.trailers() {
 		if m.replay[name] {
 			resp.Header[http.TrailerPrefix+name] = append([]string(nil), v...)
@@ -303,10 +267,7 @@ func (m *Middleware) storedResponse(c *captureWriter) idemdriver.Response {
 	return resp
 }
 
-// writeResponse sends status and body, then flushes. Header keys with
-// http.TrailerPrefix are sent as trailers; without them the body gets an
-// exact Content-Length where the status allows a body (RFC 9110 section
-// 8.6), with them none (trailers need a chunked or HTTP/2 body).
+// Trailers need chunking: no Content-Length with them (RFC 9110 section 8.6).
 func writeResponse(w http.ResponseWriter, status int, body []byte) {
 	bodyAllowed := status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 	if bodyAllowed && w.Header().Get("Content-Length") == "" && !hasTrailerKeys(w.Header()) {
@@ -319,17 +280,12 @@ func writeResponse(w http.ResponseWriter, status int, body []byte) {
 	_ = http.NewResponseController(w).Flush()
 }
 
-// replayCache holds the SUCCEEDED records the middleware replayed, by
-// scope and key (Config.ReplayCacheBytes): what a retry needs to be
-// answered its replay or its 422 without the store.
 type replayCache struct {
 	c *otter.Cache[replayKey, *cachedRecord]
 }
 
 type replayKey struct{ scope, key string }
 
-// cachedRecord is the part of a SUCCEEDED record that the answer to a
-// claim that lost to it reads (idemdriver.Decide and Middleware.answer).
 type cachedRecord struct {
 	method, path string
 	fingerprint  []byte
@@ -337,8 +293,6 @@ type cachedRecord struct {
 	expiresAt    time.Time // database clock
 }
 
-// recordOverhead approximates, in bytes, what an entry costs beyond the
-// lengths of its strings and body.
 const recordOverhead = 256
 
 func newReplayCache(maxBytes int64, ttl time.Duration) *replayCache {
@@ -360,8 +314,6 @@ func newReplayCache(maxBytes int64, ttl time.Duration) *replayCache {
 	})}
 }
 
-// get returns the cached record (none on a nil cache) of (scope, key) as a claim that lost to it
-// would have read it, and false when there is none or it has expired.
 func (rc *replayCache) get(scope, key string) (idemdriver.Record, bool) {
 	if rc == nil {
 		return idemdriver.Record{}, false
@@ -370,23 +322,17 @@ func (rc *replayCache) get(scope, key string) (idemdriver.Record, bool) {
 	if !ok || !time.Now().Before(r.expiresAt) {
 		return idemdriver.Record{}, false
 	}
-	// The headers copied: the replay hands their value slices to the
-	// response writer, where another middleware may change them in place.
+	// Copied: the replay hands the header slices to a writer others may change.
 	resp := *r.response
 	resp.Header = http.Header(resp.Header).Clone()
 	return idemdriver.Record{Scope: scope, Key: key, Method: r.method, Path: r.path, Fingerprint: r.fingerprint,
 		State: idemdriver.StateSucceeded, Response: &resp, ExpiresAt: r.expiresAt}, true
 }
 
-// put keeps rec, the record of (scope, key) that a claim read from the
-// store and lost to, when it is SUCCEEDED with its response and has not
-// expired on this process's clock.
 func (rc *replayCache) put(scope, key string, rec idemdriver.Record) {
 	if rc == nil || rec.State != idemdriver.StateSucceeded || rec.Response == nil || !time.Now().Before(rec.ExpiresAt) {
 		return
 	}
-	// A copy of the headers: this request's replay hands rec's to the
-	// response writer.
 	resp := *rec.Response
 	resp.Header = http.Header(resp.Header).Clone()
 	rc.c.Set(replayKey{scope, key}, &cachedRecord{method: rec.Method, path: rec.Path,

@@ -11,27 +11,13 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 )
 
-// oneCommit is the one-commit mode (EngineConfig.OneCommit, docs/contract.md
-// section 6): the claim runs in the business transaction
-// (idemdriver.TxClaimer) and commits with the work's writes and the
-// completion, so nothing is visible before that COMMIT, no lease is renewed
-// and a rollback is the Failed outcome.
-//
-// A request waiting on a key's row lock holds a pool connection, so the
-// requests of one key in this process take turns (keyTurn): the first leads
-// and claims; the others wait here, holding none, for the leader's verdict.
-// A key the leader found or left committed answers them all (a replay, 422,
-// 409 for a live lease) from that record: a completed key is never answered
-// 409. A store's refusal (409 for a row locked past OneCommitWait, 503, 500)
-// answers them too. After a rollback, one of them leads the next turn. Only
-// while the leader runs the key is a waiter's wait bounded, by OneCommitWait
-// from its arrival (then 409: the key is in flight).
+// oneCommit is the one-commit mode (CONTRACT section 6). A waiter on a row
+// lock holds a connection, so in this process one request per key leads
+// (keyTurn); the others wait holding none and take its verdict.
 type oneCommit struct {
 	cfg *EngineConfig
 	tc  idemdriver.TxClaimer
-	// waitRunning bounds a wait for a leader that runs the key:
-	// OneCommitWait, or on a single-writer store the leader's whole
-	// transaction (every transaction queues for its write lock anyway).
+	// On a single-writer store, every transaction queues anyway.
 	waitRunning time.Duration
 
 	mu    sync.Mutex
@@ -40,8 +26,7 @@ type oneCommit struct {
 
 type localKey struct{ scope, key string }
 
-// keyTurn is one leader's turn at a key. final and shared are written
-// before done is closed.
+// final and shared are written before done is closed.
 type keyTurn struct {
 	running chan struct{} // closed when the leader won the claim
 	done    chan struct{} // closed when its claim or its transaction ended
@@ -64,15 +49,12 @@ func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams) (claime
 		return claimed{}, v
 	}
 	cfg := o.cfg
-	// Detached from the caller, bounded as a whole (database/sql ends a
-	// transaction when the context it began on ends).
+	// Bounded as a whole: database/sql ends a tx with the context it began on.
 	txCtx, cancelTx := context.WithTimeout(context.WithoutCancel(ctx), cfg.ClaimTimeout+cfg.MaxExecution+cfg.CompleteTimeout)
 	sent := time.Now()
 	res, tx, err := o.claimTx(txCtx, cancelTx, p)
 	switch {
 	case errors.Is(err, idemdriver.ErrLockWait):
-		// Another process's execution holds the key's row past the bound:
-		// in flight, though no lease says so.
 		v = o.inFlight()
 		o.end(lk, turn, nil, &v)
 	case err != nil:
@@ -89,8 +71,6 @@ func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams) (claime
 	return claimed{res: res}, v
 }
 
-// await waits for this request's turn at lk: it returns the turn to lead,
-// or the verdict the waiting ended with.
 func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimParams) (*keyTurn, verdict) {
 	deadline := time.Now().Add(o.waitRunning)
 	for {
@@ -103,8 +83,7 @@ func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimPa
 			return t, verdict{}
 		}
 		o.mu.Unlock()
-		// No bound while the leader's claim is decided (it is bounded by
-		// ClaimTimeout + OneCommitWait).
+		// Unbounded: the leader's claim is bounded by ClaimTimeout + OneCommitWait.
 		select {
 		case <-t.running:
 		case <-t.done:
@@ -137,8 +116,6 @@ func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimPa
 	}
 }
 
-// end ends turn, the leader's: its waiters are answered from final (the
-// key's committed record) or get shared, or one of them leads next.
 func (o *oneCommit) end(lk localKey, t *keyTurn, final *idemdriver.Record, shared *verdict) {
 	o.mu.Lock()
 	delete(o.turns, lk)
@@ -147,17 +124,12 @@ func (o *oneCommit) end(lk localKey, t *keyTurn, final *idemdriver.Record, share
 	close(t.done)
 }
 
-// inFlight is the verdict of a request that waited for the key past
-// OneCommitWait, or whose caller went away.
 func (o *oneCommit) inFlight() verdict {
 	ra := o.cfg.inFlightRetryAfter(o.cfg.LeaseDuration)
 	return verdict{kind: answerInFlight, retryAfter: ra, err: &InFlightError{RetryAfter: ra}}
 }
 
-// claimTx runs ClaimTx on txCtx, bounded by ClaimTimeout + OneCommitWait
-// (the pool wait included; context.DeadlineExceeded past it, a 503).
-// OneCommitWait is the whole lock bound of every claim. The bound cancels
-// txCtx only while ClaimTx runs: the transaction it returns lives on txCtx.
+// The bound cancels txCtx only while ClaimTx runs: the returned tx lives on it.
 func (o *oneCommit) claimTx(txCtx context.Context, cancelTx context.CancelFunc, p idemdriver.ClaimParams) (idemdriver.ClaimResult, idemdriver.Tx, error) {
 	cfg := o.cfg
 	bound := cfg.ClaimTimeout + cfg.OneCommitWait
@@ -182,12 +154,9 @@ func (o *oneCommit) start(e *execution, _ time.Time) func() bool {
 	}
 }
 
-// fail: the rollback was the Failed outcome (the record is as before the
-// claim), and the retry runs at once.
 func (o *oneCommit) fail(*execution) (bool, error) { return true, nil }
 
-// release removes the key's earlier record that the rollback restored (a
-// FAILED record re-claimed, say): a durable claim and a fenced Release.
+// release removes the record the rollback restored (a re-claimed FAILED).
 func (o *oneCommit) release(e *execution) (bool, error) {
 	if e.fence.FencingToken <= 1 {
 		return true, nil
@@ -208,8 +177,6 @@ func (o *oneCommit) release(e *execution) (bool, error) {
 	return true, nil
 }
 
-// recordAlone records cp after the claim went with the aborted
-// transaction: a durable claim and a completion.
 func (o *oneCommit) recordAlone(e *execution, cp idemdriver.CompleteParams) (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
@@ -224,8 +191,6 @@ func (o *oneCommit) recordAlone(e *execution, cp idemdriver.CompleteParams) (boo
 	return e.completeAlone(cp)
 }
 
-// notCompleted: a failed completion rolled the claim back with it; a
-// failed COMMIT leaves the outcome unknown.
 func (o *oneCommit) notCompleted(_ *execution, err error) verdict {
 	if isCommitError(err) {
 		return verdict{kind: answerCommitFailed, err: err}
@@ -233,8 +198,6 @@ func (o *oneCommit) notCompleted(_ *execution, err error) verdict {
 	return verdict{kind: answerCompletionNotRecorded, err: err}
 }
 
-// finish ends the leader's turn with the transaction: its waiters get the
-// committed record, or one of them leads the next turn.
 func (o *oneCommit) finish(e *execution) {
 	var final *idemdriver.Record
 	if e.committed != nil {

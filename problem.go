@@ -13,12 +13,11 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 )
 
-// ProblemTypeBase prefixes every problem type URI idem emits; the fragment
-// names the section of docs/problems.md that documents the kind.
+// ProblemTypeBase prefixes idem's problem type URIs; the fragment names the
+// kind's section of docs/problems.md.
 const ProblemTypeBase = "https://github.com/idemgo/idem/blob/main/docs/problems.md#"
 
-// Problem is an RFC 9457 problem details object, sent as
-// application/problem+json.
+// Problem is an RFC 9457 problem details object.
 type Problem struct {
 	Type   string `json:"type"`
 	Title  string `json:"title"`
@@ -26,14 +25,13 @@ type Problem struct {
 	Detail string `json:"detail,omitempty"`
 	// Instance is left empty by idem; handlers may set it.
 	Instance string `json:"instance,omitempty"`
-	// RetryAfter, when positive, is sent as the Retry-After header in whole
-	// seconds (RFC 9110 section 10.2.3), at least 1.
+	// RetryAfter, when positive, is sent as Retry-After in whole seconds (RFC
+	// 9110 section 10.2.3).
 	RetryAfter time.Duration `json:"-"`
 	// Extra members, merged into the JSON object (RFC 9457 section 3.2).
 	Extra map[string]any `json:"-"`
 }
 
-// problemKind is one row of the kind table: a sentinel and its answer.
 type problemKind struct {
 	err    error
 	slug   string
@@ -41,8 +39,7 @@ type problemKind struct {
 	status int
 }
 
-// problemKinds is the kind table: one type URI each, documented in
-// docs/problems.md. Every answer idem makes itself goes through it.
+// problemKinds: one type each, documented in docs/problems.md (CONTRACT section 8).
 var problemKinds = []problemKind{
 	{ErrMissingKey, "missing-key", "Idempotency-Key header required", http.StatusBadRequest},
 	{ErrInvalidKey, "invalid-key", "Invalid Idempotency-Key header", http.StatusBadRequest},
@@ -60,7 +57,6 @@ var problemKinds = []problemKind{
 	{ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable},
 }
 
-// problemTypes are the kinds' type URIs, made once.
 var problemTypes = func() map[string]string {
 	types := make(map[string]string, len(problemKinds))
 	for _, k := range problemKinds {
@@ -71,10 +67,8 @@ var problemTypes = func() map[string]string {
 
 func (k problemKind) typeURI() string { return problemTypes[k.slug] }
 
-// ProblemFor returns the problem details for an error of one of idem's
-// kinds, matched with errors.Is (so a wrapped sentinel, or a *StoreError,
-// finds its kind), with detail as its detail member. It returns a 500
-// problem of type about:blank for any other error, nil included.
+// ProblemFor returns the problem of the idem kind that kind matches
+// (errors.Is), or a 500 about:blank.
 func ProblemFor(kind error, detail string) Problem {
 	for _, k := range problemKinds {
 		if kind != nil && errors.Is(kind, k.err) {
@@ -84,16 +78,13 @@ func ProblemFor(kind error, detail string) Problem {
 	return Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError), Status: http.StatusInternalServerError, Detail: detail}
 }
 
-// Write sends p as application/problem+json with its status (and
-// Retry-After when set).
+// Write sends p as application/problem+json.
 func (p Problem) Write(w http.ResponseWriter) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false) // a detail may quote <placeholders>; this is no HTML
 	if err := p.encodeExtra(enc); len(p.Extra) == 0 || err != nil {
-		// The members in the order a map's would be written (sorted), with
-		// no map to build; also when an Extra member cannot be encoded
-		// (a func, a channel): the problem is sent without its extras.
+		// Sorted members; also when an Extra member cannot be encoded.
 		buf.Reset()
 		_ = enc.Encode(problemMembers{p.Detail, p.Instance, p.Status, p.Title, p.Type}) // strings and a number: no error
 	}
@@ -107,7 +98,6 @@ func (p Problem) Write(w http.ResponseWriter) {
 	_, _ = w.Write(buf.Bytes()) // Encode ends it with a newline; a client gone is no error of ours
 }
 
-// encodeExtra encodes p with its Extra members, if it has any.
 func (p Problem) encodeExtra(enc *json.Encoder) error {
 	if len(p.Extra) == 0 {
 		return nil
@@ -126,7 +116,6 @@ func (p Problem) encodeExtra(enc *json.Encoder) error {
 	return enc.Encode(obj)
 }
 
-// problemMembers are a Problem's members without Extra, in sorted order.
 type problemMembers struct {
 	Detail   string `json:"detail,omitempty"`
 	Instance string `json:"instance,omitempty"`
@@ -135,8 +124,6 @@ type problemMembers struct {
 	Type     string `json:"type"`
 }
 
-// retryAfterSeconds rounds d up to whole seconds, at least 1 (without
-// overflowing near the largest Duration).
 func retryAfterSeconds(d time.Duration) int64 {
 	s := int64(d / time.Second)
 	if d%time.Second > 0 {
@@ -145,8 +132,6 @@ func retryAfterSeconds(d time.Duration) int64 {
 	return max(s, 1)
 }
 
-// answerKind names the protocol's verdict for one request: what its caller
-// is told (Engine.execute decides it once, for both fronts).
 type answerKind int
 
 const (
@@ -169,7 +154,6 @@ const (
 	answerResponseMissing // a SUCCEEDED record without its response
 )
 
-// verdict is the protocol's answer to one request.
 type verdict struct {
 	kind       answerKind
 	rec        idemdriver.Record // the record a lost claim was answered from
@@ -179,9 +163,6 @@ type verdict struct {
 	sameOp     bool              // answerKeyReused: the same method and path, another payload
 }
 
-// answers is the answer table: each verdict that is not the work's own
-// answer, as a problem kind (ProblemFor), the Event it reports, and its
-// detail. c is the front's Config; v.status is the work's status.
 var answers = [...]struct {
 	kind   error
 	event  EventKind
@@ -228,7 +209,6 @@ var answers = [...]struct {
 
 func fixed(s string) func(*Config, verdict) string { return func(*Config, verdict) string { return s } }
 
-// event is the Event kind of a verdict from the answer table (0: none).
 func (v verdict) event() EventKind {
 	switch v.kind {
 	case answerReplay:
@@ -239,8 +219,6 @@ func (v verdict) event() EventKind {
 	return answers[v.kind].event
 }
 
-// problem is the answer table's problem for v: its status, type, detail and
-// Retry-After.
 func (v verdict) problem(c *Config) Problem {
 	row := answers[v.kind]
 	detail := row.detail(c, v)
@@ -259,10 +237,6 @@ func (v verdict) problem(c *Config) Problem {
 	return p
 }
 
-// answerFrom is the verdict for a request that did not win the claim, from
-// the record it lost to (idemdriver.Decide, the one decision table): a
-// replay, 422, or 409 (also for a record that changed between the claim and
-// its answer: come back).
 func (c *EngineConfig) answerFrom(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) verdict {
 	switch idemdriver.Decide(&rec, false, p) {
 	case idemdriver.DecisionReplay:
@@ -280,14 +254,10 @@ func (c *EngineConfig) answerFrom(ctx context.Context, rec idemdriver.Record, p 
 	return verdict{kind: answerInFlight, rec: rec, retryAfter: ra, err: &InFlightError{RetryAfter: ra}}
 }
 
-// inFlightRetryAfter is the Retry-After of 409 request-in-flight: the
-// configured delay, never beyond the lease left or LeaseDuration, at least
-// 1 s (CONTRACT section 3).
 func (c *EngineConfig) inFlightRetryAfter(leaseLeft time.Duration) time.Duration {
 	return max(time.Second, min(c.InFlightRetryAfter, leaseLeft, c.LeaseDuration))
 }
 
-// claimFailed is the verdict of a claim the store did not answer.
 func (c *EngineConfig) claimFailed(ctx context.Context, err error) verdict {
 	if errors.Is(err, idemdriver.ErrUnstorable) {
 		c.Logger.ErrorContext(ctx, "idem: the store cannot hold this request's scope", "err", err)
