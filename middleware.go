@@ -96,7 +96,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		v = m.g.execute(r.Context(), p, &httpJob{m: m, r: r, next: next, cw: cw, ev: &ev}, &ev)
 	}
-	m.respond(w, r, v, cw, &ev)
+	m.respond(w, r, next, v, cw, &ev)
 	if ev.Kind != 0 {
 		m.g.observe(r.Context(), &ev)
 	}
@@ -148,19 +148,19 @@ type httpJob struct {
 
 func (j *httpJob) run(ctx context.Context) (int, bool) {
 	hr := j.r.WithContext(ctx)
-	defer func() { j.ev.Route = j.m.route(j.r, hr) }() // a panic included
+	defer func() { j.ev.Route = j.m.route(j.r, hr, j.next) }() // a panic included
 	j.next.ServeHTTP(j.cw, hr)
 	return j.cw.statusCode(), false
 }
 
 func (j *httpJob) response() idemdriver.Response { return j.m.storedResponse(j.cw) }
 
-func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, v verdict, cw *captureWriter, ev *Event) {
+func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.Handler, v verdict, cw *captureWriter, ev *Event) {
 	if !v.rec.ExpiresAt.IsZero() && v.kind != answerReleased {
 		w.Header().Set(HeaderKeyExpires, v.rec.ExpiresAt.UTC().Format(http.TimeFormat))
 	}
 	if ev.Route == "" {
-		ev.Route = m.route(r, nil)
+		ev.Route = m.route(r, nil, next)
 	}
 	switch v.kind {
 	case answerRan, answerReleased:
@@ -185,12 +185,22 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, v verdict, 
 	ev.Status = m.writeProblem(w, r, pr)
 }
 
-func (m *Middleware) route(r, hr *http.Request) string {
+func (m *Middleware) route(r, hr *http.Request, next http.Handler) string {
+	pattern := r.Pattern
+	if hr != nil && hr.Pattern != "" {
+		pattern = hr.Pattern
+	}
+	if mux, ok := next.(*http.ServeMux); ok && pattern == "" {
+		_, pattern = mux.Handler(r) // wrapping the mux itself: a replay never reaches it
+	}
 	switch {
-	case hr != nil && hr.Pattern != "":
-		return hr.Pattern
-	case r.Pattern != "":
-		return r.Pattern
+	case pattern != "":
+		// http.route is the path template: the pattern without its method
+		// and host (OpenTelemetry's HTTP semantic conventions).
+		if i := strings.IndexByte(pattern, '/'); i >= 0 {
+			return pattern[i:]
+		}
+		return pattern
 	case m.cfg.Route != nil:
 		return m.cfg.Route(r)
 	}

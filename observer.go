@@ -59,8 +59,10 @@ func (k EventKind) String() string {
 // Event is one decision. Route and Method are bounded; Scope and Key are not.
 type Event struct {
 	Kind EventKind
-	// Route is the ServeMux pattern, else Config.Route's, else ""; never the raw
-	// path. For Do, DoParams.Route.
+	// Route is the path template of the ServeMux pattern, without its method
+	// and host ("/v1/payments/{id}": OpenTelemetry's http.route), replays
+	// included; else Config.Route's, else ""; never the raw path. For Do,
+	// DoParams.Route.
 	Route string
 	// Method is the request's method (DoParams.Method for Do).
 	Method string

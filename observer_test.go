@@ -137,7 +137,7 @@ func TestObserverEvents(t *testing.T) {
 			require.Equal(t, tc.ran, ran)
 			ev := obs.takeOne(t, tc.want)
 			require.Equal(t, tc.sent, ev.Status)
-			require.Equal(t, "POST /pay/{id}", ev.Route, "the ServeMux pattern, never the raw path")
+			require.Equal(t, "/pay/{id}", ev.Route, "the ServeMux pattern's path template, never the raw path")
 			require.Equal(t, "POST", ev.Method)
 			require.Equal(t, tc.attempt, ev.Attempt)
 			require.Equal(t, idem.SingleTenantScope, ev.Scope)
@@ -258,7 +258,10 @@ func TestObserverRouteFromInnerMux(t *testing.T) {
 	mux.HandleFunc("POST /v1/payments/{id}", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
 	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Observer: obs}}).Handler(mux)
 	require.Equal(t, http.StatusCreated, send(h, "POST", "/v1/payments/42", "k", "{}").Code)
-	require.Equal(t, "POST /v1/payments/{id}", obs.takeOne(t, idem.EventExecuted).Route)
+	require.Equal(t, "/v1/payments/{id}", obs.takeOne(t, idem.EventExecuted).Route, "http.route: the path template, without the method")
+	// Regression: a replay never reaches the mux, and was labelled "".
+	require.Equal(t, http.StatusCreated, send(h, "POST", "/v1/payments/42", "k", "{}").Code)
+	require.Equal(t, "/v1/payments/{id}", obs.takeOne(t, idem.EventReplayed).Route, "a replay's route, from the mux it wraps")
 }
 
 // ctxHandler is a slog.Handler that records whether each record was logged

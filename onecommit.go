@@ -83,21 +83,15 @@ func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimPa
 			return t, verdict{}
 		}
 		o.mu.Unlock()
-		// Unbounded: the leader's claim is bounded by ClaimTimeout + OneCommitWait.
+		// Unbounded while the leader claims (its claim is bounded by
+		// ClaimTimeout + OneCommitWait); bounded by deadline while it runs.
 		select {
 		case <-t.running:
+			if !o.outlast(ctx, t, deadline) {
+				return nil, o.inFlight()
+			}
 		case <-t.done:
 		case <-ctx.Done():
-			return nil, o.inFlight()
-		}
-		left := time.NewTimer(time.Until(deadline))
-		select {
-		case <-t.done:
-			left.Stop()
-		case <-left.C:
-			return nil, o.inFlight()
-		case <-ctx.Done():
-			left.Stop()
 			return nil, o.inFlight()
 		}
 		switch {
@@ -113,6 +107,31 @@ func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimPa
 			return nil, *t.shared
 		}
 		// Rolled back, or its commit's outcome unknown: one of us leads.
+	}
+}
+
+// outlast waits for the end of t, whose leader runs the key, until deadline
+// or ctx's end, and reports whether t ended. A turn that has ended wins
+// over a deadline that has passed too (select would pick either).
+func (o *oneCommit) outlast(ctx context.Context, t *keyTurn, deadline time.Time) bool {
+	select {
+	case <-t.done:
+		return true
+	default:
+	}
+	left := time.NewTimer(time.Until(deadline))
+	defer left.Stop()
+	select {
+	case <-t.done:
+		return true
+	case <-left.C:
+	case <-ctx.Done():
+	}
+	select {
+	case <-t.done:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -487,3 +487,46 @@ func TestOneCommitDuplicatesOfAKeyAnotherProcessHolds(t *testing.T) {
 	free()
 	require.Equal(t, http.StatusCreated, awaitAnswer(t, owner, "the owner").Code)
 }
+
+// Regression (the stress run of the turns' first version): a waiter whose
+// OneCommitWait ran out while its leader's claim waited for a connection
+// could get 409 once the leader found the key completed (select picked the
+// expired bound over the ended turn at random). The leader's claim waits
+// here for the pool's only connection, held by another key's run, far past
+// the waiters' 1 ns bound.
+func TestOneCommitWaiterPastItsBoundWhileTheClaimIsDecidedGetsTheReplay(t *testing.T) {
+	d, _, biz := poolApp(t, 1)
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: time.Nanosecond, ClaimTimeout: time.Minute}, Scope: idem.SingleTenant})
+	require.NoError(t, err)
+	var runs atomic.Int64
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get(idem.HeaderKey)
+		runs.Add(1)
+		if !writeBiz(w, r, biz, key) {
+			return
+		}
+		if key == "other" {
+			close(entered)
+			<-release // holds the only connection, in its transaction
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	require.Equal(t, http.StatusCreated, send(h, "k").Code)
+	other := answerOf(h, "other")
+	<-entered
+	var burst []<-chan *httptest.ResponseRecorder
+	for range 20 {
+		burst = append(burst, answerOf(h, "k"))
+	}
+	parked.Wait(t, 21, "idempgx_test.answerOf") // the run of "other", k's leader on the pool, 19 waiters
+	close(release)
+	require.Equal(t, http.StatusCreated, awaitAnswer(t, other, "other").Code)
+	codes := map[string]int{}
+	for _, out := range burst {
+		res := awaitAnswer(t, out, "a replay")
+		codes[fmt.Sprintf("%d replayed=%s", res.Code, res.Header().Get(idem.HeaderReplayed))]++
+	}
+	require.Equal(t, map[string]int{"201 replayed=true": 20}, codes)
+	require.EqualValues(t, 2, runs.Load())
+}

@@ -20,7 +20,7 @@ func TestServesMetrics(t *testing.T) {
 	require.Equal(t, http.StatusCreated, p.charge("acme", "m-1", "application/json", chargeBody).status)
 	require.Equal(t, http.StatusCreated, p.charge("acme", "m-1", "application/json", chargeBody).status)
 	mfs := promtest.Scrape(t, p.url+"/metrics")
-	route := []string{"http_route", "POST /v1/charges", "http_request_method", "POST"}
+	route := []string{"http_route", "/v1/charges", "http_request_method", "POST"}
 	require.Equal(t, 1.0, promtest.Sum(mfs["idem_decisions_total"], append(route, "idem_decision", "executed")...))
 	require.Equal(t, 1.0, promtest.Sum(mfs["idem_decisions_total"], append(route, "idem_decision", "replayed")...))
 }

@@ -74,7 +74,7 @@ func TestTelemetryPrometheusScrape(t *testing.T) {
 	require.Equal(t, dto.MetricType_COUNTER, decisions.GetType())
 	got := map[string]float64{}
 	for _, m := range decisions.GetMetric() {
-		require.Equal(t, "POST /pay/{id}", promtest.Label(m, "http_route"))
+		require.Equal(t, "/pay/{id}", promtest.Label(m, "http_route"))
 		require.Equal(t, "POST", promtest.Label(m, "http_request_method"))
 		got[promtest.Label(m, "idem_decision")+" "+promtest.Label(m, "http_response_status_code")] += m.GetCounter().GetValue()
 	}
