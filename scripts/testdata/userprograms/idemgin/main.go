@@ -35,7 +35,7 @@ func main() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{Store: store, Scope: idem.SingleTenant})
+	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
 	}
