@@ -7,11 +7,12 @@
 // idemmysql, idemsqlite), never this package's values directly. Every method
 // takes a params struct, so a new input is a new field, not a new signature.
 //
-// What is here, in order: the contract (Driver, Tx, the records and params,
-// the one decision table Decide), the optional interfaces of retention and
-// operations (retention.go, onecommit.go), and helpers shared by the drivers
-// (EncodeResponse / DecodeResponse, NativeTx, SQLTx, MicrosTime). The core's
-// own wiring lives in internal packages and is not part of the seam.
+// What is here: the contract (Driver, Tx, the records and params, the one
+// decision table Decide) and the optional interfaces of retention and
+// operations (retention.go, onecommit.go). What the SQL drivers write alike
+// (the stored response's columns, the claim's SQL shapes, SQLTx) is in
+// package idemdriver/idemsql. The core hands the business transaction to
+// the handler itself (idem.Tx); nothing here reaches back into it.
 //
 // The core (package idem) decides what an HTTP request gets from the record a
 // driver returns; a driver owns its SQL, its embedded migrations and the

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemmigrate"
+	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 // Column bounds of the idem_keys table. Claim refuses longer values with an
@@ -664,13 +665,13 @@ func (d *Driver) takeover(ctx context.Context, tx *sql.Tx, p idemdriver.ClaimPar
 // count the lease from the read: a lower bound of the lease written, which
 // counts from the write (see lockedUntil).
 func claimed(p idemdriver.ClaimParams, token int64, attempts int, createdUS, updatedUS, expiresUS, lockedUS int64) idemdriver.ClaimResult {
-	locked := idemdriver.MicrosTime(lockedUS)
+	locked := idemsql.MicrosTime(lockedUS)
 	return idemdriver.ClaimResult{Claimed: true, Record: idemdriver.Record{
 		Scope: p.Scope, Key: p.Key, Method: p.Method, Path: p.Path, Owner: p.Owner,
 		Fingerprint: bytes.Clone(p.Fingerprint), State: idemdriver.StateProcessing,
-		FencingToken: token, LeaseLeft: idemdriver.LeaseLeft(idemdriver.StateProcessing, p.LeaseDuration, true),
-		Attempts: attempts, CreatedAt: idemdriver.MicrosTime(createdUS), UpdatedAt: idemdriver.MicrosTime(updatedUS),
-		ExpiresAt: idemdriver.MicrosTime(expiresUS), LockedUntil: &locked,
+		FencingToken: token, LeaseLeft: idemsql.LeaseLeft(idemdriver.StateProcessing, p.LeaseDuration, true),
+		Attempts: attempts, CreatedAt: idemsql.MicrosTime(createdUS), UpdatedAt: idemsql.MicrosTime(updatedUS),
+		ExpiresAt: idemsql.MicrosTime(expiresUS), LockedUntil: &locked,
 	}}
 }
 
@@ -774,7 +775,7 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &idemdriver.SQLTx{Tx: tx, CompleteIn: d.completeIn}, nil
+	return &idemsql.SQLTx{Tx: tx, CompleteIn: d.completeIn}, nil
 }
 
 // packetOverhead is what a completion's packet carries besides the
@@ -807,7 +808,7 @@ func (d *Driver) packetLimit(ctx context.Context) (int64, error) {
 // The replay answers 410 response-not-stored instead.
 func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.CompleteParams, limit int64) (bool, error) {
 	resp := p.Response
-	headers, body, err := idemdriver.EncodeResponse(resp)
+	headers, body, err := idemsql.EncodeResponse(resp)
 	if err != nil {
 		return false, err
 	}
@@ -816,7 +817,7 @@ func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.Complet
 		if int64(len(headers))+packetOverhead > limit {
 			resp.Header = nil
 		}
-		if headers, body, err = idemdriver.EncodeResponse(resp); err != nil {
+		if headers, body, err = idemsql.EncodeResponse(resp); err != nil {
 			return false, err
 		}
 	}
@@ -854,7 +855,7 @@ func scanSnapshot(row rowScanner) (snapshot, error) {
 		scope, key, method, path, state, owner   sql.NullString
 		token, createdAt, updatedAt, completedAt sql.NullInt64
 		expiresAt, attempts, leaseLeft           sql.NullInt64
-		resp                                     idemdriver.ResponseColumns
+		resp                                     idemsql.ResponseColumns
 	)
 	err := row.Scan(&s.nowUS, &scope, &key, &method, &path, &s.fingerprint, &state, &token,
 		&s.lockedUS, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size,
@@ -867,11 +868,11 @@ func scanSnapshot(row rowScanner) (snapshot, error) {
 	rec := idemdriver.Record{
 		Scope: scope.String, Key: key.String, Method: method.String, Path: path.String, Owner: owner.String,
 		Fingerprint: s.fingerprint, State: idemdriver.State(state.String), FencingToken: token.Int64,
-		Attempts: int(attempts.Int64), CreatedAt: idemdriver.MicrosTime(createdAt.Int64), UpdatedAt: idemdriver.MicrosTime(updatedAt.Int64),
-		ExpiresAt: idemdriver.MicrosTime(expiresAt.Int64), CompletedAt: idemdriver.NullMicrosTime(completedAt), LockedUntil: idemdriver.NullMicrosTime(s.lockedUS),
+		Attempts: int(attempts.Int64), CreatedAt: idemsql.MicrosTime(createdAt.Int64), UpdatedAt: idemsql.MicrosTime(updatedAt.Int64),
+		ExpiresAt: idemsql.MicrosTime(expiresAt.Int64), CompletedAt: idemsql.NullMicrosTime(completedAt), LockedUntil: idemsql.NullMicrosTime(s.lockedUS),
 	}
-	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
-	if rec.Response, err = idemdriver.DecodeResponse(rec.State, resp); err != nil {
+	rec.LeaseLeft = idemsql.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
+	if rec.Response, err = idemsql.DecodeResponse(rec.State, resp); err != nil {
 		return s, err
 	}
 	s.rec = rec

@@ -10,8 +10,8 @@ import (
 
 	"github.com/pressly/goose/v3/database"
 
-	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemmigrate"
+	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 //go:embed migrations/*.sql
@@ -148,7 +148,7 @@ func (s versionStore) GetMigration(ctx context.Context, db database.DBTxConn, ve
 	}
 	res := &database.GetMigrationResult{IsApplied: applied}
 	if us.Valid {
-		res.Timestamp = idemdriver.MicrosTime(us.Int64)
+		res.Timestamp = idemsql.MicrosTime(us.Int64)
 	}
 	return res, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 var _ idemdriver.TxClaimer = (*Driver)(nil)
@@ -56,7 +57,7 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 		}
 		res, won, err := d.claimIn(ctx, tx, p, offset, wait)
 		if err == nil && won {
-			return res, &idemdriver.SQLTx{Tx: tx, CompleteIn: d.completeIn}, nil
+			return res, &idemsql.SQLTx{Tx: tx, CompleteIn: d.completeIn}, nil
 		}
 		_ = tx.Rollback()
 		k := classify(err)

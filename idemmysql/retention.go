@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemmigrate"
+	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 var _ idemdriver.Maintainable = (*Driver)(nil)
@@ -99,7 +100,7 @@ func (d *Driver) purgeBatch(ctx context.Context, db txBeginner, p idemdriver.Pur
 	if err != nil {
 		return 0, err
 	}
-	keys, err := idemdriver.CollectRows(rows, func(rows *sql.Rows) (k [2][]byte, err error) {
+	keys, err := idemsql.CollectRows(rows, func(rows *sql.Rows) (k [2][]byte, err error) {
 		return k, rows.Scan(&k[0], &k[1])
 	})
 	if err != nil {
@@ -194,7 +195,7 @@ func (d *Driver) Now(ctx context.Context, offset time.Duration) (time.Time, erro
 	if err := d.db.QueryRowContext(ctx, `SELECT `+micros(now), offset.Microseconds()).Scan(&us); err != nil {
 		return time.Time{}, err
 	}
-	return idemdriver.MicrosTime(us), nil
+	return idemsql.MicrosTime(us), nil
 }
 
 // statsSQL counts in one pass (a full scan of idem_keys). Args: offset x 3.
@@ -216,7 +217,7 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 	}
 	defer func() { _ = tx.Rollback() }() // read only: nothing to undo
 	off := p.ClockOffset.Microseconds()
-	return idemdriver.QueryStats(ctx, tx, statsSQL, []any{off, off, off}, `SELECT scope, COUNT(*) FROM idem_keys GROUP BY scope
+	return idemsql.QueryStats(ctx, tx, statsSQL, []any{off, off, off}, `SELECT scope, COUNT(*) FROM idem_keys GROUP BY scope
 		ORDER BY COUNT(*) DESC, scope LIMIT ?`, p.TopScopes)
 }
 
@@ -237,7 +238,7 @@ func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdri
 	if err != nil {
 		return nil, err
 	}
-	return idemdriver.CollectRows(rows, func(rows *sql.Rows) (idemdriver.StuckRecord, error) {
+	return idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.StuckRecord, error) {
 		s, err := scanSnapshot(rows)
 		return idemdriver.StuckRecord{Record: s.rec, Overdue: time.Duration(s.nowUS-s.lockedUS.Int64) * time.Microsecond}, err
 	})
@@ -287,7 +288,7 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 	if err != nil {
 		return nil, err
 	}
-	return idemdriver.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) {
+	return idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) {
 		s, err := scanSnapshot(rows)
 		return s.rec, err
 	})

@@ -68,6 +68,7 @@ import (
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemmigrate"
+	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 //go:embed migrations/*.sql migrations_partitioned/*.sql
@@ -179,7 +180,7 @@ func claimStatement(extra string) string {
 		` + now + ` + @lease::bigint * interval '1 microsecond', ` + now + `, ` + now + `,
 		` + now + ` + @retention::bigint * interval '1 microsecond', 1, @owner::text
 	WHERE NOT EXISTS (SELECT 1 FROM cur WHERE NOT claimable)` + extra + `
-	` + idemdriver.ClaimUpsertSQL("k", clock+` + @lease::bigint * interval '1 microsecond'`) + `
+	` + idemsql.ClaimUpsertSQL("k", clock+` + @lease::bigint * interval '1 microsecond'`) + `
 	RETURNING ` + columns + `
 )
 SELECT true, *, coalesce((SELECT state = 'PROCESSING' FROM cur), false) AND attempts > 1 FROM claim
@@ -583,7 +584,7 @@ func completeArgs(p idemdriver.CompleteParams) ([]any, error) {
 	if err := fenceTextable(p.FenceParams); err != nil {
 		return nil, err
 	}
-	headers, body, err := idemdriver.EncodeResponse(p.Response)
+	headers, body, err := idemsql.EncodeResponse(p.Response)
 	if err != nil {
 		return nil, err
 	}
@@ -627,7 +628,7 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 		status, size, leaseLeft pgtype.Int8
 		stored                  pgtype.Bool
 		lockedUntil, completed  pgtype.Timestamptz
-		resp                    idemdriver.ResponseColumns
+		resp                    idemsql.ResponseColumns
 		dest                    [23]any
 	}
 	v := new(targets)
@@ -648,9 +649,9 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 	resp.Status = sql.NullInt64{Int64: v.status.Int64, Valid: v.status.Valid}
 	resp.Size = sql.NullInt64{Int64: v.size.Int64, Valid: v.size.Valid}
 	resp.Stored = sql.NullBool{Bool: v.stored.Bool, Valid: v.stored.Valid}
-	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(v.leaseLeft.Int64)*time.Microsecond, v.leaseLeft.Valid)
+	rec.LeaseLeft = idemsql.LeaseLeft(rec.State, time.Duration(v.leaseLeft.Int64)*time.Microsecond, v.leaseLeft.Valid)
 	var err error
-	rec.Response, err = idemdriver.DecodeResponse(rec.State, *resp)
+	rec.Response, err = idemsql.DecodeResponse(rec.State, *resp)
 	return *rec, err
 }
 

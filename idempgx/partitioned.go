@@ -162,7 +162,7 @@ SELECT true, *, false FROM ins
 UNION ALL
 SELECT false, `+columns+`, false FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM upd)`)
 
-// partContinues is idemdriver.ClaimContinuesSQL for the partitioned claim's
+// partContinues is idemsql.ClaimContinuesSQL for the partitioned claim's
 // UPDATE, which compares with the request's parameters (no excluded row).
 const partContinues = `(k.method = @method AND k.path = @path AND k.fingerprint = @fingerprint
 		AND k.state IN ('FAILED', 'PROCESSING'))`

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemmigrate"
+	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 var (
@@ -197,8 +198,8 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 	return mig, poolerErr(err)
 }
 
-// listSQL reads one page of records (idemdriver.ListSQL).
-var listSQL = idemdriver.ListSQL(columns)
+// listSQL reads one page of records (idemsql.ListSQL).
+var listSQL = idemsql.ListSQL(columns)
 
 // List implements idemdriver.Lister.
 func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.Record, error) {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemmigrate"
+	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 //go:embed migrations/*.sql
@@ -142,12 +143,12 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // created_at now, attempts 1). Every claim sets expires_at to now +
 // retention, so the outcome it writes can be replayed for a whole
 // retention. excluded.created_at is this statement's "now". The conflict
-// clause (idemdriver.ClaimUpsertSQL) is idemdriver.Decide's claiming rows.
+// clause (idemsql.ClaimUpsertSQL) is idemdriver.Decide's claiming rows.
 var claimSQL = `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 	locked_until, created_at, updated_at, expires_at, attempts, owner)
 VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
 	` + now + ` + @lease, ` + now + `, ` + now + `, ` + now + ` + @retention, 1, @owner)
-` + idemdriver.ClaimUpsertSQL("idem_keys", "excluded.locked_until") + `
+` + idemsql.ClaimUpsertSQL("idem_keys", "excluded.locked_until") + `
 RETURNING ` + columns
 
 var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key = @key`
@@ -360,13 +361,13 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 		return nil, err
 	}
 	stmt := d.stmts.complete
-	return &idemdriver.SQLTx{Tx: tx, CompleteIn: func(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
+	return &idemsql.SQLTx{Tx: tx, CompleteIn: func(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
 		return complete(ctx, tx.StmtContext(ctx, stmt), p)
 	}}, nil
 }
 
 func complete(ctx context.Context, stmt *sql.Stmt, p idemdriver.CompleteParams) (bool, error) {
-	headers, body, err := idemdriver.EncodeResponse(p.Response)
+	headers, body, err := idemsql.EncodeResponse(p.Response)
 	if err != nil {
 		return false, err
 	}
@@ -434,7 +435,7 @@ func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any
 		rec                                 idemdriver.Record
 		state                               string
 		lockedUntil, completedAt, leaseLeft sql.NullInt64
-		resp                                idemdriver.ResponseColumns
+		resp                                idemsql.ResponseColumns
 		createdAt, updatedAt, expiresAt     int64
 	)
 	dest := []any{&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
@@ -448,10 +449,10 @@ func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any
 		return rec, err
 	}
 	rec.State = idemdriver.State(state)
-	rec.CreatedAt, rec.UpdatedAt, rec.ExpiresAt = idemdriver.MicrosTime(createdAt), idemdriver.MicrosTime(updatedAt), idemdriver.MicrosTime(expiresAt)
-	rec.LockedUntil, rec.CompletedAt = idemdriver.NullMicrosTime(lockedUntil), idemdriver.NullMicrosTime(completedAt)
-	rec.LeaseLeft = idemdriver.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
+	rec.CreatedAt, rec.UpdatedAt, rec.ExpiresAt = idemsql.MicrosTime(createdAt), idemsql.MicrosTime(updatedAt), idemsql.MicrosTime(expiresAt)
+	rec.LockedUntil, rec.CompletedAt = idemsql.NullMicrosTime(lockedUntil), idemsql.NullMicrosTime(completedAt)
+	rec.LeaseLeft = idemsql.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
 	var err error
-	rec.Response, err = idemdriver.DecodeResponse(rec.State, resp)
+	rec.Response, err = idemsql.DecodeResponse(rec.State, resp)
 	return rec, err
 }

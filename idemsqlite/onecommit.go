@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 var _ idemdriver.TxClaimer = (*Driver)(nil)
@@ -49,7 +50,7 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 	rec, err := scanRecord(tx.StmtContext(ctx, d.stmts.claim).QueryRowContext(ctx, args...), nil)
 	if err == nil {
 		stmt := d.stmts.complete
-		return claimed(read, rec), &idemdriver.SQLTx{Tx: tx,
+		return claimed(read, rec), &idemsql.SQLTx{Tx: tx,
 			CompleteIn: func(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error) {
 				return complete(ctx, tx.StmtContext(ctx, stmt), p)
 			}}, nil

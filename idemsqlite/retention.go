@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemmigrate"
+	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 var _ idemdriver.Maintainable = (*Driver)(nil)
@@ -104,7 +105,7 @@ func (d *Driver) TryLockMaintenance(ctx context.Context, p idemdriver.LockParams
 func (d *Driver) Now(ctx context.Context, offset time.Duration) (time.Time, error) {
 	var us int64
 	err := d.db.QueryRowContext(ctx, `SELECT `+now, sql.Named("offset", offset.Microseconds())).Scan(&us)
-	return idemdriver.MicrosTime(us), err
+	return idemsql.MicrosTime(us), err
 }
 
 // Stats implements idemdriver.Inspector: two aggregate reads in one read
@@ -122,7 +123,7 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (st idemdr
 		return st, err
 	}
 	defer func() { err = errors.Join(err, endRead(ctx, conn)) }()
-	return idemdriver.QueryStats(ctx, conn, `SELECT `+now+`, count(*),
+	return idemsql.QueryStats(ctx, conn, `SELECT `+now+`, count(*),
 		count(*) FILTER (WHERE state = 'PROCESSING'), count(*) FILTER (WHERE state = 'SUCCEEDED'),
 		count(*) FILTER (WHERE state = 'FAILED'), min(created_at),
 		count(*) FILTER (WHERE expires_at <= `+now+`),
@@ -161,7 +162,7 @@ func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdri
 	if err != nil {
 		return nil, err
 	}
-	return idemdriver.CollectRows(rows, func(rows *sql.Rows) (idemdriver.StuckRecord, error) {
+	return idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.StuckRecord, error) {
 		var overdueUS int64
 		rec, err := scanRecord(rows, nil, &overdueUS)
 		return idemdriver.StuckRecord{Record: rec, Overdue: time.Duration(overdueUS) * time.Microsecond}, err
@@ -187,8 +188,8 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 	return m.Down(ctx)
 }
 
-// listSQL reads one page of records (idemdriver.ListSQL).
-var listSQL = idemdriver.ListSQL(columns)
+// listSQL reads one page of records (idemsql.ListSQL).
+var listSQL = idemsql.ListSQL(columns)
 
 // List implements idemdriver.Lister.
 func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.Record, error) {
@@ -201,7 +202,7 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 	if err != nil {
 		return nil, err
 	}
-	return idemdriver.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) {
+	return idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) {
 		return scanRecord(rows, nil)
 	})
 }

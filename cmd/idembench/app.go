@@ -20,7 +20,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/internal/naivecache"
-	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 // The routes of the server under test, one per way of serving POST
@@ -211,7 +211,7 @@ func (a *app) create(w http.ResponseWriter, r *http.Request, open func(context.C
 
 // floorHeaders are the stored headers of the floor's completion.
 func floorHeaders(p payment) ([]byte, error) {
-	return idemdriver.EncodeHeader(map[string][]string{
+	return idemsql.EncodeHeader(map[string][]string{
 		"Content-Type": {"application/json"}, "Location": {"/v1/payments/" + p.id},
 	})
 }

@@ -1,4 +1,4 @@
-package idemdriver
+package idemsql
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemgo/idem/idemdriver"
 )
 
 // SQLTx is the business transaction of a driver on database/sql (idemmysql,
@@ -13,15 +15,15 @@ import (
 type SQLTx struct {
 	Tx *sql.Tx
 	// CompleteIn writes the completion in tx (the driver's fenced statement).
-	CompleteIn func(ctx context.Context, tx *sql.Tx, p CompleteParams) (bool, error)
+	CompleteIn func(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error)
 }
 
 // Complete implements Tx: a transaction the handler already ended
 // (sql.ErrTxDone) is reported as ErrTxDone.
-func (t *SQLTx) Complete(ctx context.Context, p CompleteParams) (bool, error) {
+func (t *SQLTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
 	ok, err := t.CompleteIn(ctx, t.Tx, p)
 	if errors.Is(err, sql.ErrTxDone) {
-		err = fmt.Errorf("%w: %w", ErrTxDone, err)
+		err = fmt.Errorf("%w: %w", idemdriver.ErrTxDone, err)
 	}
 	return ok, err
 }
@@ -55,8 +57,8 @@ type SQLQueryer interface {
 // topQuery, given top as its one argument, returns the (scope, count) rows
 // of the largest scopes (queryScopeCounts). On an error it returns what it
 // had read.
-func QueryStats(ctx context.Context, q SQLQueryer, statsQuery string, statsArgs []any, topQuery string, top int) (Stats, error) {
-	st := Stats{ByState: map[State]int64{}}
+func QueryStats(ctx context.Context, q SQLQueryer, statsQuery string, statsArgs []any, topQuery string, top int) (idemdriver.Stats, error) {
+	st := idemdriver.Stats{ByState: map[idemdriver.State]int64{}}
 	var (
 		nowUS, processing, succeeded, failed int64
 		oldest                               sql.NullInt64
@@ -67,7 +69,7 @@ func QueryStats(ctx context.Context, q SQLQueryer, statsQuery string, statsArgs 
 		return st, err
 	}
 	st.Now, st.Oldest = MicrosTime(nowUS), NullMicrosTime(oldest)
-	st.ByState[StateProcessing], st.ByState[StateSucceeded], st.ByState[StateFailed] = processing, succeeded, failed
+	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
 	if top > 0 {
 		st.TopScopes, err = queryScopeCounts(ctx, q, topQuery, top)
 	}
@@ -77,12 +79,12 @@ func QueryStats(ctx context.Context, q SQLQueryer, statsQuery string, statsArgs 
 // queryScopeCounts runs query on q and reads its rows of (scope, count), in
 // the query's order: Stats.TopScopes for a driver on database/sql. It
 // returns nil for no rows.
-func queryScopeCounts(ctx context.Context, q SQLQueryer, query string, args ...any) ([]ScopeCount, error) {
+func queryScopeCounts(ctx context.Context, q SQLQueryer, query string, args ...any) ([]idemdriver.ScopeCount, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
-	return CollectRows(rows, func(rows *sql.Rows) (sc ScopeCount, err error) {
+	return CollectRows(rows, func(rows *sql.Rows) (sc idemdriver.ScopeCount, err error) {
 		return sc, rows.Scan(&sc.Scope, &sc.Count)
 	})
 }

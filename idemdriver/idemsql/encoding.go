@@ -1,10 +1,15 @@
-package idemdriver
+// Package idemsql holds what the SQL drivers (idempgx, idemmysql, idemsqlite)
+// write alike: the stored response's columns, the claim's SQL shapes, and
+// a database/sql business transaction. Not part of the seam's contract.
+package idemsql
 
 import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/idemgo/idem/idemdriver"
 )
 
 // EncodeHeader encodes stored response headers as a JSON object of string
@@ -31,7 +36,7 @@ func DecodeHeader(b []byte) (map[string][]string, error) {
 // EncodeResponse returns a response's header and body columns as every
 // driver stores them: the headers as EncodeHeader writes them, and the body,
 // empty (never NULL) when it was not stored (BodyStored false).
-func EncodeResponse(r Response) (headers, body []byte, err error) {
+func EncodeResponse(r idemdriver.Response) (headers, body []byte, err error) {
 	if headers, err = EncodeHeader(r.Header); err != nil {
 		return nil, nil, err
 	}
@@ -58,8 +63,8 @@ type ResponseColumns struct {
 // record in state, or nil when the record is not SUCCEEDED or has no status
 // (a record damaged by hand). A stored empty body is an empty, non-nil
 // slice. It fails only when the headers column is not EncodeHeader's JSON.
-func DecodeResponse(state State, c ResponseColumns) (*Response, error) {
-	if state != StateSucceeded || !c.Status.Valid {
+func DecodeResponse(state idemdriver.State, c ResponseColumns) (*idemdriver.Response, error) {
+	if state != idemdriver.StateSucceeded || !c.Status.Valid {
 		return nil, nil
 	}
 	h, err := DecodeHeader(c.Headers)
@@ -70,14 +75,14 @@ func DecodeResponse(state State, c ResponseColumns) (*Response, error) {
 	if body == nil {
 		body = []byte{}
 	}
-	return &Response{Status: int(c.Status.Int64), Header: h, Body: body,
+	return &idemdriver.Response{Status: int(c.Status.Int64), Header: h, Body: body,
 		BodyStored: c.Stored.Valid && c.Stored.Bool, BodySize: c.Size.Int64}, nil
 }
 
 // LeaseLeft converts the database's "locked_until - now" to the Record's
 // LeaseLeft: zero unless the record is PROCESSING under a lease.
-func LeaseLeft(state State, left time.Duration, valid bool) time.Duration {
-	if state != StateProcessing || !valid || left < 0 {
+func LeaseLeft(state idemdriver.State, left time.Duration, valid bool) time.Duration {
+	if state != idemdriver.StateProcessing || !valid || left < 0 {
 		return 0
 	}
 	return left

@@ -1,4 +1,4 @@
-package idemdriver
+package idemsql
 
 // The statements below are shared by the drivers whose databases speak
 // PostgreSQL's dialect of SQL: named parameters (@name) and INSERT ... ON
