@@ -43,7 +43,9 @@ func TestTranscripts(t *testing.T) {
 		minRuns int
 	}{
 		{"../../README.md", []string{"Date", "Idempotency-Key", "Idempotency-Key-Expires"},
-			func(b []transcript.Code) []transcript.Code { return transcript.InSection(b, "console", "The demo with curl") }, nil, 6},
+			func(b []transcript.Code) []transcript.Code {
+				return transcript.InSection(b, "console", "The demo with curl")
+			}, nil, 6},
 		{"WALKTHROUGH.md", []string{"Date"},
 			func(b []transcript.Code) []transcript.Code { return transcript.InSection(b, "console", "") },
 			[]string{"Start it", "Shutting down", "The same on PostgreSQL"}, 15},
