@@ -1,0 +1,165 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/internal/transcript"
+)
+
+// TestTranscripts runs the console sessions of the README's demo section
+// and of WALKTHROUGH.md against the real command (run, on SQLite in a
+// temporary directory, the provider's 300 ms as documented), each document
+// on a server of its own, through bash and curl, and compares every output
+// with the one shown: status lines, the headers shown (Content-Length
+// included), bodies. Masked: payment ids (renamed in order of appearance,
+// so a replay must show the first id), timestamps, HTTP dates; dropped: the
+// headers each document says it removes. The twenty concurrent requests
+// are compared by shape (uniqueRace).
+func TestTranscripts(t *testing.T) {
+	t.Parallel()
+	curlBinary(t)
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash on PATH")
+	}
+	ids := regexp.MustCompile(`pay_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+	for _, doc := range []struct {
+		file string
+		trim []string
+		// blocks picks the console blocks to run; skip tells a block that
+		// cannot run here (it starts a server, kills one, or needs psql),
+		// allowed only in the sections listed.
+		blocks  func([]transcript.Code) []transcript.Code
+		skipIn  []string
+		minRuns int
+	}{
+		{"../../README.md", []string{"Date", "Idempotency-Key", "Idempotency-Key-Expires"},
+			func(b []transcript.Code) []transcript.Code {
+				return transcript.InSection(b, "console", "The demo with curl")
+			}, nil, 6},
+		{"WALKTHROUGH.md", []string{"Date"},
+			func(b []transcript.Code) []transcript.Code { return transcript.InSection(b, "console", "") },
+			[]string{"Start it", "Shutting down", "The same on PostgreSQL"}, 15},
+	} {
+		t.Run(filepath.Base(doc.file), func(t *testing.T) {
+			t.Parallel()
+			md, err := os.ReadFile(doc.file)
+			require.NoError(t, err)
+			var blocks []transcript.Code
+			for _, b := range transcript.Blocks(string(md)) {
+				if b.Lang == "console" {
+					blocks = append(blocks, b)
+				}
+			}
+			if doc.file == "../../README.md" {
+				blocks = doc.blocks(blocks)
+			}
+			var steps []transcript.Step
+			for _, b := range blocks {
+				bs := transcript.Steps(b)
+				if unrunnable(bs) || len(bs) == 0 {
+					require.Contains(t, doc.skipIn, b.Section, "%s:%d: a console block that cannot run here, outside the sections allowed to hold one", doc.file, b.Line)
+					continue
+				}
+				steps = append(steps, bs...)
+			}
+			require.GreaterOrEqual(t, len(steps), doc.minRuns, "%s: too few commands found", doc.file)
+
+			s, stop := startRun(t, "--database-url", filepath.Join(t.TempDir(), "p.db"))
+			defer stop()
+			addr := strings.TrimPrefix(s.url, "http://")
+			session := &transcript.Session{
+				File:    doc.file,
+				Dir:     t.TempDir(),
+				Replace: strings.NewReplacer("127.0.0.1:8080", addr, "localhost:8080", addr),
+				Trim:    doc.trim,
+				IDs:     ids,
+				Compare: uniqueRace,
+			}
+			session.Run(t, steps)
+		})
+	}
+}
+
+// unrunnable tells steps that start or stop a server, or need psql.
+func unrunnable(steps []transcript.Step) bool {
+	for _, s := range steps {
+		first, _, _ := strings.Cut(s.Command, " ")
+		if slices.Contains([]string{"go", "cd", "kill", "psql", "paymentsd"}, first) {
+			return true
+		}
+	}
+	return false
+}
+
+// The lines of the race of twenty, counts aside.
+const (
+	raceRan      = "201 replayed= retry-after="
+	raceReplayed = "201 replayed=true retry-after="
+	raceInFlight = "409 replayed= retry-after=1"
+)
+
+// uniqueRace compares the output of the twenty concurrent requests (a
+// command ending in uniq -c) by shape, since the counts vary: in the
+// transcript and in the run, exactly one request ran (201, not replayed)
+// and every other got the replay or 409 with Retry-After: 1, as many in
+// all; the run shows no kind of answer the transcript does not.
+func uniqueRace(s transcript.Step, want, got string) (bool, error) {
+	if !strings.Contains(s.Command, "uniq -c") {
+		return false, nil
+	}
+	w, err := uniqCounts(want)
+	if err != nil {
+		return true, fmt.Errorf("the transcript: %w", err)
+	}
+	g, err := uniqCounts(got)
+	if err != nil {
+		return true, fmt.Errorf("the run: %w", err)
+	}
+	sum := func(m map[string]int) (n int) {
+		for _, c := range m {
+			n += c
+		}
+		return n
+	}
+	switch {
+	case w[raceRan] != 1 || g[raceRan] != 1:
+		return true, fmt.Errorf("want exactly one %q in each", raceRan)
+	case sum(w) != sum(g):
+		return true, fmt.Errorf("%d requests shown, %d in the run", sum(w), sum(g))
+	}
+	for kind := range w {
+		if kind != raceRan && kind != raceReplayed && kind != raceInFlight {
+			return true, fmt.Errorf("the transcript shows %q", kind)
+		}
+	}
+	for kind := range g {
+		if _, ok := w[kind]; !ok {
+			return true, fmt.Errorf("the run has %q, which the transcript does not show", kind)
+		}
+	}
+	return true, nil
+}
+
+// uniqCounts reads uniq -c output.
+func uniqCounts(out string) (map[string]int, error) {
+	counts := map[string]int{}
+	for _, line := range strings.Split(out, "\n") {
+		n, kind, ok := strings.Cut(strings.TrimSpace(line), " ")
+		c, err := strconv.Atoi(n)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("not uniq -c output: %q", line)
+		}
+		counts[kind] += c
+	}
+	return counts, nil
+}
