@@ -4,7 +4,7 @@
 // contrib's instrumentation packages.
 //
 //	obs, err := idemotel.NewObserver(idemotel.WithMeterProvider(mp), idemotel.WithTracerProvider(tp))
-//	mw, err := idem.New(idem.Config{Store: store, Scope: scope, Observer: obs})
+//	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store, Observer: obs}, Scope: scope})
 //
 // It lives in its own module so that the core module imports no
 // OpenTelemetry package. Metric names, units and attributes follow

@@ -5,7 +5,7 @@
 // Register the middleware returned by Middleware on the routes (or the group)
 // it protects:
 //
-//	mw, err := idem.New(idem.Config{Store: store, Scope: tenantOf})
+//	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: tenantOf})
 //	...
 //	r := gin.New()
 //	r.Use(gin.Recovery())
