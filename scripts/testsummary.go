@@ -46,12 +46,12 @@ func main() {
 
 func summarize(in io.Reader, out io.Writer) int {
 	var (
-		output               = map[key][]string{} // a running test's output
-		passed, failed       int
-		skips                []skip
-		failedTests          = map[string]int{} // by package
-		brokenPkgs           []string
-		sc                   = bufio.NewScanner(in)
+		output         = map[key][]string{} // a running test's output
+		passed, failed int
+		skips          []skip
+		failedTests    = map[string]int{} // by package
+		brokenPkgs     []string
+		sc             = bufio.NewScanner(in)
 	)
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	for sc.Scan() {
