@@ -21,6 +21,8 @@ type globals struct {
 	json        bool
 	partitioned bool
 	timeout     time.Duration
+	// stderr takes the progress of long commands (and the errors).
+	stderr io.Writer
 }
 
 // run runs the command line args (without the program name), writing
@@ -33,7 +35,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	g := &globals{}
+	g := &globals{stderr: stderr}
 	root := newRoot(g, stdout)
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -102,7 +104,8 @@ The database comes from --database-url (or IDEM_DATABASE_URL):
 	pf.BoolVar(&g.json, "json", false, "print JSON instead of a table")
 	pf.BoolVar(&g.partitioned, "partitioned", false,
 		"PostgreSQL: use the partitioned table (daily partitions by expires_at); needed only for 'migrate up' on a new database")
-	pf.DurationVar(&g.timeout, "timeout", 10*time.Minute, "give up after this long")
+	pf.DurationVar(&g.timeout, "timeout", 10*time.Minute,
+		"give up after this long (purge: stops between batches, finishing the one under way, and reports what it did)")
 
 	root.AddCommand(migrateCmd(g, stdout), purgeCmd(g, stdout), partitionsCmd(g, stdout),
 		inspectCmd(g, stdout), listCmd(g, stdout), releaseCmd(g, stdout), stuckCmd(g, stdout), statsCmd(g, stdout))
@@ -255,6 +258,11 @@ transaction that waits for no request (PostgreSQL and MySQL: FOR UPDATE SKIP
 LOCKED; SQLite: one DELETE ... LIMIT statement), until none is left or
 --max-batches.
 
+While it runs, it shows its progress on stderr: a bar on a terminal, else a
+line every 2 s. It stops between batches when --timeout passes or on
+SIGINT/SIGTERM (the batch under way is finished first, for up to 10 s more),
+prints what it purged, and exits 1: expired records remain, run it again.
+
 --older-than D selects the records whose expires_at is more than D in the
 past, by the database's clock: expires_at <= now - D. The default, 0,
 selects every expired record. A PROCESSING record whose lease is still live
@@ -272,29 +280,15 @@ retention.Maintainer runs is safe. On a partitioned PostgreSQL table prefer
 			return withStore(cmd, g, func(ctx context.Context, s *store) error {
 				params := idemdriver.PurgeParams{Limit: batch, OlderThan: olderThan}
 				if dryRun {
-					n, err := s.Driver.CountExpired(ctx, params)
+					n, err := whileRunning(ctx, g.stderr, "purge --dry-run: counting the expired records", func() (int64, error) {
+						return s.Driver.CountExpired(ctx, params)
+					})
 					if err != nil {
 						return err
 					}
 					return printPurge(out, g.json, purgeResult{DryRun: true, OlderThan: olderThan, Batch: batch, Purged: n})
 				}
-				res := purgeResult{OlderThan: olderThan, Batch: batch}
-				start := time.Now()
-				for maxBatches == 0 || res.Batches < maxBatches {
-					n, err := s.Driver.PurgeExpired(ctx, params)
-					if err != nil {
-						// What was purged before the failure is printed; the
-						// failure is the error, with the print's own after it.
-						return errors.Join(fmt.Errorf("after %d records: %w", res.Purged, err), printPurge(out, g.json, res))
-					}
-					res.Batches++
-					res.Purged += n
-					if n < int64(batch) {
-						break
-					}
-				}
-				res.Duration = time.Since(start)
-				return printPurge(out, g.json, res)
+				return purge(ctx, g, s, out, params, maxBatches)
 			})
 		},
 	}
@@ -351,7 +345,9 @@ vacuum, and claims are not blocked.`,
 				verb = "would drop"
 			}
 			return partitions(cmd, g, out, verb, func(ctx context.Context, p idemdriver.Partitioner) ([]idemdriver.Partition, error) {
-				return p.DropPartitions(ctx, idemdriver.PartitionParams{OlderThan: olderThan, DryRun: dryRun})
+				return whileRunning(ctx, g.stderr, "partitions drop", func() ([]idemdriver.Partition, error) {
+					return p.DropPartitions(ctx, idemdriver.PartitionParams{OlderThan: olderThan, DryRun: dryRun})
+				})
 			})
 		},
 	}
@@ -688,7 +684,9 @@ table, so on a large store run it on a replica or at a quiet hour.`,
 				return usageError{errors.New("--top must not be negative")}
 			}
 			return readStore(cmd, g, func(ctx context.Context, s *store) (idemdriver.Stats, error) {
-				return s.Driver.Stats(ctx, idemdriver.StatsParams{TopScopes: top})
+				return whileRunning(ctx, g.stderr, "stats: counting the records", func() (idemdriver.Stats, error) {
+					return s.Driver.Stats(ctx, idemdriver.StatsParams{TopScopes: top})
+				})
 			}, func(st idemdriver.Stats) error { return printStats(out, g.json, st) })
 		},
 	}

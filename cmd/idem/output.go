@@ -129,6 +129,11 @@ type purgeResult struct {
 	Batches   int
 	Purged    int64
 	Duration  time.Duration
+	// Stopped says why a purge ended with expired records possibly left:
+	// stopTimeout, stopInterrupted or stopMaxBatches; empty when a short
+	// batch found no more.
+	Stopped string
+	Timeout time.Duration // --timeout, for stopTimeout
 }
 
 func printPurge(out io.Writer, asJSON bool, r purgeResult) error {
@@ -139,6 +144,10 @@ func printPurge(out io.Writer, asJSON bool, r purgeResult) error {
 			v["would_purge"] = r.Purged
 		} else {
 			v["purged"], v["batches"], v["duration_seconds"] = r.Purged, r.Batches, r.Duration.Seconds()
+			v["complete"], v["stopped"] = r.Stopped == "", nil
+			if r.Stopped != "" {
+				v["stopped"] = r.Stopped
+			}
 		}
 		return writeJSON(out, v)
 	}
@@ -150,8 +159,17 @@ func printPurge(out io.Writer, asJSON bool, r purgeResult) error {
 		_, err := fmt.Fprintf(out, "would purge %d records (%s)\n", r.Purged, what)
 		return err
 	}
-	_, err := fmt.Fprintf(out, "purged %d records in %d batches of at most %d (%s) in %s\n",
-		r.Purged, r.Batches, r.Batch, what, dur(r.Duration))
+	stopped := ""
+	switch r.Stopped {
+	case stopTimeout:
+		stopped = fmt.Sprintf("; stopped: --timeout %s reached, expired records may remain", r.Timeout)
+	case stopInterrupted:
+		stopped = "; stopped: interrupted, expired records may remain"
+	case stopMaxBatches:
+		stopped = "; stopped: --max-batches reached, expired records may remain"
+	}
+	_, err := fmt.Fprintf(out, "purged %d records in %d batches of at most %d (%s) in %s%s\n",
+		r.Purged, r.Batches, r.Batch, what, dur(r.Duration), stopped)
 	return err
 }
 
