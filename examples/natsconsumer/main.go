@@ -1,7 +1,9 @@
 // Command natsconsumer is an example consumer of NATS JetStream that
 // processes each message exactly once with idem's engine (idem.Engine.Do):
 // the scope is the stream and subject, the key the message's Nats-Msg-Id
-// header (or the "id" member of its JSON payload), and the side effect (a
+// header (or the "id" member of its JSON payload), the route (Event.Route,
+// a metric attribute) the consumer's subject filter, one value whatever the
+// subjects, and the side effect (a
 // row in the effects table) is written in the claim's transaction, so it
 // commits with the recorded outcome or not at all. A message is acked only
 // after its outcome is recorded; a redelivery (AckWait ran out, the process
@@ -93,46 +95,82 @@ func run() (err error) {
 	if _, err := store.DB().ExecContext(ctx, schema); err != nil {
 		return err
 	}
-	engine, err := idem.NewEngine(idem.EngineConfig{Store: store, LeaseDuration: time.Second, Logger: log})
+	cc, err := start(ctx, consumerConfig{
+		natsURL: env("NATS_URL", nats.DefaultURL), stream: stream, subject: env("SUBJECT", stream+".>"),
+		durable: env("DURABLE", "natsconsumer"), ackWait: ackWait, work: work,
+	}, store, nil, log)
 	if err != nil {
 		return err
 	}
-
-	nc, err := nats.Connect(env("NATS_URL", nats.DefaultURL))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{env("SUBJECT", stream+".>")}})
-	if err != nil {
-		return err
-	}
-	cons, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable: env("DURABLE", "natsconsumer"), AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
-	})
-	if err != nil {
-		return err
-	}
-	h := &handler{engine: engine, stream: stream, work: work, log: log}
-	cc, err := cons.Consume(func(msg jetstream.Msg) { h.handle(ctx, msg) })
-	if err != nil {
-		return err
-	}
-	defer cc.Stop()
+	defer cc.stop()
 	log.Info("consuming", "stream", stream, "pid", os.Getpid())
 	<-ctx.Done()
 	return nil
 }
 
+// consumerConfig is what start needs, read from the environment by run.
+type consumerConfig struct {
+	natsURL, stream, subject, durable string
+	ackWait, work                     time.Duration
+}
+
+// consuming is a running consumer; stop ends it.
+type consuming struct {
+	nc *nats.Conn
+	cc jetstream.ConsumeContext
+}
+
+func (c *consuming) stop() {
+	c.cc.Stop()
+	c.nc.Close()
+}
+
+// start connects to NATS, creates (or updates) the stream on c.subject and
+// the durable consumer, and consumes with idem's engine on store; observer,
+// when not nil, is the engine's Observer.
+func start(ctx context.Context, c consumerConfig, store *idemsqlite.Driver, observer idem.Observer, log *slog.Logger) (*consuming, error) {
+	engine, err := idem.NewEngine(idem.EngineConfig{Store: store, LeaseDuration: time.Second, Logger: log, Observer: observer})
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(c.natsURL)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*consuming, error) { nc.Close(); return nil, err }
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fail(err)
+	}
+	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: c.stream, Subjects: []string{c.subject}})
+	if err != nil {
+		return fail(err)
+	}
+	cons, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable: c.durable, AckPolicy: jetstream.AckExplicitPolicy, AckWait: c.ackWait,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	h := &handler{engine: engine, stream: c.stream, route: c.subject, work: c.work, log: log}
+	cc, err := cons.Consume(func(msg jetstream.Msg) { h.handle(ctx, msg) })
+	if err != nil {
+		return fail(err)
+	}
+	return &consuming{nc: nc, cc: cc}, nil
+}
+
 type handler struct {
 	engine *idem.Engine
 	stream string
-	work   time.Duration
-	log    *slog.Logger
+	// route is DoParams.Route for every message: the subject filter the
+	// consumer was configured with ("ORDERS.>"), a bounded set of values,
+	// never the message's subject ("ORDERS.cust-1", one series per
+	// customer in every metric labelled by route). The subject stays in the
+	// scope, which is not a metric attribute.
+	route string
+	work  time.Duration
+	log   *slog.Logger
 }
 
 // key is the message's idempotency key: its Nats-Msg-Id header, else the
@@ -150,7 +188,7 @@ func key(msg jetstream.Msg) string {
 
 func (h *handler) handle(ctx context.Context, msg jetstream.Msg) {
 	k := key(msg)
-	p := idem.DoParams{Scope: h.stream + "/" + msg.Subject(), Key: k, Route: msg.Subject(), Payload: msg.Data()}
+	p := idem.DoParams{Scope: h.stream + "/" + msg.Subject(), Key: k, Route: h.route, Payload: msg.Data()}
 	_, err := h.engine.Do(ctx, p, func(ctx context.Context) (idem.Result, error) {
 		tx, err := idem.Tx[*sql.Tx](ctx)
 		if err != nil {

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemsqlite"
 )
 
@@ -124,4 +127,61 @@ func TestExactlyOnceUnderKillAndRedelivery(t *testing.T) {
 	require.GreaterOrEqual(t, count(`SELECT sum(attempts - 1) FROM idem_keys`), 2,
 		"both messages killed mid-flight were taken over after their lease ran out")
 	require.GreaterOrEqual(t, count(`SELECT count(DISTINCT pid) FROM effects`), 2, "effects came from more than one process")
+}
+
+// The route of every decision (Event.Route, a metric attribute) is one
+// bounded value, the consumer's subject filter, whatever the messages'
+// subjects: messages on three subjects (one per customer) give one route.
+// Regression (issue 20): the route was the message's subject, one metric
+// series per customer.
+func TestRouteIsBoundedAcrossSubjects(t *testing.T) {
+	natsConn(t) // skips (or fails under CI) without a server
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	stream := fmt.Sprintf("IDEMROUTE%d", time.Now().UnixNano())
+	store, err := idemsqlite.Open(ctx, filepath.Join(t.TempDir(), "consumer.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	require.NoError(t, store.Migrate(ctx))
+	_, err = store.DB().ExecContext(ctx, schema)
+	require.NoError(t, err)
+
+	var (
+		mu     sync.Mutex
+		routes = map[string]int{}
+		events int
+	)
+	observer := idem.ObserverFunc(func(_ context.Context, e idem.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		routes[e.Route]++
+		events++
+	})
+	c := consumerConfig{natsURL: env("NATS_URL", nats.DefaultURL), stream: stream, subject: stream + ".>",
+		durable: "routetest", ackWait: 5 * time.Second}
+	cc, err := start(ctx, c, store, observer, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	require.NoError(t, err)
+	t.Cleanup(cc.stop)
+	js, err := jetstream.New(natsConn(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
+
+	subjects := []string{stream + ".orders.cust-1", stream + ".orders.cust-2", stream + ".orders.cust-3"}
+	const perSubject = 3
+	for _, subject := range subjects {
+		for i := range perSubject {
+			id := fmt.Sprintf("%s-%d", subject, i)
+			_, err := js.Publish(ctx, subject, []byte(fmt.Sprintf(`{"id":%q}`, id)), jetstream.WithMsgID(id))
+			require.NoError(t, err)
+		}
+	}
+	n := len(subjects) * perSubject
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return events >= n }, 30*time.Second, 10*time.Millisecond)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, map[string]int{stream + ".>": events}, routes, "one route, the subject filter, for every decision")
+	var distinct int
+	require.NoError(t, store.DB().QueryRowContext(ctx, `SELECT count(DISTINCT subject) FROM effects`).Scan(&distinct))
+	require.Equal(t, len(subjects), distinct, "the messages came on %d subjects", len(subjects))
 }
