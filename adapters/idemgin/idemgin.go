@@ -163,7 +163,7 @@ func Middleware(mw *idem.Middleware, opts ...Option) gin.HandlerFunc {
 // byte: one client call would run the handler twice.
 func answerPanic(c *gin.Context, errorHandler gin.HandlerFunc, rec any) {
 	if rec != http.ErrAbortHandler { //nolint:errorlint // the sentinel itself, as net/http compares it
-		fmt.Fprintf(gin.DefaultErrorWriter, "[idemgin] panic recovered (the claim is recorded FAILED; a retry runs again): %v\n%s\n", rec, debug.Stack())
+		_, _ = fmt.Fprintf(gin.DefaultErrorWriter, "[idemgin] panic recovered (the claim is recorded FAILED; a retry runs again): %v\n%s\n", rec, debug.Stack())
 	}
 	_ = c.Error(fmt.Errorf("idemgin: handler panic: %v", rec))
 	c.Abort()

@@ -25,7 +25,6 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer store.Close()
 	if err := store.Migrate(ctx); err != nil { // idem's table
 		log.Fatal(err)
 	}
@@ -57,7 +56,7 @@ func main() {
 		id, _ := res.LastInsertId()
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, "{\"payment\":%d}\n", id) // replayed byte for byte to every retry
+		_, _ = fmt.Fprintf(w, "{\"payment\":%d}\n", id) // replayed byte for byte to every retry
 	}
 	http.Handle("POST /payments", mw.Handler(http.HandlerFunc(pay))) // only the routes with side effects
 

@@ -44,7 +44,7 @@ func PostOnReusedConn(t *testing.T, warm, url, key string) (Response, error) {
 	if err != nil {
 		return Response{}, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	return Response{Status: resp.StatusCode, Header: resp.Header, Body: b}, err
 }

@@ -145,11 +145,11 @@ func (s *Session) Run(t *testing.T, steps []Step) {
 	if err := sh.Start(); err != nil {
 		t.Fatal(err)
 	}
-	w.Close()
+	_ = w.Close()
 	defer func() {
-		stdin.Close()
+		_ = stdin.Close()
 		_ = sh.Wait()
-		r.Close()
+		_ = r.Close()
 	}()
 	out := bufio.NewReader(r)
 	wantIDs, gotIDs := map[string]string{}, map[string]string{}

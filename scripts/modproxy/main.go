@@ -78,7 +78,7 @@ func add(proxy, version, dir string, at time.Time) (string, error) {
 		return "", err
 	}
 	if err := zip.CreateFromDir(z, mv, dir); err != nil {
-		z.Close()
+		_ = z.Close()
 		return "", err
 	}
 	if err := z.Close(); err != nil {

@@ -129,7 +129,7 @@ func callProvider(ctx context.Context, idempotencyKey string, p payment) (string
 	if err != nil {
 		return "", err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	var charge struct {
 		ID string `json:"id"`
 	}
