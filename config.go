@@ -179,7 +179,8 @@ type EngineConfig struct {
 
 	// OneCommitWait bounds a one-commit request's wait for a running key before
 	// 409; on PostgreSQL it is also the lock_timeout (SQLSTATE 55P03). SQLite
-	// does not use it (idemsqlite.BusyTimeout). Default: 2 s.
+	// does not use it (idemsqlite.BusyTimeout). Only with OneCommit (New
+	// refuses it otherwise). Default: 2 s.
 	OneCommitWait time.Duration
 
 	// Logger receives store errors and lost leases. Default: slog.Default().
@@ -255,7 +256,9 @@ func (c EngineConfig) WithDefaults() EngineConfig {
 			c.Owner = c.Owner[len(c.Owner)-idemdriver.MaxOwnerBytes:] // the pid end is the telling one
 		}
 	}
-	c.OneCommitWait = cmp.Or(c.OneCommitWait, DefaultOneCommitWait)
+	if c.OneCommit {
+		c.OneCommitWait = cmp.Or(c.OneCommitWait, DefaultOneCommitWait)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -286,6 +289,9 @@ func (c EngineConfig) validate() []error {
 	var errs []error
 	if c.Store == nil {
 		errs = append(errs, errors.New("Store is required"))
+	}
+	if !c.OneCommit && c.OneCommitWait != 0 {
+		errs = append(errs, errors.New("OneCommitWait applies to the one-commit mode only: set OneCommit, or leave it out"))
 	}
 	if c.LeaseDuration < time.Second {
 		errs = append(errs, fmt.Errorf("LeaseDuration %s is below 1s", c.LeaseDuration))
@@ -320,6 +326,11 @@ func (c EngineConfig) validate() []error {
 
 func (c Config) validate() []error {
 	errs := c.EngineConfig.validate()
+	for _, m := range c.Methods {
+		if !isToken(m) {
+			errs = append(errs, fmt.Errorf("Methods: %q is not a method (an RFC 9110 token)", m))
+		}
+	}
 	if c.Scope == nil {
 		errs = append(errs, errors.New("Scope is required: name the owner of each request's key (idem.SingleTenant for an API with one owner)"))
 	}
@@ -337,4 +348,16 @@ func invalid(errs []error) error {
 		return nil
 	}
 	return fmt.Errorf("idem: invalid Config: %w", errors.Join(errs...))
+}
+
+// isToken reports whether s is an RFC 9110 token (section 5.6.2), as a
+// method is.
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -92,6 +92,11 @@ func TestNewValidates(t *testing.T) {
 		// after the completion found the record expired and ran again.
 		"retention below execution": {idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: time.Second, Retention: 2 * time.Second, MaxExecution: 10 * time.Minute}},
 			"shorter than MaxExecution"},
+		// Regression (a new user's try): fields the engine cannot honour
+		// were accepted and silently ignored.
+		"one-commit wait, durable mode": {idem.Config{EngineConfig: idem.EngineConfig{OneCommitWait: time.Second}}, "OneCommitWait applies to the one-commit mode"},
+		"a method with a space":         {idem.Config{Methods: []string{"PO ST"}}, `"PO ST" is not a method`},
+		"an empty method":               {idem.Config{Methods: []string{"POST", ""}}, `"" is not a method`},
 	} {
 		tc.cfg.Store, tc.cfg.Scope = d, idem.SingleTenant
 		_, err := idem.New(tc.cfg)

@@ -228,6 +228,11 @@ func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }
 // ErrReleased is returned by Do, with fn's Result, when nothing was recorded.
 var ErrReleased = errors.New("idem: the execution was released; nothing was recorded")
 
+// ErrOutcomeFailed is returned by Do, with fn's Result, when its status was
+// recorded Failed (EngineConfig.Outcome: a 5xx, 408, 425 or 429 by
+// default): nothing is replayed and the next call runs fn again.
+var ErrOutcomeFailed = errors.New("idem: the outcome was recorded FAILED; the next call runs fn again")
+
 var errFnFailed = errors.New("idem: fn failed")
 
 // Do runs fn at most once to a recorded outcome for (p.Scope, p.Key)
@@ -240,8 +245,9 @@ var errFnFailed = errors.New("idem: fn failed")
 // Errors (errors.Is): ErrInvalidKey, ErrMissingScope, ErrPathTooLong,
 // ErrScopeUnstorable, ErrInFlight (*InFlightError), ErrKeyReused,
 // ErrStoreUnavailable (*StoreError), ErrLeaseLost, ErrExecutionTimeout,
-// ErrTxAborted, ErrReleased, ErrResponseNotStored, ErrResponseMissing, or
-// fn's own.
+// ErrTxAborted, ErrReleased and ErrOutcomeFailed (with fn's Result),
+// ErrResponseNotStored, ErrResponseMissing, or fn's own. A nil error means
+// the Result is recorded and will be replayed.
 func (g *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context) (Result, error)) (Result, error) {
 	cp, err := g.doParams(p)
 	if err != nil {
@@ -252,12 +258,17 @@ func (g *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context
 	v := g.execute(ctx, cp, j, &ev)
 	out, err := v.result(j)
 	ev.Status = out.Status
+	if errors.Is(ev.Err, errFnFailed) {
+		ev.Err = j.err
+	}
 	g.observe(ctx, &ev)
 	switch {
 	case errors.Is(err, errFnFailed):
 		return out, j.err
 	case j.err != nil:
 		return out, errors.Join(err, j.err)
+	case err == nil && v.kind == answerRan && ev.Outcome == Failed:
+		return out, fmt.Errorf("%w (status %d)", ErrOutcomeFailed, cmp0(out.Status))
 	}
 	return out, err
 }
@@ -320,7 +331,7 @@ func cmp0(status int) int {
 }
 
 func (g *Engine) doParams(p DoParams) (idemdriver.ClaimParams, error) {
-	if _, err := ParseKey([]string{p.Key}); err != nil || p.Key == "" || p.Key[0] == '"' {
+	if k, err := ParseKey([]string{p.Key}); err != nil || k != p.Key { // as sent: no quotes, no spaces
 		return idemdriver.ClaimParams{}, fmt.Errorf("%w: a key is 1 to %d visible ASCII characters", ErrInvalidKey, MaxKeyLength)
 	}
 	if p.Scope == "" {

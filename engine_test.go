@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -212,6 +213,12 @@ func TestDoTakeOverStoreAndParams(t *testing.T) {
 		_, err := g.Do(t.Context(), bad, fn)
 		require.Error(t, err, "%+v", bad)
 	}
+	// Regression (a new user's try): ParseKey's trimming let a key with
+	// spaces around it through, stored as sent: " k" and "k" were two keys.
+	for _, key := range []string{" k", "k\t", `"k"`, strings.Repeat("z", idem.MaxKeyLength) + "  "} {
+		_, err := g.Do(t.Context(), idem.DoParams{Scope: "s", Key: key}, fn)
+		require.ErrorIs(t, err, idem.ErrInvalidKey, "%q", key)
+	}
 	_, err = g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k"}, fn)
 	require.NotErrorIs(t, err, idem.ErrInvalidKey)
 
@@ -247,4 +254,23 @@ func TestMiddlewareEngine(t *testing.T) {
 func sha(b []byte) []byte {
 	s := sha256.Sum256(b)
 	return s[:]
+}
+
+// Regression (a new user's try): a Result whose status the policy records
+// FAILED came back with a nil error, so a consumer that acks on a nil error
+// acked work the next call runs again.
+func TestDoFailedOutcomeIsAnError(t *testing.T) {
+	t.Parallel()
+	g, _ := newEngine(t, idem.EngineConfig{})
+	runs := 0
+	fn := func(context.Context) (idem.Result, error) {
+		runs++
+		return idem.Result{Status: 503, Body: []byte("later")}, nil
+	}
+	for range 2 {
+		out, err := g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k"}, fn)
+		require.ErrorIs(t, err, idem.ErrOutcomeFailed)
+		require.Equal(t, 503, out.Status, "fn's Result comes with the error")
+	}
+	require.Equal(t, 2, runs, "nothing was replayed")
 }
