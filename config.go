@@ -183,6 +183,27 @@ type EngineConfig struct {
 	// refuses it otherwise). Default: 2 s.
 	OneCommitWait time.Duration
 
+	// Wait is how long a duplicate that finds its request in flight waits for
+	// the owner's outcome, holding no connection, to get the owner's answer
+	// (a replay) instead of 409 request-in-flight; 409 once it runs out
+	// (docs/contract.md "Waiting for the owner"). A request's Prefer: wait=N
+	// (RFC 7240 section 4.3: N seconds, 0 for none) or DoParams.Wait asks for
+	// another wait, at most MaxWait. Default: 0, 409 at once.
+	Wait time.Duration
+
+	// MaxWait bounds the wait a request asks for. Default: Wait.
+	MaxWait time.Duration
+
+	// MaxWaiters bounds the duplicates waiting at once in this process; the
+	// next one is answered 409. Each holds its request body. Default: 1000.
+	MaxWaiters int
+
+	// WaitPoll is how often a waiter reads its key's record when the store
+	// sends no notifications (idemdriver.Notifier: MariaDB, SQLite,
+	// PostgreSQL behind a transaction pooler, docs/deployment.md); ten times
+	// less often where it does. Default: 100 ms.
+	WaitPoll time.Duration
+
 	// Logger receives store errors and lost leases. Default: slog.Default().
 	Logger *slog.Logger
 
@@ -259,6 +280,9 @@ func (c EngineConfig) WithDefaults() EngineConfig {
 	if c.OneCommit {
 		c.OneCommitWait = cmp.Or(c.OneCommitWait, DefaultOneCommitWait)
 	}
+	c.MaxWait = cmp.Or(c.MaxWait, c.Wait)
+	c.MaxWaiters = cmp.Or(c.MaxWaiters, DefaultMaxWaiters)
+	c.WaitPoll = cmp.Or(c.WaitPoll, DefaultWaitPoll)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -317,6 +341,12 @@ func (c EngineConfig) validate() []error {
 	}
 	if c.InFlightRetryAfter < 0 || c.CompleteTimeout < 0 || c.ClaimTimeout < 0 || c.OneCommitWait < 0 {
 		errs = append(errs, errors.New("InFlightRetryAfter, ClaimTimeout, CompleteTimeout and OneCommitWait must not be negative"))
+	}
+	if c.Wait < 0 || c.MaxWait < 0 || c.MaxWaiters < 0 || c.WaitPoll < 0 {
+		errs = append(errs, errors.New("Wait, MaxWait, MaxWaiters and WaitPoll must not be negative"))
+	}
+	if c.Wait > c.MaxWait {
+		errs = append(errs, fmt.Errorf("Wait %s exceeds MaxWait %s", c.Wait, c.MaxWait))
 	}
 	if _, ok := c.Store.(idemdriver.TxClaimer); c.OneCommit && c.Store != nil && !ok {
 		errs = append(errs, fmt.Errorf("OneCommit needs a Store that implements idemdriver.TxClaimer; %T does not", c.Store))

@@ -14,8 +14,9 @@ import (
 // Engine runs the claim protocol of CONTRACT sections 3 to 6. Middleware is
 // its HTTP front; Do runs it for other work.
 type Engine struct {
-	cfg  EngineConfig
-	mode mode
+	cfg   EngineConfig
+	mode  mode
+	waits *waitHub
 }
 
 // NewEngine validates cfg after WithDefaults; the error names every field.
@@ -29,20 +30,22 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 
 func newEngine(cfg EngineConfig) *Engine {
 	g := &Engine{cfg: cfg}
+	g.waits = newWaitHub(&g.cfg)
 	if cfg.OneCommit {
-		g.mode = newOneCommit(&g.cfg)
+		g.mode = newOneCommit(&g.cfg, g.waits)
 	} else {
 		g.mode = durable{g}
 	}
 	return g
 }
 
-// execute claims p's key, runs j under a won claim and records the outcome;
-// a panic in j is raised again after that.
-func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, j job, ev *Event) verdict {
+// execute claims p's key, waiting up to wait for an execution in flight,
+// runs j under a won claim and records the outcome; a panic in j is raised
+// again after that.
+func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration, j job, ev *Event) verdict {
 	ev.Method, ev.Scope, ev.Key = p.Method, p.Scope, p.Key
 	start := time.Now()
-	c, v := g.mode.claim(ctx, p)
+	c, v := g.mode.claim(ctx, p, wait)
 	ev.Claim = time.Since(start)
 	ev.Attempt = max(c.res.Record.Attempts, v.rec.Attempts)
 	if v.kind != 0 {
@@ -53,6 +56,9 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, j job, e
 		return v
 	}
 	e := newExecution(&g.cfg, ctx, c, p)
+	if e.fence.Notify != "" {
+		defer g.waits.wake(e.fence.Notify) // this process's waiters, at once
+	}
 	defer e.cancel(nil)
 	defer g.mode.finish(e)
 	stop := g.mode.start(e, c.sent)
@@ -203,6 +209,10 @@ type DoParams struct {
 	// Default: the SHA-256 of Payload.
 	Fingerprint []byte
 	Payload     []byte
+	// Wait is how long a call that finds the same work in flight waits for
+	// its outcome (EngineConfig.Wait), at most EngineConfig.MaxWait; negative
+	// for none. Default: EngineConfig.Wait.
+	Wait time.Duration
 }
 
 // Result is Do's recorded answer, replayed byte-exact. Status 0 counts as
@@ -255,7 +265,14 @@ func (g *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context
 	}
 	ev := Event{Route: cp.Path}
 	j := &doJob{g: g, fn: fn}
-	v := g.execute(ctx, cp, j, &ev)
+	wait := g.cfg.Wait
+	switch {
+	case p.Wait < 0:
+		wait = 0
+	case p.Wait > 0:
+		wait = min(p.Wait, g.cfg.MaxWait)
+	}
+	v := g.execute(ctx, cp, wait, j, &ev)
 	out, err := v.result(j)
 	ev.Status = out.Status
 	if errors.Is(ev.Err, errFnFailed) {
@@ -364,7 +381,8 @@ func (g *Engine) claimParams(scope, key, method, path string, fp []byte) idemdri
 
 // mode is where durable and oneCommit differ (CONTRACT section 6).
 type mode interface {
-	claim(ctx context.Context, p idemdriver.ClaimParams) (claimed, verdict)
+	// claim waits up to wait for an execution of p's key in flight.
+	claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, verdict)
 	// stop reports whether the lease may have run out.
 	start(e *execution, sent time.Time) (stop func() bool)
 	fail(e *execution) (owned bool, err error)
@@ -376,7 +394,15 @@ type mode interface {
 
 type durable struct{ g *Engine }
 
-func (d durable) claim(ctx context.Context, p idemdriver.ClaimParams) (claimed, verdict) {
+func (d durable) claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, verdict) {
+	c, v := d.claimOnce(ctx, p)
+	if v.kind != answerInFlight || wait <= 0 {
+		return c, v
+	}
+	return d.g.waits.await(ctx, p, wait, v, func() (claimed, verdict) { return d.claimOnce(ctx, p) })
+}
+
+func (d durable) claimOnce(ctx context.Context, p idemdriver.ClaimParams) (claimed, verdict) {
 	// Detached: a hang-up must not cancel a claim the database may commit.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.g.cfg.ClaimTimeout)
 	defer cancel()

@@ -120,6 +120,9 @@ func newExecution(cfg *EngineConfig, parent context.Context, c claimed, p idemdr
 		fence: idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt,
 			LeaseDuration: p.LeaseDuration},
 	}
+	if cfg.MaxWait > 0 {
+		e.fence.Notify = notifyPayload(p.Scope, p.Key) // waiters may wait in other processes
+	}
 	e.detachedParent = context.WithoutCancel(parent)
 	// Detached: a hang-up does not stop the work; a lost lease does.
 	ctx, cancel := context.WithCancelCause(e.detachedParent)

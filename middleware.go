@@ -94,12 +94,24 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		ev = Event{Kind: v.event(), Method: p.Method, Scope: p.Scope, Key: p.Key, Cached: true}
 	} else {
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		v = m.g.execute(r.Context(), p, &httpJob{m: m, r: r, next: next, cw: cw, ev: &ev}, &ev)
+		v = m.g.execute(r.Context(), p, m.wait(r), &httpJob{m: m, r: r, next: next, cw: cw, ev: &ev}, &ev)
 	}
 	m.respond(w, r, next, v, cw, &ev)
 	if ev.Kind != 0 {
 		m.g.observe(r.Context(), &ev)
 	}
+}
+
+// wait is how long r waits for its key's execution in flight: its Prefer
+// wait (RFC 7240 section 4.3), at most MaxWait, else Config.Wait.
+func (m *Middleware) wait(r *http.Request) time.Duration {
+	if m.cfg.MaxWait == 0 {
+		return 0
+	}
+	if d, ok := preferredWait(r); ok {
+		return min(d, m.cfg.MaxWait)
+	}
+	return m.cfg.Wait
 }
 
 func (m *Middleware) request(r *http.Request, values []string) (idemdriver.ClaimParams, []byte, *Problem) {

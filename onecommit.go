@@ -15,8 +15,9 @@ import (
 // lock holds a connection, so in this process one request per key leads
 // (keyTurn); the others wait holding none and take its verdict.
 type oneCommit struct {
-	cfg *EngineConfig
-	tc  idemdriver.TxClaimer
+	cfg   *EngineConfig
+	tc    idemdriver.TxClaimer
+	waits *waitHub
 	// On a single-writer store, every transaction queues anyway.
 	waitRunning time.Duration
 
@@ -28,51 +29,79 @@ type localKey struct{ scope, key string }
 
 // final and shared are written before done is closed.
 type keyTurn struct {
-	running chan struct{} // closed when the leader won the claim
+	running chan struct{} // closed (by run) when the key runs: the leader's claim, or another process's
+	once    sync.Once
 	done    chan struct{} // closed when its claim or its transaction ended
 	final   *idemdriver.Record
 	shared  *verdict
 }
 
-func newOneCommit(cfg *EngineConfig) *oneCommit {
-	o := &oneCommit{cfg: cfg, tc: cfg.Store.(idemdriver.TxClaimer), waitRunning: cfg.OneCommitWait, turns: map[localKey]*keyTurn{}}
+func (t *keyTurn) run() { t.once.Do(func() { close(t.running) }) }
+
+func newOneCommit(cfg *EngineConfig, waits *waitHub) *oneCommit {
+	o := &oneCommit{cfg: cfg, tc: cfg.Store.(idemdriver.TxClaimer), waits: waits, waitRunning: cfg.OneCommitWait, turns: map[localKey]*keyTurn{}}
 	if sw, ok := cfg.Store.(idemdriver.SingleWriter); ok && sw.SingleWriter() {
 		o.waitRunning = cfg.ClaimTimeout + cfg.MaxExecution + cfg.CompleteTimeout
 	}
 	return o
 }
 
-func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams) (claimed, verdict) {
+func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, verdict) {
 	lk := localKey{p.Scope, p.Key}
-	turn, v := o.await(ctx, lk, p)
+	turn, v := o.await(ctx, lk, p, wait)
 	if turn == nil {
 		return claimed{}, v
 	}
+	deadline := time.Now().Add(wait)
+	c, v := o.claimOnce(ctx, p, o.cfg.OneCommitWait)
+	if v.kind == answerInFlight && wait > 0 {
+		// The key runs in another process: wait for it holding no
+		// connection, except while a claim waits on its row lock (one per
+		// key and process); this process's waiters wait as for a leader
+		// that runs.
+		turn.run()
+		c, v = o.waits.await(ctx, p, time.Until(deadline), v, func() (claimed, verdict) {
+			return o.claimOnce(ctx, p, max(time.Millisecond, min(o.cfg.OneCommitWait, time.Until(deadline))))
+		})
+	}
+	switch {
+	case c.tx != nil:
+		turn.run()
+		c.turn = turn
+		return c, verdict{}
+	case v.rec.Key != "":
+		rec := v.rec
+		o.end(lk, turn, &rec, nil)
+	default:
+		o.end(lk, turn, nil, &v)
+	}
+	return claimed{}, v
+}
+
+// claimOnce runs one ClaimTx, waiting at most lockWait for the key's row lock.
+func (o *oneCommit) claimOnce(ctx context.Context, p idemdriver.ClaimParams, lockWait time.Duration) (claimed, verdict) {
 	cfg := o.cfg
 	// Bounded as a whole: database/sql ends a tx with the context it began on.
 	txCtx, cancelTx := context.WithTimeout(context.WithoutCancel(ctx), cfg.ClaimTimeout+cfg.MaxExecution+cfg.CompleteTimeout)
 	sent := time.Now()
-	res, tx, err := o.claimTx(txCtx, cancelTx, p)
+	res, tx, err := o.claimTx(txCtx, cancelTx, p, lockWait)
+	var v verdict
 	switch {
 	case errors.Is(err, idemdriver.ErrLockWait):
 		v = o.inFlight()
-		o.end(lk, turn, nil, &v)
 	case err != nil:
 		v = o.cfg.claimFailed(ctx, err)
-		o.end(lk, turn, nil, &v)
 	case !res.Claimed:
-		o.end(lk, turn, &res.Record, nil)
 		v = o.cfg.answerFrom(ctx, res.Record, p)
 	default:
-		close(turn.running)
-		return claimed{res: res, tx: tx, sent: sent, turn: turn, endTx: cancelTx}, verdict{}
+		return claimed{res: res, tx: tx, sent: sent, endTx: cancelTx}, verdict{}
 	}
 	cancelTx()
 	return claimed{res: res}, v
 }
 
-func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimParams) (*keyTurn, verdict) {
-	deadline := time.Now().Add(o.waitRunning)
+func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimParams, wait time.Duration) (*keyTurn, verdict) {
+	deadline := time.Now().Add(max(o.waitRunning, wait))
 	for {
 		o.mu.Lock()
 		t := o.turns[lk]
@@ -83,15 +112,7 @@ func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimPa
 			return t, verdict{}
 		}
 		o.mu.Unlock()
-		// Unbounded while the leader claims (its claim is bounded by
-		// ClaimTimeout + OneCommitWait); bounded by deadline while it runs.
-		select {
-		case <-t.running:
-			if !o.outlast(ctx, t, deadline) {
-				return nil, o.inFlight()
-			}
-		case <-t.done:
-		case <-ctx.Done():
+		if !o.follow(ctx, t, deadline) {
 			return nil, o.inFlight()
 		}
 		switch {
@@ -107,6 +128,23 @@ func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimPa
 			return nil, *t.shared
 		}
 		// Rolled back, or its commit's outcome unknown: one of us leads.
+	}
+}
+
+// follow waits for the end of t, led by another request of this process:
+// unbounded while the leader claims (its claim is bounded by ClaimTimeout +
+// OneCommitWait, or its wait), bounded by deadline once the key runs. It
+// reports whether t ended before deadline or ctx's end.
+func (o *oneCommit) follow(ctx context.Context, t *keyTurn, deadline time.Time) bool {
+	o.waits.follow(1)
+	defer o.waits.follow(-1)
+	select {
+	case <-t.running:
+		return o.outlast(ctx, t, deadline)
+	case <-t.done:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -149,11 +187,11 @@ func (o *oneCommit) inFlight() verdict {
 }
 
 // The bound cancels txCtx only while ClaimTx runs: the returned tx lives on it.
-func (o *oneCommit) claimTx(txCtx context.Context, cancelTx context.CancelFunc, p idemdriver.ClaimParams) (idemdriver.ClaimResult, idemdriver.Tx, error) {
+func (o *oneCommit) claimTx(txCtx context.Context, cancelTx context.CancelFunc, p idemdriver.ClaimParams, lockWait time.Duration) (idemdriver.ClaimResult, idemdriver.Tx, error) {
 	cfg := o.cfg
-	bound := cfg.ClaimTimeout + cfg.OneCommitWait
+	bound := cfg.ClaimTimeout + lockWait
 	timer := time.AfterFunc(bound, cancelTx)
-	res, tx, err := o.tc.ClaimTx(txCtx, p, cfg.OneCommitWait)
+	res, tx, err := o.tc.ClaimTx(txCtx, p, lockWait)
 	if timer.Stop() {
 		return res, tx, err
 	}
@@ -162,7 +200,7 @@ func (o *oneCommit) claimTx(txCtx context.Context, cancelTx context.CancelFunc, 
 		_ = tx.Rollback(rctx)
 		cancel()
 	}
-	return idemdriver.ClaimResult{}, nil, fmt.Errorf("idem: the one-commit claim had no answer within ClaimTimeout + OneCommitWait (%s): %w", bound, context.DeadlineExceeded)
+	return idemdriver.ClaimResult{}, nil, fmt.Errorf("idem: the one-commit claim had no answer within ClaimTimeout + its lock wait (%s): %w", bound, context.DeadlineExceeded)
 }
 
 func (o *oneCommit) start(e *execution, _ time.Time) func() bool {
@@ -189,7 +227,7 @@ func (o *oneCommit) release(e *execution) (bool, error) {
 	if !res.Claimed {
 		return true, nil // another request owns the key now: nothing of ours is left
 	}
-	f := idemdriver.FenceParams{Scope: e.p.Scope, Key: e.p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt}
+	f := idemdriver.FenceParams{Scope: e.p.Scope, Key: e.p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt, Notify: e.fence.Notify}
 	if ok, err := o.cfg.Store.Release(ctx, f); err != nil || !ok {
 		return false, &StoreError{Op: "release", Err: fmt.Errorf("release after rollback: %v", err)}
 	}
@@ -206,7 +244,7 @@ func (o *oneCommit) recordAlone(e *execution, cp idemdriver.CompleteParams) (boo
 	if err != nil {
 		return false, &StoreError{Op: "complete", Err: err}
 	}
-	cp.FenceParams = idemdriver.FenceParams{Scope: e.p.Scope, Key: e.p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt}
+	cp.FenceParams = idemdriver.FenceParams{Scope: e.p.Scope, Key: e.p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt, Notify: e.fence.Notify}
 	return e.completeAlone(cp)
 }
 

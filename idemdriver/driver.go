@@ -177,6 +177,11 @@ type FenceParams struct {
 	// LeaseDuration is the new lease length for Heartbeat; unused elsewhere.
 	LeaseDuration time.Duration
 	ClockOffset   time.Duration
+	// Notify, when not empty, is the payload of the notification a Notifier
+	// sends on its channel when Complete, Fail or Release (in Tx too) takes
+	// effect: at the commit of the transaction it runs in, and only when it
+	// wrote. At most 64 bytes of hex. Drivers that do not notify ignore it.
+	Notify string
 }
 
 // CompleteParams record a SUCCEEDED outcome.

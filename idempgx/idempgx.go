@@ -97,6 +97,10 @@ type Driver struct {
 	qualified sync.Map
 	// consts are the boxed claim arguments of the last claim (claimArgs).
 	consts atomic.Pointer[claimConsts]
+	// listen is Options.ListenConfig; pooled is Options.TransactionPooler
+	// (see Notifies).
+	listen *pgx.ConnConfig
+	pooled bool
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)
@@ -229,17 +233,26 @@ var completeSQL = bind(completeParams, completeUpdate)
 // business writes stay uncommitted. The error's condition depends on the
 // row count, so the planner cannot fold it into a constant and raise it
 // always; its message holds fencedOutMarker.
-var completeOrRaiseSQL = bind(completeParams, `WITH done AS (`+completeUpdate+` RETURNING 1)
-SELECT CASE count(*) WHEN 1 THEN true ELSE ('`+fencedOutMarker+` ' || count(*))::boolean END FROM done`)
+var completeOrRaiseSQL = bind(completeParams, completeOrRaise(` RETURNING 1`))
+
+// completeOrRaise is completeOrRaiseSQL's text with the completion's
+// RETURNING clause.
+func completeOrRaise(returning string) string {
+	return `WITH done AS (` + completeUpdate + returning + `)
+SELECT CASE count(*) WHEN 1 THEN true ELSE ('` + fencedOutMarker + ` ' || count(*))::boolean END FROM done`
+}
 
 // fencedOutMarker is in the message of the error completeOrRaiseSQL raises
 // (22P02 invalid_text_representation) when the completion is fenced out.
 const fencedOutMarker = "idempgx: completion fenced out, rows updated:"
 
-var failSQL = bind(append(fenceParams, "offset"),
-	`UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = `+now+fenced)
+const failUpdate = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = ` + now + fenced
 
-var releaseSQL = bind(fenceParams, `DELETE FROM idem_keys`+fenced)
+var failSQL = bind(append(fenceParams, "offset"), failUpdate)
+
+const releaseDelete = `DELETE FROM idem_keys` + fenced
+
+var releaseSQL = bind(fenceParams, releaseDelete)
 
 // claimParams are the parameters of the claim statements (claimSQL,
 // claimPartitionedSQL), in claimArgs's order.
@@ -549,7 +562,8 @@ func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, erro
 	if err := fenceTextable(p); err != nil {
 		return false, err
 	}
-	return execFenced(ctx, d.pool, d.q(failSQL), fenceArgs(p, p.ClockOffset.Microseconds()))
+	q, args := notifying(p, failSQL, failNotifySQL, fenceArgs(p, p.ClockOffset.Microseconds()))
+	return execFenced(ctx, d.pool, d.q(q), args)
 }
 
 // Release implements idemdriver.Driver: a fenced DELETE.
@@ -557,7 +571,8 @@ func (d *Driver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, e
 	if err := fenceTextable(p); err != nil {
 		return false, err
 	}
-	return execFenced(ctx, d.pool, d.q(releaseSQL), fenceArgs(p))
+	q, args := notifying(p, releaseSQL, releaseNotifySQL, fenceArgs(p))
+	return execFenced(ctx, d.pool, d.q(q), args)
 }
 
 type execer interface {
@@ -575,7 +590,8 @@ func (d *Driver) complete(ctx context.Context, db execer, p idemdriver.CompleteP
 	if err != nil {
 		return false, err
 	}
-	return execFenced(ctx, db, d.q(completeSQL), args)
+	q, args := notifying(p.FenceParams, completeSQL, completeNotifySQL, args)
+	return execFenced(ctx, db, d.q(q), args)
 }
 
 // completeArgs are the arguments of completeSQL (and completeOrRaiseSQL)

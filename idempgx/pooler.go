@@ -37,6 +37,13 @@ type Options struct {
 	// Partitioned, when not nil, makes the store partitioned (as
 	// NewPartitioned).
 	Partitioned *PartitionConfig
+	// ListenConfig, when not nil, is the connection the wait mode's LISTEN
+	// uses (idemdriver.Notifier; idem.EngineConfig.Wait): one per process,
+	// outside the pool. Behind a transaction pooler (TransactionPooler),
+	// LISTEN needs a direct connection to the server or a session pooler;
+	// without ListenConfig, waiters there poll. Default: the pool's
+	// configuration, none with TransactionPooler.
+	ListenConfig *pgx.ConnConfig
 	// Schema, when not empty, is the schema of idem's tables (idem_keys,
 	// idem_locks and the version table), named in every statement
 	// (schema.idem_keys) instead of found through search_path: for poolers
@@ -75,6 +82,7 @@ func NewWithOptions(pool *pgxpool.Pool, opts Options) (*Driver, error) {
 		d = New(pool)
 	}
 	d.schema = opts.Schema
+	d.listen, d.pooled = opts.ListenConfig, opts.TransactionPooler
 	return d, nil
 }
 

@@ -85,7 +85,8 @@ func (t *businessTx) CompleteCommit(ctx context.Context, p idemdriver.CompletePa
 	if deferred {
 		b.BeginTx(pgx.TxOptions{})
 	}
-	b.queue(t.d.q(completeOrRaiseSQL), args...)
+	q, args := notifying(p.FenceParams, completeOrRaiseSQL, completeOrRaiseNotifySQL, args)
+	b.queue(t.d.q(q), args...)
 	b.queue("commit")
 	br := t.tx.conn.SendBatch(ctx, &b.Batch)
 	if deferred {

@@ -41,7 +41,7 @@ func runEngine(t *testing.T, h Harness) {
 					suiteCase{"NothingCommittedWhileFnRuns", engineNothingCommittedWhileFnRuns},
 					suiteCase{"WaitBoundGivesInFlight", engineWaitBoundGivesInFlight})
 			}
-			runCases(t, h, cases)
+			runCases(t, h, append(cases, waitCases(run, mode.oneCommit, h.SingleWriter)...))
 		})
 	}
 }

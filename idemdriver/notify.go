@@ -1,0 +1,24 @@
+package idemdriver
+
+import "context"
+
+// Notifier is implemented by drivers whose database can tell every process
+// that an execution ended (PostgreSQL: NOTIFY, sent in the writing
+// transaction so that it is delivered at its commit, and LISTEN). The core's
+// wait mode (idem.EngineConfig.Wait) uses it to wake the duplicates that
+// wait for a key in other processes; without it they poll.
+type Notifier interface {
+	// Notifies reports whether notifications can reach this process: false,
+	// for instance, for PostgreSQL behind a transaction pooler, where LISTEN
+	// holds on no server connection of its own. When false, the driver still
+	// honours FenceParams.Notify (other processes may listen) or ignores it.
+	Notifies() bool
+	// Listen delivers the payload (FenceParams.Notify) of every notification
+	// to deliver, one at a time, until ctx ends; then it returns ctx's error.
+	// It calls listening(true) each time it starts listening, after a
+	// reconnection too (notifications sent before may have been missed),
+	// and listening(false) when its connection is lost. It holds one
+	// connection of its own, outside any pool the driver's other methods
+	// use, and reconnects after an error.
+	Listen(ctx context.Context, listening func(bool), deliver func(payload string)) error
+}

@@ -1,0 +1,307 @@
+package idem
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// The wait mode (docs/contract.md "Waiting for the owner"): a duplicate that
+// finds its key in flight waits for the owner's outcome instead of 409.
+//
+// A waiter holds no connection while it waits. It sleeps on its key's
+// channel in the hub, which is woken by this process's own execution of the
+// key when it ends, and by the store's notifications (idemdriver.Notifier:
+// PostgreSQL's LISTEN on one connection per process) when another process's
+// does; it also wakes every poll interval and when the lease it saw runs
+// out. Woken, the waiters of a key in this process read its record once
+// between them (singleflight), and answer from it: a replay, 422, or, when
+// the record can be claimed again (FAILED, released, its owner dead), one of
+// them claims it, exactly as a retry would.
+
+// DefaultMaxWaiters is the default of EngineConfig.MaxWaiters.
+const DefaultMaxWaiters = 1000
+
+// DefaultWaitPoll is the default of EngineConfig.WaitPoll; where the store
+// notifies (PostgreSQL), waiters read their record ten times less often.
+const DefaultWaitPoll = 100 * time.Millisecond
+
+// listenLinger is how long the hub keeps listening after its last waiter
+// left: a burst of duplicates does not reconnect for each wait.
+const listenLinger = 30 * time.Second
+
+type waitHub struct {
+	cfg      *EngineConfig
+	notifier idemdriver.Notifier // nil: waiters poll
+	reads    singleflight.Group
+
+	mu      sync.Mutex
+	keys    map[string]*keyWaiters // by notification payload
+	waiting int
+	// following counts the one-commit requests behind this process's own
+	// execution of their key (oneCommit.await), which MaxWaiters does not bound.
+	following int
+	// listening is the listener's cancel while it runs; ready reports that
+	// it listens now (notifications are not missed).
+	listening context.CancelFunc
+	ready     bool
+	linger    *time.Timer
+}
+
+type keyWaiters struct {
+	n        int
+	wake     chan struct{} // closed and replaced at each wake
+	claiming bool          // one waiter of this process claims at a time
+}
+
+func newWaitHub(cfg *EngineConfig) *waitHub {
+	h := &waitHub{cfg: cfg, keys: map[string]*keyWaiters{}}
+	if n, ok := cfg.Store.(idemdriver.Notifier); ok && n.Notifies() {
+		h.notifier = n
+	}
+	return h
+}
+
+// notifyPayload names (scope, key) in notifications: 128 bits of a SHA-256,
+// so that any scope and key fit a notification and none is sent in clear.
+// A collision only wakes another key's waiters, who read their record again.
+func notifyPayload(scope, key string) string {
+	h := sha256.New()
+	h.Write([]byte(scope))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// join registers a waiter of payload's key; false when MaxWaiters wait already.
+func (h *waitHub) join(payload string) (*keyWaiters, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.waiting >= h.cfg.MaxWaiters {
+		return nil, false
+	}
+	h.waiting++
+	kw := h.keys[payload]
+	if kw == nil {
+		kw = &keyWaiters{wake: make(chan struct{})}
+		h.keys[payload] = kw
+	}
+	kw.n++
+	if h.linger != nil {
+		h.linger.Stop()
+		h.linger = nil
+	}
+	if h.notifier != nil && h.listening == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		h.listening = cancel
+		go h.listen(ctx)
+	}
+	return kw, true
+}
+
+func (h *waitHub) leave(payload string, kw *keyWaiters) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.waiting--
+	if kw.n--; kw.n == 0 {
+		delete(h.keys, payload)
+	}
+	if h.waiting == 0 && h.listening != nil {
+		stop := h.listening
+		h.linger = time.AfterFunc(listenLinger, func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if h.waiting == 0 && h.listening != nil {
+				stop()
+				h.listening, h.ready, h.linger = nil, false, nil
+			}
+		})
+	}
+}
+
+// listen runs the store's listener until ctx ends.
+func (h *waitHub) listen(ctx context.Context) {
+	err := h.notifier.Listen(ctx, func(listening bool) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.ready = listening
+		if listening {
+			// Listening (again): what was sent before is read once more.
+			for _, kw := range h.keys {
+				kw.broadcast()
+			}
+		}
+	}, h.wake)
+	if err != nil && !errors.Is(err, context.Canceled) {
+		h.cfg.Logger.Warn("idem: the store's notifications stopped; waiters poll", "err", err)
+	}
+	h.mu.Lock()
+	h.ready = false
+	h.mu.Unlock()
+}
+
+// wake wakes the waiters of payload's key in this process.
+func (h *waitHub) wake(payload string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if kw := h.keys[payload]; kw != nil {
+		kw.broadcast()
+	}
+}
+
+// Waiters returns the number of requests (and Do calls) of this process
+// waiting for another execution of their key: with EngineConfig.Wait, and
+// in one-commit mode those behind this process's own execution of the key.
+func (g *Engine) Waiters() int {
+	g.waits.mu.Lock()
+	defer g.waits.mu.Unlock()
+	return g.waits.waiting + g.waits.following
+}
+
+func (h *waitHub) follow(n int) {
+	h.mu.Lock()
+	h.following += n
+	h.mu.Unlock()
+}
+
+func (kw *keyWaiters) broadcast() {
+	close(kw.wake)
+	kw.wake = make(chan struct{})
+}
+
+// signal returns the channel the next wake closes, and the poll interval.
+func (h *waitHub) signal(kw *keyWaiters) (<-chan struct{}, time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ready {
+		return kw.wake, 10 * h.cfg.WaitPoll
+	}
+	return kw.wake, h.cfg.WaitPoll
+}
+
+func (h *waitHub) tryClaim(kw *keyWaiters) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if kw.claiming {
+		return false
+	}
+	kw.claiming = true
+	return true
+}
+
+func (h *waitHub) claimDone(kw *keyWaiters) {
+	h.mu.Lock()
+	kw.claiming = false
+	h.mu.Unlock()
+}
+
+// read reads p's record once for every waiter of its key in this process
+// that asks meanwhile; each gets its own copy of the stored headers.
+func (h *waitHub) read(ctx context.Context, payload string, p idemdriver.ClaimParams) (*idemdriver.Record, error) {
+	v, err, _ := h.reads.Do(payload, func() (any, error) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.ClaimTimeout)
+		defer cancel()
+		rec, err := h.cfg.Store.Get(rctx, idemdriver.GetParams{Scope: p.Scope, Key: p.Key, ClockOffset: p.ClockOffset})
+		if errors.Is(err, idemdriver.ErrNotFound) {
+			return (*idemdriver.Record)(nil), nil
+		}
+		return &rec, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	shared := v.(*idemdriver.Record)
+	if shared == nil {
+		return nil, nil
+	}
+	rec := *shared
+	if rec.Response != nil {
+		resp := *rec.Response
+		resp.Header = http.Header(resp.Header).Clone()
+		rec.Response = &resp
+	}
+	return &rec, nil
+}
+
+// await waits up to budget for the outcome of p's key, in flight as v says,
+// and returns what a claim then gets: a replay or 422 read from the record,
+// or the claim of this or another attempt (claim), or v (409) when budget
+// runs out, ctx ends or MaxWaiters wait already.
+func (h *waitHub) await(ctx context.Context, p idemdriver.ClaimParams, budget time.Duration, v verdict,
+	claim func() (claimed, verdict)) (claimed, verdict) {
+	payload := notifyPayload(p.Scope, p.Key)
+	kw, ok := h.join(payload)
+	if !ok {
+		return claimed{}, v
+	}
+	defer h.leave(payload, kw)
+	deadline := time.Now().Add(budget)
+	for {
+		wake, poll := h.signal(kw)
+		next := min(poll, time.Until(deadline))
+		if left := v.rec.LeaseLeft; left > 0 {
+			next = min(next, left+time.Millisecond)
+		}
+		timer := time.NewTimer(max(next, 0))
+		select {
+		case <-wake:
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return claimed{}, v
+		}
+		timer.Stop()
+		rec, err := h.read(ctx, payload, p)
+		if err != nil {
+			return claimed{}, h.cfg.claimFailed(ctx, err)
+		}
+		switch d := idemdriver.Decide(rec, false, p); {
+		case d == idemdriver.DecisionReplay || d == idemdriver.DecisionKeyReused:
+			return claimed{}, h.cfg.answerFrom(ctx, *rec, p)
+		case d == idemdriver.DecisionInFlight:
+			v = h.cfg.answerFrom(ctx, *rec, p)
+		case h.tryClaim(kw):
+			c, cv := claim()
+			h.claimDone(kw)
+			if cv.kind != answerInFlight {
+				return c, cv
+			}
+			v = cv
+		}
+		if !time.Now().Before(deadline) {
+			return claimed{}, v
+		}
+	}
+}
+
+// preferredWait reads RFC 7240's "wait" preference (section 4.3: Prefer:
+// wait=<delta-seconds>) from r's Prefer headers; false when none names it
+// with a valid value. The first occurrence counts (section 2).
+func preferredWait(r *http.Request) (time.Duration, bool) {
+	for _, line := range r.Header.Values("Prefer") {
+		for _, pref := range strings.Split(line, ",") {
+			name, value, _ := strings.Cut(strings.TrimSpace(pref), "=")
+			if !strings.EqualFold(strings.TrimSpace(name), "wait") {
+				continue
+			}
+			value, _, _ = strings.Cut(value, ";") // parameters
+			value = strings.Trim(strings.TrimSpace(value), `"`)
+			n, err := strconv.ParseUint(value, 10, 31)
+			if err != nil {
+				return 0, false
+			}
+			return time.Duration(n) * time.Second, true
+		}
+	}
+	return 0, false
+}
