@@ -110,7 +110,7 @@ func secondDriver(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
 	if pd.Partitioned() {
 		return idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
 	}
-	d2, err := idempgx.NewWithOptions(pool, idempgx.Options{Schema: pd.Schema()})
+	d2, err := idempgx.NewWithOptions(pool, idempgx.Options{Schema: pd.Schema(), TransactionPooler: testPooler == "transaction"})
 	require.NoError(t, err)
 	return d2
 }

@@ -71,7 +71,7 @@ func (d *Driver) Listen(ctx context.Context, listening func(bool), deliver func(
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			return pgx.ConnectConfig(ctx, cfg.Copy())
 		},
-		LogError: func(context.Context, error) { listening(false) },
+		LogError:       func(context.Context, error) { listening(false) },
 		ReconnectDelay: listenRetry,
 	}
 	l.Handle(NotifyChannel, listenHandler{listening: listening, deliver: deliver})
