@@ -39,6 +39,10 @@ type handlerConfig struct {
 	// WriteMode says where the payment's rows are written; empty means
 	// WriteInClaim.
 	WriteMode WriteMode
+	// Wait and MaxWait are idem's EngineConfig.Wait and MaxWait: how long a
+	// duplicate of a payment in flight waits for its outcome (zero: 409 at
+	// once), and the most a request may ask for with Prefer: wait.
+	Wait, MaxWait time.Duration
 	// Faults are the injected crashes and stalls (built with -tags
 	// idemfaults only); nil injects none.
 	Faults *faults
@@ -97,8 +101,9 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 // relay secret, logger and observer.
 func (cfg handlerConfig) idemConfig() idem.Config {
 	return idem.Config{
-		EngineConfig: idem.EngineConfig{Store: cfg.Faults.store(cfg.Store.Idem()), LeaseDuration: cfg.Lease, RelaySecret: cfg.RelaySecret, Logger: cfg.Logger, Observer: cfg.Observer},
-		Scope:        service.Scope,
+		EngineConfig: idem.EngineConfig{Store: cfg.Faults.store(cfg.Store.Idem()), LeaseDuration: cfg.Lease, RelaySecret: cfg.RelaySecret, Logger: cfg.Logger, Observer: cfg.Observer,
+			Wait: cfg.Wait, MaxWait: cfg.MaxWait},
+		Scope: service.Scope,
 	}
 }
 

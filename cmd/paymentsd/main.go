@@ -29,6 +29,8 @@ type options struct {
 	pspTimeout  time.Duration
 	relaySecret string
 	writeMode   WriteMode
+	// wait and maxWait are idem's EngineConfig.Wait and MaxWait.
+	wait, maxWait time.Duration
 
 	// faults are the fault-injection flags (-tags idemfaults only).
 	faults faultOptions
@@ -48,6 +50,8 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	fs.DurationVar(&o.pspLatency, "psp-latency", 300*time.Millisecond, "how long the in-process fake provider takes per charge (without --psp-url)")
 	fs.DurationVar(&o.pspTimeout, "psp-timeout", 5*time.Second, "how long to wait for the provider's answer to a charge (with --psp-url); then 504, and a retry asks again with the same relayed key")
 	fs.StringVar(&o.relaySecret, "relay-secret", "", "secret keying the Idempotency-Key relayed to the provider (idem Config.RelaySecret); default $"+EnvRelaySecret+", else none (plain SHA-256 derivation)")
+	fs.DurationVar(&o.wait, "wait", 0, "how long a duplicate of a payment in flight waits for its outcome, holding no connection, to get its replay instead of 409 (idem EngineConfig.Wait); 0: 409 at once")
+	fs.DurationVar(&o.maxWait, "max-wait", 0, "the longest wait a request may ask for with Prefer: wait=N (seconds; RFC 7240) (idem EngineConfig.MaxWait); default: --wait")
 	mode := fs.String("write-mode", string(WriteInClaim), "where a payment's rows are written: claim (in the claim's transaction, committed with idem's record) or separate (committed on their own first; for comparison)")
 	o.faults.register(fs)
 	registerNaiveFlags(fs, &o.naive)
@@ -112,7 +116,7 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 	flt := o.faults.build(log)
 	hcfg := handlerConfig{
 		Store: store, Provider: provider, Logger: log, Lease: o.Lease,
-		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt,
+		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt, Wait: o.wait, MaxWait: o.maxWait,
 		Observer: tel.Observer, Metrics: tel.Metrics,
 	}
 	var served service.Served

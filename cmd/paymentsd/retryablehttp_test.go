@@ -138,3 +138,62 @@ func TestRetryableHTTPWithIdemclientCheckRetry(t *testing.T) {
 	}
 	assert.Equal(t, 1, s.provider.Charges())
 }
+
+// TestRetryableHTTPGetsTheReplayWithAServerWait is issue 22's case: with a
+// server default wait of 5 s (--wait), two callers using go-retryablehttp's
+// default policy and a 1 s client timeout against a 2.5 s payment both get
+// 201 with Idempotent-Replayed: true. The server never answers 409: each
+// attempt that meets the payment in flight waits for it; an attempt the
+// client abandoned is retried by its policy and meets the same wait, or the
+// stored outcome. One charge. (A waiter whose client has gone stops
+// waiting and is answered 409 that nobody reads: the statuses counted are
+// the ones the clients received.)
+func TestRetryableHTTPGetsTheReplayWithAServerWait(t *testing.T) {
+	t.Parallel()
+	provider := NewFakeProvider(2500 * time.Millisecond)
+	h, err := newHandler(handlerConfig{Store: newSQLiteStore(t), Provider: provider, Logger: discardLogger(), Wait: 5 * time.Second})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	var conflicts, attempts atomic.Int64
+	s := &inFlightServer{testServer: &testServer{t: t, url: srv.URL}}
+	type result struct {
+		status   int
+		replayed string
+		body     string
+		err      error
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		go func() {
+			client := retryablehttp.NewClient() // its default policy and backoff
+			client.Logger = nil
+			client.HTTPClient.Timeout = time.Second
+			client.ResponseLogHook = func(_ retryablehttp.Logger, resp *http.Response) {
+				attempts.Add(1)
+				if resp.StatusCode == http.StatusConflict {
+					conflicts.Add(1)
+				}
+			}
+			resp, err := client.Do(s.retryableRequest(t, "rh-wait"))
+			if err != nil {
+				results <- result{err: err}
+				return
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			results <- result{status: resp.StatusCode, replayed: resp.Header.Get(idem.HeaderReplayed), body: string(b), err: err}
+		}()
+	}
+	var bodies []string
+	for range 2 {
+		r := <-results
+		require.NoError(t, r.err)
+		assert.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+		assert.Equal(t, "true", r.replayed, "every caller's answer is the replay of the payment's first execution")
+		bodies = append(bodies, r.body)
+	}
+	assert.Equal(t, bodies[0], bodies[1])
+	assert.Zero(t, conflicts.Load(), "no caller received a 409 in %d answers", attempts.Load())
+	assert.Equal(t, 1, provider.Charges())
+}
