@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -51,7 +52,7 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	fs.DurationVar(&o.pspTimeout, "psp-timeout", 5*time.Second, "how long to wait for the provider's answer to a charge (with --psp-url); then 504, and a retry asks again with the same relayed key")
 	fs.StringVar(&o.relaySecret, "relay-secret", "", "secret keying the Idempotency-Key relayed to the provider (idem Config.RelaySecret); default $"+EnvRelaySecret+", else none (plain SHA-256 derivation)")
 	fs.DurationVar(&o.wait, "wait", 0, "how long a duplicate of a payment in flight waits for its outcome, holding no connection, to get its replay instead of 409 (idem EngineConfig.Wait); 0: 409 at once")
-	fs.DurationVar(&o.maxWait, "max-wait", 0, "the longest wait a request may ask for with Prefer: wait=N (seconds; RFC 7240) (idem EngineConfig.MaxWait); default: --wait")
+	fs.DurationVar(&o.maxWait, "max-wait", 10*time.Second, "the longest wait a request may ask for with Prefer: wait=N (N seconds; RFC 7240) (idem EngineConfig.MaxWait); at least --wait")
 	mode := fs.String("write-mode", string(WriteInClaim), "where a payment's rows are written: claim (in the claim's transaction, committed with idem's record) or separate (committed on their own first; for comparison)")
 	o.faults.register(fs)
 	registerNaiveFlags(fs, &o.naive)
@@ -75,6 +76,14 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 		return o, errors.New("--psp-timeout must be positive")
 	case o.writeMode != WriteInClaim && o.writeMode != WriteSeparate:
 		return o, fmt.Errorf("--write-mode must be claim or separate, not %q", o.writeMode)
+	case o.wait < 0 || o.maxWait < 0:
+		return o, errors.New("--wait and --max-wait must not be negative")
+	}
+	if o.wait > o.maxWait {
+		if flagSet(fs, "max-wait") {
+			return o, fmt.Errorf("--wait %s exceeds --max-wait %s", o.wait, o.maxWait)
+		}
+		o.maxWait = o.wait // the default bound gives way to a longer server wait
 	}
 	if err := o.naive.validate(); err != nil {
 		return o, err
@@ -141,4 +150,11 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 		served.Attrs = append(served.Attrs, "mode", o.naive.describe())
 	}
 	return served, nil
+}
+
+// flagSet reports whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

@@ -45,7 +45,7 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, options{Flags: service.Flags{Addr: "127.0.0.1:8080", Lease: 30 * time.Second,
 		ShutdownTimeout: 15 * time.Second, LogFormat: "json", Traces: "none"},
-		pspLatency: 300 * time.Millisecond, pspTimeout: 5 * time.Second, writeMode: WriteInClaim, faults: o.faults}, o) // faultOptions: TestParseFaultFlags (-tags idemfaults)
+		pspLatency: 300 * time.Millisecond, pspTimeout: 5 * time.Second, writeMode: WriteInClaim, maxWait: 10 * time.Second, faults: o.faults}, o) // faultOptions: TestParseFaultFlags (-tags idemfaults)
 
 	o, err = parseFlags([]string{"--addr", ":9", "--database-url", "x.db", "--psp-latency", "1s", "--lease", "5s", "--log-format", "text",
 		"--psp-url", "http://127.0.0.1:8090", "--psp-timeout", "2s", "--write-mode", "separate"}, io.Discard, nil)
@@ -58,6 +58,14 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 2*time.Second, o.pspTimeout)
 	require.Equal(t, WriteSeparate, o.writeMode)
 
+	// The waits: --max-wait gives way to a longer --wait unless it is set.
+	o, err = parseFlags([]string{"--wait", "5s"}, io.Discard, nil)
+	require.NoError(t, err)
+	require.Equal(t, [2]time.Duration{5 * time.Second, 10 * time.Second}, [2]time.Duration{o.wait, o.maxWait})
+	o, err = parseFlags([]string{"--wait", "30s"}, io.Discard, nil)
+	require.NoError(t, err)
+	require.Equal(t, [2]time.Duration{30 * time.Second, 30 * time.Second}, [2]time.Duration{o.wait, o.maxWait})
+
 	// The relay secret: the flag, else the environment.
 	env := func(name string) string { return map[string]string{EnvRelaySecret: "from-env"}[name] }
 	o, err = parseFlags(nil, io.Discard, env)
@@ -69,7 +77,8 @@ func TestParseFlags(t *testing.T) {
 
 	for _, bad := range [][]string{{"--lease", "500ms"}, {"--psp-latency", "-1s"}, {"--log-format", "xml"}, {"extra"}, {"--nope"},
 		{"--psp-timeout", "0s"}, {"--write-mode", "both"}, {"--psp-url", "127.0.0.1:8090"},
-		{"--psp-url", "ftp://h"}, {"--psp-url", "http://h?x=1"}, {"--otel-traces", "otlp"}} {
+		{"--psp-url", "ftp://h"}, {"--psp-url", "http://h?x=1"}, {"--otel-traces", "otlp"},
+		{"--wait", "-1s"}, {"--wait", "20s", "--max-wait", "5s"}} {
 		_, err := parseFlags(bad, io.Discard, nil)
 		require.Error(t, err, "%v", bad)
 	}
