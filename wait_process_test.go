@@ -239,6 +239,9 @@ func (p *waitPair) storm(t testing.TB, key string, perProcess int) []time.Durati
 	t.Helper()
 	n := p.local
 	n.held, n.started, n.release = key, make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(n.release) }) }
+	defer release() // a failed check must not leave the owner held
 	before := [2]int{int(n.runs.Load()), p.remote(t).Runs}
 	owner := make(chan error, 1)
 	go func() {
@@ -274,15 +277,17 @@ func (p *waitPair) storm(t testing.TB, key string, perProcess int) []time.Durati
 		require.True(t, time.Now().Before(deadline), "the duplicates wait: %d here, %d there", n.mw.Engine().Waiters(), p.remote(t).Waiters)
 		time.Sleep(time.Millisecond) // a poll of the state, not a wait for it
 	}
-	require.Zero(t, p.remote(t).InUse, "the waiters of the second process hold no connection")
-	require.LessOrEqual(t, n.inUse(), 1, "the waiters of this process hold no connection (the owner's lease renewal may)")
+	// Polling, the waiters of a key in a process share one read at a time;
+	// the owner's lease renewal may hold one too.
+	require.LessOrEqual(t, p.remote(t).InUse, 1, "the 250 waiters of the second process hold no connection but their one shared read")
+	require.LessOrEqual(t, n.inUse(), 2, "the 250 waiters of this process hold no connection but their one shared read")
 	for i, url := range p.urls {
 		resp, body, err := p.post(url, fmt.Sprintf("%s-other-%d", key, i))
 		require.NoError(t, err)
 		require.Equal(t, http.StatusCreated, resp.StatusCode, "another key is served while the duplicates wait: %s", body)
 	}
 	released.Store(time.Now().UnixNano())
-	close(n.release)
+	release()
 	require.NoError(t, <-owner)
 	wg.Wait()
 	close(errs)
