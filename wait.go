@@ -246,21 +246,12 @@ func (h *waitHub) await(ctx context.Context, p idemdriver.ClaimParams, budget ti
 	}
 	defer h.leave(payload, kw)
 	deadline := time.Now().Add(budget)
-	for {
-		wake, poll := h.signal(kw)
-		next := min(poll, time.Until(deadline))
-		if left := v.rec.LeaseLeft; left > 0 {
-			next = min(next, left+time.Millisecond)
-		}
-		timer := time.NewTimer(max(next, 0))
-		select {
-		case <-wake:
-		case <-timer.C:
-		case <-ctx.Done():
-			timer.Stop()
+	// The first read follows the join at once: an outcome recorded between
+	// the claim and the join woke nobody.
+	for first := true; ; first = false {
+		if !first && !h.sleep(ctx, kw, v, deadline) {
 			return claimed{}, v
 		}
-		timer.Stop()
 		rec, err := h.read(ctx, payload, p)
 		if err != nil {
 			return claimed{}, h.cfg.claimFailed(ctx, err)
@@ -282,6 +273,25 @@ func (h *waitHub) await(ctx context.Context, p idemdriver.ClaimParams, budget ti
 			return claimed{}, v
 		}
 	}
+}
+
+// sleep waits for a wake of kw, the poll interval, the end of the lease v
+// saw, or deadline; false when ctx ended first.
+func (h *waitHub) sleep(ctx context.Context, kw *keyWaiters, v verdict, deadline time.Time) bool {
+	wake, poll := h.signal(kw)
+	next := min(poll, time.Until(deadline))
+	if left := v.rec.LeaseLeft; left > 0 {
+		next = min(next, left+time.Millisecond)
+	}
+	timer := time.NewTimer(max(next, 0))
+	defer timer.Stop()
+	select {
+	case <-wake:
+	case <-timer.C:
+	case <-ctx.Done():
+		return false
+	}
+	return true
 }
 
 // preferredWait reads RFC 7240's "wait" preference (section 4.3: Prefer:
