@@ -360,3 +360,25 @@ func (rc *replayCache) put(scope, key string, rec idemdriver.Record) {
 	rc.c.Set(replayKey{scope, key}, &cachedRecord{method: rec.Method, path: rec.Path,
 		fingerprint: rec.Fingerprint, response: &resp, expiresAt: rec.ExpiresAt})
 }
+
+// preferredWait reads RFC 7240's "wait" preference (section 4.3: Prefer:
+// wait=<delta-seconds>) from r's Prefer headers; false when none names it
+// with a valid value. The first occurrence counts (section 2).
+func preferredWait(r *http.Request) (time.Duration, bool) {
+	for _, line := range r.Header.Values("Prefer") {
+		for _, pref := range strings.Split(line, ",") {
+			name, value, _ := strings.Cut(strings.TrimSpace(pref), "=")
+			if !strings.EqualFold(strings.TrimSpace(name), "wait") {
+				continue
+			}
+			value, _, _ = strings.Cut(value, ";") // parameters
+			value = strings.Trim(strings.TrimSpace(value), `"`)
+			n, err := strconv.ParseUint(value, 10, 31)
+			if err != nil {
+				return 0, false
+			}
+			return time.Duration(n) * time.Second, true
+		}
+	}
+	return 0, false
+}

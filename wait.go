@@ -2,12 +2,8 @@ package idem
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -70,17 +66,6 @@ func newWaitHub(cfg *EngineConfig) *waitHub {
 		h.notifier = n
 	}
 	return h
-}
-
-// notifyPayload names (scope, key) in notifications: 128 bits of a SHA-256,
-// so that any scope and key fit a notification and none is sent in clear.
-// A collision only wakes another key's waiters, who read their record again.
-func notifyPayload(scope, key string) string {
-	h := sha256.New()
-	h.Write([]byte(scope))
-	h.Write([]byte{0})
-	h.Write([]byte(key))
-	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // join registers a waiter of payload's key; false when MaxWaiters wait already.
@@ -292,26 +277,4 @@ func (h *waitHub) sleep(ctx context.Context, kw *keyWaiters, v verdict, deadline
 		return false
 	}
 	return true
-}
-
-// preferredWait reads RFC 7240's "wait" preference (section 4.3: Prefer:
-// wait=<delta-seconds>) from r's Prefer headers; false when none names it
-// with a valid value. The first occurrence counts (section 2).
-func preferredWait(r *http.Request) (time.Duration, bool) {
-	for _, line := range r.Header.Values("Prefer") {
-		for _, pref := range strings.Split(line, ",") {
-			name, value, _ := strings.Cut(strings.TrimSpace(pref), "=")
-			if !strings.EqualFold(strings.TrimSpace(name), "wait") {
-				continue
-			}
-			value, _, _ = strings.Cut(value, ";") // parameters
-			value = strings.Trim(strings.TrimSpace(value), `"`)
-			n, err := strconv.ParseUint(value, 10, 31)
-			if err != nil {
-				return 0, false
-			}
-			return time.Duration(n) * time.Second, true
-		}
-	}
-	return 0, false
 }
