@@ -58,7 +58,7 @@ func EncodeResponse(r idemdriver.Response) (headers, body []byte, err error) {
 }
 
 // ResponseColumns are a record's response columns as a driver scans them
-// (every one NULL, or seal_key '', unless the record is SUCCEEDED):
+// (every one NULL, seal_key empty, unless the record is SUCCEEDED):
 // response_status, response_headers (EncodeHeader's JSON), response_body,
 // response_body_stored, response_body_size, seal_key and, where the
 // statement reads it (Get, List), request.
@@ -75,7 +75,7 @@ type ResponseColumns struct {
 // DecodeResponse is the inverse of EncodeResponse: the stored response of a
 // record in state, or nil when the record is not SUCCEEDED or has no status
 // (a record damaged by hand). A stored empty body is an empty, non-nil
-// slice. A sealed response (seal_key not '') has the body column in Sealed,
+// slice. A sealed response (seal_key not ”) has the body column in Sealed,
 // and nil Header and Body. It fails only when the headers column of a plain
 // response is not EncodeHeader's JSON.
 func DecodeResponse(state idemdriver.State, c ResponseColumns) (*idemdriver.Response, error) {
