@@ -35,6 +35,11 @@ func runEngine(t *testing.T, h Harness) {
 				{"BurstOfACompletedKeyReplays", run(engineBurstOfACompletedKeyReplays)},
 				{"BusinessWriteCommitsWithOutcome", run(engineBusinessWriteCommitsWithOutcome)},
 				{"PanicLetsTheRetryRun", run(enginePanicLetsTheRetryRun)},
+				{"SealedReplay", run(engineSealedReplay)},
+				{"SealRotation", run(engineSealRotation)},
+				{"SealKeyMissingNeverRunsAgain", run(engineSealKeyMissing)},
+				{"SealBrokenNeverRunsAgain", run(engineSealBroken)},
+				{"SealedStormLeavesNoPlainText", run(engineSealedStorm)},
 			}
 			if mode.oneCommit {
 				cases = append(cases,
