@@ -46,8 +46,11 @@ func TestSealOpenRoundTrip(t *testing.T) {
 		"other scope": func(*idemdriver.Response) (string, string) { return "s2", "k" },
 		"status":      func(r *idemdriver.Response) (string, string) { r.Status = 200; return "s", "k" },
 		"size":        func(r *idemdriver.Response) (string, string) { r.BodySize = 5; return "s", "k" },
-		"parts":       func(r *idemdriver.Response) (string, string) { r.Sealed, r.Request = r.Request, r.Sealed; return "s", "k" },
-		"truncated":   func(r *idemdriver.Response) (string, string) { r.Sealed = r.Sealed[:10]; return "s", "k" },
+		"parts": func(r *idemdriver.Response) (string, string) {
+			r.Sealed, r.Request = r.Request, r.Sealed
+			return "s", "k"
+		},
+		"truncated": func(r *idemdriver.Response) (string, string) { r.Sealed = r.Sealed[:10]; return "s", "k" },
 	} {
 		r := sealed
 		scope, key := f(&r)
