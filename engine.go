@@ -265,8 +265,10 @@ var errFnFailed = errors.New("idem: fn failed")
 // ErrScopeUnstorable, ErrInFlight (*InFlightError), ErrKeyReused,
 // ErrStoreUnavailable (*StoreError), ErrLeaseLost, ErrExecutionTimeout,
 // ErrTxAborted, ErrReleased and ErrOutcomeFailed (with fn's Result),
-// ErrResponseNotStored, ErrResponseMissing, or fn's own. A nil error means
-// the Result is recorded and will be replayed.
+// ErrResponseNotStored, ErrResponseMissing, ErrSealKeyMissing or
+// ErrSealBroken (a sealed record this engine cannot open: fn does not run),
+// or fn's own. A nil error means the Result is recorded and will be
+// replayed.
 func (g *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context) (Result, error)) (Result, error) {
 	cp, err := g.doParams(p)
 	if err != nil {
