@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem/fingerprint"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
 )
 
 // Defaults of Config (CONTRACT sections 2, 4 and 5).
@@ -209,6 +210,45 @@ type EngineConfig struct {
 
 	// Observer receives one Event per decision. Default: none.
 	Observer Observer
+
+	// SealKeys seal what a record keeps of a response (its headers and body,
+	// as one blob) and of its request (KeepRequestBytes) with AES-GCM, bound
+	// to the record (package seal, docs/sealing.md). The first key seals new
+	// records, every one opens: rotate by putting a new key first, and remove
+	// the old one once every record it sealed has expired (Retention). Status,
+	// body size and the other columns stay plain. A record sealed under an id
+	// not listed is answered 500 seal-key-missing (Do: ErrSealKeyMissing),
+	// one whose blob does not authenticate 500 seal-broken (ErrSealBroken);
+	// neither is ever run again. Each key: an ID of 1 to seal.MaxKeyIDLength
+	// (32) bytes of ASCII letters, digits, '.', '_' or '-', unique among the
+	// keys, and a Secret of 16, 24 or 32 bytes. Turn it on once every process
+	// runs a version that opens sealed records. Default: none (stored plain).
+	SealKeys []seal.Key
+
+	// KeyHashSecret, when set, stores each key as seal.HashKey(KeyHashSecret,
+	// key), "h1_" and the hex HMAC-SHA256 of the client's key, in every
+	// statement and fence, so idem_keys shows no client key (Engine.StoredKey
+	// computes it; the idem CLI takes the secret and finds a record from the
+	// plain key). The scope stays plain; RelayKey still derives from the
+	// client's key. At least 16 bytes, the same on every process. Setting it
+	// or changing it on a table that holds live records makes those records
+	// unfindable (their retries run again): do it on a new table, or once
+	// every earlier record's Retention has passed (docs/sealing.md). Default:
+	// none (the key stored as sent).
+	KeyHashSecret []byte
+
+	// KeepRequestBytes keeps, for an audit, the first KeepRequestBytes bytes
+	// of each recorded request's body (Do: the Payload) with its full size
+	// (flagged truncated when larger) and, over HTTP, its query string and
+	// Content-Type, in the record's request column, sealed like the response
+	// when SealKeys are set (seal.Request; `idem inspect --request` shows it).
+	// It is written with the completion, so SUCCEEDED records keep it and
+	// FAILED ones do not; it goes with the record (purge, release). Not
+	// negative. Default: 0 (no request kept).
+	KeepRequestBytes int64
+
+	// keyring is SealKeys' (newEngine).
+	keyring *seal.Keyring
 }
 
 // Config configures Middleware: an EngineConfig and the HTTP fields. A zero
@@ -348,10 +388,55 @@ func (c EngineConfig) validate() []error {
 	if c.Wait > c.MaxWait {
 		errs = append(errs, fmt.Errorf("Wait %s exceeds MaxWait %s", c.Wait, c.MaxWait))
 	}
+	errs = append(errs, c.validateSealing()...)
 	if _, ok := c.Store.(idemdriver.TxClaimer); c.OneCommit && c.Store != nil && !ok {
 		errs = append(errs, fmt.Errorf("OneCommit needs a Store that implements idemdriver.TxClaimer; %T does not", c.Store))
 	}
 	return errs
+}
+
+// minKeyHashSecret is the shortest KeyHashSecret, in bytes.
+const minKeyHashSecret = 16
+
+func (c EngineConfig) validateSealing() []error {
+	var errs []error
+	seen := map[string]int{}
+	for i, k := range c.SealKeys {
+		if err := k.Validate(); err != nil {
+			for _, e := range unjoin(err) {
+				errs = append(errs, fmt.Errorf("SealKeys[%d].%w", i, e))
+			}
+			continue
+		}
+		if j, dup := seen[k.ID]; dup {
+			errs = append(errs, fmt.Errorf("SealKeys[%d].ID %q repeats SealKeys[%d].ID: each key needs an id of its own", i, k.ID, j))
+			continue
+		}
+		seen[k.ID] = i
+	}
+	if n := len(c.KeyHashSecret); n > 0 && n < minKeyHashSecret {
+		errs = append(errs, fmt.Errorf("KeyHashSecret is %d bytes; it needs at least %d", n, minKeyHashSecret))
+	}
+	if c.KeepRequestBytes < 0 {
+		errs = append(errs, errors.New("KeepRequestBytes must not be negative"))
+	}
+	return errs
+}
+
+// unjoin is the errors errors.Join joined in err, or err alone.
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+// storedKey is the key stored for the client's key (KeyHashSecret).
+func (c *EngineConfig) storedKey(key string) string {
+	if len(c.KeyHashSecret) == 0 {
+		return key
+	}
+	return seal.HashKey(c.KeyHashSecret, key)
 }
 
 func (c Config) validate() []error {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
 )
 
 // Engine runs the claim protocol of CONTRACT sections 3 to 6. Middleware is
@@ -29,6 +30,7 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 }
 
 func newEngine(cfg EngineConfig) *Engine {
+	cfg.keyring, _ = seal.NewKeyring(cfg.SealKeys) // validated
 	g := &Engine{cfg: cfg}
 	g.waits = newWaitHub(&g.cfg)
 	if cfg.OneCommit {
@@ -39,10 +41,15 @@ func newEngine(cfg EngineConfig) *Engine {
 	return g
 }
 
-// execute claims p's key, waiting up to wait for an execution in flight,
-// runs j under a won claim and records the outcome; a panic in j is raised
-// again after that.
-func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration, j job, ev *Event) verdict {
+// StoredKey is the key the store holds for a client's key: key itself, or
+// seal.HashKey(KeyHashSecret, key) when EngineConfig.KeyHashSecret is set.
+// Event.Key and idem's logs name records by it.
+func (g *Engine) StoredKey(key string) string { return g.cfg.storedKey(key) }
+
+// execute claims p's key (the stored one; clientKey is the client's),
+// waiting up to wait for an execution in flight, runs j under a won claim
+// and records the outcome; a panic in j is raised again after that.
+func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKey string, wait time.Duration, j job, ev *Event) verdict {
 	ev.Method, ev.Scope, ev.Key = p.Method, p.Scope, p.Key
 	start := time.Now()
 	c, v := g.mode.claim(ctx, p, wait)
@@ -55,7 +62,7 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, wait tim
 		}
 		return v
 	}
-	e := newExecution(&g.cfg, ctx, c, p)
+	e := newExecution(&g.cfg, ctx, c, p, clientKey)
 	if e.fence.Notify != "" {
 		defer g.waits.wake(e.fence.Notify) // this process's waiters, at once
 	}
@@ -127,7 +134,11 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, wait tim
 			v = end(EventReleased, verdict{kind: answerReleased})
 		}
 	default:
-		v = g.complete(e, j.response(), executed, end)
+		resp := j.response()
+		if n := g.cfg.KeepRequestBytes; n > 0 {
+			resp.Request = seal.EncodeRequest(j.kept(n))
+		}
+		v = g.complete(e, resp, executed, end)
 		if v.kind == answerTxAborted {
 			ev.Outcome = Failed
 		}
@@ -140,11 +151,17 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, wait tim
 	return v
 }
 
+// complete records resp, plain, sealed when SealKeys are set.
 func (g *Engine) complete(e *execution, resp idemdriver.Response, executed EventKind, end func(EventKind, verdict) verdict) verdict {
-	cp := idemdriver.CompleteParams{FenceParams: e.fence, Response: resp}
+	stored, err := g.cfg.keyring.SealResponse(e.fence.Scope, e.fence.Key, resp)
+	if err != nil {
+		e.rollback()
+		_, _ = g.mode.fail(e)
+		return end(EventCompletionFailed, verdict{kind: answerCompletionNotRecorded, err: err})
+	}
+	cp := idemdriver.CompleteParams{FenceParams: e.fence, Response: stored}
 	tx := e.endTx()
 	var ok bool
-	var err error
 	if tx == nil {
 		ok, err = e.completeAlone(cp)
 	} else {
@@ -184,6 +201,7 @@ func (g *Engine) complete(e *execution, resp idemdriver.Response, executed Event
 		g.cfg.Logger.WarnContext(e.parent, "idem: completion fenced out", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
 		return end(EventLeaseLost, verdict{kind: answerLeaseLost, err: ErrLeaseLost})
 	}
+	resp.Request = nil // the committed outcome's waiters replay it: no request
 	e.committed = &resp
 	return end(executed, verdict{kind: answerRan})
 }
@@ -256,15 +274,17 @@ var errFnFailed = errors.New("idem: fn failed")
 // ErrScopeUnstorable, ErrInFlight (*InFlightError), ErrKeyReused,
 // ErrStoreUnavailable (*StoreError), ErrLeaseLost, ErrExecutionTimeout,
 // ErrTxAborted, ErrReleased and ErrOutcomeFailed (with fn's Result),
-// ErrResponseNotStored, ErrResponseMissing, or fn's own. A nil error means
-// the Result is recorded and will be replayed.
+// ErrResponseNotStored, ErrResponseMissing, ErrSealKeyMissing or
+// ErrSealBroken (a sealed record this engine cannot open: fn does not run),
+// or fn's own. A nil error means the Result is recorded and will be
+// replayed.
 func (g *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context) (Result, error)) (Result, error) {
 	cp, err := g.doParams(p)
 	if err != nil {
 		return Result{}, err
 	}
 	ev := Event{Route: cp.Path}
-	j := &doJob{g: g, fn: fn}
+	j := &doJob{g: g, fn: fn, payload: p.Payload}
 	wait := g.cfg.Wait
 	switch {
 	case p.Wait < 0:
@@ -272,7 +292,7 @@ func (g *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context
 	case p.Wait > 0:
 		wait = min(p.Wait, g.cfg.MaxWait)
 	}
-	v := g.execute(ctx, cp, wait, j, &ev)
+	v := g.execute(ctx, cp, p.Key, wait, j, &ev)
 	out, err := v.result(j)
 	ev.Status = out.Status
 	if errors.Is(ev.Err, errFnFailed) {
@@ -315,10 +335,22 @@ func (v verdict) result(j *doJob) (Result, error) {
 }
 
 type doJob struct {
-	g   *Engine
-	fn  func(ctx context.Context) (Result, error)
-	out Result
-	err error
+	g       *Engine
+	fn      func(ctx context.Context) (Result, error)
+	payload []byte
+	out     Result
+	err     error
+}
+
+func (j *doJob) kept(limit int64) seal.Request { return keptRequest(j.payload, limit, "", "") }
+
+// keptRequest is the request kept of body (KeepRequestBytes = limit).
+func keptRequest(body []byte, limit int64, contentType, query string) seal.Request {
+	r := seal.Request{ContentType: contentType, Query: query, Size: int64(len(body)), Body: body}
+	if r.Size > limit {
+		r.Body, r.Truncated = body[:limit], true
+	}
+	return r
 }
 
 func (j *doJob) run(ctx context.Context) (int, bool) {
@@ -375,7 +407,7 @@ func (g *Engine) doParams(p DoParams) (idemdriver.ClaimParams, error) {
 }
 
 func (g *Engine) claimParams(scope, key, method, path string, fp []byte) idemdriver.ClaimParams {
-	return idemdriver.ClaimParams{Scope: scope, Key: key, Method: method, Path: path, Fingerprint: fp,
+	return idemdriver.ClaimParams{Scope: scope, Key: g.cfg.storedKey(key), Method: method, Path: path, Fingerprint: fp,
 		LeaseDuration: g.cfg.LeaseDuration, Retention: g.cfg.Retention, Owner: g.cfg.Owner}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
 )
 
 // Sentinel errors, each one problem type (docs/problems.md).
@@ -35,6 +36,13 @@ var (
 	ErrResponseMissing = errors.New("idem: the key's record succeeded but holds no response")
 	// ErrTxAborted: the claim's transaction aborted; a 2xx is answered 500.
 	ErrTxAborted = idemdriver.ErrTxAborted
+	// ErrSealKeyMissing: a SUCCEEDED record is sealed with a key id that
+	// EngineConfig.SealKeys does not list; 500, never run again.
+	ErrSealKeyMissing = seal.ErrKeyMissing
+	// ErrSealBroken: a SUCCEEDED record's sealed response does not
+	// authenticate (altered, or copied from another record); 500, never run
+	// again.
+	ErrSealBroken = seal.ErrBroken
 	// ErrNoExecution is returned outside a protected execution.
 	ErrNoExecution = errors.New("idem: no idempotent execution in this context (is the work behind idem's middleware or Engine.Do, with an Idempotency-Key, and is this its context, such as r.Context() or c.Request.Context() with gin?)")
 	// ErrExecutionEnded is returned after the execution ended.

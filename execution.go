@@ -11,12 +11,15 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
 )
 
 // Execution describes the claim a handler (or Do's fn) runs under.
 type Execution struct {
 	Scope string
-	Key   string
+	// Key is the client's key, also when EngineConfig.KeyHashSecret stores
+	// its hash (Engine.StoredKey) instead.
+	Key string
 	// FencingToken exceeds every earlier claim's of (Scope, Key) while its record exists.
 	FencingToken int64
 	// Attempt counts the claims of this key, this one included.
@@ -83,6 +86,8 @@ func ReleaseKey(ctx context.Context) error {
 type job interface {
 	run(ctx context.Context) (status int, failed bool)
 	response() idemdriver.Response
+	// kept is the request kept for an audit, its body cut at limit bytes.
+	kept(limit int64) seal.Request
 }
 
 type claimed struct {
@@ -114,11 +119,12 @@ type execution struct {
 	releaseAsked bool
 }
 
-func newExecution(cfg *EngineConfig, parent context.Context, c claimed, p idemdriver.ClaimParams) *execution {
+// newExecution: p names the stored key, clientKey the client's (Execution.Key).
+func newExecution(cfg *EngineConfig, parent context.Context, c claimed, p idemdriver.ClaimParams, clientKey string) *execution {
 	rec := c.res.Record
 	e := &execution{
 		cfg: cfg, c: c, p: p, tx: c.tx, parent: parent,
-		info: Execution{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, Attempt: rec.Attempts, Created: rec.CreatedAt},
+		info: Execution{Scope: p.Scope, Key: clientKey, FencingToken: rec.FencingToken, Attempt: rec.Attempts, Created: rec.CreatedAt},
 		fence: idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt,
 			LeaseDuration: p.LeaseDuration},
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/internal/httprec"
+	"github.com/idemgo/idem/seal"
 	"github.com/maypok86/otter/v2"
 )
 
@@ -45,6 +46,7 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{g: newEngine(cfg.EngineConfig), cfg: cfg, methods: map[string]bool{}, replay: map[string]bool{}}
+	m.cfg.EngineConfig = m.g.cfg // with its keyring
 	for _, meth := range cfg.Methods {
 		m.methods[strings.ToUpper(meth)] = true
 	}
@@ -80,7 +82,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	p, body, pr := m.request(r, values)
+	p, key, body, pr := m.request(r, values)
 	if pr != nil {
 		m.writeProblem(w, r, *pr)
 		return
@@ -94,7 +96,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		ev = Event{Kind: v.event(), Method: p.Method, Scope: p.Scope, Key: p.Key, Cached: true}
 	} else {
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		v = m.g.execute(r.Context(), p, m.wait(r), &httpJob{m: m, r: r, next: next, cw: cw, ev: &ev}, &ev)
+		v = m.g.execute(r.Context(), p, key, m.wait(r), &httpJob{m: m, r: r, body: body, next: next, cw: cw, ev: &ev}, &ev)
 	}
 	m.respond(w, r, next, v, cw, &ev)
 	if ev.Kind != 0 {
@@ -114,10 +116,11 @@ func (m *Middleware) wait(r *http.Request) time.Duration {
 	return m.cfg.Wait
 }
 
-func (m *Middleware) request(r *http.Request, values []string) (idemdriver.ClaimParams, []byte, *Problem) {
-	refuse := func(kind error, detail string) (idemdriver.ClaimParams, []byte, *Problem) {
+// request reads r's claim (its key the stored one), the client's key and the body.
+func (m *Middleware) request(r *http.Request, values []string) (idemdriver.ClaimParams, string, []byte, *Problem) {
+	refuse := func(kind error, detail string) (idemdriver.ClaimParams, string, []byte, *Problem) {
 		pr := ProblemFor(kind, detail)
-		return idemdriver.ClaimParams{}, nil, &pr
+		return idemdriver.ClaimParams{}, "", nil, &pr
 	}
 	key, err := ParseKey(values)
 	if errors.Is(err, ErrMissingKey) {
@@ -147,12 +150,13 @@ func (m *Middleware) request(r *http.Request, values []string) (idemdriver.Claim
 	} else if err != nil {
 		return refuse(ErrBodyUnreadable, "the request body could not be read to its end; nothing was processed, send the request again with the same key")
 	}
-	return m.g.claimParams(scope, key, r.Method, path, m.cfg.Fingerprint(r, body)), body, nil
+	return m.g.claimParams(scope, key, r.Method, path, m.cfg.Fingerprint(r, body)), key, body, nil
 }
 
 type httpJob struct {
 	m    *Middleware
 	r    *http.Request
+	body []byte // as read, MaxRequestBytes at most
 	next http.Handler
 	cw   *captureWriter
 	ev   *Event
@@ -166,6 +170,10 @@ func (j *httpJob) run(ctx context.Context) (int, bool) {
 }
 
 func (j *httpJob) response() idemdriver.Response { return j.m.storedResponse(j.cw) }
+
+func (j *httpJob) kept(limit int64) seal.Request {
+	return keptRequest(j.body, limit, j.r.Header.Get("Content-Type"), j.r.URL.RawQuery)
+}
 
 func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.Handler, v verdict, cw *captureWriter, ev *Event) {
 	if !v.rec.ExpiresAt.IsZero() && v.kind != answerReleased {

@@ -66,7 +66,9 @@ type Event struct {
 	Route string
 	// Method is the request's method (DoParams.Method for Do).
 	Method string
-	// Scope and Key name the record: high cardinality, not for metrics.
+	// Scope and Key name the record: high cardinality, not for metrics. Key
+	// is the stored key: the client's, or its hash with
+	// EngineConfig.KeyHashSecret (Engine.StoredKey).
 	Scope, Key string
 	// Attempt is the record's attempts after this claim (for a lost claim, the
 	// record's); 0 when the claim failed.

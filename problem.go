@@ -54,6 +54,8 @@ var problemKinds = []problemKind{
 	{ErrResponseNotStored, "response-not-stored", "The response for this Idempotency-Key was not stored", http.StatusGone},
 	{ErrResponseMissing, "response-missing", "The response for this Idempotency-Key is missing from the store", http.StatusInternalServerError},
 	{ErrTxAborted, "transaction-aborted", "The request's transaction aborted", http.StatusInternalServerError},
+	{ErrSealKeyMissing, "seal-key-missing", "The stored response for this Idempotency-Key is sealed with a key the server does not hold", http.StatusInternalServerError},
+	{ErrSealBroken, "seal-broken", "The stored response for this Idempotency-Key failed its integrity check", http.StatusInternalServerError},
 	{ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable},
 }
 
@@ -152,6 +154,8 @@ const (
 	answerCompletionMovedOn
 	answerCommitFailed
 	answerResponseMissing // a SUCCEEDED record without its response
+	answerSealKeyMissing  // a SUCCEEDED record sealed under a key not configured
+	answerSealBroken      // a SUCCEEDED record whose sealed response does not authenticate
 )
 
 type verdict struct {
@@ -203,6 +207,10 @@ var answers = [...]struct {
 		"has moved on (the result was recorded after all, or another request took the key over); retry with the same key to get its result")},
 	answerResponseMissing: {ErrResponseMissing, EventReplayed, fixed("the request with this key succeeded, but its stored response is missing from the idempotency store; " +
 		"it will not run again: ask the operator to release the key, or use a new key only if you know the first request had no effect")},
+	answerSealKeyMissing: {ErrSealKeyMissing, EventReplayed, fixed("the request with this key succeeded, but its stored response is sealed with a key this server " +
+		"does not hold; it will not run again: retry later with the same key, or ask the operator")},
+	answerSealBroken: {ErrSealBroken, EventReplayed, fixed("the request with this key succeeded, but its stored response failed its integrity check; " +
+		"it will not run again: ask the operator")},
 	answerCommitFailed: {ErrStoreUnavailable, EventCompletionFailed, fixed("the idempotency store failed while committing the request's writes and result; " +
 		"retry with the same key: it gets the result if the commit took effect, or the request runs again")},
 }
@@ -244,6 +252,20 @@ func (c *EngineConfig) answerFrom(ctx context.Context, rec idemdriver.Record, p 
 			// Damaged by hand or by a partial restore: say so, not 409 forever.
 			c.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
 			return verdict{kind: answerResponseMissing, rec: rec, err: ErrResponseMissing}
+		}
+		if rec.Response.SealKey != "" {
+			resp, err := c.keyring.OpenResponse(rec.Scope, rec.Key, *rec.Response)
+			if err != nil {
+				// A server fault, never a re-execution: the record stays SUCCEEDED.
+				c.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record cannot be opened; answering 500, it is not run again",
+					"scope", p.Scope, "key", p.Key, "seal_key", rec.Response.SealKey, "err", err)
+				kind := answerSealBroken
+				if errors.Is(err, ErrSealKeyMissing) {
+					kind = answerSealKeyMissing
+				}
+				return verdict{kind: kind, rec: rec, err: err}
+			}
+			rec.Response = &resp
 		}
 		return verdict{kind: answerReplay, rec: rec}
 	case idemdriver.DecisionKeyReused:

@@ -19,6 +19,10 @@ const relayPrefix = "idr1_"
 // (CONTRACT section 7): "idr1_" and the hex HMAC-SHA-256(secret) of the
 // length-prefixed scope, key, created (Unix microseconds) and step.
 //
+// key is the client's key (Execution.Key), also when
+// EngineConfig.KeyHashSecret stores its hash: switching hashing on does not
+// change what is relayed for a record.
+//
 // created is Execution.Created, kept by retries, takeovers and re-claims, so
 // they relay one key; a key reused after its record expired relays another. A
 // provider must keep keys at least as long as Retention. With an empty secret

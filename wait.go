@@ -34,7 +34,7 @@ const DefaultWaitPoll = 100 * time.Millisecond
 
 // listenLinger is how long the hub keeps listening after its last waiter
 // left: a burst of duplicates does not reconnect for each wait.
-const listenLinger = 30 * time.Second
+const listenLinger = 5 * time.Second
 
 type waitHub struct {
 	cfg      *EngineConfig
@@ -52,6 +52,8 @@ type waitHub struct {
 	listening context.CancelFunc
 	ready     bool
 	linger    *time.Timer
+	closed    bool // Engine.Close: no listener any more
+	gen       int  // the running listener's; an ended one's callbacks are ignored
 }
 
 type keyWaiters struct {
@@ -86,10 +88,11 @@ func (h *waitHub) join(payload string) (*keyWaiters, bool) {
 		h.linger.Stop()
 		h.linger = nil
 	}
-	if h.notifier != nil && h.listening == nil {
+	if h.notifier != nil && h.listening == nil && !h.closed {
 		ctx, cancel := context.WithCancel(context.Background())
 		h.listening = cancel
-		go h.listen(ctx)
+		h.gen++
+		go h.listen(ctx, h.gen)
 	}
 	return kw, true
 }
@@ -114,11 +117,14 @@ func (h *waitHub) leave(payload string, kw *keyWaiters) {
 	}
 }
 
-// listen runs the store's listener until ctx ends.
-func (h *waitHub) listen(ctx context.Context) {
+// listen runs the store's listener gen until ctx ends.
+func (h *waitHub) listen(ctx context.Context, gen int) {
 	err := h.notifier.Listen(ctx, func(listening bool) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
+		if gen != h.gen {
+			return
+		}
 		h.ready = listening
 		if listening {
 			// Listening (again): what was sent before is read once more.
@@ -131,7 +137,9 @@ func (h *waitHub) listen(ctx context.Context) {
 		h.cfg.Logger.Warn("idem: the store's notifications stopped; waiters poll", "err", err)
 	}
 	h.mu.Lock()
-	h.ready = false
+	if gen == h.gen {
+		h.ready = false
+	}
 	h.mu.Unlock()
 }
 
@@ -142,6 +150,26 @@ func (h *waitHub) wake(payload string) {
 	if kw := h.keys[payload]; kw != nil {
 		kw.broadcast()
 	}
+}
+
+// Close stops the wait mode's listener (EngineConfig.Wait: PostgreSQL's
+// LISTEN connection, which otherwise ends 5 s after the last waiter left),
+// and starts none again: the engine still serves, and its waiters poll. Call
+// it when the engine is no longer used, as a test does. It returns nil.
+func (g *Engine) Close() error {
+	h := g.waits
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	if h.linger != nil {
+		h.linger.Stop()
+		h.linger = nil
+	}
+	if h.listening != nil {
+		h.listening()
+		h.listening, h.ready = nil, false
+	}
+	return nil
 }
 
 // Waiters returns the number of requests (and Do calls) of this process

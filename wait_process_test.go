@@ -109,6 +109,8 @@ func openWaitNode(kind, url string) (*waitNode, error) {
 		return nil, err
 	}
 	n.mw = mw
+	closeStore := n.close
+	n.close = func() { _ = mw.Engine().Close(); closeStore() }
 	return n, nil
 }
 

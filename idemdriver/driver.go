@@ -150,17 +150,41 @@ type Record struct {
 }
 
 // Response is a stored response: what a replay sends back.
+//
+// A sealed response (SealKey not "", idem.EngineConfig.SealKeys) carries its
+// headers and body in Sealed, an opaque blob (package seal), and its Header
+// and Body are nil; Status, BodyStored and BodySize stay plain. A driver
+// stores Sealed, SealKey and Request as given and returns them unchanged; it
+// never reads them.
 type Response struct {
 	Status int
-	// Header holds the allow-listed response headers.
+	// Header holds the allow-listed response headers (nil when sealed).
 	Header map[string][]string
-	// Body is the byte-exact response body. When BodyStored is false the body
-	// was larger than the configured maximum and was not kept; BodySize still
-	// says how large it was.
+	// Body is the byte-exact response body (nil when sealed). When BodyStored
+	// is false the body was larger than the configured maximum and was not
+	// kept; BodySize still says how large it was.
 	Body       []byte
 	BodyStored bool
 	BodySize   int64
+	// SealKey is the id of the key that sealed Sealed and Request, at most
+	// MaxSealKeyBytes bytes; "" for a plain response (and for every record
+	// written before sealing existed).
+	SealKey string
+	// Sealed is the sealed headers and body when SealKey is set; nil
+	// otherwise. A driver whose database cannot hold it (idemmysql, past
+	// max_allowed_packet) may drop it with the body (BodyStored false).
+	Sealed []byte
+	// Request is the kept request (idem.EngineConfig.KeepRequestBytes), as
+	// seal.EncodeRequest packs it, sealed under SealKey when that is set;
+	// nil when none was kept. It is written by Complete (and a Tx's) with the
+	// response and read back by Get and Lister.List; Claim and
+	// Inspector.Stuck need not read it (a replay does not send it). It is a
+	// column of the record: a purge or a release removes it with the record.
+	Request []byte
 }
+
+// MaxSealKeyBytes is the longest Response.SealKey every driver stores.
+const MaxSealKeyBytes = 64
 
 // FenceParams name one owned execution: every write after the claim is a
 // compare-and-set on (Scope, Key, FencingToken, CreatedAt) with state

@@ -382,7 +382,7 @@ const nowTable = `(SELECT UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND AS now) AS n
 // now: the record of idem_keys AS k, then its lease left against n.now.
 var recordColumns = `k.scope, k.` + "`key`" + `, k.method, k.path, k.fingerprint, k.state, k.fencing_token,
 	` + micros(`k.locked_until`) + `, k.response_status, k.response_headers, k.response_body,
-	k.response_body_stored, k.response_body_size,
+	k.response_body_stored, k.response_body_size, k.seal_key,
 	` + micros(`k.created_at`) + `, ` + micros(`k.updated_at`) + `, ` + micros(`k.completed_at`) + `,
 	` + micros(`k.expires_at`) + `, k.attempts, k.owner,
 	TIMESTAMPDIFF(MICROSECOND, n.now, k.locked_until)`
@@ -428,7 +428,7 @@ LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
 	stTakeover: `UPDATE idem_keys SET method = ?, path = ?, fingerprint = ?, owner = ?, state = 'PROCESSING',
 	fencing_token = fencing_token + 1, locked_until = ` + lockedUntil + `,
 	response_status = NULL, response_headers = NULL, response_body = NULL,
-	response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
+	response_body_stored = NULL, response_body_size = NULL, seal_key = '', request = NULL, completed_at = NULL,
 	updated_at = ` + at + `, created_at = ` + at + `, expires_at = ` + at + `, attempts = ?
 WHERE scope = ? AND ` + "`key`" + ` = ? AND fencing_token = ? AND created_at = ` + at + ` AND state = ?
 	AND (state <> 'PROCESSING' OR locked_until <= ` + at + `) AND (expires_at <= ` + at + ` OR state <> 'SUCCEEDED')`,
@@ -436,10 +436,11 @@ WHERE scope = ? AND ` + "`key`" + ` = ? AND fencing_token = ? AND created_at = `
 	// Args: offset, lease, offset, scope, key, token.
 	stHeartbeat: `UPDATE idem_keys SET locked_until = ` + clock + ` + INTERVAL ? MICROSECOND, ` + touch + fenced,
 
-	// Args: status, headers, body, stored, size, offset, offset, scope, key, token.
+	// Args: status, headers, body, stored, size, seal key, request, offset,
+	// offset, scope, key, token.
 	stComplete: `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
 	response_status = ?, response_headers = ?, response_body = ?,
-	response_body_stored = ?, response_body_size = ?,
+	response_body_stored = ?, response_body_size = ?, seal_key = ?, request = ?,
 	completed_at = ` + now + `, ` + touch + fenced,
 
 	// Args: offset, scope, key, token.
@@ -685,9 +686,15 @@ func sleepJitter(ctx context.Context) error {
 	}
 }
 
+// getSQL is the claim's read (stRead) with the kept request, which a claim
+// does not read. Args: offset, scope, key.
+var getSQL = `SELECT ` + micros(`n.now`) + `, ` + recordColumns + `, k.request
+FROM ` + nowTable + `
+LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`
+
 // Get implements idemdriver.Driver.
 func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Record, error) {
-	snap, err := d.read(ctx, p.Scope, p.Key, p.ClockOffset.Microseconds())
+	snap, err := scanWithRequest(d.db.QueryRowContext(ctx, getSQL, p.ClockOffset.Microseconds(), p.Scope, p.Key))
 	if err != nil {
 		return idemdriver.Record{}, err
 	}
@@ -800,21 +807,32 @@ func (d *Driver) packetLimit(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
-// complete writes the completion with s. A response whose headers and body
-// do not fit in the server's max_allowed_packet (limit) are recorded as not
-// stored (BodyStored false, BodySize kept; its headers dropped too when
-// they alone do not fit): the server would refuse the write, the core would
-// answer 503, and every retry would run the handler again.
-// The replay answers 410 response-not-stored instead.
+// complete writes the completion with s. A completion that does not fit in
+// the server's max_allowed_packet (limit) loses first its kept request, then
+// its body: recorded as not stored (BodyStored false, BodySize kept; a
+// plain response's headers dropped too when they alone do not fit, a
+// sealed one's blob dropped whole, its headers with it). The server would
+// refuse the write, the core would answer 503, and every retry would run
+// the handler again. The replay answers 410 response-not-stored instead.
 func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.CompleteParams, limit int64) (bool, error) {
 	resp := p.Response
 	headers, body, err := idemsql.EncodeResponse(resp)
 	if err != nil {
 		return false, err
 	}
-	if int64(len(headers)+len(body))+packetOverhead > limit {
-		resp.BodyStored = false
-		if int64(len(headers))+packetOverhead > limit {
+	fits := func(n ...int) bool {
+		total := int64(packetOverhead)
+		for _, v := range n {
+			total += int64(v)
+		}
+		return total <= limit
+	}
+	if !fits(len(headers), len(body), len(resp.Request)) {
+		resp.Request = nil
+	}
+	if !fits(len(headers), len(body)) {
+		resp.BodyStored, resp.Sealed = false, nil
+		if !fits(len(headers)) {
 			resp.Header = nil
 		}
 		if headers, body, err = idemsql.EncodeResponse(resp); err != nil {
@@ -822,7 +840,7 @@ func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.Complet
 		}
 	}
 	off := p.ClockOffset.Microseconds()
-	return execFenced(ctx, s, retry, resp.Status, headers, body, resp.BodyStored, resp.BodySize,
+	return execFenced(ctx, s, retry, resp.Status, headers, body, resp.BodyStored, resp.BodySize, resp.SealKey, resp.Request,
 		off, off, p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro())
 }
 
@@ -849,7 +867,18 @@ func execFenced(ctx context.Context, s *sql.Stmt, retry bool, args ...any) (bool
 
 type rowScanner interface{ Scan(dest ...any) error }
 
-func scanSnapshot(row rowScanner) (snapshot, error) {
+// scanWithRequest is scanSnapshot of a row followed by the request column
+// (getSQL, listSQL), the request in the record's response.
+func scanWithRequest(row rowScanner) (snapshot, error) {
+	var request []byte
+	s, err := scanSnapshot(row, &request)
+	s.rec = idemsql.WithRequest(s.rec, request)
+	return s, err
+}
+
+// scanSnapshot reads a row of the database's now and recordColumns, then
+// extra.
+func scanSnapshot(row rowScanner, extra ...any) (snapshot, error) {
 	var (
 		s                                        snapshot
 		scope, key, method, path, state, owner   sql.NullString
@@ -857,9 +886,12 @@ func scanSnapshot(row rowScanner) (snapshot, error) {
 		expiresAt, attempts, leaseLeft           sql.NullInt64
 		resp                                     idemsql.ResponseColumns
 	)
-	err := row.Scan(&s.nowUS, &scope, &key, &method, &path, &s.fingerprint, &state, &token,
-		&s.lockedUS, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size,
-		&createdAt, &updatedAt, &completedAt, &expiresAt, &attempts, &owner, &leaseLeft)
+	var sealKey sql.NullString // NULL when there is no record (the LEFT JOIN)
+	dest := append([]any{&s.nowUS, &scope, &key, &method, &path, &s.fingerprint, &state, &token,
+		&s.lockedUS, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size, &sealKey,
+		&createdAt, &updatedAt, &completedAt, &expiresAt, &attempts, &owner, &leaseLeft}, extra...)
+	err := row.Scan(dest...)
+	resp.SealKey = sealKey.String
 	if err != nil || !token.Valid {
 		return s, err // no record when the fencing token (NOT NULL) is NULL
 	}

@@ -134,6 +134,9 @@ func TestConformance(t *testing.T) {
 		Budget:       map[string]int{"first": 3, "first-transactional": 5, "first-one-commit": 5, "replay-one-commit": 3, "replay": 1, "in-flight": 1, "key-reused": 1},
 		SingleWriter: false,
 		Maintenance:  true,
+		Dump: func(t *testing.T, d idemdriver.Driver) [][]byte {
+			return dbtest.DumpSQL(t, d.(*idemmysql.Driver).DB(), "idem_keys")
+		},
 		SecondDriver: secondDriver,
 	})
 }

@@ -31,7 +31,7 @@ const MigrateLockTimeout = idemmigrate.DefaultLockTimeout
 // is local to one node), so processes starting together migrate once. It is
 // safe to call on every start, also after a process died mid-migration:
 // the version table is repaired under the lease, and a migration whose DDL
-// committed before its version was recorded (00002's ALTER TABLE) is
+// committed before its version was recorded (the ALTER TABLE of 00002 to 00004) is
 // recorded, not run again. A migration that fails part-way is reported as a
 // *MigrateError.
 func (d *Driver) Migrate(ctx context.Context) error {
@@ -84,18 +84,20 @@ func (d *Driver) embedded(ctx context.Context) (*idemmigrate.Migrator, error) {
 	return d.migrator(ctx, sub, SchemaVersionTable, embeddedPresent)
 }
 
-// embeddedPresent is the Config.Present of idem's own migrations. Only
-// 00002_idem_keys_owner.sql can be left applied and unrecorded: it is one
-// ALTER TABLE, which commits on its own (00001 creates its table IF NOT
-// EXISTS and runs again unharmed). It is present when idem_keys has the
-// owner column.
+// embeddedPresent is the Config.Present of idem's own migrations. Only the
+// migrations that add one column (00002 owner, 00003 seal_key, 00004
+// request) can be left applied and unrecorded: each is one ALTER TABLE,
+// which commits on its own (00001 creates its table IF NOT EXISTS and runs
+// again unharmed). Such a migration is present when idem_keys has its
+// column.
 func embeddedPresent(ctx context.Context, db idemmigrate.Queryer, version int64) (bool, error) {
-	if version != 2 {
+	column, ok := map[int64]string{2: "owner", 3: "seal_key", 4: "request"}[version]
+	if !ok {
 		return false, nil
 	}
 	var n int
 	err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.COLUMNS
-		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idem_keys' AND COLUMN_NAME = 'owner'`).Scan(&n)
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idem_keys' AND COLUMN_NAME = ?`, column).Scan(&n)
 	return n == 1, err
 }
 

@@ -271,7 +271,7 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 // listSQL reads one page of records in primary-key order, each filter off
 // when its parameter is empty. Args: offset, state twice, scope twice, key
 // twice, after scope, after key, limit.
-var listSQL = `SELECT ` + micros(`n.now`) + `, ` + recordColumns + `
+var listSQL = `SELECT ` + micros(`n.now`) + `, ` + recordColumns + `, k.request
 FROM ` + nowTable + `
 JOIN idem_keys AS k ON (? = '' OR k.state = ?) AND (? = '' OR k.scope = ?) AND (? = '' OR k.` + "`key`" + ` = ?)
 	AND (k.scope, k.` + "`key`" + `) > (?, ?)
@@ -289,7 +289,7 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 		return nil, err
 	}
 	return idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) {
-		s, err := scanSnapshot(rows)
+		s, err := scanWithRequest(rows)
 		return s.rec, err
 	})
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/idemgo/idem/idemdriver/idemdrivertest"
 	"github.com/idemgo/idem/idemmysql"
 	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/seal"
 )
 
 const (
@@ -745,4 +746,52 @@ func TestTakeoverPinsTheStateItRead(t *testing.T) {
 	require.True(t, res.Claimed, "the expired record is claimed")
 	require.Equal(t, 1, res.Record.Attempts, "as a new life: the completion ended the old one")
 	require.True(t, res.Record.CreatedAt.After(owner.Record.CreatedAt), "a new created_at, so a new relayed key")
+}
+
+// A completion past max_allowed_packet loses its kept request first (the
+// response still replays), then a sealed response's blob whole: the record
+// is SUCCEEDED, not stored, and opens with no headers instead of failing
+// (a 410 on replay, never a 500 or a re-execution).
+func TestSealedOverMaxAllowedPacket(t *testing.T) {
+	t.Parallel()
+	d := open(t, "")
+	ctx := context.Background()
+	var maxPacket int
+	require.NoError(t, d.DB().QueryRow(`SELECT @@max_allowed_packet`).Scan(&maxPacket))
+	if maxPacket > 64<<20 {
+		t.Skipf("max_allowed_packet is %d bytes", maxPacket)
+	}
+	kr, err := seal.NewKeyring([]seal.Key{{ID: "A", Secret: make([]byte, 32)}})
+	require.NoError(t, err)
+	huge := bytes.Repeat([]byte("x"), maxPacket+1)
+	for _, tc := range []struct {
+		key           string
+		body, request []byte
+	}{{"big-request", []byte("ok"), huge}, {"big-body", huge, []byte("req")}} {
+		res, err := d.Claim(ctx, params("acct", tc.key, "b"))
+		require.NoError(t, err)
+		resp := okResponse(tc.body)
+		resp.Header["Location"] = []string{"/v1/payments/1"}
+		resp.Request = seal.EncodeRequest(seal.Request{Size: int64(len(tc.request)), Body: tc.request})
+		sealed, err := kr.SealResponse("acct", tc.key, resp)
+		require.NoError(t, err)
+		ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: sealed})
+		require.NoError(t, err, tc.key)
+		require.True(t, ok)
+		rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: tc.key})
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateSucceeded, rec.State)
+		require.Nil(t, rec.Response.Request, "%s: the request did not fit", tc.key)
+		opened, err := kr.OpenResponse("acct", tc.key, *rec.Response)
+		require.NoError(t, err, tc.key)
+		if tc.key == "big-request" {
+			require.True(t, opened.BodyStored)
+			require.Equal(t, "ok", string(opened.Body))
+			require.Equal(t, []string{"/v1/payments/1"}, opened.Header["Location"])
+		} else {
+			require.False(t, opened.BodyStored)
+			require.EqualValues(t, len(huge), opened.BodySize)
+			require.Empty(t, opened.Header)
+		}
+	}
 }

@@ -137,7 +137,7 @@ func curCTE(clock string) string {
 const clock = `(clock_timestamp() + @offset::bigint * interval '1 microsecond')`
 
 const columns = `scope, key, method, path, fingerprint, state, fencing_token, locked_until,
-	response_status, response_headers, response_body, response_body_stored, response_body_size,
+	response_status, response_headers, response_body, response_body_stored, response_body_size, seal_key,
 	created_at, updated_at, completed_at, expires_at, attempts, owner,
 	(extract(epoch FROM locked_until - ` + clock + `) * 1000000)::bigint`
 
@@ -192,7 +192,7 @@ UNION ALL
 SELECT false, ` + columns + `, false FROM cur WHERE NOT claimable AND NOT EXISTS (SELECT 1 FROM claim)`
 }
 
-var getSQL = bind([]string{"scope", "key", "offset"}, `SELECT `+columns+` FROM idem_keys WHERE scope = @scope AND key = @key`)
+var getSQL = bind([]string{"scope", "key", "offset"}, `SELECT `+columns+`, request FROM idem_keys WHERE scope = @scope AND key = @key`)
 
 // fenced is the compare-and-set of every write after the claim: this
 // execution's record (scope, key, fencing token, created_at), PROCESSING.
@@ -218,11 +218,11 @@ var heartbeatSQL = bind(append(fenceParams, "offset", "lease"),
 
 // completeParams are the parameters of completeSQL and completeOrRaiseSQL,
 // in completeArgs's order.
-var completeParams = append(fenceParams, "offset", "status", "headers", "body", "stored", "size")
+var completeParams = append(fenceParams, "offset", "status", "headers", "body", "stored", "size", "sealkey", "request")
 
 const completeUpdate = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
 	response_status = @status, response_headers = @headers, response_body = @body,
-	response_body_stored = @stored, response_body_size = @size,
+	response_body_stored = @stored, response_body_size = @size, seal_key = @sealkey, request = @request,
 	completed_at = ` + now + `, updated_at = ` + now + fenced
 
 var completeSQL = bind(completeParams, completeUpdate)
@@ -535,9 +535,7 @@ func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Re
 	if err != nil {
 		return idemdriver.Record{}, unstorable(err)
 	}
-	rec, err := pgx.CollectExactlyOneRow(rows, func(row pgx.CollectableRow) (idemdriver.Record, error) {
-		return scanRecord(row, nil)
-	})
+	rec, err := pgx.CollectExactlyOneRow(rows, scanWithRequest)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return rec, idemdriver.ErrNotFound
 	}
@@ -605,7 +603,7 @@ func completeArgs(p idemdriver.CompleteParams) ([]any, error) {
 		return nil, err
 	}
 	return fenceArgs(p.FenceParams, p.ClockOffset.Microseconds(),
-		p.Response.Status, headers, body, p.Response.BodyStored, p.Response.BodySize), nil
+		p.Response.Status, headers, body, p.Response.BodyStored, p.Response.BodySize, p.Response.SealKey, p.Response.Request), nil
 }
 
 // execFenced runs a compare-and-set on the fencing token; false means the
@@ -645,7 +643,7 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 		stored                  pgtype.Bool
 		lockedUntil, completed  pgtype.Timestamptz
 		resp                    idemsql.ResponseColumns
-		dest                    [23]any
+		dest                    [24]any
 	}
 	v := new(targets)
 	rec, resp := &v.rec, &v.resp
@@ -654,7 +652,7 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 		dest = append(dest, claimed)
 	}
 	dest = append(dest, &rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &v.state, &rec.FencingToken,
-		&v.lockedUntil, &v.status, &resp.Headers, &resp.Body, &v.stored, &v.size,
+		&v.lockedUntil, &v.status, &resp.Headers, &resp.Body, &v.stored, &v.size, &resp.SealKey,
 		&rec.CreatedAt, &rec.UpdatedAt, &v.completed, &rec.ExpiresAt, &rec.Attempts, &rec.Owner, &v.leaseLeft)
 	dest = append(dest, extra...)
 	if err := row.Scan(dest...); err != nil {
@@ -669,6 +667,14 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 	var err error
 	rec.Response, err = idemsql.DecodeResponse(rec.State, *resp)
 	return *rec, err
+}
+
+// scanWithRequest reads one row of columns followed by the request column
+// (getSQL, listSQL), the request in the record's response.
+func scanWithRequest(row pgx.CollectableRow) (idemdriver.Record, error) {
+	var request []byte
+	rec, err := scanRecord(row, nil, &request)
+	return idemsql.WithRequest(rec, request), err
 }
 
 // timePtr is t's time, or nil when t is NULL.

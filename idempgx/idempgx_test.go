@@ -2,6 +2,7 @@ package idempgx_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -140,7 +141,38 @@ func harness(schemaOption bool) idemdrivertest.Harness {
 		Business:     newBusiness,
 		Maintenance:  true,
 		SecondDriver: secondDriver,
+		Dump:         dump,
 	}
+}
+
+// dump is Harness.Dump: every column of every idem_keys row, decoded by pgx
+// whatever the exec mode (text and bytea as their bytes, others printed).
+func dump(t *testing.T, d idemdriver.Driver) [][]byte {
+	pd := d.(*idempgx.Driver)
+	table := "idem_keys"
+	if pd.Schema() != "" {
+		table = pd.Schema() + "." + table
+	}
+	rows, err := pd.Pool().Query(context.Background(), `SELECT * FROM `+table)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out [][]byte
+	for rows.Next() {
+		vals, err := rows.Values()
+		require.NoError(t, err)
+		for _, v := range vals {
+			switch v := v.(type) {
+			case []byte:
+				out = append(out, v)
+			case string:
+				out = append(out, []byte(v))
+			default:
+				out = append(out, []byte(fmt.Sprint(v)))
+			}
+		}
+	}
+	require.NoError(t, rows.Err())
+	return out
 }
 
 func newBusiness(t *testing.T, d idemdriver.Driver) idemdrivertest.Business {

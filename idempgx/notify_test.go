@@ -34,6 +34,7 @@ func waitEngines(t *testing.T) (owner, other *idem.Engine, pool *pgxpool.Pool) {
 	cfg.Store = d2
 	other, err = idem.NewEngine(cfg)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = owner.Close(); _ = other.Close() })
 	return owner, other, d2.Pool()
 }
 
@@ -148,4 +149,36 @@ func TestNotifiesBehindATransactionPooler(t *testing.T) {
 	direct, err := idempgx.NewWithOptions(pool, idempgx.Options{TransactionPooler: true, ListenConfig: d.Pool().Config().ConnConfig})
 	require.NoError(t, err)
 	require.True(t, direct.Notifies())
+}
+
+// A closed engine starts no listener: its waiters poll, and get the answer.
+func TestClosedEngineDoesNotListen(t *testing.T) {
+	if testPooler == "transaction" {
+		t.Skip("behind a transaction pooler nothing listens anyway")
+	}
+	d := openDriver(t, false, nil)
+	cfg := d.Pool().Config()
+	cfg.ConnConfig.RuntimeParams["application_name"] = "idem-closed-engine-test"
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	d2, err := idempgx.NewWithOptions(pool, idempgx.Options{Schema: d.Schema()})
+	require.NoError(t, err)
+	owner, err := idem.NewEngine(idem.EngineConfig{Store: d, Wait: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = owner.Close() })
+	closed, err := idem.NewEngine(idem.EngineConfig{Store: d2, Wait: time.Hour, WaitPoll: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+	release, done := runHeld(t, owner)
+	out := waiters(t, closed, 3)
+	var listeners int
+	require.NoError(t, d.Pool().QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+		WHERE application_name = 'idem-closed-engine-test' AND query ILIKE 'listen %'`).Scan(&listeners))
+	require.Zero(t, listeners)
+	close(release)
+	require.NoError(t, <-done)
+	for range 3 {
+		require.NoError(t, <-out)
+	}
 }

@@ -104,6 +104,7 @@ func TestConformancePartitioned(t *testing.T) {
 		Maintenance:  true,
 		Partitioned:  true,
 		SecondDriver: secondDriver,
+		Dump:         dump,
 	})
 }
 

@@ -199,7 +199,7 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 }
 
 // listSQL reads one page of records (idemsql.ListSQL).
-var listSQL = idemsql.ListSQL(columns)
+var listSQL = idemsql.ListSQL(columns + ", request")
 
 // List implements idemdriver.Lister.
 func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.Record, error) {
@@ -214,9 +214,7 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (idemdriver.Record, error) {
-		return scanRecord(row, nil)
-	})
+	return pgx.CollectRows(rows, scanWithRequest)
 }
 
 var removeSQL = `DELETE FROM idem_keys WHERE scope = @scope AND key = @key AND fencing_token = @token

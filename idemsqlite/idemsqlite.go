@@ -133,7 +133,7 @@ func (d *Driver) Close() error { return d.db.Close() }
 const now = `(CAST(unixepoch('subsec') * 1000000 AS INTEGER) + @offset)`
 
 const columns = `scope, key, method, path, fingerprint, state, fencing_token, locked_until,
-	response_status, response_headers, response_body, response_body_stored, response_body_size,
+	response_status, response_headers, response_body, response_body_stored, response_body_size, seal_key,
 	created_at, updated_at, completed_at, expires_at, attempts, owner, locked_until - ` + now
 
 // The claim: insert, or take over a record (CONTRACT section 3) that no
@@ -151,7 +151,7 @@ VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
 ` + idemsql.ClaimUpsertSQL("idem_keys", "excluded.locked_until") + `
 RETURNING ` + columns
 
-var getSQL = `SELECT ` + columns + ` FROM idem_keys WHERE scope = @scope AND key = @key`
+var getSQL = `SELECT ` + columns + `, request FROM idem_keys WHERE scope = @scope AND key = @key`
 
 var claimReadSQL = `SELECT ` + columns + `, expires_at <= ` + now + ` FROM idem_keys WHERE scope = @scope AND key = @key`
 
@@ -162,7 +162,7 @@ var heartbeatSQL = `UPDATE idem_keys SET locked_until = ` + now + ` + @lease, up
 
 var completeSQL = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
 	response_status = @status, response_headers = @headers, response_body = @body,
-	response_body_stored = @stored, response_body_size = @size,
+	response_body_stored = @stored, response_body_size = @size, seal_key = @sealkey, request = @request,
 	completed_at = ` + now + `, updated_at = ` + now + fenced
 
 var failSQL = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = ` + now + fenced
@@ -293,8 +293,8 @@ const maxClaimTries = 5
 
 // Get implements idemdriver.Driver.
 func (d *Driver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Record, error) {
-	rec, err := scanRecord(d.db.QueryRowContext(ctx, getSQL,
-		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("offset", p.ClockOffset.Microseconds())), nil)
+	rec, err := scanWithRequest(d.db.QueryRowContext(ctx, getSQL,
+		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("offset", p.ClockOffset.Microseconds())))
 	if errors.Is(err, sql.ErrNoRows) {
 		return rec, idemdriver.ErrNotFound
 	}
@@ -373,7 +373,8 @@ func complete(ctx context.Context, stmt *sql.Stmt, p idemdriver.CompleteParams) 
 	}
 	return execFenced(ctx, stmt, p.FenceParams,
 		sql.Named("status", p.Response.Status), sql.Named("headers", headers), sql.Named("body", body),
-		sql.Named("stored", p.Response.BodyStored), sql.Named("size", p.Response.BodySize))
+		sql.Named("stored", p.Response.BodyStored), sql.Named("size", p.Response.BodySize),
+		sql.Named("sealkey", p.Response.SealKey), sql.Named("request", p.Response.Request))
 }
 
 // execFenced runs a compare-and-set on the fencing token; false means the
@@ -428,6 +429,14 @@ func isBusy(err error) bool {
 	return code == sqlite3.SQLITE_BUSY || code == sqlite3.SQLITE_LOCKED
 }
 
+// scanWithRequest reads one row of columns followed by the request column
+// (getSQL, listSQL), the request in the record's response.
+func scanWithRequest(row interface{ Scan(...any) error }) (idemdriver.Record, error) {
+	var request []byte
+	rec, err := scanRecord(row, nil, &request)
+	return idemsql.WithRequest(rec, request), err
+}
+
 // scanRecord reads one row of columns, followed by the expired flag when
 // expired is not nil, then by extra.
 func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any) (idemdriver.Record, error) {
@@ -439,7 +448,7 @@ func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any
 		createdAt, updatedAt, expiresAt     int64
 	)
 	dest := []any{&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
-		&lockedUntil, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size,
+		&lockedUntil, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size, &resp.SealKey,
 		&createdAt, &updatedAt, &completedAt, &expiresAt, &rec.Attempts, &rec.Owner, &leaseLeft}
 	if expired != nil {
 		dest = append(dest, expired)

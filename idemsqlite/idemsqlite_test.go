@@ -47,6 +47,9 @@ func TestConformance(t *testing.T) {
 		Budget:       map[string]int{"first": 3, "first-transactional": 5, "first-one-commit": 5, "replay-one-commit": 1, "replay": 1, "in-flight": 1, "key-reused": 1},
 		SingleWriter: true,
 		Maintenance:  true,
+		Dump: func(t *testing.T, d idemdriver.Driver) [][]byte {
+			return dbtest.DumpSQL(t, d.(*idemsqlite.Driver).DB(), "idem_keys")
+		},
 		SecondDriver: func(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
 			var file string
 			err := d.(*idemsqlite.Driver).DB().QueryRow(`SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file)

@@ -189,7 +189,7 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 }
 
 // listSQL reads one page of records (idemsql.ListSQL).
-var listSQL = idemsql.ListSQL(columns)
+var listSQL = idemsql.ListSQL(columns + ", request")
 
 // List implements idemdriver.Lister.
 func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdriver.Record, error) {
@@ -202,9 +202,7 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 	if err != nil {
 		return nil, err
 	}
-	return idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) {
-		return scanRecord(rows, nil)
-	})
+	return idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) { return scanWithRequest(rows) })
 }
 
 var removeSQL = `DELETE FROM idem_keys WHERE scope = @scope AND key = @key AND fencing_token = @token

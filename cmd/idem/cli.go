@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem/cmd/internal/command"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
 )
 
 // globals are the flags every command takes.
@@ -21,8 +22,55 @@ type globals struct {
 	json        bool
 	partitioned bool
 	timeout     time.Duration
+	// sealKeys and keyHashSecret are --seal-key and --key-hash-secret as
+	// given; keyring and hashSecret what they parse to.
+	sealKeys      []string
+	keyHashSecret string
+	keyring       *seal.Keyring
+	hashSecret    []byte
 	// stderr takes the progress of long commands (and the errors).
 	stderr io.Writer
+}
+
+// parseSealing reads --seal-key (or IDEM_SEAL_KEYS) and --key-hash-secret
+// (or IDEM_KEY_HASH_SECRET).
+func (g *globals) parseSealing() error {
+	specs := g.sealKeys
+	if len(specs) == 0 && os.Getenv("IDEM_SEAL_KEYS") != "" {
+		specs = []string{os.Getenv("IDEM_SEAL_KEYS")}
+	}
+	var keys []seal.Key
+	for _, s := range specs {
+		ks, err := seal.ParseKeys(s)
+		if err != nil {
+			return usageError{fmt.Errorf("--seal-key: %w", err)}
+		}
+		keys = append(keys, ks...)
+	}
+	kr, err := seal.NewKeyring(keys)
+	if err != nil {
+		return usageError{fmt.Errorf("--seal-key: %w", err)}
+	}
+	g.keyring = kr
+	secret := g.keyHashSecret
+	if secret == "" {
+		secret = os.Getenv("IDEM_KEY_HASH_SECRET")
+	}
+	if secret != "" {
+		if g.hashSecret, err = seal.ParseSecret(secret); err != nil {
+			return usageError{fmt.Errorf("--key-hash-secret: %w", err)}
+		}
+	}
+	return nil
+}
+
+// storedKey is the key the store holds for the plain key given: its
+// seal.HashKey under --key-hash-secret when one is given.
+func (g *globals) storedKey(key string) string {
+	if len(g.hashSecret) == 0 {
+		return key
+	}
+	return seal.HashKey(g.hashSecret, key)
 }
 
 // run runs the command line args (without the program name), writing
@@ -87,14 +135,20 @@ The database comes from --database-url (or IDEM_DATABASE_URL):
                                       pgbouncer add idem_pooler=transaction and
                                       idem_schema=NAME (docs/deployment.md)
   mysql://user:pass@host:port/db      MySQL / MariaDB
-  sqlite:PATH, file:PATH or PATH      the SQLite file at PATH`,
+  sqlite:PATH, file:PATH or PATH      the SQLite file at PATH
+
+A store whose records are sealed (idem.EngineConfig.SealKeys) opens with
+--seal-key id:base64secret (repeatable, or comma-separated; or
+IDEM_SEAL_KEYS); one whose keys are hashed (KeyHashSecret) takes
+--key-hash-secret base64secret (or IDEM_KEY_HASH_SECRET): --key is then the
+client's plain key, and the record is found by its hash (docs/sealing.md).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			if g.databaseURL == "" {
 				g.databaseURL = os.Getenv("IDEM_DATABASE_URL")
 			}
-			return nil
+			return g.parseSealing()
 		},
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
@@ -104,6 +158,10 @@ The database comes from --database-url (or IDEM_DATABASE_URL):
 	pf.BoolVar(&g.json, "json", false, "print JSON instead of a table")
 	pf.BoolVar(&g.partitioned, "partitioned", false,
 		"PostgreSQL: use the partitioned table (daily partitions by expires_at); needed only for 'migrate up' on a new database")
+	pf.StringArrayVar(&g.sealKeys, "seal-key", nil,
+		"a sealing key, id:base64secret, to open sealed records (repeatable or comma-separated; default: $IDEM_SEAL_KEYS)")
+	pf.StringVar(&g.keyHashSecret, "key-hash-secret", "",
+		"the server's KeyHashSecret in base64: --key is hashed with it to find the record (default: $IDEM_KEY_HASH_SECRET)")
 	pf.DurationVar(&g.timeout, "timeout", 10*time.Minute,
 		"give up after this long (purge: stops between batches, finishing the one under way, and reports what it did)")
 
@@ -164,13 +222,14 @@ func openAnd(cmd *cobra.Command, g *globals, create bool, f func(ctx context.Con
 	return f(ctx, s)
 }
 
-// recordFlags name one key's record: --scope and --key.
+// recordFlags name one key's record: --scope and --key (the client's key;
+// hashed with --key-hash-secret).
 type recordFlags struct{ scope, key string }
 
 // add adds --scope (described by scopeUsage) and --key to c.
 func (r *recordFlags) add(c *cobra.Command, scopeUsage string) {
 	c.Flags().StringVar(&r.scope, "scope", "", scopeUsage)
-	c.Flags().StringVar(&r.key, "key", "", "the Idempotency-Key, unquoted")
+	c.Flags().StringVar(&r.key, "key", "", "the Idempotency-Key, unquoted (as the client sent it, also with --key-hash-secret)")
 }
 
 // withRecord is withStore for a command about the record r names: f gets
@@ -178,7 +237,7 @@ func (r *recordFlags) add(c *cobra.Command, scopeUsage string) {
 func withRecord(cmd *cobra.Command, g *globals, out io.Writer, r recordFlags, scoped bool,
 	f func(ctx context.Context, s *store, rec idemdriver.Record) error) error {
 	return withStore(cmd, g, func(ctx context.Context, s *store) error {
-		rec, err := findRecord(ctx, s, out, g.json, r.scope, scoped, r.key)
+		rec, err := findRecord(ctx, s, out, g.json, r.scope, scoped, g.storedKey(r.key))
 		if err != nil {
 			return err
 		}
@@ -369,11 +428,11 @@ vacuum, and claims are not blocked.`,
 
 func inspectCmd(g *globals, out io.Writer) *cobra.Command {
 	var (
-		rf   recordFlags
-		body bool
+		rf            recordFlags
+		body, request bool
 	)
 	c := &cobra.Command{
-		Use:   "inspect --key K [--scope S] [--body]",
+		Use:   "inspect --key K [--scope S] [--body] [--request]",
 		Short: "Show one key's record: its state, lease, fencing token, response and what its next request gets",
 		Long: `Show one key's record: its state, owner, lease, fencing token, stored
 response and what the next request with the key gets.
@@ -382,7 +441,16 @@ Without --scope, every scope is searched for the key: one record is shown;
 when several scopes hold the key, they are listed and --scope must choose.
 --body prints the whole stored response body (the table shows its first
 64 bytes): as is when it is UTF-8 text, else as a hex dump; --json adds it
-as body (text) and body_base64 (the exact bytes).`,
+as body (text) and body_base64 (the exact bytes).
+
+--request prints the request kept beside the record for an audit
+(idem.EngineConfig.KeepRequestBytes; SUCCEEDED records only): its
+Content-Type, query string, size and body (its first KeepRequestBytes bytes,
+flagged truncated); --json adds it as request.
+
+A sealed record (idem.EngineConfig.SealKeys) shows its response and request
+only with the key that sealed it (--seal-key); without it, inspect says which
+key id it needs and shows the plain columns.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if rf.key == "" {
@@ -393,12 +461,14 @@ as body (text) and body_base64 (the exact bytes).`,
 				if err != nil {
 					return err
 				}
-				return printRecord(out, g.json, rec, now, body)
+				note := openRecord(&rec, g.keyring)
+				return printRecord(out, g.json, rec, now, recordView{body: body, request: request, seal: note})
 			})
 		},
 	}
 	rf.add(c, "the key's scope (tenant, account); default: search every scope")
 	c.Flags().BoolVar(&body, "body", false, "print the whole stored response body")
+	c.Flags().BoolVar(&request, "request", false, "print the request kept for an audit (KeepRequestBytes)")
 	return c
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/idemgo/idem/cmd/internal/command"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
 )
 
 // bodyPreview is how many leading bytes of a stored response body inspect shows.
@@ -237,9 +239,53 @@ func nextRequest(rec idemdriver.Record, now time.Time) string {
 	}
 }
 
-// printRecord prints one record; withBody adds the whole stored response
-// body.
-func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Time, withBody bool) error {
+// recordView is what inspect prints of a record beyond its table: the
+// whole body, the kept request, and how its seal was opened.
+type recordView struct {
+	body, request bool
+	seal          sealNote
+}
+
+// sealNote says how a record's seal was opened: key is the id that sealed
+// it ("" for a plain record), err why it could not be opened.
+type sealNote struct {
+	key string
+	err error
+}
+
+func (n sealNote) String() string {
+	switch {
+	case n.key == "":
+		return "no (stored in plain)"
+	case n.err == nil:
+		return fmt.Sprintf("yes, key %s (opened)", n.key)
+	case errors.Is(n.err, seal.ErrKeyMissing):
+		return fmt.Sprintf("yes, key %s: not opened, give --seal-key %s:... to show the response and request", n.key, n.key)
+	default:
+		return fmt.Sprintf("yes, key %s: NOT AUTHENTIC (%v); the server answers 500 seal-broken", n.key, n.err)
+	}
+}
+
+// openRecord opens rec's sealed response and request in place with kr, and
+// says how.
+func openRecord(rec *idemdriver.Record, kr *seal.Keyring) sealNote {
+	if rec.Response == nil || rec.Response.SealKey == "" {
+		return sealNote{}
+	}
+	note := sealNote{key: rec.Response.SealKey}
+	opened, err := kr.OpenResponse(rec.Scope, rec.Key, *rec.Response)
+	if err != nil {
+		note.err = err
+		return note
+	}
+	rec.Response = &opened
+	return note
+}
+
+// printRecord prints one record; view.body adds the whole stored response
+// body, view.request the kept request.
+func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Time, view recordView) error {
+	withBody, sealed := view.body, view.seal.key != "" && view.seal.err != nil
 	if asJSON {
 		v := map[string]any{
 			"scope": rec.Scope, "key": rec.Key, "state": rec.State, "owner": rec.Owner, "method": rec.Method, "path": rec.Path,
@@ -252,14 +298,23 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 		if r := rec.Response; r != nil {
 			head := r.Body[:min(len(r.Body), bodyPreview)]
 			resp := map[string]any{"status": r.Status, "headers": r.Header, "body_size": r.BodySize,
-				"body_stored": r.BodyStored, "body_head": string(head), "body_head_hex": hex.EncodeToString(head)}
-			if withBody && r.BodyStored {
+				"body_stored": r.BodyStored, "body_head": string(head), "body_head_hex": hex.EncodeToString(head),
+				"seal_key": view.seal.key, "sealed": view.seal.String()}
+			if sealed {
+				delete(resp, "body_head")
+				delete(resp, "body_head_hex")
+				delete(resp, "headers")
+			}
+			if withBody && r.BodyStored && !sealed {
 				resp["body_base64"] = base64.StdEncoding.EncodeToString(r.Body)
 				if utf8.Valid(r.Body) {
 					resp["body"] = string(r.Body)
 				}
 			}
 			v["response"] = resp
+		}
+		if view.request {
+			v["request"] = requestJSON(rec.Response, sealed)
 		}
 		return writeJSON(out, v)
 	}
@@ -299,6 +354,7 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 			stored = "not stored: larger than MaxResponseBytes"
 		}
 		row("response", fmt.Sprintf("%d, body %d bytes (%s)", r.Status, r.BodySize, stored))
+		row("  sealed", view.seal.String())
 		names := make([]string, 0, len(r.Header))
 		for k := range r.Header {
 			names = append(names, k)
@@ -309,7 +365,9 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 				row("  header", k+": "+v)
 			}
 		}
-		if r.BodyStored {
+		if r.BodyStored && sealed {
+			row("  body", "(sealed)")
+		} else if r.BodyStored {
 			head := r.Body[:min(len(r.Body), bodyPreview)]
 			more := ""
 			if len(r.Body) > len(head) {
@@ -324,10 +382,76 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 	if err := w.flush(); err != nil {
 		return err
 	}
-	if withBody {
-		return printBody(out, rec.Response)
+	if withBody && sealed {
+		if _, err := fmt.Fprintln(out, "\nthe body is sealed: give --seal-key to show it"); err != nil {
+			return err
+		}
+	} else if withBody {
+		if err := printBody(out, rec.Response); err != nil {
+			return err
+		}
+	}
+	if view.request {
+		return printRequest(out, rec.Response, sealed)
 	}
 	return nil
+}
+
+// keptRequest decodes the request kept in r (opened), or says why there is
+// none to show.
+func keptRequest(r *idemdriver.Response, sealed bool) (seal.Request, string, error) {
+	switch {
+	case r == nil || r.Request == nil:
+		return seal.Request{}, "no request kept (KeepRequestBytes was off, or the record is not SUCCEEDED)", nil
+	case sealed:
+		return seal.Request{}, "the kept request is sealed: give --seal-key to show it", nil
+	}
+	req, err := seal.DecodeRequest(r.Request)
+	return req, "", err
+}
+
+// printRequest prints the request kept in r after a blank line.
+func printRequest(out io.Writer, r *idemdriver.Response, sealed bool) error {
+	req, why, err := keptRequest(r, sealed)
+	if err != nil {
+		return err
+	}
+	if why != "" {
+		_, err = fmt.Fprintf(out, "\n%s\n", why)
+		return err
+	}
+	kept := fmt.Sprintf("%d bytes", req.Size)
+	if req.Truncated {
+		kept = fmt.Sprintf("%d bytes, its first %d kept", req.Size, len(req.Body))
+	}
+	w := command.NewWriter(out)
+	w.Printf("\nrequest (%s):\n", kept)
+	w.Printf("  content-type: %s\n", orDash(req.ContentType))
+	w.Printf("  query: %s\n", orDash(req.Query))
+	if utf8.Valid(req.Body) {
+		w.Printf("  body: %s\n", req.Body)
+	} else {
+		w.Printf("  body (not UTF-8 text):\n%s", hex.Dump(req.Body))
+	}
+	return w.Err()
+}
+
+// requestJSON is the request kept in r as inspect --json shows it, or a
+// string saying why there is none to show.
+func requestJSON(r *idemdriver.Response, sealed bool) any {
+	req, why, err := keptRequest(r, sealed)
+	switch {
+	case err != nil:
+		return err.Error()
+	case why != "":
+		return why
+	}
+	v := map[string]any{"content_type": req.ContentType, "query": req.Query, "size": req.Size,
+		"truncated": req.Truncated, "body_base64": base64.StdEncoding.EncodeToString(req.Body)}
+	if utf8.Valid(req.Body) {
+		v["body"] = string(req.Body)
+	}
+	return v
 }
 
 // printBody prints a stored response body whole, after a blank line: as is

@@ -13,11 +13,19 @@ import (
 
 	"github.com/idemgo/idem/cmd/internal/naivecache"
 	"github.com/idemgo/idem/cmd/internal/service"
+	"github.com/idemgo/idem/seal"
 )
 
 // EnvRelaySecret names the environment variable read for the relay secret
 // when --relay-secret is not given (prefer it: a flag shows in ps).
 const EnvRelaySecret = "PAYMENTSD_RELAY_SECRET"
+
+// EnvSealKeys and EnvKeyHashSecret name the environment variables read for
+// the sealing keys and the key-hash secret when their flags are absent.
+const (
+	EnvSealKeys      = "PAYMENTSD_SEAL_KEYS"
+	EnvKeyHashSecret = "PAYMENTSD_KEY_HASH_SECRET"
+)
 
 func main() { service.Main("paymentsd", run) }
 
@@ -32,6 +40,11 @@ type options struct {
 	writeMode   WriteMode
 	// wait and maxWait are idem's EngineConfig.Wait and MaxWait.
 	wait, maxWait time.Duration
+	// sealKeys, keyHashSecret and keepRequest are idem's SealKeys,
+	// KeyHashSecret and KeepRequestBytes (docs/sealing.md).
+	sealKeys      []seal.Key
+	keyHashSecret []byte
+	keepRequest   int64
 
 	// faults are the fault-injection flags (-tags idemfaults only).
 	faults faultOptions
@@ -53,6 +66,17 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	fs.StringVar(&o.relaySecret, "relay-secret", "", "secret keying the Idempotency-Key relayed to the provider (idem Config.RelaySecret); default $"+EnvRelaySecret+", else none (plain SHA-256 derivation)")
 	fs.DurationVar(&o.wait, "wait", 0, "how long a duplicate of a payment in flight waits for its outcome, holding no connection, to get its replay instead of 409 (idem EngineConfig.Wait); 0: 409 at once")
 	fs.DurationVar(&o.maxWait, "max-wait", 10*time.Second, "the longest wait a request may ask for with Prefer: wait=N (N seconds; RFC 7240) (idem EngineConfig.MaxWait); at least --wait")
+	fs.Func("seal-key", "seal stored responses and requests (AES-GCM) with this key, id:base64secret (16, 24 or 32 bytes); "+
+		"repeat it or separate keys with commas to rotate: the first seals, every one opens; default $"+EnvSealKeys+", else none",
+		func(s string) error {
+			keys, err := seal.ParseKeys(s)
+			o.sealKeys = append(o.sealKeys, keys...)
+			return err
+		})
+	hashSecret := fs.String("key-hash-secret", "", "store each Idempotency-Key as an HMAC-SHA256 under this base64 secret (at least 16 bytes), "+
+		"so the table shows no client key; set it only on a new table; default $"+EnvKeyHashSecret+", else none")
+	fs.Int64Var(&o.keepRequest, "keep-request-bytes", 0, "keep each recorded request's first N body bytes, query and Content-Type beside its record for an audit "+
+		"(sealed with --seal-key; `idem inspect --request`); 0: keep none")
 	mode := fs.String("write-mode", string(WriteInClaim), "where a payment's rows are written: claim (in the claim's transaction, committed with idem's record) or separate (committed on their own first; for comparison)")
 	o.faults.register(fs)
 	registerNaiveFlags(fs, &o.naive)
@@ -65,6 +89,9 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	o.writeMode = WriteMode(*mode)
 	if o.relaySecret == "" && getenv != nil {
 		o.relaySecret = getenv(EnvRelaySecret)
+	}
+	if err := o.sealingFromEnv(*hashSecret, getenv); err != nil {
+		return o, err
 	}
 	if err := o.Check(fs); err != nil {
 		return o, err
@@ -97,6 +124,32 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	return o, nil
 }
 
+// sealingFromEnv reads the sealing keys and the key-hash secret from the
+// environment when their flags are absent, and decodes the secret.
+func (o *options) sealingFromEnv(hashSecret string, getenv func(string) string) error {
+	if getenv != nil && o.sealKeys == nil {
+		keys, err := seal.ParseKeys(getenv(EnvSealKeys))
+		if err != nil {
+			return fmt.Errorf("$%s: %w", EnvSealKeys, err)
+		}
+		o.sealKeys = keys
+	}
+	if hashSecret == "" && getenv != nil {
+		hashSecret = getenv(EnvKeyHashSecret)
+	}
+	if hashSecret != "" {
+		b, err := seal.ParseSecret(hashSecret)
+		if err != nil {
+			return fmt.Errorf("--key-hash-secret: %w", err)
+		}
+		o.keyHashSecret = b
+	}
+	if o.keepRequest < 0 {
+		return errors.New("--keep-request-bytes must not be negative")
+	}
+	return nil
+}
+
 // run starts the service and blocks until ctx is done or SIGINT/SIGTERM
 // arrives, then shuts down cleanly: stop accepting, wait for in-flight
 // requests (at most --shutdown-timeout), close the database. It returns
@@ -126,6 +179,7 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 	hcfg := handlerConfig{
 		Store: store, Provider: provider, Logger: log, Lease: o.Lease,
 		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt, Wait: o.wait, MaxWait: o.maxWait,
+		SealKeys: o.sealKeys, KeyHashSecret: o.keyHashSecret, KeepRequestBytes: o.keepRequest,
 		Observer: tel.Observer, Metrics: tel.Metrics,
 	}
 	var served service.Served
@@ -143,6 +197,15 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 		return served, err
 	}
 	served.Attrs = []any{"psp", psp, "lease", o.Lease.String(), "write_mode", string(o.writeMode), "relay_secret", o.relaySecret != ""}
+	if len(o.sealKeys) > 0 {
+		served.Attrs = append(served.Attrs, "seal_key", o.sealKeys[0].ID)
+	}
+	if len(o.keyHashSecret) > 0 {
+		served.Attrs = append(served.Attrs, "key_hash", true)
+	}
+	if o.keepRequest > 0 {
+		served.Attrs = append(served.Attrs, "keep_request_bytes", o.keepRequest)
+	}
 	if d := o.faults.describe(); d != "" {
 		served.Attrs = append(served.Attrs, "faults", d)
 	}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -41,14 +42,17 @@ func TestTranscripts(t *testing.T) {
 		blocks  func([]transcript.Code) []transcript.Code
 		skipIn  []string
 		minRuns int
+		// args are the server's flags beyond its database, as the
+		// document starts it.
+		args []string
 	}{
 		{"../../README.md", []string{"Date", "Idempotency-Key", "Idempotency-Key-Expires"},
 			func(b []transcript.Code) []transcript.Code {
 				return transcript.InSection(b, "console", "The demo with curl")
-			}, nil, 6},
+			}, nil, 6, nil},
 		{"WALKTHROUGH.md", []string{"Date"},
 			func(b []transcript.Code) []transcript.Code { return transcript.InSection(b, "console", "") },
-			[]string{"Start it", "Shutting down", "The same on PostgreSQL"}, 15},
+			[]string{"Start it", "Shutting down", "The same on PostgreSQL"}, 17, []string{"--seal-key", walkthroughSealKey, "--keep-request-bytes", "4096"}},
 	} {
 		t.Run(filepath.Base(doc.file), func(t *testing.T) {
 			t.Parallel()
@@ -74,13 +78,15 @@ func TestTranscripts(t *testing.T) {
 			}
 			require.GreaterOrEqual(t, len(steps), doc.minRuns, "%s: too few commands found", doc.file)
 
-			s, stop := startRun(t, "--database-url", filepath.Join(t.TempDir(), "p.db"))
+			db := filepath.Join(t.TempDir(), "p.db")
+			s, stop := startRun(t, append([]string{"--database-url", db}, doc.args...)...)
 			defer stop()
 			addr := strings.TrimPrefix(s.url, "http://")
 			session := &transcript.Session{
-				File:    doc.file,
-				Dir:     t.TempDir(),
-				Replace: strings.NewReplacer("127.0.0.1:8080", addr, "localhost:8080", addr),
+				File: doc.file,
+				Dir:  t.TempDir(),
+				Replace: strings.NewReplacer("127.0.0.1:8080", addr, "localhost:8080", addr,
+					"idem --database-url paymentsd.db", idemBinary(t)+" --database-url "+db),
 				Trim:    doc.trim,
 				IDs:     ids,
 				Compare: uniqueRace,
@@ -89,6 +95,35 @@ func TestTranscripts(t *testing.T) {
 		})
 	}
 }
+
+// walkthroughSealKey is the sealing key WALKTHROUGH.md starts paymentsd
+// with (a demo key, printed in the document).
+const walkthroughSealKey = "demo-2025:ZGVtbyBrZXkgb25seTogbm90IGZvciByZWFsIHVzZSE="
+
+// idemBinary builds the idem command (cmd/idem) into a temporary directory,
+// for the transcripts that inspect a record, once per test binary.
+var idemBinary = func() func(t *testing.T) string {
+	var (
+		once sync.Once
+		path string
+		err  error
+		out  []byte
+	)
+	return func(t *testing.T) string {
+		t.Helper()
+		once.Do(func() {
+			dir, derr := os.MkdirTemp("", "idem-bin-")
+			if derr != nil {
+				err = derr
+				return
+			}
+			path = filepath.Join(dir, "idem")
+			out, err = exec.Command("go", "build", "-o", path, "../idem").CombinedOutput()
+		})
+		require.NoError(t, err, "go build ../idem: %s", out)
+		return path
+	}
+}()
 
 // unrunnable tells steps that start or stop a server, or need psql.
 func unrunnable(steps []transcript.Step) bool {

@@ -35,6 +35,11 @@ func runEngine(t *testing.T, h Harness) {
 				{"BurstOfACompletedKeyReplays", run(engineBurstOfACompletedKeyReplays)},
 				{"BusinessWriteCommitsWithOutcome", run(engineBusinessWriteCommitsWithOutcome)},
 				{"PanicLetsTheRetryRun", run(enginePanicLetsTheRetryRun)},
+				{"SealedReplay", run(engineSealedReplay)},
+				{"SealRotation", run(engineSealRotation)},
+				{"SealKeyMissingNeverRunsAgain", run(engineSealKeyMissing)},
+				{"SealBrokenNeverRunsAgain", run(engineSealBroken)},
+				{"SealedStormLeavesNoPlainText", run(engineSealedStorm)},
 			}
 			if mode.oneCommit {
 				cases = append(cases,
@@ -57,6 +62,7 @@ func newEngine(t *testing.T, h Harness, oneCommit bool, cfg idem.EngineConfig) (
 	cfg.Store, cfg.OneCommit, cfg.Logger = d, oneCommit, slog.New(slog.NewTextHandler(io.Discard, nil))
 	g, err := idem.NewEngine(cfg)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = g.Close() })
 	return g, d
 }
 

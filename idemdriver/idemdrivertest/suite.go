@@ -65,6 +65,11 @@ type Harness struct {
 	// cases where two processes meet (two maintainers) use it. Required when
 	// Maintenance is true.
 	SecondDriver func(t *testing.T, d idemdriver.Driver) idemdriver.Driver
+	// Dump returns every column of every idem_keys row of d's database, as
+	// the database returns it (text and binary columns as their bytes): the
+	// sealing cases check that no column holds a response, a request or a
+	// client key in plain text. Required.
+	Dump func(t *testing.T, d idemdriver.Driver) [][]byte
 }
 
 // Business writes rows of a test business table inside a claim's transaction.
@@ -247,6 +252,8 @@ func runDriver(t *testing.T, h Harness) {
 		{"LeaseCountsFromTheWrite", onFreshDriver(driverLeaseCountsFromTheWrite)},
 		{"Release", onFreshDriver(driverRelease)},
 		{"Unstorable", onFreshDriver(driverUnstorable)},
+		{"SealedColumns", driverSealedColumns},
+		{"ClaimClearsSealedColumns", driverClaimClearsSealedColumns},
 		{"Unreachable", driverUnreachable},
 	})
 }

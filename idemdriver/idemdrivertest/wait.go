@@ -50,6 +50,7 @@ func waitPair(t *testing.T, h Harness, oneCommit bool, cfg idem.EngineConfig) (g
 	}
 	other, err := idem.NewEngine(cfg)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close() })
 	return g, other, d
 }
 

@@ -35,8 +35,18 @@ func DecodeHeader(b []byte) (map[string][]string, error) {
 
 // EncodeResponse returns a response's header and body columns as every
 // driver stores them: the headers as EncodeHeader writes them, and the body,
-// empty (never NULL) when it was not stored (BodyStored false).
+// empty (never NULL) when it was not stored (BodyStored false). A sealed
+// response (SealKey set) has NULL headers and its Sealed blob in the body
+// column (empty when a driver dropped it). The seal_key column takes
+// r.SealKey and the request column r.Request (NULL when nil) as they are.
 func EncodeResponse(r idemdriver.Response) (headers, body []byte, err error) {
+	if r.SealKey != "" {
+		body = r.Sealed
+		if body == nil {
+			body = []byte{}
+		}
+		return nil, body, nil
+	}
 	if headers, err = EncodeHeader(r.Header); err != nil {
 		return nil, nil, err
 	}
@@ -48,24 +58,33 @@ func EncodeResponse(r idemdriver.Response) (headers, body []byte, err error) {
 }
 
 // ResponseColumns are a record's response columns as a driver scans them
-// (every one NULL unless the record is SUCCEEDED): response_status,
-// response_headers (EncodeHeader's JSON), response_body,
-// response_body_stored and response_body_size.
+// (every one NULL, seal_key empty, unless the record is SUCCEEDED):
+// response_status, response_headers (EncodeHeader's JSON), response_body,
+// response_body_stored, response_body_size, seal_key and, where the
+// statement reads it (Get, List), request.
 type ResponseColumns struct {
 	Status  sql.NullInt64
 	Headers []byte
 	Body    []byte
 	Stored  sql.NullBool
 	Size    sql.NullInt64
+	SealKey string
+	Request []byte
 }
 
 // DecodeResponse is the inverse of EncodeResponse: the stored response of a
 // record in state, or nil when the record is not SUCCEEDED or has no status
 // (a record damaged by hand). A stored empty body is an empty, non-nil
-// slice. It fails only when the headers column is not EncodeHeader's JSON.
+// slice. A sealed response (seal_key not ”) has the body column in Sealed,
+// and nil Header and Body. It fails only when the headers column of a plain
+// response is not EncodeHeader's JSON.
 func DecodeResponse(state idemdriver.State, c ResponseColumns) (*idemdriver.Response, error) {
 	if state != idemdriver.StateSucceeded || !c.Status.Valid {
 		return nil, nil
+	}
+	if c.SealKey != "" {
+		return &idemdriver.Response{Status: int(c.Status.Int64), BodyStored: c.Stored.Valid && c.Stored.Bool, BodySize: c.Size.Int64,
+			SealKey: c.SealKey, Sealed: c.Body, Request: c.Request}, nil
 	}
 	h, err := DecodeHeader(c.Headers)
 	if err != nil {
@@ -76,7 +95,17 @@ func DecodeResponse(state idemdriver.State, c ResponseColumns) (*idemdriver.Resp
 		body = []byte{}
 	}
 	return &idemdriver.Response{Status: int(c.Status.Int64), Header: h, Body: body,
-		BodyStored: c.Stored.Valid && c.Stored.Bool, BodySize: c.Size.Int64}, nil
+		BodyStored: c.Stored.Valid && c.Stored.Bool, BodySize: c.Size.Int64, Request: c.Request}, nil
+}
+
+// WithRequest is rec with request, the request column a driver read beside
+// the record's (Get, List), in rec.Response; rec unchanged when it has no
+// response.
+func WithRequest(rec idemdriver.Record, request []byte) idemdriver.Record {
+	if rec.Response != nil {
+		rec.Response.Request = request
+	}
+	return rec
 }
 
 // LeaseLeft converts the database's "locked_until - now" to the Record's

@@ -20,7 +20,7 @@ package idemsql
 // life keeps created_at and counts one more attempt; a new one starts at
 // created_at now and attempts 1. Every claim writes the request's method,
 // path, fingerprint and owner, PROCESSING, the next fencing token, the new
-// lease and expires_at, and clears the stored response. It ends with its
+// lease and expires_at, and clears the stored response (seal_key and the kept request too). It ends with its
 // WHERE; the caller adds RETURNING.
 func ClaimUpsertSQL(stored, lockedUntil string) string {
 	continues := ClaimContinuesSQL(stored)
@@ -30,7 +30,7 @@ func ClaimUpsertSQL(stored, lockedUntil string) string {
 	fencing_token = ` + stored + `.fencing_token + 1,
 	locked_until = ` + lockedUntil + `,
 	response_status = NULL, response_headers = NULL, response_body = NULL,
-	response_body_stored = NULL, response_body_size = NULL, completed_at = NULL,
+	response_body_stored = NULL, response_body_size = NULL, seal_key = '', request = NULL, completed_at = NULL,
 	updated_at = excluded.updated_at,
 	created_at = CASE WHEN ` + continues + ` THEN ` + stored + `.created_at ELSE excluded.created_at END,
 	expires_at = excluded.expires_at,
@@ -52,7 +52,8 @@ func ClaimContinuesSQL(stored string) string {
 // ListSQL is the read of one page of Lister.List: the records of idem_keys
 // in primary-key order after (@after_scope, @after_key), at most @limit,
 // filtered by @state, @scope and @key, each filter off when its parameter is
-// the empty string. columns is the driver's select list of a record.
+// the empty string. columns is the driver's select list of a record (with
+// the request column, which Lister.List returns).
 func ListSQL(columns string) string {
 	return `SELECT ` + columns + ` FROM idem_keys
 	WHERE (@state = '' OR state = @state) AND (@scope = '' OR scope = @scope) AND (@key = '' OR key = @key)

@@ -1,10 +1,12 @@
 package dbtest
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"database/sql/driver"
 	"sync/atomic"
+	"testing"
 )
 
 // SQLBusiness is the conformance suite's business table (idemdrivertest.Business)
@@ -91,4 +93,37 @@ func (s *CountingStmt) ExecContext(ctx context.Context, a []driver.NamedValue) (
 func (s *CountingStmt) QueryContext(ctx context.Context, a []driver.NamedValue) (driver.Rows, error) {
 	s.N.Add(1)
 	return s.Inner.(contextStmt).QueryContext(ctx, a)
+}
+
+// DumpSQL reads every column of every row of table on db as the database
+// returns it: the raw bytes of text and binary columns, numbers and times in
+// their text form. For Harness.Dump (idemdrivertest).
+func DumpSQL(t testing.TB, db *sql.DB, table string) [][]byte {
+	t.Helper()
+	rows, err := db.QueryContext(context.Background(), `SELECT * FROM `+table)
+	must(t, table, err)
+	defer func() { _ = rows.Close() }()
+	cols, err := rows.Columns()
+	must(t, table, err)
+	var out [][]byte
+	for rows.Next() {
+		vals := make([]sql.RawBytes, len(cols))
+		dest := make([]any, len(cols))
+		for i := range vals {
+			dest[i] = &vals[i]
+		}
+		must(t, table, rows.Scan(dest...))
+		for _, v := range vals {
+			out = append(out, bytes.Clone(v))
+		}
+	}
+	must(t, table, rows.Err())
+	return out
+}
+
+func must(t testing.TB, table string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("dbtest: dump %s: %v", table, err)
+	}
 }

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"bytes"
+	"encoding/base64"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/seal"
+)
+
+// inspect --request on a sealed store whose keys are hashed: with the
+// sealing key and the key-hash secret, the plain key finds the record and
+// shows its response and the kept request (cut at the cap); without the
+// key it says which key the record needs and shows nothing sealed; without
+// the secret the plain key finds nothing.
+func TestInspectSealedRequest(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			url, d := b.setup(t, b.partitioned)
+			c := cli{t, url}
+			c.ok(b.migrateUp()...)
+			secret, hashSecret := bytes.Repeat([]byte{7}, 32), []byte("the key-hash secret")
+			mw, err := idem.New(idem.Config{Scope: func(*http.Request) (string, error) { return "acct", nil },
+				EngineConfig: idem.EngineConfig{Store: d, SealKeys: []seal.Key{{ID: "k2025", Secret: secret}},
+					KeyHashSecret: hashSecret, KeepRequestBytes: 16}})
+			require.NoError(t, err)
+			h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Location", "/v1/payments/pay_SECRET")
+				w.WriteHeader(http.StatusCreated)
+				_, _ = w.Write([]byte(`{"id":"pay_SECRET"}`))
+			}))
+			for _, key := range []string{"order-1", "order-2"} {
+				body := `{"amount":1000}`
+				if key == "order-2" {
+					body = `{"amount":1000,"card":"4242424242424242"}`
+				}
+				r := httptest.NewRequest(http.MethodPost, "/v1/payments?expand=customer", strings.NewReader(body))
+				r.Header.Set("Content-Type", "application/json")
+				r.Header.Set(idem.HeaderKey, key)
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				require.Equal(t, http.StatusCreated, w.Code, w.Body.String())
+			}
+			keyFlag := "--seal-key=k2025:" + base64.StdEncoding.EncodeToString(secret)
+			hashFlag := "--key-hash-secret=" + base64.RawURLEncoding.EncodeToString(hashSecret)
+
+			out := c.ok(keyFlag, hashFlag, "inspect", "--scope", "acct", "--key", "order-1", "--request", "--body")
+			require.Contains(t, out, seal.HashKey(hashSecret, "order-1"), "the record's stored key")
+			require.Contains(t, out, "yes, key k2025 (opened)")
+			require.Contains(t, out, "Location: /v1/payments/pay_SECRET")
+			require.Contains(t, out, `{"id":"pay_SECRET"}`)
+			require.Contains(t, out, "request (15 bytes):\n  content-type: application/json\n  query: expand=customer\n  body: {\"amount\":1000}\n")
+
+			out = c.ok(keyFlag, hashFlag, "inspect", "--key", "order-2", "--request")
+			require.Contains(t, out, "request (41 bytes, its first 16 kept):")
+			require.Contains(t, out, `body: {"amount":1000,"`+"\n")
+			require.NotContains(t, out, "4242")
+
+			rec := c.json(keyFlag, hashFlag, "inspect", "--scope", "acct", "--key", "order-1", "--request")
+			require.Equal(t, map[string]any{"content_type": "application/json", "query": "expand=customer", "size": 15.0,
+				"truncated": false, "body": `{"amount":1000}`, "body_base64": base64.StdEncoding.EncodeToString([]byte(`{"amount":1000}`))}, rec["request"])
+
+			out = c.ok(hashFlag, "inspect", "--scope", "acct", "--key", "order-1", "--request", "--body")
+			require.Contains(t, out, "yes, key k2025: not opened, give --seal-key k2025:...")
+			require.Contains(t, out, "the kept request is sealed: give --seal-key to show it")
+			require.NotContains(t, out, "pay_SECRET")
+			require.NotContains(t, out, "amount")
+
+			_, errOut, code := c.run(keyFlag, "inspect", "--scope", "acct", "--key", "order-1")
+			require.Equal(t, 1, code)
+			require.Contains(t, errOut, `no record for scope "acct" and key "order-1"`, "the plain key is not stored")
+
+			_, errOut, code = c.run("--seal-key", "k2025:c2hvcnQ", "inspect", "--key", "order-1")
+			require.Equal(t, 2, code)
+			require.Contains(t, errOut, "Secret is 5 bytes; AES takes 16, 24 or 32")
+			require.NotContains(t, errOut, "c2hvcnQ", "the secret is never quoted")
+		})
+	}
+}

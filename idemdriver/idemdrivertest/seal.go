@@ -1,0 +1,322 @@
+package idemdrivertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
+)
+
+// The cases of sealing at rest, key hashing and the kept request (package
+// seal, docs/sealing.md): the driver stores Response.SealKey, Sealed and
+// Request as given, every completion path writes them, every claim clears
+// them; the engine replays a sealed record, rotates keys, and never runs a
+// record it cannot open again.
+
+// sealedResponse is a response as the core hands a sealed one to a driver:
+// opaque blobs, no headers, no body.
+func sealedResponse(marker string) idemdriver.Response {
+	return idemdriver.Response{Status: 201, BodyStored: true, BodySize: 42, SealKey: "key-2025.1",
+		Sealed: []byte("\x01SEALED-" + marker + "\x00\xff"), Request: []byte("\x01REQ-" + marker + "\x00\xfe")}
+}
+
+// completions are the ways an execution's outcome reaches the store: alone
+// (Driver.Complete), in the business transaction (Tx.Complete then Commit,
+// or CompleteCommit when the Tx has it) and, with a TxClaimer, in the
+// one-commit claim's transaction.
+func completions(d idemdriver.Driver) []string {
+	ways := []string{"alone", "tx"}
+	if _, ok := d.(idemdriver.TxClaimer); ok {
+		ways = append(ways, "one-commit")
+	}
+	return ways
+}
+
+// completeVia claims p and records resp by way (completions).
+func completeVia(t *testing.T, d idemdriver.Driver, way string, p idemdriver.ClaimParams, resp idemdriver.Response) {
+	t.Helper()
+	ctx := context.Background()
+	var tx idemdriver.Tx
+	var res idemdriver.ClaimResult
+	switch way {
+	case "one-commit":
+		var err error
+		res, tx, err = d.(idemdriver.TxClaimer).ClaimTx(ctx, p, 5*time.Second)
+		require.NoError(t, err)
+	case "tx":
+		res = claim(t, d, p)
+		var err error
+		tx, err = d.Begin(ctx)
+		require.NoError(t, err)
+	default:
+		res = claim(t, d, p)
+	}
+	require.True(t, res.Claimed)
+	cp := idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: resp}
+	switch cc, ok := tx.(idemdriver.CompleteCommitter); {
+	case tx == nil:
+		require.True(t, complete(t, d, cp.FenceParams, resp))
+	case ok:
+		done, err := cc.CompleteCommit(ctx, cp)
+		require.NoError(t, err)
+		require.True(t, done)
+	default:
+		require.True(t, complete(t, tx, cp.FenceParams, resp))
+		require.NoError(t, tx.Commit(ctx))
+	}
+}
+
+// The sealed columns round-trip through every completion path: Get and
+// List return SealKey, Sealed and Request as written (no headers, no body);
+// a claim's replay returns SealKey and Sealed. A plain response keeps its
+// meaning, with its Request.
+func driverSealedColumns(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	for _, way := range completions(d) {
+		sealed, plain := sealedResponse(way), okResponse(`{"id":1}`)
+		plain.Request = []byte("plain request " + way)
+		completeVia(t, d, way, params("acct", "sealed-"+way, "a"), sealed)
+		completeVia(t, d, way, params("acct", "plain-"+way, "a"), plain)
+
+		rec := record(t, d, "acct", "sealed-"+way)
+		require.Equal(t, idemdriver.StateSucceeded, rec.State, way)
+		require.Equal(t, &sealed, rec.Response, "%s: Get returns the sealed columns as written", way)
+		got := record(t, d, "acct", "plain-"+way).Response
+		require.Equal(t, plain.Header, got.Header, way)
+		require.Equal(t, plain.Body, got.Body, way)
+		require.Empty(t, got.SealKey, way)
+		require.Nil(t, got.Sealed, way)
+		require.Equal(t, plain.Request, got.Request, way)
+
+		res := claim(t, d, params("acct", "sealed-"+way, "a"))
+		require.False(t, res.Claimed, way)
+		require.Equal(t, sealed.SealKey, res.Record.Response.SealKey, "%s: the replay carries the key id", way)
+		require.Equal(t, sealed.Sealed, res.Record.Response.Sealed, "%s: and the blob", way)
+		require.Equal(t, sealed.BodySize, res.Record.Response.BodySize, way)
+	}
+	if l, ok := d.(idemdriver.Lister); ok {
+		recs, err := l.List(context.Background(), idemdriver.ListParams{Key: "sealed-alone", Limit: 10})
+		require.NoError(t, err)
+		require.Len(t, recs, 1)
+		want := sealedResponse("alone")
+		require.Equal(t, &want, recs[0].Response, "List returns the kept request too")
+	}
+}
+
+// A claim that starts a new life of an expired sealed record (or takes it
+// over) clears seal_key and the kept request with the response: no column
+// of the row holds them once the new execution failed.
+func driverClaimClearsSealedColumns(t *testing.T, h Harness) {
+	t.Parallel()
+	require.NotNil(t, h.Dump, "Harness.Dump is required")
+	d := h.NewDriver(t)
+	completeVia(t, d, "alone", params("acct", "k", "a"), sealedResponse("OLDLIFE"))
+	require.Contains(t, string(bytes.Join(h.Dump(t, d), nil)), "REQ-OLDLIFE", "the dump shows the kept request")
+	clock := &Clock{}
+	sd := Shift(d, clock)
+	clock.Advance(retention + time.Second)
+	res := claim(t, sd, params("acct", "k", "b"))
+	require.True(t, res.Claimed, "an expired record is a new life")
+	require.True(t, wrote(t, sd.Fail, fence(res.Record)))
+	for _, cell := range h.Dump(t, d) {
+		require.NotContains(t, string(cell), "OLDLIFE", "the new life holds nothing of the old one's response or request")
+		require.NotEqual(t, "key-2025.1", string(cell), "nor its seal key")
+	}
+}
+
+func sealingKey(id string, b byte) seal.Key {
+	return seal.Key{ID: id, Secret: bytes.Repeat([]byte{b}, 32)}
+}
+
+var keyHashSecret = []byte("conformance key-hash secret")
+
+// sealedResult is fn's Result of a sealed Do: marked body and headers.
+func sealedResult(runs *atomic.Int32, marker string) func(context.Context) (idem.Result, error) {
+	return func(context.Context) (idem.Result, error) {
+		runs.Add(1)
+		return idem.Result{Status: 201, Header: map[string][]string{"Location": {"/charges/HDRMARK-" + marker}},
+			Body: []byte(`{"charge":"BODYMARK-` + marker + `"}`)}, nil
+	}
+}
+
+// A sealed, hashed Do is replayed byte for byte; its record names its key
+// and holds no header nor body in plain; its request is kept, sealed.
+func engineSealedReplay(t *testing.T, h Harness, oneCommit bool) {
+	t.Parallel()
+	keys := []seal.Key{sealingKey("A", 1)}
+	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: keys, KeyHashSecret: keyHashSecret, KeepRequestBytes: 64})
+	var runs atomic.Int32
+	first, err := g.Do(t.Context(), doParams("client-key", "REQMARK pay 10"), sealedResult(&runs, "1"))
+	require.NoError(t, err)
+	again, err := g.Do(t.Context(), doParams("client-key", "REQMARK pay 10"), sealedResult(&runs, "2"))
+	require.NoError(t, err)
+	require.Equal(t, first, again, "the replay is the stored Result")
+	require.Equal(t, "/charges/HDRMARK-1", again.Header["Location"][0])
+	require.EqualValues(t, 1, runs.Load())
+
+	stored := seal.HashKey(keyHashSecret, "client-key")
+	require.Equal(t, stored, g.StoredKey("client-key"))
+	requireGone(t, d, "acct", "client-key", "no record under the client's key")
+	rec := record(t, d, "acct", stored)
+	require.Equal(t, "A", rec.Response.SealKey)
+	require.Nil(t, rec.Response.Header)
+	require.Nil(t, rec.Response.Body)
+	require.NotContains(t, string(rec.Response.Sealed), "BODYMARK")
+	require.NotContains(t, string(rec.Response.Request), "REQMARK")
+	kr, err := seal.NewKeyring(keys)
+	require.NoError(t, err)
+	opened, err := kr.OpenResponse(rec.Scope, rec.Key, *rec.Response)
+	require.NoError(t, err)
+	req, err := seal.DecodeRequest(opened.Request)
+	require.NoError(t, err)
+	require.Equal(t, seal.Request{Size: 14, Body: []byte("REQMARK pay 10")}, req)
+}
+
+// Rotation: records sealed with A replay under [B, A], new ones are sealed
+// with B; plain records written before sealing replay too.
+func engineSealRotation(t *testing.T, h Harness, oneCommit bool) {
+	t.Parallel()
+	plain, d := newEngine(t, h, oneCommit, idem.EngineConfig{})
+	a := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1)}})
+	ba := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("B", 2), sealingKey("A", 1)}})
+	var runs atomic.Int32
+	_, err := plain.Do(t.Context(), doParams("plain", "x"), sealedResult(&runs, "p"))
+	require.NoError(t, err)
+	_, err = a.Do(t.Context(), doParams("ka", "x"), sealedResult(&runs, "a"))
+	require.NoError(t, err)
+	for key, marker := range map[string]string{"plain": "p", "ka": "a"} {
+		out, err := ba.Do(t.Context(), doParams(key, "x"), sealedResult(&runs, "again"))
+		require.NoError(t, err, key)
+		require.Equal(t, `{"charge":"BODYMARK-`+marker+`"}`, string(out.Body), key)
+	}
+	_, err = ba.Do(t.Context(), doParams("kb", "x"), sealedResult(&runs, "b"))
+	require.NoError(t, err)
+	require.EqualValues(t, 3, runs.Load())
+	require.Equal(t, "A", record(t, d, "acct", "ka").Response.SealKey)
+	require.Equal(t, "B", record(t, d, "acct", "kb").Response.SealKey)
+	require.Empty(t, record(t, d, "acct", "plain").Response.SealKey)
+}
+
+// engineOn is another engine on d, as another process would be.
+func engineOn(t *testing.T, d idemdriver.Driver, oneCommit bool, cfg idem.EngineConfig) *idem.Engine {
+	t.Helper()
+	cfg.Store, cfg.OneCommit = d, oneCommit
+	g, err := idem.NewEngine(cfg)
+	require.NoError(t, err)
+	return g
+}
+
+// A record sealed under a key not configured (config [B] only) answers
+// ErrSealKeyMissing and fn never runs again: the record stays SUCCEEDED.
+func engineSealKeyMissing(t *testing.T, h Harness, oneCommit bool) {
+	t.Parallel()
+	a, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1)}})
+	b := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("B", 2)}})
+	var runs atomic.Int32
+	_, err := a.Do(t.Context(), doParams("k", "x"), sealedResult(&runs, "1"))
+	require.NoError(t, err)
+	for range 3 {
+		_, err = b.Do(t.Context(), doParams("k", "x"), sealedResult(&runs, "2"))
+		require.ErrorIs(t, err, idem.ErrSealKeyMissing)
+	}
+	require.EqualValues(t, 1, runs.Load(), "fn never ran again")
+	require.Equal(t, idemdriver.StateSucceeded, record(t, d, "acct", "k").State)
+	out, err := a.Do(t.Context(), doParams("k", "x"), sealedResult(&runs, "3"))
+	require.NoError(t, err, "with its key, it replays again")
+	require.Equal(t, `{"charge":"BODYMARK-1"}`, string(out.Body))
+}
+
+// A sealed blob that does not authenticate (copied from another record, or
+// altered) answers ErrSealBroken and fn never runs. The records are written
+// through the driver as the engine would have.
+func engineSealBroken(t *testing.T, h Harness, oneCommit bool) {
+	t.Parallel()
+	keys := []seal.Key{sealingKey("A", 1)}
+	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: keys})
+	var runs atomic.Int32
+	_, err := g.Do(t.Context(), doParams("donor", "x"), sealedResult(&runs, "1"))
+	require.NoError(t, err)
+	donor := record(t, d, "acct", "donor").Response
+	sum := sha256.Sum256([]byte("x"))
+	p := idemdriver.ClaimParams{Scope: "acct", Method: "DO", Path: "orders", Fingerprint: sum[:], LeaseDuration: lease, Retention: retention}
+	p.Key = "copied"
+	completeVia(t, d, "alone", p, *donor)
+	altered := *donor
+	altered.Sealed = bytes.Clone(donor.Sealed)
+	altered.Sealed[len(altered.Sealed)-1] ^= 1
+	p.Key = "altered"
+	completeVia(t, d, "alone", p, altered)
+	for _, key := range []string{"copied", "altered"} {
+		_, err := g.Do(t.Context(), doParams(key, "x"), sealedResult(&runs, "2"))
+		require.ErrorIs(t, err, idem.ErrSealBroken, key)
+		require.Equal(t, idemdriver.StateSucceeded, record(t, d, "acct", key).State, key)
+	}
+	require.EqualValues(t, 1, runs.Load(), "fn never ran for a broken record")
+}
+
+// A storm of Do calls on many keys, duplicates racing each, with sealing,
+// key hashing and the kept request on: each key runs once, and no column of
+// any row (Harness.Dump, read raw) holds a body, a header value, a payload
+// or a client key in plain text.
+func engineSealedStorm(t *testing.T, h Harness, oneCommit bool) {
+	t.Parallel()
+	require.NotNil(t, h.Dump, "Harness.Dump is required")
+	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1)},
+		KeyHashSecret: keyHashSecret, KeepRequestBytes: 256})
+	const keys, dups = 24, 3
+	runs := make([]atomic.Int32, keys)
+	var wg sync.WaitGroup
+	errs := make(chan error, keys*dups)
+	for i := range keys {
+		for range dups {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n := fmt.Sprint(i)
+				for {
+					out, err := g.Do(context.Background(), doParams("CLIENTKEY-"+n, "REQMARK-"+n), sealedResult(&runs[i], n))
+					if errors.Is(err, idem.ErrInFlight) {
+						time.Sleep(5 * time.Millisecond)
+						continue
+					}
+					if err == nil && string(out.Body) != `{"charge":"BODYMARK-`+n+`"}` {
+						err = fmt.Errorf("key %d answered %q", i, out.Body)
+					}
+					errs <- err
+					return
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	for i := range keys {
+		require.EqualValues(t, 1, runs[i].Load(), "key %d ran once", i)
+	}
+	cells := h.Dump(t, d)
+	hashed := 0
+	for _, c := range cells {
+		for _, marker := range []string{"BODYMARK", "HDRMARK", "REQMARK", "CLIENTKEY", "/charges/"} {
+			require.NotContains(t, string(c), marker, "a column holds %s in plain text", marker)
+		}
+		if string(c) == g.StoredKey(fmt.Sprint("CLIENTKEY-", 0)) {
+			hashed++
+		}
+	}
+	require.Equal(t, 1, hashed, "the dump holds the stored keys (it sees the rows)")
+}
