@@ -21,6 +21,8 @@
 // not; this package reads them back for the CLI and for idem's replay.
 package seal
 
+//lint:file-ignore ST1005 validation errors start with the field they name (ID, Secret), as Config's do
+
 import (
 	"bytes"
 	"crypto/aes"
