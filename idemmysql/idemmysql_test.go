@@ -138,5 +138,6 @@ func TestConformance(t *testing.T) {
 			return dbtest.DumpSQL(t, d.(*idemmysql.Driver).DB(), "idem_keys")
 		},
 		SecondDriver: secondDriver,
+		MultiMaster:  os.Getenv(EnvOtherNodes) != "",
 	})
 }

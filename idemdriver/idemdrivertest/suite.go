@@ -70,6 +70,12 @@ type Harness struct {
 	// sealing cases check that no column holds a response, a request or a
 	// client key in plain text. Required.
 	Dump func(t *testing.T, d idemdriver.Driver) [][]byte
+	// MultiMaster declares that SecondDriver writes through another node of
+	// a multi-master cluster (Galera), whose row locks do not reach the
+	// first: two one-commit claims of one key on two nodes both run, and
+	// one loses certification at COMMIT (docs/deployment.md). The
+	// one-commit wait cases then meet in one node.
+	MultiMaster bool
 }
 
 // Business writes rows of a test business table inside a claim's transaction.

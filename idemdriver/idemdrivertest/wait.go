@@ -45,7 +45,7 @@ func waitPair(t *testing.T, h Harness, oneCommit bool, cfg idem.EngineConfig) (g
 	t.Helper()
 	g, d = newEngine(t, h, oneCommit, cfg)
 	cfg.Store, cfg.OneCommit, cfg.Logger = d, oneCommit, slog.New(slog.DiscardHandler)
-	if h.SecondDriver != nil {
+	if h.SecondDriver != nil && !(oneCommit && h.MultiMaster) {
 		cfg.Store = h.SecondDriver(t, d)
 	}
 	other, err := idem.NewEngine(cfg)
