@@ -1,8 +1,12 @@
 // Package idempgx is idem's PostgreSQL driver, on pgx v5 (pgxpool).
 //
-// The claim is one statement: a read of the record, and an
-// INSERT ... ON CONFLICT DO UPDATE ... WHERE in a data-modifying CTE that runs
-// only when the record read can be claimed. Times are PostgreSQL's:
+// The claim reads first: a plain SELECT of the record by primary key, which
+// is the whole claim of a replay, 409 or 422; a plain INSERT ... ON CONFLICT
+// DO NOTHING when there is no record; otherwise (a record that may be
+// claimed, or one written since the read) the claim statement, a read of the
+// record and an INSERT ... ON CONFLICT DO UPDATE ... WHERE in a
+// data-modifying CTE that runs only when the record read can be claimed and
+// decides atomically. Times are PostgreSQL's:
 // statement_timestamp() for the read, clock_timestamp() where a lease is
 // written, so a claim that waited on a row lock never writes a lease already
 // run out. pgx prepares and caches each
@@ -16,10 +20,10 @@
 // raises when it is fenced out and the server then skips the COMMIT
 // (idemdriver.CompleteCommitter); in the one-commit mode BEGIN and the
 // claim, which also sets the transaction's lock bound. A replay, 409 or 422
-// is one statement; a first execution in transactional mode three round
-// trips around the handler's own statements (the claim, BEGIN with the
-// first of them, the completion with the COMMIT), in the one-commit mode
-// two.
+// is one statement; a first execution in transactional mode four round
+// trips around the handler's own statements (the claim's read and INSERT,
+// BEGIN with the first of them, the completion with the COMMIT), in the
+// one-commit mode two.
 //
 // # Behind pgbouncer
 //
@@ -122,12 +126,42 @@ const now = `(statement_timestamp() + @offset::bigint * interval '1 microsecond'
 func curCTE(clock string) string {
 	return `cur AS (
 	SELECT ` + columns + `,
-		NOT (state = 'PROCESSING' AND locked_until > ` + clock + `)
-		AND (expires_at <= ` + clock + `
-			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING'))) AS claimable
+		` + claimable(clock) + ` AS claimable
 	FROM idem_keys WHERE scope = @scope AND key = @key
 )`
 }
+
+// claimable is the condition under which the record read may be claimed at
+// clock (see curCTE).
+func claimable(clock string) string {
+	return `NOT (state = 'PROCESSING' AND locked_until > ` + clock + `)
+		AND (expires_at <= ` + clock + `
+			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING')))`
+}
+
+// readSQL is the claim's first statement (Claim): a plain read of the record
+// by primary key, whether it may be claimed (as "cur" of claimSQL decides
+// it), the columns, and false (scanRecord's TookOver). A replay, 409 or 422
+// ends here: a SELECT, which PostgreSQL answers at about twice the rate of a
+// statement holding an INSERT that inserts nothing (the claim statement's
+// CTE, or INSERT ... ON CONFLICT DO NOTHING meeting the key), see
+// docs/benchmarks.md. Its parameters are claimParams's first six.
+var readSQL = bind(claimParams[:6], `SELECT `+claimable(now)+`, `+columns+`, false
+	FROM idem_keys WHERE scope = @scope AND key = @key`)
+
+// insertSQL is the claim of a key that readSQL found no record for: a plain
+// INSERT of the PROCESSING record (DecisionNew: fencing token 1, attempts 1,
+// created_at now), as claimSQL writes a new one. ON CONFLICT DO NOTHING: a
+// record written since the read (a concurrent claim) is not touched, no row
+// comes back, and Claim decides with claimSQL. It returns true (claimed),
+// the columns and false (not a takeover).
+var insertSQL = bind(claimParams, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
+		locked_until, created_at, updated_at, expires_at, attempts, owner)
+	VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
+		`+now+` + @lease::bigint * interval '1 microsecond', `+now+`, `+now+`,
+		`+now+` + @retention::bigint * interval '1 microsecond', 1, @owner)
+	ON CONFLICT DO NOTHING
+	RETURNING true, `+columns+`, false`)
 
 // clock is the database clock when the expression is evaluated, moved by
 // @offset: unlike now, fixed when the statement starts, it has moved on by
@@ -141,7 +175,8 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 	created_at, updated_at, completed_at, expires_at, attempts, owner,
 	(extract(epoch FROM locked_until - ` + clock + `) * 1000000)::bigint`
 
-// The claim, one statement. "cur" reads the record from the statement's
+// The claim statement, which decides when the read (readSQL) finds a record
+// that may be claimed, or insertSQL meets a key written since. "cur" reads the record from the statement's
 // snapshot, and whether this request may claim it. When it exists and cannot
 // be claimed (SUCCEEDED, PROCESSING under a live lease, another request's
 // key), the INSERT inserts nothing and that row is the answer: a replay, 409
@@ -256,7 +291,8 @@ var releaseSQL = bind(fenceParams, releaseDelete)
 
 // claimParams are the parameters of the claim statements (claimSQL,
 // claimPartitionedSQL), in claimArgs's order.
-var claimParams = []string{"scope", "key", "method", "path", "fingerprint", "lease", "retention", "owner", "offset"}
+// The first six are readSQL's.
+var claimParams = []string{"scope", "key", "method", "path", "fingerprint", "offset", "lease", "retention", "owner"}
 
 // claimArgs are the arguments of the claim statements for p, in
 // claimParams's order, with room for one more (claimBoundedSQL's wait).
@@ -273,8 +309,8 @@ func (d *Driver) claimArgs(p idemdriver.ClaimParams) []any {
 		d.consts.Store(c)
 	}
 	args := make([]any, 0, len(claimParams)+1)
-	return append(args, p.Scope, p.Key, methodArg(p.Method), p.Path, p.Fingerprint, c.leaseArg,
-		c.retentionArg, c.ownerArg, p.ClockOffset.Microseconds())
+	return append(args, p.Scope, p.Key, methodArg(p.Method), p.Path, p.Fingerprint, p.ClockOffset.Microseconds(),
+		c.leaseArg, c.retentionArg, c.ownerArg)
 }
 
 // claimConsts are the claim arguments that come from a Middleware's Config
@@ -430,7 +466,8 @@ func (d *Driver) migrator(ctx context.Context, fsys fs.FS, versionTable string) 
 		FS: fsys, VersionTable: d.table(versionTable), Leases: leases})
 }
 
-// Claim implements idemdriver.Driver in one statement (see claimSQL).
+// Claim implements idemdriver.Driver: readSQL, then, when the read is not
+// the answer, insertSQL or claimSQL (see each).
 func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	if err := claimTextable(p); err != nil {
 		return idemdriver.ClaimResult{}, err
@@ -440,6 +477,25 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		res, err := d.claimPartitioned(ctx, args)
 		return res, unstorable(err)
 	}
+	// Read first: the record, and whether it may be claimed. One that may
+	// not is the answer (a replay, 409 or 422, read from the statement's
+	// snapshot as claimSQL's "cur" reads it); no record is claimed with a
+	// plain INSERT.
+	res, claimable, found, err := d.claimRead(ctx, readSQL, args[:6])
+	if err == nil && !found {
+		res, _, found, err = d.claimRead(ctx, insertSQL, args)
+		res.Claimed = found
+		claimable = !found // the key was written since the read: claimSQL decides
+	}
+	switch {
+	case err != nil && !retryable(err):
+		return res, unstorable(err)
+	case err == nil && !claimable:
+		return res, nil
+	}
+	// A record that may be claimed (a re-claim, a takeover, an expired
+	// record), or a race lost since the read: the claim statement decides
+	// atomically.
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
 		var res idemdriver.ClaimResult
@@ -474,6 +530,25 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		}
 	}
 	return idemdriver.ClaimResult{}, fmt.Errorf("idempgx: claim gave no answer after %d tries: %w", maxClaimTries, lastErr)
+}
+
+// claimRead runs readSQL or insertSQL with args and scans the row it
+// returns, if any (found is false when there is none): first is its first
+// column (readSQL's claimable, insertSQL's true).
+func (d *Driver) claimRead(ctx context.Context, query string, args []any) (res idemdriver.ClaimResult, first, found bool, err error) {
+	rows, err := d.pool.Query(ctx, d.q(query), args...)
+	if err != nil {
+		return res, false, false, err
+	}
+	for rows.Next() {
+		res.Record, err = scanRecord(rows, &first, &res.TookOver)
+		found = true
+	}
+	rows.Close()
+	if err == nil {
+		err = rows.Err()
+	}
+	return res, first, found, err
 }
 
 // retryable reports errors on which the statement is simply run again:

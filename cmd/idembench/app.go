@@ -32,6 +32,7 @@ const (
 	routeOneCommit = "/idem-1c/payments"     // idem in the one-commit mode; the handler writes in the claim's transaction
 	routeFloor     = "/floor/payments"       // idem's statements sent by hand
 	routeFloor1c   = "/floor-1c/payments"    // the one-commit mode's statements sent by hand
+	routeFloorRead = "/floor-read/payments"  // the replay floor: the record read by hand, its response sent
 	routeNaive     = "/naive/payments"       // the article's naive Redis cache
 	routeHold      = "/hold/payments"        // idem; the handler waits for release (409s)
 	routeCached    = "/idem-cached/payments" // idem with a replay cache; the handler writes in the claim's transaction
@@ -115,6 +116,7 @@ func (a *app) routes() http.Handler {
 	mux.Handle("POST "+routeCached, a.mwRC.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeFloor, http.HandlerFunc(a.createFloor))
 	mux.Handle("POST "+routeFloor1c, http.HandlerFunc(a.createFloor1c))
+	mux.Handle("POST "+routeFloorRead, http.HandlerFunc(a.floorReplay))
 	mux.Handle("POST "+routeHold, a.mw.Handler(http.HandlerFunc(a.held)))
 	if a.naive != nil {
 		mux.Handle("POST "+routeNaive, a.naive.wrap(http.HandlerFunc(a.createOwnTx)))
@@ -298,6 +300,50 @@ func (a *app) floor(w http.ResponseWriter, r *http.Request, oneCommit bool) {
 		return
 	}
 	p.respond(w, resp)
+}
+
+// floorReplay is "the replay floor": what answering a retry of an existing
+// key cannot do without, by hand with no middleware. The request is read
+// whole and hashed (SHA-256), the record read with one prepared SELECT by
+// primary key (target.floorRead), and the answer is the stored response,
+// headers and body as stored, with Idempotent-Replayed: true; a record in
+// flight is answered 409 and one of another request 422, in plain text. No
+// claim: it can answer only a key that exists, which is all the replay, 409
+// and 422 variants send.
+func (a *app) floorReplay(w http.ResponseWriter, r *http.Request) {
+	scope, _ := scopeOf(r)
+	body, err := io.ReadAll(io.LimitReader(r.Body, idem.DefaultMaxRequestBytes))
+	if err != nil {
+		a.fail(w, http.StatusBadRequest, err)
+		return
+	}
+	fp := sha256.Sum256(body)
+	rec, found, err := a.t.floorRead(r.Context(), scope, r.Header.Get(idem.HeaderKey))
+	switch {
+	case err != nil:
+		a.fail(w, http.StatusServiceUnavailable, err)
+		return
+	case !found:
+		a.fail(w, http.StatusInternalServerError, errors.New("the replay floor read no record"))
+		return
+	case !bytes.Equal(rec.fingerprint, fp[:]):
+		http.Error(w, "key reused with another request", http.StatusUnprocessableEntity)
+		return
+	case rec.state != "SUCCEEDED":
+		http.Error(w, "key in flight", http.StatusConflict)
+		return
+	}
+	h, err := idemsql.DecodeHeader(rec.headers)
+	if err != nil {
+		a.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	for name, values := range h {
+		w.Header()[name] = values
+	}
+	w.Header().Set(idem.HeaderReplayed, "true")
+	w.WriteHeader(rec.status)
+	_, _ = w.Write(rec.body)
 }
 
 // holdGate keeps one protected request inside its handler while the 409

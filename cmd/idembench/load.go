@@ -26,6 +26,7 @@ const (
 	keyHeld                  // the key held PROCESSING by the hold route (409)
 	keyNaive                 // one of the keys cached by the naive cache in setup
 	keyCached                // one of the keys completed in setup on the replay-cache route
+	keyFloor                 // one of the keys completed in setup by the floor (its fingerprint the floor's hash)
 )
 
 // variant is one way of serving the request, measured in every cell.
@@ -48,6 +49,7 @@ const (
 	vOneCommit = "idem-1c"
 	vFloor     = "floor"
 	vFloor1c   = "floor-1c"
+	vFloorRead = "floor-replay"
 	vReplay    = "replay"
 	vInFlight  = "409"
 	vKeyReused = "422"
@@ -66,6 +68,7 @@ var allVariants = []variant{
 	{id: vOwnTx, label: "idem first execution, handler commits its own transaction", route: routeOwnTx, body: paymentBody, want: http.StatusCreated},
 	{id: vFloor, label: "the floor: idem's statements sent by hand (raw driver)", route: routeFloor, body: paymentBody, want: http.StatusCreated},
 	{id: vFloor1c, label: "the one-commit floor: its statements sent by hand in one transaction (raw driver)", route: routeFloor1c, body: paymentBody, want: http.StatusCreated},
+	{id: vFloorRead, label: "the replay floor: the record read by hand by primary key, its response sent (raw driver)", route: routeFloorRead, body: paymentBody, key: keyFloor, want: http.StatusCreated, replayed: true},
 	{id: vReplay, label: "idem replay", route: routeClaimTx, body: paymentBody, key: keyReplay, want: http.StatusCreated, replayed: true},
 	{id: vInFlight, label: "idem 409 (key in flight)", route: routeHold, body: paymentBody, key: keyHeld, want: http.StatusConflict},
 	{id: vKeyReused, label: "idem 422 (key reused, other body)", route: routeClaimTx, body: otherPaymentBody, key: keyReplay, want: http.StatusUnprocessableEntity},
@@ -89,6 +92,7 @@ type running struct {
 	nonce      string
 	replayKeys []string
 	cachedKeys []string
+	floorKeys  []string
 	naiveKeys  []string
 	seq        atomic.Int64
 }
@@ -139,7 +143,8 @@ func (r *running) send(ctx context.Context, route, key string, body []byte) (int
 }
 
 // setup completes the replay keys through idem (and through the middleware
-// with a replay cache) and caches the naive keys.
+// with a replay cache), the replay floor's keys through the floor, and
+// caches the naive keys.
 func (r *running) setup(ctx context.Context) error {
 	for range setupKeys {
 		k := r.newKey("replay")
@@ -156,6 +161,11 @@ func (r *running) setup(ctx context.Context) error {
 			}
 		}
 		r.cachedKeys = append(r.cachedKeys, k)
+		k = r.newKey("floor")
+		if st, _, err := r.send(ctx, routeFloor, k, paymentBody); err != nil || st != http.StatusCreated {
+			return fmt.Errorf("%s: completing replay floor key: status %d, %v", r.t.name, st, err)
+		}
+		r.floorKeys = append(r.floorKeys, k)
 		if r.app.naive == nil {
 			continue
 		}
@@ -257,6 +267,8 @@ func (r *running) keyFor(v variant, held string, w, i int) string {
 		return r.naiveKeys[(w*7+i)%len(r.naiveKeys)]
 	case keyCached:
 		return r.cachedKeys[(w*7+i)%len(r.cachedKeys)]
+	case keyFloor:
+		return r.floorKeys[(w*7+i)%len(r.floorKeys)]
 	case keyHeld:
 		return held
 	}

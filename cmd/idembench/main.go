@@ -20,6 +20,10 @@
 //     one transaction (the claim INSERT first, then the business writes and
 //     the completion, one COMMIT): what a first execution in the one-commit
 //     mode cannot go below;
+//   - floor-replay: the replay floor, no middleware: the request hashed, the
+//     key's record read with one prepared SELECT by primary key through the
+//     raw driver, its stored response sent (what answering an existing key
+//     cannot go below; replay, 409 and 422 are measured against it);
 //   - replay, 409, 422: idem answering a completed key, a key in flight
 //     (held by a request parked in its handler) and a completed key sent
 //     with another body;

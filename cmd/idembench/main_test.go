@@ -89,6 +89,10 @@ func TestRatiosArePerRound(t *testing.T) {
 		// The one-commit mode is measured against its own floor.
 		{db: dbSQLite, variant: vOneCommit, conc: 8, round: 1, rps: 80},
 		{db: dbSQLite, variant: vFloor1c, conc: 8, round: 1, rps: 160},
+		// A replay, 409 and 422 are measured against the replay floor.
+		{db: dbSQLite, variant: vReplay, conc: 8, round: 1, rps: 450},
+		{db: dbSQLite, variant: vKeyReused, conc: 8, round: 1, rps: 300},
+		{db: dbSQLite, variant: vFloorRead, conc: 8, round: 1, rps: 500},
 	}
 	s := summarize(cells)[sumKey{dbSQLite, vClaimTx, 8}]
 	require.Equal(t, []float64{0.9, 0.5, 0.75}, s.ratio)
@@ -98,6 +102,8 @@ func TestRatiosArePerRound(t *testing.T) {
 	require.Equal(t, "0.90 (0.40-1.00)", ratioCell(s.floorRatio, "")) // not 100/250
 	require.Empty(t, summarize(cells)[sumKey{dbSQLite, vFloor, 8}].floorRatio, "a floor has no ratio to a floor")
 	require.Equal(t, []float64{0.5}, summarize(cells)[sumKey{dbSQLite, vOneCommit, 8}].floorRatio, "80/160, not 80/100")
+	require.Equal(t, []float64{0.9}, summarize(cells)[sumKey{dbSQLite, vReplay, 8}].floorRatio, "450/500")
+	require.Equal(t, []float64{0.6}, summarize(cells)[sumKey{dbSQLite, vKeyReused, 8}].floorRatio, "300/500")
 }
 
 func TestReplaceBlockNeedsTheMarkers(t *testing.T) {

@@ -25,7 +25,7 @@ type sumKey struct {
 type summary struct {
 	rps        []float64       // per round
 	ratio      []float64       // per round: rps / the bare handler's rps of the same round
-	floorRatio []float64       // idem-tx and idem-1c only: rps / their floor's rps of the same round
+	floorRatio []float64       // the variants of floorOf only: rps / their floor's rps of the same round
 	p50, p99   []time.Duration // per round
 	n, errs    int
 	firstErr   string
@@ -36,15 +36,19 @@ type roundKey struct {
 	conc, round int
 }
 
-// floorOf is the floor of each mode's first execution: its statements sent
-// by hand, with no middleware.
-var floorOf = map[string]string{vClaimTx: vFloor, vOneCommit: vFloor1c}
+// floorOf is the floor of each answer: of each mode's first execution, its
+// statements sent by hand; of a replay, a 409 and a 422, the record read by
+// hand (the replay floor); with no middleware.
+var floorOf = map[string]string{vClaimTx: vFloor, vOneCommit: vFloor1c, vReplay: vFloorRead, vInFlight: vFloorRead, vKeyReused: vFloorRead}
 
 // floorRows label the ratio of each mode's first execution to its floor,
 // in the report's order.
 var floorRows = []struct{ variant, label string }{
 	{vClaimTx, "idem transactional first execution, ratio to the floor"},
 	{vOneCommit, "idem one-commit first execution, ratio to the one-commit floor"},
+	{vReplay, "idem replay, ratio to the replay floor"},
+	{vInFlight, "idem 409, ratio to the replay floor"},
+	{vKeyReused, "idem 422, ratio to the replay floor"},
 }
 
 // summarize groups cells by sumKey and takes each round's ratios against

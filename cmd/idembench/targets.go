@@ -92,10 +92,48 @@ type target struct {
 	// floorComplete records the response in tx, by primary key and
 	// fencing token, as idem's completion in the business transaction.
 	floorComplete func(ctx context.Context, tx bizTx, scope, key string, status int, headers, body []byte) error
+	// floorRead reads a key's record by primary key with one prepared
+	// SELECT of the columns any answer to an existing key needs (state,
+	// fingerprint, stored response): the replay floor's statement. found is
+	// false when the key has no record.
+	floorRead func(ctx context.Context, scope, key string) (rec floorRecord, found bool, err error)
 
 	// close closes the pool and drops the run's place (schema, database
 	// or file).
 	close func() error
+}
+
+// floorRecord is what floorRead reads of a record.
+type floorRecord struct {
+	state         string
+	fingerprint   []byte
+	status        int // 0 before the completion
+	headers, body []byte
+}
+
+// floorSelect is the replay floor's statement, with the placeholders
+// ("$1, $2" or "?, ?") and the key column's name (key is reserved on MariaDB)
+// filled in.
+func floorSelect(keyColumn, p1, p2 string) string {
+	return `SELECT state, fingerprint, coalesce(response_status, 0), response_headers, response_body
+		FROM idem_keys WHERE scope = ` + p1 + ` AND ` + keyColumn + ` = ` + p2
+}
+
+// sqlFloorRead is floorRead through a statement prepared once on db
+// (database/sql keeps it prepared on each connection it runs on).
+func sqlFloorRead(ctx context.Context, db *sql.DB, keyColumn string) (func(ctx context.Context, scope, key string) (floorRecord, bool, error), error) {
+	st, err := db.PrepareContext(ctx, floorSelect(keyColumn, "?", "?"))
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, scope, key string) (floorRecord, bool, error) {
+		var rec floorRecord
+		err := st.QueryRowContext(ctx, scope, key).Scan(&rec.state, &rec.fingerprint, &rec.status, &rec.headers, &rec.body)
+		if errors.Is(err, sql.ErrNoRows) {
+			return rec, false, nil
+		}
+		return rec, err == nil, err
+	}, nil
 }
 
 // openTarget opens, and lays out afresh, the database named slug. Each run
@@ -193,9 +231,21 @@ func openPostgres(ctx context.Context, rawURL, schema string) (*target, error) {
 				response_body_size = $6, completed_at = now(), updated_at = now()
 				WHERE scope = $1 AND key = $2 AND fencing_token = 1`, scope, key, status, headers, body, len(body)))
 		},
+		// pgx prepares the statement on each connection at its first use
+		// and keeps it (the default exec mode, cache_statement).
+		floorRead: func(ctx context.Context, scope, key string) (floorRecord, bool, error) {
+			var rec floorRecord
+			err := pool.QueryRow(ctx, pgFloorSelect, scope, key).Scan(&rec.state, &rec.fingerprint, &rec.status, &rec.headers, &rec.body)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return rec, false, nil
+			}
+			return rec, err == nil, err
+		},
 		close: drop,
 	}, nil
 }
+
+var pgFloorSelect = floorSelect("key", "$1", "$2")
 
 // pgAdmin runs f on a connection of its own to rawURL: f's error, else the
 // close's.
@@ -432,6 +482,9 @@ func openMariaDB(ctx context.Context, rawURL, database string) (*target, error) 
 	// Business transactions in READ COMMITTED: the sessions' default that
 	// idemmysql.Open sets.
 	t := sqlTarget(dbMariaDB, "MariaDB", "MariaDB "+strings.TrimSuffix(version, "-MariaDB"), d, db, idem.Tx[*sql.Tx], drop)
+	if t.floorRead, err = sqlFloorRead(ctx, db, "`key`"); err != nil {
+		return nil, fmt.Errorf("mariadb: %w", errors.Join(err, drop()))
+	}
 	return t.withFloor(
 		func(ctx context.Context, tx bizTx, scope, key, path string, fp []byte) (bool, error) {
 			_, err := sqlOn(db, tx).ExecContext(ctx, "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, state, fencing_token,"+
@@ -476,6 +529,11 @@ func openSQLite(ctx context.Context, path string) (*target, error) {
 	const sqliteNow = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
 	// Business transactions BEGIN IMMEDIATE (idemsqlite.DSN).
 	t := sqlTarget(dbSQLite, "SQLite", "SQLite "+version+" (modernc.org/sqlite, WAL, synchronous=FULL)", d, db, idem.Tx[*sql.Tx], drop)
+	read, err := sqlFloorRead(ctx, db, "key")
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: %w", errors.Join(err, drop()))
+	}
+	t.floorRead = read
 	return t.withFloor(
 		func(ctx context.Context, tx bizTx, scope, key, path string, fp []byte) (bool, error) {
 			res, err := sqlOn(db, tx).ExecContext(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
