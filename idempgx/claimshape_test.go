@@ -81,6 +81,13 @@ func TestClaimReadsFirst(t *testing.T) {
 	require.EqualValues(t, 1, first.Record.Attempts)
 	require.Equal(t, idemdriver.StateProcessing, first.Record.State)
 	require.Positive(t, first.Record.LeaseLeft)
+	// The record the INSERT returns (what the database decided, the rest
+	// from the claim) is the record as stored.
+	stored, err := d.Get(ctx, idemdriver.GetParams{Scope: p.Scope, Key: p.Key})
+	require.NoError(t, err)
+	require.InDelta(t, stored.LeaseLeft, first.Record.LeaseLeft, float64(time.Second))
+	stored.LeaseLeft = first.Record.LeaseLeft
+	require.Equal(t, stored, first.Record)
 	claim(p, idemdriver.DecisionInFlight, "select")
 	claim(other, idemdriver.DecisionKeyReused, "select")
 

@@ -153,15 +153,44 @@ var readSQL = bind(claimParams[:6], `SELECT `+claimable(now)+`, `+columns+`, fal
 // INSERT of the PROCESSING record (DecisionNew: fencing token 1, attempts 1,
 // created_at now), as claimSQL writes a new one. ON CONFLICT DO NOTHING: a
 // record written since the read (a concurrent claim) is not touched, no row
-// comes back, and Claim decides with claimSQL. It returns true (claimed),
-// the columns and false (not a takeover).
+// comes back, and Claim decides with claimSQL. It returns what the database
+// decided (created_at, which is also updated_at, expires_at, locked_until
+// and the lease left); the rest of the record is the claim's parameters
+// (newRecord).
 var insertSQL = bind(claimParams, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 		locked_until, created_at, updated_at, expires_at, attempts, owner)
 	VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
 		`+now+` + @lease::bigint * interval '1 microsecond', `+now+`, `+now+`,
 		`+now+` + @retention::bigint * interval '1 microsecond', 1, @owner)
 	ON CONFLICT DO NOTHING
-	RETURNING true, `+columns+`, false`)
+	RETURNING created_at, expires_at, locked_until, `+leaseLeft)
+
+// insertNew runs insertSQL for p (args its claimArgs): the new record, or
+// inserted false when the key was written since the read.
+func (d *Driver) insertNew(ctx context.Context, p idemdriver.ClaimParams, args []any) (res idemdriver.ClaimResult, inserted bool, err error) {
+	type targets struct {
+		created, expires, lockedUntil pgtype.Timestamptz
+		leaseLeft                     pgtype.Int8
+	}
+	v := new(targets)
+	err = d.pool.QueryRow(ctx, d.q(insertSQL), args...).Scan(&v.created, &v.expires, &v.lockedUntil, &v.leaseLeft)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return res, false, nil
+	}
+	if err != nil {
+		return res, false, err
+	}
+	res.Claimed, res.Record = true, idemdriver.Record{
+		Scope: p.Scope, Key: p.Key, Method: p.Method, Path: p.Path, Fingerprint: p.Fingerprint,
+		State: idemdriver.StateProcessing, FencingToken: 1, Owner: p.Owner, Attempts: 1,
+		LeaseLeft:   idemsql.LeaseLeft(idemdriver.StateProcessing, time.Duration(v.leaseLeft.Int64)*time.Microsecond, v.leaseLeft.Valid),
+		CreatedAt:   v.created.Time,
+		UpdatedAt:   v.created.Time,
+		ExpiresAt:   v.expires.Time,
+		LockedUntil: timePtr(v.lockedUntil),
+	}
+	return res, true, nil
+}
 
 // clock is the database clock when the expression is evaluated, moved by
 // @offset: unlike now, fixed when the statement starts, it has moved on by
@@ -173,7 +202,11 @@ const clock = `(clock_timestamp() + @offset::bigint * interval '1 microsecond')`
 const columns = `scope, key, method, path, fingerprint, state, fencing_token, locked_until,
 	response_status, response_headers, response_body, response_body_stored, response_body_size, seal_key,
 	created_at, updated_at, completed_at, expires_at, attempts, owner,
-	(extract(epoch FROM locked_until - ` + clock + `) * 1000000)::bigint`
+	` + leaseLeft
+
+// leaseLeft is the lease left of the record, in microseconds (NULL when it
+// holds none).
+const leaseLeft = `(extract(epoch FROM locked_until - ` + clock + `) * 1000000)::bigint`
 
 // The claim statement, which decides when the read (readSQL) finds a record
 // that may be claimed, or insertSQL meets a key written since. "cur" reads the record from the statement's
@@ -481,10 +514,9 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	// not is the answer (a replay, 409 or 422, read from the statement's
 	// snapshot as claimSQL's "cur" reads it); no record is claimed with a
 	// plain INSERT.
-	res, claimable, found, err := d.claimRead(ctx, readSQL, args[:6])
+	res, claimable, found, err := d.claimRead(ctx, args[:6])
 	if err == nil && !found {
-		res, _, found, err = d.claimRead(ctx, insertSQL, args)
-		res.Claimed = found
+		res, found, err = d.insertNew(ctx, p, args)
 		claimable = !found // the key was written since the read: claimSQL decides
 	}
 	switch {
@@ -532,23 +564,22 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	return idemdriver.ClaimResult{}, fmt.Errorf("idempgx: claim gave no answer after %d tries: %w", maxClaimTries, lastErr)
 }
 
-// claimRead runs readSQL or insertSQL with args and scans the row it
-// returns, if any (found is false when there is none): first is its first
-// column (readSQL's claimable, insertSQL's true).
-func (d *Driver) claimRead(ctx context.Context, query string, args []any) (res idemdriver.ClaimResult, first, found bool, err error) {
-	rows, err := d.pool.Query(ctx, d.q(query), args...)
+// claimRead runs readSQL with args and scans the row it returns, if any
+// (found is false when there is none), and whether it may be claimed.
+func (d *Driver) claimRead(ctx context.Context, args []any) (res idemdriver.ClaimResult, claimable, found bool, err error) {
+	rows, err := d.pool.Query(ctx, d.q(readSQL), args...)
 	if err != nil {
 		return res, false, false, err
 	}
 	for rows.Next() {
-		res.Record, err = scanRecord(rows, &first, &res.TookOver)
+		res.Record, err = scanRecord(rows, &claimable, &res.TookOver)
 		found = true
 	}
 	rows.Close()
 	if err == nil {
 		err = rows.Err()
 	}
-	return res, first, found, err
+	return res, claimable, found, err
 }
 
 // retryable reports errors on which the statement is simply run again:
@@ -719,6 +750,7 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 		lockedUntil, completed  pgtype.Timestamptz
 		resp                    idemsql.ResponseColumns
 		dest                    [24]any
+		scanner                 rowScanner
 	}
 	v := new(targets)
 	rec, resp := &v.rec, &v.resp
@@ -730,7 +762,8 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 		&v.lockedUntil, &v.status, &resp.Headers, &resp.Body, &v.stored, &v.size, &resp.SealKey,
 		&rec.CreatedAt, &rec.UpdatedAt, &v.completed, &rec.ExpiresAt, &rec.Attempts, &rec.Owner, &v.leaseLeft)
 	dest = append(dest, extra...)
-	if err := row.Scan(dest...); err != nil {
+	v.scanner.dest = dest
+	if err := row.Scan(&v.scanner); err != nil {
 		return *rec, err
 	}
 	rec.State = idemdriver.State(v.state)
