@@ -88,6 +88,8 @@ type options struct {
 	docs          string
 	cpuprofile    string
 	quick         bool
+	records       int // completed records written before the run (PostgreSQL)
+	inFlight      int // PROCESSING records written before the run (PostgreSQL)
 }
 
 func envOr(name, def string) string {
@@ -161,6 +163,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.place, "place", "idembench", "the PostgreSQL schema, MariaDB database and SQLite file name the run owns (dropped first)")
 	fs.StringVar(&o.docs, "docs", "", "the docs directory to write: its benchmarks.md block and img/idembench-<db>.png (default: print only)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the measured rounds (server, driver and load generator: one process)")
+	fs.IntVar(&o.records, "records", 0, "completed records to write into PostgreSQL's idem_keys before the run (growth: the same ratios on a full table)")
+	fs.IntVar(&o.inFlight, "in-flight", 0, "PROCESSING records, under a live lease, to write into PostgreSQL's idem_keys before the run")
 	fs.BoolVar(&o.quick, "quick", false, "a smoke run in under a minute: 1 round of 300ms cells at concurrency 1 and 8, 30 requests per allocation count (flags given explicitly win)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -204,6 +208,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("--rounds must be at least 1")
 	case o.duration <= 0:
 		return o, errors.New("--duration must be positive")
+	case o.records < 0 || o.inFlight < 0:
+		return o, errors.New("--records and --in-flight must not be negative")
+	case (o.records > 0 || o.inFlight > 0) && !slices.Equal(o.dbs, []string{dbPostgres}):
+		return o, errors.New("--records and --in-flight fill PostgreSQL only: give --db postgres")
 	case o.place == "" || strings.ContainsAny(o.place, "/\\`\""):
 		return o, errors.New("--place must be a plain name")
 	}
@@ -294,6 +302,12 @@ func bench(ctx context.Context, o options, cmdLine string, progress io.Writer, l
 		t, err := openTarget(ctx, slug, o, dir)
 		if err != nil {
 			return nil, err
+		}
+		if o.records > 0 || o.inFlight > 0 {
+			log.Info("idembench: filling idem_keys", "db", slug, "records", o.records, "in_flight", o.inFlight)
+			if t.filled, err = t.fill(ctx, o.records, o.inFlight); err != nil {
+				return nil, errors.Join(err, t.close())
+			}
 		}
 		a, err := newApp(t, naive, log)
 		if err != nil {

@@ -384,6 +384,9 @@ func (r *report) markdown(withPlots bool) string {
 		rounds, r.opts.duration, poolSize)
 	for _, t := range r.targets {
 		fmt.Fprintf(&b, "### %s\n\n", t.version)
+		if t.filled != "" {
+			fmt.Fprintf(&b, "%s.\n\n", t.filled)
+		}
 		if withPlots {
 			fmt.Fprintf(&b, "![%s: throughput and p99 per concurrency](%s)\n\n", t.name, plotFile(t.slug))
 		}

@@ -98,6 +98,12 @@ type target struct {
 	// false when the key has no record.
 	floorRead func(ctx context.Context, scope, key string) (rec floorRecord, found bool, err error)
 
+	// fill writes records completed records and inFlight PROCESSING ones
+	// (under a live lease) into idem_keys, then vacuums and analyzes it
+	// (PostgreSQL only; nil elsewhere); filled describes the table after.
+	fill   func(ctx context.Context, records, inFlight int) (string, error)
+	filled string
+
 	// close closes the pool and drops the run's place (schema, database
 	// or file).
 	close func() error
@@ -241,8 +247,54 @@ func openPostgres(ctx context.Context, rawURL, schema string) (*target, error) {
 			}
 			return rec, err == nil, err
 		},
+		fill: func(ctx context.Context, records, inFlight int) (string, error) {
+			return pgFill(ctx, pool, records, inFlight)
+		},
 		close: drop,
 	}, nil
+}
+
+// pgFill is the PostgreSQL target's fill: the records under scope
+// "filler" (never the benchmark's), each completed one with a 176-byte
+// body as the handler's, in batches of a million; then VACUUM (ANALYZE) so
+// that the run reads a settled table. It returns the table's size and its
+// indexes', per million records.
+func pgFill(ctx context.Context, pool *pgxpool.Pool, records, inFlight int) (string, error) {
+	const batch = 1_000_000
+	for from := 0; from < records; from += batch {
+		to := min(from+batch, records)
+		if _, err := pool.Exec(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
+			response_status, response_headers, response_body, response_body_stored, response_body_size,
+			created_at, updated_at, completed_at, expires_at, attempts, owner)
+			SELECT 'filler', 'done-' || g, 'POST', '/idem-tx/payments', sha256(g::text::bytea), 'SUCCEEDED', 1,
+				201, convert_to('{"Content-Type":["application/json"],"Location":["/v1/payments/pay_' || g || '"]}', 'UTF8'),
+				convert_to(rpad('{"id":"pay_' || g || '"', 175, ' ') || '}', 'UTF8'), true, 176,
+				now(), now(), now(), now() + interval '1 day', 1, 'filler'
+			FROM generate_series($1::bigint, $2::bigint) g`, from+1, to); err != nil {
+			return "", fmt.Errorf("postgres: fill: %w", err)
+		}
+	}
+	if inFlight > 0 {
+		if _, err := pool.Exec(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
+			locked_until, created_at, updated_at, expires_at, attempts, owner)
+			SELECT 'filler', 'busy-' || g, 'POST', '/idem-tx/payments', sha256(g::text::bytea), 'PROCESSING', 1,
+				now() + interval '6 hours', now(), now(), now() + interval '1 day', 1, 'filler'
+			FROM generate_series(1, $1::bigint) g`, inFlight); err != nil {
+			return "", fmt.Errorf("postgres: fill: %w", err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) idem_keys`); err != nil {
+		return "", fmt.Errorf("postgres: fill: %w", err)
+	}
+	var table, indexes int64
+	if err := pool.QueryRow(ctx, `SELECT pg_table_size('idem_keys'), pg_indexes_size('idem_keys')`).Scan(&table, &indexes); err != nil {
+		return "", fmt.Errorf("postgres: fill: %w", err)
+	}
+	n := records + inFlight
+	per := func(b int64) string { return fmt.Sprintf("%.0f MiB per million records", float64(b)/(1<<20)/(float64(n)/1e6)) }
+	return fmt.Sprintf("idem_keys held %d completed records and %d in flight (scope \"filler\") before the run: "+
+		"table %.0f MiB (%s), indexes %.0f MiB (%s; the primary key, expires_at and the partial index of the records in flight)",
+		records, inFlight, float64(table)/(1<<20), per(table), float64(indexes)/(1<<20), per(indexes)), nil
 }
 
 var pgFloorSelect = floorSelect("key", "$1", "$2")
