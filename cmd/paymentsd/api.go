@@ -67,6 +67,9 @@ type api struct {
 	writeMode WriteMode
 	faults    *faults
 	metrics   http.Handler
+	// storedKey is idem's Engine.StoredKey: the request log names a key as
+	// idem stores it (hashed with --key-hash-secret).
+	storedKey func(string) string
 }
 
 // newHandler returns the service's whole HTTP handler:
@@ -94,7 +97,8 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	if cfg.WriteMode == "" {
 		cfg.WriteMode = WriteInClaim
 	}
-	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults, metrics: cfg.Metrics}
+	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults, metrics: cfg.Metrics,
+		storedKey: mw.Engine().StoredKey}
 	routes := a.routes(cfg.Faults.wrap(mw.Handler(http.HandlerFunc(a.createPayment))))
 	if err := a.stripeRoutes(routes, cfg); err != nil { // POST /v1/payment_intents (stripe.go)
 		return nil, err
@@ -144,7 +148,7 @@ func (a *api) serve(routes http.Handler) http.Handler {
 		root.Handle("/metrics", methodNotAllowed("GET, HEAD"))
 	}
 	root.Handle("/", svc.Authenticate(routes))
-	return service.LogRequests(a.log, http.StatusOK, root)
+	return service.LogRequests(a.log, http.StatusOK, a.storedKey, root)
 }
 
 // paymentJSON is a payment as the API shows it.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/cmd/internal/service"
+	"github.com/idemgo/idem/seal"
 )
 
 func TestParseDatabaseURL(t *testing.T) {
@@ -97,4 +99,18 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	require.Contains(t, out, `"merchant":"acme"`)
 	require.Contains(t, out, `"msg":"database closed"`)
 	require.NotContains(t, out, "sk_test_", "the API key is never logged")
+}
+
+// Regression: with --key-hash-secret the request log printed the client's
+// Idempotency-Key, which idem stores only as its HMAC; it prints the stored
+// key now (idem inspect --key-hash-secret finds the record from either).
+func TestRunLogsTheHashedKey(t *testing.T) {
+	t.Parallel()
+	secret := []byte("paymentsd key-hash secret, 32 b.")
+	s, stop := startRun(t, "--database-url", filepath.Join(t.TempDir(), "p.db"), "--psp-latency", "0s",
+		"--key-hash-secret", base64.StdEncoding.EncodeToString(secret))
+	require.Equal(t, http.StatusCreated, s.postJSON("acme", "order-CLIENTKEY-1", paymentBody).status)
+	out := stop()
+	require.Contains(t, out, `"idempotency_key":"`+seal.HashKey(secret, "order-CLIENTKEY-1")+`"`)
+	require.NotContains(t, out, "CLIENTKEY", "the client's key is never logged")
 }
