@@ -85,3 +85,22 @@ func TestInspectSealedRequest(t *testing.T) {
 		})
 	}
 }
+
+// A plain SUCCEEDED record inspected with --seal-key: inspect says that a
+// server holding those keys refuses it (sealing's downgrade, docs/sealing.md).
+func TestInspectPlainRecordUnderSealKeys(t *testing.T) {
+	t.Parallel()
+	url, d := sqliteBackend(t, false)
+	c := cli{t, url}
+	c.ok("migrate", "up")
+	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, EngineConfig: idem.EngineConfig{Store: d}})
+	require.NoError(t, err)
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	r := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
+	r.Header.Set(idem.HeaderKey, "plain-1")
+	h.ServeHTTP(httptest.NewRecorder(), r)
+	require.Contains(t, c.ok("inspect", "--key", "plain-1"), "no (stored in plain)\n")
+	keyFlag := "--seal-key=k2025:" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))
+	out := c.ok(keyFlag, "inspect", "--key", "plain-1")
+	require.Contains(t, out, "no (stored in plain): a server with these seal keys answers 500 seal-broken")
+}

@@ -52,9 +52,11 @@ type handlerConfig struct {
 	// Metrics, when not nil, is served at GET /metrics, without
 	// authentication (service.Telemetry.Metrics).
 	Metrics http.Handler
-	// SealKeys, KeyHashSecret and KeepRequestBytes are idem's
-	// (docs/sealing.md); zero: plain records, plain keys, no request kept.
+	// SealKeys, ReplayPlain, KeyHashSecret and KeepRequestBytes are idem's
+	// (docs/sealing.md); zero: plain records, plain keys, no request kept
+	// (with SealKeys, sealed records only).
 	SealKeys         []seal.Key
+	ReplayPlain      bool
 	KeyHashSecret    []byte
 	KeepRequestBytes int64
 }
@@ -109,12 +111,12 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 // idemConfig is idem's configuration of both protected routes: cfg's store
 // (through the fault injection), scoped by merchant, with cfg's lease,
 // relay secret, logger and observer, and its sealing (SealKeys,
-// KeyHashSecret, KeepRequestBytes).
+// ReplayPlain, KeyHashSecret, KeepRequestBytes).
 func (cfg handlerConfig) idemConfig() idem.Config {
 	return idem.Config{
 		EngineConfig: idem.EngineConfig{Store: cfg.Faults.store(cfg.Store.Idem()), LeaseDuration: cfg.Lease, RelaySecret: cfg.RelaySecret, Logger: cfg.Logger, Observer: cfg.Observer,
 			Wait: cfg.Wait, MaxWait: cfg.MaxWait,
-			SealKeys: cfg.SealKeys, KeyHashSecret: cfg.KeyHashSecret, KeepRequestBytes: cfg.KeepRequestBytes},
+			SealKeys: cfg.SealKeys, ReplayPlain: cfg.ReplayPlain, KeyHashSecret: cfg.KeyHashSecret, KeepRequestBytes: cfg.KeepRequestBytes},
 		Scope: service.Scope,
 	}
 }

@@ -40,9 +40,11 @@ type options struct {
 	writeMode   WriteMode
 	// wait and maxWait are idem's EngineConfig.Wait and MaxWait.
 	wait, maxWait time.Duration
-	// sealKeys, keyHashSecret and keepRequest are idem's SealKeys,
-	// KeyHashSecret and KeepRequestBytes (docs/sealing.md).
+	// sealKeys, replayPlain, keyHashSecret and keepRequest are idem's
+	// SealKeys, ReplayPlain, KeyHashSecret and KeepRequestBytes
+	// (docs/sealing.md).
 	sealKeys      []seal.Key
+	replayPlain   bool
 	keyHashSecret []byte
 	keepRequest   int64
 
@@ -73,6 +75,9 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 			o.sealKeys = append(o.sealKeys, keys...)
 			return err
 		})
+	fs.BoolVar(&o.replayPlain, "seal-replay-plain", false, "with --seal-key, also replay records stored plain (idem EngineConfig.ReplayPlain), "+
+		"written before sealing was turned on; only while such records live: anyone who can write the table could plant one. "+
+		"Without it a plain record answers 500 seal-broken")
 	hashSecret := fs.String("key-hash-secret", "", "store each Idempotency-Key as an HMAC-SHA256 under this base64 secret (at least 16 bytes), "+
 		"so the table shows no client key; set it only on a new table; default $"+EnvKeyHashSecret+", else none")
 	fs.Int64Var(&o.keepRequest, "keep-request-bytes", 0, "keep each recorded request's first N body bytes, query and Content-Type beside its record for an audit "+
@@ -92,6 +97,9 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	}
 	if err := o.sealingFromEnv(*hashSecret, getenv); err != nil {
 		return o, err
+	}
+	if o.replayPlain && len(o.sealKeys) == 0 {
+		return o, errors.New("--seal-replay-plain needs --seal-key (or $" + EnvSealKeys + ")")
 	}
 	if err := o.Check(fs); err != nil {
 		return o, err
@@ -179,7 +187,7 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 	hcfg := handlerConfig{
 		Store: store, Provider: provider, Logger: log, Lease: o.Lease,
 		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt, Wait: o.wait, MaxWait: o.maxWait,
-		SealKeys: o.sealKeys, KeyHashSecret: o.keyHashSecret, KeepRequestBytes: o.keepRequest,
+		SealKeys: o.sealKeys, ReplayPlain: o.replayPlain, KeyHashSecret: o.keyHashSecret, KeepRequestBytes: o.keepRequest,
 		Observer: tel.Observer, Metrics: tel.Metrics,
 	}
 	var served service.Served
@@ -199,6 +207,9 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 	served.Attrs = []any{"psp", psp, "lease", o.Lease.String(), "write_mode", string(o.writeMode), "relay_secret", o.relaySecret != ""}
 	if len(o.sealKeys) > 0 {
 		served.Attrs = append(served.Attrs, "seal_key", o.sealKeys[0].ID)
+	}
+	if o.replayPlain {
+		served.Attrs = append(served.Attrs, "seal_replay_plain", true)
 	}
 	if len(o.keyHashSecret) > 0 {
 		served.Attrs = append(served.Attrs, "key_hash", true)

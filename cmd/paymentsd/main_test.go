@@ -101,6 +101,57 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	require.NotContains(t, out, "sk_test_", "the API key is never logged")
 }
 
+// The sealing flags: --seal-replay-plain reaches idem's ReplayPlain, and
+// only with a key.
+func TestParseSealFlags(t *testing.T) {
+	t.Parallel()
+	key := "k1:" + base64.StdEncoding.EncodeToString(make([]byte, 32))
+	env := func(name string) string { return map[string]string{EnvSealKeys: key}[name] }
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--seal-replay-plain"}, "--seal-replay-plain needs --seal-key"},
+	} {
+		_, err := parseFlags(bad.args, io.Discard, nil)
+		require.ErrorContains(t, err, bad.want, "%q", bad.args)
+	}
+	o, err := parseFlags(nil, io.Discard, env)
+	require.NoError(t, err)
+	require.Len(t, o.sealKeys, 1, "the keys from the environment")
+	require.False(t, o.replayPlain)
+	o, err = parseFlags([]string{"--seal-key", key, "--seal-replay-plain"}, io.Discard, nil)
+	require.NoError(t, err)
+	require.True(t, o.replayPlain)
+}
+
+// A payment recorded by a paymentsd without sealing is refused by one with
+// --seal-key (500 seal-broken, nothing charged again) and replayed by one
+// with --seal-replay-plain too: the flag reaches idem.
+func TestRunSealedOnly(t *testing.T) {
+	t.Parallel()
+	db := filepath.Join(t.TempDir(), "p.db")
+	key := "k1:" + base64.StdEncoding.EncodeToString(make([]byte, 32))
+	s, stop := startRun(t, "--database-url", db, "--psp-latency", "0s")
+	first := s.postJSON("acme", "plain-1", paymentBody)
+	require.Equal(t, http.StatusCreated, first.status)
+	stop()
+
+	s, stop = startRun(t, "--database-url", db, "--psp-latency", "0s", "--seal-key", key)
+	refused := s.postJSON("acme", "plain-1", paymentBody)
+	require.Equal(t, http.StatusInternalServerError, refused.status, "%s", refused.body)
+	require.Contains(t, string(refused.body), "seal-broken")
+	require.Equal(t, int64(1), s.balance("acme").Payments, "nothing charged again")
+	out := stop()
+	require.Contains(t, out, `"seal_key":"k1"`)
+
+	s, stop = startRun(t, "--database-url", db, "--psp-latency", "0s", "--seal-key", key, "--seal-replay-plain")
+	again := s.postJSON("acme", "plain-1", paymentBody)
+	require.Equal(t, http.StatusCreated, again.status, "%s", again.body)
+	require.Equal(t, first.body, again.body)
+	require.Contains(t, stop(), `"seal_replay_plain":true`)
+}
+
 // Regression: with --key-hash-secret the request log printed the client's
 // Idempotency-Key, which idem stores only as its HMAC; it prints the stored
 // key now (idem inspect --key-hash-secret finds the record from either).
