@@ -26,6 +26,8 @@ type globals struct {
 	// given; keyring and hashSecret what they parse to.
 	sealKeys      []string
 	keyHashSecret string
+	// hashSecretSet is whether --key-hash-secret was given (empty or not).
+	hashSecretSet bool
 	keyring       *seal.Keyring
 	hashSecret    []byte
 	// stderr takes the progress of long commands (and the errors).
@@ -41,6 +43,9 @@ func (g *globals) parseSealing() error {
 	}
 	var keys []seal.Key
 	for _, s := range specs {
+		if strings.TrimSpace(s) == "" { // an unset variable expanded to nothing: never "no key"
+			return usageError{errors.New("--seal-key is empty: give id:base64secret, or leave the flag out")}
+		}
 		ks, err := seal.ParseKeys(s)
 		if err != nil {
 			return usageError{fmt.Errorf("--seal-key: %w", err)}
@@ -53,6 +58,9 @@ func (g *globals) parseSealing() error {
 	}
 	g.keyring = kr
 	secret := g.keyHashSecret
+	if secret == "" && g.hashSecretSet {
+		return usageError{errors.New("--key-hash-secret is empty: give the base64 secret, or leave the flag out")}
+	}
 	if secret == "" {
 		secret = os.Getenv("IDEM_KEY_HASH_SECRET")
 	}
@@ -148,6 +156,7 @@ client's plain key, and the record is found by its hash (docs/sealing.md).`,
 			if g.databaseURL == "" {
 				g.databaseURL = os.Getenv("IDEM_DATABASE_URL")
 			}
+			g.hashSecretSet = cmd.Flags().Changed("key-hash-secret")
 			return g.parseSealing()
 		},
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/dbtest"
 	"github.com/idemgo/idem/seal"
 )
 
@@ -84,6 +85,22 @@ func TestInspectSealedRequest(t *testing.T) {
 			require.NotContains(t, errOut, "c2hvcnQ", "the secret is never quoted")
 		})
 	}
+}
+
+// Regression: --seal-key '' (an unset variable expanded to nothing) opened
+// nothing and said nothing, as if the store were not sealed; an empty
+// --key-hash-secret fell back to no hashing. Both are usage errors now.
+func TestEmptySealFlagsRefused(t *testing.T) {
+	t.Parallel()
+	c := cli{t, dbtest.SQLitePath(t)}
+	for _, args := range [][]string{{"--seal-key", ""}, {"--seal-key", " "}, {"--seal-key=k:" + base64.StdEncoding.EncodeToString(make([]byte, 16)), "--seal-key", ""}} {
+		_, errOut, code := c.run(append(args, "inspect", "--key", "k")...)
+		require.Equal(t, 2, code, "%q: %s", args, errOut)
+		require.Contains(t, errOut, "--seal-key is empty", "%q", args)
+	}
+	_, errOut, code := c.run("--key-hash-secret", "", "inspect", "--key", "k")
+	require.Equal(t, 2, code, errOut)
+	require.Contains(t, errOut, "--key-hash-secret is empty")
 }
 
 // A plain SUCCEEDED record inspected with --seal-key: inspect says that a

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/idemgo/idem/cmd/internal/naivecache"
@@ -71,6 +72,9 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	fs.Func("seal-key", "seal stored responses and requests (AES-GCM) with this key, id:base64secret (16, 24 or 32 bytes); "+
 		"repeat it or separate keys with commas to rotate: the first seals, every one opens; default $"+EnvSealKeys+", else none",
 		func(s string) error {
+			if strings.TrimSpace(s) == "" { // an unset variable expanded to nothing: never "no sealing"
+				return errors.New("empty: give id:base64secret, or leave the flag out")
+			}
 			keys, err := seal.ParseKeys(s)
 			o.sealKeys = append(o.sealKeys, keys...)
 			return err
@@ -94,6 +98,10 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	o.writeMode = WriteMode(*mode)
 	if o.relaySecret == "" && getenv != nil {
 		o.relaySecret = getenv(EnvRelaySecret)
+	}
+	if *hashSecret == "" && flagSet(fs, "key-hash-secret") {
+		// Hashing off would make every hashed record unfindable: their retries run again.
+		return o, errors.New("--key-hash-secret is empty: give the base64 secret, or leave the flag out")
 	}
 	if err := o.sealingFromEnv(*hashSecret, getenv); err != nil {
 		return o, err

@@ -101,8 +101,11 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	require.NotContains(t, out, "sk_test_", "the API key is never logged")
 }
 
-// The sealing flags: --seal-replay-plain reaches idem's ReplayPlain, and
-// only with a key.
+// The sealing flags. Regression: --seal-key '' (an unset variable expanded
+// to nothing) started paymentsd without sealing, silently; an empty
+// --key-hash-secret started it without hashing, which makes hashed records
+// unfindable (their retries run again). Both are refused, naming the flag.
+// --seal-replay-plain reaches idem's ReplayPlain, and only with a key.
 func TestParseSealFlags(t *testing.T) {
 	t.Parallel()
 	key := "k1:" + base64.StdEncoding.EncodeToString(make([]byte, 32))
@@ -111,6 +114,10 @@ func TestParseSealFlags(t *testing.T) {
 		args []string
 		want string
 	}{
+		{[]string{"--seal-key", ""}, "-seal-key: empty: give id:base64secret"},
+		{[]string{"--seal-key", "  "}, "-seal-key: empty"},
+		{[]string{"--seal-key", key, "--seal-key", ""}, "-seal-key: empty"},
+		{[]string{"--key-hash-secret", ""}, "--key-hash-secret is empty"},
 		{[]string{"--seal-replay-plain"}, "--seal-replay-plain needs --seal-key"},
 	} {
 		_, err := parseFlags(bad.args, io.Discard, nil)
