@@ -188,8 +188,9 @@ type EngineConfig struct {
 	// the owner's outcome, holding no connection, to get the owner's answer
 	// (a replay) instead of 409 request-in-flight; 409 once it runs out
 	// (docs/contract.md "Waiting for the owner"). A request's Prefer: wait=N
-	// (RFC 7240 section 4.3: N seconds, 0 for none) or DoParams.Wait asks for
-	// another wait, at most MaxWait. Default: 0, 409 at once.
+	// (RFC 7240 section 4.3: N seconds, 0 for none; the first wait preference
+	// counts) or DoParams.Wait asks for another wait, capped at MaxWait. Default:
+	// 0, 409 at once.
 	Wait time.Duration
 
 	// MaxWait bounds the wait a request asks for. Default: Wait.

@@ -375,8 +375,13 @@ func (rc *replayCache) put(scope, key string, rec idemdriver.Record, opened bool
 }
 
 // preferredWait reads RFC 7240's "wait" preference (section 4.3: Prefer:
-// wait=<delta-seconds>) from r's Prefer headers; false when none names it
-// with a valid value. The first occurrence counts (section 2).
+// wait=<delta-seconds>) from r's Prefer headers; false when none names it,
+// or when the first that does has a value that is not delta-seconds (a
+// sign, a fraction, a word). The first occurrence counts, the later ones
+// are ignored (section 2). A delta-seconds too large to parse is the
+// longest wait, math.MaxInt64 nanoseconds, which the caller caps at
+// MaxWait: a client asking for more than the server allows gets what it
+// allows, not nothing.
 func preferredWait(r *http.Request) (time.Duration, bool) {
 	for _, line := range r.Header.Values("Prefer") {
 		for _, pref := range strings.Split(line, ",") {
@@ -387,10 +392,13 @@ func preferredWait(r *http.Request) (time.Duration, bool) {
 			value, _, _ = strings.Cut(value, ";") // parameters
 			value = strings.Trim(strings.TrimSpace(value), `"`)
 			n, err := strconv.ParseUint(value, 10, 31)
-			if err != nil {
-				return 0, false
+			switch {
+			case err == nil:
+				return time.Duration(n) * time.Second, true
+			case errors.Is(err, strconv.ErrRange): // digits only, past 2^31-1 seconds
+				return math.MaxInt64, true
 			}
-			return time.Duration(n) * time.Second, true
+			return 0, false
 		}
 	}
 	return 0, false
