@@ -87,7 +87,7 @@ func TestInspectSealedRequest(t *testing.T) {
 	}
 }
 
-// Regression: --seal-key '' (an unset variable expanded to nothing) opened
+// Regression: --seal-key "" (an unset variable expanded to nothing) opened
 // nothing and said nothing, as if the store were not sealed; an empty
 // --key-hash-secret fell back to no hashing. Both are usage errors now.
 func TestEmptySealFlagsRefused(t *testing.T) {

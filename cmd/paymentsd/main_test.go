@@ -101,7 +101,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	require.NotContains(t, out, "sk_test_", "the API key is never logged")
 }
 
-// The sealing flags. Regression: --seal-key '' (an unset variable expanded
+// The sealing flags. Regression: --seal-key "" (an unset variable expanded
 // to nothing) started paymentsd without sealing, silently; an empty
 // --key-hash-secret started it without hashing, which makes hashed records
 // unfindable (their retries run again). Both are refused, naming the flag.
