@@ -212,7 +212,8 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 	} else if served.Handler, err = newHandler(hcfg); err != nil {
 		return served, err
 	}
-	served.Attrs = []any{"psp", psp, "lease", o.Lease.String(), "write_mode", string(o.writeMode), "relay_secret", o.relaySecret != ""}
+	served.Attrs = []any{"psp", psp, "lease", o.Lease.String(), "write_mode", string(o.writeMode),
+		"wait", o.wait.String(), "max_wait", o.maxWait.String(), "relay_secret", o.relaySecret != ""}
 	if len(o.sealKeys) > 0 {
 		served.Attrs = append(served.Attrs, "seal_key", o.sealKeys[0].ID)
 	}

@@ -90,10 +90,11 @@ func TestParseFlags(t *testing.T) {
 // stops it by cancelling its context (as SIGINT/SIGTERM do).
 func TestRunServesAndShutsDown(t *testing.T) {
 	t.Parallel()
-	s, stop := startRun(t, "--database-url", filepath.Join(t.TempDir(), "p.db"), "--psp-latency", "0s")
+	s, stop := startRun(t, "--database-url", filepath.Join(t.TempDir(), "p.db"), "--psp-latency", "0s", "--wait", "2s")
 	require.Equal(t, http.StatusCreated, s.postJSON("acme", "run-1", paymentBody).status)
 
 	out := stop()
+	require.Regexp(t, `"msg":"listening".*"write_mode":"claim","wait":"2s","max_wait":"10s"`, out, "the waits in the startup line")
 	require.Contains(t, out, `"msg":"request"`)
 	require.Contains(t, out, `"idempotency_key":"run-1"`)
 	require.Contains(t, out, `"merchant":"acme"`)
