@@ -78,6 +78,16 @@ func TestInspectSealedRequest(t *testing.T) {
 			_, errOut, code := c.run(keyFlag, "inspect", "--scope", "acct", "--key", "order-1")
 			require.Equal(t, 1, code)
 			require.Contains(t, errOut, `no record for scope "acct" and key "order-1"`, "the plain key is not stored")
+			// Regression: that was all it said; it names the flag now.
+			const hint = "the table stores its keys hashed (h1_...): give --key-hash-secret"
+			require.Contains(t, errOut, hint)
+			_, errOut, code = c.run("inspect", "--key", "order-1")
+			require.Equal(t, 1, code)
+			require.Contains(t, errOut, `no record for key "order-1" in any scope`)
+			require.Contains(t, errOut, hint, "searching every scope too")
+			require.Contains(t, c.ok("inspect", "--key", seal.HashKey(hashSecret, "order-1")), "state ", "the stored key, as the log shows it, needs no secret")
+			_, errOut, _ = c.run(hashFlag, "inspect", "--key", "order-3")
+			require.NotContains(t, errOut, "hashed", "with the secret, no hint")
 
 			_, errOut, code = c.run("--seal-key", "k2025:c2hvcnQ", "inspect", "--key", "order-1")
 			require.Equal(t, 2, code)
@@ -120,4 +130,10 @@ func TestInspectPlainRecordUnderSealKeys(t *testing.T) {
 	keyFlag := "--seal-key=k2025:" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))
 	out := c.ok(keyFlag, "inspect", "--key", "plain-1")
 	require.Contains(t, out, "no (stored in plain): a server with these seal keys answers 500 seal-broken")
+	for _, scope := range [][]string{nil, {"--scope", idem.SingleTenantScope}} {
+		_, errOut, code := c.run(append([]string{"inspect", "--key", "nope"}, scope...)...)
+		require.Equal(t, 1, code)
+		require.Contains(t, errOut, "no record")
+		require.NotContains(t, errOut, "hashed", "plain keys: no hint")
+	}
 }
