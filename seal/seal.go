@@ -304,7 +304,9 @@ func (r *Keyring) SealResponse(scope, key string, resp idemdriver.Response) (ide
 // OpenResponse is the inverse of SealResponse: the plain response (Header
 // and Body set, Request opened, SealKey and Sealed cleared) of the record
 // (scope, key) as the store returned it. A plain response (SealKey "") is
-// returned as is, by a nil keyring too. A sealed response whose body was
+// returned as is, by a nil keyring too: nothing authenticates it, so a
+// caller holding keys decides whether to trust it (idem refuses it unless
+// EngineConfig.ReplayPlain is set, docs/sealing.md). A sealed response whose body was
 // not stored and whose blob a driver dropped (too large for the database's
 // packet) opens with no headers and no body. Errors: ErrKeyMissing,
 // ErrBroken.
