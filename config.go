@@ -188,8 +188,9 @@ type EngineConfig struct {
 	// the owner's outcome, holding no connection, to get the owner's answer
 	// (a replay) instead of 409 request-in-flight; 409 once it runs out
 	// (docs/contract.md "Waiting for the owner"). A request's Prefer: wait=N
-	// (RFC 7240 section 4.3: N seconds, 0 for none) or DoParams.Wait asks for
-	// another wait, at most MaxWait. Default: 0, 409 at once.
+	// (RFC 7240 section 4.3: N seconds, 0 for none; the first wait preference
+	// counts) or DoParams.Wait asks for another wait, capped at MaxWait. Default:
+	// 0, 409 at once.
 	Wait time.Duration
 
 	// MaxWait bounds the wait a request asks for. Default: Wait.
@@ -219,11 +220,25 @@ type EngineConfig struct {
 	// body size and the other columns stay plain. A record sealed under an id
 	// not listed is answered 500 seal-key-missing (Do: ErrSealKeyMissing),
 	// one whose blob does not authenticate 500 seal-broken (ErrSealBroken);
-	// neither is ever run again. Each key: an ID of 1 to seal.MaxKeyIDLength
+	// neither is ever run again; nor is a record stored plain, answered 500
+	// seal-broken unless ReplayPlain is set. Each key: an ID of 1 to seal.MaxKeyIDLength
 	// (32) bytes of ASCII letters, digits, '.', '_' or '-', unique among the
 	// keys, and a Secret of 16, 24 or 32 bytes. Turn it on once every process
 	// runs a version that opens sealed records. Default: none (stored plain).
 	SealKeys []seal.Key
+
+	// ReplayPlain lets an engine with SealKeys replay a SUCCEEDED record
+	// stored plain (its seal_key empty), as every record written before
+	// SealKeys were set is. Without it such a record is answered 500
+	// seal-broken (Do: ErrSealBroken), logged, and never run again: whoever
+	// can write idem_keys but holds no sealing key cannot plant a response
+	// (a plain body under an emptied seal_key) for a sealed server to replay.
+	// Set it only while switching a table that holds plain records to
+	// sealing, and remove it once every plain record has expired (Retention,
+	// plus the purge's grace; docs/sealing.md): meanwhile a planted plain
+	// record is replayed. Only with SealKeys (New refuses it otherwise).
+	// Default: false (with SealKeys, sealed records only).
+	ReplayPlain bool
 
 	// KeyHashSecret, when set, stores each key as seal.HashKey(KeyHashSecret,
 	// key), "h1_" and the hex HMAC-SHA256 of the client's key, in every
@@ -413,6 +428,9 @@ func (c EngineConfig) validateSealing() []error {
 			continue
 		}
 		seen[k.ID] = i
+	}
+	if c.ReplayPlain && len(c.SealKeys) == 0 {
+		errs = append(errs, errors.New("ReplayPlain applies to a sealed engine only: set SealKeys, or leave it out"))
 	}
 	if n := len(c.KeyHashSecret); n > 0 && n < minKeyHashSecret {
 		errs = append(errs, fmt.Errorf("KeyHashSecret is %d bytes; it needs at least %d", n, minKeyHashSecret))

@@ -91,8 +91,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	ev := Event{}
 	cw := newCaptureWriter(w)
 	var v verdict
-	if rec, ok := m.replays.get(p.Scope, p.Key); ok {
-		v = m.cfg.answerFrom(r.Context(), rec, p)
+	if rec, opened, ok := m.replays.get(p.Scope, p.Key); ok {
+		v = m.cfg.answer(r.Context(), rec, p, opened)
 		ev = Event{Kind: v.event(), Method: p.Method, Scope: p.Scope, Key: p.Key, Cached: true}
 	} else {
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -189,13 +189,13 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.H
 		return
 	case answerReplay:
 		if !ev.Cached {
-			m.replays.put(ev.Scope, ev.Key, v.rec)
+			m.replays.put(ev.Scope, ev.Key, v.rec, true)
 		}
 		ev.Status = m.replayResponse(w, r, v.rec.Response)
 		return
 	case answerKeyReused:
 		if !ev.Cached {
-			m.replays.put(ev.Scope, ev.Key, v.rec)
+			m.replays.put(ev.Scope, ev.Key, v.rec, false)
 		}
 	}
 	pr := v.problem(&m.cfg)
@@ -320,6 +320,7 @@ type cachedRecord struct {
 	method, path string
 	fingerprint  []byte
 	response     *idemdriver.Response
+	opened       bool      // response is the replay's, opened; else as the store returned it
 	expiresAt    time.Time // database clock
 }
 
@@ -344,34 +345,43 @@ func newReplayCache(maxBytes int64, ttl time.Duration) *replayCache {
 	})}
 }
 
-func (rc *replayCache) get(scope, key string) (idemdriver.Record, bool) {
+// get returns the record cached for (scope, key), and whether its response
+// is opened already (put's opened).
+func (rc *replayCache) get(scope, key string) (idemdriver.Record, bool, bool) {
 	if rc == nil {
-		return idemdriver.Record{}, false
+		return idemdriver.Record{}, false, false
 	}
 	r, ok := rc.c.GetIfPresent(replayKey{scope, key})
 	if !ok || !time.Now().Before(r.expiresAt) {
-		return idemdriver.Record{}, false
+		return idemdriver.Record{}, false, false
 	}
 	// Copied: the replay hands the header slices to a writer others may change.
 	resp := *r.response
 	resp.Header = http.Header(resp.Header).Clone()
 	return idemdriver.Record{Scope: scope, Key: key, Method: r.method, Path: r.path, Fingerprint: r.fingerprint,
-		State: idemdriver.StateSucceeded, Response: &resp, ExpiresAt: r.expiresAt}, true
+		State: idemdriver.StateSucceeded, Response: &resp, ExpiresAt: r.expiresAt}, r.opened, true
 }
 
-func (rc *replayCache) put(scope, key string, rec idemdriver.Record) {
+// put caches rec, a SUCCEEDED record; opened says that its response is the
+// one replayed (opened, EngineConfig.answer), not the store's.
+func (rc *replayCache) put(scope, key string, rec idemdriver.Record, opened bool) {
 	if rc == nil || rec.State != idemdriver.StateSucceeded || rec.Response == nil || !time.Now().Before(rec.ExpiresAt) {
 		return
 	}
 	resp := *rec.Response
 	resp.Header = http.Header(resp.Header).Clone()
 	rc.c.Set(replayKey{scope, key}, &cachedRecord{method: rec.Method, path: rec.Path,
-		fingerprint: rec.Fingerprint, response: &resp, expiresAt: rec.ExpiresAt})
+		fingerprint: rec.Fingerprint, response: &resp, opened: opened, expiresAt: rec.ExpiresAt})
 }
 
 // preferredWait reads RFC 7240's "wait" preference (section 4.3: Prefer:
-// wait=<delta-seconds>) from r's Prefer headers; false when none names it
-// with a valid value. The first occurrence counts (section 2).
+// wait=<delta-seconds>) from r's Prefer headers; false when none names it,
+// or when the first that does has a value that is not delta-seconds (a
+// sign, a fraction, a word). The first occurrence counts, the later ones
+// are ignored (section 2). A delta-seconds too large to parse is the
+// longest wait, math.MaxInt64 nanoseconds, which the caller caps at
+// MaxWait: a client asking for more than the server allows gets what it
+// allows, not nothing.
 func preferredWait(r *http.Request) (time.Duration, bool) {
 	for _, line := range r.Header.Values("Prefer") {
 		for _, pref := range strings.Split(line, ",") {
@@ -382,10 +392,13 @@ func preferredWait(r *http.Request) (time.Duration, bool) {
 			value, _, _ = strings.Cut(value, ";") // parameters
 			value = strings.Trim(strings.TrimSpace(value), `"`)
 			n, err := strconv.ParseUint(value, 10, 31)
-			if err != nil {
-				return 0, false
+			switch {
+			case err == nil:
+				return time.Duration(n) * time.Second, true
+			case errors.Is(err, strconv.ErrRange): // digits only, past 2^31-1 seconds
+				return math.MaxInt64, true
 			}
-			return time.Duration(n) * time.Second, true
+			return 0, false
 		}
 	}
 	return 0, false

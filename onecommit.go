@@ -27,12 +27,13 @@ type oneCommit struct {
 
 type localKey struct{ scope, key string }
 
-// final and shared are written before done is closed.
+// final, opened and shared are written before done is closed.
 type keyTurn struct {
 	running chan struct{} // closed (by run) when the key runs: the leader's claim, or another process's
 	once    sync.Once
 	done    chan struct{} // closed when its claim or its transaction ended
 	final   *idemdriver.Record
+	opened  bool // final's response is opened (the leader's own, or its replay), not the store's
 	shared  *verdict
 }
 
@@ -71,9 +72,9 @@ func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams, wait ti
 		return c, verdict{}
 	case v.rec.Key != "":
 		rec := v.rec
-		o.end(lk, turn, &rec, nil)
+		o.end(lk, turn, &rec, v.kind == answerReplay, nil)
 	default:
-		o.end(lk, turn, nil, &v)
+		o.end(lk, turn, nil, false, &v)
 	}
 	return claimed{}, v
 }
@@ -123,7 +124,7 @@ func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimPa
 				resp.Header = http.Header(resp.Header).Clone() // each replay's own
 				rec.Response = &resp
 			}
-			return nil, o.cfg.answerFrom(ctx, rec, p)
+			return nil, o.cfg.answer(ctx, rec, p, t.opened)
 		case t.shared != nil:
 			return nil, *t.shared
 		}
@@ -173,11 +174,11 @@ func (o *oneCommit) outlast(ctx context.Context, t *keyTurn, deadline time.Time)
 	}
 }
 
-func (o *oneCommit) end(lk localKey, t *keyTurn, final *idemdriver.Record, shared *verdict) {
+func (o *oneCommit) end(lk localKey, t *keyTurn, final *idemdriver.Record, opened bool, shared *verdict) {
 	o.mu.Lock()
 	delete(o.turns, lk)
 	o.mu.Unlock()
-	t.final, t.shared = final, shared
+	t.final, t.opened, t.shared = final, opened, shared
 	close(t.done)
 }
 
@@ -262,6 +263,6 @@ func (o *oneCommit) finish(e *execution) {
 		rec.State, rec.Response, rec.LeaseLeft, rec.LockedUntil = idemdriver.StateSucceeded, e.committed, 0, nil
 		final = &rec
 	}
-	o.end(localKey{e.p.Scope, e.p.Key}, e.c.turn, final, nil)
+	o.end(localKey{e.p.Scope, e.p.Key}, e.c.turn, final, true, nil)
 	e.c.endTx()
 }

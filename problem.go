@@ -245,7 +245,20 @@ func (v verdict) problem(c *Config) Problem {
 	return p
 }
 
+// answerFrom is the verdict of the record rec, as the store returned it,
+// that a claim of p lost to.
 func (c *EngineConfig) answerFrom(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) verdict {
+	return c.answer(ctx, rec, p, false)
+}
+
+// errPlainRecord is why a sealed engine without ReplayPlain refuses a
+// record stored plain.
+var errPlainRecord = fmt.Errorf("%w: the record is stored plain (its seal_key is empty), and this engine holds SealKeys "+
+	"and replays sealed records only (EngineConfig.ReplayPlain)", ErrSealBroken)
+
+// answer is answerFrom of rec; opened says that rec's response is opened
+// already (the replay cache holds replays as they were answered).
+func (c *EngineConfig) answer(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams, opened bool) verdict {
 	switch idemdriver.Decide(&rec, false, p) {
 	case idemdriver.DecisionReplay:
 		if rec.Response == nil {
@@ -253,7 +266,16 @@ func (c *EngineConfig) answerFrom(ctx context.Context, rec idemdriver.Record, p 
 			c.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
 			return verdict{kind: answerResponseMissing, rec: rec, err: ErrResponseMissing}
 		}
-		if rec.Response.SealKey != "" {
+		switch {
+		case opened:
+		case rec.Response.SealKey == "" && c.keyring != nil && !c.ReplayPlain:
+			// Sealing's downgrade: a plain body planted under an emptied
+			// seal_key authenticates nothing. A server fault, as a broken seal.
+			c.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record is stored plain but this engine replays sealed records only; "+
+				"answering 500, it is not run again (set ReplayPlain while plain records written before sealing live)",
+				"scope", p.Scope, "key", p.Key)
+			return verdict{kind: answerSealBroken, rec: rec, err: errPlainRecord}
+		case rec.Response.SealKey != "":
 			resp, err := c.keyring.OpenResponse(rec.Scope, rec.Key, *rec.Response)
 			if err != nil {
 				// A server fault, never a re-execution: the record stays SUCCEEDED.

@@ -20,17 +20,21 @@ func TestReplayCacheKeepsOnlyLiveSucceededRecords(t *testing.T) {
 		"failed":     func() idemdriver.Record { r := live; r.State = idemdriver.StateFailed; return r }(),
 		"processing": func() idemdriver.Record { r := live; r.State, r.Response = idemdriver.StateProcessing, nil; return r }(),
 	} {
-		rc.put("s", name, rec)
-		if _, ok := rc.get("s", name); ok {
+		rc.put("s", name, rec, true)
+		if _, _, ok := rc.get("s", name); ok {
 			t.Errorf("%s: cached", name)
 		}
 	}
-	rc.put("s", "live", live)
-	got, ok := rc.get("s", "live")
-	if !ok || got.State != idemdriver.StateSucceeded || got.Response.Status != live.Response.Status || got.Key != "live" || got.Scope != "s" {
+	rc.put("s", "live", live, true)
+	got, opened, ok := rc.get("s", "live")
+	if !ok || !opened || got.State != idemdriver.StateSucceeded || got.Response.Status != live.Response.Status || got.Key != "live" || got.Scope != "s" {
 		t.Fatalf("live record: %+v %v", got, ok)
 	}
-	if _, ok := rc.get("other", "live"); ok {
+	rc.put("s", "raw", live, false)
+	if _, opened, ok := rc.get("s", "raw"); !ok || opened {
+		t.Fatal("a record cached as the store returned it is not opened")
+	}
+	if _, _, ok := rc.get("other", "live"); ok {
 		t.Fatal("a record is cached for its scope only")
 	}
 }

@@ -136,20 +136,21 @@ func TestSealedStormLeavesNoPlainText(t *testing.T) {
 }
 
 // Rotation: records sealed with A replay under [B, A]; new records are
-// sealed with B. Records written before sealing still replay.
+// sealed with B. Records written before sealing replay with ReplayPlain
+// (the table's migration to sealing), and answer 500 seal-broken without.
 func TestSealKeyRotation(t *testing.T) {
 	t.Parallel()
 	store := openSQLite(t)
 	c := &counter{status: http.StatusCreated}
 	plain := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store}}).Handler(c)
 	require.Equal(t, http.StatusCreated, send(plain, http.MethodPost, "/p", "plain", `{}`).Code)
-	a := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, SealKeys: []seal.Key{sealKey("A", 1)}}}).Handler(c)
+	a := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, SealKeys: []seal.Key{sealKey("A", 1)}, ReplayPlain: true}}).Handler(c)
 	require.Equal(t, http.StatusCreated, send(a, http.MethodPost, "/p", "ka", `{}`).Code)
 	require.Equal(t, "A", record(t, store, idem.SingleTenantScope, "ka").Response.SealKey)
 	require.Empty(t, record(t, store, idem.SingleTenantScope, "plain").Response.SealKey)
 
-	ba := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store,
-		SealKeys: []seal.Key{sealKey("B", 2), sealKey("A", 1)}}}).Handler(c)
+	bakeys := []seal.Key{sealKey("B", 2), sealKey("A", 1)}
+	ba := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, SealKeys: bakeys, ReplayPlain: true}}).Handler(c)
 	for _, k := range []string{"ka", "plain"} {
 		rec := send(ba, http.MethodPost, "/p", k, `{}`)
 		require.Equal(t, http.StatusCreated, rec.Code, k)
@@ -158,6 +159,13 @@ func TestSealKeyRotation(t *testing.T) {
 	require.Equal(t, http.StatusCreated, send(ba, http.MethodPost, "/p", "kb", `{}`).Code)
 	require.Equal(t, "B", record(t, store, idem.SingleTenantScope, "kb").Response.SealKey)
 	require.Equal(t, 3, c.runs, "plain, ka and kb ran once each")
+
+	sealedOnly := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, SealKeys: bakeys}}).Handler(c)
+	rec := send(sealedOnly, http.MethodPost, "/p", "plain", `{}`)
+	require.Equal(t, http.StatusInternalServerError, rec.Code)
+	requireProblem(t, rec.Body.Bytes(), "seal-broken")
+	require.Equal(t, http.StatusCreated, send(sealedOnly, http.MethodPost, "/p", "ka", `{}`).Code)
+	require.Equal(t, 3, c.runs, "a plain record is not run again")
 }
 
 // A record sealed under a key no longer configured answers 500
@@ -361,6 +369,7 @@ func TestSealingConfigValidation(t *testing.T) {
 		{"both wrong", idem.EngineConfig{SealKeys: []seal.Key{{}}}, []string{"SealKeys[0].ID is empty", "SealKeys[0].Secret is 0 bytes"}},
 		{"hash secret", idem.EngineConfig{KeyHashSecret: []byte("short")}, []string{"KeyHashSecret is 5 bytes; it needs at least 16"}},
 		{"keep", idem.EngineConfig{KeepRequestBytes: -1}, []string{"KeepRequestBytes must not be negative"}},
+		{"replay plain unsealed", idem.EngineConfig{ReplayPlain: true}, []string{"ReplayPlain applies to a sealed engine only"}},
 	} {
 		tc.cfg.Store = store
 		_, err := idem.NewEngine(tc.cfg)

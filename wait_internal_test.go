@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"log/slog"
+	"math"
 	"net/http"
 	"path/filepath"
 	"testing"
@@ -31,7 +32,14 @@ func TestPreferredWait(t *testing.T) {
 		{[]string{"wait=-1"}, 0, false},
 		{[]string{"wait=1.5"}, 0, false},
 		{[]string{"wait=abc"}, 0, false},
-		{[]string{"wait=99999999999"}, 0, false},
+		{[]string{"wait=abc, wait=5"}, 0, false}, // the first counts, even invalid (RFC 7240 section 2)
+		{[]string{"wait=2147483647"}, 2147483647 * time.Second, true},
+		// Regression: too large to parse was ignored (the server's Wait,
+		// often none); it is the longest wait, which MaxWait caps.
+		{[]string{"wait=2147483648"}, math.MaxInt64, true},
+		{[]string{"wait=99999999999"}, math.MaxInt64, true},
+		{[]string{"wait=99999999999999999999"}, math.MaxInt64, true},
+		{[]string{"wait=-99999999999999999999"}, 0, false},
 		{[]string{"waiting=5"}, 0, false},
 	} {
 		r, err := http.NewRequest(http.MethodPost, "/", nil)

@@ -48,9 +48,9 @@ func prefer(v string) func(*http.Request) {
 	return func(r *http.Request) { r.Header.Set("Prefer", v) }
 }
 
-// With MaxWait and no server default, a request that asks (Prefer: wait=N)
-// waits for the owner and gets its replay; one that does not, or asks for
-// wait=0, gets 409 at once.
+// With MaxWait and no server default, a request that asks (Prefer: wait=N,
+// N capped at MaxWait however large) waits for the owner and gets its
+// replay; one that does not, or asks for wait=0, gets 409 at once.
 func TestPreferWaitGetsTheReplay(t *testing.T) {
 	h := newHeld()
 	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{MaxWait: time.Minute}})
@@ -63,17 +63,24 @@ func TestPreferWaitGetsTheReplay(t *testing.T) {
 		require.Equal(t, http.StatusConflict, rec.Code)
 		require.NotEmpty(t, rec.Header().Get("Retry-After"))
 	}
-	dup := make(chan *httptest.ResponseRecorder, 1)
-	go func() { dup <- send(srv, http.MethodPost, "/pay", "k", `{"a":1}`, prefer("respond-async, wait=30")) }()
-	waiting(t, mw, 1)
+	// Regression: a wait too large to parse was ignored (409 at once); it
+	// is capped at MaxWait.
+	asks := []string{"respond-async, wait=30", "wait=99999999999999999999"}
+	dup := make(chan *httptest.ResponseRecorder, len(asks))
+	for _, ask := range asks {
+		go func() { dup <- send(srv, http.MethodPost, "/pay", "k", `{"a":1}`, prefer(ask)) }()
+	}
+	waiting(t, mw, len(asks))
 	// Another payload under the key, asking to wait, is still 422 at once.
 	require.Equal(t, http.StatusUnprocessableEntity, send(srv, http.MethodPost, "/pay", "k", `{"a":2}`, prefer("wait=30")).Code)
 	close(h.release)
 	require.Equal(t, http.StatusCreated, (<-first).Code)
-	rec := <-dup
-	require.Equal(t, http.StatusCreated, rec.Code)
-	require.Equal(t, "true", rec.Header().Get(idem.HeaderReplayed))
-	require.Equal(t, "paid", rec.Body.String())
+	for range asks {
+		rec := <-dup
+		require.Equal(t, http.StatusCreated, rec.Code)
+		require.Equal(t, "true", rec.Header().Get(idem.HeaderReplayed))
+		require.Equal(t, "paid", rec.Body.String())
+	}
 	require.Equal(t, 1, h.runs)
 }
 

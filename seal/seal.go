@@ -304,7 +304,9 @@ func (r *Keyring) SealResponse(scope, key string, resp idemdriver.Response) (ide
 // OpenResponse is the inverse of SealResponse: the plain response (Header
 // and Body set, Request opened, SealKey and Sealed cleared) of the record
 // (scope, key) as the store returned it. A plain response (SealKey "") is
-// returned as is, by a nil keyring too. A sealed response whose body was
+// returned as is, by a nil keyring too: nothing authenticates it, so a
+// caller holding keys decides whether to trust it (idem refuses it unless
+// EngineConfig.ReplayPlain is set, docs/sealing.md). A sealed response whose body was
 // not stored and whose blob a driver dropped (too large for the database's
 // packet) opens with no headers and no body. Errors: ErrKeyMissing,
 // ErrBroken.
@@ -426,11 +428,13 @@ func DecodeRequest(b []byte) (Request, error) {
 	return r, nil
 }
 
-// hashedPrefix versions HashKey's derivation.
-const hashedPrefix = "h1_"
+// HashedKeyPrefix starts every key HashKey returns; it versions the
+// derivation. A table whose keys start with it stores them hashed (the idem
+// CLI says so when a plain key finds nothing).
+const HashedKeyPrefix = "h1_"
 
 // HashedKeyLength is the length of every key HashKey returns, in bytes.
-const HashedKeyLength = len(hashedPrefix) + 2*sha256.Size
+const HashedKeyLength = len(HashedKeyPrefix) + 2*sha256.Size
 
 // HashKey returns the key idem stores for a client's Idempotency-Key under
 // secret (idem.EngineConfig.KeyHashSecret): "h1_" and the lowercase hex
@@ -442,5 +446,5 @@ const HashedKeyLength = len(hashedPrefix) + 2*sha256.Size
 func HashKey(secret []byte, key string) string {
 	h := hmac.New(sha256.New, secret)
 	h.Write([]byte(key))
-	return hashedPrefix + hex.EncodeToString(h.Sum(nil))
+	return HashedKeyPrefix + hex.EncodeToString(h.Sum(nil))
 }

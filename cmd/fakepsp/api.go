@@ -89,7 +89,7 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		root.Handle("GET /metrics", cfg.Metrics)
 	}
 	root.Handle("/", svc.Authenticate(routes))
-	return service.LogRequests(cfg.Logger, 0, logWithheld(root)), nil
+	return service.LogRequests(cfg.Logger, 0, nil, logWithheld(root)), nil
 }
 
 // chargeJSON is a charge as the API shows it: id, merchant, amount,

@@ -26,6 +26,8 @@ type globals struct {
 	// given; keyring and hashSecret what they parse to.
 	sealKeys      []string
 	keyHashSecret string
+	// hashSecretSet is whether --key-hash-secret was given (empty or not).
+	hashSecretSet bool
 	keyring       *seal.Keyring
 	hashSecret    []byte
 	// stderr takes the progress of long commands (and the errors).
@@ -41,6 +43,9 @@ func (g *globals) parseSealing() error {
 	}
 	var keys []seal.Key
 	for _, s := range specs {
+		if strings.TrimSpace(s) == "" { // an unset variable expanded to nothing: never "no key"
+			return usageError{errors.New("--seal-key is empty: give id:base64secret, or leave the flag out")}
+		}
 		ks, err := seal.ParseKeys(s)
 		if err != nil {
 			return usageError{fmt.Errorf("--seal-key: %w", err)}
@@ -53,6 +58,9 @@ func (g *globals) parseSealing() error {
 	}
 	g.keyring = kr
 	secret := g.keyHashSecret
+	if secret == "" && g.hashSecretSet {
+		return usageError{errors.New("--key-hash-secret is empty: give the base64 secret, or leave the flag out")}
+	}
 	if secret == "" {
 		secret = os.Getenv("IDEM_KEY_HASH_SECRET")
 	}
@@ -148,6 +156,7 @@ client's plain key, and the record is found by its hash (docs/sealing.md).`,
 			if g.databaseURL == "" {
 				g.databaseURL = os.Getenv("IDEM_DATABASE_URL")
 			}
+			g.hashSecretSet = cmd.Flags().Changed("key-hash-secret")
 			return g.parseSealing()
 		},
 	}
@@ -237,12 +246,41 @@ func (r *recordFlags) add(c *cobra.Command, scopeUsage string) {
 func withRecord(cmd *cobra.Command, g *globals, out io.Writer, r recordFlags, scoped bool,
 	f func(ctx context.Context, s *store, rec idemdriver.Record) error) error {
 	return withStore(cmd, g, func(ctx context.Context, s *store) error {
-		rec, err := findRecord(ctx, s, out, g.json, r.scope, scoped, g.storedKey(r.key))
+		key := g.storedKey(r.key)
+		rec, err := findRecord(ctx, s, out, g.json, r.scope, scoped, key)
+		if errors.Is(err, errNoRecord) && len(g.hashSecret) == 0 && !strings.HasPrefix(key, seal.HashedKeyPrefix) {
+			if hashed, herr := holdsHashedKeys(ctx, s, r.scope, scoped); herr == nil && hashed {
+				return fmt.Errorf("%w; the table stores its keys hashed (%s...): give --key-hash-secret (the server's KeyHashSecret) "+
+					"to find a client's key, or --key the stored key, as the server's request log shows it", err, seal.HashedKeyPrefix)
+			}
+		}
 		if err != nil {
 			return err
 		}
 		return f(ctx, s, rec)
 	})
+}
+
+// errNoRecord is findRecord's error for a key no record holds.
+var errNoRecord = errors.New("no record")
+
+// holdsHashedKeys reports whether the table holds keys stored hashed
+// (seal.HashKey's form): in scope, the first key after the prefix, one seek
+// of the primary key; in every scope, the first record's key, or else the
+// first hashed key of its scope.
+func holdsHashedKeys(ctx context.Context, s *store, scope string, scoped bool) (bool, error) {
+	if !scoped {
+		recs, err := s.Driver.List(ctx, idemdriver.ListParams{Limit: 1})
+		if err != nil || len(recs) == 0 {
+			return false, err
+		}
+		if strings.HasPrefix(recs[0].Key, seal.HashedKeyPrefix) {
+			return true, nil
+		}
+		scope = recs[0].Scope
+	}
+	recs, err := s.Driver.List(ctx, idemdriver.ListParams{Scope: scope, AfterScope: scope, AfterKey: seal.HashedKeyPrefix, Limit: 1})
+	return err == nil && len(recs) == 1 && strings.HasPrefix(recs[0].Key, seal.HashedKeyPrefix), err
 }
 
 func noArgs(cmd *cobra.Command, args []string) error {
@@ -450,7 +488,10 @@ flagged truncated); --json adds it as request.
 
 A sealed record (idem.EngineConfig.SealKeys) shows its response and request
 only with the key that sealed it (--seal-key); without it, inspect says which
-key id it needs and shows the plain columns.`,
+key id it needs and shows the plain columns. On a table whose keys are
+stored hashed (KeyHashSecret), a plain --key without --key-hash-secret finds
+nothing, and inspect says the table holds hashed keys; --key also takes the
+stored key itself (h1_..., as the server's log shows it).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if rf.key == "" {
@@ -484,7 +525,7 @@ func findRecord(ctx context.Context, s *store, out io.Writer, asJSON bool, scope
 	if scoped {
 		rec, err := s.Driver.Get(ctx, idemdriver.GetParams{Scope: scope, Key: key})
 		if errors.Is(err, idemdriver.ErrNotFound) {
-			return rec, fmt.Errorf("no record for scope %q and key %q (never seen, or purged after it expired)", scope, key)
+			return rec, fmt.Errorf("%w for scope %q and key %q (never seen, or purged after it expired)", errNoRecord, scope, key)
 		}
 		return rec, err
 	}
@@ -493,7 +534,7 @@ func findRecord(ctx context.Context, s *store, out io.Writer, asJSON bool, scope
 	case err != nil:
 		return idemdriver.Record{}, err
 	case len(recs) == 0:
-		return idemdriver.Record{}, fmt.Errorf("no record for key %q in any scope (never seen, or purged after it expired)", key)
+		return idemdriver.Record{}, fmt.Errorf("%w for key %q in any scope (never seen, or purged after it expired)", errNoRecord, key)
 	case len(recs) == 1:
 		return recs[0], nil
 	}

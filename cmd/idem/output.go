@@ -247,14 +247,20 @@ type recordView struct {
 }
 
 // sealNote says how a record's seal was opened: key is the id that sealed
-// it ("" for a plain record), err why it could not be opened.
+// it ("" for a plain record), err why it could not be opened; plainRefused
+// that the record is plain although --seal-key was given (a sealed server
+// refuses it).
 type sealNote struct {
-	key string
-	err error
+	key          string
+	err          error
+	plainRefused bool
 }
 
 func (n sealNote) String() string {
 	switch {
+	case n.plainRefused:
+		return "no (stored in plain): a server with these seal keys answers 500 seal-broken, " +
+			"unless it replays plain records (ReplayPlain, --seal-replay-plain)"
 	case n.key == "":
 		return "no (stored in plain)"
 	case n.err == nil:
@@ -269,8 +275,11 @@ func (n sealNote) String() string {
 // openRecord opens rec's sealed response and request in place with kr, and
 // says how.
 func openRecord(rec *idemdriver.Record, kr *seal.Keyring) sealNote {
-	if rec.Response == nil || rec.Response.SealKey == "" {
+	if rec.Response == nil {
 		return sealNote{}
+	}
+	if rec.Response.SealKey == "" {
+		return sealNote{plainRefused: kr != nil && rec.State == idemdriver.StateSucceeded}
 	}
 	note := sealNote{key: rec.Response.SealKey}
 	opened, err := kr.OpenResponse(rec.Scope, rec.Key, *rec.Response)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/dbtest"
 	"github.com/idemgo/idem/seal"
 )
 
@@ -77,11 +78,62 @@ func TestInspectSealedRequest(t *testing.T) {
 			_, errOut, code := c.run(keyFlag, "inspect", "--scope", "acct", "--key", "order-1")
 			require.Equal(t, 1, code)
 			require.Contains(t, errOut, `no record for scope "acct" and key "order-1"`, "the plain key is not stored")
+			// Regression: that was all it said; it names the flag now.
+			const hint = "the table stores its keys hashed (h1_...): give --key-hash-secret"
+			require.Contains(t, errOut, hint)
+			_, errOut, code = c.run("inspect", "--key", "order-1")
+			require.Equal(t, 1, code)
+			require.Contains(t, errOut, `no record for key "order-1" in any scope`)
+			require.Contains(t, errOut, hint, "searching every scope too")
+			require.Contains(t, c.ok("inspect", "--key", seal.HashKey(hashSecret, "order-1")), "state ", "the stored key, as the log shows it, needs no secret")
+			_, errOut, _ = c.run(hashFlag, "inspect", "--key", "order-3")
+			require.NotContains(t, errOut, "hashed", "with the secret, no hint")
 
 			_, errOut, code = c.run("--seal-key", "k2025:c2hvcnQ", "inspect", "--key", "order-1")
 			require.Equal(t, 2, code)
 			require.Contains(t, errOut, "Secret is 5 bytes; AES takes 16, 24 or 32")
 			require.NotContains(t, errOut, "c2hvcnQ", "the secret is never quoted")
 		})
+	}
+}
+
+// Regression: --seal-key "" (an unset variable expanded to nothing) opened
+// nothing and said nothing, as if the store were not sealed; an empty
+// --key-hash-secret fell back to no hashing. Both are usage errors now.
+func TestEmptySealFlagsRefused(t *testing.T) {
+	t.Parallel()
+	c := cli{t, dbtest.SQLitePath(t)}
+	for _, args := range [][]string{{"--seal-key", ""}, {"--seal-key", " "}, {"--seal-key=k:" + base64.StdEncoding.EncodeToString(make([]byte, 16)), "--seal-key", ""}} {
+		_, errOut, code := c.run(append(args, "inspect", "--key", "k")...)
+		require.Equal(t, 2, code, "%q: %s", args, errOut)
+		require.Contains(t, errOut, "--seal-key is empty", "%q", args)
+	}
+	_, errOut, code := c.run("--key-hash-secret", "", "inspect", "--key", "k")
+	require.Equal(t, 2, code, errOut)
+	require.Contains(t, errOut, "--key-hash-secret is empty")
+}
+
+// A plain SUCCEEDED record inspected with --seal-key: inspect says that a
+// server holding those keys refuses it (sealing's downgrade, docs/sealing.md).
+func TestInspectPlainRecordUnderSealKeys(t *testing.T) {
+	t.Parallel()
+	url, d := sqliteBackend(t, false)
+	c := cli{t, url}
+	c.ok("migrate", "up")
+	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, EngineConfig: idem.EngineConfig{Store: d}})
+	require.NoError(t, err)
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	r := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
+	r.Header.Set(idem.HeaderKey, "plain-1")
+	h.ServeHTTP(httptest.NewRecorder(), r)
+	require.Contains(t, c.ok("inspect", "--key", "plain-1"), "no (stored in plain)\n")
+	keyFlag := "--seal-key=k2025:" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))
+	out := c.ok(keyFlag, "inspect", "--key", "plain-1")
+	require.Contains(t, out, "no (stored in plain): a server with these seal keys answers 500 seal-broken")
+	for _, scope := range [][]string{nil, {"--scope", idem.SingleTenantScope}} {
+		_, errOut, code := c.run(append([]string{"inspect", "--key", "nope"}, scope...)...)
+		require.Equal(t, 1, code)
+		require.Contains(t, errOut, "no record")
+		require.NotContains(t, errOut, "hashed", "plain keys: no hint")
 	}
 }

@@ -52,9 +52,11 @@ type handlerConfig struct {
 	// Metrics, when not nil, is served at GET /metrics, without
 	// authentication (service.Telemetry.Metrics).
 	Metrics http.Handler
-	// SealKeys, KeyHashSecret and KeepRequestBytes are idem's
-	// (docs/sealing.md); zero: plain records, plain keys, no request kept.
+	// SealKeys, ReplayPlain, KeyHashSecret and KeepRequestBytes are idem's
+	// (docs/sealing.md); zero: plain records, plain keys, no request kept
+	// (with SealKeys, sealed records only).
 	SealKeys         []seal.Key
+	ReplayPlain      bool
 	KeyHashSecret    []byte
 	KeepRequestBytes int64
 }
@@ -67,6 +69,9 @@ type api struct {
 	writeMode WriteMode
 	faults    *faults
 	metrics   http.Handler
+	// storedKey is idem's Engine.StoredKey: the request log names a key as
+	// idem stores it (hashed with --key-hash-secret).
+	storedKey func(string) string
 }
 
 // newHandler returns the service's whole HTTP handler:
@@ -94,7 +99,8 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	if cfg.WriteMode == "" {
 		cfg.WriteMode = WriteInClaim
 	}
-	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults, metrics: cfg.Metrics}
+	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults, metrics: cfg.Metrics,
+		storedKey: mw.Engine().StoredKey}
 	routes := a.routes(cfg.Faults.wrap(mw.Handler(http.HandlerFunc(a.createPayment))))
 	if err := a.stripeRoutes(routes, cfg); err != nil { // POST /v1/payment_intents (stripe.go)
 		return nil, err
@@ -105,12 +111,12 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 // idemConfig is idem's configuration of both protected routes: cfg's store
 // (through the fault injection), scoped by merchant, with cfg's lease,
 // relay secret, logger and observer, and its sealing (SealKeys,
-// KeyHashSecret, KeepRequestBytes).
+// ReplayPlain, KeyHashSecret, KeepRequestBytes).
 func (cfg handlerConfig) idemConfig() idem.Config {
 	return idem.Config{
 		EngineConfig: idem.EngineConfig{Store: cfg.Faults.store(cfg.Store.Idem()), LeaseDuration: cfg.Lease, RelaySecret: cfg.RelaySecret, Logger: cfg.Logger, Observer: cfg.Observer,
 			Wait: cfg.Wait, MaxWait: cfg.MaxWait,
-			SealKeys: cfg.SealKeys, KeyHashSecret: cfg.KeyHashSecret, KeepRequestBytes: cfg.KeepRequestBytes},
+			SealKeys: cfg.SealKeys, ReplayPlain: cfg.ReplayPlain, KeyHashSecret: cfg.KeyHashSecret, KeepRequestBytes: cfg.KeepRequestBytes},
 		Scope: service.Scope,
 	}
 }
@@ -144,7 +150,7 @@ func (a *api) serve(routes http.Handler) http.Handler {
 		root.Handle("/metrics", methodNotAllowed("GET, HEAD"))
 	}
 	root.Handle("/", svc.Authenticate(routes))
-	return service.LogRequests(a.log, http.StatusOK, root)
+	return service.LogRequests(a.log, http.StatusOK, a.storedKey, root)
 }
 
 // paymentJSON is a payment as the API shows it.

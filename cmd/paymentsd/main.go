@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/idemgo/idem/cmd/internal/naivecache"
@@ -40,9 +41,11 @@ type options struct {
 	writeMode   WriteMode
 	// wait and maxWait are idem's EngineConfig.Wait and MaxWait.
 	wait, maxWait time.Duration
-	// sealKeys, keyHashSecret and keepRequest are idem's SealKeys,
-	// KeyHashSecret and KeepRequestBytes (docs/sealing.md).
+	// sealKeys, replayPlain, keyHashSecret and keepRequest are idem's
+	// SealKeys, ReplayPlain, KeyHashSecret and KeepRequestBytes
+	// (docs/sealing.md).
 	sealKeys      []seal.Key
+	replayPlain   bool
 	keyHashSecret []byte
 	keepRequest   int64
 
@@ -69,10 +72,16 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	fs.Func("seal-key", "seal stored responses and requests (AES-GCM) with this key, id:base64secret (16, 24 or 32 bytes); "+
 		"repeat it or separate keys with commas to rotate: the first seals, every one opens; default $"+EnvSealKeys+", else none",
 		func(s string) error {
+			if strings.TrimSpace(s) == "" { // an unset variable expanded to nothing: never "no sealing"
+				return errors.New("empty: give id:base64secret, or leave the flag out")
+			}
 			keys, err := seal.ParseKeys(s)
 			o.sealKeys = append(o.sealKeys, keys...)
 			return err
 		})
+	fs.BoolVar(&o.replayPlain, "seal-replay-plain", false, "with --seal-key, also replay records stored plain (idem EngineConfig.ReplayPlain), "+
+		"written before sealing was turned on; only while such records live: anyone who can write the table could plant one. "+
+		"Without it a plain record answers 500 seal-broken")
 	hashSecret := fs.String("key-hash-secret", "", "store each Idempotency-Key as an HMAC-SHA256 under this base64 secret (at least 16 bytes), "+
 		"so the table shows no client key; set it only on a new table; default $"+EnvKeyHashSecret+", else none")
 	fs.Int64Var(&o.keepRequest, "keep-request-bytes", 0, "keep each recorded request's first N body bytes, query and Content-Type beside its record for an audit "+
@@ -90,8 +99,15 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	if o.relaySecret == "" && getenv != nil {
 		o.relaySecret = getenv(EnvRelaySecret)
 	}
+	if *hashSecret == "" && flagSet(fs, "key-hash-secret") {
+		// Hashing off would make every hashed record unfindable: their retries run again.
+		return o, errors.New("--key-hash-secret is empty: give the base64 secret, or leave the flag out")
+	}
 	if err := o.sealingFromEnv(*hashSecret, getenv); err != nil {
 		return o, err
+	}
+	if o.replayPlain && len(o.sealKeys) == 0 {
+		return o, errors.New("--seal-replay-plain needs --seal-key (or $" + EnvSealKeys + ")")
 	}
 	if err := o.Check(fs); err != nil {
 		return o, err
@@ -179,7 +195,7 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 	hcfg := handlerConfig{
 		Store: store, Provider: provider, Logger: log, Lease: o.Lease,
 		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt, Wait: o.wait, MaxWait: o.maxWait,
-		SealKeys: o.sealKeys, KeyHashSecret: o.keyHashSecret, KeepRequestBytes: o.keepRequest,
+		SealKeys: o.sealKeys, ReplayPlain: o.replayPlain, KeyHashSecret: o.keyHashSecret, KeepRequestBytes: o.keepRequest,
 		Observer: tel.Observer, Metrics: tel.Metrics,
 	}
 	var served service.Served
@@ -196,9 +212,13 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 	} else if served.Handler, err = newHandler(hcfg); err != nil {
 		return served, err
 	}
-	served.Attrs = []any{"psp", psp, "lease", o.Lease.String(), "write_mode", string(o.writeMode), "relay_secret", o.relaySecret != ""}
+	served.Attrs = []any{"psp", psp, "lease", o.Lease.String(), "write_mode", string(o.writeMode),
+		"wait", o.wait.String(), "max_wait", o.maxWait.String(), "relay_secret", o.relaySecret != ""}
 	if len(o.sealKeys) > 0 {
 		served.Attrs = append(served.Attrs, "seal_key", o.sealKeys[0].ID)
+	}
+	if o.replayPlain {
+		served.Attrs = append(served.Attrs, "seal_replay_plain", true)
 	}
 	if len(o.keyHashSecret) > 0 {
 		served.Attrs = append(served.Attrs, "key_hash", true)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/cmd/internal/service"
+	"github.com/idemgo/idem/seal"
 )
 
 func TestParseDatabaseURL(t *testing.T) {
@@ -88,13 +90,86 @@ func TestParseFlags(t *testing.T) {
 // stops it by cancelling its context (as SIGINT/SIGTERM do).
 func TestRunServesAndShutsDown(t *testing.T) {
 	t.Parallel()
-	s, stop := startRun(t, "--database-url", filepath.Join(t.TempDir(), "p.db"), "--psp-latency", "0s")
+	s, stop := startRun(t, "--database-url", filepath.Join(t.TempDir(), "p.db"), "--psp-latency", "0s", "--wait", "2s")
 	require.Equal(t, http.StatusCreated, s.postJSON("acme", "run-1", paymentBody).status)
 
 	out := stop()
+	require.Regexp(t, `"msg":"listening".*"write_mode":"claim","wait":"2s","max_wait":"10s"`, out, "the waits in the startup line")
 	require.Contains(t, out, `"msg":"request"`)
 	require.Contains(t, out, `"idempotency_key":"run-1"`)
 	require.Contains(t, out, `"merchant":"acme"`)
 	require.Contains(t, out, `"msg":"database closed"`)
 	require.NotContains(t, out, "sk_test_", "the API key is never logged")
+}
+
+// The sealing flags. Regression: --seal-key "" (an unset variable expanded
+// to nothing) started paymentsd without sealing, silently; an empty
+// --key-hash-secret started it without hashing, which makes hashed records
+// unfindable (their retries run again). Both are refused, naming the flag.
+// --seal-replay-plain reaches idem's ReplayPlain, and only with a key.
+func TestParseSealFlags(t *testing.T) {
+	t.Parallel()
+	key := "k1:" + base64.StdEncoding.EncodeToString(make([]byte, 32))
+	env := func(name string) string { return map[string]string{EnvSealKeys: key}[name] }
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--seal-key", ""}, "-seal-key: empty: give id:base64secret"},
+		{[]string{"--seal-key", "  "}, "-seal-key: empty"},
+		{[]string{"--seal-key", key, "--seal-key", ""}, "-seal-key: empty"},
+		{[]string{"--key-hash-secret", ""}, "--key-hash-secret is empty"},
+		{[]string{"--seal-replay-plain"}, "--seal-replay-plain needs --seal-key"},
+	} {
+		_, err := parseFlags(bad.args, io.Discard, nil)
+		require.ErrorContains(t, err, bad.want, "%q", bad.args)
+	}
+	o, err := parseFlags(nil, io.Discard, env)
+	require.NoError(t, err)
+	require.Len(t, o.sealKeys, 1, "the keys from the environment")
+	require.False(t, o.replayPlain)
+	o, err = parseFlags([]string{"--seal-key", key, "--seal-replay-plain"}, io.Discard, nil)
+	require.NoError(t, err)
+	require.True(t, o.replayPlain)
+}
+
+// A payment recorded by a paymentsd without sealing is refused by one with
+// --seal-key (500 seal-broken, nothing charged again) and replayed by one
+// with --seal-replay-plain too: the flag reaches idem.
+func TestRunSealedOnly(t *testing.T) {
+	t.Parallel()
+	db := filepath.Join(t.TempDir(), "p.db")
+	key := "k1:" + base64.StdEncoding.EncodeToString(make([]byte, 32))
+	s, stop := startRun(t, "--database-url", db, "--psp-latency", "0s")
+	first := s.postJSON("acme", "plain-1", paymentBody)
+	require.Equal(t, http.StatusCreated, first.status)
+	stop()
+
+	s, stop = startRun(t, "--database-url", db, "--psp-latency", "0s", "--seal-key", key)
+	refused := s.postJSON("acme", "plain-1", paymentBody)
+	require.Equal(t, http.StatusInternalServerError, refused.status, "%s", refused.body)
+	require.Contains(t, string(refused.body), "seal-broken")
+	require.Equal(t, int64(1), s.balance("acme").Payments, "nothing charged again")
+	out := stop()
+	require.Contains(t, out, `"seal_key":"k1"`)
+
+	s, stop = startRun(t, "--database-url", db, "--psp-latency", "0s", "--seal-key", key, "--seal-replay-plain")
+	again := s.postJSON("acme", "plain-1", paymentBody)
+	require.Equal(t, http.StatusCreated, again.status, "%s", again.body)
+	require.Equal(t, first.body, again.body)
+	require.Contains(t, stop(), `"seal_replay_plain":true`)
+}
+
+// Regression: with --key-hash-secret the request log printed the client's
+// Idempotency-Key, which idem stores only as its HMAC; it prints the stored
+// key now (idem inspect --key-hash-secret finds the record from either).
+func TestRunLogsTheHashedKey(t *testing.T) {
+	t.Parallel()
+	secret := []byte("paymentsd key-hash secret, 32 b.")
+	s, stop := startRun(t, "--database-url", filepath.Join(t.TempDir(), "p.db"), "--psp-latency", "0s",
+		"--key-hash-secret", base64.StdEncoding.EncodeToString(secret))
+	require.Equal(t, http.StatusCreated, s.postJSON("acme", "order-CLIENTKEY-1", paymentBody).status)
+	out := stop()
+	require.Contains(t, out, `"idempotency_key":"`+seal.HashKey(secret, "order-CLIENTKEY-1")+`"`)
+	require.NotContains(t, out, "CLIENTKEY", "the client's key is never logged")
 }

@@ -39,6 +39,7 @@ func runEngine(t *testing.T, h Harness) {
 				{"SealRotation", run(engineSealRotation)},
 				{"SealKeyMissingNeverRunsAgain", run(engineSealKeyMissing)},
 				{"SealBrokenNeverRunsAgain", run(engineSealBroken)},
+				{"SealDowngradeRefused", run(engineSealDowngrade)},
 				{"SealedStormLeavesNoPlainText", run(engineSealedStorm)},
 			}
 			if mode.oneCommit {

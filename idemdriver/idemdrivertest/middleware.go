@@ -318,6 +318,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		{"RelayKeyPerLife", middlewareRelayKeyPerLife},
 		{"StatementBudget", middlewareStatementBudget},
 		{"ScopesNeverMeet", middlewareScopesNeverMeet},
+		{"SealedOnlyRefusesPlain", middlewareSealedOnly},
 	})
 }
 

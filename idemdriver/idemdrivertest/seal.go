@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -185,12 +187,14 @@ func engineSealedReplay(t *testing.T, h Harness, oneCommit bool) {
 }
 
 // Rotation: records sealed with A replay under [B, A], new ones are sealed
-// with B; plain records written before sealing replay too.
+// with B; plain records written before sealing replay with ReplayPlain
+// (the migration of a table to sealing), and answer ErrSealBroken without.
 func engineSealRotation(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
 	plain, d := newEngine(t, h, oneCommit, idem.EngineConfig{})
-	a := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1)}})
-	ba := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("B", 2), sealingKey("A", 1)}})
+	a := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1)}, ReplayPlain: true})
+	bakeys := []seal.Key{sealingKey("B", 2), sealingKey("A", 1)}
+	ba := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: bakeys, ReplayPlain: true})
 	var runs atomic.Int32
 	_, err := plain.Do(t.Context(), doParams("plain", "x"), sealedResult(&runs, "p"))
 	require.NoError(t, err)
@@ -201,6 +205,12 @@ func engineSealRotation(t *testing.T, h Harness, oneCommit bool) {
 		require.NoError(t, err, key)
 		require.Equal(t, `{"charge":"BODYMARK-`+marker+`"}`, string(out.Body), key)
 	}
+	sealedOnly := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: bakeys})
+	_, err = sealedOnly.Do(t.Context(), doParams("plain", "x"), sealedResult(&runs, "again"))
+	require.ErrorIs(t, err, idem.ErrSealBroken, "once ReplayPlain is removed, a plain record is refused")
+	out, err := sealedOnly.Do(t.Context(), doParams("ka", "x"), sealedResult(&runs, "again"))
+	require.NoError(t, err)
+	require.Equal(t, `{"charge":"BODYMARK-a"}`, string(out.Body))
 	_, err = ba.Do(t.Context(), doParams("kb", "x"), sealedResult(&runs, "b"))
 	require.NoError(t, err)
 	require.EqualValues(t, 3, runs.Load())
@@ -319,4 +329,84 @@ func engineSealedStorm(t *testing.T, h Harness, oneCommit bool) {
 		}
 	}
 	require.Equal(t, 1, hashed, "the dump holds the stored keys (it sees the rows)")
+}
+
+// The downgrade of sealing: someone who can write idem_keys but holds no
+// sealing key empties a record's seal_key and puts a plain response in its
+// place (or writes a plain record for a key a client will send). An
+// engine with SealKeys answers such a record ErrSealBroken, never its
+// body, and fn never runs; the record stays SUCCEEDED. With ReplayPlain
+// (a table switched to sealing while records written plain live) the plain
+// record replays, and new records are still sealed.
+func engineSealDowngrade(t *testing.T, h Harness, oneCommit bool) {
+	t.Parallel()
+	keys := []seal.Key{sealingKey("A", 1)}
+	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: keys})
+	var runs atomic.Int32
+	_, err := g.Do(t.Context(), doParams("donor", "x"), sealedResult(&runs, "1"))
+	require.NoError(t, err)
+	donor := record(t, d, "acct", "donor").Response
+	sum := sha256.Sum256([]byte("x"))
+	p := idemdriver.ClaimParams{Scope: "acct", Method: "DO", Path: "orders", Fingerprint: sum[:], LeaseDuration: lease, Retention: retention}
+	planted := idemdriver.Response{Status: 201, Header: map[string][]string{"Location": {"/charges/PLANTED"}},
+		Body: []byte(`{"charge":"PLANTED"}`), BodyStored: true, BodySize: 20}
+	p.Key = "planted" // a plain response where a sealed one belongs
+	completeVia(t, d, "alone", p, planted)
+	emptied := *donor // the sealed blob kept, its seal_key emptied: read as a plain body
+	emptied.SealKey, emptied.Body, emptied.Sealed = "", donor.Sealed, nil
+	p.Key = "emptied"
+	completeVia(t, d, "alone", p, emptied)
+	for _, key := range []string{"planted", "emptied"} {
+		require.Empty(t, record(t, d, "acct", key).Response.SealKey, "%s: the row is plain", key)
+		for range 2 {
+			out, err := g.Do(t.Context(), doParams(key, "x"), sealedResult(&runs, "2"))
+			require.ErrorIs(t, err, idem.ErrSealBroken, key)
+			require.NotContains(t, string(out.Body), "PLANTED", key)
+			require.Empty(t, out.Header, key)
+		}
+		require.Equal(t, idemdriver.StateSucceeded, record(t, d, "acct", key).State, key)
+	}
+	require.EqualValues(t, 1, runs.Load(), "fn never ran for a plain record")
+	out, err := g.Do(t.Context(), doParams("donor", "x"), sealedResult(&runs, "3"))
+	require.NoError(t, err, "a sealed record still replays")
+	require.Equal(t, `{"charge":"BODYMARK-1"}`, string(out.Body))
+
+	migrating := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: keys, ReplayPlain: true})
+	out, err = migrating.Do(t.Context(), doParams("planted", "x"), sealedResult(&runs, "4"))
+	require.NoError(t, err, "ReplayPlain replays a plain record")
+	require.Equal(t, `{"charge":"PLANTED"}`, string(out.Body))
+	_, err = migrating.Do(t.Context(), doParams("new", "x"), sealedResult(&runs, "5"))
+	require.NoError(t, err)
+	require.Equal(t, "A", record(t, d, "acct", "new").Response.SealKey, "ReplayPlain still seals")
+	require.EqualValues(t, 2, runs.Load())
+}
+
+// The downgrade over HTTP: a record written plain (by a server without
+// SealKeys, as an attacker would write it) answers a sealed server 500
+// seal-broken, as problem details, never the plain body, and the handler
+// does not run; behind the replay cache too, which still replays the
+// server's own sealed records. A server with ReplayPlain replays it.
+func middlewareSealedOnly(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	plain := newServer(t, d, idem.Config{}, &app{})
+	first := plain.post(t, "planted", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
+	keys := []seal.Key{sealingKey("A", 1)}
+	sealed := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{SealKeys: keys,
+		Logger: slog.New(slog.DiscardHandler)}, ReplayCacheBytes: 1 << 20}, &app{})
+	own := sealed.post(t, "own", `{"amount":2}`)
+	require.Equal(t, http.StatusCreated, own.status, "%s", own.body)
+	for range 2 {
+		a := sealed.post(t, "planted", `{"amount":1}`)
+		requireProblem(t, a, http.StatusInternalServerError, "seal-broken")
+		require.NotContains(t, string(a.body), `"run"`, "never the plain body")
+		require.Empty(t, a.header.Get(idem.HeaderReplayed))
+		require.Empty(t, a.header.Get("Location"))
+		requireReplay(t, own, sealed.post(t, "own", `{"amount":2}`)) // the second from the cache
+	}
+	require.EqualValues(t, 1, sealed.app.runs.Load(), "the sealed server's handler ran for its own key only")
+	migrating := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{SealKeys: keys, ReplayPlain: true}}, &app{})
+	requireReplay(t, first, migrating.post(t, "planted", `{"amount":1}`))
+	require.Zero(t, migrating.app.runs.Load())
 }

@@ -51,7 +51,7 @@ func RequestInfoFrom(ctx context.Context) *RequestInfo {
 //	status           int     the status sent; unanswered when next sent nothing
 //	duration_ms      float   time in next, in milliseconds (to the microsecond)
 //	bytes            int     the size of the body sent
-//	idempotency_key  string  the Idempotency-Key as idem stores it (LoggedKey)
+//	idempotency_key  string  the Idempotency-Key as idem stores it (LoggedKey with storedKey)
 //	replayed         bool    whether the answer was idem's replay
 //	RequestInfo.Attrs...
 //	merchant         string  RequestInfo.Merchant
@@ -59,7 +59,10 @@ func RequestInfoFrom(ctx context.Context) *RequestInfo {
 // It never logs the Authorization header. unanswered is the status logged
 // when next sent no answer at all: http.StatusOK is what net/http then
 // sends if the client is still there; 0 says that nothing was sent.
-func LogRequests(log *slog.Logger, unanswered int, next http.Handler) http.Handler {
+// storedKey maps a client's key to the key idem stores (idem.Engine.StoredKey:
+// its HMAC under KeyHashSecret, so no client key reaches the log); nil logs
+// the key as sent.
+func LogRequests(log *slog.Logger, unanswered int, storedKey func(string) string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		info := &RequestInfo{}
@@ -78,20 +81,30 @@ func LogRequests(log *slog.Logger, unanswered int, next http.Handler) http.Handl
 			slog.Int("status", rec.Status),
 			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
 			slog.Int64("bytes", rec.Bytes),
-			slog.String("idempotency_key", LoggedKey(r)),
+			slog.String("idempotency_key", LoggedKey(r, storedKey)),
 			slog.Bool("replayed", rec.Header().Get(idem.HeaderReplayed) == "true"),
 		}, info.Attrs...)
 		log.LogAttrs(r.Context(), level, "request", append(attrs, slog.String("merchant", info.Merchant))...)
 	})
 }
 
-// LoggedKey is the request's Idempotency-Key as idem stores it (unquoted,
-// so that `idem inspect --key` finds it), or the header's values joined by
-// ", " when they do not parse (idem.ParseKey); "" without the header.
-func LoggedKey(r *http.Request) string {
+// LoggedKey is the request's Idempotency-Key as idem stores it: unquoted,
+// and passed through storedKey when it is not nil, so that `idem inspect
+// --key` finds it (idem.Engine.StoredKey: hashed under KeyHashSecret). When
+// the header does not parse (idem.ParseKey), its values joined by ", ",
+// through storedKey too: nothing of a client's key is logged in plain. ""
+// without the header.
+func LoggedKey(r *http.Request, storedKey func(string) string) string {
 	values := r.Header.Values(idem.HeaderKey)
-	if key, err := idem.ParseKey(values); err == nil {
-		return key
+	if len(values) == 0 {
+		return ""
 	}
-	return strings.Join(values, ", ")
+	key, err := idem.ParseKey(values)
+	if err != nil {
+		key = strings.Join(values, ", ")
+	}
+	if storedKey != nil {
+		return storedKey(key)
+	}
+	return key
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/seal"
 )
 
 // logLine serves one request through LogRequests(unanswered, h) and returns
@@ -19,7 +20,7 @@ import (
 func logLine(t *testing.T, unanswered int, h http.Handler, r *http.Request) (map[string]any, string) {
 	t.Helper()
 	var buf bytes.Buffer
-	LogRequests(slog.New(slog.NewJSONHandler(&buf, nil)), unanswered, h).ServeHTTP(httptest.NewRecorder(), r)
+	LogRequests(slog.New(slog.NewJSONHandler(&buf, nil)), unanswered, nil, h).ServeHTTP(httptest.NewRecorder(), r)
 	var line map[string]any
 	require.NoError(t, json.Unmarshal(buf.Bytes(), &line), buf.String())
 	require.Equal(t, "request", line["msg"])
@@ -82,7 +83,7 @@ func TestLogRequestsStatus(t *testing.T) {
 func TestLogRequestsUnwrap(t *testing.T) {
 	t.Parallel()
 	var flushErr error
-	h := LogRequests(slog.New(slog.DiscardHandler), 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := LogRequests(slog.New(slog.DiscardHandler), 0, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		flushErr = http.NewResponseController(w).Flush()
 	}))
 	w := httptest.NewRecorder()
@@ -98,8 +99,28 @@ func TestLoggedKeyIsTheStoredKey(t *testing.T) {
 	for header, want := range map[string]string{`"q1"`: "q1", `q1`: "q1", `"p1";x=1`: "p1", `a, b`: "a, b"} {
 		r := httptest.NewRequest("POST", "/v1/payments", nil)
 		r.Header.Set(idem.HeaderKey, header)
-		require.Equal(t, want, LoggedKey(r), header)
+		require.Equal(t, want, LoggedKey(r, nil), header)
 	}
+}
+
+// Regression: with a key-hash secret, idem stores the key's HMAC, but the
+// log showed the client's key in plain. storedKey (idem.Engine.StoredKey)
+// gives the stored form, also of a header that does not parse.
+func TestLoggedKeyHashed(t *testing.T) {
+	t.Parallel()
+	secret := []byte("a key-hash secret of 32 bytes...")
+	storedKey := func(key string) string { return seal.HashKey(secret, key) } // idem.Engine.StoredKey's
+	for header, want := range map[string]string{`"q1"`: seal.HashKey(secret, "q1"), `a, b`: seal.HashKey(secret, "a, b")} {
+		r := httptest.NewRequest("POST", "/v1/payments", nil)
+		r.Header.Set(idem.HeaderKey, header)
+		require.Equal(t, want, LoggedKey(r, storedKey), header)
+		var buf bytes.Buffer
+		LogRequests(slog.New(slog.NewJSONHandler(&buf, nil)), 0, storedKey, http.NotFoundHandler()).ServeHTTP(httptest.NewRecorder(), r)
+		require.Contains(t, buf.String(), `"idempotency_key":"`+want+`"`)
+		require.NotContains(t, buf.String(), `q1"`, "the client's key is not logged")
+	}
+	r := httptest.NewRequest("POST", "/v1/payments", nil)
+	require.Empty(t, LoggedKey(r, storedKey), "no header, no key")
 }
 
 func TestNewLogger(t *testing.T) {
