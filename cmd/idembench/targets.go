@@ -291,7 +291,9 @@ func pgFill(ctx context.Context, pool *pgxpool.Pool, records, inFlight int) (str
 		return "", fmt.Errorf("postgres: fill: %w", err)
 	}
 	n := records + inFlight
-	per := func(b int64) string { return fmt.Sprintf("%.0f MiB per million records", float64(b)/(1<<20)/(float64(n)/1e6)) }
+	per := func(b int64) string {
+		return fmt.Sprintf("%.0f MiB per million records", float64(b)/(1<<20)/(float64(n)/1e6))
+	}
 	return fmt.Sprintf("idem_keys held %d completed records and %d in flight (scope \"filler\") before the run: "+
 		"table %.0f MiB (%s), indexes %.0f MiB (%s; the primary key, expires_at and the partial index of the records in flight)",
 		records, inFlight, float64(table)/(1<<20), per(table), float64(indexes)/(1<<20), per(indexes)), nil
