@@ -165,15 +165,34 @@ var insertSQL = bind(claimParams, `INSERT INTO idem_keys (scope, key, method, pa
 	ON CONFLICT DO NOTHING
 	RETURNING created_at, expires_at, locked_until, `+leaseLeft)
 
+// insertBoundedSQL is insertSQL for the one-commit claim (ClaimTx): in the
+// claim's transaction, and bounding its lock waits as claimBoundedSQL does
+// (@wait: lock_timeout in milliseconds, as text), set in the WHERE of the
+// row it proposes, before the INSERT can wait on the key.
+var insertBoundedSQL = bind(slices.Concat(claimParams, []string{"wait"}), `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
+		locked_until, created_at, updated_at, expires_at, attempts, owner)
+	SELECT @scope::text, @key::text, @method::text, @path::text, @fingerprint::bytea, 'PROCESSING', 1,
+		`+now+` + @lease::bigint * interval '1 microsecond', `+now+`, `+now+`,
+		`+now+` + @retention::bigint * interval '1 microsecond', 1, @owner::text
+	WHERE set_config('lock_timeout', @wait, true) IS NOT NULL
+	ON CONFLICT DO NOTHING
+	RETURNING created_at, expires_at, locked_until, `+leaseLeft)
+
 // insertNew runs insertSQL for p (args its claimArgs): the new record, or
 // inserted false when the key was written since the read.
-func (d *Driver) insertNew(ctx context.Context, p idemdriver.ClaimParams, args []any) (res idemdriver.ClaimResult, inserted bool, err error) {
+func (d *Driver) insertNew(ctx context.Context, p idemdriver.ClaimParams, args []any) (idemdriver.ClaimResult, bool, error) {
+	return scanInserted(d.pool.QueryRow(ctx, d.q(insertSQL), args...), p)
+}
+
+// scanInserted reads the row insertSQL or insertBoundedSQL returns for p:
+// the new record, or inserted false when the statement inserted nothing.
+func scanInserted(row pgx.Row, p idemdriver.ClaimParams) (res idemdriver.ClaimResult, inserted bool, err error) {
 	type targets struct {
 		created, expires, lockedUntil pgtype.Timestamptz
 		leaseLeft                     pgtype.Int8
 	}
 	v := new(targets)
-	err = d.pool.QueryRow(ctx, d.q(insertSQL), args...).Scan(&v.created, &v.expires, &v.lockedUntil, &v.leaseLeft)
+	err = row.Scan(&v.created, &v.expires, &v.lockedUntil, &v.leaseLeft)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return res, false, nil
 	}

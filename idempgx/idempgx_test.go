@@ -137,7 +137,7 @@ func harness(schemaOption bool) idemdrivertest.Harness {
 		// completion rides in the business transaction (BEGIN, COMMIT); in
 		// one-commit mode BEGIN, the claim (which sets the lock bound), the
 		// completion and COMMIT.
-		Budget:       map[string]int{"first": 3, "first-transactional": 5, "first-one-commit": 4, "replay-one-commit": 3, "replay": 1, "in-flight": 1, "key-reused": 1},
+		Budget:       map[string]int{"first": 3, "first-transactional": 5, "first-one-commit": 5, "replay-one-commit": 1, "replay": 1, "in-flight": 1, "key-reused": 1},
 		Business:     newBusiness,
 		Maintenance:  true,
 		SecondDriver: secondDriver,

@@ -16,32 +16,49 @@ import (
 
 var _ idemdriver.TxClaimer = (*Driver)(nil)
 
-// ClaimTx implements idemdriver.TxClaimer: the one-commit mode's claim, in
+// ClaimTx implements idemdriver.TxClaimer: the one-commit mode's claim. On
+// a plain table it reads first, as Claim does (readSQL, no transaction): a
+// record that may not be claimed is the answer, one statement. Otherwise
 // one round trip: a pgx batch that begins the transaction (pgx's
-// Batch.BeginTx) and runs the claim statement of Claim, uncommitted, on a
-// connection the driver acquired (see claimTx). The claim also bounds the
-// transaction's lock waits (lock_timeout, local to the transaction:
-// claimBoundedSQL); on a partitioned table the bound is a set_config of its
-// own, followed by the key's transaction-scoped advisory lock and
-// claimPartitionedSQL. A concurrent claim of the key (an INSERT ... ON
-// CONFLICT, or the partitioned claim's advisory lock) waits for this
-// transaction to end; past wait it fails with 55P03 lock_not_available,
-// reported as idemdriver.ErrLockWait. Statements: BEGIN and the claim (and
-// the set_config and the lock on a partitioned table); a claim that does
-// not win adds a ROLLBACK.
+// Batch.BeginTx) and runs the claim, uncommitted, on a connection the
+// driver acquired (see claimTx): insertBoundedSQL when the read found no
+// record, the claim statement (claimBoundedSQL) when it found one that may
+// be claimed or the INSERT met a record written since. Both also bound the
+// transaction's lock waits (lock_timeout, local to the transaction); on a
+// partitioned table (no read first) the bound is a set_config of its own,
+// followed by the key's transaction-scoped advisory lock and
+// claimPartitionedSQL. A concurrent claim of the key (an INSERT, or the
+// partitioned claim's advisory lock) waits for this transaction to end;
+// past wait it fails with 55P03 lock_not_available, reported as
+// idemdriver.ErrLockWait. Statements of a new key: the read, BEGIN and the
+// INSERT; a claim that does not win in the transaction adds a ROLLBACK.
 func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (idemdriver.ClaimResult, idemdriver.Tx, error) {
 	if err := claimTextable(p); err != nil {
 		return idemdriver.ClaimResult{}, nil, err
 	}
 	args := d.claimArgs(p)
 	waitMS := max(wait.Milliseconds(), 1)
+	// fresh: the read found no record, and the claim is a plain INSERT.
+	fresh := false
+	if d.part == nil {
+		// Read first, as Claim: a record that may not be claimed is the
+		// answer, with no transaction.
+		res, claimable, found, err := d.claimRead(ctx, args[:6])
+		switch {
+		case err != nil && !retryable(err):
+			return idemdriver.ClaimResult{}, nil, unstorable(err)
+		case err == nil && found && !claimable:
+			return res, nil, nil
+		}
+		fresh = err == nil && !found
+	}
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
 		conn, err := d.pool.Acquire(ctx)
 		if err != nil {
 			return idemdriver.ClaimResult{}, nil, err
 		}
-		res, tx, err := d.claimIn(ctx, conn, args, waitMS)
+		res, tx, err := d.claimIn(ctx, conn, p, args, waitMS, fresh)
 		if err == nil && res.Claimed {
 			return res, tx.business(d), nil
 		}
@@ -56,6 +73,8 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 			return res, nil, nil
 		case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
 			return idemdriver.ClaimResult{}, nil, fmt.Errorf("idempgx: %w (%s): %w", idemdriver.ErrLockWait, time.Duration(waitMS)*time.Millisecond, err)
+		case errors.Is(err, errKeyWritten):
+			fresh, lastErr = false, err // claimBoundedSQL decides
 		case retryable(err), errors.Is(err, errClaimRaced):
 			lastErr = err
 		default:
@@ -71,17 +90,23 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 // error is errClaimRaced when the statement lost a race to a row its
 // snapshot could not see (see claimSQL; the caller runs it again in a new
 // transaction).
-func (d *Driver) claimIn(ctx context.Context, conn *pgxpool.Conn, args []any, waitMS int64) (res idemdriver.ClaimResult, tx *claimTx, err error) {
+//
+// With fresh (the read found no record), the claim is insertBoundedSQL, and
+// the error errKeyWritten when the key was written since the read.
+func (d *Driver) claimIn(ctx context.Context, conn *pgxpool.Conn, p idemdriver.ClaimParams, args []any, waitMS int64, fresh bool) (res idemdriver.ClaimResult, tx *claimTx, err error) {
 	b := newBatch()
 	b.BeginTx(pgx.TxOptions{})
 	wait := strconv.FormatInt(waitMS, 10)
-	if d.part != nil {
+	switch {
+	case fresh:
+		b.queue(d.q(insertBoundedSQL), append(args, wait)...)
+	case d.part != nil:
 		// The bound must come before the key's advisory lock, a statement
 		// of its own.
 		b.queue(setLockTimeoutSQL, wait)
 		b.queue(lockKeySQL, args[0], args[1]) // scope, key: claimArgs's first two
 		b.queue(d.q(claimPartitionedSQL), args...)
-	} else {
+	default:
 		b.queue(d.q(claimBoundedSQL), append(args, wait)...)
 	}
 	br := conn.SendBatch(ctx, &b.Batch)
@@ -96,6 +121,14 @@ func (d *Driver) claimIn(ctx context.Context, conn *pgxpool.Conn, args []any, wa
 			return res, tx, err
 		}
 	}
+	if fresh {
+		var inserted bool
+		res, inserted, err = scanInserted(br.QueryRow(), p)
+		if err == nil && !inserted {
+			err = errKeyWritten
+		}
+		return res, tx, err
+	}
 	rows, err := br.Query()
 	if err != nil {
 		return res, tx, err
@@ -106,6 +139,10 @@ func (d *Driver) claimIn(ctx context.Context, conn *pgxpool.Conn, args []any, wa
 	}
 	return res, tx, err
 }
+
+// errKeyWritten is claimIn's error when insertBoundedSQL met a record
+// written since the read (the caller claims again with claimBoundedSQL).
+var errKeyWritten = errors.New("idempgx: the key was written since the claim's read")
 
 // setLockTimeoutSQL bounds the transaction's lock waits (milliseconds, as
 // text): SET LOCAL with a parameter, which a batch can carry.

@@ -132,8 +132,9 @@ func completion(rec idemdriver.Record, offset time.Duration) idemdriver.Complete
 // A first execution's round trips to PostgreSQL, a business write in the
 // claim's transaction included: in transactional mode the claim's read and
 // its INSERT, BEGIN with the write, and the completion with its COMMIT (4;
-// the statements one at a time take 6); in one-commit mode BEGIN with the
-// claim, the write, and the completion with the COMMIT (3, against 5).
+// the statements one at a time take 6); in one-commit mode the claim's
+// read, BEGIN with the claim's INSERT, the write, and the completion with
+// the COMMIT (4, against 6).
 func TestFirstExecutionRoundTrips(t *testing.T) {
 	t.Parallel()
 	tracer := &countingTracer{}
@@ -143,7 +144,7 @@ func TestFirstExecutionRoundTrips(t *testing.T) {
 		name      string
 		oneCommit bool
 		want      int64
-	}{{"transactional", false, 4}, {"one-commit", true, 3}} {
+	}{{"transactional", false, 4}, {"one-commit", true, 4}} {
 		m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: tc.oneCommit}, Scope: idem.SingleTenant})
 		require.NoError(t, err)
 		h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
