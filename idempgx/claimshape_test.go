@@ -2,6 +2,8 @@ package idempgx_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idempgx"
 )
 
 // sqlTracer records the text of every statement sent.
@@ -52,21 +55,41 @@ func (s *sqlTracer) take() []string {
 	return kinds
 }
 
-// The claim reads first (issue 21): the answer to an existing key that may
-// not be claimed (a replay, 409, 422) is one plain SELECT, with no INSERT
-// in it, which PostgreSQL answers at about twice the rate of a statement
-// holding one; a new key is the read and a plain INSERT; a key that may be
-// claimed again (FAILED here) is the read and the deciding claim statement.
-func TestClaimReadsFirst(t *testing.T) {
+// A claim's first statements in each order (Options.ClaimOrder, issue 21).
+// Read first: the answer to an existing key that may not be claimed (a
+// replay, 409, 422) is one plain SELECT, with no INSERT in it; a new key
+// is the read and a plain INSERT. INSERT first: a new key is the INSERT
+// alone; an existing key the INSERT, which meets it, and the read. In
+// both, a key that may be claimed again (FAILED here) goes on to the
+// deciding claim statement, and every decision is the same.
+func TestClaimOrders(t *testing.T) {
 	t.Parallel()
-	tracer := &sqlTracer{}
-	d := openDriver(t, false, tracer)
+	for _, tc := range []struct {
+		order           idempgx.ClaimOrder
+		first, existing []string
+	}{
+		{idempgx.ClaimReadFirst, []string{"select", "insert"}, []string{"select"}},
+		{idempgx.ClaimInsertFirst, []string{"insert"}, []string{"insert", "select"}},
+	} {
+		t.Run(map[idempgx.ClaimOrder]string{idempgx.ClaimReadFirst: "read first", idempgx.ClaimInsertFirst: "insert first"}[tc.order], func(t *testing.T) {
+			t.Parallel()
+			tracer := &sqlTracer{}
+			d := openDriverOrder(t, false, tracer, tc.order)
+			checkClaimShapes(t, d, tracer, tc.first, tc.existing)
+		})
+	}
+}
+
+// checkClaimShapes claims one key through every decision on d, checking the
+// statements each sends (first for a new key, existing for a key that may
+// not be claimed; a re-claim adds the claim statement) and the records.
+func checkClaimShapes(t *testing.T, d *idempgx.Driver, tracer *sqlTracer, first, existing []string) {
 	ctx := context.Background()
 	p := idemdriver.ClaimParams{Scope: "acct", Key: "shape", Method: "POST", Path: "/v1/payments", Fingerprint: []byte{1},
 		LeaseDuration: 30 * time.Second, Retention: time.Hour}
 	other := p
 	other.Fingerprint = []byte{2}
-	claim := func(p idemdriver.ClaimParams, want idemdriver.Decision, statements ...string) idemdriver.ClaimResult {
+	claim := func(p idemdriver.ClaimParams, want idemdriver.Decision, statements []string) idemdriver.ClaimResult {
 		t.Helper()
 		tracer.take()
 		res, err := d.Claim(ctx, p)
@@ -76,40 +99,91 @@ func TestClaimReadsFirst(t *testing.T) {
 		return res
 	}
 
-	first := claim(p, idemdriver.DecisionNew, "select", "insert")
-	require.EqualValues(t, 1, first.Record.FencingToken)
-	require.EqualValues(t, 1, first.Record.Attempts)
-	require.Equal(t, idemdriver.StateProcessing, first.Record.State)
-	require.Positive(t, first.Record.LeaseLeft)
+	first1 := claim(p, idemdriver.DecisionNew, first)
+	require.EqualValues(t, 1, first1.Record.FencingToken)
+	require.EqualValues(t, 1, first1.Record.Attempts)
+	require.Equal(t, idemdriver.StateProcessing, first1.Record.State)
+	require.Positive(t, first1.Record.LeaseLeft)
 	// The record the INSERT returns (what the database decided, the rest
 	// from the claim) is the record as stored.
 	stored, err := d.Get(ctx, idemdriver.GetParams{Scope: p.Scope, Key: p.Key})
 	require.NoError(t, err)
-	require.InDelta(t, stored.LeaseLeft, first.Record.LeaseLeft, float64(time.Second))
-	stored.LeaseLeft = first.Record.LeaseLeft
-	require.Equal(t, stored, first.Record)
-	claim(p, idemdriver.DecisionInFlight, "select")
-	claim(other, idemdriver.DecisionKeyReused, "select")
+	require.InDelta(t, stored.LeaseLeft, first1.Record.LeaseLeft, float64(time.Second))
+	stored.LeaseLeft = first1.Record.LeaseLeft
+	require.Equal(t, stored, first1.Record)
+	inFlight := claim(p, idemdriver.DecisionInFlight, existing)
+	require.InDelta(t, stored.LeaseLeft, inFlight.Record.LeaseLeft, float64(time.Second))
+	inFlight.Record.LeaseLeft = stored.LeaseLeft
+	require.Equal(t, stored, inFlight.Record, "the read is the record as stored")
+	claim(other, idemdriver.DecisionKeyReused, existing)
 
-	fence := idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: 1, CreatedAt: first.Record.CreatedAt}
+	fence := idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: 1, CreatedAt: first1.Record.CreatedAt}
 	ok, err := d.Fail(ctx, fence)
 	require.NoError(t, err)
 	require.True(t, ok)
-	again := claim(p, idemdriver.DecisionReclaim, "select", "claim")
+	again := claim(p, idemdriver.DecisionReclaim, append(slices.Clone(existing), "claim"))
 	require.EqualValues(t, 2, again.Record.FencingToken)
 	require.EqualValues(t, 2, again.Record.Attempts)
-	require.True(t, again.Record.CreatedAt.Equal(first.Record.CreatedAt), "a re-claim continues the record's life")
+	require.True(t, again.Record.CreatedAt.Equal(first1.Record.CreatedAt), "a re-claim continues the record's life")
 
 	fence.FencingToken = 2
 	ok, err = d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence,
 		Response: idemdriver.Response{Status: 201, Body: []byte(`{}`), BodyStored: true, BodySize: 2}})
 	require.NoError(t, err)
 	require.True(t, ok)
-	replay := claim(p, idemdriver.DecisionReplay, "select")
+	replay := claim(p, idemdriver.DecisionReplay, existing)
 	require.Equal(t, idemdriver.StateSucceeded, replay.Record.State)
 	require.Equal(t, 201, replay.Record.Response.Status)
 	require.Equal(t, `{}`, string(replay.Record.Response.Body))
 	require.Equal(t, p.Scope, replay.Record.Scope)
 	require.Equal(t, p.Key, replay.Record.Key)
-	claim(other, idemdriver.DecisionKeyReused, "select")
+	require.EqualValues(t, 2, replay.Record.FencingToken)
+	require.NotNil(t, replay.Record.CompletedAt)
+	claim(other, idemdriver.DecisionKeyReused, existing)
+	// Past its retention the record may be claimed by another request: a
+	// new life, through the claim statement.
+	expired := other
+	expired.ClockOffset = 2 * time.Hour
+	renewed := claim(expired, idemdriver.DecisionNewLife, append(slices.Clone(existing), "claim"))
+	require.EqualValues(t, 3, renewed.Record.FencingToken)
+	require.EqualValues(t, 1, renewed.Record.Attempts)
+}
+
+// ClaimAdaptive (the default) sends the INSERT first on a new driver, reads
+// first once most recent claims met an existing record, and goes back to
+// the INSERT first once most met none: each switch within the window of
+// recent claims it weighs.
+func TestClaimOrderAdapts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tracer := &sqlTracer{}
+	d := openDriver(t, false, tracer)
+	p := func(key string) idemdriver.ClaimParams {
+		return idemdriver.ClaimParams{Scope: "acct", Key: key, Method: "POST", Path: "/v1/payments", Fingerprint: []byte{1},
+			LeaseDuration: 30 * time.Second, Retention: time.Hour}
+	}
+	claim := func(key string) []string {
+		t.Helper()
+		tracer.take()
+		_, err := d.Claim(ctx, p(key))
+		require.NoError(t, err)
+		return tracer.take()
+	}
+	require.Equal(t, []string{"insert"}, claim("new-0"), "a new driver sends the INSERT first")
+	// A run of duplicates of the key in flight (409s): the INSERT first
+	// until they are the majority, then the read alone.
+	n := 0
+	for ; n < 40 && !slices.Equal(claim("new-0"), []string{"select"}); n++ {
+	}
+	require.Less(t, n, 40, "the order never turned to the read first")
+	require.Positive(t, n, "the first duplicate after a new key still sends the INSERT first")
+	for range 5 {
+		require.Equal(t, []string{"select"}, claim("new-0"), "it stays read first while duplicates come")
+	}
+	// A run of new keys: read first until they are the majority.
+	n = 0
+	for ; n < 40 && !slices.Equal(claim(fmt.Sprint("new-", n+1)), []string{"insert"}); n++ {
+	}
+	require.Less(t, n, 40, "the order never turned back to the INSERT first")
+	require.Positive(t, n)
 }

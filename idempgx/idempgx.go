@@ -1,12 +1,15 @@
 // Package idempgx is idem's PostgreSQL driver, on pgx v5 (pgxpool).
 //
-// The claim reads first: a plain SELECT of the record by primary key, which
-// is the whole claim of a replay, 409 or 422; a plain INSERT ... ON CONFLICT
-// DO NOTHING when there is no record; otherwise (a record that may be
-// claimed, or one written since the read) the claim statement, a read of the
-// record and an INSERT ... ON CONFLICT DO UPDATE ... WHERE in a
-// data-modifying CTE that runs only when the record read can be claimed and
-// decides atomically. Times are PostgreSQL's:
+// A claim on a plain table sends two plain statements, in an order that
+// follows the traffic (Options.ClaimOrder; by default the majority of the
+// driver's recent claims): a SELECT of the record by primary key, which is
+// the whole claim of a replay, 409 or 422 when it comes first, and an
+// INSERT ... ON CONFLICT DO NOTHING of a new PROCESSING record, which is
+// the whole claim of a new key when it comes first. When neither is the
+// answer (a record that may be claimed, or a key written between the two)
+// the claim statement decides: a read of the record and an INSERT ... ON
+// CONFLICT DO UPDATE ... WHERE in a data-modifying CTE that runs only when
+// the record read can be claimed, atomically. Times are PostgreSQL's:
 // statement_timestamp() for the read, clock_timestamp() where a lease is
 // written, so a claim that waited on a row lock never writes a lease already
 // run out. pgx prepares and caches each
@@ -19,11 +22,12 @@
 // with its first Exec; the completion with the COMMIT, written so that it
 // raises when it is fenced out and the server then skips the COMMIT
 // (idemdriver.CompleteCommitter); in the one-commit mode BEGIN and the
-// claim, which also sets the transaction's lock bound. A replay, 409 or 422
-// is one statement; a first execution in transactional mode four round
-// trips around the handler's own statements (the claim's read and INSERT,
-// BEGIN with the first of them, the completion with the COMMIT), in the
-// one-commit mode two.
+// claim's INSERT, which also sets the transaction's lock bound. In the
+// order that suits each (ClaimOrder), a replay, 409 or 422 is one
+// statement, and a first execution in transactional mode three round trips
+// around the handler's own statements (the claim's INSERT, BEGIN with the
+// first of them, the completion with the COMMIT), in the one-commit mode
+// two.
 //
 // # Behind pgbouncer
 //
@@ -99,6 +103,8 @@ type Driver struct {
 	// qualified caches the rewritten statements (see q).
 	schema    string
 	qualified sync.Map
+	// order is the order of the claim's read and INSERT (Options.ClaimOrder).
+	order claimOrder
 	// consts are the boxed claim arguments of the last claim (claimArgs).
 	consts atomic.Pointer[claimConsts]
 	// listen is Options.ListenConfig; pooled is Options.TransactionPooler
@@ -139,24 +145,39 @@ func claimable(clock string) string {
 			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING')))`
 }
 
-// readSQL is the claim's first statement (Claim): a plain read of the record
-// by primary key, whether it may be claimed (as "cur" of claimSQL decides
-// it), the columns, and false (scanRecord's TookOver). A replay, 409 or 422
-// ends here: a SELECT, which PostgreSQL answers at about twice the rate of a
-// statement holding an INSERT that inserts nothing (the claim statement's
-// CTE, or INSERT ... ON CONFLICT DO NOTHING meeting the key), see
-// docs/benchmarks.md. Its parameters are claimParams's first six.
-var readSQL = bind(claimParams[:6], `SELECT `+claimable(now)+`, `+columns+`, false
+// readSQL is the claim's read (Claim, ClaimTx): a plain SELECT of the
+// record by primary key, with the database's now (for the lease left and
+// whether the record expired, which Claim decides from with
+// idemdriver.Decide, the rule claimSQL's "cur" states in SQL). A replay,
+// 409 or 422 in the read-first order ends here (see ClaimOrder). It takes
+// three parameters and computes nothing but now: PostgreSQL answers it at
+// the cost of a read of the record's columns, where a read that decided in
+// SQL (the claimable condition over the method, path and fingerprint sent
+// as three more parameters, and the lease left as a numeric) cost a fifth
+// more (docs/benchmarks.md). The scope and key are the claim's own.
+var readSQL = bind(readParams, `SELECT `+now+`, `+readColumns+`
 	FROM idem_keys WHERE scope = @scope AND key = @key`)
 
-// insertSQL is the claim of a key that readSQL found no record for: a plain
-// INSERT of the PROCESSING record (DecisionNew: fencing token 1, attempts 1,
-// created_at now), as claimSQL writes a new one. ON CONFLICT DO NOTHING: a
-// record written since the read (a concurrent claim) is not touched, no row
-// comes back, and Claim decides with claimSQL. It returns what the database
-// decided (created_at, which is also updated_at, expires_at, locked_until
-// and the lease left); the rest of the record is the claim's parameters
-// (newRecord).
+// readParams are readSQL's parameters, claimParams's first three.
+var readParams = claimParams[:3]
+
+// readColumns are the columns readSQL reads after now, scanned by
+// scanRead: the record's columns but its scope and key (the claim's own)
+// and its lease left (locked_until less now).
+const readColumns = `method, path, fingerprint, state, fencing_token, locked_until,
+	response_status, response_headers, response_body, response_body_stored, response_body_size, seal_key,
+	created_at, updated_at, completed_at, expires_at, attempts, owner`
+
+// insertSQL is the claim of a new key: a plain INSERT of the PROCESSING
+// record (DecisionNew: fencing token 1, attempts 1, created_at now), as
+// claimSQL writes a new one. ON CONFLICT DO NOTHING: an existing record (the
+// INSERT first) or one written since the read (the read first) is not
+// touched, no row comes back, and Claim reads or decides with claimSQL.
+// With no record to meet it takes no row lock and writes nothing but the
+// new row; meeting one it inserts nothing, takes no transaction id and
+// writes no WAL. It returns what the database decided (created_at, which is
+// also updated_at, expires_at, locked_until and the lease left); the rest
+// of the record is the claim's parameters (scanInserted).
 var insertSQL = bind(claimParams, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
 		locked_until, created_at, updated_at, expires_at, attempts, owner)
 	VALUES (@scope, @key, @method, @path, @fingerprint, 'PROCESSING', 1,
@@ -227,9 +248,10 @@ const columns = `scope, key, method, path, fingerprint, state, fencing_token, lo
 // holds none).
 const leaseLeft = `(extract(epoch FROM locked_until - ` + clock + `) * 1000000)::bigint`
 
-// The claim statement, which decides when the read (readSQL) finds a record
-// that may be claimed, or insertSQL meets a key written since. "cur" reads the record from the statement's
-// snapshot, and whether this request may claim it. When it exists and cannot
+// The claim statement, which decides when readSQL finds a record that may
+// be claimed, or the record changed between readSQL and insertSQL (written
+// since the read, or removed since the INSERT met it). "cur" reads the
+// record from the statement's snapshot, and whether this request may claim it. When it exists and cannot
 // be claimed (SUCCEEDED, PROCESSING under a live lease, another request's
 // key), the INSERT inserts nothing and that row is the answer: a replay, 409
 // or 422 is a plain read, with no row lock, no transaction id and no WAL
@@ -343,8 +365,8 @@ var releaseSQL = bind(fenceParams, releaseDelete)
 
 // claimParams are the parameters of the claim statements (claimSQL,
 // claimPartitionedSQL), in claimArgs's order.
-// The first six are readSQL's.
-var claimParams = []string{"scope", "key", "method", "path", "fingerprint", "offset", "lease", "retention", "owner"}
+// The first three are readSQL's.
+var claimParams = []string{"scope", "key", "offset", "method", "path", "fingerprint", "lease", "retention", "owner"}
 
 // claimArgs are the arguments of the claim statements for p, in
 // claimParams's order, with room for one more (claimBoundedSQL's wait).
@@ -361,7 +383,7 @@ func (d *Driver) claimArgs(p idemdriver.ClaimParams) []any {
 		d.consts.Store(c)
 	}
 	args := make([]any, 0, len(claimParams)+1)
-	return append(args, p.Scope, p.Key, methodArg(p.Method), p.Path, p.Fingerprint, p.ClockOffset.Microseconds(),
+	return append(args, p.Scope, p.Key, p.ClockOffset.Microseconds(), methodArg(p.Method), p.Path, p.Fingerprint,
 		c.leaseArg, c.retentionArg, c.ownerArg)
 }
 
@@ -518,8 +540,9 @@ func (d *Driver) migrator(ctx context.Context, fsys fs.FS, versionTable string) 
 		FS: fsys, VersionTable: d.table(versionTable), Leases: leases})
 }
 
-// Claim implements idemdriver.Driver: readSQL, then, when the read is not
-// the answer, insertSQL or claimSQL (see each).
+// Claim implements idemdriver.Driver: readSQL and insertSQL, in the order
+// the driver's ClaimOrder gives, then, when neither is the answer, claimSQL
+// (see each).
 func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	if err := claimTextable(p); err != nil {
 		return idemdriver.ClaimResult{}, err
@@ -529,19 +552,16 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 		res, err := d.claimPartitioned(ctx, args)
 		return res, unstorable(err)
 	}
-	// Read first: the record, and whether it may be claimed. One that may
-	// not is the answer (a replay, 409 or 422, read from the statement's
-	// snapshot as claimSQL's "cur" reads it); no record is claimed with a
-	// plain INSERT.
-	res, claimable, found, err := d.claimRead(ctx, args[:6])
-	if err == nil && !found {
-		res, found, err = d.insertNew(ctx, p, args)
-		claimable = !found // the key was written since the read: claimSQL decides
-	}
+	// The record read and a new key inserted, in either order: a record
+	// that may not be claimed is the answer (a replay, 409 or 422), a new
+	// key is claimed by the INSERT. Anything else, a record that may be
+	// claimed or one written between the two statements, goes to the
+	// claim statement.
+	res, decided, err := d.readOrInsert(ctx, p, args)
 	switch {
 	case err != nil && !retryable(err):
 		return res, unstorable(err)
-	case err == nil && !claimable:
+	case err == nil && decided:
 		return res, nil
 	}
 	// A record that may be claimed (a re-claim, a takeover, an expired
@@ -583,22 +603,59 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	return idemdriver.ClaimResult{}, fmt.Errorf("idempgx: claim gave no answer after %d tries: %w", maxClaimTries, lastErr)
 }
 
-// claimRead runs readSQL with args and scans the row it returns, if any
-// (found is false when there is none), and whether it may be claimed.
-func (d *Driver) claimRead(ctx context.Context, args []any) (res idemdriver.ClaimResult, claimable, found bool, err error) {
-	rows, err := d.pool.Query(ctx, d.q(readSQL), args...)
+// readOrInsert runs the claim's first statements for p (args its
+// claimArgs), in the order d.order gives (see ClaimOrder): readSQL then,
+// when it found no record, insertSQL; or insertSQL then, when the key
+// exists, readSQL. decided is true when res is the claim's result: a new
+// record (Claimed), or one that may not be claimed (the answer). Otherwise
+// (a record that may be claimed, or one written or removed between the two
+// statements) the claim statement decides.
+func (d *Driver) readOrInsert(ctx context.Context, p idemdriver.ClaimParams, args []any) (res idemdriver.ClaimResult, decided bool, err error) {
+	readFirst := d.order.readFirst()
+	if readFirst {
+		res, claimable, found, err := d.claimRead(ctx, p, args)
+		switch {
+		case err != nil:
+			return res, false, err
+		case found:
+			d.order.met(true)
+			return res, !claimable, nil
+		}
+	}
+	res, inserted, err := d.insertNew(ctx, p, args)
+	if err == nil {
+		d.order.met(!inserted)
+	}
+	if err != nil || inserted || readFirst {
+		// Read first, then the INSERT: a key it met was written since the
+		// read, and the claim statement decides.
+		return res, inserted, err
+	}
+	res, claimable, found, err := d.claimRead(ctx, p, args)
+	return res, found && !claimable, err
+}
+
+// claimRead runs readSQL for p (args its claimArgs) and scans the row it
+// returns, if any (found is false when there is none), and whether p may
+// claim it (idemdriver.Decide).
+func (d *Driver) claimRead(ctx context.Context, p idemdriver.ClaimParams, args []any) (res idemdriver.ClaimResult, claimable, found bool, err error) {
+	rows, err := d.pool.Query(ctx, d.q(readSQL), args[:len(readParams)]...)
 	if err != nil {
 		return res, false, false, err
 	}
+	var expired bool
 	for rows.Next() {
-		res.Record, err = scanRecord(rows, &claimable, &res.TookOver)
+		res.Record, expired, err = scanRead(rows, p)
 		found = true
 	}
 	rows.Close()
 	if err == nil {
 		err = rows.Err()
 	}
-	return res, claimable, found, err
+	if err != nil || !found {
+		return res, false, found, err
+	}
+	return res, idemdriver.Decide(&res.Record, expired, p).Claims(), true, nil
 }
 
 // retryable reports errors on which the statement is simply run again:
@@ -757,6 +814,22 @@ func execFenced(ctx context.Context, db execer, query string, args []any) (bool,
 // scanRecord reads one row of columns, preceded by the claimed flag when
 // claimed is not nil and followed by extra.
 func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, error) {
+	rec, _, err := scanColumns(row, false, claimed, extra...)
+	return rec, err
+}
+
+// scanRead reads the row readSQL returns for p: the record (its scope and
+// key p's), and whether it expired at the database's now.
+func scanRead(row pgx.Row, p idemdriver.ClaimParams) (idemdriver.Record, bool, error) {
+	rec, now, err := scanColumns(row, true, nil)
+	rec.Scope, rec.Key = p.Scope, p.Key
+	return rec, !rec.ExpiresAt.After(now), err
+}
+
+// scanColumns reads one row of columns (read false, as scanRecord) or of
+// readSQL's (read true: now, then readColumns; the lease left measured
+// against now, which it returns).
+func scanColumns(row pgx.Row, read bool, claimed *bool, extra ...any) (idemdriver.Record, time.Time, error) {
 	// One allocation holds every scan target: each would otherwise escape
 	// to the heap on its own. pgtype's value types scan without reflection
 	// (a pointer to a pointer, or a sql.Null*, costs pgx an allocation or
@@ -767,6 +840,7 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 		status, size, leaseLeft pgtype.Int8
 		stored                  pgtype.Bool
 		lockedUntil, completed  pgtype.Timestamptz
+		now                     time.Time
 		resp                    idemsql.ResponseColumns
 		dest                    [24]any
 		scanner                 rowScanner
@@ -774,26 +848,38 @@ func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, er
 	v := new(targets)
 	rec, resp := &v.rec, &v.resp
 	dest := v.dest[:0]
-	if claimed != nil {
-		dest = append(dest, claimed)
+	switch {
+	case read:
+		dest = append(dest, &v.now)
+	case claimed != nil:
+		dest = append(dest, claimed, &rec.Scope, &rec.Key)
+	default:
+		dest = append(dest, &rec.Scope, &rec.Key)
 	}
-	dest = append(dest, &rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &v.state, &rec.FencingToken,
+	dest = append(dest, &rec.Method, &rec.Path, &rec.Fingerprint, &v.state, &rec.FencingToken,
 		&v.lockedUntil, &v.status, &resp.Headers, &resp.Body, &v.stored, &v.size, &resp.SealKey,
-		&rec.CreatedAt, &rec.UpdatedAt, &v.completed, &rec.ExpiresAt, &rec.Attempts, &rec.Owner, &v.leaseLeft)
+		&rec.CreatedAt, &rec.UpdatedAt, &v.completed, &rec.ExpiresAt, &rec.Attempts, &rec.Owner)
+	if !read {
+		dest = append(dest, &v.leaseLeft)
+	}
 	dest = append(dest, extra...)
 	v.scanner.dest = dest
 	if err := row.Scan(&v.scanner); err != nil {
-		return *rec, err
+		return *rec, v.now, err
 	}
 	rec.State = idemdriver.State(v.state)
 	rec.LockedUntil, rec.CompletedAt = timePtr(v.lockedUntil), timePtr(v.completed)
 	resp.Status = sql.NullInt64{Int64: v.status.Int64, Valid: v.status.Valid}
 	resp.Size = sql.NullInt64{Int64: v.size.Int64, Valid: v.size.Valid}
 	resp.Stored = sql.NullBool{Bool: v.stored.Bool, Valid: v.stored.Valid}
-	rec.LeaseLeft = idemsql.LeaseLeft(rec.State, time.Duration(v.leaseLeft.Int64)*time.Microsecond, v.leaseLeft.Valid)
+	if read {
+		rec.LeaseLeft = idemsql.LeaseLeft(rec.State, v.lockedUntil.Time.Sub(v.now), v.lockedUntil.Valid)
+	} else {
+		rec.LeaseLeft = idemsql.LeaseLeft(rec.State, time.Duration(v.leaseLeft.Int64)*time.Microsecond, v.leaseLeft.Valid)
+	}
 	var err error
 	rec.Response, err = idemsql.DecodeResponse(rec.State, *resp)
-	return *rec, err
+	return *rec, v.now, err
 }
 
 // scanWithRequest reads one row of columns followed by the request column

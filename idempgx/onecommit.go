@@ -17,40 +17,52 @@ import (
 var _ idemdriver.TxClaimer = (*Driver)(nil)
 
 // ClaimTx implements idemdriver.TxClaimer: the one-commit mode's claim. On
-// a plain table it reads first, as Claim does (readSQL, no transaction): a
-// record that may not be claimed is the answer, one statement. Otherwise
-// one round trip: a pgx batch that begins the transaction (pgx's
-// Batch.BeginTx) and runs the claim, uncommitted, on a connection the
-// driver acquired (see claimTx): insertBoundedSQL when the read found no
-// record, the claim statement (claimBoundedSQL) when it found one that may
-// be claimed or the INSERT met a record written since. Both also bound the
+// a plain table its first statements come in the order Claim's do
+// (ClaimOrder). Read first (readSQL, no transaction): a record that may not
+// be claimed is the answer, one statement. The claim itself is one round
+// trip: a pgx batch that begins the transaction (pgx's Batch.BeginTx) and
+// runs the claim, uncommitted, on a connection the driver acquired (see
+// claimTx): insertBoundedSQL when the read found no record (or came
+// second), the claim statement (claimBoundedSQL) when it found one that may
+// be claimed or the INSERT met a record written since. INSERT first: that
+// batch with insertBoundedSQL before any read; a key it meets is rolled
+// back and read, and answered as above. Both statements also bound the
 // transaction's lock waits (lock_timeout, local to the transaction); on a
 // partitioned table (no read first) the bound is a set_config of its own,
 // followed by the key's transaction-scoped advisory lock and
 // claimPartitionedSQL. A concurrent claim of the key (an INSERT, or the
 // partitioned claim's advisory lock) waits for this transaction to end;
 // past wait it fails with 55P03 lock_not_available, reported as
-// idemdriver.ErrLockWait. Statements of a new key: the read, BEGIN and the
-// INSERT; a claim that does not win in the transaction adds a ROLLBACK.
+// idemdriver.ErrLockWait. Statements of a new key: BEGIN and the INSERT,
+// after the read when it comes first; a claim that does not win in the
+// transaction adds a ROLLBACK.
 func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (idemdriver.ClaimResult, idemdriver.Tx, error) {
 	if err := claimTextable(p); err != nil {
 		return idemdriver.ClaimResult{}, nil, err
 	}
 	args := d.claimArgs(p)
 	waitMS := max(wait.Milliseconds(), 1)
-	// fresh: the read found no record, and the claim is a plain INSERT.
-	fresh := false
+	// fresh: the claim is a plain INSERT (the INSERT first, or the read
+	// found no record); insertFirst: it comes before any read.
+	fresh, insertFirst := false, false
 	if d.part == nil {
-		// Read first, as Claim: a record that may not be claimed is the
-		// answer, with no transaction.
-		res, claimable, found, err := d.claimRead(ctx, args[:6])
-		switch {
-		case err != nil && !retryable(err):
-			return idemdriver.ClaimResult{}, nil, unstorable(err)
-		case err == nil && found && !claimable:
-			return res, nil, nil
+		if d.order.readFirst() {
+			// Read first, as Claim: a record that may not be claimed is the
+			// answer, with no transaction.
+			res, claimable, found, err := d.claimRead(ctx, p, args)
+			switch {
+			case err != nil && !retryable(err):
+				return idemdriver.ClaimResult{}, nil, unstorable(err)
+			case err == nil && found:
+				d.order.met(true)
+				if !claimable {
+					return res, nil, nil
+				}
+			}
+			fresh = err == nil && !found
+		} else {
+			fresh, insertFirst = true, true
 		}
-		fresh = err == nil && !found
 	}
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
@@ -60,6 +72,9 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 		}
 		res, tx, err := d.claimIn(ctx, conn, p, args, waitMS, fresh)
 		if err == nil && res.Claimed {
+			if fresh {
+				d.order.met(false)
+			}
 			return res, tx.business(d), nil
 		}
 		// Nothing was written: a rollback ends the read (a detached context:
@@ -74,7 +89,22 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 		case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
 			return idemdriver.ClaimResult{}, nil, fmt.Errorf("idempgx: %w (%s): %w", idemdriver.ErrLockWait, time.Duration(waitMS)*time.Millisecond, err)
 		case errors.Is(err, errKeyWritten):
+			d.order.met(true)
 			fresh, lastErr = false, err // claimBoundedSQL decides
+			if insertFirst {
+				// The key exists: its read is the answer when the record
+				// may not be claimed, with no transaction, as in the
+				// read-first order.
+				insertFirst = false
+				res, claimable, found, err := d.claimRead(ctx, p, args)
+				switch {
+				case err != nil && !retryable(err):
+					return idemdriver.ClaimResult{}, nil, unstorable(err)
+				case err == nil && found && !claimable:
+					return res, nil, nil
+				}
+				fresh = err == nil && !found // removed since the INSERT
+			}
 		case retryable(err), errors.Is(err, errClaimRaced):
 			lastErr = err
 		default:

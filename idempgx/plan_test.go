@@ -129,7 +129,7 @@ func TestClaimArgsFollowEachClaimsConfig(t *testing.T) {
 	b := a
 	b.Method, b.LeaseDuration, b.Retention, b.Owner = "OPTIONS", 5*time.Second, time.Hour, "host/2"
 	want := func(p idemdriver.ClaimParams) []any {
-		return []any{p.Scope, p.Key, p.Method, p.Path, p.Fingerprint, p.ClockOffset.Microseconds(),
+		return []any{p.Scope, p.Key, p.ClockOffset.Microseconds(), p.Method, p.Path, p.Fingerprint,
 			p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), p.Owner}
 	}
 	for _, p := range []idemdriver.ClaimParams{a, a, b, a, b, b} {

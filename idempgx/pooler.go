@@ -53,6 +53,12 @@ type Options struct {
 	// ([a-z_][a-z0-9_]*, at most 63 bytes). Not available with
 	// Partitioned. Default: the search_path schema.
 	Schema string
+	// ClaimOrder is the order of a claim's read and INSERT (see
+	// ClaimOrder): the same decisions either way, a statement fewer for
+	// new keys (INSERT first) or for retries (read first). Pin it when the
+	// traffic is known, or for a fixed statement count per claim. Ignored
+	// with Partitioned. Default: ClaimAdaptive.
+	ClaimOrder ClaimOrder
 }
 
 var schemaRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
@@ -75,6 +81,9 @@ func NewWithOptions(pool *pgxpool.Pool, opts Options) (*Driver, error) {
 			return nil, errors.New("idempgx: Options.Schema is not available for a partitioned store (its partitions are created in the search_path schema)")
 		}
 	}
+	if opts.ClaimOrder < ClaimAdaptive || opts.ClaimOrder > ClaimInsertFirst {
+		return nil, fmt.Errorf("idempgx: Options.ClaimOrder %d is not one of ClaimAdaptive, ClaimReadFirst, ClaimInsertFirst", opts.ClaimOrder)
+	}
 	var d *Driver
 	if opts.Partitioned != nil {
 		d = NewPartitioned(pool, *opts.Partitioned)
@@ -83,6 +92,7 @@ func NewWithOptions(pool *pgxpool.Pool, opts Options) (*Driver, error) {
 	}
 	d.schema = opts.Schema
 	d.listen, d.pooled = opts.ListenConfig, opts.TransactionPooler
+	d.order.pinned = opts.ClaimOrder
 	return d, nil
 }
 

@@ -59,7 +59,9 @@ func TestFastScanMatchesPgx(t *testing.T) {
 	('s', 'not kept', 'OPTIONS', '/v1/ü', '\x01', 'SUCCEEDED', 1, NULL,
 		200, convert_to('{}', 'UTF8'), '', false, 9000000, '', NULL, now(), now(), now(), now() + interval '1 day', 1, 'ü'),
 	('s', 'lease run out', 'DELETE', '/v1/p', '\x01', 'PROCESSING', 2, now() - interval '5 s',
-		NULL, NULL, NULL, NULL, NULL, '', NULL, now(), now(), NULL, now() + interval '1 day', 1, '')`)
+		NULL, NULL, NULL, NULL, NULL, '', NULL, now(), now(), NULL, now() + interval '1 day', 1, ''),
+	('s', 'expired', 'POST', '/v1/p', '\x01', 'SUCCEEDED', 1, NULL,
+		201, convert_to('{}', 'UTF8'), '\x7b7d', true, 2, '', NULL, now() - interval '2 day', now(), now(), now() - interval '1 s', 1, '')`)
 	require.NoError(t, err)
 	binary := pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement ||
 		pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheDescribe
@@ -71,34 +73,38 @@ func TestFastScanMatchesPgx(t *testing.T) {
 		require.True(t, rows.Next(), key)
 		rec, err := scanWithRequest(pgxScan{Rows: rows, t: t, fast: fast})
 		require.NoError(t, err, key)
-		// readSQL's shape: a flag first, one after.
-		rows2, err := pool.Query(ctx, readSQL, "s", key, "POST", "/v1/p", []byte{1}, int64(0))
+		// readSQL's shape: now first, no scope, key or lease left.
+		rows2, err := pool.Query(ctx, readSQL, "s", key, int64(0))
 		require.NoError(t, err)
 		defer rows2.Close()
 		require.True(t, rows2.Next(), key)
-		var claimable, last bool
-		rec2, err := scanRecord(pgxScan{Rows: rows2, t: t, fast: fast}, &claimable, &last)
+		rec2, expired, err := scanRead(pgxScan{Rows: rows2, t: t, fast: fast}, idemdriver.ClaimParams{Scope: "s", Key: key})
 		require.NoError(t, err, key)
 		rec2.Response = rec.Response // getSQL's carries the request
+		require.InDelta(t, rec.LeaseLeft, rec2.LeaseLeft, float64(time.Second), key)
 		rec2.LeaseLeft = rec.LeaseLeft
 		require.Equal(t, rec, rec2, key)
-		return rec, claimable
+		return rec, expired
 	}
-	for _, key := range []string{"processing", "succeeded", "sealed", "failed", "not kept", "lease run out"} {
+	for _, key := range []string{"processing", "succeeded", "sealed", "failed", "not kept", "lease run out", "expired"} {
 		var fast bool
-		got, gotClaimable := read(key, &fast)
+		got, gotExpired := read(key, &fast)
 		require.Equal(t, binary, fast, "%s: the fast path decodes binary results, and only those", key)
-		want, wantClaimable := read(key, nil)
+		want, wantExpired := read(key, nil)
 		require.InDelta(t, want.LeaseLeft, got.LeaseLeft, float64(time.Second), key)
 		want.LeaseLeft = got.LeaseLeft
 		require.Equal(t, want, got, key)
-		require.Equal(t, wantClaimable, gotClaimable, key)
+		require.Equal(t, wantExpired, gotExpired, key)
 	}
 	// Spot checks that the comparison compares something.
 	rec, _ := read("succeeded", nil)
 	require.Equal(t, map[string][]string{"Content-Type": {"application/json"}, "X-A": {"1", "2"}}, rec.Response.Header)
 	require.Equal(t, "{}", string(rec.Response.Body))
 	require.Equal(t, "a", string(rec.Response.Request))
+	_, expired := read("expired", nil)
+	require.True(t, expired)
+	_, expired = read("succeeded", nil)
+	require.False(t, expired)
 	rec, _ = read("failed", nil)
 	require.Equal(t, int64(7), rec.FencingToken)
 	require.Equal(t, 9, rec.Attempts)
