@@ -89,14 +89,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	w.Header().Set(HeaderKey, values[0])
 	ev := Event{}
-	cw := newCaptureWriter(w)
 	var v verdict
+	var cw *captureWriter // the handler's, once it runs
 	if rec, opened, ok := m.replays.get(p.Scope, p.Key); ok {
 		v = m.cfg.answer(r.Context(), rec, p, opened)
 		ev = Event{Kind: v.event(), Method: p.Method, Scope: p.Scope, Key: p.Key, Cached: true}
 	} else {
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		v = m.g.execute(r.Context(), p, key, m.wait(r), &httpJob{m: m, r: r, body: body, next: next, cw: cw, ev: &ev}, &ev)
+		j := &httpJob{m: m, r: r, w: w, body: body, next: next, ev: &ev}
+		v = m.g.execute(r.Context(), p, key, m.wait(r), j, &ev)
+		cw = j.cw
 	}
 	m.respond(w, r, next, v, cw, &ev)
 	if ev.Kind != 0 {
@@ -156,13 +157,16 @@ func (m *Middleware) request(r *http.Request, values []string) (idemdriver.Claim
 type httpJob struct {
 	m    *Middleware
 	r    *http.Request
+	w    http.ResponseWriter
 	body []byte // as read, MaxRequestBytes at most
 	next http.Handler
-	cw   *captureWriter
+	cw   *captureWriter // made by run: an answer from a record needs none
 	ev   *Event
 }
 
 func (j *httpJob) run(ctx context.Context) (int, bool) {
+	j.cw = newCaptureWriter(j.w)
+	j.r.Body = io.NopCloser(bytes.NewReader(j.body)) // read whole by the claim
 	hr := j.r.WithContext(ctx)
 	defer func() { j.ev.Route = j.m.route(j.r, hr, j.next) }() // a panic included
 	j.next.ServeHTTP(j.cw, hr)

@@ -370,11 +370,28 @@ var claimParams = []string{"scope", "key", "offset", "method", "path", "fingerpr
 
 // claimArgs are the arguments of the claim statements for p, in
 // claimParams's order, with room for one more (claimBoundedSQL's wait).
-// Each string, []byte or int64 above 255 put in an any is an allocation of
-// its own; the lease, the retention and the owner are the same on every
-// claim of a Middleware, so they are boxed once (claimConsts), and the
-// common methods are boxed constants.
 func (d *Driver) claimArgs(p idemdriver.ClaimParams) []any {
+	args := readArgs(p)
+	d.fullArgs(&args, p)
+	return args
+}
+
+// readArgs are readSQL's arguments for p (readParams), in a slice with
+// room for claimArgs's: a replay, 409 or 422 read first boxes nothing more.
+func readArgs(p idemdriver.ClaimParams) []any {
+	args := make([]any, 0, len(claimParams)+1)
+	return append(args, p.Scope, p.Key, p.ClockOffset.Microseconds())
+}
+
+// fullArgs completes *args, readArgs's for p, to claimArgs's; complete
+// already, it is left as it is. Each string, []byte or int64 above 255 put
+// in an any is an allocation of its own; the lease, the retention and the
+// owner are the same on every claim of a Middleware, so they are boxed
+// once (claimConsts), and the common methods are boxed constants.
+func (d *Driver) fullArgs(args *[]any, p idemdriver.ClaimParams) {
+	if len(*args) > len(readParams) {
+		return
+	}
 	lease, retention := p.LeaseDuration.Microseconds(), p.Retention.Microseconds()
 	c := d.consts.Load()
 	if c == nil || c.lease != lease || c.retention != retention || c.owner != p.Owner {
@@ -382,9 +399,7 @@ func (d *Driver) claimArgs(p idemdriver.ClaimParams) []any {
 			leaseArg: lease, retentionArg: retention, ownerArg: p.Owner}
 		d.consts.Store(c)
 	}
-	args := make([]any, 0, len(claimParams)+1)
-	return append(args, p.Scope, p.Key, p.ClockOffset.Microseconds(), methodArg(p.Method), p.Path, p.Fingerprint,
-		c.leaseArg, c.retentionArg, c.ownerArg)
+	*args = append(*args, methodArg(p.Method), p.Path, p.Fingerprint, c.leaseArg, c.retentionArg, c.ownerArg)
 }
 
 // claimConsts are the claim arguments that come from a Middleware's Config
@@ -547,17 +562,17 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	if err := claimTextable(p); err != nil {
 		return idemdriver.ClaimResult{}, err
 	}
-	args := d.claimArgs(p)
 	if d.part != nil {
-		res, err := d.claimPartitioned(ctx, args)
+		res, err := d.claimPartitioned(ctx, d.claimArgs(p))
 		return res, unstorable(err)
 	}
+	args := readArgs(p)
 	// The record read and a new key inserted, in either order: a record
 	// that may not be claimed is the answer (a replay, 409 or 422), a new
 	// key is claimed by the INSERT. Anything else, a record that may be
 	// claimed or one written between the two statements, goes to the
 	// claim statement.
-	res, decided, err := d.readOrInsert(ctx, p, args)
+	res, decided, err := d.readOrInsert(ctx, p, &args)
 	switch {
 	case err != nil && !retryable(err):
 		return res, unstorable(err)
@@ -567,6 +582,7 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	// A record that may be claimed (a re-claim, a takeover, an expired
 	// record), or a race lost since the read: the claim statement decides
 	// atomically.
+	d.fullArgs(&args, p)
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
 		var res idemdriver.ClaimResult
@@ -603,17 +619,17 @@ func (d *Driver) Claim(ctx context.Context, p idemdriver.ClaimParams) (idemdrive
 	return idemdriver.ClaimResult{}, fmt.Errorf("idempgx: claim gave no answer after %d tries: %w", maxClaimTries, lastErr)
 }
 
-// readOrInsert runs the claim's first statements for p (args its
-// claimArgs), in the order d.order gives (see ClaimOrder): readSQL then,
+// readOrInsert runs the claim's first statements for p (*args its
+// readArgs, completed by fullArgs before the INSERT), in the order d.order gives (see ClaimOrder): readSQL then,
 // when it found no record, insertSQL; or insertSQL then, when the key
 // exists, readSQL. decided is true when res is the claim's result: a new
 // record (Claimed), or one that may not be claimed (the answer). Otherwise
 // (a record that may be claimed, or one written or removed between the two
 // statements) the claim statement decides.
-func (d *Driver) readOrInsert(ctx context.Context, p idemdriver.ClaimParams, args []any) (res idemdriver.ClaimResult, decided bool, err error) {
+func (d *Driver) readOrInsert(ctx context.Context, p idemdriver.ClaimParams, args *[]any) (res idemdriver.ClaimResult, decided bool, err error) {
 	readFirst := d.order.readFirst()
 	if readFirst {
-		res, claimable, found, err := d.claimRead(ctx, p, args)
+		res, claimable, found, err := d.claimRead(ctx, p, *args)
 		switch {
 		case err != nil:
 			return res, false, err
@@ -622,7 +638,8 @@ func (d *Driver) readOrInsert(ctx context.Context, p idemdriver.ClaimParams, arg
 			return res, !claimable, nil
 		}
 	}
-	res, inserted, err := d.insertNew(ctx, p, args)
+	d.fullArgs(args, p)
+	res, inserted, err := d.insertNew(ctx, p, *args)
 	if err == nil {
 		d.order.met(!inserted)
 	}
@@ -631,11 +648,11 @@ func (d *Driver) readOrInsert(ctx context.Context, p idemdriver.ClaimParams, arg
 		// read, and the claim statement decides.
 		return res, inserted, err
 	}
-	res, claimable, found, err := d.claimRead(ctx, p, args)
+	res, claimable, found, err := d.claimRead(ctx, p, *args)
 	return res, found && !claimable, err
 }
 
-// claimRead runs readSQL for p (args its claimArgs) and scans the row it
+// claimRead runs readSQL for p (args its readArgs, or claimArgs) and scans the row it
 // returns, if any (found is false when there is none), and whether p may
 // claim it (idemdriver.Decide).
 func (d *Driver) claimRead(ctx context.Context, p idemdriver.ClaimParams, args []any) (res idemdriver.ClaimResult, claimable, found bool, err error) {

@@ -40,7 +40,7 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 	if err := claimTextable(p); err != nil {
 		return idemdriver.ClaimResult{}, nil, err
 	}
-	args := d.claimArgs(p)
+	args := readArgs(p)
 	waitMS := max(wait.Milliseconds(), 1)
 	// fresh: the claim is a plain INSERT (the INSERT first, or the read
 	// found no record); insertFirst: it comes before any read.
@@ -64,6 +64,7 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 			fresh, insertFirst = true, true
 		}
 	}
+	d.fullArgs(&args, p)
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
 		conn, err := d.pool.Acquire(ctx)
