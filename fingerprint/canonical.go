@@ -331,6 +331,11 @@ func (c *canonicalizer) number(i int) (int, bool) {
 	for end < len(c.in) && isNumberByte(c.in[end]) {
 		end++
 	}
+	if plainInteger(c.in[i:end]) {
+		// RFC 8785 writes such an integer's double as its digits.
+		c.out = append(c.out, c.in[i:end]...)
+		return end, true
+	}
 	lit := string(c.in[i:end])
 	f, ok := numberExact(lit)
 	if !ok {
@@ -344,6 +349,30 @@ func (c *canonicalizer) number(i int) (int, bool) {
 	}
 	c.out = append(c.out, s...)
 	return end, true
+}
+
+// plainInteger reports whether lit is an integer literal of at most 15
+// digits, with a sign only when it is not zero ("0", "-12", not "-0"):
+// every such integer is a double exactly, and RFC 8785 (section 3.2.2.3,
+// ECMAScript's Number.prototype.toString) writes it as lit. The amounts of
+// a payment's body, the common case, skip the double's round trip.
+func plainInteger(lit []byte) bool {
+	digits := lit
+	if len(digits) > 0 && digits[0] == '-' {
+		digits = digits[1:]
+		if len(digits) > 0 && digits[0] == '0' {
+			return false // -0 (RFC 8785 writes 0) or not an integer
+		}
+	}
+	if len(digits) == 0 || len(digits) > 15 || (digits[0] == '0' && len(digits) > 1) {
+		return false
+	}
+	for _, d := range digits {
+		if d < '0' || d > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func isNumberByte(b byte) bool {

@@ -210,3 +210,29 @@ func TestExactFormBudget(t *testing.T) {
 		t.Fatal("a small body within the budget is no longer canonicalized")
 	}
 }
+
+// plainInteger's literals are those RFC 8785 writes as they are: for each
+// literal it takes, jcs writes the literal's double as the literal; it
+// refuses -0, leading zeros, fractions, exponents and integers of more than
+// 15 digits, which the double's round trip handles.
+func TestPlainIntegerIsCanonical(t *testing.T) {
+	for lit, want := range map[string]bool{
+		"0": true, "7": true, "1000": true, "-12": true, "999999999999999": true, "-999999999999999": true,
+		"-0": false, "00": false, "01": false, "-": false, "": false, "1.0": false, "1e3": false, "1E3": false,
+		"1000000000000000": false, "9007199254740993": false, "+1": false, "-01": false,
+	} {
+		if got := plainInteger([]byte(lit)); got != want {
+			t.Fatalf("plainInteger(%q) = %v, want %v", lit, got, want)
+		}
+		if !want {
+			continue
+		}
+		f, err := strconv.ParseFloat(lit, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s, err := jcs.NumberToJSON(f); err != nil || s != lit {
+			t.Fatalf("jcs writes %s as %q (%v), not as itself", lit, s, err)
+		}
+	}
+}

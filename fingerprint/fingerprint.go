@@ -86,7 +86,10 @@ func Request(r *http.Request, body []byte) []byte {
 	}
 	path, query := r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery)
 	// Each part length-prefixed (8 bytes, big-endian), hashed at once.
-	enc := make([]byte, 0, 6*8+len(r.Method)+len(path)+len(query)+len(mediaType)+len(body)+len(exactPart))
+	// On the stack for a common request (the parts of a payment's are
+	// a few hundred bytes).
+	var stack [512]byte
+	enc := stack[:0]
 	part := func(b string) {
 		enc = binary.BigEndian.AppendUint64(enc, uint64(len(b)))
 		enc = append(enc, b...)
