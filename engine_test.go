@@ -63,6 +63,7 @@ func TestDoOnceAndReplay(t *testing.T) {
 	p.Payload = []byte(`{"n":2}`)
 	_, err := g.Do(t.Context(), p, fn)
 	require.ErrorIs(t, err, idem.ErrKeyReused)
+	require.EqualError(t, err, `idem: Idempotency-Key reused with a different request: the key was first used for DO "orders.created" with another payload or operation`)
 	require.Equal(t, 1, runs)
 }
 

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
@@ -82,14 +84,7 @@ func ProblemFor(kind error, detail string) Problem {
 
 // Write sends p as application/problem+json.
 func (p Problem) Write(w http.ResponseWriter) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false) // a detail may quote <placeholders>; this is no HTML
-	if err := p.encodeExtra(enc); len(p.Extra) == 0 || err != nil {
-		// Sorted members; also when an Extra member cannot be encoded.
-		buf.Reset()
-		_ = enc.Encode(problemMembers{p.Detail, p.Instance, p.Status, p.Title, p.Type}) // strings and a number: no error
-	}
+	body := p.encode()
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
@@ -97,8 +92,44 @@ func (p Problem) Write(w http.ResponseWriter) {
 		h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(p.RetryAfter), 10))
 	}
 	w.WriteHeader(p.Status)
-	_, _ = w.Write(buf.Bytes()) // Encode ends it with a newline; a client gone is no error of ours
+	_, _ = w.Write(body) // Encode ends it with a newline; a client gone is no error of ours
 }
+
+// encode is p's JSON: its members sorted, Extra's merged. A problem with no
+// Extra is encoded once and kept (problemBodies): idem's own problems are a
+// few dozen texts, and a retry storm's 409s and 422s send the same ones.
+func (p Problem) encode() []byte {
+	members := problemMembers{p.Detail, p.Instance, p.Status, p.Title, p.Type}
+	if len(p.Extra) == 0 {
+		if b, ok := problemBodies.Load(members); ok {
+			return b.([]byte)
+		}
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // a detail may quote <placeholders>; this is no HTML
+	if err := p.encodeExtra(enc); len(p.Extra) == 0 || err != nil {
+		// Sorted members; also when an Extra member cannot be encoded.
+		buf.Reset()
+		_ = enc.Encode(members) // strings and a number: no error
+	}
+	if len(p.Extra) == 0 && problemBodiesKept.Add(1) <= maxProblemBodies {
+		problemBodies.Store(members, buf.Bytes())
+	}
+	return buf.Bytes()
+}
+
+// problemBodies holds the encoded bodies of problems without Extra
+// (problemMembers to []byte, never changed once stored), at most
+// maxProblemBodies of them: details that quote a request's method and path
+// or a status are as many as an application's routes; past the bound, a
+// problem is encoded each time.
+var (
+	problemBodies     sync.Map
+	problemBodiesKept atomic.Int64
+)
+
+const maxProblemBodies = 256
 
 func (p Problem) encodeExtra(enc *json.Encoder) error {
 	if len(p.Extra) == 0 {
@@ -217,6 +248,21 @@ var answers = [...]struct {
 
 func fixed(s string) func(*Config, verdict) string { return func(*Config, verdict) string { return s } }
 
+// sameOpReusedDetail is the detail of a 422 for the same method and path
+// with another payload.
+const sameOpReusedDetail = "this " + HeaderKey + " was first used with a different request (its body, query or media type differ); use a new key for a new request"
+
+// keyReusedError is the error of a 422 (ErrKeyReused), its message made
+// only when it is read: an HTTP 422 sends a problem, and never reads it.
+type keyReusedError struct{ method, path string }
+
+func (e *keyReusedError) Error() string {
+	return fmt.Sprintf("%s: the key was first used for %s %q with another payload or operation", ErrKeyReused, e.method, e.path)
+}
+
+// Unwrap returns ErrKeyReused.
+func (e *keyReusedError) Unwrap() error { return ErrKeyReused }
+
 func (v verdict) event() EventKind {
 	switch v.kind {
 	case answerReplay:
@@ -231,7 +277,7 @@ func (v verdict) problem(c *Config) Problem {
 	row := answers[v.kind]
 	detail := row.detail(c, v)
 	if v.kind == answerKeyReused && v.sameOp {
-		detail = fmt.Sprintf("this %s was first used with a different request (its body, query or media type differ); use a new key for a new request", HeaderKey)
+		detail = sameOpReusedDetail
 	}
 	p := ProblemFor(row.kind, detail)
 	switch {
@@ -292,7 +338,7 @@ func (c *EngineConfig) answer(ctx context.Context, rec idemdriver.Record, p idem
 		return verdict{kind: answerReplay, rec: rec}
 	case idemdriver.DecisionKeyReused:
 		return verdict{kind: answerKeyReused, rec: rec, sameOp: rec.Method == p.Method && rec.Path == p.Path,
-			err: fmt.Errorf("%w: the key was first used for %s %q with another payload or operation", ErrKeyReused, rec.Method, rec.Path)}
+			err: &keyReusedError{method: rec.Method, path: rec.Path}}
 	}
 	ra := c.inFlightRetryAfter(rec.LeaseLeft)
 	return verdict{kind: answerInFlight, rec: rec, retryAfter: ra, err: &InFlightError{RetryAfter: ra}}

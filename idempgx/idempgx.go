@@ -831,22 +831,23 @@ func execFenced(ctx context.Context, db execer, query string, args []any) (bool,
 // scanRecord reads one row of columns, preceded by the claimed flag when
 // claimed is not nil and followed by extra.
 func scanRecord(row pgx.Row, claimed *bool, extra ...any) (idemdriver.Record, error) {
-	rec, _, err := scanColumns(row, false, claimed, extra...)
+	rec, _, err := scanColumns(row, nil, claimed, extra...)
 	return rec, err
 }
 
 // scanRead reads the row readSQL returns for p: the record (its scope and
 // key p's), and whether it expired at the database's now.
 func scanRead(row pgx.Row, p idemdriver.ClaimParams) (idemdriver.Record, bool, error) {
-	rec, now, err := scanColumns(row, true, nil)
+	rec, now, err := scanColumns(row, &p, nil)
 	rec.Scope, rec.Key = p.Scope, p.Key
 	return rec, !rec.ExpiresAt.After(now), err
 }
 
-// scanColumns reads one row of columns (read false, as scanRecord) or of
-// readSQL's (read true: now, then readColumns; the lease left measured
-// against now, which it returns).
-func scanColumns(row pgx.Row, read bool, claimed *bool, extra ...any) (idemdriver.Record, time.Time, error) {
+// scanColumns reads one row of columns (read nil, as scanRecord) or of
+// readSQL's for the claim read (now, then readColumns; the lease left
+// measured against now, which it returns; text equal to the claim's path
+// or owner shares its string).
+func scanColumns(row pgx.Row, read *idemdriver.ClaimParams, claimed *bool, extra ...any) (idemdriver.Record, time.Time, error) {
 	// One allocation holds every scan target: each would otherwise escape
 	// to the heap on its own. pgtype's value types scan without reflection
 	// (a pointer to a pointer, or a sql.Null*, costs pgx an allocation or
@@ -861,13 +862,16 @@ func scanColumns(row pgx.Row, read bool, claimed *bool, extra ...any) (idemdrive
 		resp                    idemsql.ResponseColumns
 		dest                    [24]any
 		scanner                 rowScanner
+		known                   [2]string
 	}
 	v := new(targets)
 	rec, resp := &v.rec, &v.resp
 	dest := v.dest[:0]
 	switch {
-	case read:
+	case read != nil:
 		dest = append(dest, &v.now)
+		v.known = [2]string{read.Path, read.Owner}
+		v.scanner.known = v.known[:]
 	case claimed != nil:
 		dest = append(dest, claimed, &rec.Scope, &rec.Key)
 	default:
@@ -876,7 +880,7 @@ func scanColumns(row pgx.Row, read bool, claimed *bool, extra ...any) (idemdrive
 	dest = append(dest, &rec.Method, &rec.Path, &rec.Fingerprint, &v.state, &rec.FencingToken,
 		&v.lockedUntil, &v.status, &resp.Headers, &resp.Body, &v.stored, &v.size, &resp.SealKey,
 		&rec.CreatedAt, &rec.UpdatedAt, &v.completed, &rec.ExpiresAt, &rec.Attempts, &rec.Owner)
-	if !read {
+	if read == nil {
 		dest = append(dest, &v.leaseLeft)
 	}
 	dest = append(dest, extra...)
@@ -889,7 +893,7 @@ func scanColumns(row pgx.Row, read bool, claimed *bool, extra ...any) (idemdrive
 	resp.Status = sql.NullInt64{Int64: v.status.Int64, Valid: v.status.Valid}
 	resp.Size = sql.NullInt64{Int64: v.size.Int64, Valid: v.size.Valid}
 	resp.Stored = sql.NullBool{Bool: v.stored.Bool, Valid: v.stored.Valid}
-	if read {
+	if read != nil {
 		rec.LeaseLeft = idemsql.LeaseLeft(rec.State, v.lockedUntil.Time.Sub(v.now), v.lockedUntil.Valid)
 	} else {
 		rec.LeaseLeft = idemsql.LeaseLeft(rec.State, time.Duration(v.leaseLeft.Int64)*time.Microsecond, v.leaseLeft.Valid)

@@ -17,7 +17,12 @@ import (
 // scanned by pgx. pgx builds a scan plan per column of every row a query
 // reads, and the plan of a timestamptz column is an allocation of its own:
 // a record has five. The values are those pgx gives (TestFastScanMatchesPgx).
-type rowScanner struct{ dest []any }
+type rowScanner struct {
+	dest []any
+	// known are strings the row likely repeats (the claim's path and
+	// owner): a text value equal to one is that string, not a copy.
+	known []string
+}
 
 // ScanRow implements pgx.RowScanner.
 func (s *rowScanner) ScanRow(rows pgx.Rows) error {
@@ -67,7 +72,7 @@ func (s *rowScanner) decode(rows pgx.Rows) bool {
 			if fd.DataTypeOID != oidText || src == nil {
 				return false
 			}
-			*d = internText(src)
+			*d = s.text(src)
 		case *[]byte:
 			if fd.DataTypeOID != oidBytea {
 				return false
@@ -180,6 +185,16 @@ func timestamptz(oid uint32, src []byte) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return time.Unix(microsecondsToY2K/1_000_000+us/1_000_000, (microsecondsToY2K%1_000_000*1_000)+(us%1_000_000*1_000)), true
+}
+
+// text is src as a string: one of s.known, or internText's.
+func (s *rowScanner) text(src []byte) string {
+	for _, k := range s.known {
+		if k == string(src) {
+			return k
+		}
+	}
+	return internText(src)
 }
 
 // internText is src as a string, without an allocation for the values a
