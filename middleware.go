@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
@@ -25,6 +26,27 @@ type Middleware struct {
 	methods map[string]bool
 	replay  map[string]bool // canonical header names kept for replay
 	replays *replayCache    // nil without Config.ReplayCacheBytes
+	// lastDate is the last HTTP-date httpDate wrote: the retries of one key
+	// (and the keys of one second) carry the same expiry.
+	lastDate atomic.Pointer[httpDate]
+}
+
+// httpDate is t's second as an RFC 9110 HTTP-date (section 5.6.7).
+type httpDate struct {
+	unix int64
+	text string
+}
+
+// httpDate formats t as an HTTP-date (http.TimeFormat, in UTC), the last
+// one kept.
+func (m *Middleware) httpDate(t time.Time) string {
+	unix := t.Unix()
+	if d := m.lastDate.Load(); d != nil && d.unix == unix {
+		return d.text
+	}
+	d := &httpDate{unix: unix, text: t.UTC().Format(http.TimeFormat)}
+	m.lastDate.Store(d)
+	return d.text
 }
 
 // neverReplayed are never replayed (CONTRACT section 5, RFC 9110 section 7.6.1).
@@ -181,7 +203,7 @@ func (j *httpJob) kept(limit int64) seal.Request {
 
 func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.Handler, v verdict, cw *captureWriter, ev *Event) {
 	if !v.rec.ExpiresAt.IsZero() && v.kind != answerReleased {
-		w.Header().Set(HeaderKeyExpires, v.rec.ExpiresAt.UTC().Format(http.TimeFormat))
+		w.Header()[HeaderKeyExpires] = []string{m.httpDate(v.rec.ExpiresAt)}
 	}
 	if ev.Route == "" {
 		ev.Route = m.route(r, nil, next)
