@@ -848,23 +848,11 @@ func scanRead(row pgx.Row, p idemdriver.ClaimParams) (idemdriver.Record, bool, e
 // measured against now, which it returns; text equal to the claim's path
 // or owner shares its string).
 func scanColumns(row pgx.Row, read *idemdriver.ClaimParams, claimed *bool, extra ...any) (idemdriver.Record, time.Time, error) {
-	// One allocation holds every scan target: each would otherwise escape
-	// to the heap on its own. pgtype's value types scan without reflection
-	// (a pointer to a pointer, or a sql.Null*, costs pgx an allocation or
-	// two per column).
-	type targets struct {
-		rec                     idemdriver.Record
-		state                   string
-		status, size, leaseLeft pgtype.Int8
-		stored                  pgtype.Bool
-		lockedUntil, completed  pgtype.Timestamptz
-		now                     time.Time
-		resp                    idemsql.ResponseColumns
-		dest                    [24]any
-		scanner                 rowScanner
-		known                   [2]string
-	}
-	v := new(targets)
+	v := scanTargetsPool.Get().(*scanTargets)
+	defer func() {
+		*v = scanTargets{} // nothing of the row outlives the scan
+		scanTargetsPool.Put(v)
+	}()
 	rec, resp := &v.rec, &v.resp
 	dest := v.dest[:0]
 	switch {
@@ -902,6 +890,27 @@ func scanColumns(row pgx.Row, read *idemdriver.ClaimParams, claimed *bool, extra
 	rec.Response, err = idemsql.DecodeResponse(rec.State, *resp)
 	return *rec, v.now, err
 }
+
+// scanTargets are scanColumns's scan targets, in one value taken from
+// scanTargetsPool: each would otherwise escape to the heap on its own, and
+// a replay's would be a kilobyte of garbage. pgtype's value types scan
+// without reflection (a pointer to a pointer, or a sql.Null*, costs pgx an
+// allocation or two per column). What the record keeps (strings, bytes,
+// the response) is allocated apart, never in them.
+type scanTargets struct {
+	rec                     idemdriver.Record
+	state                   string
+	status, size, leaseLeft pgtype.Int8
+	stored                  pgtype.Bool
+	lockedUntil, completed  pgtype.Timestamptz
+	now                     time.Time
+	resp                    idemsql.ResponseColumns
+	dest                    [24]any
+	scanner                 rowScanner
+	known                   [2]string
+}
+
+var scanTargetsPool = sync.Pool{New: func() any { return new(scanTargets) }}
 
 // scanWithRequest reads one row of columns followed by the request column
 // (getSQL, listSQL), the request in the record's response.
