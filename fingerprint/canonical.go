@@ -55,7 +55,7 @@ func canonicalJSON(body []byte) ([]byte, canonVerdict) {
 	// scratch each as long as the body at most.
 	buf := make([]byte, 0, 3*len(body))
 	c := canonicalizer{in: body, out: buf[:0:len(body)], keys: buf[len(body) : len(body) : 2*len(body)],
-		scratch: buf[2*len(body) : 2*len(body)], members: make([]member, 0, 8), verdict: canonOK}
+		scratch: buf[2*len(body) : 2*len(body)], members: make([]member, 0, 4), verdict: canonOK}
 	if _, ok := c.value(i); !ok {
 		return nil, c.verdict
 	}
