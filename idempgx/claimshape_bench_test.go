@@ -1,10 +1,16 @@
 package idempgx
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,14 +23,20 @@ import (
 // BenchmarkClaimShapes measures what PostgreSQL costs for each statement
 // shape a claim could send (issue 21), through pgx with the package's own
 // statements, 8 goroutines on one pool: the answer to an existing
-// (SUCCEEDED) key as the claim's read (readSQL, what Claim sends), as the
-// claim statement (claimSQL, the whole claim before issue 21) and as a
-// plain INSERT ... ON CONFLICT DO NOTHING meeting the key; and the claim of
-// a new key as the read and insertSQL (Claim), as the claim statement, and
-// as insertSQL alone (the floor's statement). Read ns/op as the machine's
-// time per claim, client included; docs/benchmarks.md has a run.
+// (SUCCEEDED) key as the claim's read (readSQL, what Claim sends read
+// first), as a read that decides in SQL whether the record may be claimed
+// (decidingReadSQL, what it sent before), as the claim statement
+// (claimSQL, the whole claim before that) and as a plain INSERT ... ON
+// CONFLICT DO NOTHING meeting the key (what Claim sends first, INSERT
+// first); and the claim of a new key as the read and insertSQL (read
+// first), as the claim statement, and as insertSQL alone (INSERT first,
+// the floor's statement). Read ns/op as the machine's time per claim,
+// client included, and server-cpu-µs/op as the CPU the PostgreSQL server's
+// processes used per claim, when the server runs on this machine (read
+// from /proc; its background processes included); docs/benchmarks.md has
+// a run.
 //
-//	go test -run '^$' -bench ClaimShapes -benchtime 5s ./idempgx
+//	go test -run '^$' -bench ClaimShapes -benchtime 20000x -count 3 ./idempgx
 func BenchmarkClaimShapes(b *testing.B) {
 	ctx := context.Background()
 	pool := dbtest.PostgresPool(b)
@@ -51,6 +63,12 @@ func BenchmarkClaimShapes(b *testing.B) {
 	// would: after a read that finds the record, nothing more.
 	run := func(b *testing.B, key func() string, statements ...string) {
 		b.SetParallelism(4) // 8 goroutines on 2 CPUs
+		before, local := serverCPU()
+		defer func() {
+			if after, ok := serverCPU(); ok && local {
+				b.ReportMetric(float64((after-before).Microseconds())/float64(b.N), "server-cpu-µs/op")
+			}
+		}()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				args := d.claimArgs(params(key()))
@@ -58,6 +76,8 @@ func BenchmarkClaimShapes(b *testing.B) {
 					a := args
 					if q == readSQL {
 						a = args[:len(readParams)]
+					} else if q == decidingReadSQL {
+						a = args[:6]
 					}
 					rows, err := pool.Query(ctx, q, a...)
 					if err != nil {
@@ -70,7 +90,7 @@ func BenchmarkClaimShapes(b *testing.B) {
 						b.Error(err)
 						return
 					}
-					if q == readSQL && len(statements) > i+1 && found {
+					if (q == readSQL || q == decidingReadSQL) && len(statements) > i+1 && found {
 						break // Claim sends the INSERT only after a read that found nothing
 					}
 				}
@@ -80,11 +100,53 @@ func BenchmarkClaimShapes(b *testing.B) {
 	replayKey := func() string { return "done-" + strconv.FormatInt(seq.Add(1)%existing, 10) }
 	newKey := func() string { return "new-" + strconv.FormatInt(seq.Add(1), 10) }
 	b.Run("existing/read", func(b *testing.B) { run(b, replayKey, readSQL) })
+	b.Run("existing/deciding-read", func(b *testing.B) { run(b, replayKey, decidingReadSQL) })
 	b.Run("existing/claim-statement", func(b *testing.B) { run(b, replayKey, claimSQL) })
 	b.Run("existing/insert-do-nothing", func(b *testing.B) { run(b, replayKey, insertSQL) })
 	b.Run("new/read+insert", func(b *testing.B) { run(b, newKey, readSQL, insertSQL) })
 	b.Run("new/claim-statement", func(b *testing.B) { run(b, newKey, claimSQL) })
 	b.Run("new/insert", func(b *testing.B) { run(b, newKey, insertSQL) })
+}
+
+// decidingReadSQL is the claim's read as it was before readSQL: whether the
+// record may be claimed decided in SQL (claimable, with the method, path
+// and fingerprint as parameters), the lease left as a numeric, every
+// column; for BenchmarkClaimShapes.
+var decidingReadSQL = bind(claimParams[:6], `SELECT `+claimable(now)+`, `+columns+`, false
+	FROM idem_keys WHERE scope = @scope AND key = @key`)
+
+// serverCPU is the CPU time the processes of the user postgres have used,
+// their waited-for children included (PostgreSQL's backends), read from
+// /proc; false when there are none (the server is elsewhere, or not Linux).
+func serverCPU() (time.Duration, bool) {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return 0, false
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var ticks int64
+	found := false
+	for _, stat := range procs {
+		fi, err := os.Stat(filepath.Dir(stat))
+		if err != nil || strconv.FormatUint(uint64(fi.Sys().(*syscall.Stat_t).Uid), 10) != u.Uid {
+			continue
+		}
+		b, err := os.ReadFile(stat)
+		i := bytes.LastIndexByte(b, ')')
+		if err != nil || i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 15 {
+			continue
+		}
+		for _, n := range f[11:15] { // utime, stime, cutime, cstime
+			v, _ := strconv.ParseInt(n, 10, 64)
+			ticks += v
+		}
+		found = true
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond, found // USER_HZ is 100 on Linux
 }
 
 // BenchmarkClaimOrders measures Claim in each ClaimOrder against traffic
