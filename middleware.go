@@ -258,14 +258,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 		return nil, nil
 	}
 	defer func() { _ = r.Body.Close() }()
-	// A declared length within the limit is the buffer's size, with a byte
-	// to spare for the read that meets the end; io.ReadAll would start at
-	// 512 bytes and grow.
-	var body []byte
-	if n := r.ContentLength; n >= 0 && n <= limit {
-		body = make([]byte, 0, n+1)
-	}
-	body, err := readAll(body, io.LimitReader(r.Body, limit+1))
+	body, err := readAll(bodyBuffer(r.ContentLength, limit), io.LimitReader(r.Body, limit+1))
 	if err != nil {
 		return nil, err
 	}
@@ -274,6 +267,23 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	}
 	return body, nil
 }
+
+// bodyBuffer is the buffer readBody starts with for a body of declared
+// length n (-1: unknown) under limit: n bytes and one to spare for the read
+// that meets the end, so a body within presizedBody takes one allocation
+// where io.ReadAll starts at 512 bytes and grows; nil for an unknown length
+// or one over the limit. A longer body's buffer grows as it arrives: a
+// client that declares a megabyte and sends nothing holds no megabyte.
+func bodyBuffer(n, limit int64) []byte {
+	if n < 0 || n > limit {
+		return nil
+	}
+	return make([]byte, 0, min(n, presizedBody)+1)
+}
+
+// presizedBody is the most of a declared length bodyBuffer allocates
+// before the bytes arrive (64 KiB: a payment's JSON is a few hundred).
+const presizedBody = 64 << 10
 
 // readAll is io.ReadAll appending to b.
 func readAll(b []byte, r io.Reader) ([]byte, error) {

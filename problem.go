@@ -113,7 +113,7 @@ func (p Problem) encode() []byte {
 		buf.Reset()
 		_ = enc.Encode(members) // strings and a number: no error
 	}
-	if len(p.Extra) == 0 && problemBodiesKept.Add(1) <= maxProblemBodies {
+	if len(p.Extra) == 0 && buf.Len() <= maxProblemBodyBytes && problemBodiesKept.Add(1) <= maxProblemBodies {
 		problemBodies.Store(members, buf.Bytes())
 	}
 	return buf.Bytes()
@@ -121,15 +121,20 @@ func (p Problem) encode() []byte {
 
 // problemBodies holds the encoded bodies of problems without Extra
 // (problemMembers to []byte, never changed once stored), at most
-// maxProblemBodies of them: details that quote a request's method and path
-// or a status are as many as an application's routes; past the bound, a
-// problem is encoded each time.
+// maxProblemBodies of them, each at most maxProblemBodyBytes: details that
+// quote a request's method and path or a status are as many as an
+// application's routes (and a client chooses its path); past either bound,
+// a problem is encoded each time, so what is kept stays under 256 KiB
+// twice over (the key holds the detail too).
 var (
 	problemBodies     sync.Map
 	problemBodiesKept atomic.Int64
 )
 
-const maxProblemBodies = 256
+const (
+	maxProblemBodies    = 256
+	maxProblemBodyBytes = 1 << 10
+)
 
 func (p Problem) encodeExtra(enc *json.Encoder) error {
 	if len(p.Extra) == 0 {
