@@ -41,23 +41,7 @@ func BenchmarkClaimShapes(b *testing.B) {
 	ctx := context.Background()
 	pool := dbtest.PostgresPool(b)
 	d := New(pool)
-	require.NoError(b, d.Migrate(ctx))
-	const existing = 32
-	params := func(key string) idemdriver.ClaimParams {
-		return idemdriver.ClaimParams{Scope: "bench", Key: key, Method: "POST", Path: "/v1/payments", Fingerprint: []byte{1},
-			LeaseDuration: 30 * time.Second, Retention: 24 * time.Hour, Owner: "bench"}
-	}
-	for i := range existing {
-		p := params("done-" + strconv.Itoa(i))
-		res, err := d.Claim(ctx, p)
-		require.NoError(b, err)
-		ok, err := d.Complete(ctx, idemdriver.CompleteParams{
-			FenceParams: idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt},
-			Response:    idemdriver.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 176), BodyStored: true, BodySize: 176},
-		})
-		require.NoError(b, err)
-		require.True(b, ok)
-	}
+	params := benchCompletedKeys(b, d, existing)
 	var seq atomic.Int64
 	// run sends the statements per iteration on 8 goroutines, as Claim
 	// would: after a read that finds the record, nothing more.
@@ -161,24 +145,7 @@ func serverCPU() (time.Duration, bool) {
 func BenchmarkClaimOrders(b *testing.B) {
 	ctx := context.Background()
 	pool := dbtest.PostgresPool(b)
-	require.NoError(b, New(pool).Migrate(ctx))
-	const existing = 32
-	params := func(key string) idemdriver.ClaimParams {
-		return idemdriver.ClaimParams{Scope: "bench", Key: key, Method: "POST", Path: "/v1/payments", Fingerprint: []byte{1},
-			LeaseDuration: 30 * time.Second, Retention: 24 * time.Hour, Owner: "bench"}
-	}
-	setup := New(pool)
-	for i := range existing {
-		p := params("done-" + strconv.Itoa(i))
-		res, err := setup.Claim(ctx, p)
-		require.NoError(b, err)
-		ok, err := setup.Complete(ctx, idemdriver.CompleteParams{
-			FenceParams: idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt},
-			Response:    idemdriver.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 176), BodyStored: true, BodySize: 176},
-		})
-		require.NoError(b, err)
-		require.True(b, ok)
-	}
+	params := benchCompletedKeys(b, New(pool), existing)
 	var seq atomic.Int64
 	for _, pct := range []int64{0, 10, 50, 90, 100} {
 		for _, order := range []ClaimOrder{ClaimReadFirst, ClaimInsertFirst, ClaimAdaptive} {
@@ -203,4 +170,32 @@ func BenchmarkClaimOrders(b *testing.B) {
 			})
 		}
 	}
+}
+
+// existing is how many completed keys (done-0 ...) the claim benchmarks
+// answer from.
+const existing = 32
+
+// benchCompletedKeys migrates d's table and completes existing keys
+// (done-0 ...) through d, each with a 176-byte JSON response; it returns
+// the claim parameters the benchmarks use for a key.
+func benchCompletedKeys(b *testing.B, d *Driver, existing int) func(key string) idemdriver.ClaimParams {
+	ctx := context.Background()
+	require.NoError(b, d.Migrate(ctx))
+	params := func(key string) idemdriver.ClaimParams {
+		return idemdriver.ClaimParams{Scope: "bench", Key: key, Method: "POST", Path: "/v1/payments", Fingerprint: []byte{1},
+			LeaseDuration: 30 * time.Second, Retention: 24 * time.Hour, Owner: "bench"}
+	}
+	for i := range existing {
+		p := params("done-" + strconv.Itoa(i))
+		res, err := d.Claim(ctx, p)
+		require.NoError(b, err)
+		ok, err := d.Complete(ctx, idemdriver.CompleteParams{
+			FenceParams: idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt},
+			Response:    idemdriver.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 176), BodyStored: true, BodySize: 176},
+		})
+		require.NoError(b, err)
+		require.True(b, ok)
+	}
+	return params
 }
