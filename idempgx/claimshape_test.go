@@ -187,3 +187,140 @@ func TestClaimOrderAdapts(t *testing.T) {
 	require.Less(t, n, 40, "the order never turned back to the INSERT first")
 	require.Positive(t, n)
 }
+
+// Claims in both orders race for the same keys, on one table: a new key,
+// a FAILED record, a PROCESSING record past its lease and a record past
+// its retention are each won by exactly one claim, whichever order each
+// claimer reads in, and every loser is answered from the winner's claim.
+// Both orders meet here only at the claim statement's decision, so a race
+// the read or the INSERT let through would show as two winners.
+func TestClaimOrdersRaceOnOneKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drivers := openDrivers(t, false, nil, idempgx.ClaimReadFirst, idempgx.ClaimInsertFirst)
+	const keys, claimers = 25, 8
+	lease, retention := 30*time.Second, time.Hour
+	params := func(key string, fp byte, offset time.Duration) idemdriver.ClaimParams {
+		return idemdriver.ClaimParams{Scope: "acct", Key: key, Method: "POST", Path: "/v1/payments", Fingerprint: []byte{fp},
+			LeaseDuration: lease, Retention: retention, ClockOffset: offset}
+	}
+	// race claims p with claimers at once, half in each order, and returns
+	// the winner's result after checking there is exactly one.
+	race := func(p idemdriver.ClaimParams, want idemdriver.Decision) idemdriver.ClaimResult {
+		t.Helper()
+		results, errs := atOnce(claimers, func(i int) (idemdriver.ClaimResult, error) {
+			return drivers[i%len(drivers)].Claim(ctx, p)
+		})
+		var won []idemdriver.ClaimResult
+		for i, res := range results {
+			require.NoError(t, errs[i], "claimer %d of %s", i, p.Key)
+			if res.Claimed {
+				won = append(won, res)
+			}
+		}
+		require.Len(t, won, 1, "%s: %s is won by one claim", p.Key, want)
+		for i, res := range results {
+			require.Equal(t, won[0].Record.FencingToken, res.Record.FencingToken, "claimer %d of %s sees the winner's claim", i, p.Key)
+			require.Equal(t, idemdriver.StateProcessing, res.Record.State, "claimer %d of %s", i, p.Key)
+		}
+		require.Equal(t, want == idemdriver.DecisionTakeOver, won[0].TookOver, "%s", p.Key)
+		return won[0]
+	}
+	fail := func(res idemdriver.ClaimResult) {
+		t.Helper()
+		ok, err := drivers[0].Fail(ctx, idemdriver.FenceParams{Scope: res.Record.Scope, Key: res.Record.Key,
+			FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt})
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	for k := range keys {
+		key := fmt.Sprintf("race-%d", k)
+		first := race(params(key, 1, 0), idemdriver.DecisionNew)
+		require.EqualValues(t, 1, first.Record.FencingToken)
+		fail(first)
+		again := race(params(key, 1, 0), idemdriver.DecisionReclaim)
+		require.EqualValues(t, 2, again.Record.FencingToken)
+		// The re-claim never completes: past its lease, a takeover.
+		taken := race(params(key, 1, lease+time.Second), idemdriver.DecisionTakeOver)
+		require.EqualValues(t, 3, taken.Record.FencingToken)
+		// Past its retention, another request's new life.
+		renewed := race(params(key, 2, retention+lease+time.Minute), idemdriver.DecisionNewLife)
+		require.EqualValues(t, 4, renewed.Record.FencingToken)
+		require.EqualValues(t, 1, renewed.Record.Attempts)
+	}
+}
+
+// The one-commit claim (ClaimTx) in both orders, racing for a new key and
+// for a record past its retention: one claim wins and commits its
+// completion, and every other is answered the committed record (a
+// replay), after waiting on the winner's row lock or reading it committed.
+func TestClaimTxOrdersRaceOnOneKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	drivers := openDrivers(t, false, nil, idempgx.ClaimReadFirst, idempgx.ClaimInsertFirst)
+	const keys, claimers = 25, 8
+	retention := time.Hour
+	race := func(p idemdriver.ClaimParams) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, time.Minute) // a claim that hangs fails the test
+		defer cancel()
+		results, errs := atOnce(claimers, func(i int) (idemdriver.ClaimResult, error) {
+			res, tx, err := drivers[i%len(drivers)].ClaimTx(ctx, p, 30*time.Second)
+			if err == nil && res.Claimed {
+				var ok bool
+				ok, err = tx.Complete(ctx, idemdriver.CompleteParams{
+					FenceParams: idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt},
+					Response:    idemdriver.Response{Status: 201, Body: fmt.Appendf(nil, "%d", i), BodyStored: true, BodySize: 1}})
+				if err == nil && !ok {
+					err = fmt.Errorf("claimer %d: its completion was fenced out", i)
+				}
+				if err == nil {
+					err = tx.Commit(ctx)
+				}
+				if err != nil {
+					_ = tx.Rollback(ctx) // the connection back to the pool, whatever failed
+				}
+			}
+			return res, err
+		})
+		winner := -1
+		for i, res := range results {
+			require.NoError(t, errs[i], "claimer %d of %s", i, p.Key)
+			if res.Claimed {
+				require.Equal(t, -1, winner, "%s: claimers %d and %d both won", p.Key, winner, i)
+				winner = i
+			}
+		}
+		require.NotEqual(t, -1, winner, "%s: no claimer won", p.Key)
+		for i, res := range results {
+			if i != winner {
+				require.Equal(t, idemdriver.StateSucceeded, res.Record.State, "claimer %d of %s", i, p.Key)
+				require.Equal(t, fmt.Sprint(winner), string(res.Record.Response.Body), "claimer %d of %s replays the winner", i, p.Key)
+			}
+		}
+	}
+	for k := range keys {
+		p := idemdriver.ClaimParams{Scope: "acct", Key: fmt.Sprintf("race-tx-%d", k), Method: "POST", Path: "/v1/payments",
+			Fingerprint: []byte{1}, LeaseDuration: 30 * time.Second, Retention: retention}
+		race(p)
+		p.Fingerprint, p.ClockOffset = []byte{2}, retention+time.Minute
+		race(p)
+	}
+}
+
+// atOnce runs claim(0) to claim(n-1) in n goroutines released together,
+// and returns their results and errors by index.
+func atOnce(n int, claim func(i int) (idemdriver.ClaimResult, error)) ([]idemdriver.ClaimResult, []error) {
+	results, errs := make([]idemdriver.ClaimResult, n), make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			results[i], errs[i] = claim(i)
+		})
+	}
+	close(start)
+	wg.Wait()
+	return results, errs
+}

@@ -39,6 +39,13 @@ func openDriver(t testing.TB, schemaOption bool, tracer pgx.QueryTracer) *idempg
 // (Options.ClaimOrder).
 func openDriverOrder(t testing.TB, schemaOption bool, tracer pgx.QueryTracer, order idempgx.ClaimOrder) *idempgx.Driver {
 	t.Helper()
+	return openDrivers(t, schemaOption, tracer, order)[0]
+}
+
+// openDrivers returns one migrated driver per order, all on one pool and
+// one fresh schema (see openDriver).
+func openDrivers(t testing.TB, schemaOption bool, tracer pgx.QueryTracer, orders ...idempgx.ClaimOrder) []*idempgx.Driver {
+	t.Helper()
 	url, schema := dbtest.PostgresURL(t)
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
@@ -49,7 +56,7 @@ func openDriverOrder(t testing.TB, schemaOption bool, tracer pgx.QueryTracer, or
 	if tracer != nil {
 		cfg.ConnConfig.Tracer = tracer
 	}
-	opts := idempgx.Options{ClaimOrder: order}
+	var opts idempgx.Options
 	if schemaOption || testPooler != "" {
 		delete(cfg.ConnConfig.RuntimeParams, "search_path")
 		opts.Schema, opts.TransactionPooler = schema, testPooler == "transaction"
@@ -57,10 +64,15 @@ func openDriverOrder(t testing.TB, schemaOption bool, tracer pgx.QueryTracer, or
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	d, err := idempgx.NewWithOptions(pool, opts)
-	require.NoError(t, err)
-	require.NoError(t, d.Migrate(context.Background()))
-	return d
+	var drivers []*idempgx.Driver
+	for _, order := range orders {
+		opts.ClaimOrder = order
+		d, err := idempgx.NewWithOptions(pool, opts)
+		require.NoError(t, err)
+		require.NoError(t, d.Migrate(context.Background()))
+		drivers = append(drivers, d)
+	}
+	return drivers
 }
 
 type business struct {
