@@ -32,7 +32,8 @@ var (
 	ErrLeaseLost = errors.New("idem: lease lost to another worker")
 	// ErrResponseNotStored: the response exceeded MaxResponseBytes; 410.
 	ErrResponseNotStored = errors.New("idem: the response of this key was not stored")
-	// ErrResponseMissing: a SUCCEEDED record holds no response; 500.
+	// ErrResponseMissing: a SUCCEEDED record holds no response, or one
+	// damaged in the store (idemsql.DecodeResponse); 500.
 	ErrResponseMissing = errors.New("idem: the key's record succeeded but holds no response")
 	// ErrTxAborted: the claim's transaction aborted; a 2xx is answered 500.
 	ErrTxAborted = idemdriver.ErrTxAborted

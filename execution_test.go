@@ -4,7 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -189,6 +192,80 @@ func TestSucceededWithoutResponse(t *testing.T) {
 		require.Empty(t, got.Header().Get("Retry-After"))
 	}
 	require.Equal(t, 1, c.runs)
+}
+
+// Regression: a SUCCEEDED record whose response columns were damaged but
+// not emptied was answered as if whole or as if the store were down: a
+// NULLed body column replayed an empty 201 (not the stored response byte
+// for byte), a cut one replayed the part that was left, and headers that do
+// not decode answered 503 "retry later" to every retry, forever. Each is
+// answered 500 response-missing, and the handler is not run again.
+func TestSucceededWithDamagedResponse(t *testing.T) {
+	t.Parallel()
+	for name, damage := range map[string]string{
+		"NULL body":          `UPDATE idem_keys SET response_body = NULL`,
+		"cut body":           `UPDATE idem_keys SET response_body = substr(response_body, 1, 3)`,
+		"unreadable headers": `UPDATE idem_keys SET response_headers = x'00ff00ff'`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			d := openSQLite(t)
+			runs := 0
+			h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d,
+				Logger: slog.New(slog.DiscardHandler)}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				runs++
+				w.Header().Set("Location", "/payments/pay_1")
+				w.WriteHeader(http.StatusCreated)
+				_, _ = io.WriteString(w, `{"id":"pay_1","amount":100}`)
+			}))
+			first := send(h, "POST", "/x", "k", "{}")
+			require.Equal(t, http.StatusCreated, first.Code)
+			_, err := d.DB().Exec(damage)
+			require.NoError(t, err)
+			for range 2 {
+				got := send(h, "POST", "/x", "k", "{}")
+				requireKind(t, got, http.StatusInternalServerError, "response-missing")
+				require.Empty(t, got.Header().Get(idem.HeaderReplayed))
+			}
+			require.Equal(t, 1, runs)
+		})
+	}
+}
+
+// readCounter is a request body that counts the bytes read from it.
+type readCounter struct {
+	r    io.Reader
+	read int
+}
+
+func (c *readCounter) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.read += n
+	return n, err
+}
+
+// Regression (a new user's try): a body declared larger than
+// MaxRequestBytes was read up to the limit before the 413, so a client that
+// sent "Expect: 100-continue" was told to go on, sent its body, and at
+// times saw the connection reset instead of the answer. A declared length
+// over the limit is refused unread; an undeclared one still at the limit.
+func TestDeclaredTooLargeIsRefusedUnread(t *testing.T) {
+	t.Parallel()
+	c := &counter{status: http.StatusCreated}
+	h := newMiddleware(t, idem.Config{MaxRequestBytes: 1 << 10}).Handler(c)
+	for name, declared := range map[string]int64{"declared": 1<<10 + 1, "undeclared": -1} {
+		body := &readCounter{r: strings.NewReader(strings.Repeat("1", 4<<10))}
+		got := send(h, "POST", "/x", "k-"+name, "", func(r *http.Request) {
+			r.Body, r.ContentLength = io.NopCloser(body), declared
+		})
+		requireKind(t, got, http.StatusRequestEntityTooLarge, "request-too-large")
+		if declared >= 0 {
+			require.Zero(t, body.read, name)
+		} else {
+			require.Equal(t, 1<<10+1, body.read, "%s: read to one byte past the limit", name)
+		}
+	}
+	require.Zero(t, c.runs)
 }
 
 // ReleaseKey outside a protected execution, or after it ended, is an error

@@ -258,6 +258,11 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 		return nil, nil
 	}
 	defer func() { _ = r.Body.Close() }()
+	if r.ContentLength > limit {
+		// Declared too large: refused unread, so a client that sent
+		// "Expect: 100-continue" gets the 413 before it sends the body.
+		return nil, ErrRequestTooLarge
+	}
 	body, err := readAll(bodyBuffer(r.ContentLength, limit), io.LimitReader(r.Body, limit+1))
 	if err != nil {
 		return nil, err
@@ -330,7 +335,8 @@ func (m *Middleware) replayResponse(w http.ResponseWriter, r *http.Request, resp
 			}
 		}
 		pr := ProblemFor(ErrResponseNotStored, fmt.Sprintf(
-			"the request with this key succeeded with status %d, but its %d-byte response exceeded the replay limit and was not stored; it will not run again",
+			"the request with this key succeeded with status %d, but its response (a %d-byte body) was too large to store, "+
+				"for the replay limit or for what the store takes in one write, and was not kept; it will not run again",
 			resp.Status, resp.BodySize))
 		pr.Extra = map[string]any{"original_status": resp.Status}
 		return m.writeProblem(w, r, pr)

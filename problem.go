@@ -241,7 +241,7 @@ var answers = [...]struct {
 		"(in transactional mode the request's writes were rolled back with it); retry with the same key: the request runs again")},
 	answerCompletionMovedOn: {ErrStoreUnavailable, EventCompletionFailed, fixed("the idempotency store reported an error while recording the result, but the key's record " +
 		"has moved on (the result was recorded after all, or another request took the key over); retry with the same key to get its result")},
-	answerResponseMissing: {ErrResponseMissing, EventReplayed, fixed("the request with this key succeeded, but its stored response is missing from the idempotency store; " +
+	answerResponseMissing: {ErrResponseMissing, EventReplayed, fixed("the request with this key succeeded, but its stored response is missing from the idempotency store or damaged there; " +
 		"it will not run again: ask the operator to release the key, or use a new key only if you know the first request had no effect")},
 	answerSealKeyMissing: {ErrSealKeyMissing, EventReplayed, fixed("the request with this key succeeded, but its stored response is sealed with a key this server " +
 		"does not hold; it will not run again: retry later with the same key, or ask the operator")},
@@ -314,7 +314,8 @@ func (c *EngineConfig) answer(ctx context.Context, rec idemdriver.Record, p idem
 	case idemdriver.DecisionReplay:
 		if rec.Response == nil {
 			// Damaged by hand or by a partial restore: say so, not 409 forever.
-			c.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record holds no response", "scope", p.Scope, "key", p.Key)
+			c.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record holds no readable response (its response columns are missing or damaged)",
+				"scope", p.Scope, "key", p.Key)
 			return verdict{kind: answerResponseMissing, rec: rec, err: ErrResponseMissing}
 		}
 		switch {

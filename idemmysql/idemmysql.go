@@ -904,9 +904,7 @@ func scanSnapshot(row rowScanner, extra ...any) (snapshot, error) {
 		ExpiresAt: idemsql.MicrosTime(expiresAt.Int64), CompletedAt: idemsql.NullMicrosTime(completedAt), LockedUntil: idemsql.NullMicrosTime(s.lockedUS),
 	}
 	rec.LeaseLeft = idemsql.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
-	if rec.Response, err = idemsql.DecodeResponse(rec.State, resp); err != nil {
-		return s, err
-	}
+	rec.Response = idemsql.DecodeResponse(rec.State, resp)
 	s.rec = rec
 	return s, nil
 }

@@ -886,9 +886,8 @@ func scanColumns(row pgx.Row, read *idemdriver.ClaimParams, claimed *bool, extra
 	} else {
 		rec.LeaseLeft = idemsql.LeaseLeft(rec.State, time.Duration(v.leaseLeft.Int64)*time.Microsecond, v.leaseLeft.Valid)
 	}
-	var err error
-	rec.Response, err = idemsql.DecodeResponse(rec.State, *resp)
-	return *rec, v.now, err
+	rec.Response = idemsql.DecodeResponse(rec.State, *resp)
+	return *rec, v.now, nil
 }
 
 // scanTargets are scanColumns's scan targets, in one value taken from

@@ -461,7 +461,6 @@ func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any
 	rec.CreatedAt, rec.UpdatedAt, rec.ExpiresAt = idemsql.MicrosTime(createdAt), idemsql.MicrosTime(updatedAt), idemsql.MicrosTime(expiresAt)
 	rec.LockedUntil, rec.CompletedAt = idemsql.NullMicrosTime(lockedUntil), idemsql.NullMicrosTime(completedAt)
 	rec.LeaseLeft = idemsql.LeaseLeft(rec.State, time.Duration(leaseLeft.Int64)*time.Microsecond, leaseLeft.Valid)
-	var err error
-	rec.Response, err = idemsql.DecodeResponse(rec.State, resp)
-	return rec, err
+	rec.Response = idemsql.DecodeResponse(rec.State, resp)
+	return rec, nil
 }

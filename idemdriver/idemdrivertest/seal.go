@@ -352,10 +352,25 @@ func engineSealDowngrade(t *testing.T, h Harness, oneCommit bool) {
 		Body: []byte(`{"charge":"PLANTED"}`), BodyStored: true, BodySize: 20}
 	p.Key = "planted" // a plain response where a sealed one belongs
 	completeVia(t, d, "alone", p, planted)
-	emptied := *donor // the sealed blob kept, its seal_key emptied: read as a plain body
-	emptied.SealKey, emptied.Body, emptied.Sealed = "", donor.Sealed, nil
+	// The sealed blob kept, its seal_key emptied and its size made the
+	// blob's: read as a plain body.
+	emptied := *donor
+	emptied.SealKey, emptied.Body, emptied.Sealed, emptied.BodySize = "", donor.Sealed, nil, int64(len(donor.Sealed))
 	p.Key = "emptied"
 	completeVia(t, d, "alone", p, emptied)
+	// Its seal_key alone emptied: the blob is not as long as the size
+	// recorded with it, so the record reads as damaged (no response), under
+	// ReplayPlain too (below).
+	onlyKey := emptied
+	onlyKey.BodySize = donor.BodySize
+	p.Key = "only-key-emptied"
+	completeVia(t, d, "alone", p, onlyKey)
+	require.Nil(t, record(t, d, "acct", "only-key-emptied").Response)
+	for range 2 {
+		out, err := g.Do(t.Context(), doParams("only-key-emptied", "x"), sealedResult(&runs, "2"))
+		require.ErrorIs(t, err, idem.ErrResponseMissing)
+		require.Empty(t, out.Body)
+	}
 	for _, key := range []string{"planted", "emptied"} {
 		require.Empty(t, record(t, d, "acct", key).Response.SealKey, "%s: the row is plain", key)
 		for range 2 {
@@ -375,6 +390,9 @@ func engineSealDowngrade(t *testing.T, h Harness, oneCommit bool) {
 	out, err = migrating.Do(t.Context(), doParams("planted", "x"), sealedResult(&runs, "4"))
 	require.NoError(t, err, "ReplayPlain replays a plain record")
 	require.Equal(t, `{"charge":"PLANTED"}`, string(out.Body))
+	out, err = migrating.Do(t.Context(), doParams("only-key-emptied", "x"), sealedResult(&runs, "4"))
+	require.ErrorIs(t, err, idem.ErrResponseMissing, "never the blob as a plain body")
+	require.Empty(t, out.Body)
 	_, err = migrating.Do(t.Context(), doParams("new", "x"), sealedResult(&runs, "5"))
 	require.NoError(t, err)
 	require.Equal(t, "A", record(t, d, "acct", "new").Response.SealKey, "ReplayPlain still seals")

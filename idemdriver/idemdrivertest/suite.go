@@ -245,6 +245,7 @@ func runDriver(t *testing.T, h Harness) {
 		{"DecisionTable", driverDecisionTable},
 		{"MethodOrPathDiffers", driverMethodOrPathDiffers},
 		{"ReplayByteExact", driverReplayByteExact},
+		{"CutResponseIsMissing", driverCutResponseIsMissing},
 		{"ScopesIndependent", driverScopesIndependent},
 		{"Fencing", driverFencing},
 		{"HeartbeatExtendsLease", driverHeartbeatExtendsLease},
@@ -480,6 +481,27 @@ func driverReplayByteExact(t *testing.T, h Harness) {
 	rec = record(t, d, "acct", "big")
 	require.False(t, rec.Response.BodyStored)
 	require.Equal(t, int64(5<<20), rec.Response.BodySize)
+}
+
+// A SUCCEEDED record whose stored body is not as long as the size recorded
+// with it (a restore that cut it, a column NULLed by hand) is read with no
+// response, as one with no status is: the engine answers it 500
+// response-missing (CONTRACT section 3), never a replay of what is left. A
+// completion cannot cut a body, so the case plants the damage through the
+// seam: a body shorter than its BodySize.
+func driverCutResponseIsMissing(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	p := params("acct", "cut", "b")
+	res := claim(t, d, p)
+	cut := idemdriver.Response{Status: 201, Body: []byte(`{"id":`), BodyStored: true, BodySize: 63,
+		Header: map[string][]string{"Location": {"/payments/pay_1"}}}
+	require.True(t, complete(t, d, fence(res.Record), cut))
+	again := claim(t, d, p)
+	require.False(t, again.Claimed)
+	require.Equal(t, idemdriver.StateSucceeded, again.Record.State)
+	require.Nil(t, again.Record.Response, "the claim's read")
+	require.Nil(t, record(t, d, "acct", "cut").Response, "Get")
 }
 
 func driverScopesIndependent(t *testing.T, h Harness) {

@@ -167,29 +167,38 @@ type ResponseColumns struct {
 }
 
 // DecodeResponse is the inverse of EncodeResponse: the stored response of a
-// record in state, or nil when the record is not SUCCEEDED or has no status
-// (a record damaged by hand). A stored empty body is an empty, non-nil
-// slice. A sealed response (seal_key not ”) has the body column in Sealed,
-// and nil Header and Body. It fails only when the headers column of a plain
-// response is not EncodeHeader's JSON.
-func DecodeResponse(state idemdriver.State, c ResponseColumns) (*idemdriver.Response, error) {
+// record in state, or nil when the record is not SUCCEEDED, or is SUCCEEDED
+// but its response columns are damaged (by hand, by a partial restore):
+// no status, a headers column that is not EncodeHeader's JSON, or a stored
+// body whose length is not its recorded size (a NULL body column among
+// them). The engine answers a SUCCEEDED record without a response 500
+// response-missing (CONTRACT section 3), never a replay that is not the
+// stored one byte for byte, and never a 503 that invites retries forever.
+// A stored empty body is an empty, non-nil slice. A sealed response
+// (seal_key not empty) has the body column in Sealed, nil Header and Body;
+// the seal checks it (a damaged blob does not open).
+func DecodeResponse(state idemdriver.State, c ResponseColumns) *idemdriver.Response {
 	if state != idemdriver.StateSucceeded || !c.Status.Valid {
-		return nil, nil
+		return nil
 	}
+	stored := c.Stored.Valid && c.Stored.Bool
 	if c.SealKey != "" {
-		return &idemdriver.Response{Status: int(c.Status.Int64), BodyStored: c.Stored.Valid && c.Stored.Bool, BodySize: c.Size.Int64,
-			SealKey: c.SealKey, Sealed: c.Body, Request: c.Request}, nil
+		return &idemdriver.Response{Status: int(c.Status.Int64), BodyStored: stored, BodySize: c.Size.Int64,
+			SealKey: c.SealKey, Sealed: c.Body, Request: c.Request}
+	}
+	if stored && c.Size.Valid && int64(len(c.Body)) != c.Size.Int64 {
+		return nil
 	}
 	h, err := DecodeHeader(c.Headers)
 	if err != nil {
-		return nil, err
+		return nil
 	}
 	body := c.Body
 	if body == nil {
 		body = []byte{}
 	}
 	return &idemdriver.Response{Status: int(c.Status.Int64), Header: h, Body: body,
-		BodyStored: c.Stored.Valid && c.Stored.Bool, BodySize: c.Size.Int64, Request: c.Request}, nil
+		BodyStored: stored, BodySize: c.Size.Int64, Request: c.Request}
 }
 
 // WithRequest is rec with request, the request column a driver read beside
