@@ -20,22 +20,24 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/internal/naivecache"
+	"github.com/idemgo/idem/fingerprint"
 	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 // The routes of the server under test, one per way of serving POST
 // /payments (see the variants in variants.go).
 const (
-	routeBare      = "/bare/payments"        // no idempotency; the handler commits its own transaction
-	routeClaimTx   = "/idem-tx/payments"     // idem; the handler writes in the claim's transaction
-	routeOwnTx     = "/idem-own/payments"    // idem; the handler commits its own transaction
-	routeOneCommit = "/idem-1c/payments"     // idem in the one-commit mode; the handler writes in the claim's transaction
-	routeFloor     = "/floor/payments"       // idem's statements sent by hand
-	routeFloor1c   = "/floor-1c/payments"    // the one-commit mode's statements sent by hand
-	routeFloorRead = "/floor-read/payments"  // the replay floor: the record read by hand, its response sent
-	routeNaive     = "/naive/payments"       // the article's naive Redis cache
-	routeHold      = "/hold/payments"        // idem; the handler waits for release (409s)
-	routeCached    = "/idem-cached/payments" // idem with a replay cache; the handler writes in the claim's transaction
+	routeBare      = "/bare/payments"           // no idempotency; the handler commits its own transaction
+	routeClaimTx   = "/idem-tx/payments"        // idem; the handler writes in the claim's transaction
+	routeOwnTx     = "/idem-own/payments"       // idem; the handler commits its own transaction
+	routeOneCommit = "/idem-1c/payments"        // idem in the one-commit mode; the handler writes in the claim's transaction
+	routeFloor     = "/floor/payments"          // idem's statements sent by hand
+	routeFloor1c   = "/floor-1c/payments"       // the one-commit mode's statements sent by hand
+	routeFloorRead = "/floor-read/payments"     // the replay floor: the record read by hand, its response sent
+	routeContract  = "/floor-contract/payments" // the contract floor: the replay floor with what the contract asks of an answer
+	routeNaive     = "/naive/payments"          // the article's naive Redis cache
+	routeHold      = "/hold/payments"           // idem; the handler waits for release (409s)
+	routeCached    = "/idem-cached/payments"    // idem with a replay cache; the handler writes in the claim's transaction
 )
 
 // The request of every variant: a payment as cmd/paymentsd takes it.
@@ -117,6 +119,7 @@ func (a *app) routes() http.Handler {
 	mux.Handle("POST "+routeFloor, http.HandlerFunc(a.createFloor))
 	mux.Handle("POST "+routeFloor1c, http.HandlerFunc(a.createFloor1c))
 	mux.Handle("POST "+routeFloorRead, http.HandlerFunc(a.floorReplay))
+	mux.Handle("POST "+routeContract, http.HandlerFunc(a.floorContract))
 	mux.Handle("POST "+routeHold, a.mw.Handler(http.HandlerFunc(a.held)))
 	if a.naive != nil {
 		mux.Handle("POST "+routeNaive, a.naive.wrap(http.HandlerFunc(a.createOwnTx)))
@@ -224,7 +227,7 @@ func floorHeaders(p payment) ([]byte, error) {
 // the business transaction with the completion (an UPDATE by primary key and
 // fencing token) before its COMMIT. The request is read whole and hashed
 // (SHA-256) for the fingerprint column, as any claim must.
-func (a *app) createFloor(w http.ResponseWriter, r *http.Request) { a.floor(w, r, false) }
+func (a *app) createFloor(w http.ResponseWriter, r *http.Request) { a.hashedFloor(w, r, false) }
 
 // createFloor1c is the one-commit mode's floor: the same statements in one
 // transaction, the claim INSERT first (it takes the key's lock until the
@@ -232,10 +235,23 @@ func (a *app) createFloor(w http.ResponseWriter, r *http.Request) { a.floor(w, r
 // bound and sends every statement on its own (pgx's Begin sends BEGIN
 // alone): idem's one-commit claim also bounds the wait, in the claim
 // statement, and goes with the BEGIN.
-func (a *app) createFloor1c(w http.ResponseWriter, r *http.Request) { a.floor(w, r, true) }
+func (a *app) createFloor1c(w http.ResponseWriter, r *http.Request) { a.hashedFloor(w, r, true) }
 
-// floor serves createFloor (oneCommit false) and createFloor1c.
-func (a *app) floor(w http.ResponseWriter, r *http.Request, oneCommit bool) {
+// hashedFloor serves createFloor (oneCommit false) and createFloor1c: the
+// request read whole, its SHA-256 the fingerprint.
+func (a *app) hashedFloor(w http.ResponseWriter, r *http.Request, oneCommit bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, idem.DefaultMaxRequestBytes))
+	if err != nil {
+		a.fail(w, http.StatusBadRequest, err)
+		return
+	}
+	fp := sha256.Sum256(body)
+	a.floor(w, r, oneCommit, body, fp[:])
+}
+
+// floor is the floors' first execution of the request r whose body and
+// fingerprint its caller read.
+func (a *app) floor(w http.ResponseWriter, r *http.Request, oneCommit bool, body, fp []byte) {
 	ctx := r.Context()
 	var tx bizTx
 	abort := func(status int, err error) {
@@ -246,12 +262,7 @@ func (a *app) floor(w http.ResponseWriter, r *http.Request, oneCommit bool) {
 	}
 	scope, _ := scopeOf(r)
 	key := r.Header.Get(idem.HeaderKey)
-	body, err := io.ReadAll(io.LimitReader(r.Body, idem.DefaultMaxRequestBytes))
-	if err != nil {
-		abort(http.StatusBadRequest, err)
-		return
-	}
-	fp := sha256.Sum256(body)
+	var err error
 	if oneCommit {
 		if tx, err = a.t.begin(ctx); err != nil {
 			abort(http.StatusInternalServerError, err)
@@ -260,7 +271,7 @@ func (a *app) floor(w http.ResponseWriter, r *http.Request, oneCommit bool) {
 	}
 	// The claim: on its own (tx nil), or the one-commit transaction's first
 	// statement.
-	claimed, err := a.t.floorClaim(ctx, tx, scope, key, r.URL.EscapedPath(), fp[:])
+	claimed, err := a.t.floorClaim(ctx, tx, scope, key, r.URL.EscapedPath(), fp)
 	switch {
 	case err != nil:
 		abort(http.StatusServiceUnavailable, err)
@@ -341,6 +352,64 @@ func (a *app) floorReplay(w http.ResponseWriter, r *http.Request) {
 	for name, values := range h {
 		w.Header()[name] = values
 	}
+	w.Header().Set(idem.HeaderReplayed, "true")
+	w.WriteHeader(rec.status)
+	_, _ = w.Write(rec.body)
+}
+
+// floorContract is "the contract floor": the replay floor with what the
+// contract requires of every answer from a record, by hand with no
+// middleware, so that idem's answers can be measured against the same work
+// done without idem's engine. Beyond floorReplay it parses the key
+// (idem.ParseKey: 400 for a bad one), takes the fingerprint idem takes
+// (fingerprint.Request: RFC 8785 form of a JSON body, method, path, query
+// and media type), bounds the read as idem bounds its claim (the request's
+// hang-up detached, DefaultClaimTimeout; 503 past it), replays only a
+// record that has not expired (contractRead) and echoes the key and its
+// expiry (Idempotency-Key, Idempotency-Key-Expires: CONTRACT section 5). A
+// key it does not find runs the floor's first execution (its keys are
+// completed through it in setup). It answers 409 and 422 in plain text,
+// as floorReplay does: only its replay is measured.
+func (a *app) floorContract(w http.ResponseWriter, r *http.Request) {
+	scope, _ := scopeOf(r)
+	key, err := idem.ParseKey(r.Header.Values(idem.HeaderKey))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, idem.DefaultMaxRequestBytes))
+	if err != nil {
+		a.fail(w, http.StatusBadRequest, err)
+		return
+	}
+	fp := fingerprint.Request(r, body)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), idem.DefaultClaimTimeout)
+	rec, found, err := a.t.contractRead(ctx, scope, key)
+	cancel()
+	switch {
+	case err != nil:
+		a.fail(w, http.StatusServiceUnavailable, err)
+		return
+	case !found:
+		a.floor(w, r, false, body, fp)
+		return
+	case !bytes.Equal(rec.fingerprint, fp):
+		http.Error(w, "key reused with another request", http.StatusUnprocessableEntity)
+		return
+	case rec.state != "SUCCEEDED":
+		http.Error(w, "key in flight", http.StatusConflict)
+		return
+	}
+	h, err := idemsql.DecodeHeader(rec.headers)
+	if err != nil {
+		a.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	for name, values := range h {
+		w.Header()[name] = values
+	}
+	w.Header().Set(idem.HeaderKey, r.Header.Get(idem.HeaderKey))
+	w.Header().Set(idem.HeaderKeyExpires, rec.expires.UTC().Format(http.TimeFormat))
 	w.Header().Set(idem.HeaderReplayed, "true")
 	w.WriteHeader(rec.status)
 	_, _ = w.Write(rec.body)

@@ -21,12 +21,13 @@ import (
 type keyKind int
 
 const (
-	keyFresh  keyKind = iota // a new key per request (first executions)
-	keyReplay                // one of the keys completed in setup (replay, 422)
-	keyHeld                  // the key held PROCESSING by the hold route (409)
-	keyNaive                 // one of the keys cached by the naive cache in setup
-	keyCached                // one of the keys completed in setup on the replay-cache route
-	keyFloor                 // one of the keys completed in setup by the floor (its fingerprint the floor's hash)
+	keyFresh    keyKind = iota // a new key per request (first executions)
+	keyReplay                  // one of the keys completed in setup (replay, 422)
+	keyHeld                    // the key held PROCESSING by the hold route (409)
+	keyNaive                   // one of the keys cached by the naive cache in setup
+	keyCached                  // one of the keys completed in setup on the replay-cache route
+	keyFloor                   // one of the keys completed in setup by the floor (its fingerprint the floor's hash)
+	keyContract                // one of the keys completed in setup by the contract floor (its fingerprint idem's)
 )
 
 // variant is one way of serving the request, measured in every cell.
@@ -50,6 +51,7 @@ const (
 	vFloor     = "floor"
 	vFloor1c   = "floor-1c"
 	vFloorRead = "floor-replay"
+	vContract  = "floor-contract"
 	vReplay    = "replay"
 	vInFlight  = "409"
 	vKeyReused = "422"
@@ -69,6 +71,7 @@ var allVariants = []variant{
 	{id: vFloor, label: "the floor: idem's statements sent by hand (raw driver)", route: routeFloor, body: paymentBody, want: http.StatusCreated},
 	{id: vFloor1c, label: "the one-commit floor: its statements sent by hand in one transaction (raw driver)", route: routeFloor1c, body: paymentBody, want: http.StatusCreated},
 	{id: vFloorRead, label: "the replay floor: the record read by hand by primary key, its response sent (raw driver)", route: routeFloorRead, body: paymentBody, key: keyFloor, want: http.StatusCreated, replayed: true},
+	{id: vContract, label: "the contract floor: the replay floor and what the contract asks of an answer (raw driver)", route: routeContract, body: paymentBody, key: keyContract, want: http.StatusCreated, replayed: true},
 	{id: vReplay, label: "idem replay", route: routeClaimTx, body: paymentBody, key: keyReplay, want: http.StatusCreated, replayed: true},
 	{id: vInFlight, label: "idem 409 (key in flight)", route: routeHold, body: paymentBody, key: keyHeld, want: http.StatusConflict},
 	{id: vKeyReused, label: "idem 422 (key reused, other body)", route: routeClaimTx, body: otherPaymentBody, key: keyReplay, want: http.StatusUnprocessableEntity},
@@ -84,17 +87,18 @@ const setupKeys = 32
 
 // running is one target served over loopback HTTP.
 type running struct {
-	t          *target
-	app        *app
-	handler    http.Handler
-	srv        *httptest.Server
-	client     *http.Client
-	nonce      string
-	replayKeys []string
-	cachedKeys []string
-	floorKeys  []string
-	naiveKeys  []string
-	seq        atomic.Int64
+	t            *target
+	app          *app
+	handler      http.Handler
+	srv          *httptest.Server
+	client       *http.Client
+	nonce        string
+	replayKeys   []string
+	cachedKeys   []string
+	floorKeys    []string
+	contractKeys []string
+	naiveKeys    []string
+	seq          atomic.Int64
 }
 
 func startRunning(t *target, a *app, nonce string) *running {
@@ -143,8 +147,8 @@ func (r *running) send(ctx context.Context, route, key string, body []byte) (int
 }
 
 // setup completes the replay keys through idem (and through the middleware
-// with a replay cache), the replay floor's keys through the floor, and
-// caches the naive keys.
+// with a replay cache), the replay floor's keys through the floor, the
+// contract floor's through it, and caches the naive keys.
 func (r *running) setup(ctx context.Context) error {
 	for range setupKeys {
 		k := r.newKey("replay")
@@ -166,6 +170,11 @@ func (r *running) setup(ctx context.Context) error {
 			return fmt.Errorf("%s: completing replay floor key: status %d, %v", r.t.name, st, err)
 		}
 		r.floorKeys = append(r.floorKeys, k)
+		k = r.newKey("contract")
+		if st, _, err := r.send(ctx, routeContract, k, paymentBody); err != nil || st != http.StatusCreated {
+			return fmt.Errorf("%s: completing contract floor key: status %d, %v", r.t.name, st, err)
+		}
+		r.contractKeys = append(r.contractKeys, k)
 		if r.app.naive == nil {
 			continue
 		}
@@ -269,6 +278,8 @@ func (r *running) keyFor(v variant, held string, w, i int) string {
 		return r.cachedKeys[(w*7+i)%len(r.cachedKeys)]
 	case keyFloor:
 		return r.floorKeys[(w*7+i)%len(r.floorKeys)]
+	case keyContract:
+		return r.contractKeys[(w*7+i)%len(r.contractKeys)]
 	case keyHeld:
 		return held
 	}

@@ -24,6 +24,11 @@
 //     key's record read with one prepared SELECT by primary key through the
 //     raw driver, its stored response sent (what answering an existing key
 //     cannot go below; replay, 409 and 422 are measured against it);
+//   - floor-contract: the contract floor, the replay floor with what the
+//     contract asks of every answer from a record, by hand: the key parsed,
+//     idem's fingerprint (RFC 8785 form), the read bounded and detached from
+//     the hang-up, an expired record not replayed, the key and its expiry
+//     echoed (replay, 409 and 422 are measured against it too);
 //   - replay, 409, 422: idem answering a completed key, a key in flight
 //     (held by a request parked in its handler) and a completed key sent
 //     with another body;

@@ -93,6 +93,8 @@ func TestRatiosArePerRound(t *testing.T) {
 		{db: dbSQLite, variant: vReplay, conc: 8, round: 1, rps: 450},
 		{db: dbSQLite, variant: vKeyReused, conc: 8, round: 1, rps: 300},
 		{db: dbSQLite, variant: vFloorRead, conc: 8, round: 1, rps: 500},
+		// And against the contract floor.
+		{db: dbSQLite, variant: vContract, conc: 8, round: 1, rps: 480},
 	}
 	s := summarize(cells)[sumKey{dbSQLite, vClaimTx, 8}]
 	require.Equal(t, []float64{0.9, 0.5, 0.75}, s.ratio)
@@ -104,6 +106,10 @@ func TestRatiosArePerRound(t *testing.T) {
 	require.Equal(t, []float64{0.5}, summarize(cells)[sumKey{dbSQLite, vOneCommit, 8}].floorRatio, "80/160, not 80/100")
 	require.Equal(t, []float64{0.9}, summarize(cells)[sumKey{dbSQLite, vReplay, 8}].floorRatio, "450/500")
 	require.Equal(t, []float64{0.6}, summarize(cells)[sumKey{dbSQLite, vKeyReused, 8}].floorRatio, "300/500")
+	require.Equal(t, []float64{450.0 / 480}, summarize(cells)[sumKey{dbSQLite, vReplay, 8}].contractRatio)
+	require.Equal(t, []float64{300.0 / 480}, summarize(cells)[sumKey{dbSQLite, vKeyReused, 8}].contractRatio)
+	require.Empty(t, summarize(cells)[sumKey{dbSQLite, vClaimTx, 8}].contractRatio, "a first execution has no contract floor")
+	require.Empty(t, summarize(cells)[sumKey{dbSQLite, vContract, 8}].floorRatio, "a floor has no ratio to a floor")
 }
 
 func TestReplaceBlockNeedsTheMarkers(t *testing.T) {

@@ -97,6 +97,11 @@ type target struct {
 	// fingerprint, stored response): the replay floor's statement. found is
 	// false when the key has no record.
 	floorRead func(ctx context.Context, scope, key string) (rec floorRecord, found bool, err error)
+	// contractRead is floorRead as the contract floor needs it
+	// (floorContract): the record only while it lives (expires_at after the
+	// database's now; an expired key is new, CONTRACT section 9), with its
+	// expires_at for the Idempotency-Key-Expires header.
+	contractRead func(ctx context.Context, scope, key string) (rec floorRecord, found bool, err error)
 
 	// fill writes records completed records and inFlight PROCESSING ones
 	// (under a live lease) into idem_keys, then vacuums and analyzes it
@@ -115,6 +120,7 @@ type floorRecord struct {
 	fingerprint   []byte
 	status        int // 0 before the completion
 	headers, body []byte
+	expires       time.Time // contractRead only
 }
 
 // floorSelect is the replay floor's statement, with the placeholders
@@ -125,16 +131,37 @@ func floorSelect(keyColumn, p1, p2 string) string {
 		FROM idem_keys WHERE scope = ` + p1 + ` AND ` + keyColumn + ` = ` + p2
 }
 
+// contractSelect is contractRead's statement: floorSelect's columns and
+// expires, the record's expires_at as the driver scans it (µs since the
+// epoch on MariaDB and SQLite, whose drivers read the column so), of a
+// record whose expires_at is after now, the database's clock.
+func contractSelect(keyColumn, p1, p2, expires, now string) string {
+	return `SELECT state, fingerprint, coalesce(response_status, 0), response_headers, response_body, ` + expires + `
+		FROM idem_keys WHERE scope = ` + p1 + ` AND ` + keyColumn + ` = ` + p2 + ` AND expires_at > ` + now
+}
+
 // sqlFloorRead is floorRead through a statement prepared once on db
-// (database/sql keeps it prepared on each connection it runs on).
-func sqlFloorRead(ctx context.Context, db *sql.DB, keyColumn string) (func(ctx context.Context, scope, key string) (floorRecord, bool, error), error) {
-	st, err := db.PrepareContext(ctx, floorSelect(keyColumn, "?", "?"))
+// (database/sql keeps it prepared on each connection it runs on); with
+// expires and now (contractSelect's), contractRead.
+func sqlFloorRead(ctx context.Context, db *sql.DB, keyColumn, expires, now string) (func(ctx context.Context, scope, key string) (floorRecord, bool, error), error) {
+	q := floorSelect(keyColumn, "?", "?")
+	if expires != "" {
+		q = contractSelect(keyColumn, "?", "?", expires, now)
+	}
+	st, err := db.PrepareContext(ctx, q)
 	if err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context, scope, key string) (floorRecord, bool, error) {
 		var rec floorRecord
-		err := st.QueryRowContext(ctx, scope, key).Scan(&rec.state, &rec.fingerprint, &rec.status, &rec.headers, &rec.body)
+		var err error
+		if expires == "" {
+			err = st.QueryRowContext(ctx, scope, key).Scan(&rec.state, &rec.fingerprint, &rec.status, &rec.headers, &rec.body)
+		} else {
+			var us int64
+			err = st.QueryRowContext(ctx, scope, key).Scan(&rec.state, &rec.fingerprint, &rec.status, &rec.headers, &rec.body, &us)
+			rec.expires = time.UnixMicro(us)
+		}
 		if errors.Is(err, sql.ErrNoRows) {
 			return rec, false, nil
 		}
@@ -247,6 +274,14 @@ func openPostgres(ctx context.Context, rawURL, schema string) (*target, error) {
 			}
 			return rec, err == nil, err
 		},
+		contractRead: func(ctx context.Context, scope, key string) (floorRecord, bool, error) {
+			var rec floorRecord
+			err := pool.QueryRow(ctx, pgContractSelect, scope, key).Scan(&rec.state, &rec.fingerprint, &rec.status, &rec.headers, &rec.body, &rec.expires)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return rec, false, nil
+			}
+			return rec, err == nil, err
+		},
 		fill: func(ctx context.Context, records, inFlight int) (string, error) {
 			return pgFill(ctx, pool, records, inFlight)
 		},
@@ -299,7 +334,10 @@ func pgFill(ctx context.Context, pool *pgxpool.Pool, records, inFlight int) (str
 		records, inFlight, float64(table)/(1<<20), per(table), float64(indexes)/(1<<20), per(indexes)), nil
 }
 
-var pgFloorSelect = floorSelect("key", "$1", "$2")
+var (
+	pgFloorSelect    = floorSelect("key", "$1", "$2")
+	pgContractSelect = contractSelect("key", "$1", "$2", "expires_at", "now()")
+)
 
 // pgAdmin runs f on a connection of its own to rawURL: f's error, else the
 // close's.
@@ -536,7 +574,10 @@ func openMariaDB(ctx context.Context, rawURL, database string) (*target, error) 
 	// Business transactions in READ COMMITTED: the sessions' default that
 	// idemmysql.Open sets.
 	t := sqlTarget(dbMariaDB, "MariaDB", "MariaDB "+strings.TrimSuffix(version, "-MariaDB"), d, db, idem.Tx[*sql.Tx], drop)
-	if t.floorRead, err = sqlFloorRead(ctx, db, "`key`"); err != nil {
+	if t.floorRead, err = sqlFloorRead(ctx, db, "`key`", "", ""); err == nil {
+		t.contractRead, err = sqlFloorRead(ctx, db, "`key`", "TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', expires_at)", "NOW(6)")
+	}
+	if err != nil {
 		return nil, fmt.Errorf("mariadb: %w", errors.Join(err, drop()))
 	}
 	return t.withFloor(
@@ -583,11 +624,12 @@ func openSQLite(ctx context.Context, path string) (*target, error) {
 	const sqliteNow = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
 	// Business transactions BEGIN IMMEDIATE (idemsqlite.DSN).
 	t := sqlTarget(dbSQLite, "SQLite", "SQLite "+version+" (modernc.org/sqlite, WAL, synchronous=FULL)", d, db, idem.Tx[*sql.Tx], drop)
-	read, err := sqlFloorRead(ctx, db, "key")
+	if t.floorRead, err = sqlFloorRead(ctx, db, "key", "", ""); err == nil {
+		t.contractRead, err = sqlFloorRead(ctx, db, "key", "expires_at", sqliteNow)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: %w", errors.Join(err, drop()))
 	}
-	t.floorRead = read
 	return t.withFloor(
 		func(ctx context.Context, tx bizTx, scope, key, path string, fp []byte) (bool, error) {
 			res, err := sqlOn(db, tx).ExecContext(ctx, `INSERT INTO idem_keys (scope, key, method, path, fingerprint, state, fencing_token,
