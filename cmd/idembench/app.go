@@ -337,7 +337,18 @@ func (a *app) floorReplay(w http.ResponseWriter, r *http.Request) {
 	case !found:
 		a.fail(w, http.StatusInternalServerError, errors.New("the replay floor read no record"))
 		return
-	case !bytes.Equal(rec.fingerprint, fp[:]):
+	}
+	a.answerRecord(w, rec, fp[:], "")
+}
+
+// answerRecord is the floors' answer from the record rec of a request whose
+// fingerprint is fp: 422 for another request's record and 409 for one in
+// flight, in plain text; else the stored response, headers and body as
+// stored, with Idempotent-Replayed: true and, when key is not "" (the
+// contract floor), Idempotency-Key: key and Idempotency-Key-Expires.
+func (a *app) answerRecord(w http.ResponseWriter, rec floorRecord, fp []byte, key string) {
+	switch {
+	case !bytes.Equal(rec.fingerprint, fp):
 		http.Error(w, "key reused with another request", http.StatusUnprocessableEntity)
 		return
 	case rec.state != "SUCCEEDED":
@@ -351,6 +362,10 @@ func (a *app) floorReplay(w http.ResponseWriter, r *http.Request) {
 	}
 	for name, values := range h {
 		w.Header()[name] = values
+	}
+	if key != "" {
+		w.Header().Set(idem.HeaderKey, key)
+		w.Header().Set(idem.HeaderKeyExpires, rec.expires.UTC().Format(http.TimeFormat))
 	}
 	w.Header().Set(idem.HeaderReplayed, "true")
 	w.WriteHeader(rec.status)
@@ -393,26 +408,8 @@ func (a *app) floorContract(w http.ResponseWriter, r *http.Request) {
 	case !found:
 		a.floor(w, r, false, body, fp)
 		return
-	case !bytes.Equal(rec.fingerprint, fp):
-		http.Error(w, "key reused with another request", http.StatusUnprocessableEntity)
-		return
-	case rec.state != "SUCCEEDED":
-		http.Error(w, "key in flight", http.StatusConflict)
-		return
 	}
-	h, err := idemsql.DecodeHeader(rec.headers)
-	if err != nil {
-		a.fail(w, http.StatusInternalServerError, err)
-		return
-	}
-	for name, values := range h {
-		w.Header()[name] = values
-	}
-	w.Header().Set(idem.HeaderKey, r.Header.Get(idem.HeaderKey))
-	w.Header().Set(idem.HeaderKeyExpires, rec.expires.UTC().Format(http.TimeFormat))
-	w.Header().Set(idem.HeaderReplayed, "true")
-	w.WriteHeader(rec.status)
-	_, _ = w.Write(rec.body)
+	a.answerRecord(w, rec, fp, r.Header.Get(idem.HeaderKey))
 }
 
 // holdGate keeps one protected request inside its handler while the 409
