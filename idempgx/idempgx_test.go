@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -251,4 +252,40 @@ func TestMigrateMissingSchema(t *testing.T) {
 	t.Cleanup(pool.Close)
 	err = idempgx.New(pool).Migrate(context.Background())
 	require.ErrorContains(t, err, "no schema of the connection's search_path exists")
+}
+
+// Regression (a new user's try): a SUCCEEDED record whose response_body was
+// set to NULL by hand was read, by the claim's scan (scan.go) as by Get,
+// as a whole response with an empty body, and replayed as an empty 201. It
+// reads as no response (idemsql.DecodeResponse), which the engine answers
+// 500 response-missing.
+func TestNullBodyReadsAsNoResponse(t *testing.T) {
+	t.Parallel()
+	d := openDriver(t, false, nil)
+	ctx := context.Background()
+	p := idemdriver.ClaimParams{Scope: "acct", Key: "k", Method: "POST", Path: "/pay", Fingerprint: []byte("fp"),
+		LeaseDuration: time.Minute, Retention: time.Hour}
+	res, err := d.Claim(ctx, p)
+	require.NoError(t, err)
+	require.True(t, res.Claimed)
+	body := []byte(`{"id":"pay_1","amount":100}`)
+	ok, err := d.Complete(ctx, idemdriver.CompleteParams{
+		FenceParams: idemdriver.FenceParams{Scope: "acct", Key: "k", FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt},
+		Response:    idemdriver.Response{Status: 201, Body: body, BodyStored: true, BodySize: int64(len(body))}})
+	require.NoError(t, err)
+	require.True(t, ok)
+	again, err := d.Claim(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, body, again.Record.Response.Body, "whole before the damage")
+
+	_, err = d.Pool().Exec(ctx, `UPDATE idem_keys SET response_body = NULL`)
+	require.NoError(t, err)
+	again, err = d.Claim(ctx, p)
+	require.NoError(t, err)
+	require.False(t, again.Claimed)
+	require.Equal(t, idemdriver.StateSucceeded, again.Record.State)
+	require.Nil(t, again.Record.Response, "the claim's read")
+	rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
+	require.NoError(t, err)
+	require.Nil(t, rec.Response, "Get")
 }
