@@ -66,7 +66,7 @@ type kind struct {
 // is one row more.
 var kinds = []kind{
 	{idem.ErrMissingKey, codes.InvalidArgument, "missing-key", false,
-		"the idempotency-key metadata is required for this method"},
+		"an idempotency key is required for this method (the idempotency-key metadata, or the request's key field)"},
 	{idem.ErrInvalidKey, codes.InvalidArgument, "invalid-key", false,
 		"invalid idempotency key: one value of 1 to 255 visible ASCII characters"},
 	{idem.ErrMissingScope, codes.Unauthenticated, "missing-scope", false,

@@ -108,6 +108,17 @@ func (s *service) desc() *grpc.ServiceDesc {
 		Methods: []grpc.MethodDesc{method("Charge"), method("Refund")}}
 }
 
+// onStores runs test, in parallel, on each store of the suite: SQLite, and
+// PostgreSQL through TEST_DATABASE_URL.
+func onStores(t *testing.T, test func(t *testing.T, store func(*testing.T) idem.Store)) {
+	for name, store := range adaptertest.Stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, store)
+		})
+	}
+}
+
 // serve starts s on a loopback TCP listener behind the interceptor made of
 // cfg (cfg.Store set to store) and opts, every call in adaptertest.Scope,
 // after an interceptor that counts the attempts, and returns s.
@@ -115,6 +126,7 @@ func (s *service) serve(t *testing.T, cfg idem.EngineConfig, opts ...idemgrpc.Op
 	t.Helper()
 	ic, err := idemgrpc.New(cfg, func(context.Context) (string, error) { return adaptertest.Scope, nil }, opts...)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = ic.Engine().Close() }) // its listener, before the store closes
 	s.ic = ic
 	count := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		s.attempts.Add(1)

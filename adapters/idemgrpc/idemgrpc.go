@@ -95,12 +95,13 @@
 // A panic in the handler is recorded FAILED (the retry runs again) and raised
 // again, for your recovery interceptor or grpc-go (which ends the process),
 // as without idem. Streaming RPCs are out of scope: the whole response must
-// be known before it is recorded, so there is no stream interceptor and
-// streams do not pass through idem. The handler's context carries a stream
-// of idemgrpc's that holds the metadata it sets (grpc.SetHeader, SendHeader
-// and SetTrailer) until the outcome is decided; grpc.SetSendCompressor and
-// grpc.ClientSupportedCompressors need grpc-go's own stream and answer an
-// error inside a protected handler: set compression outside it.
+// be known before it is recorded, so idemgrpc has no stream interceptor, and
+// a unary interceptor never sees a stream: streams are not protected. The
+// handler's context carries a stream of idemgrpc's that holds the metadata
+// it sets (grpc.SetHeader, SendHeader and SetTrailer) until the outcome is
+// decided; grpc.SetSendCompressor and grpc.ClientSupportedCompressors need
+// grpc-go's own stream and answer an error inside a protected handler: set
+// compression outside it.
 package idemgrpc
 
 import (

@@ -1,6 +1,7 @@
 package idemgrpc_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -17,17 +18,12 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/adapters/idemgrpc"
+	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/adaptertest"
+	"github.com/idemgo/idem/seal"
 )
 
-func TestInterceptor(t *testing.T) {
-	for name, store := range adaptertest.Stores {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			testInterceptor(t, store)
-		})
-	}
-}
+func TestInterceptor(t *testing.T) { onStores(t, testInterceptor) }
 
 func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 	ctx := context.Background()
@@ -362,4 +358,60 @@ func TestNewRefuses(t *testing.T) {
 	}
 	_, err := idemgrpc.New(idem.EngineConfig{}, scope)
 	require.ErrorContains(t, err, "Store")
+}
+
+// A damaged record answers Internal with its problem, and the handler never
+// runs again: the response columns emptied (response-missing), a sealed
+// response altered (seal-broken), a response type this binary does not
+// link (response-missing).
+func TestDamagedRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, reason string
+		sealed       bool
+		damage       string
+	}{
+		{"emptied", "RESPONSE_MISSING", false, `UPDATE idem_keys SET response_status = NULL, response_headers = NULL, response_body = NULL`},
+		{"sealed", "SEAL_BROKEN", true, `UPDATE idem_keys SET response_body = CAST(zeroblob(length(response_body)) AS BLOB)`},
+		{"unknown type", "RESPONSE_MISSING", false, `UPDATE idem_keys SET response_headers = replace(response_headers, 'google.protobuf.ListValue', 'payments.v9.Gone')`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			store := adaptertest.SQLite(t)
+			cfg := idem.EngineConfig{Store: store}
+			if tc.sealed {
+				cfg.SealKeys = []seal.Key{{ID: "k1", Secret: bytes.Repeat([]byte{7}, 32)}}
+			}
+			s := (&service{}).serve(t, cfg)
+			require.NoError(t, s.call(ctx, charge, "k", 1000, nil).err)
+			res, err := store.(*idemsqlite.Driver).DB().ExecContext(ctx, tc.damage)
+			require.NoError(t, err)
+			n, err := res.RowsAffected()
+			require.NoError(t, err)
+			require.EqualValues(t, 1, n)
+			for range 2 {
+				r := s.call(ctx, charge, "k", 1000, nil)
+				requireCode(t, r, codes.Internal)
+				require.Equal(t, tc.reason, r.reason)
+				require.Empty(t, r.pushback)
+			}
+			require.EqualValues(t, 1, s.runs.Load())
+		})
+	}
+}
+
+// The store down: Unavailable with RetryInfo and the pushback, and the
+// handler does not run unprotected.
+func TestStoreDown(t *testing.T) {
+	t.Parallel()
+	store := adaptertest.SQLite(t)
+	s := (&service{}).serve(t, idem.EngineConfig{Store: store})
+	require.NoError(t, store.(*idemsqlite.Driver).Close())
+	r := s.call(context.Background(), charge, "k", 1000, nil)
+	st := requireCode(t, r, codes.Unavailable)
+	require.Equal(t, "STORE_UNAVAILABLE", r.reason)
+	require.Equal(t, "1000", r.pushback)
+	require.EqualValues(t, 1000, retryDelay(st))
+	require.Zero(t, s.runs.Load())
 }
