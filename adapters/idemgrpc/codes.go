@@ -95,14 +95,14 @@ var kinds = []kind{
 		"the call with this idempotency key succeeded, but its stored response failed its integrity check; it will not run again: ask the operator"},
 }
 
-// kindOf returns err's kind; an error of no kind is Internal.
-func kindOf(err error) kind {
+// kindOf returns err's kind; an error of no kind (false) is Internal.
+func kindOf(err error) (kind, bool) {
 	for _, k := range kinds {
 		if errors.Is(err, k.err) {
-			return k
+			return k, true
 		}
 	}
-	return kind{code: codes.Internal, message: "idemgrpc: " + err.Error()}
+	return kind{code: codes.Internal, message: "the server could not decide this call"}, false
 }
 
 // Code returns the gRPC code idemgrpc answers for an error of Engine.Do
@@ -110,7 +110,7 @@ func kindOf(err error) kind {
 // with the same key helps (then the answer carries RetryInfo and
 // grpc-retry-pushback-ms).
 func Code(err error) (code codes.Code, retry bool) {
-	k := kindOf(err)
+	k, _ := kindOf(err)
 	return k.code, k.retry
 }
 
@@ -119,7 +119,7 @@ func Code(err error) (code codes.Code, retry bool) {
 // helps. It sets no header, so the response is trailers-only and grpc-go's
 // retry policy can retry it.
 func answer(ctx context.Context, err error) error {
-	k := kindOf(err)
+	k, _ := kindOf(err)
 	if k.problem == "" {
 		return status.Error(k.code, k.message)
 	}

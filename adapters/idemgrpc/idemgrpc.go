@@ -144,8 +144,11 @@ const DefaultWait = idem.DefaultLeaseDuration
 type ScopeFunc func(ctx context.Context) (string, error)
 
 // FingerprintFunc returns the canonical form of a call's request, which
-// SHA-256 hashes into its fingerprint; it must be deterministic and stable
-// across deploys. An error answers Internal (the handler does not run).
+// idem's fingerprint package hashes (SHA-256, with the full method; JSON is
+// canonicalized per RFC 8785 first, other bytes hashed as they are); it must
+// be deterministic and stable across deploys. The form is what
+// EngineConfig.KeepRequestBytes keeps. An error answers Internal (the
+// handler does not run).
 type FingerprintFunc func(fullMethod string, req any) ([]byte, error)
 
 // Interceptor protects unary RPCs; New makes one.
@@ -242,8 +245,9 @@ func WithWait(d time.Duration) Option {
 // When cfg sets neither Wait nor MaxWait and waiting is on (WithWait), New
 // sets cfg.MaxWait to the wait. scope is required.
 //
-// Errors: a nil scope, a metadata name New refuses (WithMetadata), or
-// idem.NewEngine's.
+// Errors: a nil scope, a nil argument of an option, a negative wait, a
+// metadata name New refuses (WithMetadata), or idem.NewEngine's (which
+// names the EngineConfig fields).
 func New(cfg idem.EngineConfig, scope ScopeFunc, opts ...Option) (*Interceptor, error) {
 	o := options{outcome: DefaultOutcome, codec: ProtoCodec{}, wait: DefaultWait, fingerprint: Fingerprint}
 	for _, opt := range opts {
@@ -257,7 +261,7 @@ func New(cfg idem.EngineConfig, scope ScopeFunc, opts ...Option) (*Interceptor, 
 		errs = append(errs, errors.New("idemgrpc: WithOutcome, WithCodec and WithFingerprint take a non-nil argument"))
 	}
 	if o.wait < 0 {
-		errs = append(errs, fmt.Errorf("idemgrpc: WithWait(%s): the wait is not negative", o.wait))
+		errs = append(errs, fmt.Errorf("idemgrpc: WithWait(%s): a wait cannot be negative", o.wait))
 	}
 	names := map[string]bool{}
 	for _, n := range o.metadata {
@@ -334,6 +338,9 @@ func (i *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 		return run.answer(ctx)
 	case err == nil:
 		return i.replay(ctx, info.FullMethod, res)
+	}
+	if _, known := kindOf(err); !known {
+		i.logger.ErrorContext(ctx, "idemgrpc: an error of no idem kind; answering Internal", "method", info.FullMethod, "err", err)
 	}
 	return nil, answer(ctx, err)
 }
