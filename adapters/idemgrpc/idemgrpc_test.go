@@ -1,0 +1,417 @@
+package idemgrpc_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/adapters/idemgrpc"
+	"github.com/idemgo/idem/idemsqlite"
+	"github.com/idemgo/idem/internal/adaptertest"
+	"github.com/idemgo/idem/seal"
+)
+
+func TestInterceptor(t *testing.T) { onStores(t, testInterceptor) }
+
+func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
+	ctx := context.Background()
+	cfg := func(t *testing.T) idem.EngineConfig { return idem.EngineConfig{Store: store(t)} }
+
+	t.Run("Replay", func(t *testing.T) {
+		// The replay: the same bytes, the allow-listed header and trailer
+		// metadata (a -bin one too), idempotent-replayed: true.
+		s := &service{}
+		s.answer = func(ctx context.Context, n int64, req proto.Message) (proto.Message, error) {
+			require.NoError(t, grpc.SetHeader(ctx, metadata.Pairs("x-charge-id", "ch_1", "x-not-listed", "a")))
+			require.NoError(t, grpc.SetTrailer(ctx, metadata.Pairs("x-ledger-bin", "\x00\xffledger", "x-trace", "t1")))
+			return chargeList(n, amountOf(req)), nil
+		}
+		s.serve(t, cfg(t), idemgrpc.WithMetadata("X-Charge-Id", "x-ledger-bin"))
+		first := s.call(ctx, charge, "k", 1000, nil)
+		require.NoError(t, first.err)
+		require.False(t, first.replayed)
+		require.Equal(t, []string{"a"}, first.header.Get("x-not-listed"))
+		require.Equal(t, []string{"t1"}, first.trailer.Get("x-trace"))
+		replay := s.call(ctx, charge, "k", 1000, nil)
+		require.NoError(t, replay.err)
+		require.True(t, replay.replayed)
+		require.Equal(t, first.raw, replay.raw, "the response's bytes")
+		require.True(t, proto.Equal(first.msg, replay.msg))
+		require.Equal(t, []string{"ch_1"}, replay.header.Get("x-charge-id"))
+		require.Equal(t, []string{"\x00\xffledger"}, replay.trailer.Get("x-ledger-bin"))
+		require.Empty(t, replay.header.Get("x-not-listed"))
+		require.Empty(t, replay.trailer.Get("x-trace"))
+		require.EqualValues(t, 1, s.runs.Load())
+	})
+
+	t.Run("ConcurrentDuplicatesWait", func(t *testing.T) {
+		// 16 concurrent calls, one key, waiting on (the default): one run,
+		// every other caller gets the replay.
+		s := (&service{}).serve(t, cfg(t))
+		results := storm(s, 16, "storm")
+		require.EqualValues(t, 1, s.runs.Load())
+		replays := 0
+		for _, r := range results {
+			require.NoError(t, r.err)
+			require.Equal(t, results[0].raw, r.raw)
+			if r.replayed {
+				replays++
+			}
+		}
+		require.Equal(t, 15, replays)
+	})
+
+	t.Run("ConcurrentDuplicatesNoWait", func(t *testing.T) {
+		// Waiting off: one run; the others get the replay or Unavailable
+		// with RetryInfo and the pushback.
+		s := (&service{}).serve(t, cfg(t), idemgrpc.WithWait(0))
+		results := storm(s, 16, "storm")
+		require.EqualValues(t, 1, s.runs.Load())
+		for _, r := range results {
+			if r.err != nil {
+				st := requireCode(t, r, codes.Unavailable)
+				require.GreaterOrEqual(t, retryDelay(st), int64(1000))
+				require.Equal(t, "REQUEST_IN_FLIGHT", r.reason)
+				require.NotEmpty(t, r.pushback)
+				continue
+			}
+			require.Equal(t, chargeList(1, 1000).AsSlice(), r.msg.AsSlice())
+		}
+	})
+
+	t.Run("InFlight", func(t *testing.T) {
+		// A duplicate while the first call runs, waiting off: Unavailable,
+		// trailers-only (no header), with the pushback of the lease left.
+		s := &service{hold: make(chan struct{}), enter: make(chan struct{}, 1)}
+		s.serve(t, cfg(t), idemgrpc.WithWait(0))
+		release := sync.OnceFunc(func() { close(s.hold) })
+		t.Cleanup(release)
+		done := make(chan result, 1)
+		go func() { done <- s.call(ctx, charge, "held", 1000, nil) }()
+		<-s.enter
+		dup := s.call(ctx, charge, "held", 1000, nil)
+		st := requireCode(t, dup, codes.Unavailable)
+		require.Equal(t, "1000", dup.pushback)
+		require.EqualValues(t, 1000, retryDelay(st))
+		require.Equal(t, []string{idem.ProblemTypeBase + "request-in-flight"}, dup.trailer.Get("idem-problem-type"))
+		require.Empty(t, dup.header, "a retryable answer is trailers-only")
+		release()
+		require.NoError(t, (<-done).err)
+		require.EqualValues(t, 1, s.runs.Load())
+	})
+
+	t.Run("WaitGetsReplay", func(t *testing.T) {
+		// Waiting on: a duplicate waits for the owner and gets its replay.
+		s := &service{hold: make(chan struct{}), enter: make(chan struct{}, 1)}
+		s.serve(t, cfg(t))
+		release := sync.OnceFunc(func() { close(s.hold) })
+		t.Cleanup(release)
+		done := make(chan result, 1)
+		go func() { done <- s.call(ctx, charge, "held", 1000, nil) }()
+		<-s.enter
+		dup := make(chan result, 1)
+		go func() { dup <- s.call(ctx, charge, "held", 1000, nil) }()
+		for s.ic.Engine().Waiters() == 0 {
+			time.Sleep(time.Millisecond) // until the duplicate waits; no threshold
+		}
+		release()
+		owner, waiter := <-done, <-dup
+		require.NoError(t, owner.err)
+		require.NoError(t, waiter.err)
+		require.True(t, waiter.replayed)
+		require.Equal(t, owner.raw, waiter.raw)
+		require.EqualValues(t, 1, s.runs.Load())
+	})
+
+	t.Run("KeyReused", func(t *testing.T) {
+		// Another request, or another method, with the key:
+		// FailedPrecondition, the handler not run.
+		s := (&service{}).serve(t, cfg(t))
+		require.NoError(t, s.call(ctx, charge, "k", 1000, nil).err)
+		for _, r := range []result{s.call(ctx, charge, "k", 9999, nil), s.call(ctx, refund, "k", 1000, nil)} {
+			requireCode(t, r, codes.FailedPrecondition)
+			require.Equal(t, "KEY_REUSED", r.reason)
+			require.Equal(t, []string{idem.ProblemTypeBase + "key-reused"}, r.trailer.Get("idem-problem-type"))
+			require.Empty(t, r.pushback)
+		}
+		require.EqualValues(t, 1, s.runs.Load())
+	})
+
+	t.Run("BadKey", func(t *testing.T) {
+		s := (&service{}).serve(t, cfg(t))
+		r := s.call(ctx, charge, "not a key", 1000, nil) // spaces
+		requireCode(t, r, codes.InvalidArgument)
+		require.Equal(t, "INVALID_KEY", r.reason)
+		r = s.call(metadata.AppendToOutgoingContext(ctx, idemgrpc.MetadataKey, "a"), charge, "b", 1000, nil) // two values
+		requireCode(t, r, codes.InvalidArgument)
+		r = s.call(ctx, charge, "", 1000, nil)
+		requireCode(t, r, codes.InvalidArgument)
+		require.Equal(t, "MISSING_KEY", r.reason)
+		require.Zero(t, s.runs.Load())
+	})
+
+	t.Run("KeyOptionalAndMethods", func(t *testing.T) {
+		// Without a key, WithKeyOptional passes the call through; a method
+		// ForMethods does not name passes through with a key too.
+		s := (&service{}).serve(t, cfg(t), idemgrpc.WithKeyOptional(), idemgrpc.ForMethods(charge))
+		s.answer = func(ctx context.Context, n int64, req proto.Message) (proto.Message, error) {
+			return chargeList(n, amountOf(req)), nil
+		}
+		// The handler asserts it runs inside an execution: unprotected
+		// calls answer FailedPrecondition.
+		requireCode(t, s.call(ctx, charge, "", 1000, nil), codes.FailedPrecondition)
+		requireCode(t, s.call(ctx, refund, "k", 1000, nil), codes.FailedPrecondition)
+		require.NoError(t, s.call(ctx, charge, "k", 1000, nil).err)
+		require.EqualValues(t, 3, s.runs.Load())
+	})
+
+	t.Run("MissingScope", func(t *testing.T) {
+		ic, err := idemgrpc.New(cfg(t), func(context.Context) (string, error) { return "", errors.New("no credentials") })
+		require.NoError(t, err)
+		s := &service{}
+		s.listen(t, grpc.UnaryInterceptor(ic.UnaryServerInterceptor()))
+		r := s.call(ctx, charge, "k", 1000, nil)
+		requireCode(t, r, codes.Unauthenticated)
+		require.Equal(t, "MISSING_SCOPE", r.reason)
+		require.Zero(t, s.runs.Load())
+	})
+
+	t.Run("HandlerErrorRecorded", func(t *testing.T) {
+		// An outcome code (InvalidArgument) is recorded and replayed with
+		// its message, details and metadata.
+		s := &service{}
+		s.answer = func(ctx context.Context, _ int64, _ proto.Message) (proto.Message, error) {
+			require.NoError(t, grpc.SetTrailer(ctx, metadata.Pairs("x-charge-id", "none")))
+			st, err := status.New(codes.InvalidArgument, "amount below the minimum").WithDetails(&errdetails.BadRequest{
+				FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "amount", Description: "at least 50"}}})
+			require.NoError(t, err)
+			return nil, st.Err()
+		}
+		s.serve(t, cfg(t), idemgrpc.WithMetadata("x-charge-id"))
+		var sts []*status.Status
+		for i := range 2 {
+			r := s.call(ctx, charge, "k", 1, nil)
+			sts = append(sts, requireCode(t, r, codes.InvalidArgument))
+			require.Equal(t, i == 1, r.replayed, "call %d", i+1)
+			require.Equal(t, []string{"none"}, r.trailer.Get("x-charge-id"))
+		}
+		require.True(t, proto.Equal(sts[0].Proto(), sts[1].Proto()), "code, message and details")
+		require.EqualValues(t, 1, s.runs.Load())
+	})
+
+	t.Run("HandlerErrorRunsAgain", func(t *testing.T) {
+		// Unavailable and a plain Go error (Unknown) are FAILED: the
+		// retry runs again.
+		for _, fail := range []error{status.Error(codes.Unavailable, "provider down"), errors.New("db down"), status.Error(codes.Aborted, "conflict")} {
+			s := &service{}
+			s.answer = func(_ context.Context, n int64, req proto.Message) (proto.Message, error) {
+				if n == 1 {
+					return nil, fail
+				}
+				return chargeList(n, amountOf(req)), nil
+			}
+			s.serve(t, cfg(t))
+			requireCode(t, s.call(ctx, charge, "k", 1000, nil), status.Code(fail))
+			r := s.call(ctx, charge, "k", 1000, nil)
+			require.NoError(t, r.err)
+			require.False(t, r.replayed)
+			require.Equal(t, 2.0, r.msg.AsSlice()[0])
+			require.EqualValues(t, 2, s.runs.Load())
+		}
+	})
+
+	t.Run("OutcomePolicy", func(t *testing.T) {
+		// A policy that records Unavailable replays it; one that releases
+		// NotFound runs the retry again as new.
+		policy := func(c codes.Code) idem.Outcome {
+			switch c {
+			case codes.Unavailable:
+				return idem.Succeeded
+			case codes.NotFound:
+				return idem.Released
+			}
+			return idemgrpc.DefaultOutcome(c)
+		}
+		s := &service{}
+		s.answer = func(_ context.Context, n int64, req proto.Message) (proto.Message, error) {
+			if amountOf(req) == 404 {
+				return nil, status.Error(codes.NotFound, "no such account")
+			}
+			return nil, status.Error(codes.Unavailable, "provider down")
+		}
+		s.serve(t, cfg(t), idemgrpc.WithOutcome(policy))
+		requireCode(t, s.call(ctx, charge, "u", 1000, nil), codes.Unavailable)
+		r := s.call(ctx, charge, "u", 1000, nil)
+		requireCode(t, r, codes.Unavailable)
+		require.True(t, r.replayed)
+		require.EqualValues(t, 1, s.runs.Load())
+		for range 2 {
+			r := s.call(ctx, charge, "n", 404, nil)
+			requireCode(t, r, codes.NotFound)
+			require.False(t, r.replayed)
+		}
+		require.EqualValues(t, 3, s.runs.Load())
+	})
+
+	t.Run("Panic", func(t *testing.T) {
+		// A panic is recorded FAILED and raised again, for the recovery
+		// interceptor outside idemgrpc: the retry runs again.
+		s := &service{}
+		s.answer = func(_ context.Context, n int64, req proto.Message) (proto.Message, error) {
+			if n == 1 {
+				panic("boom")
+			}
+			return chargeList(n, amountOf(req)), nil
+		}
+		ic, err := idemgrpc.New(cfg(t), func(context.Context) (string, error) { return adaptertest.Scope, nil })
+		require.NoError(t, err)
+		recovery := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+			defer func() {
+				if p := recover(); p != nil {
+					err = status.Errorf(codes.Internal, "panic: %v", p)
+				}
+			}()
+			return h(ctx, req)
+		}
+		s.listen(t, grpc.ChainUnaryInterceptor(recovery, ic.UnaryServerInterceptor()))
+		requireCode(t, s.call(ctx, charge, "k", 1000, nil), codes.Internal)
+		require.NoError(t, s.call(ctx, charge, "k", 1000, nil).err)
+		require.EqualValues(t, 2, s.runs.Load())
+	})
+
+	t.Run("ResponseNotStored", func(t *testing.T) {
+		// A response over MaxResponseBytes reaches the first caller; the
+		// retry gets AlreadyExists, and the handler does not run again.
+		s := (&service{}).serve(t, idem.EngineConfig{Store: store(t), MaxResponseBytes: 8})
+		require.NoError(t, s.call(ctx, charge, "k", 1000, nil).err)
+		r := s.call(ctx, charge, "k", 1000, nil)
+		requireCode(t, r, codes.AlreadyExists)
+		require.Equal(t, "RESPONSE_NOT_STORED", r.reason)
+		require.EqualValues(t, 1, s.runs.Load())
+	})
+
+	t.Run("Deadline", func(t *testing.T) {
+		// The handler runs detached from the client's deadline: the client
+		// gives up, the execution is recorded, and the retry replays it.
+		s := &service{hold: make(chan struct{}), enter: make(chan struct{}, 1)}
+		s.serve(t, cfg(t))
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan result, 1)
+		go func() { done <- s.call(cctx, charge, "k", 1000, nil) }()
+		<-s.enter
+		cancel()
+		requireCode(t, <-done, codes.Canceled)
+		close(s.hold)
+		r := s.call(ctx, charge, "k", 1000, nil) // waits for the owner if it still runs
+		require.NoError(t, r.err)
+		require.True(t, r.replayed)
+		require.EqualValues(t, 1, s.runs.Load())
+	})
+}
+
+// storm makes n concurrent calls with key and returns what each got.
+func storm(s *service, n int, key string) []result {
+	results := make([]result, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			results[i] = s.call(context.Background(), charge, key, 1000, nil)
+		})
+	}
+	close(start)
+	wg.Wait()
+	return results
+}
+
+func TestNewRefuses(t *testing.T) {
+	t.Parallel()
+	store := adaptertest.SQLite(t)
+	scope := func(context.Context) (string, error) { return "s", nil }
+	for _, tc := range []struct {
+		name  string
+		scope idemgrpc.ScopeFunc
+		opts  []idemgrpc.Option
+	}{
+		{"no scope", nil, nil},
+		{"grpc metadata", scope, []idemgrpc.Option{idemgrpc.WithMetadata("grpc-status")}},
+		{"the marker", scope, []idemgrpc.Option{idemgrpc.WithMetadata("Idempotent-Replayed")}},
+		{"not a name", scope, []idemgrpc.Option{idemgrpc.WithMetadata("x charge")}},
+		{"negative wait", scope, []idemgrpc.Option{idemgrpc.WithWait(-time.Second)}},
+		{"nil policy", scope, []idemgrpc.Option{idemgrpc.WithOutcome(nil)}},
+	} {
+		_, err := idemgrpc.New(idem.EngineConfig{Store: store}, tc.scope, tc.opts...)
+		require.Error(t, err, tc.name)
+	}
+	_, err := idemgrpc.New(idem.EngineConfig{}, scope)
+	require.ErrorContains(t, err, "Store")
+}
+
+// A damaged record answers Internal with its problem, and the handler never
+// runs again: the response columns emptied (response-missing), a sealed
+// response altered (seal-broken), a response type this binary does not
+// link (response-missing).
+func TestDamagedRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, reason string
+		sealed       bool
+		damage       string
+	}{
+		{"emptied", "RESPONSE_MISSING", false, `UPDATE idem_keys SET response_status = NULL, response_headers = NULL, response_body = NULL`},
+		{"sealed", "SEAL_BROKEN", true, `UPDATE idem_keys SET response_body = CAST(zeroblob(length(response_body)) AS BLOB)`},
+		{"unknown type", "RESPONSE_MISSING", false, `UPDATE idem_keys SET response_headers = replace(response_headers, 'google.protobuf.ListValue', 'payments.v9.Gone')`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			store := adaptertest.SQLite(t)
+			cfg := idem.EngineConfig{Store: store}
+			if tc.sealed {
+				cfg.SealKeys = []seal.Key{{ID: "k1", Secret: bytes.Repeat([]byte{7}, 32)}}
+			}
+			s := (&service{}).serve(t, cfg)
+			require.NoError(t, s.call(ctx, charge, "k", 1000, nil).err)
+			res, err := store.(*idemsqlite.Driver).DB().ExecContext(ctx, tc.damage)
+			require.NoError(t, err)
+			n, err := res.RowsAffected()
+			require.NoError(t, err)
+			require.EqualValues(t, 1, n)
+			for range 2 {
+				r := s.call(ctx, charge, "k", 1000, nil)
+				requireCode(t, r, codes.Internal)
+				require.Equal(t, tc.reason, r.reason)
+				require.Empty(t, r.pushback)
+			}
+			require.EqualValues(t, 1, s.runs.Load())
+		})
+	}
+}
+
+// The store down: Unavailable with RetryInfo and the pushback, and the
+// handler does not run unprotected.
+func TestStoreDown(t *testing.T) {
+	t.Parallel()
+	store := adaptertest.SQLite(t)
+	s := (&service{}).serve(t, idem.EngineConfig{Store: store})
+	require.NoError(t, store.(*idemsqlite.Driver).Close())
+	r := s.call(context.Background(), charge, "k", 1000, nil)
+	st := requireCode(t, r, codes.Unavailable)
+	require.Equal(t, "STORE_UNAVAILABLE", r.reason)
+	require.Equal(t, "1000", r.pushback)
+	require.EqualValues(t, 1000, retryDelay(st))
+	require.Zero(t, s.runs.Load())
+}
