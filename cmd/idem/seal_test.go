@@ -134,15 +134,7 @@ func TestEmptySealFlagsRefused(t *testing.T) {
 // server holding those keys refuses it (sealing's downgrade, docs/sealing.md).
 func TestInspectPlainRecordUnderSealKeys(t *testing.T) {
 	t.Parallel()
-	url, d := sqliteBackend(t, false)
-	c := cli{t, url}
-	c.ok("migrate", "up")
-	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, EngineConfig: idem.EngineConfig{Store: d}})
-	require.NoError(t, err)
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }))
-	r := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
-	r.Header.Set(idem.HeaderKey, "plain-1")
-	h.ServeHTTP(httptest.NewRecorder(), r)
+	c := oneRecord(t, idem.EngineConfig{}, "plain-1")
 	out := c.ok("inspect", "--key", "plain-1")
 	require.Contains(t, out, "no (stored in plain)\n")
 	require.Contains(t, out, "replay of the stored 201 response")
@@ -177,16 +169,7 @@ func TestInspectPlainRecordUnderSealKeys(t *testing.T) {
 // and, on its sealed line, "the server answers 500 seal-broken".
 func TestInspectSealedRecordItCannotOpen(t *testing.T) {
 	t.Parallel()
-	url, d := sqliteBackend(t, false)
-	c := cli{t, url}
-	c.ok("migrate", "up")
-	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, EngineConfig: idem.EngineConfig{Store: d,
-		SealKeys: []seal.Key{{ID: "k2025", Secret: bytes.Repeat([]byte{7}, 32)}}}})
-	require.NoError(t, err)
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }))
-	r := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
-	r.Header.Set(idem.HeaderKey, "sealed-1")
-	h.ServeHTTP(httptest.NewRecorder(), r)
+	c := oneRecord(t, idem.EngineConfig{SealKeys: []seal.Key{{ID: "k2025", Secret: bytes.Repeat([]byte{7}, 32)}}}, "sealed-1")
 
 	otherSecret := "--seal-key=k2025:" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{8}, 32))
 	out := c.ok(otherSecret, "inspect", "--key", "sealed-1")
@@ -202,4 +185,24 @@ func TestInspectSealedRecordItCannotOpen(t *testing.T) {
 	require.Contains(t, out, "yes, key k2025: not opened, give --seal-key k2025:...")
 	out = c.ok("--seal-key=k2025:"+base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32)), "inspect", "--key", "sealed-1")
 	require.Contains(t, out, "replay of the stored 201 response (Idempotent-Replayed: true)\n", "the server's own key")
+}
+
+// oneRecord returns a cli on a new SQLite store that holds one SUCCEEDED
+// record, key's 201 to a POST, written by an engine of ec (its Store set
+// here).
+func oneRecord(t *testing.T, ec idem.EngineConfig, key string) cli {
+	t.Helper()
+	url, d := sqliteBackend(t, false)
+	c := cli{t, url}
+	c.ok("migrate", "up")
+	ec.Store = d
+	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, EngineConfig: ec})
+	require.NoError(t, err)
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	r := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))
+	r.Header.Set(idem.HeaderKey, key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	require.Equal(t, http.StatusCreated, w.Code)
+	return c
 }
