@@ -410,9 +410,6 @@ func (c EngineConfig) validate() []error {
 	return errs
 }
 
-// minKeyHashSecret is the shortest KeyHashSecret, in bytes.
-const minKeyHashSecret = 16
-
 func (c EngineConfig) validateSealing() []error {
 	var errs []error
 	seen := map[string]int{}
@@ -432,8 +429,8 @@ func (c EngineConfig) validateSealing() []error {
 	if c.ReplayPlain && len(c.SealKeys) == 0 {
 		errs = append(errs, errors.New("ReplayPlain applies to a sealed engine only: set SealKeys, or leave it out"))
 	}
-	if n := len(c.KeyHashSecret); n > 0 && n < minKeyHashSecret {
-		errs = append(errs, fmt.Errorf("KeyHashSecret is %d bytes; it needs at least %d", n, minKeyHashSecret))
+	if n := len(c.KeyHashSecret); n > 0 && n < seal.MinHashSecretBytes {
+		errs = append(errs, fmt.Errorf("KeyHashSecret is %d bytes; it needs at least %d", n, seal.MinHashSecretBytes))
 	}
 	if c.KeepRequestBytes < 0 {
 		errs = append(errs, errors.New("KeepRequestBytes must not be negative"))

@@ -127,11 +127,30 @@ func ParseKeys(s string) ([]Key, error) {
 }
 
 // ParseSecret reads a base64 secret (standard or URL alphabet, padded or
-// not), such as a key-hash secret given on a command line.
+// not), such as a key-hash secret given on a command line. A key-hash
+// secret also needs ParseHashSecret's length.
 func ParseSecret(s string) ([]byte, error) {
 	b, err := decodeBase64(strings.TrimSpace(s))
 	if err != nil {
 		return nil, errors.New("the secret is not base64")
+	}
+	return b, nil
+}
+
+// MinHashSecretBytes is the shortest key-hash secret (HashKey's secret), in
+// bytes: 128 bits. idem.New refuses a shorter EngineConfig.KeyHashSecret,
+// and the commands (paymentsd, the idem CLI) a shorter --key-hash-secret.
+const MinHashSecretBytes = 16
+
+// ParseHashSecret reads a key-hash secret as ParseSecret does, and refuses
+// one shorter than MinHashSecretBytes. Its errors never quote the secret.
+func ParseHashSecret(s string) ([]byte, error) {
+	b, err := ParseSecret(s)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) < MinHashSecretBytes {
+		return nil, fmt.Errorf("the secret is %d bytes; it needs at least %d", len(b), MinHashSecretBytes)
 	}
 	return b, nil
 }

@@ -65,7 +65,7 @@ func (g *globals) parseSealing() error {
 		secret = os.Getenv("IDEM_KEY_HASH_SECRET")
 	}
 	if secret != "" {
-		if g.hashSecret, err = seal.ParseSecret(secret); err != nil {
+		if g.hashSecret, err = seal.ParseHashSecret(secret); err != nil { // the minimum idem.New and paymentsd take
 			return usageError{fmt.Errorf("--key-hash-secret: %w", err)}
 		}
 	}
@@ -170,7 +170,7 @@ client's plain key, and the record is found by its hash (docs/sealing.md).`,
 	pf.StringArrayVar(&g.sealKeys, "seal-key", nil,
 		"a sealing key, id:base64secret, to open sealed records (repeatable or comma-separated; default: $IDEM_SEAL_KEYS)")
 	pf.StringVar(&g.keyHashSecret, "key-hash-secret", "",
-		"the server's KeyHashSecret in base64: --key is hashed with it to find the record (default: $IDEM_KEY_HASH_SECRET)")
+		"the server's KeyHashSecret in base64 (at least 16 bytes): --key is hashed with it to find the record (default: $IDEM_KEY_HASH_SECRET)")
 	pf.DurationVar(&g.timeout, "timeout", 10*time.Minute,
 		"give up after this long (purge: stops between batches, finishing the one under way, and reports what it did)")
 
@@ -248,10 +248,9 @@ func withRecord(cmd *cobra.Command, g *globals, out io.Writer, r recordFlags, sc
 	return withStore(cmd, g, func(ctx context.Context, s *store) error {
 		key := g.storedKey(r.key)
 		rec, err := findRecord(ctx, s, out, g.json, r.scope, scoped, key)
-		if errors.Is(err, errNoRecord) && len(g.hashSecret) == 0 && !strings.HasPrefix(key, seal.HashedKeyPrefix) {
-			if hashed, herr := holdsHashedKeys(ctx, s, r.scope, scoped); herr == nil && hashed {
-				return fmt.Errorf("%w; the table stores its keys hashed (%s...): give --key-hash-secret (the server's KeyHashSecret) "+
-					"to find a client's key, or --key the stored key, as the server's request log shows it", err, seal.HashedKeyPrefix)
+		if errors.Is(err, errNoRecord) {
+			if hint := notFoundHint(ctx, s, len(g.hashSecret) > 0, r, scoped, key); hint != "" {
+				return fmt.Errorf("%w; %s", err, hint)
 			}
 		}
 		if err != nil {
@@ -259,6 +258,41 @@ func withRecord(cmd *cobra.Command, g *globals, out io.Writer, r recordFlags, sc
 		}
 		return f(ctx, s, rec)
 	})
+}
+
+// notFoundHint says what the key-hash secret may have to do with finding no
+// record for r (stored as key): without a secret, that the table stores
+// its keys hashed; with one, that the key is stored as sent, that the
+// table holds no hashed key, or else that the secret may not be the
+// server's. "" when nothing points to the secret (or the store could not
+// tell).
+func notFoundHint(ctx context.Context, s *store, secretGiven bool, r recordFlags, scoped bool, key string) string {
+	hashed, err := holdsHashedKeys(ctx, s, r.scope, scoped)
+	switch {
+	case err != nil:
+		return ""
+	case !secretGiven && hashed && !strings.HasPrefix(key, seal.HashedKeyPrefix):
+		return fmt.Sprintf("the table stores its keys hashed (%s...): give --key-hash-secret (the server's KeyHashSecret) "+
+			"to find a client's key, or --key the stored key, as the server's request log shows it", seal.HashedKeyPrefix)
+	case !secretGiven:
+		return ""
+	}
+	var plain bool
+	if scoped {
+		_, err = s.Driver.Get(ctx, idemdriver.GetParams{Scope: r.scope, Key: r.key})
+		plain = err == nil
+	} else {
+		recs, lerr := s.Driver.List(ctx, idemdriver.ListParams{Key: r.key, Limit: 1})
+		plain = lerr == nil && len(recs) > 0
+	}
+	switch {
+	case plain:
+		return fmt.Sprintf("the key %q is stored as sent, not hashed (written by a server without KeyHashSecret): leave out --key-hash-secret", r.key)
+	case !hashed:
+		return fmt.Sprintf("the table holds no hashed key (%s...): its server does not hash keys; leave out --key-hash-secret", seal.HashedKeyPrefix)
+	}
+	return fmt.Sprintf("that is the key %q hashed with --key-hash-secret: if a client sent it and its record has not expired, "+
+		"--key-hash-secret is not the server's KeyHashSecret", r.key)
 }
 
 // errNoRecord is findRecord's error for a key no record holds.
@@ -491,7 +525,9 @@ only with the key that sealed it (--seal-key); without it, inspect says which
 key id it needs and shows the plain columns. On a table whose keys are
 stored hashed (KeyHashSecret), a plain --key without --key-hash-secret finds
 nothing, and inspect says the table holds hashed keys; --key also takes the
-stored key itself (h1_..., as the server's log shows it).`,
+stored key itself (h1_..., as the server's log shows it). A key that
+--key-hash-secret finds nothing for gets a hint too: the secret may not be
+the server's, or the table's keys are not hashed.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if rf.key == "" {

@@ -209,18 +209,29 @@ func printPartitions(out io.Writer, asJSON bool, verb string, parts []idemdriver
 
 // nextRequest says what a request with the record's key gets now, per
 // CONTRACT section 3 (assuming the same method, path and body: a different
-// one gets 422 in every state but expiry).
-func nextRequest(rec idemdriver.Record, now time.Time) string {
+// one gets 422 in every state but expiry), from a server with the seal keys
+// given, whose attempt to open the record's seal is n (the zero sealNote
+// when none was made). A SUCCEEDED record whose seal did not open is
+// answered 500 (docs/problems.md), never run again.
+func nextRequest(rec idemdriver.Record, now time.Time, n sealNote) string {
+	status := 0
+	if rec.Response != nil {
+		status = rec.Response.Status
+	}
 	switch {
 	case !rec.ExpiresAt.After(now):
 		return "runs as a new request: the record expired " + dur(now.Sub(rec.ExpiresAt)) + " ago"
+	case rec.State == idemdriver.StateSucceeded && n.plainRefused:
+		return fmt.Sprintf("500 seal-broken from a server with these seal keys, which takes sealed records only: the %d response is stored plain "+
+			"(a server that replays plain records, ReplayPlain or --seal-replay-plain, replays it)", status)
+	case rec.State == idemdriver.StateSucceeded && n.err != nil && errors.Is(n.err, seal.ErrKeyMissing):
+		return fmt.Sprintf("replay of the stored %d response from a server holding seal key %s (Idempotent-Replayed: true); "+
+			"500 seal-key-missing from one without it", status, n.key)
+	case rec.State == idemdriver.StateSucceeded && n.err != nil:
+		return fmt.Sprintf("500 seal-broken from a server with these seal keys: the stored %d response does not authenticate under seal key %s", status, n.key)
 	case rec.State == idemdriver.StateSucceeded && rec.Response != nil && !rec.Response.BodyStored:
 		return "410 response-not-stored: it succeeded, but its response was too large to keep"
 	case rec.State == idemdriver.StateSucceeded:
-		status := 0
-		if rec.Response != nil {
-			status = rec.Response.Status
-		}
 		return fmt.Sprintf("replay of the stored %d response (Idempotent-Replayed: true)", status)
 	case rec.State == idemdriver.StateFailed:
 		return "runs again: the last attempt ended with a retryable outcome"
@@ -257,10 +268,9 @@ type sealNote struct {
 }
 
 func (n sealNote) String() string {
-	switch {
+	switch { // what the server answers is the next request's line (nextRequest)
 	case n.plainRefused:
-		return "no (stored in plain): a server with these seal keys answers 500 seal-broken, " +
-			"unless it replays plain records (ReplayPlain, --seal-replay-plain)"
+		return "no (stored in plain, where these seal keys expect a sealed record)"
 	case n.key == "":
 		return "no (stored in plain)"
 	case n.err == nil:
@@ -268,7 +278,7 @@ func (n sealNote) String() string {
 	case errors.Is(n.err, seal.ErrKeyMissing):
 		return fmt.Sprintf("yes, key %s: not opened, give --seal-key %s:... to show the response and request", n.key, n.key)
 	default:
-		return fmt.Sprintf("yes, key %s: NOT AUTHENTIC (%v); the server answers 500 seal-broken", n.key, n.err)
+		return fmt.Sprintf("yes, key %s: NOT AUTHENTIC (%v)", n.key, n.err)
 	}
 }
 
@@ -302,7 +312,7 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 			"attempts": rec.Attempts, "lease_left_seconds": rec.LeaseLeft.Seconds(), "locked_until": rec.LockedUntil,
 			"created_at": rec.CreatedAt, "updated_at": rec.UpdatedAt, "completed_at": rec.CompletedAt,
 			"expires_at": rec.ExpiresAt, "expires_in_seconds": rec.ExpiresAt.Sub(now).Seconds(),
-			"now": now, "next_request": nextRequest(rec, now), "response": nil,
+			"now": now, "next_request": nextRequest(rec, now, view.seal), "response": nil,
 		}
 		if r := rec.Response; r != nil {
 			head := r.Body[:min(len(r.Body), bodyPreview)]
@@ -333,7 +343,7 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 	row("key", rec.Key)
 	row("state", string(rec.State))
 	row("owner", orDash(rec.Owner))
-	row("next request", nextRequest(rec, now))
+	row("next request", nextRequest(rec, now, view.seal))
 	row("method", rec.Method)
 	row("path", rec.Path)
 	row("fingerprint", hex.EncodeToString(rec.Fingerprint))
@@ -507,7 +517,7 @@ func printRecords(out io.Writer, asJSON bool, recs []idemdriver.Record, now time
 				status = &r.Response.Status
 			}
 			list = append(list, record{r.Scope, r.Key, r.State, r.Owner, r.Attempts, r.FencingToken, r.Method, r.Path, status,
-				r.LeaseLeft.Seconds(), r.CreatedAt, r.UpdatedAt, r.ExpiresAt, nextRequest(r, now)})
+				r.LeaseLeft.Seconds(), r.CreatedAt, r.UpdatedAt, r.ExpiresAt, nextRequest(r, now, sealNote{})})
 		}
 		var nextPage any
 		if next != nil {
@@ -518,7 +528,7 @@ func printRecords(out io.Writer, asJSON bool, recs []idemdriver.Record, now time
 	return printRows(out, "no record", "SCOPE\tKEY\tSTATE\tATTEMPTS\tFENCING TOKEN\tREQUEST\tUPDATED AT\tOWNER\tNEXT REQUEST",
 		recs, func(r idemdriver.Record) string {
 			return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%s %s\t%s\t%s\t%s", r.Scope, r.Key, r.State, r.Attempts, r.FencingToken,
-				r.Method, r.Path, ts(r.UpdatedAt), orDash(r.Owner), nextRequest(r, now))
+				r.Method, r.Path, ts(r.UpdatedAt), orDash(r.Owner), nextRequest(r, now, sealNote{}))
 		})
 }
 

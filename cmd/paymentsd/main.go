@@ -84,8 +84,8 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 		"Without it a plain record answers 500 seal-broken")
 	hashSecret := fs.String("key-hash-secret", "", "store each Idempotency-Key as an HMAC-SHA256 under this base64 secret (at least 16 bytes), "+
 		"so the table shows no client key; set it only on a new table; default $"+EnvKeyHashSecret+", else none")
-	fs.Int64Var(&o.keepRequest, "keep-request-bytes", 0, "keep each recorded request's first N body bytes, query and Content-Type beside its record for an audit "+
-		"(sealed with --seal-key; `idem inspect --request`); 0: keep none")
+	fs.Int64Var(&o.keepRequest, "keep-request-bytes", 0, "keep each recorded request's first `N` body bytes, query and Content-Type beside its record for an audit "+
+		"(sealed with --seal-key; shown by idem inspect --request); 0: keep none")
 	mode := fs.String("write-mode", string(WriteInClaim), "where a payment's rows are written: claim (in the claim's transaction, committed with idem's record) or separate (committed on their own first; for comparison)")
 	o.faults.register(fs)
 	registerNaiveFlags(fs, &o.naive)
@@ -154,7 +154,7 @@ func (o *options) sealingFromEnv(hashSecret string, getenv func(string) string) 
 		hashSecret = getenv(EnvKeyHashSecret)
 	}
 	if hashSecret != "" {
-		b, err := seal.ParseSecret(hashSecret)
+		b, err := seal.ParseHashSecret(hashSecret) // at least the minimum idem.New takes
 		if err != nil {
 			return fmt.Errorf("--key-hash-secret: %w", err)
 		}

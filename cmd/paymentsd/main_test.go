@@ -2,9 +2,11 @@ package main
 
 import (
 	"encoding/base64"
+	"flag"
 	"io"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,6 +121,8 @@ func TestParseSealFlags(t *testing.T) {
 		{[]string{"--seal-key", "  "}, "-seal-key: empty"},
 		{[]string{"--seal-key", key, "--seal-key", ""}, "-seal-key: empty"},
 		{[]string{"--key-hash-secret", ""}, "--key-hash-secret is empty"},
+		// The minimum the idem CLI takes too (seal.ParseHashSecret).
+		{[]string{"--key-hash-secret", "c2hvcnQ"}, "--key-hash-secret: the secret is 5 bytes; it needs at least 16"},
 		{[]string{"--seal-replay-plain"}, "--seal-replay-plain needs --seal-key"},
 	} {
 		_, err := parseFlags(bad.args, io.Discard, nil)
@@ -131,6 +135,26 @@ func TestParseSealFlags(t *testing.T) {
 	o, err = parseFlags([]string{"--seal-key", key, "--seal-replay-plain"}, io.Discard, nil)
 	require.NoError(t, err)
 	require.True(t, o.replayPlain)
+}
+
+// --help names each flag's value in one word (the flag package takes a
+// back-quoted word of the usage for it). Regression (issue 35): it printed
+// "-keep-request-bytes idem inspect --request".
+func TestHelpNamesEachValue(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	_, err := parseFlags([]string{"-h"}, &out, nil)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	var flags int
+	for _, line := range strings.Split(out.String(), "\n") {
+		if !strings.HasPrefix(line, "  -") {
+			continue
+		}
+		flags++
+		require.LessOrEqual(t, len(strings.Fields(line)), 2, "a flag and at most one word for its value: %q", line)
+	}
+	require.Greater(t, flags, 10, "the flags' lines:\n%s", out.String())
+	require.Contains(t, out.String(), "\n  -keep-request-bytes N\n")
 }
 
 // A payment recorded by a paymentsd without sealing is refused by one with
