@@ -274,7 +274,8 @@ var errFnFailed = errors.New("idem: fn failed")
 // ErrScopeUnstorable, ErrInFlight (*InFlightError), ErrKeyReused,
 // ErrStoreUnavailable (*StoreError), ErrLeaseLost, ErrExecutionTimeout,
 // ErrTxAborted, ErrReleased and ErrOutcomeFailed (with fn's Result),
-// ErrResponseNotStored, ErrResponseMissing, ErrSealKeyMissing or
+// ErrResponseNotStored, ErrResponseMissing, ErrRecordDamaged (a
+// PROCESSING record without a lease bound: fn does not run), ErrSealKeyMissing or
 // ErrSealBroken (a sealed record this engine cannot open: fn does not run),
 // or fn's own. A nil error means the Result is recorded and will be
 // replayed.

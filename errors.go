@@ -35,6 +35,9 @@ var (
 	// ErrResponseMissing: a SUCCEEDED record holds no response, or one
 	// damaged in the store (idemsql.DecodeResponse); 500.
 	ErrResponseMissing = errors.New("idem: the key's record succeeded but holds no response")
+	// ErrRecordDamaged: the key's record cannot be a valid one (PROCESSING
+	// without a lease bound, idemdriver.DecisionDamaged); 500, never run.
+	ErrRecordDamaged = errors.New("idem: the key's record is damaged (PROCESSING without a lease bound)")
 	// ErrTxAborted: the claim's transaction aborted; a 2xx is answered 500.
 	ErrTxAborted = idemdriver.ErrTxAborted
 	// ErrSealKeyMissing: a SUCCEEDED record is sealed with a key id that

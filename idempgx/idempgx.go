@@ -138,9 +138,10 @@ func curCTE(clock string) string {
 }
 
 // claimable is the condition under which the record read may be claimed at
-// clock (see curCTE).
+// clock (see curCTE). A PROCESSING record without a lease bound
+// (idemdriver.DecisionDamaged) is never claimable, so "cur" answers it.
 func claimable(clock string) string {
-	return `NOT (state = 'PROCESSING' AND locked_until > ` + clock + `)
+	return `NOT (state = 'PROCESSING' AND coalesce(locked_until > ` + clock + `, true))
 		AND (expires_at <= ` + clock + `
 			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING')))`
 }

@@ -144,7 +144,7 @@ var claimPartitionedSQL = bind(claimParams, `WITH `+curCTE(nowTx)+`, locked AS (
 		expires_at = `+nowTx+` + @retention::bigint * interval '1 microsecond',
 		attempts = CASE WHEN `+partContinues+` THEN k.attempts + 1 ELSE 1 END
 	WHERE k.scope = @scope AND k.key = @key AND EXISTS (SELECT 1 FROM locked)
-		AND NOT (k.state = 'PROCESSING' AND k.locked_until > `+nowTx+`)
+		AND NOT (k.state = 'PROCESSING' AND coalesce(k.locked_until > `+nowTx+`, true))
 		AND (k.expires_at <= `+nowTx+` OR `+partContinues+`)
 	RETURNING `+columns+`
 ), ins AS (

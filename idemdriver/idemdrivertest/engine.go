@@ -41,6 +41,7 @@ func runEngine(t *testing.T, h Harness) {
 				{"SealBrokenNeverRunsAgain", run(engineSealBroken)},
 				{"SealDowngradeRefused", run(engineSealDowngrade)},
 				{"SealedStormLeavesNoPlainText", run(engineSealedStorm)},
+				{"DamagedNeverRuns", run(engineDamagedNeverRuns)},
 			}
 			if mode.oneCommit {
 				cases = append(cases,

@@ -319,6 +319,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		{"StatementBudget", middlewareStatementBudget},
 		{"ScopesNeverMeet", middlewareScopesNeverMeet},
 		{"SealedOnlyRefusesPlain", middlewareSealedOnly},
+		{"DamagedRecord", middlewareDamagedRecord},
 	})
 }
 

@@ -15,7 +15,8 @@ package idemsql
 // or a clock read when the write takes effect).
 //
 // The clause takes the record over when no live lease holds it (not
-// PROCESSING with locked_until past now) and it is expired or the same
+// PROCESSING with locked_until past now, nor PROCESSING with none: a
+// damaged record, idemdriver.DecisionDamaged) and it is expired or the same
 // request unfinished (ClaimContinuesSQL: Decision.Continues). A continued
 // life keeps created_at and counts one more attempt; a new one starts at
 // created_at now and attempts 1. Every claim writes the request's method,
@@ -35,7 +36,7 @@ func ClaimUpsertSQL(stored, lockedUntil string) string {
 	created_at = CASE WHEN ` + continues + ` THEN ` + stored + `.created_at ELSE excluded.created_at END,
 	expires_at = excluded.expires_at,
 	attempts = CASE WHEN ` + continues + ` THEN ` + stored + `.attempts + 1 ELSE 1 END
-WHERE NOT (` + stored + `.state = 'PROCESSING' AND ` + stored + `.locked_until > excluded.created_at)
+WHERE NOT (` + stored + `.state = 'PROCESSING' AND coalesce(` + stored + `.locked_until > excluded.created_at, true))
 	AND (` + stored + `.expires_at <= excluded.created_at OR ` + continues + `)`
 }
 
