@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
 )
 
 // ProblemTypeBase prefixes idem's problem type URIs; the fragment names the
@@ -332,7 +333,7 @@ func (c *EngineConfig) answer(ctx context.Context, rec idemdriver.Record, p idem
 				"scope", p.Scope, "key", p.Key)
 			return verdict{kind: answerSealBroken, rec: rec, err: errPlainRecord}
 		case rec.Response.SealKey != "":
-			resp, err := c.keyring.OpenResponse(rec.Scope, rec.Key, *rec.Response)
+			resp, err := c.keyring.OpenResponse(seal.LifeOf(rec), *rec.Response)
 			if err != nil {
 				// A server fault, never a re-execution: the record stays SUCCEEDED.
 				c.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record cannot be opened; answering 500, it is not run again",

@@ -138,7 +138,7 @@ var claimPartitionedSQL = bind(claimParams, `WITH `+curCTE(nowTx)+`, locked AS (
 		fencing_token = k.fencing_token + 1,
 		locked_until = `+clock+` + @lease::bigint * interval '1 microsecond',
 		response_status = NULL, response_headers = NULL, response_body = NULL,
-		response_body_stored = NULL, response_body_size = NULL, seal_key = '', request = NULL, completed_at = NULL,
+		response_body_stored = NULL, response_body_size = NULL, seal_key = '', seal_tag = NULL, request = NULL, completed_at = NULL,
 		updated_at = `+nowTx+`,
 		created_at = CASE WHEN `+partContinues+` THEN k.created_at ELSE `+nowTx+` END,
 		expires_at = `+nowTx+` + @retention::bigint * interval '1 microsecond',

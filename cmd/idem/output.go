@@ -285,7 +285,7 @@ func openRecord(rec *idemdriver.Record, kr *seal.Keyring) sealNote {
 		return sealNote{plainRefused: kr != nil && rec.State == idemdriver.StateSucceeded}
 	}
 	note := sealNote{key: rec.Response.SealKey}
-	opened, err := kr.OpenResponse(rec.Scope, rec.Key, *rec.Response)
+	opened, err := kr.OpenResponse(seal.LifeOf(*rec), *rec.Response)
 	if err != nil {
 		note.err = err
 		return note

@@ -40,6 +40,8 @@ func runEngine(t *testing.T, h Harness) {
 				{"SealKeyMissingNeverRunsAgain", run(engineSealKeyMissing)},
 				{"SealBrokenNeverRunsAgain", run(engineSealBroken)},
 				{"SealDowngradeRefused", run(engineSealDowngrade)},
+				{"SealTagBindsColumns", run(engineSealTagBindsColumns)},
+				{"SealFormat1StillOpens", run(engineSealFormat1StillOpens)},
 				{"SealedStormLeavesNoPlainText", run(engineSealedStorm)},
 				{"DamagedNeverRuns", run(engineDamagedNeverRuns)},
 			}

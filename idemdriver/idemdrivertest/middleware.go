@@ -320,6 +320,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		{"ScopesNeverMeet", middlewareScopesNeverMeet},
 		{"SealedOnlyRefusesPlain", middlewareSealedOnly},
 		{"DamagedRecord", middlewareDamagedRecord},
+		{"SealTagBindsStatus", middlewareSealTagBindsStatus},
 	})
 }
 

@@ -21,7 +21,7 @@ package idemsql
 // life keeps created_at and counts one more attempt; a new one starts at
 // created_at now and attempts 1. Every claim writes the request's method,
 // path, fingerprint and owner, PROCESSING, the next fencing token, the new
-// lease and expires_at, and clears the stored response (seal_key and the kept request too). It ends with its
+// lease and expires_at, and clears the stored response (seal_key, seal_tag and the kept request too). It ends with its
 // WHERE; the caller adds RETURNING.
 func ClaimUpsertSQL(stored, lockedUntil string) string {
 	continues := ClaimContinuesSQL(stored)
@@ -31,7 +31,7 @@ func ClaimUpsertSQL(stored, lockedUntil string) string {
 	fencing_token = ` + stored + `.fencing_token + 1,
 	locked_until = ` + lockedUntil + `,
 	response_status = NULL, response_headers = NULL, response_body = NULL,
-	response_body_stored = NULL, response_body_size = NULL, seal_key = '', request = NULL, completed_at = NULL,
+	response_body_stored = NULL, response_body_size = NULL, seal_key = '', seal_tag = NULL, request = NULL, completed_at = NULL,
 	updated_at = excluded.updated_at,
 	created_at = CASE WHEN ` + continues + ` THEN ` + stored + `.created_at ELSE excluded.created_at END,
 	expires_at = excluded.expires_at,
