@@ -153,13 +153,12 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKe
 
 // complete records resp, plain, sealed when SealKeys are set.
 func (g *Engine) complete(e *execution, resp idemdriver.Response, executed EventKind, end func(EventKind, verdict) verdict) verdict {
-	stored, err := g.cfg.keyring.SealResponse(e.fence.Scope, e.fence.Key, resp)
+	cp, err := g.cfg.completion(e.fence, resp)
 	if err != nil {
 		e.rollback()
 		_, _ = g.mode.fail(e)
 		return end(EventCompletionFailed, verdict{kind: answerCompletionNotRecorded, err: err})
 	}
-	cp := idemdriver.CompleteParams{FenceParams: e.fence, Response: stored}
 	tx := e.endTx()
 	var ok bool
 	if tx == nil {
@@ -182,7 +181,7 @@ func (g *Engine) complete(e *execution, resp idemdriver.Response, executed Event
 			}
 			return end(executed, verdict{kind: answerTxAborted, err: ErrTxAborted})
 		}
-		ok, err = g.mode.recordAlone(e, cp)
+		ok, err = g.mode.recordAlone(e, resp)
 	}
 	switch {
 	case err != nil:
@@ -274,7 +273,8 @@ var errFnFailed = errors.New("idem: fn failed")
 // ErrScopeUnstorable, ErrInFlight (*InFlightError), ErrKeyReused,
 // ErrStoreUnavailable (*StoreError), ErrLeaseLost, ErrExecutionTimeout,
 // ErrTxAborted, ErrReleased and ErrOutcomeFailed (with fn's Result),
-// ErrResponseNotStored, ErrResponseMissing, ErrSealKeyMissing or
+// ErrResponseNotStored, ErrResponseMissing, ErrRecordDamaged (a
+// PROCESSING record without a lease bound: fn does not run), ErrSealKeyMissing or
 // ErrSealBroken (a sealed record this engine cannot open: fn does not run),
 // or fn's own. A nil error means the Result is recorded and will be
 // replayed.
@@ -419,7 +419,9 @@ type mode interface {
 	start(e *execution, sent time.Time) (stop func() bool)
 	fail(e *execution) (owned bool, err error)
 	release(e *execution) (owned bool, err error)
-	recordAlone(e *execution, cp idemdriver.CompleteParams) (bool, error)
+	// recordAlone records resp, plain, outside the claim's transaction,
+	// which aborted: sealed for the record it writes.
+	recordAlone(e *execution, resp idemdriver.Response) (bool, error)
 	notCompleted(e *execution, err error) verdict
 	finish(e *execution)
 }
@@ -469,8 +471,20 @@ func (d durable) release(e *execution) (bool, error) {
 	return owned, nil
 }
 
-func (durable) recordAlone(e *execution, cp idemdriver.CompleteParams) (bool, error) {
+func (d durable) recordAlone(e *execution, resp idemdriver.Response) (bool, error) {
+	cp, err := d.g.cfg.completion(e.fence, resp)
+	if err != nil {
+		return false, err
+	}
 	return e.completeAlone(cp)
+}
+
+// completion is the completion of resp by the execution fenced by f: resp
+// sealed for f's record (its scope, key and life) when SealKeys are set,
+// plain otherwise.
+func (c *EngineConfig) completion(f idemdriver.FenceParams, resp idemdriver.Response) (idemdriver.CompleteParams, error) {
+	stored, err := c.keyring.SealResponse(seal.Life{Scope: f.Scope, Key: f.Key, Created: f.CreatedAt}, resp)
+	return idemdriver.CompleteParams{FenceParams: f, Response: stored}, err
 }
 
 func (durable) notCompleted(e *execution, err error) verdict {

@@ -35,14 +35,17 @@ var (
 	// ErrResponseMissing: a SUCCEEDED record holds no response, or one
 	// damaged in the store (idemsql.DecodeResponse); 500.
 	ErrResponseMissing = errors.New("idem: the key's record succeeded but holds no response")
+	// ErrRecordDamaged: the key's record cannot be a valid one (PROCESSING
+	// without a lease bound, idemdriver.DecisionDamaged); 500, never run.
+	ErrRecordDamaged = errors.New("idem: the key's record is damaged (PROCESSING without a lease bound)")
 	// ErrTxAborted: the claim's transaction aborted; a 2xx is answered 500.
 	ErrTxAborted = idemdriver.ErrTxAborted
 	// ErrSealKeyMissing: a SUCCEEDED record is sealed with a key id that
 	// EngineConfig.SealKeys does not list; 500, never run again.
 	ErrSealKeyMissing = seal.ErrKeyMissing
-	// ErrSealBroken: a SUCCEEDED record's sealed response does not
-	// authenticate (altered, or copied from another record); 500, never run
-	// again.
+	// ErrSealBroken: a SUCCEEDED record's sealed response or seal tag does
+	// not authenticate (altered, emptied, or copied from another record); or
+	// the record is plain and ReplayPlain unset; 500, never run again.
 	ErrSealBroken = seal.ErrBroken
 	// ErrNoExecution is returned outside a protected execution.
 	ErrNoExecution = errors.New("idem: no idempotent execution in this context (is the work behind idem's middleware or Engine.Do, with an Idempotency-Key, and is this its context, such as r.Context() or c.Request.Context() with gin?)")

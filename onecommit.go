@@ -235,7 +235,7 @@ func (o *oneCommit) release(e *execution) (bool, error) {
 	return true, nil
 }
 
-func (o *oneCommit) recordAlone(e *execution, cp idemdriver.CompleteParams) (bool, error) {
+func (o *oneCommit) recordAlone(e *execution, resp idemdriver.Response) (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
 	res, err := o.cfg.Store.Claim(ctx, e.p)
@@ -245,7 +245,13 @@ func (o *oneCommit) recordAlone(e *execution, cp idemdriver.CompleteParams) (boo
 	if err != nil {
 		return false, &StoreError{Op: "complete", Err: err}
 	}
-	cp.FenceParams = idemdriver.FenceParams{Scope: e.p.Scope, Key: e.p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt, Notify: e.fence.Notify}
+	// The claim's transaction rolled back its record: this claim may start
+	// another life of the key, which the seal binds.
+	cp, err := o.cfg.completion(idemdriver.FenceParams{Scope: e.p.Scope, Key: e.p.Key, FencingToken: res.Record.FencingToken,
+		CreatedAt: res.Record.CreatedAt, Notify: e.fence.Notify}, resp)
+	if err != nil {
+		return false, err
+	}
 	return e.completeAlone(cp)
 }
 

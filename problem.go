@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
 )
 
 // ProblemTypeBase prefixes idem's problem type URIs; the fragment names the
@@ -55,6 +56,7 @@ var problemKinds = []problemKind{
 	{ErrLeaseLost, "request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict},
 	{ErrResponseNotStored, "response-not-stored", "The response for this Idempotency-Key was not stored", http.StatusGone},
 	{ErrResponseMissing, "response-missing", "The response for this Idempotency-Key is missing from the store", http.StatusInternalServerError},
+	{ErrRecordDamaged, "record-damaged", "The record for this Idempotency-Key is damaged", http.StatusInternalServerError},
 	{ErrTxAborted, "transaction-aborted", "The request's transaction aborted", http.StatusInternalServerError},
 	{ErrSealKeyMissing, "seal-key-missing", "The stored response for this Idempotency-Key is sealed with a key the server does not hold", http.StatusInternalServerError},
 	{ErrSealBroken, "seal-broken", "The stored response for this Idempotency-Key failed its integrity check", http.StatusInternalServerError},
@@ -192,6 +194,7 @@ const (
 	answerResponseMissing // a SUCCEEDED record without its response
 	answerSealKeyMissing  // a SUCCEEDED record sealed under a key not configured
 	answerSealBroken      // a SUCCEEDED record whose sealed response does not authenticate
+	answerRecordDamaged   // a record that cannot be a valid one (idemdriver.DecisionDamaged)
 )
 
 type verdict struct {
@@ -247,6 +250,8 @@ var answers = [...]struct {
 		"does not hold; it will not run again: retry later with the same key, or ask the operator")},
 	answerSealBroken: {ErrSealBroken, EventReplayed, fixed("the request with this key succeeded, but its stored response failed its integrity check; " +
 		"it will not run again: ask the operator")},
+	answerRecordDamaged: {ErrRecordDamaged, EventInFlight, fixed("the record of this key is damaged in the idempotency store (it is in progress but has no lease), " +
+		"so whether the first request is still running cannot be told; it will not run again: ask the operator")},
 	answerCommitFailed: {ErrStoreUnavailable, EventCompletionFailed, fixed("the idempotency store failed while committing the request's writes and result; " +
 		"retry with the same key: it gets the result if the commit took effect, or the request runs again")},
 }
@@ -328,7 +333,7 @@ func (c *EngineConfig) answer(ctx context.Context, rec idemdriver.Record, p idem
 				"scope", p.Scope, "key", p.Key)
 			return verdict{kind: answerSealBroken, rec: rec, err: errPlainRecord}
 		case rec.Response.SealKey != "":
-			resp, err := c.keyring.OpenResponse(rec.Scope, rec.Key, *rec.Response)
+			resp, err := c.keyring.OpenResponse(seal.LifeOf(rec), *rec.Response)
 			if err != nil {
 				// A server fault, never a re-execution: the record stays SUCCEEDED.
 				c.Logger.ErrorContext(ctx, "idem: a SUCCEEDED record cannot be opened; answering 500, it is not run again",
@@ -342,6 +347,14 @@ func (c *EngineConfig) answer(ctx context.Context, rec idemdriver.Record, p idem
 			rec.Response = &resp
 		}
 		return verdict{kind: answerReplay, rec: rec}
+	case idemdriver.DecisionDamaged:
+		// Damaged by hand or by a partial restore: no lease says whether its
+		// execution runs. A server fault, never a 503 that invites retries
+		// forever, and never a takeover.
+		c.Logger.ErrorContext(ctx, "idem: a PROCESSING record has no lease bound (locked_until is NULL), so it cannot be told whether "+
+			"its execution still runs; answering 500, it is not run (`idem stuck` lists it; release the key once its execution is known)",
+			"scope", p.Scope, "key", p.Key, "fencing_token", rec.FencingToken, "owner", rec.Owner)
+		return verdict{kind: answerRecordDamaged, rec: rec, err: ErrRecordDamaged}
 	case idemdriver.DecisionKeyReused:
 		return verdict{kind: answerKeyReused, rec: rec, sameOp: rec.Method == p.Method && rec.Path == p.Path,
 			err: &keyReusedError{method: rec.Method, path: rec.Path}}

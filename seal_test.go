@@ -287,7 +287,7 @@ func keptRequest(t *testing.T, store idem.Store, keys []seal.Key, scope, key str
 	}
 	kr, err := seal.NewKeyring(keys)
 	require.NoError(t, err)
-	resp, err := kr.OpenResponse(rec.Scope, rec.Key, *rec.Response)
+	resp, err := kr.OpenResponse(seal.LifeOf(rec), *rec.Response)
 	require.NoError(t, err)
 	req, err := seal.DecodeRequest(resp.Request)
 	require.NoError(t, err)

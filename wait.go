@@ -247,7 +247,7 @@ func (h *waitHub) read(ctx context.Context, payload string, p idemdriver.ClaimPa
 }
 
 // await waits up to budget for the outcome of p's key, in flight as v says,
-// and returns what a claim then gets: a replay or 422 read from the record,
+// and returns what a claim then gets: a replay, 422 or damaged record's 500 read from the record,
 // or the claim of this or another attempt (claim), or v (409) when budget
 // runs out, ctx ends or MaxWaiters wait already.
 func (h *waitHub) await(ctx context.Context, p idemdriver.ClaimParams, budget time.Duration, v verdict,
@@ -270,7 +270,7 @@ func (h *waitHub) await(ctx context.Context, p idemdriver.ClaimParams, budget ti
 			return claimed{}, h.cfg.claimFailed(ctx, err)
 		}
 		switch d := idemdriver.Decide(rec, false, p); {
-		case d == idemdriver.DecisionReplay || d == idemdriver.DecisionKeyReused:
+		case d == idemdriver.DecisionReplay || d == idemdriver.DecisionKeyReused || d == idemdriver.DecisionDamaged:
 			return claimed{}, h.cfg.answerFrom(ctx, *rec, p)
 		case d == idemdriver.DecisionInFlight:
 			v = h.cfg.answerFrom(ctx, *rec, p)

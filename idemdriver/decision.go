@@ -43,13 +43,20 @@ const (
 	// or another request's. Claimed; a new life starts: created_at now,
 	// attempts 1, the stored response cleared.
 	DecisionNewLife
+	// DecisionDamaged: a record that cannot be a valid one (Record.Damaged:
+	// PROCESSING without a lease bound), for any request, expired or not.
+	// Whether its execution still runs cannot be told, so it is never
+	// claimed: not claimed; the core answers 500 record-damaged, logs it,
+	// and never runs the request; Inspector.Stuck lists it for an operator,
+	// who releases the key once they know what its execution did.
+	DecisionDamaged
 )
 
-var decisionNames = [...]string{"", "new", "replay", "in-flight", "key-reused", "take-over", "reclaim", "new-life"}
+var decisionNames = [...]string{"", "new", "replay", "in-flight", "key-reused", "take-over", "reclaim", "new-life", "damaged"}
 
 // String returns the decision's name, as the docs and logs spell it
 // ("new", "replay", "in-flight", "key-reused", "take-over", "reclaim",
-// "new-life").
+// "new-life", "damaged").
 func (d Decision) String() string {
 	if d <= 0 || int(d) >= len(decisionNames) {
 		return fmt.Sprintf("Decision(%d)", int(d))
@@ -75,7 +82,8 @@ func (d Decision) Continues() bool { return d == DecisionTakeOver || d == Decisi
 // rec, read with the database's now (rec.LeaseLeft measured against it);
 // rec is nil when there is no record, and expired is expires_at <= now.
 //
-// In order: no record is DecisionNew. A live lease (PROCESSING with
+// In order: no record is DecisionNew, and a damaged one (Record.Damaged)
+// DecisionDamaged, whatever the request. A live lease (PROCESSING with
 // LeaseLeft > 0) is never taken, expired or not: DecisionInFlight for the
 // same request, DecisionKeyReused for another. The same request unfinished
 // continues the record's life, expired or not: DecisionReclaim (FAILED) or
@@ -90,6 +98,9 @@ func (d Decision) Continues() bool { return d == DecisionTakeOver || d == Decisi
 func Decide(rec *Record, expired bool, p ClaimParams) Decision {
 	if rec == nil {
 		return DecisionNew
+	}
+	if rec.Damaged() {
+		return DecisionDamaged
 	}
 	same := rec.Method == p.Method && rec.Path == p.Path && bytes.Equal(rec.Fingerprint, p.Fingerprint)
 	switch {
@@ -109,3 +120,12 @@ func Decide(rec *Record, expired bool, p ClaimParams) Decision {
 		return DecisionKeyReused
 	}
 }
+
+// Damaged reports whether r cannot be a valid record: PROCESSING without a
+// lease bound (LockedUntil nil, locked_until NULL). Every claim and every
+// heartbeat of a PROCESSING record writes its lease, and every write that
+// clears it (Complete, Fail) leaves the state; only a hand edit or a
+// partial restore leaves one, and no claim can tell whether its execution
+// still runs (DecisionDamaged). A driver must set Record.LockedUntil on
+// every record it reads.
+func (r *Record) Damaged() bool { return r.State == StateProcessing && r.LockedUntil == nil }

@@ -2,6 +2,7 @@ package idemdriver_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -15,6 +16,7 @@ func TestDecisionNames(t *testing.T) {
 		idemdriver.DecisionNew: "new", idemdriver.DecisionReplay: "replay", idemdriver.DecisionInFlight: "in-flight",
 		idemdriver.DecisionKeyReused: "key-reused", idemdriver.DecisionTakeOver: "take-over",
 		idemdriver.DecisionReclaim: "reclaim", idemdriver.DecisionNewLife: "new-life",
+		idemdriver.DecisionDamaged: "damaged",
 	} {
 		require.Equal(t, name, d.String())
 		claims[d] = d.Claims()
@@ -25,8 +27,37 @@ func TestDecisionNames(t *testing.T) {
 	require.Equal(t, map[idemdriver.Decision]bool{
 		idemdriver.DecisionNew: true, idemdriver.DecisionReplay: false, idemdriver.DecisionInFlight: false,
 		idemdriver.DecisionKeyReused: false, idemdriver.DecisionTakeOver: true,
-		idemdriver.DecisionReclaim: true, idemdriver.DecisionNewLife: true,
+		idemdriver.DecisionReclaim: true, idemdriver.DecisionNewLife: true, idemdriver.DecisionDamaged: false,
 	}, claims)
 	require.Equal(t, "Decision(0)", idemdriver.Decision(0).String())
 	require.Equal(t, idemdriver.DecisionNew, idemdriver.Decide(nil, true, idemdriver.ClaimParams{}))
+}
+
+// A PROCESSING record without a lease bound is damaged for every request,
+// expired or not, before any other row of the table; no other record is.
+func TestDecideDamaged(t *testing.T) {
+	t.Parallel()
+	p := idemdriver.ClaimParams{Method: "POST", Path: "/p", Fingerprint: []byte("fp")}
+	lockedUntil := time.Now()
+	for _, tc := range []struct {
+		state  idemdriver.State
+		locked *time.Time
+		left   time.Duration
+		want   bool
+	}{
+		{idemdriver.StateProcessing, nil, 0, true},
+		{idemdriver.StateProcessing, nil, time.Minute, true}, // a driver's lease left cannot save it
+		{idemdriver.StateProcessing, &lockedUntil, 0, false},
+		{idemdriver.StateSucceeded, nil, 0, false},
+		{idemdriver.StateFailed, nil, 0, false},
+	} {
+		for _, expired := range []bool{false, true} {
+			for _, fp := range [][]byte{p.Fingerprint, []byte("other")} {
+				rec := idemdriver.Record{Method: p.Method, Path: p.Path, Fingerprint: fp, State: tc.state, LockedUntil: tc.locked, LeaseLeft: tc.left}
+				require.Equal(t, tc.want, rec.Damaged(), "%s locked %v", tc.state, tc.locked)
+				d := idemdriver.Decide(&rec, expired, p)
+				require.Equal(t, tc.want, d == idemdriver.DecisionDamaged, "%s locked %v expired %v: %s", tc.state, tc.locked, expired, d)
+			}
+		}
+	}
 }

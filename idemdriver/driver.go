@@ -153,9 +153,9 @@ type Record struct {
 //
 // A sealed response (SealKey not "", idem.EngineConfig.SealKeys) carries its
 // headers and body in Sealed, an opaque blob (package seal), and its Header
-// and Body are nil; Status, BodyStored and BodySize stay plain. A driver
-// stores Sealed, SealKey and Request as given and returns them unchanged; it
-// never reads them.
+// and Body are nil; Status, BodyStored and BodySize stay plain, and SealTag
+// authenticates them. A driver stores Sealed, SealKey, SealTag and Request
+// as given and returns them unchanged; it never reads them.
 type Response struct {
 	Status int
 	// Header holds the allow-listed response headers (nil when sealed).
@@ -174,6 +174,20 @@ type Response struct {
 	// otherwise. A driver whose database cannot hold it (idemmysql, past
 	// max_allowed_packet) may drop it with the body (BodyStored false).
 	Sealed []byte
+	// SealTag authenticates, under SealKey, the plain columns of a sealed
+	// response (Status, BodyStored, BodySize) and whether Sealed is kept,
+	// bound to the record's life (package seal); nil for a plain response
+	// and for a record sealed before seal tags. At most MaxSealTagBytes. A
+	// driver stores it as given, in a column of its own apart from the
+	// blob (it is kept when the blob is dropped), returns it unchanged, and
+	// never reads it; every claim clears it with the response.
+	SealTag []byte
+	// SealTagDropped is the seal tag of this response stored without its
+	// blob (Sealed dropped, BodyStored false). A driver that drops Sealed
+	// (idemmysql, past max_allowed_packet) stores it in SealTag's place,
+	// so the record opens as one whose body was not stored; any other
+	// write ignores it, and no read returns it.
+	SealTagDropped []byte
 	// Request is the kept request (idem.EngineConfig.KeepRequestBytes), as
 	// seal.EncodeRequest packs it, sealed under SealKey when that is set;
 	// nil when none was kept. It is written by Complete (and a Tx's) with the
@@ -185,6 +199,10 @@ type Response struct {
 
 // MaxSealKeyBytes is the longest Response.SealKey every driver stores.
 const MaxSealKeyBytes = 64
+
+// MaxSealTagBytes is the longest Response.SealTag every driver stores (a
+// tag is 33 bytes: a format byte and an HMAC-SHA256).
+const MaxSealTagBytes = 64
 
 // FenceParams name one owned execution: every write after the claim is a
 // compare-and-set on (Scope, Key, FencingToken, CreatedAt) with state

@@ -158,6 +158,9 @@ type Stats struct {
 	Expired int64
 	// Stuck counts the PROCESSING records past their lease (locked_until <= Now).
 	Stuck int64
+	// Damaged counts the PROCESSING records without a lease bound
+	// (Record.Damaged, locked_until NULL), which no request takes over.
+	Damaged int64
 }
 
 // StuckParams shape a Stuck call.
@@ -169,10 +172,13 @@ type StuckParams struct {
 }
 
 // StuckRecord is a PROCESSING record whose lease ran out: its owner died or
-// stalled, and the next request with its key will take it over.
+// stalled, and the next request with its key will take it over. Or a
+// damaged one (Record.Damaged: no lease bound), which no request takes
+// over (DecisionDamaged): an operator must release it.
 type StuckRecord struct {
 	Record
-	// Overdue is now - locked_until: how long ago the lease ran out (>= 0).
+	// Overdue is now - locked_until: how long ago the lease ran out (>= 0);
+	// 0 for a damaged record.
 	Overdue time.Duration
 }
 
@@ -183,7 +189,8 @@ type Inspector interface {
 	Now(ctx context.Context, offset time.Duration) (time.Time, error)
 	// Stats counts the records (see Stats).
 	Stats(ctx context.Context, p StatsParams) (Stats, error)
-	// Stuck lists the PROCESSING records with locked_until <= now, longest
+	// Stuck lists the damaged PROCESSING records (locked_until NULL,
+	// Record.Damaged) first, then those with locked_until <= now, longest
 	// overdue first, at most p.Limit. It uses the index on locked_until of
 	// PROCESSING records.
 	Stuck(ctx context.Context, p StuckParams) ([]StuckRecord, error)

@@ -123,7 +123,9 @@
 // response whose headers and body do not fit in it is recorded as not stored,
 // as if it exceeded idem's MaxResponseBytes: the first caller gets it whole,
 // a replay answers 410 response-not-stored, and the handler never runs
-// again. Keep MaxResponseBytes (default 1 MiB) below it to have every
+// again. A sealed one keeps its small seal tag (seal_tag, apart from the
+// blob): the tag of the response stored without its blob, which the core
+// checks, so its status stays authenticated. Keep MaxResponseBytes (default 1 MiB) below it to have every
 // response replayed.
 //
 // go-sql-driver does not watch the context while a COMMIT is on the wire, so

@@ -382,7 +382,7 @@ const nowTable = `(SELECT UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND AS now) AS n
 // now: the record of idem_keys AS k, then its lease left against n.now.
 var recordColumns = `k.scope, k.` + "`key`" + `, k.method, k.path, k.fingerprint, k.state, k.fencing_token,
 	` + micros(`k.locked_until`) + `, k.response_status, k.response_headers, k.response_body,
-	k.response_body_stored, k.response_body_size, k.seal_key,
+	k.response_body_stored, k.response_body_size, k.seal_key, k.seal_tag,
 	` + micros(`k.created_at`) + `, ` + micros(`k.updated_at`) + `, ` + micros(`k.completed_at`) + `,
 	` + micros(`k.expires_at`) + `, k.attempts, k.owner,
 	TIMESTAMPDIFF(MICROSECOND, n.now, k.locked_until)`
@@ -428,7 +428,7 @@ LEFT JOIN idem_keys AS k ON k.scope = ? AND k.` + "`key`" + ` = ?`,
 	stTakeover: `UPDATE idem_keys SET method = ?, path = ?, fingerprint = ?, owner = ?, state = 'PROCESSING',
 	fencing_token = fencing_token + 1, locked_until = ` + lockedUntil + `,
 	response_status = NULL, response_headers = NULL, response_body = NULL,
-	response_body_stored = NULL, response_body_size = NULL, seal_key = '', request = NULL, completed_at = NULL,
+	response_body_stored = NULL, response_body_size = NULL, seal_key = '', seal_tag = NULL, request = NULL, completed_at = NULL,
 	updated_at = ` + at + `, created_at = ` + at + `, expires_at = ` + at + `, attempts = ?
 WHERE scope = ? AND ` + "`key`" + ` = ? AND fencing_token = ? AND created_at = ` + at + ` AND state = ?
 	AND (state <> 'PROCESSING' OR locked_until <= ` + at + `) AND (expires_at <= ` + at + ` OR state <> 'SUCCEEDED')`,
@@ -436,11 +436,11 @@ WHERE scope = ? AND ` + "`key`" + ` = ? AND fencing_token = ? AND created_at = `
 	// Args: offset, lease, offset, scope, key, token.
 	stHeartbeat: `UPDATE idem_keys SET locked_until = ` + clock + ` + INTERVAL ? MICROSECOND, ` + touch + fenced,
 
-	// Args: status, headers, body, stored, size, seal key, request, offset,
-	// offset, scope, key, token.
+	// Args: status, headers, body, stored, size, seal key, seal tag,
+	// request, offset, offset, scope, key, token.
 	stComplete: `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
 	response_status = ?, response_headers = ?, response_body = ?,
-	response_body_stored = ?, response_body_size = ?, seal_key = ?, request = ?,
+	response_body_stored = ?, response_body_size = ?, seal_key = ?, seal_tag = ?, request = ?,
 	completed_at = ` + now + `, ` + touch + fenced,
 
 	// Args: offset, scope, key, token.
@@ -811,7 +811,8 @@ func (d *Driver) packetLimit(ctx context.Context) (int64, error) {
 // the server's max_allowed_packet (limit) loses first its kept request, then
 // its body: recorded as not stored (BodyStored false, BodySize kept; a
 // plain response's headers dropped too when they alone do not fit, a
-// sealed one's blob dropped whole, its headers with it). The server would
+// sealed one's blob dropped whole, its headers with it, and its seal tag
+// replaced by SealTagDropped, the tag of the response so stored). The server would
 // refuse the write, the core would answer 503, and every retry would run
 // the handler again. The replay answers 410 response-not-stored instead.
 func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.CompleteParams, limit int64) (bool, error) {
@@ -831,7 +832,7 @@ func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.Complet
 		resp.Request = nil
 	}
 	if !fits(len(headers), len(body)) {
-		resp.BodyStored, resp.Sealed = false, nil
+		resp.BodyStored, resp.Sealed, resp.SealTag = false, nil, resp.SealTagDropped
 		if !fits(len(headers)) {
 			resp.Header = nil
 		}
@@ -840,7 +841,7 @@ func complete(ctx context.Context, s *sql.Stmt, retry bool, p idemdriver.Complet
 		}
 	}
 	off := p.ClockOffset.Microseconds()
-	return execFenced(ctx, s, retry, resp.Status, headers, body, resp.BodyStored, resp.BodySize, resp.SealKey, resp.Request,
+	return execFenced(ctx, s, retry, resp.Status, headers, body, resp.BodyStored, resp.BodySize, resp.SealKey, resp.SealTag, resp.Request,
 		off, off, p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro())
 }
 
@@ -888,7 +889,7 @@ func scanSnapshot(row rowScanner, extra ...any) (snapshot, error) {
 	)
 	var sealKey sql.NullString // NULL when there is no record (the LEFT JOIN)
 	dest := append([]any{&s.nowUS, &scope, &key, &method, &path, &s.fingerprint, &state, &token,
-		&s.lockedUS, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size, &sealKey,
+		&s.lockedUS, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size, &sealKey, &resp.SealTag,
 		&createdAt, &updatedAt, &completedAt, &expiresAt, &attempts, &owner, &leaseLeft}, extra...)
 	err := row.Scan(dest...)
 	resp.SealKey = sealKey.String

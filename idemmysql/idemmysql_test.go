@@ -137,6 +137,9 @@ func TestConformance(t *testing.T) {
 		Dump: func(t *testing.T, d idemdriver.Driver) [][]byte {
 			return dbtest.DumpSQL(t, d.(*idemmysql.Driver).DB(), "idem_keys")
 		},
+		Tamper: func(t *testing.T, d idemdriver.Driver, scope, key string, set map[string]any) {
+			dbtest.TamperSQL(t, d.(*idemmysql.Driver).DB(), scope, key, set)
+		},
 		SecondDriver: secondDriver,
 		MultiMaster:  os.Getenv(EnvOtherNodes) != "",
 	})

@@ -31,7 +31,7 @@ const MigrateLockTimeout = idemmigrate.DefaultLockTimeout
 // is local to one node), so processes starting together migrate once. It is
 // safe to call on every start, also after a process died mid-migration:
 // the version table is repaired under the lease, and a migration whose DDL
-// committed before its version was recorded (the ALTER TABLE of 00002 to 00004) is
+// committed before its version was recorded (the ALTER TABLE of 00002 to 00005) is
 // recorded, not run again. A migration that fails part-way is reported as a
 // *MigrateError.
 func (d *Driver) Migrate(ctx context.Context) error {
@@ -86,12 +86,12 @@ func (d *Driver) embedded(ctx context.Context) (*idemmigrate.Migrator, error) {
 
 // embeddedPresent is the Config.Present of idem's own migrations. Only the
 // migrations that add one column (00002 owner, 00003 seal_key, 00004
-// request) can be left applied and unrecorded: each is one ALTER TABLE,
+// request, 00005 seal_tag) can be left applied and unrecorded: each is one ALTER TABLE,
 // which commits on its own (00001 creates its table IF NOT EXISTS and runs
 // again unharmed). Such a migration is present when idem_keys has its
 // column.
 func embeddedPresent(ctx context.Context, db idemmigrate.Queryer, version int64) (bool, error) {
-	column, ok := map[int64]string{2: "owner", 3: "seal_key", 4: "request"}[version]
+	column, ok := map[int64]string{2: "owner", 3: "seal_key", 4: "request", 5: "seal_tag"}[version]
 	if !ok {
 		return false, nil
 	}

@@ -216,19 +216,19 @@ func TestMigrateAfterOwnerColumnAddedButNotRecorded(t *testing.T) {
 	require.NoError(t, d.Migrate(ctx), "and every start after it")
 }
 
-// The same for 00003 (seal_key) and 00004 (request), each one ALTER TABLE
-// that MySQL commits on its own: a kill before goose recorded the version
-// leaves the column; the next start records the version instead of failing
-// on a duplicate column.
+// The same for 00003 (seal_key), 00004 (request) and 00005 (seal_tag),
+// each one ALTER TABLE that MySQL commits on its own: a kill before goose
+// recorded the version leaves the column; the next start records the
+// version instead of failing on a duplicate column.
 func TestMigrateAfterSealColumnsAddedButNotRecorded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	d := open(t, "")
-	_, err := d.DB().ExecContext(ctx, `DELETE FROM `+idemmysql.SchemaVersionTable+` WHERE version_id IN (3, 4)`)
+	_, err := d.DB().ExecContext(ctx, `DELETE FROM `+idemmysql.SchemaVersionTable+` WHERE version_id IN (3, 4, 5)`)
 	require.NoError(t, err)
 	require.NoError(t, d.Migrate(ctx), "a start after the kill")
 	var n int
 	require.NoError(t, d.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM `+idemmysql.SchemaVersionTable+`
-		WHERE version_id IN (3, 4) AND is_applied`).Scan(&n))
-	require.Equal(t, 2, n, "versions 3 and 4 recorded once each")
+		WHERE version_id IN (3, 4, 5) AND is_applied`).Scan(&n))
+	require.Equal(t, 3, n, "versions 3, 4 and 5 recorded once each")
 }

@@ -203,7 +203,8 @@ var statsSQL = `SELECT ` + micros(now) + `, COUNT(*),
 	COUNT(CASE WHEN state = 'PROCESSING' THEN 1 END), COUNT(CASE WHEN state = 'SUCCEEDED' THEN 1 END),
 	COUNT(CASE WHEN state = 'FAILED' THEN 1 END), ` + micros(`MIN(created_at)`) + `,
 	COUNT(CASE WHEN expires_at <= ` + now + ` THEN 1 END),
-	COUNT(CASE WHEN state = 'PROCESSING' AND locked_until <= ` + now + ` THEN 1 END)
+	COUNT(CASE WHEN state = 'PROCESSING' AND locked_until <= ` + now + ` THEN 1 END),
+	COUNT(CASE WHEN state = 'PROCESSING' AND locked_until IS NULL THEN 1 END)
 FROM idem_keys`
 
 // Stats implements idemdriver.Inspector: two aggregate reads (a full scan
@@ -222,10 +223,11 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 }
 
 // stuckSQL reads a range of the index idem_keys_processing (state,
-// locked_until). Args: offset, limit.
+// locked_until): its NULLs (the damaged records, first: MySQL sorts NULL
+// first) and up to now. Args: offset, limit.
 var stuckSQL = `SELECT ` + micros(`n.now`) + `, ` + recordColumns + `
 FROM ` + nowTable + `
-JOIN idem_keys AS k ON k.state = 'PROCESSING' AND k.locked_until <= n.now
+JOIN idem_keys AS k ON k.state = 'PROCESSING' AND (k.locked_until IS NULL OR k.locked_until <= n.now)
 ORDER BY k.locked_until LIMIT ?`
 
 // Stuck implements idemdriver.Inspector with a range read of the index on
@@ -240,7 +242,11 @@ func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdri
 	}
 	return idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.StuckRecord, error) {
 		s, err := scanSnapshot(rows)
-		return idemdriver.StuckRecord{Record: s.rec, Overdue: time.Duration(s.nowUS-s.lockedUS.Int64) * time.Microsecond}, err
+		st := idemdriver.StuckRecord{Record: s.rec}
+		if s.lockedUS.Valid {
+			st.Overdue = time.Duration(s.nowUS-s.lockedUS.Int64) * time.Microsecond
+		}
+		return st, err
 	})
 }
 

@@ -773,7 +773,7 @@ func TestSealedOverMaxAllowedPacket(t *testing.T) {
 		resp := okResponse(tc.body)
 		resp.Header["Location"] = []string{"/v1/payments/1"}
 		resp.Request = seal.EncodeRequest(seal.Request{Size: int64(len(tc.request)), Body: tc.request})
-		sealed, err := kr.SealResponse("acct", tc.key, resp)
+		sealed, err := kr.SealResponse(seal.LifeOf(res.Record), resp)
 		require.NoError(t, err)
 		ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence(res.Record), Response: sealed})
 		require.NoError(t, err, tc.key)
@@ -782,16 +782,29 @@ func TestSealedOverMaxAllowedPacket(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.StateSucceeded, rec.State)
 		require.Nil(t, rec.Response.Request, "%s: the request did not fit", tc.key)
-		opened, err := kr.OpenResponse("acct", tc.key, *rec.Response)
+		opened, err := kr.OpenResponse(seal.LifeOf(rec), *rec.Response)
 		require.NoError(t, err, tc.key)
 		if tc.key == "big-request" {
 			require.True(t, opened.BodyStored)
 			require.Equal(t, "ok", string(opened.Body))
 			require.Equal(t, []string{"/v1/payments/1"}, opened.Header["Location"])
+			require.Equal(t, sealed.SealTag, rec.Response.SealTag)
 		} else {
 			require.False(t, opened.BodyStored)
 			require.EqualValues(t, len(huge), opened.BodySize)
 			require.Empty(t, opened.Header)
+			require.Equal(t, sealed.SealTagDropped, rec.Response.SealTag, "the tag of the response stored without its blob")
+			// The dropped record's columns stay bound: neither its status
+			// nor its body flag can be edited.
+			for _, edit := range []func(r *idemdriver.Response){
+				func(r *idemdriver.Response) { r.Status = 200 },
+				func(r *idemdriver.Response) { r.BodyStored = true },
+			} {
+				r := *rec.Response
+				edit(&r)
+				_, err := kr.OpenResponse(seal.LifeOf(rec), r)
+				require.ErrorIs(t, err, seal.ErrBroken)
+			}
 		}
 	}
 }

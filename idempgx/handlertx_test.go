@@ -20,6 +20,7 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idempgx"
 	"github.com/idemgo/idem/internal/dbtest"
+	"github.com/idemgo/idem/seal"
 )
 
 // Adversarial tests of the completion+COMMIT pipeline and of the handler's
@@ -440,40 +441,53 @@ func TestHandlerTxConcurrentDuplicatesCommitOnce(t *testing.T) {
 }
 
 // A unique violation in the handler's transaction, then 2xx: 500
-// transaction-aborted, nothing committed, FAILED; then 409: replayed.
+// transaction-aborted, nothing committed, FAILED; then 409: replayed. With
+// sealing too: the 409 recorded on its own after the transaction aborted
+// (in one-commit mode under a new claim, whose record's life the seal
+// binds) replays.
 func TestHandlerTxFailedStatementThenAnswer(t *testing.T) {
 	t.Parallel()
 	inEveryMode(t, execModes, func(t *testing.T, b *txApp, oneCommit bool) {
 		ctx := context.Background()
 		_, err := b.pool.Exec(ctx, `CREATE TABLE uniq (id int PRIMARY KEY); INSERT INTO uniq VALUES (1)`)
 		require.NoError(t, err)
-		answer := http.StatusCreated
-		h := b.mw(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			tx, err := idem.Tx[pgx.Tx](r.Context())
-			require.NoError(t, err)
-			require.NoError(t, b.insert(r.Context(), tx, r.Header.Get(idem.HeaderKey)))
-			_, err = tx.Exec(r.Context(), `INSERT INTO uniq VALUES (1)`)
-			require.Error(t, err)
-			w.WriteHeader(answer)
-		}))
-		res := send(h, "u2xx")
-		require.Equal(t, http.StatusInternalServerError, res.Code)
-		require.Zero(t, b.rows("u2xx"))
-		if oneCommit {
-			require.Equal(t, "absent", b.state("u2xx"), "the claim rolled back with the transaction")
-		} else {
-			require.Equal(t, "FAILED", b.state("u2xx"))
-		}
-		b.noLeak()
-		answer = http.StatusConflict
-		res = send(h, "u409")
-		require.Equal(t, http.StatusConflict, res.Code)
-		require.Zero(t, b.rows("u409"))
-		res = send(h, "u409")
-		require.Equal(t, http.StatusConflict, res.Code)
-		require.Equal(t, "true", res.Header().Get("Idempotent-Replayed"))
-		b.noLeak()
+		failedStatementThenAnswer(t, b, idem.EngineConfig{OneCommit: oneCommit}, "")
+		failedStatementThenAnswer(t, b, idem.EngineConfig{OneCommit: oneCommit,
+			SealKeys: []seal.Key{{ID: "A", Secret: make([]byte, 32)}}}, "-sealed")
 	})
+}
+
+// failedStatementThenAnswer is TestHandlerTxFailedStatementThenAnswer on
+// one configuration, its keys ending with suffix.
+func failedStatementThenAnswer(t *testing.T, b *txApp, cfg idem.EngineConfig, suffix string) {
+	t.Helper()
+	oneCommit := cfg.OneCommit
+	answer := http.StatusCreated
+	h := b.mw(idem.Config{EngineConfig: cfg}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, err := idem.Tx[pgx.Tx](r.Context())
+		require.NoError(t, err)
+		require.NoError(t, b.insert(r.Context(), tx, r.Header.Get(idem.HeaderKey)))
+		_, err = tx.Exec(r.Context(), `INSERT INTO uniq VALUES (1)`)
+		require.Error(t, err)
+		w.WriteHeader(answer)
+	}))
+	res := send(h, "u2xx"+suffix)
+	require.Equal(t, http.StatusInternalServerError, res.Code)
+	require.Zero(t, b.rows("u2xx"+suffix))
+	if oneCommit {
+		require.Equal(t, "absent", b.state("u2xx"+suffix), "the claim rolled back with the transaction")
+	} else {
+		require.Equal(t, "FAILED", b.state("u2xx"+suffix))
+	}
+	b.noLeak()
+	answer = http.StatusConflict
+	res = send(h, "u409"+suffix)
+	require.Equal(t, http.StatusConflict, res.Code)
+	require.Zero(t, b.rows("u409"+suffix))
+	res = send(h, "u409"+suffix)
+	require.Equal(t, http.StatusConflict, res.Code, "%s", res.Body)
+	require.Equal(t, "true", res.Header().Get("Idempotent-Replayed"))
+	b.noLeak()
 }
 
 // A deferred foreign key fails at COMMIT, in every exec mode and both

@@ -138,9 +138,10 @@ func curCTE(clock string) string {
 }
 
 // claimable is the condition under which the record read may be claimed at
-// clock (see curCTE).
+// clock (see curCTE). A PROCESSING record without a lease bound
+// (idemdriver.DecisionDamaged) is never claimable, so "cur" answers it.
 func claimable(clock string) string {
-	return `NOT (state = 'PROCESSING' AND locked_until > ` + clock + `)
+	return `NOT (state = 'PROCESSING' AND coalesce(locked_until > ` + clock + `, true))
 		AND (expires_at <= ` + clock + `
 			OR (method = @method AND path = @path AND fingerprint = @fingerprint AND state IN ('FAILED', 'PROCESSING')))`
 }
@@ -165,7 +166,7 @@ var readParams = claimParams[:3]
 // scanRead: the record's columns but its scope and key (the claim's own)
 // and its lease left (locked_until less now).
 const readColumns = `method, path, fingerprint, state, fencing_token, locked_until,
-	response_status, response_headers, response_body, response_body_stored, response_body_size, seal_key,
+	response_status, response_headers, response_body, response_body_stored, response_body_size, seal_key, seal_tag,
 	created_at, updated_at, completed_at, expires_at, attempts, owner`
 
 // insertSQL is the claim of a new key: a plain INSERT of the PROCESSING
@@ -240,7 +241,7 @@ func scanInserted(row pgx.Row, p idemdriver.ClaimParams) (res idemdriver.ClaimRe
 const clock = `(clock_timestamp() + @offset::bigint * interval '1 microsecond')`
 
 const columns = `scope, key, method, path, fingerprint, state, fencing_token, locked_until,
-	response_status, response_headers, response_body, response_body_stored, response_body_size, seal_key,
+	response_status, response_headers, response_body, response_body_stored, response_body_size, seal_key, seal_tag,
 	created_at, updated_at, completed_at, expires_at, attempts, owner,
 	` + leaseLeft
 
@@ -327,11 +328,11 @@ var heartbeatSQL = bind(append(fenceParams, "offset", "lease"),
 
 // completeParams are the parameters of completeSQL and completeOrRaiseSQL,
 // in completeArgs's order.
-var completeParams = append(fenceParams, "offset", "status", "headers", "body", "stored", "size", "sealkey", "request")
+var completeParams = append(fenceParams, "offset", "status", "headers", "body", "stored", "size", "sealkey", "sealtag", "request")
 
 const completeUpdate = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
 	response_status = @status, response_headers = @headers, response_body = @body,
-	response_body_stored = @stored, response_body_size = @size, seal_key = @sealkey, request = @request,
+	response_body_stored = @stored, response_body_size = @size, seal_key = @sealkey, seal_tag = @sealtag, request = @request,
 	completed_at = ` + now + `, updated_at = ` + now + fenced
 
 var completeSQL = bind(completeParams, completeUpdate)
@@ -802,7 +803,7 @@ func completeArgs(p idemdriver.CompleteParams) ([]any, error) {
 		return nil, err
 	}
 	return fenceArgs(p.FenceParams, p.ClockOffset.Microseconds(),
-		p.Response.Status, headers, body, p.Response.BodyStored, p.Response.BodySize, p.Response.SealKey, p.Response.Request), nil
+		p.Response.Status, headers, body, p.Response.BodyStored, p.Response.BodySize, p.Response.SealKey, p.Response.SealTag, p.Response.Request), nil
 }
 
 // execFenced runs a compare-and-set on the fencing token; false means the
@@ -866,7 +867,7 @@ func scanColumns(row pgx.Row, read *idemdriver.ClaimParams, claimed *bool, extra
 		dest = append(dest, &rec.Scope, &rec.Key)
 	}
 	dest = append(dest, &rec.Method, &rec.Path, &rec.Fingerprint, &v.state, &rec.FencingToken,
-		&v.lockedUntil, &v.status, &resp.Headers, &resp.Body, &v.stored, &v.size, &resp.SealKey,
+		&v.lockedUntil, &v.status, &resp.Headers, &resp.Body, &v.stored, &v.size, &resp.SealKey, &resp.SealTag,
 		&rec.CreatedAt, &rec.UpdatedAt, &v.completed, &rec.ExpiresAt, &rec.Attempts, &rec.Owner)
 	if read == nil {
 		dest = append(dest, &v.leaseLeft)
@@ -904,7 +905,7 @@ type scanTargets struct {
 	lockedUntil, completed  pgtype.Timestamptz
 	now                     time.Time
 	resp                    idemsql.ResponseColumns
-	dest                    [24]any
+	dest                    [25]any
 	scanner                 rowScanner
 	known                   [2]string
 }

@@ -3,7 +3,10 @@ package idempgx_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -176,7 +179,29 @@ func harness(schemaOption bool) idemdrivertest.Harness {
 		Maintenance:  true,
 		SecondDriver: secondDriver,
 		Dump:         dump,
+		Tamper:       tamper,
 	}
+}
+
+// tamper is Harness.Tamper: an UPDATE of the row (scope, key) of d's
+// idem_keys, set's columns to its values (nil for NULL).
+func tamper(t *testing.T, d idemdriver.Driver, scope, key string, set map[string]any) {
+	pd := d.(*idempgx.Driver)
+	table := "idem_keys"
+	if pd.Schema() != "" {
+		table = pd.Schema() + "." + table
+	}
+	cols := slices.Sorted(maps.Keys(set))
+	assign := make([]string, len(cols))
+	args := make([]any, 0, len(cols)+2)
+	for i, c := range cols {
+		assign[i] = fmt.Sprintf("%s = $%d", pgx.Identifier{c}.Sanitize(), i+1)
+		args = append(args, set[c])
+	}
+	tag, err := pd.Pool().Exec(context.Background(), fmt.Sprintf("UPDATE %s SET %s WHERE scope = $%d AND key = $%d",
+		table, strings.Join(assign, ", "), len(cols)+1, len(cols)+2), append(args, scope, key)...)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "tamper with %s/%s", scope, key)
 }
 
 // dump is Harness.Dump: every column of every idem_keys row, decoded by pgx

@@ -138,13 +138,13 @@ var claimPartitionedSQL = bind(claimParams, `WITH `+curCTE(nowTx)+`, locked AS (
 		fencing_token = k.fencing_token + 1,
 		locked_until = `+clock+` + @lease::bigint * interval '1 microsecond',
 		response_status = NULL, response_headers = NULL, response_body = NULL,
-		response_body_stored = NULL, response_body_size = NULL, seal_key = '', request = NULL, completed_at = NULL,
+		response_body_stored = NULL, response_body_size = NULL, seal_key = '', seal_tag = NULL, request = NULL, completed_at = NULL,
 		updated_at = `+nowTx+`,
 		created_at = CASE WHEN `+partContinues+` THEN k.created_at ELSE `+nowTx+` END,
 		expires_at = `+nowTx+` + @retention::bigint * interval '1 microsecond',
 		attempts = CASE WHEN `+partContinues+` THEN k.attempts + 1 ELSE 1 END
 	WHERE k.scope = @scope AND k.key = @key AND EXISTS (SELECT 1 FROM locked)
-		AND NOT (k.state = 'PROCESSING' AND k.locked_until > `+nowTx+`)
+		AND NOT (k.state = 'PROCESSING' AND coalesce(k.locked_until > `+nowTx+`, true))
 		AND (k.expires_at <= `+nowTx+` OR `+partContinues+`)
 	RETURNING `+columns+`
 ), ins AS (

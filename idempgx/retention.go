@@ -129,9 +129,10 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 		count(*) FILTER (WHERE state = 'PROCESSING'), count(*) FILTER (WHERE state = 'SUCCEEDED'),
 		count(*) FILTER (WHERE state = 'FAILED'), min(created_at),
 		count(*) FILTER (WHERE expires_at <= `+now+`),
-		count(*) FILTER (WHERE state = 'PROCESSING' AND locked_until <= `+now+`)
+		count(*) FILTER (WHERE state = 'PROCESSING' AND locked_until <= `+now+`),
+		count(*) FILTER (WHERE state = 'PROCESSING' AND locked_until IS NULL)
 		FROM idem_keys`), pgx.NamedArgs{"offset": p.ClockOffset.Microseconds()}).
-		Scan(&st.Now, &st.Total, &processing, &succeeded, &failed, &st.Oldest, &st.Expired, &st.Stuck)
+		Scan(&st.Now, &st.Total, &processing, &succeeded, &failed, &st.Oldest, &st.Expired, &st.Stuck, &st.Damaged)
 	if err != nil {
 		return st, err
 	}
@@ -154,12 +155,13 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 	return st, nil
 }
 
-var stuckSQL = `SELECT ` + columns + `, (extract(epoch FROM ` + now + ` - locked_until) * 1000000)::bigint
-	FROM idem_keys WHERE state = 'PROCESSING' AND locked_until <= ` + now + `
-	ORDER BY locked_until LIMIT @limit`
+var stuckSQL = `SELECT ` + columns + `, coalesce((extract(epoch FROM ` + now + ` - locked_until) * 1000000)::bigint, 0)
+	FROM idem_keys WHERE state = 'PROCESSING' AND (locked_until IS NULL OR locked_until <= ` + now + `)
+	ORDER BY locked_until NULLS FIRST LIMIT @limit`
 
-// Stuck implements idemdriver.Inspector with a range read of the partial
-// index on locked_until of PROCESSING records.
+// Stuck implements idemdriver.Inspector with a read of the partial index on
+// locked_until of PROCESSING records (its NULLs, the damaged records, and
+// the range up to now).
 func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdriver.StuckRecord, error) {
 	if p.Limit <= 0 {
 		return nil, fmt.Errorf("idempgx: stuck: Limit %d must be positive", p.Limit)

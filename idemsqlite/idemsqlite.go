@@ -133,7 +133,7 @@ func (d *Driver) Close() error { return d.db.Close() }
 const now = `(CAST(unixepoch('subsec') * 1000000 AS INTEGER) + @offset)`
 
 const columns = `scope, key, method, path, fingerprint, state, fencing_token, locked_until,
-	response_status, response_headers, response_body, response_body_stored, response_body_size, seal_key,
+	response_status, response_headers, response_body, response_body_stored, response_body_size, seal_key, seal_tag,
 	created_at, updated_at, completed_at, expires_at, attempts, owner, locked_until - ` + now
 
 // The claim: insert, or take over a record (CONTRACT section 3) that no
@@ -162,7 +162,7 @@ var heartbeatSQL = `UPDATE idem_keys SET locked_until = ` + now + ` + @lease, up
 
 var completeSQL = `UPDATE idem_keys SET state = 'SUCCEEDED', locked_until = NULL,
 	response_status = @status, response_headers = @headers, response_body = @body,
-	response_body_stored = @stored, response_body_size = @size, seal_key = @sealkey, request = @request,
+	response_body_stored = @stored, response_body_size = @size, seal_key = @sealkey, seal_tag = @sealtag, request = @request,
 	completed_at = ` + now + `, updated_at = ` + now + fenced
 
 var failSQL = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = ` + now + fenced
@@ -374,7 +374,7 @@ func complete(ctx context.Context, stmt *sql.Stmt, p idemdriver.CompleteParams) 
 	return execFenced(ctx, stmt, p.FenceParams,
 		sql.Named("status", p.Response.Status), sql.Named("headers", headers), sql.Named("body", body),
 		sql.Named("stored", p.Response.BodyStored), sql.Named("size", p.Response.BodySize),
-		sql.Named("sealkey", p.Response.SealKey), sql.Named("request", p.Response.Request))
+		sql.Named("sealkey", p.Response.SealKey), sql.Named("sealtag", p.Response.SealTag), sql.Named("request", p.Response.Request))
 }
 
 // execFenced runs a compare-and-set on the fencing token; false means the
@@ -448,7 +448,7 @@ func scanRecord(row interface{ Scan(...any) error }, expired *bool, extra ...any
 		createdAt, updatedAt, expiresAt     int64
 	)
 	dest := []any{&rec.Scope, &rec.Key, &rec.Method, &rec.Path, &rec.Fingerprint, &state, &rec.FencingToken,
-		&lockedUntil, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size, &resp.SealKey,
+		&lockedUntil, &resp.Status, &resp.Headers, &resp.Body, &resp.Stored, &resp.Size, &resp.SealKey, &resp.SealTag,
 		&createdAt, &updatedAt, &completedAt, &expiresAt, &rec.Attempts, &rec.Owner, &leaseLeft}
 	if expired != nil {
 		dest = append(dest, expired)

@@ -50,6 +50,9 @@ func TestConformance(t *testing.T) {
 		Dump: func(t *testing.T, d idemdriver.Driver) [][]byte {
 			return dbtest.DumpSQL(t, d.(*idemsqlite.Driver).DB(), "idem_keys")
 		},
+		Tamper: func(t *testing.T, d idemdriver.Driver, scope, key string, set map[string]any) {
+			dbtest.TamperSQL(t, d.(*idemsqlite.Driver).DB(), scope, key, set)
+		},
 		SecondDriver: func(t *testing.T, d idemdriver.Driver) idemdriver.Driver {
 			var file string
 			err := d.(*idemsqlite.Driver).DB().QueryRow(`SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file)

@@ -127,7 +127,8 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (st idemdr
 		count(*) FILTER (WHERE state = 'PROCESSING'), count(*) FILTER (WHERE state = 'SUCCEEDED'),
 		count(*) FILTER (WHERE state = 'FAILED'), min(created_at),
 		count(*) FILTER (WHERE expires_at <= `+now+`),
-		count(*) FILTER (WHERE state = 'PROCESSING' AND locked_until <= `+now+`)
+		count(*) FILTER (WHERE state = 'PROCESSING' AND locked_until <= `+now+`),
+		count(*) FILTER (WHERE state = 'PROCESSING' AND locked_until IS NULL)
 		FROM idem_keys`, []any{sql.Named("offset", p.ClockOffset.Microseconds())},
 		`SELECT scope, count(*) FROM idem_keys GROUP BY scope
 		ORDER BY count(*) DESC, scope LIMIT ?`, p.TopScopes)
@@ -148,12 +149,13 @@ func endRead(ctx context.Context, conn *sql.Conn) error {
 	return fmt.Errorf("idemsqlite: ending the read transaction: %w", err)
 }
 
-var stuckSQL = `SELECT ` + columns + `, ` + now + ` - locked_until
-	FROM idem_keys WHERE state = 'PROCESSING' AND locked_until <= ` + now + `
-	ORDER BY locked_until LIMIT @limit`
+var stuckSQL = `SELECT ` + columns + `, coalesce(` + now + ` - locked_until, 0)
+	FROM idem_keys WHERE state = 'PROCESSING' AND (locked_until IS NULL OR locked_until <= ` + now + `)
+	ORDER BY locked_until NULLS FIRST LIMIT @limit`
 
-// Stuck implements idemdriver.Inspector with a range read of the partial
-// index on locked_until of PROCESSING records.
+// Stuck implements idemdriver.Inspector with a read of the partial index on
+// locked_until of PROCESSING records (its NULLs, the damaged records, and
+// the range up to now).
 func (d *Driver) Stuck(ctx context.Context, p idemdriver.StuckParams) ([]idemdriver.StuckRecord, error) {
 	if p.Limit <= 0 {
 		return nil, fmt.Errorf("idemsqlite: stuck: Limit %d must be positive", p.Limit)

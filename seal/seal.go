@@ -5,12 +5,17 @@
 //
 // Sealing is AES-GCM (crypto/aes, crypto/cipher) with a random 96-bit nonce
 // per seal. Every sealed blob is bound, as additional authenticated data, to
-// its record (scope and stored key), to the part it holds (response or
-// request), to the id of the key that sealed it and, for a response, to its
-// status, whether its body was stored and its size (the plain columns beside
-// it): a blob copied into another record, into another part, or beside an
-// edited status does not open. A Keyring holds the configured keys: the
-// first seals, every one opens, so keys rotate.
+// its record (scope, stored key and life: its created_at), to the part it
+// holds (response or request), to the id of the key that sealed it and,
+// for a response, to its status, whether its body was stored and its size
+// (the plain columns beside it): a blob copied into another record, into
+// another life of the key, into another part, or beside an edited status
+// does not open. A seal tag (HMAC-SHA256 under a key derived from the
+// sealing key) binds the same columns, and whether the blob is kept, in a
+// column apart from the blob, so that a record whose blob was emptied does
+// not open either. A Keyring holds the configured keys: the first seals,
+// every one opens, so keys rotate. Records sealed before seal tags (format
+// 1) still open by their blob.
 //
 // The stored key (HashKey) is an HMAC-SHA256 of the client's key under a
 // secret: the table shows no client key, and whoever holds the secret (the
@@ -27,6 +32,7 @@ import (
 	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -38,6 +44,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/idemgo/idem/idemdriver"
 )
@@ -52,10 +59,11 @@ const MaxKeyIDLength = 32
 // seal-key-missing and never runs the request again.
 var ErrKeyMissing = errors.New("idem: the record is sealed with a key this process does not hold")
 
-// ErrBroken is returned by Keyring.OpenResponse for a sealed blob that does
-// not authenticate: altered, truncated, copied from another record or part,
-// or beside a status, body flag or size that were edited. idem answers it
-// 500 seal-broken and never runs the request again.
+// ErrBroken is returned by Keyring.OpenResponse for a sealed record that
+// does not authenticate: its blob or seal tag altered, truncated, emptied,
+// removed, or copied from another record, life or part, or beside a status,
+// body flag or size that were edited. idem answers it 500 seal-broken and
+// never runs the request again.
 var ErrBroken = errors.New("idem: the record's sealed data does not authenticate (altered, or copied from another record)")
 
 // Key is one sealing key.
@@ -169,6 +177,9 @@ func decodeBase64(s string) ([]byte, error) {
 type Keyring struct {
 	sealing string
 	aeads   map[string]cipher.AEAD
+	// tagKeys are the keys of the seal tags (HMAC-SHA256), one per key id,
+	// derived from its secret (tagKey).
+	tagKeys map[string][]byte
 }
 
 // NewKeyring returns the keyring of keys, keys[0] sealing; nil (and no
@@ -178,7 +189,7 @@ func NewKeyring(keys []Key) (*Keyring, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	r := &Keyring{sealing: keys[0].ID, aeads: make(map[string]cipher.AEAD, len(keys))}
+	r := &Keyring{sealing: keys[0].ID, aeads: make(map[string]cipher.AEAD, len(keys)), tagKeys: make(map[string][]byte, len(keys))}
 	var errs []error
 	first := map[string]int{}
 	for i, k := range keys {
@@ -195,6 +206,9 @@ func NewKeyring(keys []Key) (*Keyring, error) {
 		if err == nil {
 			r.aeads[k.ID], err = cipher.NewGCM(block)
 		}
+		if err == nil {
+			r.tagKeys[k.ID], err = tagKey(k.Secret)
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("[%d]: %w", i, err))
 		}
@@ -203,6 +217,12 @@ func NewKeyring(keys []Key) (*Keyring, error) {
 		return nil, errors.Join(errs...)
 	}
 	return r, nil
+}
+
+// tagKey derives a key's tag key from its secret (HKDF-SHA256, RFC 5869),
+// so that the AES key is used for AES-GCM only.
+func tagKey(secret []byte) ([]byte, error) {
+	return hkdf.Key(sha256.New, secret, nil, "idem seal tag", sha256.Size)
 }
 
 // SealingKey is the id of the key that seals new records; "" for a nil
@@ -234,52 +254,123 @@ const (
 	PartRequest Part = "request"
 )
 
+// Life names the record a sealed response belongs to: its scope, its
+// stored key (HashKey's when key hashing is on) and the created_at of its
+// life (idemdriver.Record.CreatedAt, idemdriver.FenceParams.CreatedAt),
+// bound to the microsecond, as every driver stores it. A takeover or a
+// re-claim keeps created_at, so a life's record keeps opening; a new life
+// of the key (after its expiry) or another key's record does not open it.
+type Life struct {
+	Scope, Key string
+	Created    time.Time
+}
+
+// LifeOf is the life of rec (its Scope, Key and CreatedAt).
+func LifeOf(rec idemdriver.Record) Life {
+	return Life{Scope: rec.Scope, Key: rec.Key, Created: rec.CreatedAt}
+}
+
+// format is the sealing format SealResponse writes: the first byte of
+// every sealed blob and seal tag. Format 1 sealed the blobs alone, bound to
+// scope and stored key; a record of format 1 has no tag. Format 2 adds the
+// tag (idemdriver.Response.SealTag) and binds blobs and tag to the record's
+// life. Every format from firstTagged on is opened by the same code, its
+// number bound in all it authenticates (bind), so a later format that
+// seals more (the recovery's step data) raises this constant and adds its
+// data to bind; records of each earlier format still open as written.
+const format = 2
+
 const (
-	blobVersion = 1
-	aadLabel    = "idem-seal-v1"
+	// formatBlobOnly is the format of records sealed before seal tags.
+	formatBlobOnly = 1
+	// firstTagged is the first format with a seal tag.
+	firstTagged = 2
+	// aadLabelBlobOnly is format 1's additional-data label.
+	aadLabelBlobOnly = "idem-seal-v1"
+	// bindLabel starts what formats from firstTagged on authenticate.
+	bindLabel = "idem-seal"
 )
 
-// aad binds a blob to its key id, record, part and, for a response, its
-// plain columns. Length-prefixed: no two inputs give the same bytes.
-func aad(id string, part Part, scope, key string, resp *idemdriver.Response) []byte {
-	var b []byte
-	for _, s := range []string{aadLabel, id, string(part), scope, key} {
-		b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
-		b = append(b, s...)
-	}
+// aadBlobOnly is a format-1 blob's additional data: its key id, record
+// (scope and key), part and, for a response, its plain columns.
+// Length-prefixed: no two inputs give the same bytes.
+func aadBlobOnly(id string, part Part, scope, key string, resp *idemdriver.Response) []byte {
+	b := appendStrings(nil, aadLabelBlobOnly, id, string(part), scope, key)
 	if resp != nil {
-		b = binary.BigEndian.AppendUint64(b, uint64(int64(resp.Status)))
-		stored := byte(0)
-		if resp.BodyStored {
-			stored = 1
-		}
-		b = append(b, stored)
-		b = binary.BigEndian.AppendUint64(b, uint64(resp.BodySize))
+		b = appendColumns(b, resp)
 	}
 	return b
 }
 
-func (r *Keyring) seal(part Part, scope, key string, resp *idemdriver.Response, plain []byte) []byte {
-	g := r.aeads[r.sealing]
-	out := make([]byte, 1+g.NonceSize(), 1+g.NonceSize()+len(plain)+g.Overhead())
-	out[0] = blobVersion
-	_, _ = rand.Read(out[1:]) // crypto/rand.Read never fails (Go 1.24)
-	return g.Seal(out, out[1:1+g.NonceSize()], plain, aad(r.sealing, part, scope, key, resp))
+// bind is what a blob or seal tag of format f (firstTagged or later)
+// authenticates: the format, the key id, the part, the record's life and,
+// for a response (resp not nil), its plain columns (status, body-stored
+// flag, body size) and whether its blob is kept (false in the tag a driver
+// stores when it drops the blob). Length-prefixed: no two inputs give the
+// same bytes.
+func bind(f byte, id string, part Part, l Life, resp *idemdriver.Response, blobKept bool) []byte {
+	b := appendStrings([]byte{f}, bindLabel, id, string(part), l.Scope, l.Key)
+	b = binary.BigEndian.AppendUint64(b, uint64(l.Created.UnixMicro()))
+	if resp != nil {
+		b = appendColumns(b, resp)
+		b = append(b, boolByte(blobKept))
+	}
+	return b
 }
 
-func (r *Keyring) open(id string, part Part, scope, key string, resp *idemdriver.Response, blob []byte) ([]byte, error) {
-	if !r.Holds(id) {
-		return nil, fmt.Errorf("%w: key id %q (the configured ids: %s)", ErrKeyMissing, id, r.ids())
+func appendStrings(b []byte, ss ...string) []byte {
+	for _, s := range ss {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
+		b = append(b, s...)
 	}
+	return b
+}
+
+// appendColumns appends a response's plain columns: status, body-stored
+// flag, body size.
+func appendColumns(b []byte, resp *idemdriver.Response) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(int64(resp.Status)))
+	b = append(b, boolByte(resp.BodyStored))
+	return binary.BigEndian.AppendUint64(b, uint64(resp.BodySize))
+}
+
+func boolByte(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// sealBlob seals plain under the sealing key in the current format, with
+// additional data aad: format byte, random nonce, ciphertext and GCM tag.
+func (r *Keyring) sealBlob(plain, aad []byte) []byte {
+	g := r.aeads[r.sealing]
+	out := make([]byte, 1+g.NonceSize(), 1+g.NonceSize()+len(plain)+g.Overhead())
+	out[0] = format
+	_, _ = rand.Read(out[1:]) // crypto/rand.Read never fails (Go 1.24)
+	return g.Seal(out, out[1:1+g.NonceSize()], plain, aad)
+}
+
+// openBlob opens a blob of format f sealed under id with additional data
+// aad.
+func (r *Keyring) openBlob(id string, part Part, f byte, aad, blob []byte) ([]byte, error) {
 	g := r.aeads[id]
-	if len(blob) < 1+g.NonceSize()+g.Overhead() || blob[0] != blobVersion {
-		return nil, fmt.Errorf("%w: the %s blob is %d bytes, not a version-%d blob", ErrBroken, part, len(blob), blobVersion)
+	if len(blob) < 1+g.NonceSize()+g.Overhead() || blob[0] != f {
+		return nil, fmt.Errorf("%w: the %s blob is %d bytes, not a format-%d blob", ErrBroken, part, len(blob), f)
 	}
-	plain, err := g.Open(nil, blob[1:1+g.NonceSize()], blob[1+g.NonceSize():], aad(id, part, scope, key, resp))
+	plain, err := g.Open(nil, blob[1:1+g.NonceSize()], blob[1+g.NonceSize():], aad)
 	if err != nil {
 		return nil, fmt.Errorf("%w: the %s sealed under %q", ErrBroken, part, id)
 	}
 	return plain, nil
+}
+
+// tag is the seal tag of format f under id over bind's input: the format
+// byte and the HMAC-SHA256.
+func (r *Keyring) tag(f byte, id string, l Life, resp *idemdriver.Response, blobKept bool) []byte {
+	m := hmac.New(sha256.New, r.tagKeys[id])
+	m.Write(bind(f, id, PartResponse, l, resp, blobKept))
+	return m.Sum([]byte{f})
 }
 
 func (r *Keyring) ids() string {
@@ -294,13 +385,16 @@ func (r *Keyring) ids() string {
 	return strings.Join(ids, ", ")
 }
 
-// SealResponse returns resp as idem stores it for the record (scope, key)
-// (the stored key, HashKey's when key hashing is on): with a keyring, its
-// headers and body packed and sealed in Sealed (Header and Body nil,
-// SealKey the sealing key's id) and its Request, if any, sealed too;
-// Status, BodyStored and BodySize stay plain (and bound to the blob). A nil
-// keyring returns resp unchanged. resp must be plain (SealKey "").
-func (r *Keyring) SealResponse(scope, key string, resp idemdriver.Response) (idemdriver.Response, error) {
+// SealResponse returns resp as idem stores it for the record of life l:
+// with a keyring, its headers and body packed and sealed in Sealed (Header
+// and Body nil, SealKey the sealing key's id), its Request, if any, sealed
+// too, and SealTag, a seal tag over Status, BodyStored and BodySize (which
+// stay plain) and the blob's presence, with SealTagDropped, the tag of the
+// same response stored without its blob (BodyStored false; a driver that
+// drops the blob stores it instead). Everything is bound to the key id and
+// to l. A nil keyring returns resp unchanged. resp must be plain (SealKey
+// "").
+func (r *Keyring) SealResponse(l Life, resp idemdriver.Response) (idemdriver.Response, error) {
 	if r == nil {
 		return resp, nil
 	}
@@ -313,36 +407,70 @@ func (r *Keyring) SealResponse(scope, key string, resp idemdriver.Response) (ide
 	}
 	out := resp
 	out.Header, out.Body, out.SealKey = nil, nil, r.sealing
-	out.Sealed = r.seal(PartResponse, scope, key, &out, plain)
+	out.Sealed = r.sealBlob(plain, bind(format, r.sealing, PartResponse, l, &out, true))
+	out.SealTag = r.tag(format, r.sealing, l, &out, true)
+	dropped := out
+	dropped.BodyStored = false
+	out.SealTagDropped = r.tag(format, r.sealing, l, &dropped, false)
 	if resp.Request != nil {
-		out.Request = r.seal(PartRequest, scope, key, nil, resp.Request)
+		out.Request = r.sealBlob(resp.Request, bind(format, r.sealing, PartRequest, l, nil, false))
 	}
 	return out, nil
 }
 
 // OpenResponse is the inverse of SealResponse: the plain response (Header
-// and Body set, Request opened, SealKey and Sealed cleared) of the record
-// (scope, key) as the store returned it. A plain response (SealKey "") is
-// returned as is, by a nil keyring too: nothing authenticates it, so a
-// caller holding keys decides whether to trust it (idem refuses it unless
-// EngineConfig.ReplayPlain is set, docs/sealing.md). A sealed response whose body was
-// not stored and whose blob a driver dropped (too large for the database's
-// packet) opens with no headers and no body. Errors: ErrKeyMissing,
-// ErrBroken.
-func (r *Keyring) OpenResponse(scope, key string, resp idemdriver.Response) (idemdriver.Response, error) {
+// and Body set, Request opened; SealKey, Sealed, SealTag and
+// SealTagDropped cleared) of the record of life l as the store returned
+// it. A plain response (SealKey "") is returned as is, by a nil keyring
+// too: nothing authenticates it, so a caller holding keys decides whether
+// to trust it (idem refuses it unless EngineConfig.ReplayPlain is set,
+// docs/sealing.md).
+//
+// A sealed response opens only when its seal tag authenticates its
+// status, body-stored flag, body size and blob (present, or dropped by a
+// driver for the database's packet: then it opens with no headers and no
+// body), bound to its key id and life, and its blob (when kept) opens too.
+// A record sealed before seal tags (format 1) has none: it opens by its
+// blob alone, which binds the same columns but not the life; without its
+// blob it authenticates nothing and does not open. Errors: ErrKeyMissing,
+// ErrBroken (which says what failed).
+func (r *Keyring) OpenResponse(l Life, resp idemdriver.Response) (idemdriver.Response, error) {
 	if resp.SealKey == "" {
 		return resp, nil
 	}
-	out := resp
-	out.SealKey, out.Sealed, out.Header, out.Body = "", nil, map[string][]string{}, []byte{}
-	if len(resp.Sealed) == 0 && !resp.BodyStored {
-		if !r.Holds(resp.SealKey) {
-			return resp, fmt.Errorf("%w: key id %q (the configured ids: %s)", ErrKeyMissing, resp.SealKey, r.ids())
-		}
-		out.Request = nil
-		return out, nil
+	id := resp.SealKey
+	if !r.Holds(id) {
+		return resp, fmt.Errorf("%w: key id %q (the configured ids: %s)", ErrKeyMissing, id, r.ids())
 	}
-	plain, err := r.open(resp.SealKey, PartResponse, scope, key, &resp, resp.Sealed)
+	out := resp
+	out.SealKey, out.Sealed, out.SealTag, out.SealTagDropped = "", nil, nil, nil
+	out.Header, out.Body, out.Request = map[string][]string{}, []byte{}, nil
+	var aad func(Part, *idemdriver.Response) []byte
+	f, kept := byte(formatBlobOnly), len(resp.Sealed) > 0
+	switch {
+	case len(resp.SealTag) == 0 && !kept:
+		return resp, fmt.Errorf("%w: the record is sealed under %q but holds neither its seal tag nor its blob "+
+			"(emptied, or sealed before seal tags and dropped for the database's packet)", ErrBroken, id)
+	case len(resp.SealTag) == 0 && resp.Sealed[0] != formatBlobOnly:
+		return resp, fmt.Errorf("%w: the record's format-%d blob has lost its seal tag", ErrBroken, resp.Sealed[0])
+	case len(resp.SealTag) == 0:
+		aad = func(part Part, cols *idemdriver.Response) []byte { return aadBlobOnly(id, part, l.Scope, l.Key, cols) }
+	default:
+		f = resp.SealTag[0]
+		if f < firstTagged || f > format {
+			return resp, fmt.Errorf("%w: the record's seal tag is of format %d; this idem reads formats %d to %d "+
+				"(a later idem version sealed it: run that version on every process)", ErrBroken, f, firstTagged, format)
+		}
+		if !hmac.Equal(resp.SealTag, r.tag(f, id, l, &resp, kept)) {
+			return resp, fmt.Errorf("%w: the seal tag under %q does not authenticate the record's status, body flag and size, "+
+				"its blob, or its life (edited, emptied or copied)", ErrBroken, id)
+		}
+		aad = func(part Part, cols *idemdriver.Response) []byte { return bind(f, id, part, l, cols, true) }
+	}
+	if !kept {
+		return out, nil // dropped for the packet: the tag says so
+	}
+	plain, err := r.openBlob(id, PartResponse, f, aad(PartResponse, &resp), resp.Sealed)
 	if err != nil {
 		return resp, err
 	}
@@ -350,7 +478,7 @@ func (r *Keyring) OpenResponse(scope, key string, resp idemdriver.Response) (ide
 		return resp, err
 	}
 	if resp.Request != nil {
-		if out.Request, err = r.open(resp.SealKey, PartRequest, scope, key, nil, resp.Request); err != nil {
+		if out.Request, err = r.openBlob(id, PartRequest, f, aad(PartRequest, nil), resp.Request); err != nil {
 			return resp, err
 		}
 	}

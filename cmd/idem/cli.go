@@ -719,6 +719,10 @@ reconciled with the provider. So every record needs --force:
   PROCESSING under a live lease   refused unless --force: its owner may still
                                   be running, and the next request would run
                                   a second execution beside it
+  PROCESSING with no lease        refused unless --force: a damaged record
+                                  (see stuck), answered 500 record-damaged
+                                  until released; find out what its
+                                  execution did first
   FAILED                          refused unless --force: the next request
                                   runs again with the same relayed key
   SUCCEEDED                       refused unless --force: the next request
@@ -771,6 +775,9 @@ reconciled with the provider. So every record needs --force:
 // mixes in its created_at), so what to do instead depends on its state.
 func releaseRefusal(rec idemdriver.Record) string {
 	switch {
+	case rec.Damaged():
+		return "it is damaged (PROCESSING without a lease bound): no request takes it over, each is answered 500 record-damaged, " +
+			"and whether its execution ran, or still runs, cannot be told from the record"
 	case rec.State == idemdriver.StateProcessing && rec.LeaseLeft > 0:
 		owner := ""
 		if rec.Owner != "" {
@@ -794,14 +801,22 @@ func stuckCmd(g *globals, out io.Writer) *cobra.Command {
 	var limit int
 	c := &cobra.Command{
 		Use:   "stuck",
-		Short: "List PROCESSING records past their lease (owner died or stalled), longest overdue first",
+		Short: "List damaged PROCESSING records, then those past their lease (owner died or stalled), longest overdue first",
 		Long: `List the PROCESSING records whose lease ran out (locked_until <= now, by
 the database's clock): their worker died or stalled before recording an
 outcome. The next request with such a key takes it over and runs again, with
 the next fencing token and the same relayed key (the record's created_at is
 kept), so a provider that already charged answers with that charge: release
 is not needed, and releasing the record would lose that key (see
-` + "`idem release --help`" + `).`,
+` + "`idem release --help`" + `).
+
+Damaged records come first ("DAMAGED: no lease"; "damaged": true in --json):
+PROCESSING with no lease bound at all (locked_until NULL), which no claim or
+renewal writes: a hand edit, or a partial restore. Whether their execution
+ran, or still runs, cannot be told, so no request takes them over: each is
+answered 500 record-damaged (docs/problems.md) and never run. Find out what
+the execution did (the provider, the application's own rows), then release
+the key with --force.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if limit <= 0 {

@@ -669,3 +669,56 @@ func TestFailedOutputExitsNonZero(t *testing.T) {
 		require.Contains(t, errb.String(), "broken pipe", args)
 	}
 }
+
+// clearLease empties the lease bound of the record (scope, key) in d's
+// database, as a hand edit or a partial restore would: a PROCESSING record
+// that cannot be a valid one (idemdriver.Record.Damaged).
+func clearLease(t *testing.T, d idemdriver.Driver, scope, key string) {
+	t.Helper()
+	switch d := d.(type) {
+	case *idempgx.Driver:
+		tag, err := d.Pool().Exec(context.Background(), `UPDATE idem_keys SET locked_until = NULL WHERE scope = $1 AND key = $2`, scope, key)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, tag.RowsAffected())
+	case *idemmysql.Driver:
+		dbtest.TamperSQL(t, d.DB(), scope, key, map[string]any{"locked_until": nil})
+	case *idemsqlite.Driver:
+		dbtest.TamperSQL(t, d.DB(), scope, key, map[string]any{"locked_until": nil})
+	default:
+		t.Fatalf("clearLease: %T", d)
+	}
+}
+
+// A PROCESSING record without a lease bound (issue 32 item 6) is listed by
+// stuck as damaged, before the records past their lease, and counted by
+// stats; inspect says its next request is answered 500 record-damaged, and
+// release refuses it without --force. Regression: stuck listed it not at
+// all (locked_until <= now is not true of NULL), so an operator never saw
+// the key that answered 503 forever.
+func TestStuckListsDamaged(t *testing.T) {
+	forEachSeeded(t, func(t *testing.T, c cli, d idemdriver.Driver) {
+		clearLease(t, d, "acct_1", "busy")
+
+		out := c.ok("stuck")
+		require.Regexp(t, `(?s)acct_1\s+busy\s+DAMAGED: no lease\s+1\s+1\s+POST /v1/payments.*\nacct_2\s+dead\s+9m\d+s ago`, out)
+		stuck := c.json("stuck")["stuck"].([]any)
+		require.Len(t, stuck, 2)
+		s0 := stuck[0].(map[string]any)
+		require.Equal(t, "busy", s0["key"])
+		require.Equal(t, true, s0["damaged"])
+		require.Nil(t, s0["locked_until"])
+		require.EqualValues(t, 0, s0["overdue_seconds"])
+		require.Equal(t, false, stuck[1].(map[string]any)["damaged"])
+		require.Len(t, c.json("stuck", "--limit", "1")["stuck"], 1)
+
+		require.Regexp(t, `damaged \(PROCESSING, no lease\)\s+1\n`, c.ok("stats"))
+		require.EqualValues(t, 1, c.json("stats")["damaged"])
+		require.Contains(t, c.ok("inspect", "--scope", "acct_1", "--key", "busy"), "500 record-damaged")
+
+		_, errOut, code := c.run("release", "--scope", "acct_1", "--key", "busy")
+		require.Equal(t, 1, code, errOut)
+		require.Contains(t, errOut, "it is damaged (PROCESSING without a lease bound)")
+		require.Contains(t, c.ok("release", "--scope", "acct_1", "--key", "busy", "--force"), "released acct_1/busy (PROCESSING")
+		require.NotContains(t, c.ok("stuck"), "busy")
+	})
+}

@@ -219,6 +219,9 @@ func nextRequest(rec idemdriver.Record, now time.Time, n sealNote) string {
 		status = rec.Response.Status
 	}
 	switch {
+	case rec.Damaged():
+		return "500 record-damaged: the record is PROCESSING without a lease bound (locked_until NULL), so no request " +
+			"takes it over; release it once you know what its execution did"
 	case !rec.ExpiresAt.After(now):
 		return "runs as a new request: the record expired " + dur(now.Sub(rec.ExpiresAt)) + " ago"
 	case rec.State == idemdriver.StateSucceeded && n.plainRefused:
@@ -292,7 +295,7 @@ func openRecord(rec *idemdriver.Record, kr *seal.Keyring) sealNote {
 		return sealNote{plainRefused: kr != nil && rec.State == idemdriver.StateSucceeded}
 	}
 	note := sealNote{key: rec.Response.SealKey}
-	opened, err := kr.OpenResponse(rec.Scope, rec.Key, *rec.Response)
+	opened, err := kr.OpenResponse(seal.LifeOf(*rec), *rec.Response)
 	if err != nil {
 		note.err = err
 		return note
@@ -545,17 +548,22 @@ func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error
 			Path           string     `json:"path"`
 			LockedUntil    *time.Time `json:"locked_until"`
 			CreatedAt      time.Time  `json:"created_at"`
+			Damaged        bool       `json:"damaged"`
 		}
 		list := []stuck{}
 		for _, r := range recs {
 			list = append(list, stuck{r.Scope, r.Key, r.Owner, r.Overdue.Seconds(), r.Attempts, r.FencingToken,
-				r.Method, r.Path, r.LockedUntil, r.CreatedAt})
+				r.Method, r.Path, r.LockedUntil, r.CreatedAt, r.Damaged()})
 		}
 		return writeJSON(out, map[string]any{"stuck": list})
 	}
-	return printRows(out, "no PROCESSING record is past its lease", "SCOPE\tKEY\tLEASE RAN OUT\tATTEMPTS\tFENCING TOKEN\tREQUEST\tCREATED AT\tOWNER",
+	return printRows(out, "no PROCESSING record is past its lease or damaged", "SCOPE\tKEY\tLEASE RAN OUT\tATTEMPTS\tFENCING TOKEN\tREQUEST\tCREATED AT\tOWNER",
 		recs, func(r idemdriver.StuckRecord) string {
-			return fmt.Sprintf("%s\t%s\t%s ago\t%d\t%d\t%s %s\t%s\t%s", r.Scope, r.Key, dur(r.Overdue), r.Attempts,
+			ranOut := dur(r.Overdue) + " ago"
+			if r.Damaged() {
+				ranOut = "DAMAGED: no lease"
+			}
+			return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%s %s\t%s\t%s", r.Scope, r.Key, ranOut, r.Attempts,
 				r.FencingToken, r.Method, r.Path, ts(r.CreatedAt), orDash(r.Owner))
 		})
 }
@@ -567,7 +575,7 @@ func printStats(out io.Writer, asJSON bool, st idemdriver.Stats) error {
 			scopes = append(scopes, map[string]any{"scope": sc.Scope, "records": sc.Count})
 		}
 		v := map[string]any{"now": st.Now, "total": st.Total, "by_state": st.ByState, "top_scopes": scopes,
-			"oldest_created_at": st.Oldest, "expired_not_purged": st.Expired, "stuck": st.Stuck}
+			"oldest_created_at": st.Oldest, "expired_not_purged": st.Expired, "stuck": st.Stuck, "damaged": st.Damaged}
 		return writeJSON(out, v)
 	}
 	w := table(out)
@@ -577,6 +585,7 @@ func printStats(out io.Writer, asJSON bool, st idemdriver.Stats) error {
 	}
 	w.Printf("expired, not purged\t%d\n", st.Expired)
 	w.Printf("stuck (PROCESSING past lease)\t%d\n", st.Stuck)
+	w.Printf("damaged (PROCESSING, no lease)\t%d\n", st.Damaged)
 	oldest := "-"
 	if st.Oldest != nil {
 		oldest = ts(*st.Oldest) + " (" + dur(st.Now.Sub(*st.Oldest)) + " ago)"

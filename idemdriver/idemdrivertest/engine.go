@@ -40,7 +40,10 @@ func runEngine(t *testing.T, h Harness) {
 				{"SealKeyMissingNeverRunsAgain", run(engineSealKeyMissing)},
 				{"SealBrokenNeverRunsAgain", run(engineSealBroken)},
 				{"SealDowngradeRefused", run(engineSealDowngrade)},
+				{"SealTagBindsColumns", run(engineSealTagBindsColumns)},
+				{"SealFormat1StillOpens", run(engineSealFormat1StillOpens)},
 				{"SealedStormLeavesNoPlainText", run(engineSealedStorm)},
+				{"DamagedNeverRuns", run(engineDamagedNeverRuns)},
 			}
 			if mode.oneCommit {
 				cases = append(cases,

@@ -319,6 +319,8 @@ func runMiddleware(t *testing.T, h Harness) {
 		{"StatementBudget", middlewareStatementBudget},
 		{"ScopesNeverMeet", middlewareScopesNeverMeet},
 		{"SealedOnlyRefusesPlain", middlewareSealedOnly},
+		{"DamagedRecord", middlewareDamagedRecord},
+		{"SealTagBindsStatus", middlewareSealTagBindsStatus},
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,10 +28,17 @@ import (
 // record it cannot open again.
 
 // sealedResponse is a response as the core hands a sealed one to a driver:
-// opaque blobs, no headers, no body.
+// opaque blobs and tags, no headers, no body.
 func sealedResponse(marker string) idemdriver.Response {
 	return idemdriver.Response{Status: 201, BodyStored: true, BodySize: 42, SealKey: "key-2025.1",
-		Sealed: []byte("\x01SEALED-" + marker + "\x00\xff"), Request: []byte("\x01REQ-" + marker + "\x00\xfe")}
+		Sealed: []byte("\x01SEALED-" + marker + "\x00\xff"), Request: []byte("\x01REQ-" + marker + "\x00\xfe"),
+		SealTag: []byte("\x02TAG-" + marker + "\x00\xfd"), SealTagDropped: []byte("\x02DROPPEDTAG-" + marker)}
+}
+
+// asStored is resp as a driver returns it: SealTagDropped is never stored.
+func asStored(resp idemdriver.Response) *idemdriver.Response {
+	resp.SealTagDropped = nil
+	return &resp
 }
 
 // completions are the ways an execution's outcome reaches the store: alone
@@ -94,7 +102,7 @@ func driverSealedColumns(t *testing.T, h Harness) {
 
 		rec := record(t, d, "acct", "sealed-"+way)
 		require.Equal(t, idemdriver.StateSucceeded, rec.State, way)
-		require.Equal(t, &sealed, rec.Response, "%s: Get returns the sealed columns as written", way)
+		require.Equal(t, asStored(sealed), rec.Response, "%s: Get returns the sealed columns as written", way)
 		got := record(t, d, "acct", "plain-"+way).Response
 		require.Equal(t, plain.Header, got.Header, way)
 		require.Equal(t, plain.Body, got.Body, way)
@@ -106,14 +114,15 @@ func driverSealedColumns(t *testing.T, h Harness) {
 		require.False(t, res.Claimed, way)
 		require.Equal(t, sealed.SealKey, res.Record.Response.SealKey, "%s: the replay carries the key id", way)
 		require.Equal(t, sealed.Sealed, res.Record.Response.Sealed, "%s: and the blob", way)
+		require.Equal(t, sealed.SealTag, res.Record.Response.SealTag, "%s: and the tag", way)
+		require.Nil(t, res.Record.Response.SealTagDropped, way)
 		require.Equal(t, sealed.BodySize, res.Record.Response.BodySize, way)
 	}
 	if l, ok := d.(idemdriver.Lister); ok {
 		recs, err := l.List(context.Background(), idemdriver.ListParams{Key: "sealed-alone", Limit: 10})
 		require.NoError(t, err)
 		require.Len(t, recs, 1)
-		want := sealedResponse("alone")
-		require.Equal(t, &want, recs[0].Response, "List returns the kept request too")
+		require.Equal(t, asStored(sealedResponse("alone")), recs[0].Response, "List returns the kept request too")
 	}
 }
 
@@ -126,6 +135,8 @@ func driverClaimClearsSealedColumns(t *testing.T, h Harness) {
 	d := h.NewDriver(t)
 	completeVia(t, d, "alone", params("acct", "k", "a"), sealedResponse("OLDLIFE"))
 	require.Contains(t, string(bytes.Join(h.Dump(t, d), nil)), "REQ-OLDLIFE", "the dump shows the kept request")
+	require.Contains(t, string(bytes.Join(h.Dump(t, d), nil)), "TAG-OLDLIFE", "and the seal tag")
+	require.NotContains(t, string(bytes.Join(h.Dump(t, d), nil)), "DROPPEDTAG", "and never the tag of a dropped blob")
 	clock := &Clock{}
 	sd := Shift(d, clock)
 	clock.Advance(retention + time.Second)
@@ -133,7 +144,7 @@ func driverClaimClearsSealedColumns(t *testing.T, h Harness) {
 	require.True(t, res.Claimed, "an expired record is a new life")
 	require.True(t, wrote(t, sd.Fail, fence(res.Record)))
 	for _, cell := range h.Dump(t, d) {
-		require.NotContains(t, string(cell), "OLDLIFE", "the new life holds nothing of the old one's response or request")
+		require.NotContains(t, string(cell), "OLDLIFE", "the new life holds nothing of the old one's response, request or seal tag")
 		require.NotEqual(t, "key-2025.1", string(cell), "nor its seal key")
 	}
 }
@@ -179,7 +190,7 @@ func engineSealedReplay(t *testing.T, h Harness, oneCommit bool) {
 	require.NotContains(t, string(rec.Response.Request), "REQMARK")
 	kr, err := seal.NewKeyring(keys)
 	require.NoError(t, err)
-	opened, err := kr.OpenResponse(rec.Scope, rec.Key, *rec.Response)
+	opened, err := kr.OpenResponse(seal.LifeOf(rec), *rec.Response)
 	require.NoError(t, err)
 	req, err := seal.DecodeRequest(opened.Request)
 	require.NoError(t, err)
@@ -427,4 +438,96 @@ func middlewareSealedOnly(t *testing.T, h Harness) {
 	migrating := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{SealKeys: keys, ReplayPlain: true}}, &app{})
 	requireReplay(t, first, migrating.post(t, "planted", `{"amount":1}`))
 	require.Zero(t, migrating.app.runs.Load())
+}
+
+// The seal binds the plain columns beside it even where the blob is gone.
+// Someone who can write idem_keys but holds no sealing key empties a
+// sealed record's blob (response_body empty, response_body_stored false), as
+// a completion too large for MariaDB's packet is stored, and edits its
+// status: the record must not answer as a response not stored under the
+// forged status (410 with status 200, the issue's attack), nor as one
+// under its own status (an emptied record is no dropped one). Each answers
+// ErrSealBroken, and fn never runs again.
+func engineSealTagBindsColumns(t *testing.T, h Harness, oneCommit bool) {
+	t.Parallel()
+	require.NotNil(t, h.Tamper, "Harness.Tamper is required")
+	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1)}})
+	var runs atomic.Int32
+	for key, set := range map[string]map[string]any{
+		"forged-status":    {"response_body": []byte{}, "response_body_stored": false, "response_status": 200},
+		"emptied":          {"response_body": []byte{}, "response_body_stored": false},
+		"status-only":      {"response_status": 200},
+		"size-only":        {"response_body_size": 7},
+		"stored-flag-only": {"response_body_stored": false},
+	} {
+		first, err := g.Do(t.Context(), doParams(key, "x"), sealedResult(&runs, key))
+		require.NoError(t, err, key)
+		require.Equal(t, 201, first.Status)
+		rec := record(t, d, "acct", key)
+		h.Tamper(t, d, rec.Scope, rec.Key, set)
+		for range 2 {
+			out, err := g.Do(t.Context(), doParams(key, "x"), sealedResult(&runs, "again"))
+			require.ErrorIs(t, err, idem.ErrSealBroken, "%s: %v", key, set)
+			require.NotErrorIs(t, err, idem.ErrResponseNotStored, key)
+			require.NotEqual(t, 200, out.Status, "%s: never the forged status", key)
+			require.Empty(t, out.Body, key)
+		}
+	}
+	require.EqualValues(t, 5, runs.Load(), "fn ran once per key, never for a tampered record")
+}
+
+// The issue's attack over HTTP: a sealed record's blob emptied and its
+// status edited answers 500 seal-broken, never 410 response-not-stored,
+// and the handler does not run again.
+func middlewareSealTagBindsStatus(t *testing.T, h Harness) {
+	t.Parallel()
+	require.NotNil(t, h.Tamper, "Harness.Tamper is required")
+	d := h.NewDriver(t)
+	s := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1)},
+		Logger: slog.New(slog.DiscardHandler)}}, &app{})
+	first := s.post(t, "k", `{"amount":1}`)
+	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
+	h.Tamper(t, d, "global", "k", map[string]any{"response_body": []byte{}, "response_body_stored": false, "response_status": 200})
+	for range 2 {
+		requireProblem(t, s.post(t, "k", `{"amount":1}`), http.StatusInternalServerError, "seal-broken")
+	}
+	require.EqualValues(t, 1, s.app.runs.Load())
+}
+
+// format1Sealed is a response as idem before seal tags sealed it for scope
+// "acct" and key "k1" under key "v1" (32 bytes of 7): a format-1 blob, no
+// seal tag. Status 201, body {"id":"ch_1"}, Location /charges/1.
+func format1Sealed(t *testing.T) idemdriver.Response {
+	t.Helper()
+	blob, err := hex.DecodeString("0112c8264dc559ba30340179fcee48695e80814f9ede99db636a91bf07f60b7439cc34fbd1a71520f837b3d65e" +
+		"7a6398f021c0fd0d56522e2b70cc7689841004cc08ca967c90c4")
+	require.NoError(t, err)
+	return idemdriver.Response{Status: 201, BodyStored: true, BodySize: 13, SealKey: "v1", Sealed: blob}
+}
+
+// A record sealed before seal tags (format 1: a blob, no tag) still
+// replays after the upgrade, through every driver's NULL seal_tag; one
+// whose blob was emptied and status edited (the attack seal tags close)
+// authenticates nothing and answers ErrSealBroken.
+func engineSealFormat1StillOpens(t *testing.T, h Harness, oneCommit bool) {
+	t.Parallel()
+	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1), sealingKey("v1", 7)}})
+	p := idemdriver.ClaimParams{Scope: "acct", Key: "k1", Method: "DO", Path: "orders", Fingerprint: fingerprint("x"),
+		LeaseDuration: lease, Retention: retention}
+	completeVia(t, d, "alone", p, format1Sealed(t))
+	require.Empty(t, record(t, d, "acct", "k1").Response.SealTag, "no tag")
+	var runs atomic.Int32
+	for range 2 {
+		out, err := g.Do(t.Context(), doParams("k1", "x"), sealedResult(&runs, "again"))
+		require.NoError(t, err)
+		require.Equal(t, idem.Result{Status: 201, Header: map[string][]string{"Location": {"/charges/1"}}, Body: []byte(`{"id":"ch_1"}`)}, out)
+	}
+	emptied := format1Sealed(t)
+	emptied.Sealed, emptied.BodyStored, emptied.Status = nil, false, 200
+	p.Key = "k2"
+	completeVia(t, d, "alone", p, emptied)
+	out, err := g.Do(t.Context(), doParams("k2", "x"), sealedResult(&runs, "again"))
+	require.ErrorIs(t, err, idem.ErrSealBroken)
+	require.NotEqual(t, 200, out.Status)
+	require.Zero(t, runs.Load())
 }

@@ -70,6 +70,12 @@ type Harness struct {
 	// sealing cases check that no column holds a response, a request or a
 	// client key in plain text. Required.
 	Dump func(t *testing.T, d idemdriver.Driver) [][]byte
+	// Tamper sets columns of the idem_keys row (scope, key) of d's database
+	// by SQL, as someone who can write the table would (a hand edit, a
+	// partial restore, a leaked credential): set maps each column name to
+	// its new value, nil for NULL. The cases of damaged and tampered
+	// records use it. Required.
+	Tamper func(t *testing.T, d idemdriver.Driver, scope, key string, set map[string]any)
 	// MultiMaster declares that SecondDriver writes through another node of
 	// a multi-master cluster (Galera), whose row locks do not reach the
 	// first: two one-commit claims of one key on two nodes both run, and
@@ -246,6 +252,7 @@ func runDriver(t *testing.T, h Harness) {
 		{"MethodOrPathDiffers", driverMethodOrPathDiffers},
 		{"ReplayByteExact", driverReplayByteExact},
 		{"CutResponseIsMissing", driverCutResponseIsMissing},
+		{"DamagedProcessing", driverDamagedProcessing},
 		{"ScopesIndependent", driverScopesIndependent},
 		{"Fencing", driverFencing},
 		{"HeartbeatExtendsLease", driverHeartbeatExtendsLease},

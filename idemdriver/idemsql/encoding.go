@@ -132,7 +132,8 @@ func decodePlainHeader(b []byte) (h map[string][]string, ok bool) {
 // empty (never NULL) when it was not stored (BodyStored false). A sealed
 // response (SealKey set) has NULL headers and its Sealed blob in the body
 // column (empty when a driver dropped it). The seal_key column takes
-// r.SealKey and the request column r.Request (NULL when nil) as they are.
+// r.SealKey, seal_tag r.SealTag and the request column r.Request (NULL
+// when nil) as they are.
 func EncodeResponse(r idemdriver.Response) (headers, body []byte, err error) {
 	if r.SealKey != "" {
 		body = r.Sealed
@@ -154,8 +155,8 @@ func EncodeResponse(r idemdriver.Response) (headers, body []byte, err error) {
 // ResponseColumns are a record's response columns as a driver scans them
 // (every one NULL, seal_key empty, unless the record is SUCCEEDED):
 // response_status, response_headers (EncodeHeader's JSON), response_body,
-// response_body_stored, response_body_size, seal_key and, where the
-// statement reads it (Get, List), request.
+// response_body_stored, response_body_size, seal_key, seal_tag and, where
+// the statement reads it (Get, List), request.
 type ResponseColumns struct {
 	Status  sql.NullInt64
 	Headers []byte
@@ -163,6 +164,7 @@ type ResponseColumns struct {
 	Stored  sql.NullBool
 	Size    sql.NullInt64
 	SealKey string
+	SealTag []byte
 	Request []byte
 }
 
@@ -175,8 +177,9 @@ type ResponseColumns struct {
 // response-missing (CONTRACT section 3), never a replay that is not the
 // stored one byte for byte, and never a 503 that invites retries forever.
 // A stored empty body is an empty, non-nil slice. A sealed response
-// (seal_key not empty) has the body column in Sealed, nil Header and Body;
-// the seal checks it (a damaged blob does not open).
+// (seal_key not empty) has the body column in Sealed and seal_tag in
+// SealTag, nil Header and Body; the seal checks them (a damaged blob, or
+// columns its tag does not authenticate, do not open).
 func DecodeResponse(state idemdriver.State, c ResponseColumns) *idemdriver.Response {
 	if state != idemdriver.StateSucceeded || !c.Status.Valid {
 		return nil
@@ -184,7 +187,7 @@ func DecodeResponse(state idemdriver.State, c ResponseColumns) *idemdriver.Respo
 	stored := c.Stored.Valid && c.Stored.Bool
 	if c.SealKey != "" {
 		return &idemdriver.Response{Status: int(c.Status.Int64), BodyStored: stored, BodySize: c.Size.Int64,
-			SealKey: c.SealKey, Sealed: c.Body, Request: c.Request}
+			SealKey: c.SealKey, Sealed: c.Body, SealTag: c.SealTag, Request: c.Request}
 	}
 	if stored && c.Size.Valid && int64(len(c.Body)) != c.Size.Int64 {
 		return nil

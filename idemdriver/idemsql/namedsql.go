@@ -15,12 +15,13 @@ package idemsql
 // or a clock read when the write takes effect).
 //
 // The clause takes the record over when no live lease holds it (not
-// PROCESSING with locked_until past now) and it is expired or the same
+// PROCESSING with locked_until past now, nor PROCESSING with none: a
+// damaged record, idemdriver.DecisionDamaged) and it is expired or the same
 // request unfinished (ClaimContinuesSQL: Decision.Continues). A continued
 // life keeps created_at and counts one more attempt; a new one starts at
 // created_at now and attempts 1. Every claim writes the request's method,
 // path, fingerprint and owner, PROCESSING, the next fencing token, the new
-// lease and expires_at, and clears the stored response (seal_key and the kept request too). It ends with its
+// lease and expires_at, and clears the stored response (seal_key, seal_tag and the kept request too). It ends with its
 // WHERE; the caller adds RETURNING.
 func ClaimUpsertSQL(stored, lockedUntil string) string {
 	continues := ClaimContinuesSQL(stored)
@@ -30,12 +31,12 @@ func ClaimUpsertSQL(stored, lockedUntil string) string {
 	fencing_token = ` + stored + `.fencing_token + 1,
 	locked_until = ` + lockedUntil + `,
 	response_status = NULL, response_headers = NULL, response_body = NULL,
-	response_body_stored = NULL, response_body_size = NULL, seal_key = '', request = NULL, completed_at = NULL,
+	response_body_stored = NULL, response_body_size = NULL, seal_key = '', seal_tag = NULL, request = NULL, completed_at = NULL,
 	updated_at = excluded.updated_at,
 	created_at = CASE WHEN ` + continues + ` THEN ` + stored + `.created_at ELSE excluded.created_at END,
 	expires_at = excluded.expires_at,
 	attempts = CASE WHEN ` + continues + ` THEN ` + stored + `.attempts + 1 ELSE 1 END
-WHERE NOT (` + stored + `.state = 'PROCESSING' AND ` + stored + `.locked_until > excluded.created_at)
+WHERE NOT (` + stored + `.state = 'PROCESSING' AND coalesce(` + stored + `.locked_until > excluded.created_at, true))
 	AND (` + stored + `.expires_at <= excluded.created_at OR ` + continues + `)`
 }
 

@@ -53,7 +53,7 @@ type SQLQueryer interface {
 // connection or transaction that reads one snapshot). statsQuery, with
 // statsArgs, returns one row of (now, total, PROCESSING count, SUCCEEDED
 // count, FAILED count, oldest created_at or NULL, expired count, stuck
-// count), times in microseconds since the Unix epoch; when top > 0,
+// count, damaged count), times in microseconds since the Unix epoch; when top > 0,
 // topQuery, given top as its one argument, returns the (scope, count) rows
 // of the largest scopes (queryScopeCounts). On an error it returns what it
 // had read.
@@ -64,7 +64,7 @@ func QueryStats(ctx context.Context, q SQLQueryer, statsQuery string, statsArgs 
 		oldest                               sql.NullInt64
 	)
 	err := q.QueryRowContext(ctx, statsQuery, statsArgs...).
-		Scan(&nowUS, &st.Total, &processing, &succeeded, &failed, &oldest, &st.Expired, &st.Stuck)
+		Scan(&nowUS, &st.Total, &processing, &succeeded, &failed, &oldest, &st.Expired, &st.Stuck, &st.Damaged)
 	if err != nil {
 		return st, err
 	}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 )
@@ -125,5 +127,33 @@ func must(t testing.TB, table string, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatalf("dbtest: dump %s: %v", table, err)
+	}
+}
+
+// TamperSQL sets columns of the idem_keys row (scope, key) on db, as
+// someone who can write the table would: set maps column names to values
+// (nil for NULL). Column names are quoted with backticks and values bound
+// with ?, which MySQL/MariaDB and SQLite both read. For Harness.Tamper
+// (idemdrivertest); it fails t unless exactly one row changed.
+func TamperSQL(t testing.TB, db *sql.DB, scope, key string, set map[string]any) {
+	t.Helper()
+	cols := make([]string, 0, len(set))
+	for c := range set {
+		cols = append(cols, c)
+	}
+	slices.Sort(cols)
+	assign := make([]string, len(cols))
+	args := make([]any, 0, len(cols)+2)
+	for i, c := range cols {
+		assign[i] = "`" + c + "` = ?"
+		args = append(args, set[c])
+	}
+	res, err := db.ExecContext(context.Background(), "UPDATE idem_keys SET "+strings.Join(assign, ", ")+
+		" WHERE scope = ? AND `key` = ?", append(args, scope, key)...)
+	if err != nil {
+		t.Fatalf("dbtest: tamper with %s/%s: %v", scope, key, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		t.Fatalf("dbtest: tamper with %s/%s: %d rows changed (%v)", scope, key, n, err)
 	}
 }
