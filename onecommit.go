@@ -68,7 +68,7 @@ func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams, wait ti
 	switch {
 	case c.tx != nil:
 		turn.run()
-		c.turn = turn
+		c.turn, c.waitEnd = turn, deadline
 		return c, verdict{}
 	case v.rec.Key != "":
 		rec := v.rec
@@ -249,11 +249,31 @@ func (o *oneCommit) recordAlone(e *execution, cp idemdriver.CompleteParams) (boo
 	return e.completeAlone(cp)
 }
 
-func (o *oneCommit) notCompleted(_ *execution, err error) verdict {
-	if isCommitError(err) {
+func (o *oneCommit) notCompleted(e *execution, err error) verdict {
+	switch {
+	case errors.Is(err, idemdriver.ErrConflict):
+		return o.lost(e, err)
+	case isCommitError(err):
 		return verdict{kind: answerCommitFailed, err: err}
 	}
 	return verdict{kind: answerCompletionNotRecorded, err: err}
+}
+
+// lost answers e, whose transaction the database aborted in a conflict at
+// its completion or COMMIT: nothing of it committed. On a multi-master
+// cluster (Galera) that is most often another node's claim of the key,
+// committed first: each node's claim is an uncommitted row the others do
+// not see. The key is read again (a causal read: idemmysql sets
+// wsrep_sync_wait) and answered as a claim that found that record would be
+// (a replay, 422, 409 or the request's wait for its owner); with none, 409
+// and the retry runs again.
+func (o *oneCommit) lost(e *execution, err error) verdict {
+	lost := verdict{kind: answerCommitLost, err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}
+	_, v := o.waits.await(e.parent, e.p, time.Until(e.c.waitEnd), lost, func() (claimed, verdict) { return claimed{}, lost })
+	if v.kind != answerClaimFailed && v.kind != answerCommitLost {
+		v.err = errors.Join(v.err, lost.err) // the event's cause
+	}
+	return v
 }
 
 func (o *oneCommit) finish(e *execution) {

@@ -189,6 +189,7 @@ const (
 	answerCompletionNotRecorded
 	answerCompletionMovedOn
 	answerCommitFailed
+	answerCommitLost      // one-commit: the transaction lost a conflict at its COMMIT, and no record answers
 	answerResponseMissing // a SUCCEEDED record without its response
 	answerSealKeyMissing  // a SUCCEEDED record sealed under a key not configured
 	answerSealBroken      // a SUCCEEDED record whose sealed response does not authenticate
@@ -249,6 +250,9 @@ var answers = [...]struct {
 		"it will not run again: ask the operator")},
 	answerCommitFailed: {ErrStoreUnavailable, EventCompletionFailed, fixed("the idempotency store failed while committing the request's writes and result; " +
 		"retry with the same key: it gets the result if the commit took effect, or the request runs again")},
+	answerCommitLost: {ErrLeaseLost, EventLeaseLost, fixed("this request's writes conflicted with another transaction committed first " +
+		"(on a database cluster, most often another request with this key on another node), so they were rolled back and its result was not recorded; " +
+		"retry with the same key: it gets that request's result, or runs again")},
 }
 
 func fixed(s string) func(*Config, verdict) string { return func(*Config, verdict) string { return s } }
@@ -288,7 +292,7 @@ func (v verdict) problem(c *Config) Problem {
 	switch {
 	case v.kind == answerInFlight:
 		p.RetryAfter = v.retryAfter
-	case v.kind == answerLeaseLost:
+	case v.kind == answerLeaseLost, v.kind == answerCommitLost:
 		p.RetryAfter = time.Second
 	case p.Status == http.StatusServiceUnavailable:
 		p.RetryAfter = c.StoreRetryAfter

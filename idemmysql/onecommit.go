@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 var _ idemdriver.TxClaimer = (*Driver)(nil)
@@ -57,7 +56,7 @@ func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait tim
 		}
 		res, won, err := d.claimIn(ctx, tx, p, offset, wait)
 		if err == nil && won {
-			return res, &idemsql.SQLTx{Tx: tx, CompleteIn: d.completeIn}, nil
+			return res, d.sqlTx(tx), nil
 		}
 		_ = tx.Rollback()
 		k := classify(err)

@@ -1,0 +1,230 @@
+package idemmysql_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemmysql"
+)
+
+// galeraFingerprint is every request's fingerprint in these tests, so that
+// a durable claim made by hand names the same request.
+var galeraFingerprint = []byte(strings.Repeat("g", 32))
+
+// oneCommitOn returns a one-commit middleware on d (one process attached to
+// d's node), waiting at most wait, observed by obs (nil: none).
+func oneCommitOn(t *testing.T, d *idemmysql.Driver, wait time.Duration, obs idem.Observer) *idem.Middleware {
+	t.Helper()
+	mw, err := idem.New(idem.Config{
+		EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: 10 * time.Second, MaxWait: wait, Observer: obs},
+		Scope:        idem.SingleTenant,
+		Fingerprint:  func(*http.Request, []byte) []byte { return galeraFingerprint },
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mw.Engine().Close() })
+	return mw
+}
+
+// postPayment sends POST /v1/payments with key to h.
+func postPayment(h http.Handler, key string, header ...string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{"amount":100}`))
+	req.Header.Set(idem.HeaderKey, key)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// fail answers 500 from a handler (require cannot stop a test from the
+// handler's goroutine); the test then fails on the 5xx.
+func fail(w http.ResponseWriter, err error) {
+	http.Error(w, err.Error(), http.StatusInternalServerError)
+}
+
+// Requests of one key on two nodes in one-commit mode: each node's claim is
+// an uncommitted row that the other node does not see, so both nodes' first
+// requests claim and run the handler (each waits at a barrier for the
+// other's, so that every round runs the race), and at COMMIT the later one
+// loses certification (1213), or is aborted by the winner's write set
+// before its COMMIT (1213 at the completion). Its business write does not
+// commit, and it is answered from the winner's record, read again causally
+// (wsrep_sync_wait): a replay. Regression (issue 32): the loser was
+// answered 503 store-unavailable.
+func TestGaleraOneCommitClaimsOnTwoNodes(t *testing.T) {
+	d1, d2 := galeraPair(t, "")
+	_, err := d1.DB().Exec(`CREATE TABLE galera_charges (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(64) NOT NULL) ENGINE = InnoDB`)
+	require.NoError(t, err)
+	const rounds, perNode = 5, 4
+	for round := range rounds {
+		key := fmt.Sprintf("k%d", round)
+		var ran atomic.Int32
+		both := make(chan struct{})
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tx, err := idem.Tx[*sql.Tx](r.Context())
+			if err != nil {
+				fail(w, err)
+				return
+			}
+			if _, err := tx.ExecContext(r.Context(), `INSERT INTO galera_charges (k) VALUES (?)`, key); err != nil {
+				fail(w, err)
+				return
+			}
+			if ran.Add(1) == 2 {
+				close(both)
+			}
+			select {
+			case <-both:
+			case <-r.Context().Done():
+			}
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, `{"charged":"`+key+`"}`)
+		})
+		var mu sync.Mutex
+		var lost []idem.Event
+		obs := idem.ObserverFunc(func(_ context.Context, e idem.Event) {
+			if e.Kind == idem.EventLeaseLost {
+				mu.Lock()
+				lost = append(lost, e)
+				mu.Unlock()
+			}
+		})
+		nodes := []http.Handler{oneCommitOn(t, d1, 0, obs).Handler(h), oneCommitOn(t, d2, 0, obs).Handler(h)}
+		answers := make([]*httptest.ResponseRecorder, 2*perNode)
+		var wg sync.WaitGroup
+		for i := range answers {
+			wg.Go(func() { answers[i] = postPayment(nodes[i%2], key) })
+		}
+		wg.Wait()
+		require.EqualValues(t, 2, ran.Load(), "round %d: both nodes' handlers ran (the race took place), and no other", round)
+		fresh := 0
+		for i, a := range answers {
+			require.Less(t, a.Code, 500, "round %d, request %d on node %d: %s", round, i, i%2+1, a.Body.String())
+			require.Contains(t, []int{http.StatusCreated, http.StatusConflict}, a.Code, "round %d: %s", round, a.Body.String())
+			if a.Code == http.StatusCreated {
+				require.Equal(t, `{"charged":"`+key+`"}`, a.Body.String())
+				if a.Header().Get(idem.HeaderReplayed) == "" {
+					fresh++
+				}
+			}
+		}
+		require.Equal(t, 1, fresh, "round %d: one answer is the winner's own, every other 201 a replay", round)
+		require.Len(t, lost, 1, "round %d: one execution lost", round)
+		require.Equal(t, http.StatusCreated, lost[0].Status, "round %d: the loser read the winner's record causally: its replay", round)
+		require.ErrorIs(t, lost[0].Err, idemdriver.ErrConflict, "round %d", round)
+		var n int
+		require.NoError(t, d2.DB().QueryRow(`SELECT count(*) FROM galera_charges WHERE k = ?`, key).Scan(&n))
+		require.Equal(t, 1, n, "round %d: one business write committed", round)
+	}
+}
+
+// A one-commit execution whose transaction loses a conflict with a write
+// committed on another node that is not a claim of its key (here a business
+// row both update): nothing of it commits, no record of the key is left,
+// and it is answered a retryable 409; the retry runs again and commits.
+// Regression (issue 32): answered 503.
+func TestGaleraOneCommitConflictWithoutWinner(t *testing.T) {
+	d1, d2 := galeraPair(t, "")
+	ctx := context.Background()
+	_, err := d1.DB().Exec(`CREATE TABLE galera_counter (id INT PRIMARY KEY, n INT NOT NULL) ENGINE = InnoDB`)
+	require.NoError(t, err)
+	_, err = d1.DB().Exec(`INSERT INTO galera_counter VALUES (1, 0)`)
+	require.NoError(t, err)
+	var ran atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, err := idem.Tx[*sql.Tx](r.Context())
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		if _, err := tx.ExecContext(r.Context(), `UPDATE galera_counter SET n = n + 1 WHERE id = 1`); err != nil {
+			fail(w, err)
+			return
+		}
+		if ran.Add(1) == 1 { // another node's write to the row commits first
+			if _, err := d2.DB().ExecContext(r.Context(), `UPDATE galera_counter SET n = n + 100 WHERE id = 1`); err != nil {
+				fail(w, err)
+				return
+			}
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	node1 := oneCommitOn(t, d1, 0, nil).Handler(h)
+
+	a := postPayment(node1, "k")
+	require.Equal(t, http.StatusConflict, a.Code, a.Body.String())
+	require.Contains(t, a.Body.String(), idem.ProblemTypeBase+"request-in-flight")
+	require.Equal(t, "1", a.Header().Get("Retry-After"))
+	_, err = d2.Get(ctx, idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "k"})
+	require.ErrorIs(t, err, idemdriver.ErrNotFound, "nothing of the loser committed, its claim neither")
+	var n int
+	require.NoError(t, d1.DB().QueryRow(`SELECT n FROM galera_counter WHERE id = 1`).Scan(&n))
+	require.Equal(t, 100, n, "the loser's write did not commit")
+
+	a = postPayment(node1, "k")
+	require.Equal(t, http.StatusCreated, a.Code, a.Body.String())
+	require.Empty(t, a.Header().Get(idem.HeaderReplayed), "the retry ran")
+	require.EqualValues(t, 2, ran.Load())
+	require.NoError(t, d2.DB().QueryRow(`SELECT n FROM galera_counter WHERE id = 1`).Scan(&n))
+	require.Equal(t, 101, n)
+}
+
+// A one-commit execution that loses its COMMIT to a durable claim of its
+// key committed on another node (a process in the durable mode, live) is
+// answered as a claim that finds it: 409 request-in-flight, or, when the
+// request waits (Prefer: wait), the owner's outcome once it is recorded.
+// Regression (issue 32): answered 503.
+func TestGaleraOneCommitLostToALiveClaim(t *testing.T) {
+	for _, wait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("wait=%v", wait), func(t *testing.T) {
+			d1, d2 := galeraPair(t, "")
+			p := galeraClaim("k")
+			p.Scope, p.Fingerprint = idem.SingleTenantScope, galeraFingerprint
+			var owner atomic.Pointer[idemdriver.ClaimResult]
+			var ran atomic.Int32
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				ran.Add(1)
+				res, err := d2.Claim(r.Context(), p) // commits on node 2, before this COMMIT
+				if err != nil || !res.Claimed {
+					fail(w, fmt.Errorf("the claim on node 2: %+v %w", res, err))
+					return
+				}
+				owner.Store(&res)
+				w.WriteHeader(http.StatusCreated)
+			})
+			mw := oneCommitOn(t, d1, time.Minute, nil)
+			if !wait {
+				a := postPayment(mw.Handler(h), "k")
+				require.Equal(t, http.StatusConflict, a.Code, a.Body.String())
+				require.Contains(t, a.Body.String(), idem.ProblemTypeBase+"request-in-flight")
+				require.NotEmpty(t, a.Header().Get("Retry-After"))
+				require.EqualValues(t, 1, ran.Load())
+				return
+			}
+			done := make(chan *httptest.ResponseRecorder, 1)
+			go func() { done <- postPayment(mw.Handler(h), "k", "Prefer", "wait=60") }()
+			require.Eventually(t, func() bool { return mw.Engine().Waiters() == 1 || len(done) == 1 }, 30*time.Second, 5*time.Millisecond)
+			require.Empty(t, done, "the loser waits for node 2's owner")
+			galeraComplete(t, d2, p, *owner.Load())
+			a := <-done
+			require.Equal(t, http.StatusCreated, a.Code, a.Body.String())
+			require.Equal(t, "true", a.Header().Get(idem.HeaderReplayed))
+			require.Equal(t, `{}`, a.Body.String(), "node 2's outcome")
+			require.EqualValues(t, 1, ran.Load())
+		})
+	}
+}
