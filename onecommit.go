@@ -212,7 +212,21 @@ func (o *oneCommit) start(e *execution, _ time.Time) func() bool {
 	}
 }
 
-func (o *oneCommit) fail(*execution) (bool, error) { return true, nil }
+// fail: the rollback left nothing of e. On a multi-master cluster (Galera)
+// another node's claim of the key may have committed while e ran and
+// aborted e's transaction, so that the handler's statement failed (1213)
+// and it answered its error. A committed record that a claim would not
+// take (the key's outcome, or a live owner), read again causally where the
+// driver makes it so (idemmysql: wsrep_sync_wait), means e lost the key:
+// false, answered 409 (its retry gets that outcome) instead of the
+// handler's failure. With none, or no answer from the store, the handler's
+// answer stands.
+func (o *oneCommit) fail(e *execution) (bool, error) {
+	ctx, cancel := e.detached()
+	defer cancel()
+	rec, err := o.cfg.Store.Get(ctx, idemdriver.GetParams{Scope: e.p.Scope, Key: e.p.Key, ClockOffset: e.p.ClockOffset})
+	return err != nil || idemdriver.Decide(&rec, false, e.p).Claims(), nil
+}
 
 // release removes the record the rollback restored (a re-claimed FAILED).
 func (o *oneCommit) release(e *execution) (bool, error) {

@@ -228,3 +228,69 @@ func TestGaleraOneCommitLostToALiveClaim(t *testing.T) {
 		})
 	}
 }
+
+// The loser of a race of one key on two nodes whose handler is still
+// running when the winner commits: applying the winner's write set aborts
+// the loser's transaction, so the handler's next statement fails with 1213
+// and the handler answers its error (500), as it must. Nothing of it
+// committed, and the key has a committed outcome: the loser is answered
+// 409 (retry: the winner's replay), not the handler's 5xx. Regression
+// (issue 32): the handler's 500 was sent.
+func TestGaleraOneCommitHandlerStatementLosesToAnotherNode(t *testing.T) {
+	d1, d2 := galeraPair(t, "")
+	_, err := d1.DB().Exec(`CREATE TABLE galera_charges (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(64) NOT NULL) ENGINE = InnoDB`)
+	require.NoError(t, err)
+	for round := range 3 {
+		key := fmt.Sprintf("k%d", round)
+		claimed2, answered1 := make(chan struct{}), make(chan struct{})
+		var failed atomic.Value
+		node1 := oneCommitOn(t, d1, 0, nil).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			<-claimed2 // node 2's claim is made: it runs too
+			tx, err := idem.Tx[*sql.Tx](r.Context())
+			if err == nil {
+				_, err = tx.ExecContext(r.Context(), `INSERT INTO galera_charges (k) VALUES (?)`, key)
+			}
+			if err != nil {
+				fail(w, err)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+		node2 := oneCommitOn(t, d2, 0, nil).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			close(claimed2)
+			<-answered1 // node 1 committed
+			tx, err := idem.Tx[*sql.Tx](r.Context())
+			if err == nil { // a causal read: node 1's write set is applied first, aborting this transaction
+				var n int
+				err = tx.QueryRowContext(r.Context(), `SELECT count(*) FROM galera_charges`).Scan(&n)
+			}
+			if err == nil {
+				_, err = tx.ExecContext(r.Context(), `INSERT INTO galera_charges (k) VALUES (?)`, key)
+			}
+			if err != nil {
+				failed.Store(err)
+				fail(w, err)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+		var a1, a2 *httptest.ResponseRecorder
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			a1 = postPayment(node1, key)
+			close(answered1)
+		})
+		wg.Go(func() { a2 = postPayment(node2, key) })
+		wg.Wait()
+		require.Equal(t, http.StatusCreated, a1.Code, "round %d: %s", round, a1.Body.String())
+		require.NotNil(t, failed.Load(), "round %d: node 2's statement failed (answered %d)", round, a2.Code)
+		require.Equal(t, http.StatusConflict, a2.Code, "round %d: %s (its statement: %v)", round, a2.Body.String(), failed.Load())
+		require.Contains(t, a2.Body.String(), idem.ProblemTypeBase+"request-in-flight")
+		a2 = postPayment(node2, key)
+		require.Equal(t, http.StatusCreated, a2.Code, "round %d: the retry: %s", round, a2.Body.String())
+		require.Equal(t, "true", a2.Header().Get(idem.HeaderReplayed), "round %d: the retry replays node 1's outcome", round)
+		var n int
+		require.NoError(t, d2.DB().QueryRow(`SELECT count(*) FROM galera_charges WHERE k = ?`, key).Scan(&n))
+		require.Equal(t, 1, n, "round %d: one business write committed", round)
+	}
+}
