@@ -31,6 +31,12 @@ var lockedReadSQL = queries[stRead] + ` FOR UPDATE`
 // connection; the server ends the wait at innodb_lock_wait_timeout, 1205,
 // when that comes first), reported as idemdriver.ErrLockWait. Statements of
 // a first execution: BEGIN, the read and the INSERT (or UPDATE).
+//
+// On Galera the row lock is local to a node: a claim of the key on another
+// node runs too, and the later COMMIT loses certification, or the earlier
+// one's write set aborts the later transaction (a brute-force abort). The
+// transaction's completion and COMMIT report that 1213 wrapping
+// idemdriver.ErrConflict; the handler's statements return it as they get it.
 func (d *Driver) ClaimTx(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (idemdriver.ClaimResult, idemdriver.Tx, error) {
 	if err := checkBounds(p); err != nil {
 		return idemdriver.ClaimResult{}, nil, err
