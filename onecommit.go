@@ -282,9 +282,9 @@ func (o *oneCommit) notCompleted(e *execution, err error) verdict {
 // (a replay, 422, 409 or the request's wait for its owner); with none, 409
 // and the retry runs again.
 func (o *oneCommit) lost(e *execution, err error) verdict {
-	lost := verdict{kind: answerCommitLost, err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}
+	lost := verdict{kind: answerLeaseLost, err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}
 	_, v := o.waits.await(e.parent, e.p, time.Until(e.c.waitEnd), lost, func() (claimed, verdict) { return claimed{}, lost })
-	if v.kind != answerClaimFailed && v.kind != answerCommitLost {
+	if v.kind != answerClaimFailed && v.kind != answerLeaseLost {
 		v.err = errors.Join(v.err, lost.err) // the event's cause
 	}
 	return v
