@@ -20,6 +20,9 @@ type SQLTx struct {
 	// the whole transaction in a conflict with another (MySQL: 1213);
 	// Complete and Commit wrap them in idemdriver.ErrConflict. Nil: none.
 	Conflict func(error) bool
+	// Ended runs after Commit and after Rollback, each time (the driver's
+	// cleanup of the transaction's connection). Nil: none.
+	Ended func()
 }
 
 // Complete implements Tx: a transaction the handler already ended
@@ -34,7 +37,17 @@ func (t *SQLTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool
 }
 
 // Commit implements Tx; a conflict (Conflict) is reported as ErrConflict.
-func (t *SQLTx) Commit(context.Context) error { return t.conflict(t.Tx.Commit()) }
+func (t *SQLTx) Commit(context.Context) error {
+	err := t.Tx.Commit()
+	t.ended()
+	return t.conflict(err)
+}
+
+func (t *SQLTx) ended() {
+	if t.Ended != nil {
+		t.Ended()
+	}
+}
 
 func (t *SQLTx) conflict(err error) error {
 	if err != nil && t.Conflict != nil && t.Conflict(err) {
@@ -45,7 +58,9 @@ func (t *SQLTx) conflict(err error) error {
 
 // Rollback implements Tx; a transaction already ended is not an error.
 func (t *SQLTx) Rollback(context.Context) error {
-	if err := t.Tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+	err := t.Tx.Rollback()
+	t.ended()
+	if err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return err
 	}
 	return nil
