@@ -82,7 +82,10 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKe
 	end := func(kind EventKind, v verdict) verdict {
 		ev.Completion = time.Since(recording)
 		ev.Kind, ev.Err = kind, v.err
-		v.status, v.rec = status, c.res.Record
+		v.status = status
+		if v.rec.Key == "" { // else the record a lost COMMIT was answered from
+			v.rec = c.res.Record
+		}
 		return v
 	}
 	outcome := g.cfg.Outcome(cmp0(status))
@@ -189,7 +192,7 @@ func (g *Engine) complete(e *execution, resp idemdriver.Response, executed Event
 			_ = e.rollbackTx(tx)
 		}
 		v := g.mode.notCompleted(e, err)
-		if v.kind == answerLeaseLost {
+		if errors.Is(v.err, ErrLeaseLost) {
 			return end(EventLeaseLost, v)
 		}
 		return end(EventCompletionFailed, v)

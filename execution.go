@@ -94,9 +94,11 @@ type claimed struct {
 	res  idemdriver.ClaimResult
 	tx   idemdriver.Tx
 	sent time.Time // when the claim was sent: the first lease runs from no earlier
-	// one-commit mode: the turn the claim leads, and the end of tx's context
-	turn  *keyTurn
-	endTx context.CancelFunc
+	// one-commit mode: the turn the claim leads, the end of tx's context,
+	// and the end of the request's wait (a lost COMMIT waits until then)
+	turn    *keyTurn
+	endTx   context.CancelFunc
+	waitEnd time.Time
 }
 
 type execution struct {

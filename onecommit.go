@@ -68,7 +68,7 @@ func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams, wait ti
 	switch {
 	case c.tx != nil:
 		turn.run()
-		c.turn = turn
+		c.turn, c.waitEnd = turn, deadline
 		return c, verdict{}
 	case v.rec.Key != "":
 		rec := v.rec
@@ -212,7 +212,21 @@ func (o *oneCommit) start(e *execution, _ time.Time) func() bool {
 	}
 }
 
-func (o *oneCommit) fail(*execution) (bool, error) { return true, nil }
+// fail: the rollback left nothing of e. On a multi-master cluster (Galera)
+// another node's claim of the key may have committed while e ran and
+// aborted e's transaction, so that the handler's statement failed (1213)
+// and it answered its error. A committed record that a claim would not
+// take (the key's outcome, or a live owner), read again causally where the
+// driver makes it so (idemmysql: wsrep_sync_wait), means e lost the key:
+// false, answered 409 (its retry gets that outcome) instead of the
+// handler's failure. With none, or no answer from the store, the handler's
+// answer stands.
+func (o *oneCommit) fail(e *execution) (bool, error) {
+	ctx, cancel := e.detached()
+	defer cancel()
+	rec, err := o.cfg.Store.Get(ctx, idemdriver.GetParams{Scope: e.p.Scope, Key: e.p.Key, ClockOffset: e.p.ClockOffset})
+	return err != nil || idemdriver.Decide(&rec, false, e.p).Claims(), nil
+}
 
 // release removes the record the rollback restored (a re-claimed FAILED).
 func (o *oneCommit) release(e *execution) (bool, error) {
@@ -255,11 +269,31 @@ func (o *oneCommit) recordAlone(e *execution, resp idemdriver.Response) (bool, e
 	return e.completeAlone(cp)
 }
 
-func (o *oneCommit) notCompleted(_ *execution, err error) verdict {
-	if isCommitError(err) {
+func (o *oneCommit) notCompleted(e *execution, err error) verdict {
+	switch {
+	case errors.Is(err, idemdriver.ErrConflict):
+		return o.lost(e, err)
+	case isCommitError(err):
 		return verdict{kind: answerCommitFailed, err: err}
 	}
 	return verdict{kind: answerCompletionNotRecorded, err: err}
+}
+
+// lost answers e, whose transaction the database aborted in a conflict at
+// its completion or COMMIT: nothing of it committed. On a multi-master
+// cluster (Galera) that is most often another node's claim of the key,
+// committed first: each node's claim is an uncommitted row the others do
+// not see. The key is read again (a causal read: idemmysql sets
+// wsrep_sync_wait) and answered as a claim that found that record would be
+// (a replay, 422, 409 or the request's wait for its owner); with none, 409
+// and the retry runs again.
+func (o *oneCommit) lost(e *execution, err error) verdict {
+	lost := verdict{kind: answerLeaseLost, err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}
+	_, v := o.waits.await(e.parent, e.p, time.Until(e.c.waitEnd), lost, func() (claimed, verdict) { return claimed{}, lost })
+	if v.kind != answerClaimFailed && v.kind != answerLeaseLost {
+		v.err = errors.Join(v.err, lost.err) // the event's cause
+	}
+	return v
 }
 
 func (o *oneCommit) finish(e *execution) {

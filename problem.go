@@ -218,8 +218,14 @@ var answers = [...]struct {
 	answerClaimFailed: {ErrStoreUnavailable, EventStoreUnavailable,
 		fixed("the idempotency store did not answer; the request was not processed, retry later with the same key")},
 	answerUnstorable: {ErrScopeUnstorable, 0, fixed("the server could not scope this request")},
-	answerLeaseLost: {ErrLeaseLost, EventLeaseLost,
-		fixed("this request's lease ran out and another request took its key over; its result was not recorded; retry with the same key to get the new owner's result")},
+	answerLeaseLost: {ErrLeaseLost, EventLeaseLost, func(c *Config, _ verdict) string {
+		if c.OneCommit { // no lease: the transaction lost a conflict (Galera: another node's commit of the key)
+			return "this request's writes conflicted with another transaction committed first (on a database cluster, most often another request " +
+				"with this key on another node), so they were rolled back and its result was not recorded; retry with the same key: " +
+				"it gets that request's result, or runs again"
+		}
+		return "this request's lease ran out and another request took its key over; its result was not recorded; retry with the same key to get the new owner's result"
+	}},
 	answerTimedOut: {ErrStoreUnavailable, EventExecuted, func(c *Config, _ verdict) string {
 		return fmt.Sprintf("the request ran past its time limit (%s) and its result was not recorded "+
 			"(in transactional mode its writes were rolled back); retry with the same key: the request runs again", c.MaxExecution)

@@ -305,7 +305,9 @@ type SingleWriter interface {
 // or serialization failure: the database has already aborted the whole
 // transaction, business writes included. Such an error reaches the core,
 // which rolls back, records FAILED (fenced) when nothing committed, and
-// answers 503: the retry runs again.
+// answers 503: the retry runs again. In the one-commit mode (TxClaimer), an
+// error of Complete or Commit that wraps ErrConflict is answered from the
+// key's record read again instead (a replay, or 409).
 type Tx interface {
 	// Complete is Driver.Complete inside this transaction. When it reports
 	// false the caller must Rollback: the business writes must not commit.

@@ -16,7 +16,11 @@ const (
 	// first; read again and answer from its row.
 	kindDuplicate
 	// kindDeadlock: 1213 ER_LOCK_DEADLOCK. InnoDB rolled this statement's
-	// transaction back to break a cycle; run the round again.
+	// transaction back to break a cycle; run the round again. On Galera
+	// also a COMMIT whose write set lost certification to a conflicting
+	// transaction committed first on another node, and any statement of a
+	// transaction that such a commit aborted (a brute-force abort): the
+	// whole transaction is rolled back there too (aborted).
 	kindDeadlock
 	// kindLockWait: 1205 ER_LOCK_WAIT_TIMEOUT. Another transaction held the
 	// row longer than innodb_lock_wait_timeout; read again and answer from
@@ -60,3 +64,8 @@ func classify(err error) kind {
 	}
 	return kindOther
 }
+
+// aborted reports an error by which the server rolled the whole
+// transaction back in a conflict with another (1213): in a business
+// transaction, nothing of it committed (idemdriver.ErrConflict).
+func aborted(err error) bool { return classify(err) == kindDeadlock }

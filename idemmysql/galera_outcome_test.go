@@ -36,8 +36,10 @@ func galeraPair(t testing.TB, secondParams string) (first, second *idemmysql.Dri
 	require.NoError(t, first.DB().QueryRow(`SELECT @@wsrep_on`).Scan(&on))
 	require.Equal(t, "1", on, "TEST_MYSQL_URL is not a Galera node")
 	require.NoError(t, first.Migrate(context.Background()))
-	second, err = idemmysql.Open(context.Background(), idemdrivertest.OnSecondNode(t, idemdrivertest.EnvSecondMySQL, url)+secondParams)
-	require.NoError(t, err)
+	require.Eventually(t, func() bool { // node 2 may not have applied the CREATE DATABASE yet
+		second, err = idemmysql.Open(context.Background(), idemdrivertest.OnSecondNode(t, idemdrivertest.EnvSecondMySQL, url)+secondParams)
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond, "open the database on the second node: %v", err)
 	t.Cleanup(func() { second.Close() })
 	return first, second
 }

@@ -782,7 +782,13 @@ func (d *Driver) Begin(ctx context.Context) (idemdriver.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &idemsql.SQLTx{Tx: tx, CompleteIn: d.completeIn}, nil
+	return d.sqlTx(tx), nil
+}
+
+// sqlTx is tx as the core's Tx: its completion is completeIn, and an error
+// 1213 of the completion or the COMMIT wraps idemdriver.ErrConflict.
+func (d *Driver) sqlTx(tx *sql.Tx) *idemsql.SQLTx {
+	return &idemsql.SQLTx{Tx: tx, CompleteIn: d.completeIn, Conflict: aborted}
 }
 
 // packetOverhead is what a completion's packet carries besides the

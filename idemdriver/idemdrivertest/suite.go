@@ -79,8 +79,9 @@ type Harness struct {
 	// MultiMaster declares that SecondDriver writes through another node of
 	// a multi-master cluster (Galera), whose row locks do not reach the
 	// first: two one-commit claims of one key on two nodes both run, and
-	// one loses certification at COMMIT (docs/deployment.md). The
-	// one-commit wait cases then meet in one node.
+	// one loses certification at COMMIT, answered from the winner's record
+	// (docs/deployment.md). The one-commit wait cases, whose duplicates
+	// wait on the owner's row lock, then meet in one node.
 	MultiMaster bool
 }
 

@@ -16,24 +16,51 @@ type SQLTx struct {
 	Tx *sql.Tx
 	// CompleteIn writes the completion in tx (the driver's fenced statement).
 	CompleteIn func(ctx context.Context, tx *sql.Tx, p idemdriver.CompleteParams) (bool, error)
+	// Conflict reports the driver's errors by which the database aborted
+	// the whole transaction in a conflict with another (MySQL: 1213);
+	// Complete and Commit wrap them in idemdriver.ErrConflict. Nil: none.
+	Conflict func(error) bool
+	// Ended runs after Commit and after Rollback, each time (the driver's
+	// cleanup of the transaction's connection). Nil: none.
+	Ended func()
 }
 
 // Complete implements Tx: a transaction the handler already ended
-// (sql.ErrTxDone) is reported as ErrTxDone.
+// (sql.ErrTxDone) is reported as ErrTxDone, a conflict (Conflict) as
+// ErrConflict.
 func (t *SQLTx) Complete(ctx context.Context, p idemdriver.CompleteParams) (bool, error) {
 	ok, err := t.CompleteIn(ctx, t.Tx, p)
 	if errors.Is(err, sql.ErrTxDone) {
 		err = fmt.Errorf("%w: %w", idemdriver.ErrTxDone, err)
 	}
-	return ok, err
+	return ok, t.conflict(err)
 }
 
-// Commit implements Tx.
-func (t *SQLTx) Commit(context.Context) error { return t.Tx.Commit() }
+// Commit implements Tx; a conflict (Conflict) is reported as ErrConflict.
+func (t *SQLTx) Commit(context.Context) error {
+	err := t.Tx.Commit()
+	t.ended()
+	return t.conflict(err)
+}
+
+func (t *SQLTx) ended() {
+	if t.Ended != nil {
+		t.Ended()
+	}
+}
+
+func (t *SQLTx) conflict(err error) error {
+	if err != nil && t.Conflict != nil && t.Conflict(err) {
+		return fmt.Errorf("%w: %w", idemdriver.ErrConflict, err)
+	}
+	return err
+}
 
 // Rollback implements Tx; a transaction already ended is not an error.
 func (t *SQLTx) Rollback(context.Context) error {
-	if err := t.Tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+	err := t.Tx.Rollback()
+	t.ended()
+	if err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return err
 	}
 	return nil
