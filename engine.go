@@ -70,7 +70,8 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKe
 	defer g.mode.finish(e)
 	stop := g.mode.start(e, c.sent)
 	ran := time.Now()
-	status, failed, panicked, recovered := e.runJob(j)
+	status, over, panicked, recovered := e.runJob(j)
+	failed := over == overrideFailed
 	ev.Handler = time.Since(ran)
 	leaseRanOut := stop()
 
@@ -91,6 +92,8 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKe
 		outcome = Released
 	case failed || panicked:
 		outcome = Failed
+	case over == overrideSucceeded:
+		outcome = Succeeded
 	}
 	cause := context.Cause(e.ctx)
 	lost, unreachable := errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrStoreUnavailable)
@@ -353,12 +356,12 @@ func keptRequest(body []byte, limit int64, contentType, query string) seal.Reque
 	return r
 }
 
-func (j *doJob) run(ctx context.Context) (int, bool) {
+func (j *doJob) run(ctx context.Context) (int, override) {
 	j.out, j.err = j.fn(ctx)
 	if j.err != nil {
-		return http.StatusInternalServerError, true
+		return http.StatusInternalServerError, overrideFailed
 	}
-	return j.out.Status, false
+	return j.out.Status, byPolicy
 }
 
 func (j *doJob) response() idemdriver.Response {

@@ -35,6 +35,10 @@ var (
 	// ErrResponseMissing: a SUCCEEDED record holds no response, or one
 	// damaged in the store (idemsql.DecodeResponse); 500.
 	ErrResponseMissing = errors.New("idem: the key's record succeeded but holds no response")
+	// ErrInvalidStatus: the handler's final status was outside 200-599; idem
+	// answered 500 in its place and recorded that answer, replayed to every
+	// retry.
+	ErrInvalidStatus = errors.New("idem: the handler answered a status outside 200-599")
 	// ErrTxAborted: the claim's transaction aborted; a 2xx is answered 500.
 	ErrTxAborted = idemdriver.ErrTxAborted
 	// ErrSealKeyMissing: a SUCCEEDED record is sealed with a key id that

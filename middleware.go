@@ -186,13 +186,35 @@ type httpJob struct {
 	ev   *Event
 }
 
-func (j *httpJob) run(ctx context.Context) (int, bool) {
+func (j *httpJob) run(ctx context.Context) (int, override) {
 	j.cw = newCaptureWriter(j.w)
 	j.r.Body = io.NopCloser(bytes.NewReader(j.body)) // read whole by the claim
 	hr := j.r.WithContext(ctx)
 	defer func() { j.ev.Route = j.m.route(j.r, hr, j.next) }() // a panic included
 	j.next.ServeHTTP(j.cw, hr)
-	return j.cw.statusCode(), false
+	if status := j.cw.statusCode(); !finalStatus(status) {
+		return j.refuseStatus(status)
+	}
+	return j.cw.statusCode(), byPolicy
+}
+
+// refuseStatus answers 500 invalid-status in place of the handler's answer
+// with status, no final status: net/http would panic sending one under 100
+// or over 999, and the retries would run the handler again. The 500 is
+// recorded SUCCEEDED whatever EngineConfig.Outcome says, since the
+// handler's effects may have happened: every retry replays it.
+func (j *httpJob) refuseStatus(status int) (int, override) {
+	j.m.cfg.Logger.ErrorContext(j.r.Context(), "idem: the handler answered a status outside 200-599; answering 500 invalid-status in its place, recorded: it does not run again",
+		"status", status, "method", j.r.Method, "path", j.r.URL.Path)
+	pr := ProblemFor(ErrInvalidStatus, fmt.Sprintf("the server answered this request with status %d, which HTTP does not allow as a final status; "+
+		"the request was processed and will not run again: ask the operator what it did", status))
+	j.cw.reset()
+	j.m.writeProblem(j.cw, j.r, pr)
+	if !finalStatus(j.cw.statusCode()) { // the ProblemWriter's own
+		j.cw.reset()
+		pr.Write(j.cw)
+	}
+	return j.cw.statusCode(), overrideSucceeded
 }
 
 func (j *httpJob) response() idemdriver.Response { return j.m.storedResponse(j.cw) }
@@ -214,6 +236,14 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.H
 		ev.Status = cw.statusCode()
 		return
 	case answerReplay:
+		if status := v.rec.Response.Status; !finalStatus(status) {
+			// Damaged: net/http would panic sending it, dropping the connection on every retry.
+			m.cfg.Logger.ErrorContext(r.Context(), "idem: a SUCCEEDED record holds a status outside 200-599; answering 500 response-missing, it is not run again",
+				"scope", ev.Scope, "key", ev.Key, "status", status)
+			v = verdict{kind: answerResponseMissing, rec: v.rec, err: ErrResponseMissing}
+			ev.Kind = v.event()
+			break
+		}
 		if !ev.Cached {
 			m.replays.put(ev.Scope, ev.Key, v.rec, true)
 		}

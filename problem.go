@@ -56,6 +56,7 @@ var problemKinds = []problemKind{
 	{ErrResponseNotStored, "response-not-stored", "The response for this Idempotency-Key was not stored", http.StatusGone},
 	{ErrResponseMissing, "response-missing", "The response for this Idempotency-Key is missing from the store", http.StatusInternalServerError},
 	{ErrTxAborted, "transaction-aborted", "The request's transaction aborted", http.StatusInternalServerError},
+	{ErrInvalidStatus, "invalid-status", "The server answered with an invalid status", http.StatusInternalServerError},
 	{ErrSealKeyMissing, "seal-key-missing", "The stored response for this Idempotency-Key is sealed with a key the server does not hold", http.StatusInternalServerError},
 	{ErrSealBroken, "seal-broken", "The stored response for this Idempotency-Key failed its integrity check", http.StatusInternalServerError},
 	{ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable},
