@@ -104,7 +104,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	p, key, body, pr := m.request(r, values)
+	p, key, body, pr := m.request(w, r, values)
 	if pr != nil {
 		m.writeProblem(w, r, *pr)
 		return
@@ -139,8 +139,9 @@ func (m *Middleware) wait(r *http.Request) time.Duration {
 	return m.cfg.Wait
 }
 
-// request reads r's claim (its key the stored one), the client's key and the body.
-func (m *Middleware) request(r *http.Request, values []string) (idemdriver.ClaimParams, string, []byte, *Problem) {
+// request reads r's claim (its key the stored one), the client's key and
+// the body; w carries what the body's reading asks of the connection.
+func (m *Middleware) request(w http.ResponseWriter, r *http.Request, values []string) (idemdriver.ClaimParams, string, []byte, *Problem) {
 	refuse := func(kind error, detail string) (idemdriver.ClaimParams, string, []byte, *Problem) {
 		pr := ProblemFor(kind, detail)
 		return idemdriver.ClaimParams{}, "", nil, &pr
@@ -167,7 +168,7 @@ func (m *Middleware) request(r *http.Request, values []string) (idemdriver.Claim
 	if len(path) > MaxPathLength {
 		return refuse(ErrPathTooLong, fmt.Sprintf("the request path is %d bytes; a protected request's path may have at most %d", len(path), MaxPathLength))
 	}
-	body, err := readBody(r, m.cfg.MaxRequestBytes)
+	body, err := m.readBody(w, r)
 	if errors.Is(err, ErrRequestTooLarge) {
 		return refuse(ErrRequestTooLarge, fmt.Sprintf("the request body exceeds %d bytes", m.cfg.MaxRequestBytes))
 	} else if err != nil {
@@ -281,60 +282,6 @@ func (m *Middleware) route(r, hr *http.Request, next http.Handler) string {
 		return m.cfg.Route(r)
 	}
 	return ""
-}
-
-func readBody(r *http.Request, limit int64) ([]byte, error) {
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
-	}
-	defer func() { _ = r.Body.Close() }()
-	if r.ContentLength > limit {
-		// Declared too large: refused unread, so a client that sent
-		// "Expect: 100-continue" gets the 413 before it sends the body.
-		return nil, ErrRequestTooLarge
-	}
-	body, err := readAll(bodyBuffer(r.ContentLength, limit), io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(body)) > limit {
-		return nil, ErrRequestTooLarge
-	}
-	return body, nil
-}
-
-// bodyBuffer is the buffer readBody starts with for a body of declared
-// length n (-1: unknown) under limit: n bytes and one to spare for the read
-// that meets the end, so a body within presizedBody takes one allocation
-// where io.ReadAll starts at 512 bytes and grows; nil for an unknown length
-// or one over the limit. A longer body's buffer grows as it arrives: a
-// client that declares a megabyte and sends nothing holds no megabyte.
-func bodyBuffer(n, limit int64) []byte {
-	if n < 0 || n > limit {
-		return nil
-	}
-	return make([]byte, 0, min(n, presizedBody)+1)
-}
-
-// presizedBody is the most of a declared length bodyBuffer allocates
-// before the bytes arrive (64 KiB: a payment's JSON is a few hundred).
-const presizedBody = 64 << 10
-
-// readAll is io.ReadAll appending to b.
-func readAll(b []byte, r io.Reader) ([]byte, error) {
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)] // grows as append does
-		}
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-	}
 }
 
 func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, pr Problem) int {
