@@ -146,10 +146,16 @@ func (c *captureWriter) sentOrLive() http.Header {
 	return c.header
 }
 
-func (c *captureWriter) send() {
-	h := c.w.Header()
-	for k, v := range c.sentHeader() {
+// send writes the captured response to the client; extra holds idem's own
+// field lines for this answer (Preference-Applied), kept beside the
+// handler's own lines of those fields.
+func (c *captureWriter) send(extra http.Header) {
+	h, sent := c.w.Header(), c.sentHeader()
+	for k, v := range sent {
 		h[k] = v
+	}
+	for k, v := range extra {
+		h[k] = append(append([]string(nil), sent[k]...), v...)
 	}
 	for name, v := range c.trailers() {
 		h[http.TrailerPrefix+name] = v

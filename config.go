@@ -39,8 +39,10 @@ const (
 func DefaultMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
 
 // DefaultReplayHeaders returns the replayed headers and trailers (CONTRACT
-// section 5), a new slice each call. Set-Cookie, hop-by-hop headers, Date and
-// Content-Length are never replayed.
+// section 5), a new slice each call. Set-Cookie, hop-by-hop headers, Date,
+// Content-Length and the headers idem writes for each answer (the key's
+// echo and expiry, Idempotent-Replayed, Preference-Applied) are never
+// replayed.
 func DefaultReplayHeaders() []string {
 	return []string{
 		"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
@@ -509,8 +511,7 @@ func invalid(errs []error) error {
 // method is.
 func isToken(s string) bool {
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+		if !isTchar(s[i]) {
 			return false
 		}
 	}

@@ -60,6 +60,7 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKe
 		if v.kind == answerClaimFailed {
 			ev.Err = v.err
 		}
+		v.waited = c.waited
 		return v
 	}
 	e := newExecution(&g.cfg, ctx, c, p, clientKey)
@@ -83,7 +84,7 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKe
 	end := func(kind EventKind, v verdict) verdict {
 		ev.Completion = time.Since(recording)
 		ev.Kind, ev.Err = kind, v.err
-		v.status, v.rec = status, c.res.Record
+		v.status, v.rec, v.waited = status, c.res.Record, c.waited
 		return v
 	}
 	outcome := g.cfg.Outcome(cmp0(status))

@@ -97,6 +97,9 @@ type claimed struct {
 	// one-commit mode: the turn the claim leads, and the end of tx's context
 	turn  *keyTurn
 	endTx context.CancelFunc
+	// waited reports that the request waited for another execution of its
+	// key to be answered (its wait, EngineConfig.Wait or Prefer: wait).
+	waited bool
 }
 
 type execution struct {

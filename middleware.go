@@ -55,6 +55,7 @@ var neverReplayed = map[string]bool{
 	"Keep-Alive": true, "Proxy-Connection": true, "Transfer-Encoding": true,
 	"Te": true, "Trailer": true, "Upgrade": true, "Proxy-Authenticate": true,
 	HeaderReplayed: true, HeaderKey: true, HeaderKeyExpires: true,
+	HeaderPreferenceApplied: true, // each answer's own (RFC 7240 section 3)
 }
 
 // HeaderKeyExpires carries the record's expires_at as an RFC 9110 HTTP-date
@@ -113,30 +114,37 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	ev := Event{}
 	var v verdict
 	var cw *captureWriter // the handler's, once it runs
+	var applied http.Header
 	if rec, opened, ok := m.replays.get(p.Scope, p.Key); ok {
 		v = m.cfg.answer(r.Context(), rec, p, opened)
 		ev = Event{Kind: v.event(), Method: p.Method, Scope: p.Scope, Key: p.Key, Cached: true}
 	} else {
 		j := &httpJob{m: m, r: r, w: w, body: body, next: next, ev: &ev}
-		v = m.g.execute(r.Context(), p, key, m.wait(r), j, &ev)
+		wait, asked := m.wait(r)
+		v = m.g.execute(r.Context(), p, key, wait, j, &ev)
 		cw = j.cw
+		if asked && v.waited {
+			applied = http.Header{HeaderPreferenceApplied: {"wait=" + strconv.FormatInt(retryAfterSeconds(wait), 10)}}
+		}
 	}
-	m.respond(w, r, next, v, cw, &ev)
+	m.respond(w, r, next, v, cw, applied, &ev)
 	if ev.Kind != 0 {
 		m.g.observe(r.Context(), &ev)
 	}
 }
 
 // wait is how long r waits for its key's execution in flight: its Prefer
-// wait (RFC 7240 section 4.3), at most MaxWait, else Config.Wait.
-func (m *Middleware) wait(r *http.Request) time.Duration {
+// wait (RFC 7240 section 4.3), at most MaxWait, else Config.Wait; asked
+// reports the Prefer wait's, to be named in Preference-Applied (section 3)
+// when the request waits.
+func (m *Middleware) wait(r *http.Request) (d time.Duration, asked bool) {
 	if m.cfg.MaxWait == 0 {
-		return 0
+		return 0, false
 	}
 	if d, ok := preferredWait(r); ok {
-		return min(d, m.cfg.MaxWait)
+		return min(d, m.cfg.MaxWait), d > 0
 	}
-	return m.cfg.Wait
+	return m.cfg.Wait, false
 }
 
 // request reads r's claim (its key the stored one), the client's key and
@@ -224,16 +232,21 @@ func (j *httpJob) kept(limit int64) seal.Request {
 	return keptRequest(j.body, limit, j.r.Header.Get("Content-Type"), j.r.URL.RawQuery)
 }
 
-func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.Handler, v verdict, cw *captureWriter, ev *Event) {
+// respond writes v's answer; applied holds the Preference-Applied field of
+// a request that waited (nil for none), never stored nor replayed.
+func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.Handler, v verdict, cw *captureWriter, applied http.Header, ev *Event) {
 	if !v.rec.ExpiresAt.IsZero() && v.kind != answerReleased {
 		w.Header()[HeaderKeyExpires] = []string{m.httpDate(v.rec.ExpiresAt)}
+	}
+	for k, vs := range applied {
+		w.Header()[k] = vs
 	}
 	if ev.Route == "" {
 		ev.Route = m.route(r, nil, next)
 	}
 	switch v.kind {
 	case answerRan, answerReleased:
-		cw.send()
+		cw.send(applied)
 		ev.Status = cw.statusCode()
 		return
 	case answerReplay:
@@ -415,34 +428,4 @@ func (rc *replayCache) put(scope, key string, rec idemdriver.Record, opened bool
 	resp.Header = http.Header(resp.Header).Clone()
 	rc.c.Set(replayKey{scope, key}, &cachedRecord{method: rec.Method, path: rec.Path,
 		fingerprint: rec.Fingerprint, response: &resp, opened: opened, expiresAt: rec.ExpiresAt})
-}
-
-// preferredWait reads RFC 7240's "wait" preference (section 4.3: Prefer:
-// wait=<delta-seconds>) from r's Prefer headers; false when none names it,
-// or when the first that does has a value that is not delta-seconds (a
-// sign, a fraction, a word). The first occurrence counts, the later ones
-// are ignored (section 2). A delta-seconds too large to parse is the
-// longest wait, math.MaxInt64 nanoseconds, which the caller caps at
-// MaxWait: a client asking for more than the server allows gets what it
-// allows, not nothing.
-func preferredWait(r *http.Request) (time.Duration, bool) {
-	for _, line := range r.Header.Values("Prefer") {
-		for _, pref := range strings.Split(line, ",") {
-			name, value, _ := strings.Cut(strings.TrimSpace(pref), "=")
-			if !strings.EqualFold(strings.TrimSpace(name), "wait") {
-				continue
-			}
-			value, _, _ = strings.Cut(value, ";") // parameters
-			value = strings.Trim(strings.TrimSpace(value), `"`)
-			n, err := strconv.ParseUint(value, 10, 31)
-			switch {
-			case err == nil:
-				return time.Duration(n) * time.Second, true
-			case errors.Is(err, strconv.ErrRange): // digits only, past 2^31-1 seconds
-				return math.MaxInt64, true
-			}
-			return 0, false
-		}
-	}
-	return 0, false
 }

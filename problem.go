@@ -202,6 +202,7 @@ type verdict struct {
 	retryAfter time.Duration     // answerInFlight
 	status     int               // the work's status, for the answers that quote it
 	sameOp     bool              // answerKeyReused: the same method and path, another payload
+	waited     bool              // the request waited for another execution of its key (claimed.waited)
 }
 
 var answers = [...]struct {
