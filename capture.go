@@ -15,8 +15,11 @@ type captureWriter struct {
 	w      http.ResponseWriter
 	header http.Header // what the handler sees
 	sent   http.Header // the headers as they were at WriteHeader
-	status int
-	body   bytes.Buffer
+	// status is the first final status the handler wrote, valid or not
+	// (finalStatus), once wroteHeader.
+	status      int
+	wroteHeader bool
+	body        bytes.Buffer
 }
 
 func newCaptureWriter(w http.ResponseWriter) *captureWriter {
@@ -25,15 +28,22 @@ func newCaptureWriter(w http.ResponseWriter) *captureWriter {
 
 func (c *captureWriter) Header() http.Header { return c.header }
 
+// WriteHeader takes the first status that is not informational (1xx, RFC
+// 9110 section 15.2: never forwarded, the response is held until recorded)
+// as the final one, and ignores the later ones, as net/http does. It never
+// panics: a status that is no final status (finalStatus) is kept as written
+// for the handler's job to refuse (httpJob.run), where net/http would panic
+// and drop the connection.
 func (c *captureWriter) WriteHeader(status int) {
-	if c.status == 0 && status >= 200 {
-		c.status = status
-		c.sent = c.header.Clone()
+	if c.wroteHeader || (status >= 100 && status < 200) {
+		return
 	}
+	c.status, c.wroteHeader = status, true
+	c.sent = c.header.Clone()
 }
 
 func (c *captureWriter) Write(b []byte) (int, error) {
-	if c.status == 0 {
+	if !c.wroteHeader {
 		c.WriteHeader(http.StatusOK)
 	}
 	return c.body.Write(b)
@@ -49,10 +59,21 @@ func (c *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 func (c *captureWriter) Unwrap() http.ResponseWriter { return c.w }
 
 func (c *captureWriter) statusCode() int {
-	if c.status == 0 {
+	if !c.wroteHeader {
 		return http.StatusOK
 	}
 	return c.status
+}
+
+// finalStatus reports whether status is one a response may end with: 200 to
+// 599 (RFC 9110 section 15: 1xx are informational, and no class is defined
+// past 5xx). net/http panics on a status under 100 or over 999.
+func finalStatus(status int) bool { return status >= 200 && status <= 599 }
+
+// reset forgets what the handler wrote, for idem to answer in its place.
+func (c *captureWriter) reset() {
+	c.header, c.sent, c.status, c.wroteHeader = http.Header{}, nil, 0, false
+	c.body.Reset()
 }
 
 func (c *captureWriter) sentHeader() http.Header {
@@ -125,10 +146,16 @@ func (c *captureWriter) sentOrLive() http.Header {
 	return c.header
 }
 
-func (c *captureWriter) send() {
-	h := c.w.Header()
-	for k, v := range c.sentHeader() {
+// send writes the captured response to the client; extra holds idem's own
+// field lines for this answer (Preference-Applied), kept beside the
+// handler's own lines of those fields.
+func (c *captureWriter) send(extra http.Header) {
+	h, sent := c.w.Header(), c.sentHeader()
+	for k, v := range sent {
 		h[k] = v
+	}
+	for k, v := range extra {
+		h[k] = append(append([]string(nil), sent[k]...), v...)
 	}
 	for name, v := range c.trailers() {
 		h[http.TrailerPrefix+name] = v

@@ -72,7 +72,7 @@ func FuzzCaptureWriter(f *testing.F) {
 		}
 		require.Equal(t, status, c.statusCode())
 		trailers := c.trailers()
-		c.send()
+		c.send(nil)
 		res := rec.Result()
 		require.Equal(t, status, res.StatusCode)
 		bodyAllowed := status != http.StatusNoContent && status != http.StatusNotModified

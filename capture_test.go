@@ -24,7 +24,7 @@ func TestCaptureWriterHoldsResponseUntilSent(t *testing.T) {
 	require.Empty(t, rec.Body.Bytes())
 	require.False(t, rec.Flushed)
 
-	c.send()
+	c.send(nil)
 	require.Equal(t, http.StatusCreated, rec.Code)
 	require.Equal(t, `{"a":1}`, rec.Body.String())
 	require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
@@ -37,14 +37,14 @@ func TestCaptureWriterDefaults(t *testing.T) {
 	t.Parallel()
 	rec := httptest.NewRecorder()
 	c := newCaptureWriter(rec)
-	c.send() // a handler that wrote nothing answers 200, as net/http would
+	c.send(nil) // a handler that wrote nothing answers 200, as net/http would
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.Equal(t, rec, c.Unwrap())
 
 	rec = httptest.NewRecorder()
 	c = newCaptureWriter(rec)
 	c.WriteHeader(http.StatusNoContent)
-	c.send()
+	c.send(nil)
 	require.Equal(t, http.StatusNoContent, rec.Code)
 	require.Empty(t, rec.Header().Get("Content-Length"), "no Content-Length on 204")
 }
@@ -60,7 +60,7 @@ func TestCaptureWriterRefusesHijack(t *testing.T) {
 		_, _, err := http.NewResponseController(c).Hijack()
 		require.ErrorIs(t, err, http.ErrNotSupported)
 		c.WriteHeader(http.StatusAccepted)
-		c.send()
+		c.send(nil)
 	}))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL)

@@ -31,14 +31,18 @@ const (
 	DefaultMaxExecution       = 10 * time.Minute
 	DefaultOneCommitWait      = 2 * time.Second
 	DefaultReplayCacheTTL     = 1 * time.Minute
+	DefaultDiscardBytes       = 4 << 20 // 4 MiB
+	DefaultDiscardTimeout     = 10 * time.Second
 )
 
 // DefaultMethods returns POST and PATCH (CONTRACT section 2), a new slice each call.
 func DefaultMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
 
 // DefaultReplayHeaders returns the replayed headers and trailers (CONTRACT
-// section 5), a new slice each call. Set-Cookie, hop-by-hop headers, Date and
-// Content-Length are never replayed.
+// section 5), a new slice each call. Set-Cookie, hop-by-hop headers, Date,
+// Content-Length and the headers idem writes for each answer (the key's
+// echo and expiry, Idempotent-Replayed, Preference-Applied) are never
+// replayed.
 func DefaultReplayHeaders() []string {
 	return []string{
 		"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
@@ -284,6 +288,21 @@ type Config struct {
 	// MaxRequestBytes bounds the body (413 beyond). Default: 1 MiB.
 	MaxRequestBytes int64
 
+	// DiscardBytes and DiscardTimeout bound what idem reads, and drops, of a
+	// body over MaxRequestBytes before its 413 over HTTP/1.x, so that a client
+	// still sending reads the answer instead of a reset connection (RFC 9112
+	// section 9.6): a body that ends within MaxRequestBytes + DiscardBytes
+	// bytes in all, and within DiscardTimeout of the 413's decision (a read
+	// deadline, http.ResponseController), is read to its end and the
+	// connection kept. Past either, and for a client that sent "Expect:
+	// 100-continue" with a declared length over the limit (it gets the 413
+	// instead of "100 Continue"), the 413 is answered at once with
+	// "Connection: close". HTTP/2 and HTTP/3 read nothing: the answer ends
+	// the request's stream, not the connection. Not negative. Defaults: 4 MiB
+	// and 10 s.
+	DiscardBytes   int64
+	DiscardTimeout time.Duration
+
 	// ReplayHeaders lists the replayed headers. Default: DefaultReplayHeaders().
 	ReplayHeaders []string
 
@@ -351,6 +370,8 @@ func (c Config) WithDefaults() Config {
 		c.Methods = DefaultMethods()
 	}
 	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, DefaultMaxRequestBytes)
+	c.DiscardBytes = cmp.Or(c.DiscardBytes, DefaultDiscardBytes)
+	c.DiscardTimeout = cmp.Or(c.DiscardTimeout, DefaultDiscardTimeout)
 	if c.ReplayHeaders == nil {
 		c.ReplayHeaders = DefaultReplayHeaders()
 	}
@@ -467,6 +488,9 @@ func (c Config) validate() []error {
 	if c.MaxRequestBytes < 0 || c.StoreRetryAfter < 0 {
 		errs = append(errs, errors.New("MaxRequestBytes and StoreRetryAfter must not be negative"))
 	}
+	if c.DiscardBytes < 0 || c.DiscardTimeout < 0 {
+		errs = append(errs, errors.New("DiscardBytes and DiscardTimeout must not be negative"))
+	}
 	if c.ReplayCacheBytes < 0 || c.ReplayCacheTTL < 0 {
 		errs = append(errs, errors.New("ReplayCacheBytes and ReplayCacheTTL must not be negative"))
 	}
@@ -484,8 +508,7 @@ func invalid(errs []error) error {
 // method is.
 func isToken(s string) bool {
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+		if !isTchar(s[i]) {
 			return false
 		}
 	}

@@ -40,6 +40,8 @@ func TestConfigDefaults(t *testing.T) {
 	require.Equal(t, time.Second, c.InFlightRetryAfter)
 	require.EqualValues(t, 1<<20, c.MaxRequestBytes)
 	require.EqualValues(t, 1<<20, c.MaxResponseBytes)
+	require.EqualValues(t, 4<<20, c.DiscardBytes)
+	require.Equal(t, 10*time.Second, c.DiscardTimeout)
 	require.Equal(t, []string{http.MethodPost, http.MethodPatch}, c.Methods)
 	require.Equal(t, idem.DefaultReplayHeaders(), c.ReplayHeaders)
 	require.Nil(t, c.Scope, "the scope has no default: New refuses a nil Scope")
@@ -85,6 +87,8 @@ func TestNewValidates(t *testing.T) {
 		"retention below lease":  {idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: time.Minute, Retention: time.Second}}, "Retention"},
 		"negative request limit": {idem.Config{MaxRequestBytes: -1}, "MaxRequestBytes"},
 		"negative store retry":   {idem.Config{StoreRetryAfter: -time.Second}, "StoreRetryAfter"},
+		"negative discard":       {idem.Config{DiscardBytes: -1}, "DiscardBytes"},
+		"negative discard time":  {idem.Config{DiscardTimeout: -time.Second}, "DiscardTimeout"},
 		"negative in-flight":     {idem.Config{EngineConfig: idem.EngineConfig{InFlightRetryAfter: -time.Second}}, "InFlightRetryAfter"},
 		"execution below lease":  {idem.Config{EngineConfig: idem.EngineConfig{MaxExecution: time.Second}}, "MaxExecution"},
 		// Regression (lease 1 s, Retention 2 s, a 3 s handler): New accepted

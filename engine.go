@@ -60,6 +60,7 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKe
 		if v.kind == answerClaimFailed {
 			ev.Err = v.err
 		}
+		v.waited = c.waited
 		return v
 	}
 	e := newExecution(&g.cfg, ctx, c, p, clientKey)
@@ -70,7 +71,8 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKe
 	defer g.mode.finish(e)
 	stop := g.mode.start(e, c.sent)
 	ran := time.Now()
-	status, failed, panicked, recovered := e.runJob(j)
+	status, over, panicked, recovered := e.runJob(j)
+	failed := over == overrideFailed
 	ev.Handler = time.Since(ran)
 	leaseRanOut := stop()
 
@@ -82,7 +84,7 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKe
 	end := func(kind EventKind, v verdict) verdict {
 		ev.Completion = time.Since(recording)
 		ev.Kind, ev.Err = kind, v.err
-		v.status = status
+		v.status, v.waited = status, c.waited
 		if v.rec.Key == "" { // else the record a lost COMMIT was answered from
 			v.rec = c.res.Record
 		}
@@ -94,6 +96,8 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKe
 		outcome = Released
 	case failed || panicked:
 		outcome = Failed
+	case over == overrideSucceeded:
+		outcome = Succeeded
 	}
 	cause := context.Cause(e.ctx)
 	lost, unreachable := errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrStoreUnavailable)
@@ -356,12 +360,12 @@ func keptRequest(body []byte, limit int64, contentType, query string) seal.Reque
 	return r
 }
 
-func (j *doJob) run(ctx context.Context) (int, bool) {
+func (j *doJob) run(ctx context.Context) (int, override) {
 	j.out, j.err = j.fn(ctx)
 	if j.err != nil {
-		return http.StatusInternalServerError, true
+		return http.StatusInternalServerError, overrideFailed
 	}
-	return j.out.Status, false
+	return j.out.Status, byPolicy
 }
 
 func (j *doJob) response() idemdriver.Response {

@@ -38,6 +38,10 @@ var (
 	// ErrRecordDamaged: the key's record cannot be a valid one (PROCESSING
 	// without a lease bound, idemdriver.DecisionDamaged); 500, never run.
 	ErrRecordDamaged = errors.New("idem: the key's record is damaged (PROCESSING without a lease bound)")
+	// ErrInvalidStatus: the handler's final status was outside 200-599; idem
+	// answered 500 in its place and recorded that answer, replayed to every
+	// retry.
+	ErrInvalidStatus = errors.New("idem: the handler answered a status outside 200-599")
 	// ErrTxAborted: the claim's transaction aborted; a 2xx is answered 500.
 	ErrTxAborted = idemdriver.ErrTxAborted
 	// ErrSealKeyMissing: a SUCCEEDED record is sealed with a key id that

@@ -84,7 +84,7 @@ func ReleaseKey(ctx context.Context) error {
 }
 
 type job interface {
-	run(ctx context.Context) (status int, failed bool)
+	run(ctx context.Context) (status int, o override)
 	response() idemdriver.Response
 	// kept is the request kept for an audit, its body cut at limit bytes.
 	kept(limit int64) seal.Request
@@ -99,6 +99,9 @@ type claimed struct {
 	turn    *keyTurn
 	endTx   context.CancelFunc
 	waitEnd time.Time
+	// waited reports that the request waited for another execution of its
+	// key to be answered (its wait, EngineConfig.Wait or Prefer: wait).
+	waited bool
 }
 
 type execution struct {
@@ -140,15 +143,28 @@ func newExecution(cfg *EngineConfig, parent context.Context, c claimed, p idemdr
 	return e
 }
 
-func (e *execution) runJob(j job) (status int, failed, panicked bool, recovered any) {
+// override is a job's outcome whatever EngineConfig.Outcome says of its status.
+type override int
+
+const (
+	byPolicy override = iota // EngineConfig.Outcome decides
+	// overrideFailed: Do's fn returned an error.
+	overrideFailed
+	// overrideSucceeded: idem answered 500 in place of a handler's invalid
+	// status, and the handler's effects may have happened: its answer is
+	// recorded, so that it never runs again.
+	overrideSucceeded
+)
+
+func (e *execution) runJob(j job) (status int, o override, panicked bool, recovered any) {
 	panicked = true
 	defer func() {
 		if panicked {
 			recovered = recover()
 		}
 	}()
-	status, failed = j.run(e.ctx)
-	return status, failed, false, nil
+	status, o = j.run(e.ctx)
+	return status, o, false, nil
 }
 
 func (e *execution) businessTx() (idemdriver.Tx, error) {

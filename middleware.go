@@ -55,6 +55,7 @@ var neverReplayed = map[string]bool{
 	"Keep-Alive": true, "Proxy-Connection": true, "Transfer-Encoding": true,
 	"Te": true, "Trailer": true, "Upgrade": true, "Proxy-Authenticate": true,
 	HeaderReplayed: true, HeaderKey: true, HeaderKeyExpires: true,
+	HeaderPreferenceApplied: true, // each answer's own (RFC 7240 section 3)
 }
 
 // HeaderKeyExpires carries the record's expires_at as an RFC 9110 HTTP-date
@@ -104,7 +105,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	p, key, body, pr := m.request(r, values)
+	p, key, body, pr := m.request(w, r, values)
 	if pr != nil {
 		m.writeProblem(w, r, *pr)
 		return
@@ -113,34 +114,42 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	ev := Event{}
 	var v verdict
 	var cw *captureWriter // the handler's, once it runs
+	var applied http.Header
 	if rec, opened, ok := m.replays.get(p.Scope, p.Key); ok {
 		v = m.cfg.answer(r.Context(), rec, p, opened)
 		ev = Event{Kind: v.event(), Method: p.Method, Scope: p.Scope, Key: p.Key, Cached: true}
 	} else {
 		j := &httpJob{m: m, r: r, w: w, body: body, next: next, ev: &ev}
-		v = m.g.execute(r.Context(), p, key, m.wait(r), j, &ev)
+		wait, asked := m.wait(r)
+		v = m.g.execute(r.Context(), p, key, wait, j, &ev)
 		cw = j.cw
+		if asked && v.waited {
+			applied = http.Header{HeaderPreferenceApplied: {"wait=" + strconv.FormatInt(retryAfterSeconds(wait), 10)}}
+		}
 	}
-	m.respond(w, r, next, v, cw, &ev)
+	m.respond(w, r, next, v, cw, applied, &ev)
 	if ev.Kind != 0 {
 		m.g.observe(r.Context(), &ev)
 	}
 }
 
 // wait is how long r waits for its key's execution in flight: its Prefer
-// wait (RFC 7240 section 4.3), at most MaxWait, else Config.Wait.
-func (m *Middleware) wait(r *http.Request) time.Duration {
+// wait (RFC 7240 section 4.3), at most MaxWait, else Config.Wait; asked
+// reports the Prefer wait's, to be named in Preference-Applied (section 3)
+// when the request waits.
+func (m *Middleware) wait(r *http.Request) (d time.Duration, asked bool) {
 	if m.cfg.MaxWait == 0 {
-		return 0
+		return 0, false
 	}
 	if d, ok := preferredWait(r); ok {
-		return min(d, m.cfg.MaxWait)
+		return min(d, m.cfg.MaxWait), d > 0
 	}
-	return m.cfg.Wait
+	return m.cfg.Wait, false
 }
 
-// request reads r's claim (its key the stored one), the client's key and the body.
-func (m *Middleware) request(r *http.Request, values []string) (idemdriver.ClaimParams, string, []byte, *Problem) {
+// request reads r's claim (its key the stored one), the client's key and
+// the body; w carries what the body's reading asks of the connection.
+func (m *Middleware) request(w http.ResponseWriter, r *http.Request, values []string) (idemdriver.ClaimParams, string, []byte, *Problem) {
 	refuse := func(kind error, detail string) (idemdriver.ClaimParams, string, []byte, *Problem) {
 		pr := ProblemFor(kind, detail)
 		return idemdriver.ClaimParams{}, "", nil, &pr
@@ -167,7 +176,7 @@ func (m *Middleware) request(r *http.Request, values []string) (idemdriver.Claim
 	if len(path) > MaxPathLength {
 		return refuse(ErrPathTooLong, fmt.Sprintf("the request path is %d bytes; a protected request's path may have at most %d", len(path), MaxPathLength))
 	}
-	body, err := readBody(r, m.cfg.MaxRequestBytes)
+	body, err := m.readBody(w, r)
 	if errors.Is(err, ErrRequestTooLarge) {
 		return refuse(ErrRequestTooLarge, fmt.Sprintf("the request body exceeds %d bytes", m.cfg.MaxRequestBytes))
 	} else if err != nil {
@@ -186,13 +195,35 @@ type httpJob struct {
 	ev   *Event
 }
 
-func (j *httpJob) run(ctx context.Context) (int, bool) {
+func (j *httpJob) run(ctx context.Context) (int, override) {
 	j.cw = newCaptureWriter(j.w)
 	j.r.Body = io.NopCloser(bytes.NewReader(j.body)) // read whole by the claim
 	hr := j.r.WithContext(ctx)
 	defer func() { j.ev.Route = j.m.route(j.r, hr, j.next) }() // a panic included
 	j.next.ServeHTTP(j.cw, hr)
-	return j.cw.statusCode(), false
+	if status := j.cw.statusCode(); !finalStatus(status) {
+		return j.refuseStatus(status)
+	}
+	return j.cw.statusCode(), byPolicy
+}
+
+// refuseStatus answers 500 invalid-status in place of the handler's answer
+// with status, no final status: net/http would panic sending one under 100
+// or over 999, and the retries would run the handler again. The 500 is
+// recorded SUCCEEDED whatever EngineConfig.Outcome says, since the
+// handler's effects may have happened: every retry replays it.
+func (j *httpJob) refuseStatus(status int) (int, override) {
+	j.m.cfg.Logger.ErrorContext(j.r.Context(), "idem: the handler answered a status outside 200-599; answering 500 invalid-status in its place, recorded: it does not run again",
+		"status", status, "method", j.r.Method, "path", j.r.URL.Path)
+	pr := ProblemFor(ErrInvalidStatus, fmt.Sprintf("the server answered this request with status %d, which HTTP does not allow as a final status; "+
+		"the request was processed and will not run again: ask the operator what it did", status))
+	j.cw.reset()
+	j.m.writeProblem(j.cw, j.r, pr)
+	if !finalStatus(j.cw.statusCode()) { // the ProblemWriter's own
+		j.cw.reset()
+		pr.Write(j.cw)
+	}
+	return j.cw.statusCode(), overrideSucceeded
 }
 
 func (j *httpJob) response() idemdriver.Response { return j.m.storedResponse(j.cw) }
@@ -201,19 +232,32 @@ func (j *httpJob) kept(limit int64) seal.Request {
 	return keptRequest(j.body, limit, j.r.Header.Get("Content-Type"), j.r.URL.RawQuery)
 }
 
-func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.Handler, v verdict, cw *captureWriter, ev *Event) {
+// respond writes v's answer; applied holds the Preference-Applied field of
+// a request that waited (nil for none), never stored nor replayed.
+func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.Handler, v verdict, cw *captureWriter, applied http.Header, ev *Event) {
 	if !v.rec.ExpiresAt.IsZero() && v.kind != answerReleased {
 		w.Header()[HeaderKeyExpires] = []string{m.httpDate(v.rec.ExpiresAt)}
+	}
+	for k, vs := range applied {
+		w.Header()[k] = vs
 	}
 	if ev.Route == "" {
 		ev.Route = m.route(r, nil, next)
 	}
 	switch v.kind {
 	case answerRan, answerReleased:
-		cw.send()
+		cw.send(applied)
 		ev.Status = cw.statusCode()
 		return
 	case answerReplay:
+		if status := v.rec.Response.Status; !finalStatus(status) {
+			// Damaged: net/http would panic sending it, dropping the connection on every retry.
+			m.cfg.Logger.ErrorContext(r.Context(), "idem: a SUCCEEDED record holds a status outside 200-599; answering 500 response-missing, it is not run again",
+				"scope", ev.Scope, "key", ev.Key, "status", status)
+			v = verdict{kind: answerResponseMissing, rec: v.rec, err: ErrResponseMissing}
+			ev.Kind = v.event()
+			break
+		}
 		if !ev.Cached {
 			m.replays.put(ev.Scope, ev.Key, v.rec, true)
 		}
@@ -251,60 +295,6 @@ func (m *Middleware) route(r, hr *http.Request, next http.Handler) string {
 		return m.cfg.Route(r)
 	}
 	return ""
-}
-
-func readBody(r *http.Request, limit int64) ([]byte, error) {
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
-	}
-	defer func() { _ = r.Body.Close() }()
-	if r.ContentLength > limit {
-		// Declared too large: refused unread, so a client that sent
-		// "Expect: 100-continue" gets the 413 before it sends the body.
-		return nil, ErrRequestTooLarge
-	}
-	body, err := readAll(bodyBuffer(r.ContentLength, limit), io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(body)) > limit {
-		return nil, ErrRequestTooLarge
-	}
-	return body, nil
-}
-
-// bodyBuffer is the buffer readBody starts with for a body of declared
-// length n (-1: unknown) under limit: n bytes and one to spare for the read
-// that meets the end, so a body within presizedBody takes one allocation
-// where io.ReadAll starts at 512 bytes and grows; nil for an unknown length
-// or one over the limit. A longer body's buffer grows as it arrives: a
-// client that declares a megabyte and sends nothing holds no megabyte.
-func bodyBuffer(n, limit int64) []byte {
-	if n < 0 || n > limit {
-		return nil
-	}
-	return make([]byte, 0, min(n, presizedBody)+1)
-}
-
-// presizedBody is the most of a declared length bodyBuffer allocates
-// before the bytes arrive (64 KiB: a payment's JSON is a few hundred).
-const presizedBody = 64 << 10
-
-// readAll is io.ReadAll appending to b.
-func readAll(b []byte, r io.Reader) ([]byte, error) {
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)] // grows as append does
-		}
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-	}
 }
 
 func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, pr Problem) int {
@@ -438,34 +428,4 @@ func (rc *replayCache) put(scope, key string, rec idemdriver.Record, opened bool
 	resp.Header = http.Header(resp.Header).Clone()
 	rc.c.Set(replayKey{scope, key}, &cachedRecord{method: rec.Method, path: rec.Path,
 		fingerprint: rec.Fingerprint, response: &resp, opened: opened, expiresAt: rec.ExpiresAt})
-}
-
-// preferredWait reads RFC 7240's "wait" preference (section 4.3: Prefer:
-// wait=<delta-seconds>) from r's Prefer headers; false when none names it,
-// or when the first that does has a value that is not delta-seconds (a
-// sign, a fraction, a word). The first occurrence counts, the later ones
-// are ignored (section 2). A delta-seconds too large to parse is the
-// longest wait, math.MaxInt64 nanoseconds, which the caller caps at
-// MaxWait: a client asking for more than the server allows gets what it
-// allows, not nothing.
-func preferredWait(r *http.Request) (time.Duration, bool) {
-	for _, line := range r.Header.Values("Prefer") {
-		for _, pref := range strings.Split(line, ",") {
-			name, value, _ := strings.Cut(strings.TrimSpace(pref), "=")
-			if !strings.EqualFold(strings.TrimSpace(name), "wait") {
-				continue
-			}
-			value, _, _ = strings.Cut(value, ";") // parameters
-			value = strings.Trim(strings.TrimSpace(value), `"`)
-			n, err := strconv.ParseUint(value, 10, 31)
-			switch {
-			case err == nil:
-				return time.Duration(n) * time.Second, true
-			case errors.Is(err, strconv.ErrRange): // digits only, past 2^31-1 seconds
-				return math.MaxInt64, true
-			}
-			return 0, false
-		}
-	}
-	return 0, false
 }

@@ -49,12 +49,16 @@ func newOneCommit(cfg *EngineConfig, waits *waitHub) *oneCommit {
 
 func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, verdict) {
 	lk := localKey{p.Scope, p.Key}
-	turn, v := o.await(ctx, lk, p, wait)
+	turn, v, followed := o.await(ctx, lk, p, wait)
+	// Behind this process's own execution of the key a request waits
+	// whatever its wait; it waited for its wait when it asked for one.
+	waited := followed && wait > 0
 	if turn == nil {
-		return claimed{}, v
+		return claimed{waited: waited}, v
 	}
 	deadline := time.Now().Add(wait)
 	c, v := o.claimOnce(ctx, p, o.cfg.OneCommitWait)
+	c.waited = waited
 	if v.kind == answerInFlight && wait > 0 {
 		// The key runs in another process: wait for it holding no
 		// connection, except while a claim waits on its row lock (one per
@@ -64,6 +68,7 @@ func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams, wait ti
 		c, v = o.waits.await(ctx, p, time.Until(deadline), v, func() (claimed, verdict) {
 			return o.claimOnce(ctx, p, max(time.Millisecond, min(o.cfg.OneCommitWait, time.Until(deadline))))
 		})
+		c.waited = c.waited || waited
 	}
 	switch {
 	case c.tx != nil:
@@ -76,7 +81,7 @@ func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams, wait ti
 	default:
 		o.end(lk, turn, nil, false, &v)
 	}
-	return claimed{}, v
+	return claimed{waited: c.waited}, v
 }
 
 // claimOnce runs one ClaimTx, waiting at most lockWait for the key's row lock.
@@ -101,20 +106,23 @@ func (o *oneCommit) claimOnce(ctx context.Context, p idemdriver.ClaimParams, loc
 	return claimed{res: res}, v
 }
 
-func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimParams, wait time.Duration) (*keyTurn, verdict) {
+// await makes this request the leader of a turn of its key (returned), or
+// follows the leaders of the turns before it until one answers it; followed
+// reports that it followed one.
+func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimParams, wait time.Duration) (_ *keyTurn, _ verdict, followed bool) {
 	deadline := time.Now().Add(max(o.waitRunning, wait))
-	for {
+	for ; ; followed = true {
 		o.mu.Lock()
 		t := o.turns[lk]
 		if t == nil {
 			t = &keyTurn{running: make(chan struct{}), done: make(chan struct{})}
 			o.turns[lk] = t
 			o.mu.Unlock()
-			return t, verdict{}
+			return t, verdict{}, followed
 		}
 		o.mu.Unlock()
 		if !o.follow(ctx, t, deadline) {
-			return nil, o.inFlight()
+			return nil, o.inFlight(), true
 		}
 		switch {
 		case t.final != nil:
@@ -124,9 +132,9 @@ func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimPa
 				resp.Header = http.Header(resp.Header).Clone() // each replay's own
 				rec.Response = &resp
 			}
-			return nil, o.cfg.answer(ctx, rec, p, t.opened)
+			return nil, o.cfg.answer(ctx, rec, p, t.opened), true
 		case t.shared != nil:
-			return nil, *t.shared
+			return nil, *t.shared, true
 		}
 		// Rolled back, or its commit's outcome unknown: one of us leads.
 	}

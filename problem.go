@@ -58,6 +58,7 @@ var problemKinds = []problemKind{
 	{ErrResponseMissing, "response-missing", "The response for this Idempotency-Key is missing from the store", http.StatusInternalServerError},
 	{ErrRecordDamaged, "record-damaged", "The record for this Idempotency-Key is damaged", http.StatusInternalServerError},
 	{ErrTxAborted, "transaction-aborted", "The request's transaction aborted", http.StatusInternalServerError},
+	{ErrInvalidStatus, "invalid-status", "The server answered with an invalid status", http.StatusInternalServerError},
 	{ErrSealKeyMissing, "seal-key-missing", "The stored response for this Idempotency-Key is sealed with a key the server does not hold", http.StatusInternalServerError},
 	{ErrSealBroken, "seal-broken", "The stored response for this Idempotency-Key failed its integrity check", http.StatusInternalServerError},
 	{ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable},
@@ -204,6 +205,7 @@ type verdict struct {
 	retryAfter time.Duration     // answerInFlight
 	status     int               // the work's status, for the answers that quote it
 	sameOp     bool              // answerKeyReused: the same method and path, another payload
+	waited     bool              // the request waited for another execution of its key (claimed.waited)
 }
 
 var answers = [...]struct {

@@ -19,6 +19,7 @@ var kinds = []error{
 	idem.ErrMissingKey, idem.ErrInvalidKey, idem.ErrMissingScope, idem.ErrScopeUnstorable, idem.ErrPathTooLong,
 	idem.ErrRequestTooLarge, idem.ErrBodyUnreadable, idem.ErrKeyReused, idem.ErrInFlight, idem.ErrLeaseLost,
 	idem.ErrResponseNotStored, idem.ErrResponseMissing, idem.ErrTxAborted, idem.ErrStoreUnavailable, nil,
+	idem.ErrInvalidStatus,
 }
 
 // FuzzProblemWrite: whatever its detail, extra members and Retry-After,

@@ -249,7 +249,8 @@ func (h *waitHub) read(ctx context.Context, payload string, p idemdriver.ClaimPa
 // await waits up to budget for the outcome of p's key, in flight as v says,
 // and returns what a claim then gets: a replay, 422 or damaged record's 500 read from the record,
 // or the claim of this or another attempt (claim), or v (409) when budget
-// runs out, ctx ends or MaxWaiters wait already.
+// runs out, ctx ends or MaxWaiters wait already; the claimed's waited
+// reports that the request waited (all but the last case).
 func (h *waitHub) await(ctx context.Context, p idemdriver.ClaimParams, budget time.Duration, v verdict,
 	claim func() (claimed, verdict)) (claimed, verdict) {
 	payload := notifyPayload(p.Scope, p.Key)
@@ -258,6 +259,14 @@ func (h *waitHub) await(ctx context.Context, p idemdriver.ClaimParams, budget ti
 		return claimed{}, v
 	}
 	defer h.leave(payload, kw)
+	c, v := h.awaitJoined(ctx, p, payload, kw, budget, v, claim)
+	c.waited = true
+	return c, v
+}
+
+// awaitJoined is await once kw joined.
+func (h *waitHub) awaitJoined(ctx context.Context, p idemdriver.ClaimParams, payload string, kw *keyWaiters, budget time.Duration, v verdict,
+	claim func() (claimed, verdict)) (claimed, verdict) {
 	deadline := time.Now().Add(budget)
 	// The first read follows the join at once: an outcome recorded between
 	// the claim and the join woke nobody.

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,10 +59,12 @@ func TestPreferWaitGetsTheReplay(t *testing.T) {
 	first := make(chan *httptest.ResponseRecorder, 1)
 	go func() { first <- send(srv, http.MethodPost, "/pay", "k", `{"a":1}`) }()
 	<-h.started
-	for _, mutate := range [][]func(*http.Request){nil, {prefer("wait=0")}, {prefer("wait=nonsense")}} {
+	for _, mutate := range [][]func(*http.Request){nil, {prefer("wait=0")}, {prefer("wait=nonsense")},
+		{prefer(`foo="a, wait=60", wait=0`)}} { // a quoted string's comma separates nothing
 		rec := send(srv, http.MethodPost, "/pay", "k", `{"a":1}`, mutate...)
 		require.Equal(t, http.StatusConflict, rec.Code)
 		require.NotEmpty(t, rec.Header().Get("Retry-After"))
+		require.Empty(t, rec.Header().Values(idem.HeaderPreferenceApplied), "no wait, none applied")
 	}
 	// Regression: a wait too large to parse was ignored (409 at once); it
 	// is capped at MaxWait.
@@ -75,13 +78,84 @@ func TestPreferWaitGetsTheReplay(t *testing.T) {
 	require.Equal(t, http.StatusUnprocessableEntity, send(srv, http.MethodPost, "/pay", "k", `{"a":2}`, prefer("wait=30")).Code)
 	close(h.release)
 	require.Equal(t, http.StatusCreated, (<-first).Code)
+	applied := map[string]bool{}
 	for range asks {
 		rec := <-dup
 		require.Equal(t, http.StatusCreated, rec.Code)
 		require.Equal(t, "true", rec.Header().Get(idem.HeaderReplayed))
 		require.Equal(t, "paid", rec.Body.String())
+		applied[rec.Header().Get(idem.HeaderPreferenceApplied)] = true
 	}
+	// RFC 7240 section 3: the wait applied, after the cap at MaxWait.
+	require.Equal(t, map[string]bool{"wait=30": true, "wait=60": true}, applied)
+	// A replay that waited for nothing names no preference applied.
+	later := send(srv, http.MethodPost, "/pay", "k", `{"a":1}`, prefer("wait=30"))
+	require.Equal(t, "true", later.Header().Get(idem.HeaderReplayed))
+	require.Empty(t, later.Header().Values(idem.HeaderPreferenceApplied))
 	require.Equal(t, 1, h.runs)
+}
+
+// Preference-Applied (RFC 7240 section 3) names the wait of a request that
+// waited, whatever ends its wait: the handler's own run (its key's owner
+// failed, this request claimed it), beside the handler's own applied
+// preferences, or 409 when the wait runs out. It is never stored nor
+// replayed, even when ReplayHeaders names it; a request that waits by the
+// server's default (Wait) asked for nothing, and gets none.
+func TestPreferenceApplied(t *testing.T) {
+	t.Parallel()
+	d := openSQLite(t)
+	started, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	mw := newMiddleware(t, idem.Config{
+		EngineConfig:  idem.EngineConfig{Store: d, MaxWait: time.Minute},
+		ReplayHeaders: append(idem.DefaultReplayHeaders(), idem.HeaderPreferenceApplied),
+	})
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 && r.URL.Path == "/fails" {
+			close(started)
+			<-release
+			w.WriteHeader(http.StatusServiceUnavailable) // FAILED: the waiter claims
+			return
+		}
+		w.Header().Set(idem.HeaderPreferenceApplied, "return=minimal")
+		w.WriteHeader(http.StatusCreated)
+	}))
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- send(h, http.MethodPost, "/fails", "k", `{}`) }()
+	<-started
+	waiter := make(chan *httptest.ResponseRecorder, 1)
+	go func() { waiter <- send(h, http.MethodPost, "/fails", "k", `{}`, prefer("wait=20")) }()
+	waiting(t, mw, 1)
+	close(release)
+	require.Equal(t, http.StatusServiceUnavailable, (<-first).Code)
+	ran := <-waiter
+	require.Equal(t, http.StatusCreated, ran.Code)
+	require.Empty(t, ran.Header().Get(idem.HeaderReplayed), "its own run")
+	require.Equal(t, []string{"return=minimal", "wait=20"}, ran.Header().Values(idem.HeaderPreferenceApplied))
+	require.Equal(t, int32(2), runs.Load())
+	rec := record(t, d, idem.SingleTenantScope, "k")
+	require.NotContains(t, rec.Response.Header, idem.HeaderPreferenceApplied, "never stored")
+	replay := send(h, http.MethodPost, "/fails", "k", `{}`, prefer("wait=20"))
+	require.Equal(t, "true", replay.Header().Get(idem.HeaderReplayed))
+	require.Empty(t, replay.Header().Values(idem.HeaderPreferenceApplied), "never replayed")
+}
+
+// A wait that runs out is answered 409 with the wait applied; a request
+// that waited by the server's default names no preference.
+func TestPreferenceAppliedTo409(t *testing.T) {
+	t.Parallel()
+	held := newHeld()
+	defer close(held.release)
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Wait: time.Second, MaxWait: time.Second}})
+	h := mw.Handler(held)
+	go send(h, http.MethodPost, "/pay", "k", `{}`)
+	<-held.started
+	ran := send(h, http.MethodPost, "/pay", "k", `{}`, prefer("wait=5")) // capped at MaxWait: 1 s
+	require.Equal(t, http.StatusConflict, ran.Code)
+	require.Equal(t, []string{"wait=1"}, ran.Header().Values(idem.HeaderPreferenceApplied))
+	byDefault := send(h, http.MethodPost, "/pay", "k", `{}`) // waits Wait, 1 s
+	require.Equal(t, http.StatusConflict, byDefault.Code)
+	require.Empty(t, byDefault.Header().Values(idem.HeaderPreferenceApplied))
 }
 
 // A server default wait applies to requests that ask for nothing; a
@@ -121,4 +195,33 @@ func TestWaitConfigValidation(t *testing.T) {
 		_, err := idem.NewEngine(cfg)
 		require.Error(t, err, "%+v", cfg)
 	}
+}
+
+// One-commit mode: a request behind this process's own execution of its
+// key waits whatever it asked; it names the wait applied when it asked for
+// one.
+func TestPreferenceAppliedOneCommit(t *testing.T) {
+	t.Parallel()
+	held := newHeld()
+	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{OneCommit: true, MaxWait: time.Minute}})
+	h := mw.Handler(held)
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- send(h, http.MethodPost, "/pay", "k", `{}`) }()
+	<-held.started
+	dups := make(chan *httptest.ResponseRecorder, 2)
+	for _, mutate := range [][]func(*http.Request){{prefer("wait=30")}, nil} {
+		go func() { dups <- send(h, http.MethodPost, "/pay", "k", `{}`, mutate...) }()
+	}
+	waiting(t, mw, 2)
+	close(held.release)
+	require.Equal(t, http.StatusCreated, (<-first).Code)
+	applied := map[string]bool{}
+	for range 2 {
+		rec := <-dups
+		require.Equal(t, http.StatusCreated, rec.Code)
+		require.Equal(t, "true", rec.Header().Get(idem.HeaderReplayed))
+		applied[rec.Header().Get(idem.HeaderPreferenceApplied)] = true
+	}
+	require.Equal(t, map[string]bool{"wait=30": true, "": true}, applied)
+	require.Equal(t, 1, held.runs)
 }

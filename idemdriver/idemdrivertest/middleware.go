@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	idemfingerprint "github.com/idemgo/idem/fingerprint"
 	"github.com/idemgo/idem/idemdriver"
 )
 
@@ -848,7 +849,65 @@ func runEdges(t *testing.T, h Harness) {
 		{"LowercaseMethodProtected", edgeLowercaseMethodProtected},
 		{"UnstorableScope", edgeUnstorableScope},
 		{"ValidationFailureReleasesKey", edgeValidationFailureReleasesKey},
+		{"HandlerStatusOutOfRange", edgeHandlerStatusOutOfRange},
+		{"StoredStatusOutOfRange", edgeStoredStatusOutOfRange},
 	})
+}
+
+// Regression (issue 32): a handler's WriteHeader(1000) was accepted, then
+// net/http panicked sending it, the connection dropped, and the handler
+// (whose charge had committed) ran again on every retry. idem answers 500
+// invalid-status in its place and records that answer SUCCEEDED with the
+// handler's writes, whatever the outcome policy says of a 500: the retry
+// gets the same 500, and the handler never runs again.
+func edgeHandlerStatusOutOfRange(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	biz := h.Business(t, d)
+	a := &app{biz: biz, status: func(int32) int { return 1000 }}
+	s := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{Logger: slog.New(slog.DiscardHandler)}}, a)
+	first := s.post(t, "k", `{}`)
+	requireProblem(t, first, http.StatusInternalServerError, "invalid-status")
+	require.Empty(t, first.header.Get("Location"), "idem's answer, not the handler's")
+	for range 2 {
+		again := s.post(t, "k", `{}`)
+		require.NoError(t, again.err)
+		require.Equal(t, http.StatusInternalServerError, again.status)
+		require.Equal(t, "true", again.header.Get(idem.HeaderReplayed))
+		require.Equal(t, string(first.body), string(again.body), "replayed byte for byte")
+	}
+	require.Equal(t, http.StatusInternalServerError, record(t, d, idem.SingleTenantScope, "k").Response.Status)
+	require.Equal(t, 1, rows(t, biz, "k/1"), "the handler's writes committed with its recorded answer")
+	require.EqualValues(t, 1, a.runs.Load())
+}
+
+// Regression (issue 32): a SUCCEEDED record whose status is outside
+// 200-599 (a damaged row; a completion through the seam plants it here)
+// made net/http panic on every retry, which lost its connection. It is
+// answered 500 response-missing, and the handler does not run.
+func edgeStoredStatusOutOfRange(t *testing.T, h Harness) {
+	t.Parallel()
+	d := h.NewDriver(t)
+	a := &app{}
+	s := newHandlerServer(t, d, idem.Config{}, a.ServeHTTP)
+	req := httptest.NewRequest(http.MethodPost, "/v1/payments", nil)
+	req.Header.Set("Content-Type", "application/json")
+	for _, status := range []int{1000, 600, 150, 99, 0, -1} {
+		key := fmt.Sprintf("k%d", status)
+		res := claim(t, d, idemdriver.ClaimParams{Scope: idem.SingleTenantScope, Key: key, Method: http.MethodPost, Path: "/v1/payments",
+			Fingerprint: idemfingerprint.Request(req, []byte(`{}`)), LeaseDuration: lease, Retention: retention})
+		require.True(t, res.Claimed)
+		resp := okResponse(`{"id":"pay_1"}`)
+		resp.Status = status
+		require.True(t, complete(t, d, fence(res.Record), resp))
+		require.Equal(t, status, record(t, d, idem.SingleTenantScope, key).Response.Status, "stored as planted")
+		for range 2 {
+			got := s.post(t, key, `{}`)
+			requireProblem(t, got, http.StatusInternalServerError, "response-missing")
+			require.Empty(t, got.header.Get(idem.HeaderReplayed), "status %d", status)
+		}
+	}
+	require.Zero(t, a.runs.Load())
 }
 
 // Regression (lease 1 s, Retention 2 s, a 3 s handler): completion never
