@@ -137,7 +137,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // wait (RFC 7240 section 4.3), at most MaxWait, else Config.Wait; asked
 // reports the Prefer wait's, to be named in Preference-Applied (section 3)
 // when the request waits.
-func (m *Middleware) wait(r *http.Request) (d time.Duration, asked bool) {
+func (m *Middleware) wait(r *http.Request) (time.Duration, bool) {
 	if m.cfg.MaxWait == 0 {
 		return 0, false
 	}

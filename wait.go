@@ -250,7 +250,7 @@ func (h *waitHub) read(ctx context.Context, payload string, p idemdriver.ClaimPa
 // and returns what a claim then gets: a replay, 422 or damaged record's 500 read from the record,
 // or the claim of this or another attempt (claim), or v (409) when budget
 // runs out, ctx ends or MaxWaiters wait already; the claimed's waited
-// reports that the request waited (all but the last case).
+// reports that the request waited: always but when MaxWaiters wait already.
 func (h *waitHub) await(ctx context.Context, p idemdriver.ClaimParams, budget time.Duration, v verdict,
 	claim func() (claimed, verdict)) (claimed, verdict) {
 	payload := notifyPayload(p.Scope, p.Key)
