@@ -111,6 +111,8 @@ type Driver struct {
 	// (see Notifies).
 	listen *pgx.ConnConfig
 	pooled bool
+	// renewal is Renew's connection, outside the pool.
+	renewal renewConn
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)

@@ -105,6 +105,7 @@ func TestConformancePartitioned(t *testing.T) {
 		Partitioned:  true,
 		SecondDriver: secondDriver,
 		Dump:         dump,
+		Starve:       starve,
 	})
 }
 
