@@ -169,6 +169,16 @@ type EngineConfig struct {
 	// LeaseDuration. Default: 10 min, within those bounds.
 	MaxExecution time.Duration
 
+	// MaxInFlight bounds the executions in flight in this engine: the
+	// requests (and Do calls) between the start of their claim and the
+	// recording of their outcome, a wait for the owner's outcome included.
+	// One more is refused before it claims, so nothing is claimed, run or
+	// charged: 503 overloaded with Retry-After StoreRetryAfter (Do:
+	// ErrOverloaded). A replay from the replay cache is not counted. Size it
+	// from the lease, the pool and the handler's time (docs/deployment.md,
+	// "Leases under load"). Not negative. Default: 0, no bound.
+	MaxInFlight int
+
 	// RelaySecret keys RelayKey, the same on every process. Default: none (a
 	// plain SHA-256).
 	RelaySecret []byte
@@ -417,6 +427,9 @@ func (c EngineConfig) validate() []error {
 	}
 	if c.InFlightRetryAfter < 0 || c.CompleteTimeout < 0 || c.ClaimTimeout < 0 || c.OneCommitWait < 0 {
 		errs = append(errs, errors.New("InFlightRetryAfter, ClaimTimeout, CompleteTimeout and OneCommitWait must not be negative"))
+	}
+	if c.MaxInFlight < 0 {
+		errs = append(errs, errors.New("MaxInFlight must not be negative"))
 	}
 	if c.Wait < 0 || c.MaxWait < 0 || c.MaxWaiters < 0 || c.WaitPoll < 0 {
 		errs = append(errs, errors.New("Wait, MaxWait, MaxWaiters and WaitPoll must not be negative"))

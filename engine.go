@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
@@ -18,6 +19,11 @@ type Engine struct {
 	cfg   EngineConfig
 	mode  mode
 	waits *waitHub
+	// renewer renews the leases of the executions in flight together; nil
+	// when the store has no idemdriver.Renewer.
+	renewer *renewer
+	// inFlight counts the executions between admit and leave (MaxInFlight).
+	inFlight atomic.Int64
 }
 
 // NewEngine validates cfg after WithDefaults; the error names every field.
@@ -33,6 +39,7 @@ func newEngine(cfg EngineConfig) *Engine {
 	cfg.keyring, _ = seal.NewKeyring(cfg.SealKeys) // validated
 	g := &Engine{cfg: cfg}
 	g.waits = newWaitHub(&g.cfg)
+	g.renewer = newRenewer(&g.cfg)
 	if cfg.OneCommit {
 		g.mode = newOneCommit(&g.cfg, g.waits)
 	} else {
@@ -51,6 +58,11 @@ func (g *Engine) StoredKey(key string) string { return g.cfg.storedKey(key) }
 // and records the outcome; a panic in j is raised again after that.
 func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKey string, wait time.Duration, j job, ev *Event) verdict {
 	ev.Method, ev.Scope, ev.Key = p.Method, p.Scope, p.Key
+	if !g.admit() {
+		ev.Kind = EventOverloaded
+		return verdict{kind: answerOverloaded, err: ErrOverloaded}
+	}
+	defer g.leave()
 	start := time.Now()
 	c, v := g.mode.claim(ctx, p, wait)
 	ev.Claim = time.Since(start)
@@ -156,6 +168,27 @@ func (g *Engine) execute(ctx context.Context, p idemdriver.ClaimParams, clientKe
 		panic(recovered)
 	}
 	return v
+}
+
+// admit counts one more execution in flight, or reports false, counting
+// nothing, when MaxInFlight are in flight already: the request is then
+// refused before it claims (answerOverloaded).
+func (g *Engine) admit() bool {
+	if g.cfg.MaxInFlight <= 0 {
+		return true
+	}
+	if g.inFlight.Add(1) > int64(g.cfg.MaxInFlight) {
+		g.inFlight.Add(-1)
+		return false
+	}
+	return true
+}
+
+// leave ends an execution admit counted.
+func (g *Engine) leave() {
+	if g.cfg.MaxInFlight > 0 {
+		g.inFlight.Add(-1)
+	}
 }
 
 // complete records resp, plain, sealed when SealKeys are set.
@@ -278,6 +311,7 @@ var errFnFailed = errors.New("idem: fn failed")
 //
 // Errors (errors.Is): ErrInvalidKey, ErrMissingScope, ErrPathTooLong,
 // ErrScopeUnstorable, ErrInFlight (*InFlightError), ErrKeyReused,
+// ErrOverloaded (EngineConfig.MaxInFlight; fn did not run),
 // ErrStoreUnavailable (*StoreError), ErrLeaseLost, ErrExecutionTimeout,
 // ErrTxAborted, ErrReleased and ErrOutcomeFailed (with fn's Result),
 // ErrResponseNotStored, ErrResponseMissing, ErrRecordDamaged (a
@@ -458,8 +492,8 @@ func (d durable) claimOnce(ctx context.Context, p idemdriver.ClaimParams) (claim
 	return claimed{res: res, sent: sent}, verdict{}
 }
 
-func (durable) start(e *execution, sent time.Time) func() bool {
-	hb := e.startHeartbeat(sent)
+func (d durable) start(e *execution, sent time.Time) func() bool {
+	hb := e.startHeartbeat(sent, d.g.renewer)
 	return func() bool {
 		hb.stop()
 		return hb.leaseRanOut()

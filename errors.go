@@ -55,6 +55,9 @@ var (
 	ErrNoExecution = errors.New("idem: no idempotent execution in this context (is the work behind idem's middleware or Engine.Do, with an Idempotency-Key, and is this its context, such as r.Context() or c.Request.Context() with gin?)")
 	// ErrExecutionEnded is returned after the execution ended.
 	ErrExecutionEnded = errors.New("idem: the execution has ended; its transaction is closed")
+	// ErrOverloaded: EngineConfig.MaxInFlight executions were in flight;
+	// refused before the claim, nothing claimed or run; 503.
+	ErrOverloaded = errors.New("idem: too many executions in flight; refused before its claim")
 	// ErrStoreUnavailable: the store did not answer; 503.
 	ErrStoreUnavailable = errors.New("idem: store unavailable")
 	// ErrExecutionTimeout is the context cause past MaxExecution.

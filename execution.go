@@ -326,24 +326,36 @@ type heartbeat struct {
 	e       *execution
 	lease   time.Duration
 	started time.Time // for MaxExecution
-	// first starts the loop: a handler that returns sooner costs no goroutine.
+	// renewer, when not nil, renews this lease with the engine's other
+	// executions' in one statement per tick (idemdriver.Renewer); else the
+	// heartbeat's own loop sends a Heartbeat per tick.
+	renewer *renewer
+	// first starts the own loop: a handler that returns sooner costs no
+	// goroutine. With a renewer it ends the renewals at MaxExecution.
 	first *time.Timer
 
 	mu      sync.Mutex
 	stopped bool
-	stopc   chan struct{}      // made when the loop starts; closed by stop
-	done    chan struct{}      // made when the loop starts; closed when it ends
-	cancel  context.CancelFunc // ends an in-flight renewal at stop
-	// lastOK is when the latest successful renewal (or the claim) was sent; read after stop.
+	stopc   chan struct{}      // own loop: made when it starts; closed by stop
+	done    chan struct{}      // own loop: made when it starts; closed when it ends
+	cancel  context.CancelFunc // own loop: ends an in-flight renewal at stop
+	// lastOK is when the latest successful renewal (or the claim) was sent.
 	lastOK time.Time
 }
 
-// startHeartbeat renews the lease every LeaseDuration/3. It cancels the
-// context with ErrLeaseLost when the lease is lost, a *StoreError after a whole
-// lease without renewal, or ErrExecutionTimeout after MaxExecution.
-func (e *execution) startHeartbeat(claimSent time.Time) *heartbeat {
+// startHeartbeat renews the lease every LeaseDuration/3, through r when it
+// is not nil (one statement for all of r's leases), else on its own. It
+// cancels the context with ErrLeaseLost when the lease is lost, a
+// *StoreError after a whole lease without renewal, or ErrExecutionTimeout
+// after MaxExecution.
+func (e *execution) startHeartbeat(claimSent time.Time, r *renewer) *heartbeat {
 	hb := &e.hb
-	*hb = heartbeat{e: e, lease: e.cfg.LeaseDuration, started: time.Now(), lastOK: claimSent}
+	*hb = heartbeat{e: e, lease: e.cfg.LeaseDuration, started: time.Now(), lastOK: claimSent, renewer: r}
+	if r != nil {
+		hb.first = time.AfterFunc(e.cfg.MaxExecution, hb.ranPastMaxExecution)
+		r.add(hb)
+		return hb
+	}
 	hb.first = time.AfterFunc(min(hb.lease/3, e.cfg.MaxExecution), hb.run)
 	return hb
 }
@@ -365,8 +377,7 @@ func (hb *heartbeat) run() {
 		hb.ranPastMaxExecution() // MaxExecution shorter than LeaseDuration/3
 		return
 	}
-	sw, ok := e.cfg.Store.(idemdriver.SingleWriter)
-	singleWriter := ok && sw.SingleWriter()
+	singleWriter := isSingleWriter(e.cfg.Store)
 	t := time.NewTicker(hb.lease / 3)
 	defer t.Stop()
 	limit := time.NewTimer(e.cfg.MaxExecution - time.Since(hb.started))
@@ -383,6 +394,14 @@ func (hb *heartbeat) run() {
 	}
 }
 
+// isSingleWriter reports whether store has one writer at a time
+// (idemdriver.SingleWriter).
+func isSingleWriter(store idemdriver.Driver) bool {
+	sw, ok := store.(idemdriver.SingleWriter)
+	return ok && sw.SingleWriter()
+}
+
+// renew sends the own loop's renewal; false once the loop must end.
 func (hb *heartbeat) renew(ctx context.Context, singleWriter bool) bool {
 	e := hb.e
 	select { // a tick and a stop both ready: stop wins
@@ -391,21 +410,27 @@ func (hb *heartbeat) renew(ctx context.Context, singleWriter bool) bool {
 	default:
 	}
 	if singleWriter && e.txOpen() {
-		// The transaction holds the only write lock: no one can claim meanwhile.
-		hb.lastOK = time.Now()
-		return true
+		return hb.settle(time.Now(), true, nil)
 	}
 	// The database's now is no earlier than this.
 	sent := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, hb.lease/3)
 	ok, err := e.cfg.Store.Heartbeat(rctx, e.fence)
 	cancel()
-	select { // stopped during the renewal: the outcome is recorded next, whatever it said
-	case <-hb.stopc:
-		return false
-	default:
-	}
+	return hb.settle(sent, ok, err)
+}
+
+// settle applies the answer to a renewal sent at sent (ok: the lease was
+// extended; err: the store's error), unless the heartbeat has stopped: the
+// outcome is recorded next, whatever the renewal said. It reports whether
+// the lease is still to be renewed.
+func (hb *heartbeat) settle(sent time.Time, ok bool, err error) bool {
+	e := hb.e
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
 	switch {
+	case hb.stopped:
+		return false
 	case err == nil && ok:
 		hb.lastOK = sent
 	case err == nil && !ok:
@@ -424,10 +449,14 @@ func (hb *heartbeat) renew(ctx context.Context, singleWriter bool) bool {
 }
 
 func (hb *heartbeat) ranPastMaxExecution() {
-	select {
-	case <-hb.stopc:
+	hb.mu.Lock()
+	stopped := hb.stopped
+	hb.mu.Unlock()
+	if stopped {
 		return
-	default:
+	}
+	if hb.renewer != nil {
+		hb.renewer.remove(hb)
 	}
 	e := hb.e
 	e.cfg.Logger.WarnContext(e.parent, "idem: execution ran past MaxExecution; no longer renewing its lease",
@@ -435,16 +464,26 @@ func (hb *heartbeat) ranPastMaxExecution() {
 	e.cancel(ErrExecutionTimeout)
 }
 
-func (hb *heartbeat) leaseRanOut() bool { return time.Since(hb.lastOK) >= hb.lease }
+// leaseRanOut reports, after stop, whether the lease may have run out.
+func (hb *heartbeat) leaseRanOut() bool {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return time.Since(hb.lastOK) >= hb.lease
+}
 
-// stop cancels an in-flight renewal and waits for it; a renewal the database
-// still runs is fenced and cannot undo the completion.
+// stop ends the renewals: it cancels the own loop's in-flight renewal and
+// waits for it, or leaves the renewer (whose statement in flight goes on
+// for the other leases). A renewal the database still runs is fenced and
+// cannot undo the completion.
 func (hb *heartbeat) stop() {
 	hb.first.Stop()
 	hb.mu.Lock()
 	hb.stopped = true
 	running := hb.done != nil
 	hb.mu.Unlock()
+	if hb.renewer != nil {
+		hb.renewer.remove(hb)
+	}
 	if running {
 		close(hb.stopc)
 		hb.cancel()

@@ -43,10 +43,13 @@ const (
 	EventStoreUnavailable
 	// EventCompletionFailed: recording the outcome failed (503).
 	EventCompletionFailed
+	// EventOverloaded: refused before the claim, EngineConfig.MaxInFlight
+	// executions being in flight (503); nothing claimed or run.
+	EventOverloaded
 )
 
 var eventNames = [...]string{"", "executed", "replayed", "in_flight", "key_reused", "released", "taken_over",
-	"lease_lost", "store_unavailable", "completion_failed"}
+	"lease_lost", "store_unavailable", "completion_failed", "overloaded"}
 
 // String returns the kind's snake_case name.
 func (k EventKind) String() string {

@@ -62,6 +62,7 @@ var problemKinds = []problemKind{
 	{ErrSealKeyMissing, "seal-key-missing", "The stored response for this Idempotency-Key is sealed with a key the server does not hold", http.StatusInternalServerError},
 	{ErrSealBroken, "seal-broken", "The stored response for this Idempotency-Key failed its integrity check", http.StatusInternalServerError},
 	{ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable},
+	{ErrOverloaded, "overloaded", "Too many requests in progress", http.StatusServiceUnavailable},
 }
 
 var problemTypes = func() map[string]string {
@@ -196,6 +197,7 @@ const (
 	answerSealKeyMissing  // a SUCCEEDED record sealed under a key not configured
 	answerSealBroken      // a SUCCEEDED record whose sealed response does not authenticate
 	answerRecordDamaged   // a record that cannot be a valid one (idemdriver.DecisionDamaged)
+	answerOverloaded      // refused before the claim: MaxInFlight executions in flight
 )
 
 type verdict struct {
@@ -262,6 +264,8 @@ var answers = [...]struct {
 		"so whether the first request is still running cannot be told; it will not run again: ask the operator")},
 	answerCommitFailed: {ErrStoreUnavailable, EventCompletionFailed, fixed("the idempotency store failed while committing the request's writes and result; " +
 		"retry with the same key: it gets the result if the commit took effect, or the request runs again")},
+	answerOverloaded: {ErrOverloaded, EventOverloaded, fixed("the server has as many requests in progress as it takes; this one was not processed " +
+		"(nothing was claimed or run): retry after the Retry-After delay with the same key")},
 }
 
 func fixed(s string) func(*Config, verdict) string { return func(*Config, verdict) string { return s } }

@@ -66,6 +66,9 @@
 //     key: 2 (SELECT + UPDATE).
 //   - a claimant that loses a race: one more SELECT after its failed write.
 //   - heartbeat, completion, failure: 1 UPDATE each.
+//   - the renewal of every lease an engine holds (idemdriver.Renewer): 1
+//     UPDATE per tick for up to 1,000 leases, plus 1 SELECT when it did not
+//     renew them all; on a connection of its own beside Open's pool.
 //   - transactional mode: the claim (2), then START TRANSACTION, the business
 //     writes, the completion UPDATE and COMMIT: 5 statements besides the
 //     business writes on Open's pool, whose sessions default to READ

@@ -49,6 +49,9 @@ const (
 type Driver struct {
 	db    *sql.DB
 	owned bool // Open created db, so Close closes it
+	// renewDB is Renew's pool of one connection, beside db (Open); nil
+	// renews on db (New).
+	renewDB *sql.DB
 	// beginOpts begin business transactions: READ COMMITTED, or nil when
 	// Open made that the sessions' default.
 	beginOpts *sql.TxOptions
@@ -253,6 +256,7 @@ func openPool(ctx context.Context, cfg *mysql.Config, isolation string, wrap fun
 	if isolation != "" {
 		d.beginOpts = nil // READ COMMITTED is the sessions' default already
 	}
+	d.renewDB = renewOpen(dc)
 	return d, nil
 }
 
@@ -337,6 +341,9 @@ func (d *Driver) Close() error {
 	}
 	if d.owned {
 		errs = append(errs, d.db.Close())
+	}
+	if d.renewDB != nil {
+		errs = append(errs, d.renewDB.Close())
 	}
 	return errors.Join(errs...)
 }

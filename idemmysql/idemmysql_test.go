@@ -153,5 +153,25 @@ func TestConformance(t *testing.T) {
 		},
 		SecondDriver: secondDriver,
 		MultiMaster:  os.Getenv(EnvOtherNodes) != "",
+		Starve:       starve,
 	})
+}
+
+// starve is Harness.Starve: it bounds d's pool to two connections and takes
+// both.
+func starve(t *testing.T, d idemdriver.Driver) func() {
+	db := d.(*idemmysql.Driver).DB()
+	db.SetMaxOpenConns(2)
+	var conns []*sql.Conn
+	for range 2 {
+		c, err := db.Conn(context.Background())
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	return func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		db.SetMaxOpenConns(idemmysql.DefaultMaxOpenConns)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem/idemdriver"
@@ -181,4 +182,48 @@ func TestPurgeBlocksNoClaim(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, tx.Rollback())
+}
+
+// The renewal of many leases (Renew) finds its rows through the primary
+// key, and so does the read after one that did not renew them all, with
+// an index that holds no record in flight (written SUCCEEDED, so that
+// InnoDB keeps no deleted PROCESSING entries for the estimate to count): a
+// plain state = 'PROCESSING' made MySQL read them through
+// idem_keys_processing instead, every record in flight (and, at
+// REPEATABLE READ, lock that range of the index against new claims).
+func TestRenewalUsesPrimaryKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := dbtest.MySQLURL(t)
+	d, err := Open(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.NoError(t, d.Migrate(ctx))
+	_, err = d.DB().Exec("INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, state, fencing_token, " +
+		"created_at, updated_at, expires_at, attempts) " +
+		"WITH RECURSIVE n (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) " +
+		"SELECT 'acct', CONCAT('k', i), 'POST', '/', 'f', 'SUCCEEDED', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 DAY, 1 FROM n")
+	require.NoError(t, err)
+	_, err = d.DB().Exec(`ANALYZE TABLE idem_keys`)
+	require.NoError(t, err)
+	// The plan for the values written into the statement, which MySQL
+	// weighs against the index (index dives), as it may for a prepared
+	// statement's parameters.
+	cfg, err := ParseURL(url)
+	require.NoError(t, err)
+	cfg.InterpolateParams = true
+	connector, err := mysql.NewConnector(cfg)
+	require.NoError(t, err)
+	literal := sql.OpenDB(connector)
+	t.Cleanup(func() { _ = literal.Close() })
+	fences := []any{"acct", "k1", int64(1), int64(1), "acct", "k2", int64(1), int64(1)}
+	for query, args := range map[string][]any{
+		renewSQL(2):   append([]any{int64(0), int64(1), int64(0)}, fences...),
+		renewedSQL(2): fences,
+	} {
+		rows := explain(t, literal, query, args...)
+		require.Len(t, rows, 1, query)
+		require.Equal(t, "PRIMARY", rows[0]["key"], "%s: %v", query, rows[0])
+		require.Equal(t, "range", rows[0]["type"], "%s: %v", query, rows[0])
+	}
 }

@@ -49,6 +49,16 @@
 // instead (or set search_path on the role: ALTER ROLE ... SET search_path).
 // The conformance suite runs through pgbouncer 1.18 in transaction mode with
 // IDEMPGX_TEST_POOLER=transaction and TEST_DATABASE_URL pointing at it.
+//
+// # Lease renewals
+//
+// Renew (idemdriver.Renewer) extends every lease an engine holds with one
+// UPDATE per tick, on a connection of the driver's own outside the pool,
+// opened with the pool's configuration: a burst of claims that takes every
+// pooled connection does not keep the renewals waiting until the leases
+// run out. It keeps no session state (one autocommitted statement, in the
+// pool's exec mode), so behind pgbouncer it is one more client connection
+// per process, lending a server connection for one statement per tick.
 package idempgx
 
 import (
@@ -90,7 +100,8 @@ const SchemaVersionTable = "idem_schema_version"
 // table (New) or one range partitioned by expires_at (NewPartitioned). It
 // also implements the optional interfaces of retention and operations:
 // idemdriver.Purger, MaintenanceLocker, Inspector, Migrator and Partitioner
-// (see retention.go and partitioned.go).
+// (see retention.go and partitioned.go), and idemdriver.Renewer, on a
+// connection of its own (renew.go).
 type Driver struct {
 	pool *pgxpool.Pool
 	// part is nil on a plain table.
@@ -111,6 +122,8 @@ type Driver struct {
 	// (see Notifies).
 	listen *pgx.ConnConfig
 	pooled bool
+	// renewal is Renew's connection, outside the pool.
+	renewal renewConn
 }
 
 var _ idemdriver.Driver = (*Driver)(nil)

@@ -180,6 +180,23 @@ func harness(schemaOption bool) idemdrivertest.Harness {
 		SecondDriver: secondDriver,
 		Dump:         dump,
 		Tamper:       tamper,
+		Starve:       starve,
+	}
+}
+
+// starve is Harness.Starve: it acquires every connection of d's pool.
+func starve(t *testing.T, d idemdriver.Driver) func() {
+	pool := d.(*idempgx.Driver).Pool()
+	var conns []*pgxpool.Conn
+	for range pool.Config().MaxConns {
+		c, err := pool.Acquire(context.Background())
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	return func() {
+		for _, c := range conns {
+			c.Release()
+		}
 	}
 }
 

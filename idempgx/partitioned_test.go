@@ -106,6 +106,7 @@ func TestConformancePartitioned(t *testing.T) {
 		SecondDriver: secondDriver,
 		Dump:         dump,
 		Tamper:       tamper,
+		Starve:       starve,
 	})
 }
 

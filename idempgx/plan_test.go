@@ -15,7 +15,8 @@ import (
 	"github.com/idemgo/idem/internal/dbtest"
 )
 
-// The fenced writes (heartbeat, complete, fail, release) find their row
+// The fenced writes (heartbeat, complete, fail, release, and the renewal
+// of many leases) find their row
 // through the primary key, whatever the statistics say, so their cost does
 // not grow with the records in flight (issue 11). With statistics taken while
 // no record was PROCESSING, PostgreSQL planned them on the partial index
@@ -65,6 +66,9 @@ func requireFencedWritesUsePrimaryKey(t *testing.T, d *Driver) {
 		"complete":  {completeSQL, []any{"acct", "busy-7", int64(1), created, int64(0), 201, []byte("{}"), []byte("x"), true, int64(1), "", []byte("r")}},
 		"fail":      {failSQL, []any{"acct", "busy-7", int64(1), created, int64(0)}},
 		"release":   {releaseSQL, []any{"acct", "busy-7", int64(1), created}},
+		// Two leases (Renew): the arrays as literals.
+		"renew": {renewSQL, []any{"{acct,acct}", "{busy-7,busy-8}", "{1,1}",
+			"{" + created.Format(time.RFC3339Nano) + "," + created.Format(time.RFC3339Nano) + "}", int64(0), int64(30e6)}},
 	} {
 		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
 			text := explain(t, pool, mode, c.query, c.args)

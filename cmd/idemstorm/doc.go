@@ -42,6 +42,21 @@
 // --naive starts paymentsd in its --naive mode (a Redis response cache in
 // idem's place, on --redis-url), to see the double charges it lets through.
 //
+// # Burst
+//
+// --burst sends every logical payment once, all at the same moment, each
+// on a connection of its own, with no retry, duplicate, short deadline or
+// cancellation (--duplicates, --concurrency, --timeout-rate and
+// --cancel-rate do not apply; --chaos is refused). It is issue 32's burst:
+// a process that takes more executions than it can renew the leases of
+// loses them to its own pool. Each payment must then be answered 201 or
+// refused before its claim (503 overloaded, paymentsd --max-in-flight);
+// the provider (--psp-url) must hold no charge beyond the ledger's
+// payments (nothing charged without a booked payment); and with a database
+// URL, a completed payment's record must be SUCCEEDED and a refused one's
+// absent (nothing claimed). docs/deployment.md ("Leases under load") has
+// the command and its figures.
+//
 // # Reconciliation
 //
 // When the storm is over, idemstorm reconciles through the API, per

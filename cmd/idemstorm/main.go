@@ -41,7 +41,9 @@ type options struct {
 	redisURL     string
 	payments     int
 	duplicates   int
-	merchants    int
+	// burst sends each payment once, all at once (runBurst).
+	burst     bool
+	merchants int
 	loadShape
 	report   string
 	logDir   string
@@ -88,6 +90,9 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.StringVar(&o.redisURL, "redis-url", "", "paymentsd's --redis-url with --naive (default: paymentsd's, redis://127.0.0.1:6379/0)")
 	fs.IntVar(&o.payments, "payments", 1000, "logical payments")
 	fs.IntVar(&o.duplicates, "duplicates", 4, "concurrent copies of each logical payment, all with its Idempotency-Key")
+	fs.BoolVar(&o.burst, "burst", false, "send every logical payment once, all at the same moment, with no retry (--duplicates, --concurrency, "+
+		"--timeout-rate and --cancel-rate do not apply): each must complete (201) or be refused before its claim (503 overloaded, paymentsd --max-in-flight), "+
+		"and nothing may be charged without a booked payment (docs/deployment.md, \"Leases under load\")")
 	fs.IntVar(&o.merchants, "merchants", 0, "merchants (idempotency scopes); 0: one per 20 payments, at least 4")
 	fs.IntVar(&o.concurrency, "concurrency", 32, "logical payments in flight at once (each with --duplicates copies)")
 	fs.Float64Var(&o.timeoutRate, "timeout-rate", 0.1, "probability that a send gets a short deadline (up to --short-timeout)")
@@ -135,6 +140,7 @@ func (o *options) validate() error {
 	check(o.deadline > 0, "--deadline must be positive")
 	check(o.killEvery >= 10*time.Millisecond, "--kill-every must be at least 10ms")
 	check(o.lease == 0 || o.lease >= time.Second, "--lease must be 0 or at least 1s")
+	check(!o.burst || !o.chaos, "--burst and --chaos do not go together: a burst's payments are sent once, and a killed server's are lost")
 	if len(o.urls) > 0 {
 		check(!o.chaos, "--chaos kills the servers it starts: it cannot be used with --url")
 		check(o.paymentsdBin == "" && len(o.paymentsdArgs) == 0, "--paymentsd-bin and paymentsd flags apply to servers idemstorm starts, not to --url")
@@ -198,6 +204,9 @@ func storm(ctx context.Context, o options, stdout, stderr io.Writer) (*Report, e
 		}
 	}
 	runID := newRunID()
+	if o.burst {
+		o.duplicates, o.concurrency, o.timeoutRate, o.cancelRate = 1, o.payments, 0, 0
+	}
 	rep := newReport(o, runID)
 	plan := newPlan(runID, o.payments, o.duplicates, o.merchants)
 
@@ -239,9 +248,13 @@ func storm(ctx context.Context, o options, stdout, stderr io.Writer) (*Report, e
 		bar = newProgressBar(stdout, o.payments)
 	}
 	started := time.Now()
-	res := runLoad(loadCtx, loadConfig{
-		hosts: hosts, plan: plan, loadShape: o.loadShape, progress: bar,
-	})
+	lc := loadConfig{hosts: hosts, plan: plan, loadShape: o.loadShape, progress: bar}
+	var res *loadResult
+	if o.burst {
+		res = runBurst(loadCtx, lc)
+	} else {
+		res = runLoad(loadCtx, lc)
+	}
 	bar.Finish()
 	rep.Load = res.summary(time.Since(started))
 	rep.Config.Seed = res.seed
@@ -267,6 +280,9 @@ func storm(ctx context.Context, o options, stdout, stderr io.Writer) (*Report, e
 		return nil, fmt.Errorf("reconciliation: %w", err)
 	}
 	rep.Reconciliation = rec
+	if o.burst {
+		rep.Burst = burstSummary(plan, res.outcomes)
+	}
 	if o.databaseURL != "" {
 		if o.naive {
 			rep.Records = &RecordsCheck{Skipped: "naive mode keeps no idem records"}

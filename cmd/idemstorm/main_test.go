@@ -64,6 +64,7 @@ func TestParseFlagsURLs(t *testing.T) {
 		{"--max-retry-after", "0s"},
 		{"--lease", "500ms"},
 		{"--psp-url", "127.0.0.1:8090"},
+		{"--burst", "--chaos"},
 	} {
 		_, err := parseFlags(bad, io.Discard)
 		require.Error(t, err, "%q", bad)

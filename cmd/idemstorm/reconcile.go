@@ -185,8 +185,11 @@ type ProviderReconciliation struct {
 	Expected int   `json:"expected"`
 	// DoubleCharges sums, per merchant, the charges beyond one per logical
 	// payment; MissingCharges those short of it.
-	DoubleCharges  int64    `json:"double_charges"`
-	MissingCharges int64    `json:"missing_charges"`
+	DoubleCharges  int64 `json:"double_charges"`
+	MissingCharges int64 `json:"missing_charges"`
+	// Unbooked sums, per merchant, the charges beyond the ledger's
+	// payments: charged, and no payment booked for it.
+	Unbooked       int64    `json:"unbooked_charges"`
 	AmountMismatch []string `json:"amount_mismatch,omitempty"`
 }
 
@@ -348,6 +351,7 @@ func reconcileProvider(st *pspStats, p *plan, m string, mr *MerchantReconciliati
 	expected := int64(mr.Expected)
 	pr.DoubleCharges += max(0, charges-expected)
 	pr.MissingCharges += max(0, expected-charges)
+	pr.Unbooked += max(0, charges-mr.LedgerPayments)
 	amount := ms.Amount
 	if amount == nil {
 		amount = map[string]int64{}

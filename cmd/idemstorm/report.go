@@ -26,13 +26,16 @@ type Report struct {
 	Load           *LoadSummary    `json:"load"`
 	Servers        *ServersSummary `json:"servers,omitempty"`
 	Reconciliation *Reconciliation `json:"reconciliation"`
-	Records        *RecordsCheck   `json:"records,omitempty"`
-	Verdict        Verdict         `json:"verdict"`
+	// Burst sorts the answers of a --burst run.
+	Burst   *BurstSummary `json:"burst,omitempty"`
+	Records *RecordsCheck `json:"records,omitempty"`
+	Verdict Verdict       `json:"verdict"`
 }
 
 // ConfigReport is the storm's configuration.
 type ConfigReport struct {
 	Payments      int      `json:"payments"`
+	Burst         bool     `json:"burst"`
 	Duplicates    int      `json:"duplicates"`
 	Merchants     int      `json:"merchants"`
 	Concurrency   int      `json:"concurrency"`
@@ -101,7 +104,7 @@ func newReport(o options, runID string) *Report {
 		mode = "naive"
 	}
 	r := &Report{RunID: runID, Mode: mode, StartedAt: time.Now().UTC(), Config: ConfigReport{
-		Payments: o.payments, Duplicates: o.duplicates, Merchants: o.merchants, Concurrency: o.concurrency,
+		Payments: o.payments, Burst: o.burst, Duplicates: o.duplicates, Merchants: o.merchants, Concurrency: o.concurrency,
 		PSPURL: o.pspURL, Chaos: o.chaos, TimeoutRate: o.timeoutRate, CancelRate: o.cancelRate,
 		ShortTimeout: o.shortTimeout.String(), MaxRetryAfter: o.maxRetryAfter.String(), Deadline: o.deadline.String(),
 		PaymentsdArgs: redactArgs(o.paymentsdArgs), DatabaseURL: redactURL(o.databaseURL),
@@ -183,11 +186,16 @@ func (r *Report) finish() {
 		}
 	}
 	rec := r.Reconciliation
+	if b := r.Burst; b != nil {
+		add(int64(b.Other), "payments neither completed (201) nor refused before their claim (503 overloaded)")
+	}
 	if rec != nil {
 		add(int64(rec.DoublePayments), "double payments in the ledger")
 		add(int64(rec.Lost), "lost payments (answered 201, not in the ledger)")
-		add(int64(rec.Unfinished), "logical payments never answered 201")
-		add(int64(rec.Rejected), "logical payments answered a final error")
+		if r.Burst == nil { // a burst's refused payments are neither answered 201 nor retried
+			add(int64(rec.Unfinished), "logical payments never answered 201")
+			add(int64(rec.Rejected), "logical payments answered a final error")
+		}
 		add(int64(rec.DivergentAnswers), "logical payments whose copies got different payments")
 		add(int64(rec.UnrecordedAnswers), "payment ids answered but not in the ledger")
 		add(int64(rec.Unknown), "payments in the ledger that no logical payment made")
@@ -195,16 +203,27 @@ func (r *Report) finish() {
 		add(int64(len(rec.LedgerMismatch)), "merchants whose balance disagrees with their payments")
 		if p := rec.Provider; p != nil {
 			add(p.DoubleCharges, "double charges at the provider")
-			add(p.MissingCharges, "missing charges at the provider")
+			add(p.Unbooked, "charges at the provider without a payment in the ledger")
+			if r.Burst == nil {
+				add(p.MissingCharges, "missing charges at the provider")
+			}
 			add(int64(len(p.AmountMismatch)), "merchants charged other amounts")
 		}
 	}
 	if rc := r.Records; rc != nil && rc.Skipped == "" {
-		add(int64(rc.Checked-rc.ByState["SUCCEEDED"]), "keys whose idem record is not SUCCEEDED")
+		if b := r.Burst; b != nil {
+			// Refused before its claim: no record. Completed: SUCCEEDED.
+			add(int64(rc.Checked-rc.ByState["SUCCEEDED"]-rc.ByState["ABSENT"]), "keys whose idem record is neither SUCCEEDED nor absent")
+			add(int64(abs(rc.ByState["ABSENT"]-b.Refused)), "keys whose record's absence disagrees with their refusal")
+		} else {
+			add(int64(rc.Checked-rc.ByState["SUCCEEDED"]), "keys whose idem record is not SUCCEEDED")
+		}
 		add(int64(rc.Stuck), "records stuck in PROCESSING past their lease")
 	}
 	r.Verdict = Verdict{OK: len(f) == 0 && rec != nil, Failures: f}
 }
+
+func abs(n int) int { return max(n, -n) }
 
 // printSummary prints the summary table; it returns the first error
 // writing it.
@@ -218,8 +237,11 @@ func printSummary(out io.Writer, r *Report) error {
 	if c.Chaos {
 		servers += ", chaos (SIGKILL every ~" + c.KillEvery + ")"
 	}
-	w.Printf("\nidemstorm run %s: %s, %d payments x %d duplicates, %d merchants, %s\n",
-		r.RunID, r.Mode, c.Payments, c.Duplicates, c.Merchants, servers)
+	shape := fmt.Sprintf("%d payments x %d duplicates", c.Payments, c.Duplicates)
+	if c.Burst {
+		shape = fmt.Sprintf("a burst of %d payments, each sent once, all at once", c.Payments)
+	}
+	w.Printf("\nidemstorm run %s: %s, %s, %d merchants, %s\n", r.RunID, r.Mode, shape, c.Merchants, servers)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	rows := command.NewWriter(tw)
 	row := func(k, v string, args ...any) { rows.Printf("  %s\t"+v+"\n", append([]any{k}, args...)...) }
@@ -233,6 +255,9 @@ func printSummary(out io.Writer, r *Report) error {
 	row("no answer", "%d attempts (client timeouts %d, cancellations %d, gave up %d)", l.AttemptErrors, l.ClientTimeouts, l.Cancellations, l.GaveUp)
 	row("latency p50 / p99", "request %s / %s, payment %s / %s",
 		fmtMS(l.RequestLatency.P50), fmtMS(l.RequestLatency.P99), fmtMS(l.PaymentLatency.P50), fmtMS(l.PaymentLatency.P99))
+	if b := r.Burst; b != nil {
+		row("burst answers", "%d completed (201), %d refused before their claim (503 overloaded), %d other", b.Created, b.Refused, b.Other)
+	}
 	if s := r.Servers; s != nil {
 		row("kills / crashes / restarts", "%d SIGKILL / %d self-inflicted (%d injected) / %d restarts", s.Kills, s.Crashes, s.InjectedCrashes, s.Restarts)
 	}
@@ -244,7 +269,7 @@ func printSummary(out io.Writer, r *Report) error {
 		row("ledger", "%d payments for %d logical (%d found)", rec.LedgerPayments, rec.Expected, rec.Found)
 		row("double payments (ledger)", "%d%s", rec.DoublePayments, exact)
 		if p := rec.Provider; p != nil {
-			row("double charges (provider)", "%d (%d charges, %d missing)", p.DoubleCharges, p.Charges, p.MissingCharges)
+			row("double charges (provider)", "%d (%d charges, %d missing, %d without a booked payment)", p.DoubleCharges, p.Charges, p.MissingCharges, p.Unbooked)
 		} else {
 			row("double charges (provider)", "not checked: no --psp-url (each paymentsd's in-process fake forgets its charges when it dies)")
 		}
@@ -260,9 +285,12 @@ func printSummary(out io.Writer, r *Report) error {
 			row("stuck (PROCESSING past lease)", "%d", rc.Stuck)
 		}
 	}
-	if r.Verdict.OK {
+	switch {
+	case r.Verdict.OK && r.Burst != nil:
+		row("verdict", "OK: every payment completed once or was refused before its claim; nothing charged without a booked payment")
+	case r.Verdict.OK:
 		row("verdict", "OK: every logical payment succeeded exactly once")
-	} else {
+	default:
 		row("verdict", "FAILED: %s", strings.Join(r.Verdict.Failures, "; "))
 	}
 	if err := errors.Join(rows.Err(), tw.Flush()); err != nil {
@@ -271,6 +299,11 @@ func printSummary(out io.Writer, r *Report) error {
 	if rec := r.Reconciliation; rec != nil {
 		for _, d := range rec.Doubled[:min(len(rec.Doubled), 5)] {
 			w.Printf("  doubled: #%d %s/%s %d times\n", d.Index, d.Merchant, d.Key, d.Count)
+		}
+	}
+	if b := r.Burst; b != nil {
+		for _, e := range b.OtherExamples[:min(len(b.OtherExamples), 5)] {
+			w.Printf("  other: %s\n", e)
 		}
 	}
 	return w.Err()

@@ -150,3 +150,29 @@ func TestStormReportsFailedStart(t *testing.T) {
 	require.Nil(t, rep)
 	require.Contains(t, out, "did not start")
 }
+
+// TestBurst sends a burst (--burst: each payment once, all at once) at a
+// paymentsd bounded to 5 payments in flight whose provider takes 2 s: each
+// payment either completes or is refused before its claim (503
+// overloaded), and a refused one leaves no idem record.
+func TestBurst(t *testing.T) {
+	t.Parallel()
+	const payments = 40
+	code, rep, out := runStorm(t, []string{
+		"--paymentsd-bin", paymentsdBin(t), "--database-url", "sqlite:" + filepath.Join(t.TempDir(), "burst.db"),
+		"--burst", "--payments", fmt.Sprint(payments), "--deadline", "100s",
+	}, "--psp-latency", "2s", "--max-in-flight", "5")
+	require.NotNil(t, rep, "no report")
+	require.Equal(t, exitOK, code, "%v", rep.Verdict.Failures)
+	require.True(t, rep.Config.Burst)
+	b := rep.Burst
+	require.NotNil(t, b)
+	require.Equal(t, payments, b.Created+b.Refused)
+	require.Zero(t, b.Other)
+	require.Positive(t, b.Refused, "the bound refused some")
+	require.Positive(t, b.Created)
+	require.EqualValues(t, b.Created, rep.Reconciliation.LedgerPayments)
+	require.Equal(t, b.Refused, rep.Records.ByState["ABSENT"], "nothing claimed for a refused payment")
+	require.Equal(t, b.Created, rep.Records.ByState["SUCCEEDED"])
+	require.Contains(t, out, "refused before their claim")
+}

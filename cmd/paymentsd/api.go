@@ -44,6 +44,9 @@ type handlerConfig struct {
 	// duplicate of a payment in flight waits for its outcome (zero: 409 at
 	// once), and the most a request may ask for with Prefer: wait.
 	Wait, MaxWait time.Duration
+	// MaxInFlight is idem's EngineConfig.MaxInFlight, for each protected
+	// route: zero, no bound.
+	MaxInFlight int
 	// Faults are the injected crashes and stalls (built with -tags
 	// idemfaults only); nil injects none.
 	Faults *faults
@@ -110,12 +113,13 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 
 // idemConfig is idem's configuration of both protected routes: cfg's store
 // (through the fault injection), scoped by merchant, with cfg's lease,
+// bound on executions in flight,
 // relay secret, logger and observer, and its sealing (SealKeys,
 // ReplayPlain, KeyHashSecret, KeepRequestBytes).
 func (cfg handlerConfig) idemConfig() idem.Config {
 	return idem.Config{
 		EngineConfig: idem.EngineConfig{Store: cfg.Faults.store(cfg.Store.Idem()), LeaseDuration: cfg.Lease, RelaySecret: cfg.RelaySecret, Logger: cfg.Logger, Observer: cfg.Observer,
-			Wait: cfg.Wait, MaxWait: cfg.MaxWait,
+			Wait: cfg.Wait, MaxWait: cfg.MaxWait, MaxInFlight: cfg.MaxInFlight,
 			SealKeys: cfg.SealKeys, ReplayPlain: cfg.ReplayPlain, KeyHashSecret: cfg.KeyHashSecret, KeepRequestBytes: cfg.KeepRequestBytes},
 		Scope: service.Scope,
 	}

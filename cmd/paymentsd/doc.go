@@ -7,7 +7,7 @@
 //	paymentsd [--addr 127.0.0.1:8080] [--database-url URL]
 //	          [--psp-url URL] [--psp-timeout 5s] [--psp-latency 300ms]
 //	          [--relay-secret S] [--lease 30s] [--write-mode claim|separate]
-//	          [--wait 0s] [--max-wait 10s]
+//	          [--wait 0s] [--max-wait 10s] [--max-in-flight 0]
 //	          [--seal-key ID:SECRET [--seal-replay-plain]] [--key-hash-secret S]
 //	          [--keep-request-bytes 0]
 //	          [--shutdown-timeout 15s] [--log-format json|text]

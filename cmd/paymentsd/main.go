@@ -41,6 +41,8 @@ type options struct {
 	writeMode   WriteMode
 	// wait and maxWait are idem's EngineConfig.Wait and MaxWait.
 	wait, maxWait time.Duration
+	// maxInFlight is idem's EngineConfig.MaxInFlight, per protected route.
+	maxInFlight int
 	// sealKeys, replayPlain, keyHashSecret and keepRequest are idem's
 	// SealKeys, ReplayPlain, KeyHashSecret and KeepRequestBytes
 	// (docs/sealing.md).
@@ -69,6 +71,8 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	fs.StringVar(&o.relaySecret, "relay-secret", "", "secret keying the Idempotency-Key relayed to the provider (idem Config.RelaySecret); default $"+EnvRelaySecret+", else none (plain SHA-256 derivation)")
 	fs.DurationVar(&o.wait, "wait", 0, "how long a duplicate of a payment in flight waits for its outcome, holding no connection, to get its replay instead of 409 (idem EngineConfig.Wait); 0: 409 at once")
 	fs.DurationVar(&o.maxWait, "max-wait", 10*time.Second, "the longest wait a request may ask for with Prefer: wait=N (N seconds; RFC 7240) (idem EngineConfig.MaxWait); at least --wait")
+	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "the most payments each protected route runs at once (idem EngineConfig.MaxInFlight): "+
+		"one more is refused before its claim, 503 overloaded with Retry-After, nothing charged; 0: no bound (docs/deployment.md, \"Leases under load\")")
 	fs.Func("seal-key", "seal stored responses and requests (AES-GCM) with this key, id:base64secret (16, 24 or 32 bytes); "+
 		"repeat it or separate keys with commas to rotate: the first seals, every one opens; default $"+EnvSealKeys+", else none",
 		func(s string) error {
@@ -121,6 +125,8 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 		return o, fmt.Errorf("--write-mode must be claim or separate, not %q", o.writeMode)
 	case o.wait < 0 || o.maxWait < 0:
 		return o, errors.New("--wait and --max-wait must not be negative")
+	case o.maxInFlight < 0:
+		return o, errors.New("--max-in-flight must not be negative")
 	}
 	if o.wait > o.maxWait {
 		if flagSet(fs, "max-wait") {
@@ -194,7 +200,7 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 	flt := o.faults.build(log)
 	hcfg := handlerConfig{
 		Store: store, Provider: provider, Logger: log, Lease: o.Lease,
-		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt, Wait: o.wait, MaxWait: o.maxWait,
+		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt, Wait: o.wait, MaxWait: o.maxWait, MaxInFlight: o.maxInFlight,
 		SealKeys: o.sealKeys, ReplayPlain: o.replayPlain, KeyHashSecret: o.keyHashSecret, KeepRequestBytes: o.keepRequest,
 		Observer: tel.Observer, Metrics: tel.Metrics,
 	}
@@ -213,7 +219,7 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 		return served, err
 	}
 	served.Attrs = []any{"psp", psp, "lease", o.Lease.String(), "write_mode", string(o.writeMode),
-		"wait", o.wait.String(), "max_wait", o.maxWait.String(), "relay_secret", o.relaySecret != ""}
+		"wait", o.wait.String(), "max_wait", o.maxWait.String(), "max_in_flight", o.maxInFlight, "relay_secret", o.relaySecret != ""}
 	if len(o.sealKeys) > 0 {
 		served.Attrs = append(served.Attrs, "seal_key", o.sealKeys[0].ID)
 	}

@@ -70,6 +70,11 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, [2]time.Duration{30 * time.Second, 30 * time.Second}, [2]time.Duration{o.wait, o.maxWait})
 
+	// The bound on payments in flight, per route.
+	o, err = parseFlags([]string{"--max-in-flight", "200"}, io.Discard, nil)
+	require.NoError(t, err)
+	require.Equal(t, 200, o.maxInFlight)
+
 	// The relay secret: the flag, else the environment.
 	env := func(name string) string { return map[string]string{EnvRelaySecret: "from-env"}[name] }
 	o, err = parseFlags(nil, io.Discard, env)
@@ -82,7 +87,7 @@ func TestParseFlags(t *testing.T) {
 	for _, bad := range [][]string{{"--lease", "500ms"}, {"--psp-latency", "-1s"}, {"--log-format", "xml"}, {"extra"}, {"--nope"},
 		{"--psp-timeout", "0s"}, {"--write-mode", "both"}, {"--psp-url", "127.0.0.1:8090"},
 		{"--psp-url", "ftp://h"}, {"--psp-url", "http://h?x=1"}, {"--otel-traces", "otlp"},
-		{"--wait", "-1s"}, {"--wait", "20s", "--max-wait", "5s"}} {
+		{"--wait", "-1s"}, {"--wait", "20s", "--max-wait", "5s"}, {"--max-in-flight", "-1"}} {
 		_, err := parseFlags(bad, io.Discard, nil)
 		require.Error(t, err, "%v", bad)
 	}
@@ -92,11 +97,11 @@ func TestParseFlags(t *testing.T) {
 // stops it by cancelling its context (as SIGINT/SIGTERM do).
 func TestRunServesAndShutsDown(t *testing.T) {
 	t.Parallel()
-	s, stop := startRun(t, "--database-url", filepath.Join(t.TempDir(), "p.db"), "--psp-latency", "0s", "--wait", "2s")
+	s, stop := startRun(t, "--database-url", filepath.Join(t.TempDir(), "p.db"), "--psp-latency", "0s", "--wait", "2s", "--max-in-flight", "7")
 	require.Equal(t, http.StatusCreated, s.postJSON("acme", "run-1", paymentBody).status)
 
 	out := stop()
-	require.Regexp(t, `"msg":"listening".*"write_mode":"claim","wait":"2s","max_wait":"10s"`, out, "the waits in the startup line")
+	require.Regexp(t, `"msg":"listening".*"write_mode":"claim","wait":"2s","max_wait":"10s","max_in_flight":7`, out, "the waits and the bound in the startup line")
 	require.Contains(t, out, `"msg":"request"`)
 	require.Contains(t, out, `"idempotency_key":"run-1"`)
 	require.Contains(t, out, `"merchant":"acme"`)

@@ -109,7 +109,7 @@ func stripeAnswerFor(p idem.Problem) stripeAnswer {
 	case slug == "key-reused":
 		a.status = http.StatusBadRequest
 		a.body.Type = stripeIdempotencyError
-	case slug == "store-unavailable":
+	case slug == "store-unavailable", slug == "overloaded":
 		a.body.Type = stripeAPIError
 		a.shouldRetry, a.retryAfter = true, retryAfter
 	case slug == "transaction-aborted":

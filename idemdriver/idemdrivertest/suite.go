@@ -83,6 +83,13 @@ type Harness struct {
 	// (docs/deployment.md). The one-commit wait cases, whose duplicates
 	// wait on the owner's row lock, then meet in one node.
 	MultiMaster bool
+	// Starve, when set, takes every connection of d's pool that the
+	// request path uses (its claims, completions and business
+	// transactions), as a burst of claims keeps them, and returns the
+	// function that gives them back. The case Renew/OutlivesAStarvedPool
+	// then holds the driver's idemdriver.Renewer to renewing leases
+	// meanwhile; it skips without Starve (SQLite's pool has no bound).
+	Starve func(t *testing.T, d idemdriver.Driver) (release func())
 }
 
 // Business writes rows of a test business table inside a claim's transaction.
@@ -106,6 +113,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Retention", func(t *testing.T) { runRetention(t, h) })
 	t.Run("OneCommit", func(t *testing.T) { runOneCommit(t, h) })
 	t.Run("Engine", func(t *testing.T) { runEngine(t, h) })
+	t.Run("Renew", func(t *testing.T) { runRenew(t, h) })
 }
 
 func fingerprint(s string) []byte {
