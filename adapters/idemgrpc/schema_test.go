@@ -1,6 +1,7 @@
 package idemgrpc_test
 
 import (
+	"bytes"
 	"context"
 	"testing"
 
@@ -17,7 +18,9 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/adapters/idemgrpc"
+	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/internal/adaptertest"
+	"github.com/idemgo/idem/seal"
 )
 
 // chargeRequest is payments.v1.ChargeRequest as one release of the schema
@@ -135,4 +138,53 @@ func TestKeyField(t *testing.T) {
 	require.True(t, s.call(metadata.NewOutgoingContext(ctx, nil), charge, "meta-key", 0, plain).replayed)
 	requireCode(t, s.call(ctx, charge, "", 0, plain), codes.InvalidArgument)
 	require.EqualValues(t, 2, s.runs.Load())
+}
+
+// keyedRecords returns the records of store by the key as stored.
+func keyedRecords(t *testing.T, store idem.Store) map[string]idemdriver.Record {
+	t.Helper()
+	recs, err := store.(idemdriver.Lister).List(context.Background(), idemdriver.ListParams{Limit: 100})
+	require.NoError(t, err)
+	byKey := map[string]idemdriver.Record{}
+	for _, r := range recs {
+		byKey[r.Key] = r
+	}
+	return byKey
+}
+
+// With WithKeyField and KeyHashSecret, the stored record shows no client
+// key: the key field is cleared before the fingerprint and the kept request
+// (docs/sealing.md: idem_keys shows no client key).
+func TestKeyFieldNotStored(t *testing.T) {
+	onStores(t, func(t *testing.T, newStore func(*testing.T) idem.Store) {
+		store := newStore(t)
+		md := chargeRequest(t, 1)
+		s := &service{newRequest: func() proto.Message { return dynamicpb.NewMessage(md) }}
+		secret := bytes.Repeat([]byte{9}, 32)
+		s.serve(t, idem.EngineConfig{Store: store, KeyHashSecret: secret, KeepRequestBytes: 4096}, idemgrpc.WithKeyField("request_id"))
+		ctx := context.Background()
+		keys := []string{"secret-order-42", "secret-order-43"}
+		for _, k := range keys {
+			req := newCharge(md, map[protoreflect.Name]any{"request_id": k, "amount": int64(1000), "currency": "EUR"})
+			require.NoError(t, s.call(ctx, charge, "", 0, req).err)
+		}
+		recs := keyedRecords(t, store)
+		require.Len(t, recs, 2)
+		var prints [][]byte
+		for _, k := range keys {
+			rec, ok := recs[seal.HashKey(secret, k)]
+			require.True(t, ok, "the record of %s under its hashed key", k)
+			require.NotNil(t, rec.Response)
+			require.NotEmpty(t, rec.Response.Request, "the request is kept")
+			for _, stored := range []string{rec.Key, string(rec.Response.Request), string(rec.Fingerprint)} {
+				require.NotContains(t, stored, "secret-order")
+			}
+			kept, err := seal.DecodeRequest(rec.Response.Request)
+			require.NoError(t, err)
+			require.JSONEq(t, `{"amount":"1000","currency":"EUR"}`, string(kept.Body))
+			prints = append(prints, rec.Fingerprint)
+		}
+		require.Equal(t, prints[0], prints[1], "the fingerprint does not depend on the key")
+		require.EqualValues(t, 2, s.runs.Load())
+	})
 }
