@@ -188,3 +188,35 @@ func TestKeyFieldNotStored(t *testing.T) {
 		require.EqualValues(t, 2, s.runs.Load())
 	})
 }
+
+// With WithKeyField, a retry that moves the key between request_id and the
+// metadata, either way, is the same call: the replay, one run.
+func TestKeyFieldMovesToMetadata(t *testing.T) {
+	onStores(t, func(t *testing.T, newStore func(*testing.T) idem.Store) {
+		s := servedRelease(t, newStore(t), 1, idemgrpc.WithKeyField("request_id"))
+		md := chargeRequest(t, 1)
+		ctx := context.Background()
+		inField := func(key string) proto.Message {
+			return newCharge(md, map[protoreflect.Name]any{"request_id": key, "amount": int64(1000)})
+		}
+		plain := newCharge(md, map[protoreflect.Name]any{"amount": int64(1000)})
+
+		// request_id first, then the metadata.
+		first := s.call(ctx, charge, "", 0, inField("field-first"))
+		require.NoError(t, first.err)
+		retry := s.call(ctx, charge, "field-first", 0, plain)
+		require.NoError(t, retry.err)
+		require.True(t, retry.replayed)
+		require.Equal(t, first.raw, retry.raw)
+
+		// The metadata first, then request_id.
+		first = s.call(ctx, charge, "meta-first", 0, plain)
+		require.NoError(t, first.err)
+		retry = s.call(ctx, charge, "", 0, inField("meta-first"))
+		require.NoError(t, retry.err)
+		require.True(t, retry.replayed)
+		require.Equal(t, first.raw, retry.raw)
+
+		require.EqualValues(t, 2, s.runs.Load())
+	})
+}
