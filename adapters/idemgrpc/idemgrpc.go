@@ -403,15 +403,25 @@ func (i *Interceptor) key(ctx context.Context, req any) (string, error) {
 		field = r.Get(fd).String()
 	}
 	if field == "" {
-		return idem.ParseKey(values)
+		key, err := idem.ParseKey(values)
+		if errors.Is(err, idem.ErrMissingKey) && i.opts.keyField != "" {
+			return "", &refusal{err, fmt.Sprintf("an idempotency key is required for this method (the %s metadata, or the request's %s field)",
+				MetadataKey, i.opts.keyField)}
+		}
+		return key, err
 	}
 	key, err := idem.ParseKey([]string{field})
 	if err != nil {
-		return "", err
+		return "", &refusal{err, fmt.Sprintf("invalid idempotency key in the request's %s: one value of 1 to 255 visible ASCII characters", i.opts.keyField)}
 	}
 	if len(values) > 0 {
-		if mk, err := idem.ParseKey(values); err != nil || mk != key {
-			return "", fmt.Errorf("%w: the request's %s and the metadata %s name different keys", idem.ErrInvalidKey, i.opts.keyField, MetadataKey)
+		mk, err := idem.ParseKey(values)
+		if err != nil {
+			return "", err
+		}
+		if mk != key {
+			return "", &refusal{idem.ErrInvalidKey, fmt.Sprintf("the request's %s and the %s metadata name different keys; send one key, or the same in both",
+				i.opts.keyField, MetadataKey)}
 		}
 	}
 	return key, nil

@@ -157,8 +157,10 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 		r = s.call(metadata.AppendToOutgoingContext(ctx, idemgrpc.MetadataKey, "a"), charge, "b", 1000, nil) // two values
 		requireCode(t, r, codes.InvalidArgument)
 		r = s.call(ctx, charge, "", 1000, nil)
-		requireCode(t, r, codes.InvalidArgument)
+		st := requireCode(t, r, codes.InvalidArgument)
 		require.Equal(t, "MISSING_KEY", r.reason)
+		require.Contains(t, st.Message(), "idempotency-key metadata")
+		require.NotContains(t, st.Message(), "field", "no key field is configured")
 		require.Zero(t, s.runs.Load())
 	})
 

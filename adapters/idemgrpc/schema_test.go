@@ -130,13 +130,15 @@ func TestKeyField(t *testing.T) {
 	// The same key in the metadata too: the same call.
 	require.True(t, s.call(ctx, charge, "7f8d1c52-5d0b-4a8e-9d7e-0d6f0c1b2a3c", 0, req).replayed)
 	r := s.call(ctx, charge, "another-key", 0, req)
-	requireCode(t, r, codes.InvalidArgument)
+	st := requireCode(t, r, codes.InvalidArgument)
 	require.Equal(t, "INVALID_KEY", r.reason)
+	require.Contains(t, st.Message(), "request_id and the idempotency-key metadata name different keys", "the real reason")
 	// No request_id: the metadata's key.
 	plain := newCharge(md, map[protoreflect.Name]any{"amount": int64(1000)})
 	require.NoError(t, s.call(ctx, charge, "meta-key", 0, plain).err)
 	require.True(t, s.call(metadata.NewOutgoingContext(ctx, nil), charge, "meta-key", 0, plain).replayed)
-	requireCode(t, s.call(ctx, charge, "", 0, plain), codes.InvalidArgument)
+	st = requireCode(t, s.call(ctx, charge, "", 0, plain), codes.InvalidArgument)
+	require.Contains(t, st.Message(), "the request's request_id field", "the configured key field named")
 	require.EqualValues(t, 2, s.runs.Load())
 }
 
