@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -321,6 +323,58 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 		require.True(t, r.replayed)
 		require.EqualValues(t, 1, s.runs.Load())
 	})
+}
+
+// warnings counts the log records at WARN and above.
+type warnings struct {
+	n    atomic.Int64
+	msgs sync.Map
+}
+
+func (w *warnings) Enabled(context.Context, slog.Level) bool { return true }
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		w.n.Add(1)
+		w.msgs.Store(r.Message, true)
+	}
+	return nil
+}
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *warnings) WithGroup(string) slog.Handler      { return w }
+
+// An owner whose client went away (its deadline passed) before the handler
+// answered logs no warning: the metadata it cannot send is no fault. Its
+// retry replays the outcome.
+func TestClientGoneNoWarning(t *testing.T) { onStores(t, testClientGoneNoWarning) }
+
+func testClientGoneNoWarning(t *testing.T, store func(*testing.T) idem.Store) {
+	logs := &warnings{}
+	s := &service{hold: make(chan struct{}), enter: make(chan struct{}, 1), finished: make(chan struct{}, 1)}
+	s.answer = func(ctx context.Context, n int64, req proto.Message) (proto.Message, error) {
+		require.NoError(t, grpc.SetHeader(ctx, metadata.Pairs("x-charge-id", "ch_1")))
+		require.NoError(t, grpc.SetTrailer(ctx, metadata.Pairs("x-ledger", "l1")))
+		return chargeList(n, amountOf(req)), nil
+	}
+	s.serve(t, idem.EngineConfig{Store: store(t), Logger: slog.New(logs)}, idemgrpc.WithMetadata("x-charge-id"))
+	ctx := context.Background()
+	// The client's deadline is shorter than the handler, which holds until
+	// the client has given up.
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	done := make(chan result, 1)
+	go func() { done <- s.call(short, charge, "gone", 1000, nil) }()
+	<-s.enter
+	requireCode(t, <-done, codes.DeadlineExceeded)
+	close(s.hold)
+	<-s.finished // the owner's call answered, on a stream already done
+	var msgs []any
+	logs.msgs.Range(func(k, _ any) bool { msgs = append(msgs, k); return true })
+	require.Zero(t, logs.n.Load(), "warnings: %v", msgs)
+	r := s.call(ctx, charge, "gone", 1000, nil)
+	require.NoError(t, r.err)
+	require.True(t, r.replayed)
+	<-s.finished
+	require.EqualValues(t, 1, s.runs.Load())
 }
 
 // storm makes n concurrent calls with key and returns what each got.
