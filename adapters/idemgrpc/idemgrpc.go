@@ -178,7 +178,9 @@ type Option func(*options)
 
 // WithMatcher selects the calls idem protects: match reports whether a call
 // of fullMethod (/package.Service/Method) is protected; the others pass
-// through untouched. Default: every unary call.
+// through untouched. Default: every unary call, so that health checks
+// (grpc.health.v1.Health/Check) and reads, which carry no key, answer
+// InvalidArgument: select the methods with side effects (ForMethods).
 func WithMatcher(match func(ctx context.Context, fullMethod string) bool) Option {
 	return func(o *options) { o.match = match }
 }

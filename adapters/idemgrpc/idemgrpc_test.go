@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,8 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -470,4 +473,39 @@ func TestStoreDown(t *testing.T) {
 	require.Equal(t, "1000", r.pushback)
 	require.EqualValues(t, 1000, retryDelay(st))
 	require.Zero(t, s.runs.Load())
+}
+
+// grpc-go's health service behind the interceptor: with the methods
+// selected (ForMethods, as README and docs/adapters.md show), Check passes
+// through; with every unary method protected (no matcher), it answers
+// InvalidArgument missing-key, the trap the documentation warns of.
+func TestHealthCheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		opts []idemgrpc.Option
+		code codes.Code
+	}{
+		{"ForMethods", []idemgrpc.Option{idemgrpc.ForMethods(charge)}, codes.OK},
+		{"every method", nil, codes.InvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ic, err := idemgrpc.New(idem.EngineConfig{Store: adaptertest.SQLite(t)},
+				func(context.Context) (string, error) { return adaptertest.Scope, nil }, tc.opts...)
+			require.NoError(t, err)
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			srv := grpc.NewServer(grpc.UnaryInterceptor(ic.UnaryServerInterceptor()))
+			healthpb.RegisterHealthServer(srv, health.NewServer())
+			go func() { _ = srv.Serve(lis) }()
+			t.Cleanup(srv.Stop)
+			res, err := healthpb.NewHealthClient(dialT(t, lis.Addr().String())).Check(ctx, &healthpb.HealthCheckRequest{})
+			require.Equal(t, tc.code, status.Code(err), "%v", err)
+			if tc.code == codes.OK {
+				require.Equal(t, healthpb.HealthCheckResponse_SERVING, res.GetStatus())
+			}
+		})
+	}
 }
