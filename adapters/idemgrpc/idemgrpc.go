@@ -76,7 +76,11 @@
 // lost, transaction aborted, ...) carry a google.rpc.RetryInfo detail and the
 // trailer grpc-retry-pushback-ms, which grpc-go's retry policy honours
 // (gRFC A6) while it ignores RetryInfo; they are trailers-only responses (no
-// header metadata), the only ones grpc-go's retry policy retries. Every one
+// header metadata), the only ones grpc-go's retry policy retries (so a
+// handler's own Unavailable is retried only if the handler set no header
+// metadata). The in-flight pushback is EngineConfig.InFlightRetryAfter (1 s
+// by default), not the lease left: grpc-go's 5 attempts may give up before a
+// crashed owner's lease ends (docs/adapters.md). Every one
 // carries a google.rpc.ErrorInfo detail (domain "idem", reason the problem's
 // name in upper snake case) and the trailer idem-problem-type with idem's
 // problem type URI (docs/problems.md), as idemconnect's Idem-Problem-Type.
