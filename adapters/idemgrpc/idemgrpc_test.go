@@ -98,7 +98,8 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 
 	t.Run("InFlight", func(t *testing.T) {
 		// A duplicate while the first call runs, waiting off: Unavailable,
-		// trailers-only (no header), with the pushback InFlightRetryAfter (1 s), not the lease left.
+		// trailers-only (no header), with the pushback InFlightRetryAfter
+		// (1 s), not the lease left.
 		s := &service{hold: make(chan struct{}), enter: make(chan struct{}, 1)}
 		s.serve(t, cfg(t), idemgrpc.WithWait(0))
 		release := sync.OnceFunc(func() { close(s.hold) })
