@@ -66,7 +66,7 @@ type kind struct {
 // is one row more.
 var kinds = []kind{
 	{idem.ErrMissingKey, codes.InvalidArgument, "missing-key", false,
-		"an idempotency key is required for this method (the idempotency-key metadata, or the request's key field)"},
+		"an idempotency key is required for this method (the idempotency-key metadata)"},
 	{idem.ErrInvalidKey, codes.InvalidArgument, "invalid-key", false,
 		"invalid idempotency key: one value of 1 to 255 visible ASCII characters"},
 	{idem.ErrMissingScope, codes.Unauthenticated, "missing-scope", false,
@@ -105,6 +105,17 @@ func kindOf(err error) (kind, bool) {
 	return kind{code: codes.Internal, message: "the server could not decide this call"}, false
 }
 
+// refusal is an error of one of the kinds whose answer says the case at
+// hand (the key field's name, the two keys that differ) instead of the
+// kind's message.
+type refusal struct {
+	err     error // of the kind
+	message string
+}
+
+func (r *refusal) Error() string { return r.message }
+func (r *refusal) Unwrap() error { return r.err }
+
 // Code returns the gRPC code idemgrpc answers for an error of Engine.Do
 // (errors.Is: idem.ErrInFlight, idem.ErrKeyReused, ...), and whether a retry
 // with the same key helps (then the answer carries RetryInfo and
@@ -120,6 +131,9 @@ func Code(err error) (code codes.Code, retry bool) {
 // retry policy can retry it.
 func answer(ctx context.Context, err error) error {
 	k, _ := kindOf(err)
+	if r := (*refusal)(nil); errors.As(err, &r) {
+		k.message = r.message
+	}
 	if k.problem == "" {
 		return status.Error(k.code, k.message)
 	}

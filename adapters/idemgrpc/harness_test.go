@@ -45,6 +45,9 @@ type service struct {
 	answer func(ctx context.Context, n int64, req proto.Message) (proto.Message, error)
 	// newRequest makes the request message (default: a Struct).
 	newRequest func() proto.Message
+	// finished, when set, receives one value per call that reached the
+	// server, once the interceptors have answered it.
+	finished chan struct{}
 
 	ic   *idemgrpc.Interceptor
 	conn *grpc.ClientConn
@@ -130,6 +133,9 @@ func (s *service) serve(t *testing.T, cfg idem.EngineConfig, opts ...idemgrpc.Op
 	s.ic = ic
 	count := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		s.attempts.Add(1)
+		if s.finished != nil {
+			defer func() { s.finished <- struct{}{} }()
+		}
 		return h(ctx, req)
 	}
 	s.listen(t, grpc.ChainUnaryInterceptor(count, ic.UnaryServerInterceptor()))

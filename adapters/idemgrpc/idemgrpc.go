@@ -12,7 +12,8 @@
 // The key is the metadata idempotency-key (one value: an RFC 8941 sf-string
 // or bare, 1 to 255 visible ASCII characters, as idem.ParseKey reads the
 // HTTP header), or, with WithKeyField, a string field of the request message
-// (AIP-155's request_id). The scope, the key's owner, is the ScopeFunc given
+// (AIP-155's request_id; cleared before the fingerprint, so the record
+// holds no client key under KeyHashSecret). The scope, the key's owner, is the ScopeFunc given
 // to New, a required argument: an error or "" answers Unauthenticated, and
 // keys of different scopes never meet. The record's method is "GRPC" and its
 // path the call's full method (/package.Service/Method): a key first used for
@@ -75,7 +76,11 @@
 // lost, transaction aborted, ...) carry a google.rpc.RetryInfo detail and the
 // trailer grpc-retry-pushback-ms, which grpc-go's retry policy honours
 // (gRFC A6) while it ignores RetryInfo; they are trailers-only responses (no
-// header metadata), the only ones grpc-go's retry policy retries. Every one
+// header metadata), the only ones grpc-go's retry policy retries (so a
+// handler's own Unavailable is retried only if the handler set no header
+// metadata). The in-flight pushback is EngineConfig.InFlightRetryAfter (1 s
+// by default), not the lease left: grpc-go's 5 attempts may give up before a
+// crashed owner's lease ends (docs/adapters.md). Every one
 // carries a google.rpc.ErrorInfo detail (domain "idem", reason the problem's
 // name in upper snake case) and the trailer idem-problem-type with idem's
 // problem type URI (docs/problems.md), as idemconnect's Idem-Problem-Type.
@@ -147,7 +152,8 @@ type ScopeFunc func(ctx context.Context) (string, error)
 // idem's fingerprint package hashes (SHA-256, with the full method; JSON is
 // canonicalized per RFC 8785 first, other bytes hashed as they are); it must
 // be deterministic and stable across deploys. The form is what
-// EngineConfig.KeepRequestBytes keeps. An error answers Internal (the
+// EngineConfig.KeepRequestBytes keeps. With WithKeyField, req is a clone
+// without the key field. An error answers Internal (the
 // handler does not run).
 type FingerprintFunc func(fullMethod string, req any) ([]byte, error)
 
@@ -176,7 +182,9 @@ type Option func(*options)
 
 // WithMatcher selects the calls idem protects: match reports whether a call
 // of fullMethod (/package.Service/Method) is protected; the others pass
-// through untouched. Default: every unary call.
+// through untouched. Default: every unary call, so that health checks
+// (grpc.health.v1.Health/Check) and reads, which carry no key, answer
+// InvalidArgument: select the methods with side effects (ForMethods).
 func WithMatcher(match func(ctx context.Context, fullMethod string) bool) Option {
 	return func(o *options) { o.match = match }
 }
@@ -194,7 +202,11 @@ func ForMethods(fullMethods ...string) Option {
 // WithKeyField reads the key from the request message's string field name
 // (AIP-155: request_id), when the message has that field and it is set; the
 // metadata idempotency-key otherwise. A call that carries both, different,
-// answers InvalidArgument. Default: the metadata only.
+// answers InvalidArgument. The field is cleared, on a clone of the message,
+// before the fingerprint (FingerprintFunc gets the clone) and so before the
+// request is kept: a retry that moves the key between the field and the
+// metadata is the same request, and with EngineConfig.KeyHashSecret the
+// record holds no client key. Default: the metadata only.
 func WithKeyField(name protoreflect.Name) Option {
 	return func(o *options) { o.keyField = name }
 }
@@ -321,7 +333,9 @@ func (i *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	if err != nil || scope == "" {
 		return nil, answer(ctx, idem.ErrMissingScope)
 	}
-	form, err := i.opts.fingerprint(info.FullMethod, req)
+	// The fingerprint and the kept request never hold the key: with
+	// KeyHashSecret, the record shows no client key (docs/sealing.md).
+	form, err := i.opts.fingerprint(info.FullMethod, i.withoutKeyField(req))
 	if err != nil {
 		i.logger.ErrorContext(ctx, "idemgrpc: the request's fingerprint failed; the call is refused", "method", info.FullMethod, "err", err)
 		return nil, status.Error(codes.Internal, "idemgrpc: the server could not fingerprint this request")
@@ -358,30 +372,62 @@ func (i *Interceptor) waitFor(ctx context.Context) time.Duration {
 	return w
 }
 
+// keyField returns req's key field (WithKeyField): a singular string field
+// of that name, nil when none is configured or the message has none.
+func (i *Interceptor) keyField(req any) (protoreflect.Message, protoreflect.FieldDescriptor) {
+	m, ok := req.(proto.Message)
+	if i.opts.keyField == "" || !ok {
+		return nil, nil
+	}
+	r := m.ProtoReflect()
+	fd := r.Descriptor().Fields().ByName(i.opts.keyField)
+	if fd == nil || fd.Kind() != protoreflect.StringKind || fd.Cardinality() == protoreflect.Repeated {
+		return nil, nil
+	}
+	return r, fd
+}
+
+// withoutKeyField returns req without its key field: a clone with the
+// field cleared when it is set, req itself otherwise.
+func (i *Interceptor) withoutKeyField(req any) any {
+	r, fd := i.keyField(req)
+	if fd == nil || !r.Has(fd) {
+		return req
+	}
+	c := proto.Clone(r.Interface())
+	c.ProtoReflect().Clear(fd)
+	return c
+}
+
 // key returns the call's key: the request's key field, else the metadata.
 // Errors: idem.ErrMissingKey, idem.ErrInvalidKey.
 func (i *Interceptor) key(ctx context.Context, req any) (string, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	values := md.Get(MetadataKey)
 	field := ""
-	if i.opts.keyField != "" {
-		if m, ok := req.(proto.Message); ok {
-			r := m.ProtoReflect()
-			if fd := r.Descriptor().Fields().ByName(i.opts.keyField); fd != nil && fd.Kind() == protoreflect.StringKind && fd.Cardinality() != protoreflect.Repeated {
-				field = r.Get(fd).String()
-			}
-		}
+	if r, fd := i.keyField(req); fd != nil {
+		field = r.Get(fd).String()
 	}
 	if field == "" {
-		return idem.ParseKey(values)
+		key, err := idem.ParseKey(values)
+		if errors.Is(err, idem.ErrMissingKey) && i.opts.keyField != "" {
+			return "", &refusal{err, fmt.Sprintf("an idempotency key is required for this method (the %s metadata, or the request's %s field)",
+				MetadataKey, i.opts.keyField)}
+		}
+		return key, err
 	}
 	key, err := idem.ParseKey([]string{field})
 	if err != nil {
-		return "", err
+		return "", &refusal{err, fmt.Sprintf("invalid idempotency key in the request's %s: one value of 1 to 255 visible ASCII characters", i.opts.keyField)}
 	}
 	if len(values) > 0 {
-		if mk, err := idem.ParseKey(values); err != nil || mk != key {
-			return "", fmt.Errorf("%w: the request's %s and the metadata %s name different keys", idem.ErrInvalidKey, i.opts.keyField, MetadataKey)
+		mk, err := idem.ParseKey(values)
+		if err != nil {
+			return "", err
+		}
+		if mk != key {
+			return "", &refusal{idem.ErrInvalidKey, fmt.Sprintf("the request's %s and the %s metadata name different keys; send one key, or the same in both",
+				i.opts.keyField, MetadataKey)}
 		}
 	}
 	return key, nil

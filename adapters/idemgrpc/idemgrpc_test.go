@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +15,8 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -93,7 +98,8 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 
 	t.Run("InFlight", func(t *testing.T) {
 		// A duplicate while the first call runs, waiting off: Unavailable,
-		// trailers-only (no header), with the pushback of the lease left.
+		// trailers-only (no header), with the pushback InFlightRetryAfter
+		// (1 s), not the lease left.
 		s := &service{hold: make(chan struct{}), enter: make(chan struct{}, 1)}
 		s.serve(t, cfg(t), idemgrpc.WithWait(0))
 		release := sync.OnceFunc(func() { close(s.hold) })
@@ -157,8 +163,10 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 		r = s.call(metadata.AppendToOutgoingContext(ctx, idemgrpc.MetadataKey, "a"), charge, "b", 1000, nil) // two values
 		requireCode(t, r, codes.InvalidArgument)
 		r = s.call(ctx, charge, "", 1000, nil)
-		requireCode(t, r, codes.InvalidArgument)
+		st := requireCode(t, r, codes.InvalidArgument)
 		require.Equal(t, "MISSING_KEY", r.reason)
+		require.Contains(t, st.Message(), "idempotency-key metadata")
+		require.NotContains(t, st.Message(), "field", "no key field is configured")
 		require.Zero(t, s.runs.Load())
 	})
 
@@ -321,6 +329,58 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 	})
 }
 
+// warnings counts the log records at WARN and above.
+type warnings struct {
+	n    atomic.Int64
+	msgs sync.Map
+}
+
+func (w *warnings) Enabled(context.Context, slog.Level) bool { return true }
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		w.n.Add(1)
+		w.msgs.Store(r.Message, true)
+	}
+	return nil
+}
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *warnings) WithGroup(string) slog.Handler      { return w }
+
+// An owner whose client went away (its deadline passed) before the handler
+// answered logs no warning: the metadata it cannot send is no fault. Its
+// retry replays the outcome.
+func TestClientGoneNoWarning(t *testing.T) { onStores(t, testClientGoneNoWarning) }
+
+func testClientGoneNoWarning(t *testing.T, store func(*testing.T) idem.Store) {
+	logs := &warnings{}
+	s := &service{hold: make(chan struct{}), enter: make(chan struct{}, 1), finished: make(chan struct{}, 1)}
+	s.answer = func(ctx context.Context, n int64, req proto.Message) (proto.Message, error) {
+		require.NoError(t, grpc.SetHeader(ctx, metadata.Pairs("x-charge-id", "ch_1")))
+		require.NoError(t, grpc.SetTrailer(ctx, metadata.Pairs("x-ledger", "l1")))
+		return chargeList(n, amountOf(req)), nil
+	}
+	s.serve(t, idem.EngineConfig{Store: store(t), Logger: slog.New(logs)}, idemgrpc.WithMetadata("x-charge-id"))
+	ctx := context.Background()
+	// The client's deadline is shorter than the handler, which holds until
+	// the client has given up.
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	done := make(chan result, 1)
+	go func() { done <- s.call(short, charge, "gone", 1000, nil) }()
+	<-s.enter
+	requireCode(t, <-done, codes.DeadlineExceeded)
+	close(s.hold)
+	<-s.finished // the owner's call answered, on a stream already done
+	var msgs []any
+	logs.msgs.Range(func(k, _ any) bool { msgs = append(msgs, k); return true })
+	require.Zero(t, logs.n.Load(), "warnings: %v", msgs)
+	r := s.call(ctx, charge, "gone", 1000, nil)
+	require.NoError(t, r.err)
+	require.True(t, r.replayed)
+	<-s.finished
+	require.EqualValues(t, 1, s.runs.Load())
+}
+
 // storm makes n concurrent calls with key and returns what each got.
 func storm(s *service, n int, key string) []result {
 	results := make([]result, n)
@@ -414,4 +474,39 @@ func TestStoreDown(t *testing.T) {
 	require.Equal(t, "1000", r.pushback)
 	require.EqualValues(t, 1000, retryDelay(st))
 	require.Zero(t, s.runs.Load())
+}
+
+// grpc-go's health service behind the interceptor: with the methods
+// selected (ForMethods, as README and docs/adapters.md show), Check passes
+// through; with every unary method protected (no matcher), it answers
+// InvalidArgument missing-key, the trap the documentation warns of.
+func TestHealthCheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		opts []idemgrpc.Option
+		code codes.Code
+	}{
+		{"ForMethods", []idemgrpc.Option{idemgrpc.ForMethods(charge)}, codes.OK},
+		{"every method", nil, codes.InvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ic, err := idemgrpc.New(idem.EngineConfig{Store: adaptertest.SQLite(t)},
+				func(context.Context) (string, error) { return adaptertest.Scope, nil }, tc.opts...)
+			require.NoError(t, err)
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			srv := grpc.NewServer(grpc.UnaryInterceptor(ic.UnaryServerInterceptor()))
+			healthpb.RegisterHealthServer(srv, health.NewServer())
+			go func() { _ = srv.Serve(lis) }()
+			t.Cleanup(srv.Stop)
+			res, err := healthpb.NewHealthClient(dialT(t, lis.Addr().String())).Check(ctx, &healthpb.HealthCheckRequest{})
+			require.Equal(t, tc.code, status.Code(err), "%v", err)
+			if tc.code == codes.OK {
+				require.Equal(t, healthpb.HealthCheckResponse_SERVING, res.GetStatus())
+			}
+		})
+	}
 }

@@ -136,10 +136,24 @@ func (e *execution) record(st *status.Status) idem.Result {
 // answer is the handler's own answer, with the metadata it set.
 func (e *execution) answer(ctx context.Context) (any, error) {
 	header, trailer := e.stream.held()
-	if err := errors.Join(grpc.SetHeader(ctx, header), grpc.SetTrailer(ctx, trailer)); err != nil {
-		e.i.logger.WarnContext(ctx, "idemgrpc: the handler's metadata could not be set", "err", err)
-	}
+	e.i.setMetadata(ctx, "the handler's", header, trailer)
 	return e.resp, e.err
+}
+
+// setMetadata sets the header and trailer metadata of the answer to a call
+// under ctx; what names whose (for the log). A client that went away
+// (ctx done: its deadline passed, it cancelled) cannot get them, and
+// grpc-go refuses them: no fault, logged at DEBUG; any other refusal at
+// WARN.
+func (i *Interceptor) setMetadata(ctx context.Context, what string, header, trailer metadata.MD) {
+	err := errors.Join(grpc.SetHeader(ctx, header), grpc.SetTrailer(ctx, trailer))
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		i.logger.DebugContext(ctx, "idemgrpc: "+what+" metadata not set: the client went away", "err", err, "cause", context.Cause(ctx))
+	default:
+		i.logger.WarnContext(ctx, "idemgrpc: "+what+" metadata could not be set", "err", err)
+	}
 }
 
 // keep adds md's allow-listed names to h under prefix; -bin values are
@@ -205,9 +219,7 @@ func (i *Interceptor) replay(ctx context.Context, fullMethod string, res idem.Re
 		md.Append(n, values...)
 	}
 	header.Set(MetadataReplayed, "true")
-	if err := errors.Join(grpc.SetHeader(ctx, header), grpc.SetTrailer(ctx, trailer)); err != nil {
-		i.logger.WarnContext(ctx, "idemgrpc: the replay's metadata could not be set", "err", err)
-	}
+	i.setMetadata(ctx, "the replay's", header, trailer)
 	if st != nil {
 		return nil, st.Err()
 	}

@@ -1,6 +1,7 @@
 package idemgrpc_test
 
 import (
+	"bytes"
 	"context"
 	"testing"
 
@@ -17,7 +18,9 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/adapters/idemgrpc"
+	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/internal/adaptertest"
+	"github.com/idemgo/idem/seal"
 )
 
 // chargeRequest is payments.v1.ChargeRequest as one release of the schema
@@ -127,12 +130,95 @@ func TestKeyField(t *testing.T) {
 	// The same key in the metadata too: the same call.
 	require.True(t, s.call(ctx, charge, "7f8d1c52-5d0b-4a8e-9d7e-0d6f0c1b2a3c", 0, req).replayed)
 	r := s.call(ctx, charge, "another-key", 0, req)
-	requireCode(t, r, codes.InvalidArgument)
+	st := requireCode(t, r, codes.InvalidArgument)
 	require.Equal(t, "INVALID_KEY", r.reason)
+	require.Contains(t, st.Message(), "request_id and the idempotency-key metadata name different keys", "the real reason")
 	// No request_id: the metadata's key.
 	plain := newCharge(md, map[protoreflect.Name]any{"amount": int64(1000)})
 	require.NoError(t, s.call(ctx, charge, "meta-key", 0, plain).err)
 	require.True(t, s.call(metadata.NewOutgoingContext(ctx, nil), charge, "meta-key", 0, plain).replayed)
-	requireCode(t, s.call(ctx, charge, "", 0, plain), codes.InvalidArgument)
+	st = requireCode(t, s.call(ctx, charge, "", 0, plain), codes.InvalidArgument)
+	require.Contains(t, st.Message(), "the request's request_id field", "the configured key field named")
 	require.EqualValues(t, 2, s.runs.Load())
+}
+
+// keyedRecords returns the records of store by the key as stored.
+func keyedRecords(t *testing.T, store idem.Store) map[string]idemdriver.Record {
+	t.Helper()
+	recs, err := store.(idemdriver.Lister).List(context.Background(), idemdriver.ListParams{Limit: 100})
+	require.NoError(t, err)
+	byKey := map[string]idemdriver.Record{}
+	for _, r := range recs {
+		byKey[r.Key] = r
+	}
+	return byKey
+}
+
+// With WithKeyField and KeyHashSecret, the stored record shows no client
+// key: the key field is cleared before the fingerprint and the kept request
+// (docs/sealing.md: idem_keys shows no client key).
+func TestKeyFieldNotStored(t *testing.T) {
+	onStores(t, func(t *testing.T, newStore func(*testing.T) idem.Store) {
+		store := newStore(t)
+		md := chargeRequest(t, 1)
+		s := &service{newRequest: func() proto.Message { return dynamicpb.NewMessage(md) }}
+		secret := bytes.Repeat([]byte{9}, 32)
+		s.serve(t, idem.EngineConfig{Store: store, KeyHashSecret: secret, KeepRequestBytes: 4096}, idemgrpc.WithKeyField("request_id"))
+		ctx := context.Background()
+		keys := []string{"secret-order-42", "secret-order-43"}
+		for _, k := range keys {
+			req := newCharge(md, map[protoreflect.Name]any{"request_id": k, "amount": int64(1000), "currency": "EUR"})
+			require.NoError(t, s.call(ctx, charge, "", 0, req).err)
+		}
+		recs := keyedRecords(t, store)
+		require.Len(t, recs, 2)
+		var prints [][]byte
+		for _, k := range keys {
+			rec, ok := recs[seal.HashKey(secret, k)]
+			require.True(t, ok, "the record of %s under its hashed key", k)
+			require.NotNil(t, rec.Response)
+			require.NotEmpty(t, rec.Response.Request, "the request is kept")
+			for _, stored := range []string{rec.Key, string(rec.Response.Request), string(rec.Fingerprint)} {
+				require.NotContains(t, stored, "secret-order")
+			}
+			kept, err := seal.DecodeRequest(rec.Response.Request)
+			require.NoError(t, err)
+			require.JSONEq(t, `{"amount":"1000","currency":"EUR"}`, string(kept.Body))
+			prints = append(prints, rec.Fingerprint)
+		}
+		require.Equal(t, prints[0], prints[1], "the fingerprint does not depend on the key")
+		require.EqualValues(t, 2, s.runs.Load())
+	})
+}
+
+// With WithKeyField, a retry that moves the key between request_id and the
+// metadata, either way, is the same call: the replay, one run.
+func TestKeyFieldMovesToMetadata(t *testing.T) {
+	onStores(t, func(t *testing.T, newStore func(*testing.T) idem.Store) {
+		s := servedRelease(t, newStore(t), 1, idemgrpc.WithKeyField("request_id"))
+		md := chargeRequest(t, 1)
+		ctx := context.Background()
+		inField := func(key string) proto.Message {
+			return newCharge(md, map[protoreflect.Name]any{"request_id": key, "amount": int64(1000)})
+		}
+		plain := newCharge(md, map[protoreflect.Name]any{"amount": int64(1000)})
+
+		// request_id first, then the metadata.
+		first := s.call(ctx, charge, "", 0, inField("field-first"))
+		require.NoError(t, first.err)
+		retry := s.call(ctx, charge, "field-first", 0, plain)
+		require.NoError(t, retry.err)
+		require.True(t, retry.replayed)
+		require.Equal(t, first.raw, retry.raw)
+
+		// The metadata first, then request_id.
+		first = s.call(ctx, charge, "meta-first", 0, plain)
+		require.NoError(t, first.err)
+		retry = s.call(ctx, charge, "", 0, inField("meta-first"))
+		require.NoError(t, retry.err)
+		require.True(t, retry.replayed)
+		require.Equal(t, first.raw, retry.raw)
+
+		require.EqualValues(t, 2, s.runs.Load())
+	})
 }
