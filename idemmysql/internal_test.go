@@ -30,7 +30,7 @@ func TestStatementsUsePrimaryKey(t *testing.T) {
 		stRead:      {int64(0), "acct", "b"},
 		stTakeover:  {"POST", "/", []byte("f"), "host/1", int64(1), int64(0), int64(1), int64(1), int64(1), int64(1), 1, "acct", "b", int64(1), int64(1), "FAILED", int64(1), int64(1)},
 		stHeartbeat: {int64(0), int64(1), int64(0), "acct", "b", int64(1), int64(1)},
-		stComplete:  {201, []byte("{}"), []byte("x"), true, int64(1), "", []byte("r"), int64(0), int64(0), "acct", "b", int64(1), int64(1)},
+		stComplete:  {201, []byte("{}"), []byte("x"), true, int64(1), "", []byte("t"), []byte("r"), int64(0), int64(0), "acct", "b", int64(1), int64(1)},
 		stFail:      {int64(0), "acct", "b", int64(1), int64(1)},
 		stRelease:   {"acct", "b", int64(1), int64(1)},
 	}

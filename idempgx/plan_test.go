@@ -63,7 +63,7 @@ func requireFencedWritesUsePrimaryKey(t *testing.T, d *Driver) {
 		args  []any
 	}{
 		"heartbeat": {heartbeatSQL, []any{"acct", "busy-7", int64(1), created, int64(0), int64(30e6)}},
-		"complete":  {completeSQL, []any{"acct", "busy-7", int64(1), created, int64(0), 201, []byte("{}"), []byte("x"), true, int64(1), "", []byte("r")}},
+		"complete":  {completeSQL, []any{"acct", "busy-7", int64(1), created, int64(0), 201, []byte("{}"), []byte("x"), true, int64(1), "", []byte("t"), []byte("r")}},
 		"fail":      {failSQL, []any{"acct", "busy-7", int64(1), created, int64(0)}},
 		"release":   {releaseSQL, []any{"acct", "busy-7", int64(1), created}},
 		// Two leases (Renew): the arrays as literals.
