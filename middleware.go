@@ -269,7 +269,9 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.H
 		}
 	}
 	pr := v.problem(&m.cfg)
-	if pr.Status == http.StatusServiceUnavailable && v.kind != answerClaimFailed {
+	// A failed claim logged its own cause; a refusal (MaxInFlight) is load,
+	// counted by the observer, not a failure.
+	if pr.Status == http.StatusServiceUnavailable && v.kind != answerClaimFailed && v.kind != answerOverloaded {
 		m.cfg.Logger.ErrorContext(r.Context(), "idem: outcome not recorded", "err", v.err)
 	}
 	ev.Status = m.writeProblem(w, r, pr)

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -115,15 +116,18 @@ func TestRenewalsAreBatched(t *testing.T) {
 
 // MaxInFlight refuses the next request before it claims: 503 overloaded
 // with Retry-After, no record of its key, its handler not run; once the
-// execution in flight ends, the same request runs.
+// execution in flight ends, the same request runs. A refusal is load, not a
+// failure: it is counted by the observer (EventOverloaded) and logs nothing
+// at ERROR (each one logged "outcome not recorded" before).
 func TestMaxInFlightRefusesBeforeClaim(t *testing.T) {
 	t.Parallel()
 	store := openSQLite(t)
 	obs := &events{}
+	errs := &errorLog{}
 	release := make(chan struct{})
 	started := make(chan struct{})
 	var runs atomic.Int32
-	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, MaxInFlight: 1, Observer: obs},
+	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, MaxInFlight: 1, Observer: obs, Logger: slog.New(errs)},
 		StoreRetryAfter: 2 * time.Second}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
 			close(started)
@@ -141,6 +145,7 @@ func TestMaxInFlightRefusesBeforeClaim(t *testing.T) {
 	_, err := store.Get(t.Context(), idemdriver.GetParams{Scope: idem.SingleTenantScope, Key: "b"})
 	require.ErrorIs(t, err, idemdriver.ErrNotFound, "nothing claimed")
 	require.EqualValues(t, 1, runs.Load(), "the refused handler did not run")
+	require.Empty(t, errs.messages(), "a refusal logs no error")
 	close(release)
 	require.Equal(t, http.StatusCreated, <-first)
 	require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "b", "{}").Code, "the retry runs once the bound allows")
@@ -172,4 +177,27 @@ func TestMaxInFlightDo(t *testing.T) {
 	require.False(t, ran)
 	inside <- struct{}{}
 	require.NoError(t, <-done)
+}
+
+// errorLog is a slog.Handler that keeps the messages of records at ERROR
+// and above.
+type errorLog struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *errorLog) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelError }
+func (h *errorLog) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.msgs = append(h.msgs, r.Message)
+	return nil
+}
+func (h *errorLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *errorLog) WithGroup(string) slog.Handler      { return h }
+
+func (h *errorLog) messages() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.msgs...)
 }
