@@ -268,14 +268,22 @@ func printSummary(out io.Writer, r *Report) error {
 		}
 		row("ledger", "%d payments for %d logical (%d found)", rec.LedgerPayments, rec.Expected, rec.Found)
 		row("double payments (ledger)", "%d%s", rec.DoublePayments, exact)
+		missing := "missing"
+		if r.Burst != nil {
+			missing = "not charged" // a refused payment is never charged, and never retried
+		}
 		if p := rec.Provider; p != nil {
-			row("double charges (provider)", "%d (%d charges, %d missing, %d without a booked payment)", p.DoubleCharges, p.Charges, p.MissingCharges, p.Unbooked)
+			row("double charges (provider)", "%d (%d charges, %d %s, %d without a booked payment)", p.DoubleCharges, p.Charges, p.MissingCharges, missing, p.Unbooked)
 		} else {
 			row("double charges (provider)", "not checked: no --psp-url (each paymentsd's in-process fake forgets its charges when it dies)")
 		}
 		row("divergent answers", "%d", rec.DivergentAnswers)
 		row("lost payments", "%d", rec.Lost)
-		row("unfinished", "%d", rec.Unfinished)
+		if b := r.Burst; b != nil {
+			row("never answered 201", "%d (%d refused before their claim)", rec.Unfinished, b.Refused)
+		} else {
+			row("unfinished", "%d", rec.Unfinished)
+		}
 	}
 	if rc := r.Records; rc != nil {
 		if rc.Skipped != "" {

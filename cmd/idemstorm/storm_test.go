@@ -175,4 +175,8 @@ func TestBurst(t *testing.T) {
 	require.Equal(t, b.Refused, rep.Records.ByState["ABSENT"], "nothing claimed for a refused payment")
 	require.Equal(t, b.Created, rep.Records.ByState["SUCCEEDED"])
 	require.Contains(t, out, "refused before their claim")
+	// A refusal is counted as one, not as unfinished work or a missing charge.
+	require.Regexp(t, fmt.Sprintf(`never answered 201\s+%d \(%d refused before their claim\)`, b.Refused, b.Refused), out)
+	require.NotContains(t, out, "unfinished")
+	require.NotContains(t, out, " missing,")
 }
