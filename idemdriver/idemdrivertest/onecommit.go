@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -259,14 +260,25 @@ func oneCommitDistinctKeysAllRun(t *testing.T, h Harness) {
 	s := newServer(t, d, cfg, a)
 	const n = 32
 	var wg sync.WaitGroup
+	var unavailable atomic.Int32
 	statuses := make(chan int, n)
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a := s.post(t, "key-"+strconv.Itoa(i), `{"amount":1}`)
-			require.NoError(t, a.err)
-			statuses <- a.status
+			for {
+				a := s.post(t, "key-"+strconv.Itoa(i), `{"amount":1}`)
+				require.NoError(t, a.err)
+				// On a loaded machine the queue for the write lock can outlast
+				// the claim's own bound (ClaimTimeout): 503, retried as a
+				// client would. The key's wait bound never answers (409).
+				if a.status == http.StatusServiceUnavailable && a.header.Get("Retry-After") != "" {
+					unavailable.Add(1)
+					continue
+				}
+				statuses <- a.status
+				return
+			}
 		}()
 	}
 	wg.Wait()
@@ -275,8 +287,13 @@ func oneCommitDistinctKeysAllRun(t *testing.T, h Harness) {
 	for st := range statuses {
 		counts[st]++
 	}
-	require.Equal(t, map[int]int{201: n}, counts, "every distinct key runs once")
-	require.EqualValues(t, n, a.runs.Load())
+	require.Equal(t, map[int]int{201: n}, counts, "every distinct key runs")
+	// Each 503 rolled back whatever its run wrote, so a retry may run again.
+	require.GreaterOrEqual(t, a.runs.Load(), int32(n))
+	require.LessOrEqual(t, a.runs.Load(), int32(n)+unavailable.Load(), "a key runs again only after a 503")
+	if unavailable.Load() == 0 {
+		require.EqualValues(t, n, a.runs.Load(), "every distinct key ran once")
+	}
 }
 
 // A handler that fails (5xx) or panics rolls its claim back with its

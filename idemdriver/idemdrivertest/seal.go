@@ -298,6 +298,7 @@ func engineSealedStorm(t *testing.T, h Harness, oneCommit bool) {
 		KeyHashSecret: keyHashSecret, KeepRequestBytes: 256})
 	const keys, dups = 24, 3
 	runs := make([]atomic.Int32, keys)
+	unrecorded := make([]atomic.Int32, keys) // runs whose outcome the store did not take
 	var wg sync.WaitGroup
 	errs := make(chan error, keys*dups)
 	for i := range keys {
@@ -307,8 +308,23 @@ func engineSealedStorm(t *testing.T, h Harness, oneCommit bool) {
 				defer wg.Done()
 				n := fmt.Sprint(i)
 				for {
-					out, err := g.Do(context.Background(), doParams("CLIENTKEY-"+n, "REQMARK-"+n), sealedResult(&runs[i], n))
+					var ran atomic.Bool
+					fn := sealedResult(&runs[i], n)
+					out, err := g.Do(context.Background(), doParams("CLIENTKEY-"+n, "REQMARK-"+n), func(ctx context.Context) (idem.Result, error) {
+						ran.Store(true)
+						return fn(ctx)
+					})
 					if errors.Is(err, idem.ErrInFlight) {
+						time.Sleep(5 * time.Millisecond)
+						continue
+					}
+					// The store did not answer in time on a loaded machine: a
+					// client retries. After a run, the outcome was not recorded
+					// and the retry may run again (CONTRACT section 5).
+					if errors.Is(err, idem.ErrStoreUnavailable) || errors.Is(err, idem.ErrLeaseLost) {
+						if ran.Load() {
+							unrecorded[i].Add(1)
+						}
 						time.Sleep(5 * time.Millisecond)
 						continue
 					}
@@ -327,7 +343,10 @@ func engineSealedStorm(t *testing.T, h Harness, oneCommit bool) {
 		require.NoError(t, err)
 	}
 	for i := range keys {
-		require.EqualValues(t, 1, runs[i].Load(), "key %d ran once", i)
+		// A run answered "store unavailable" may also have been recorded
+		// (its commit's answer lost): at most, not exactly, one more run.
+		require.GreaterOrEqual(t, runs[i].Load(), int32(1), "key %d ran", i)
+		require.LessOrEqual(t, runs[i].Load(), 1+unrecorded[i].Load(), "key %d ran once, and again only after a run answered unavailable", i)
 	}
 	cells := h.Dump(t, d)
 	hashed := 0

@@ -980,17 +980,29 @@ func driverLeaseCountsFromTheWrite(t *testing.T, d idemdriver.Driver) {
 		t.Fatalf("the takeover did not wait for the old owner's transaction (its claim returned %v)", err)
 	case <-time.After(short + short/2):
 	}
+	rolledBack := time.Now()
 	require.NoError(t, tx.Rollback(ctx))
 	require.NoError(t, <-errc)
 	take := <-done
 	require.True(t, take.Claimed, "the old owner rolled back: the dead lease is taken over")
 	rec := record(t, sd, "acct", "k")
 	require.Equal(t, take.Record.FencingToken, rec.FencingToken)
-	require.Positive(t, rec.LeaseLeft, "the lease is live right after the claim returns (locked_until %s)", rec.LockedUntil)
+	// The lease ends a whole lease after the write, which came after the
+	// rollback; counted from the statement's start it would end half a lease
+	// before the rollback. Compared with this process's clock moved by the
+	// offset (the database on the same host, its clock the same within half
+	// a lease), not with the database's now at a later read, which a loaded
+	// machine can put past the lease's end.
+	require.NotNil(t, rec.LockedUntil)
+	require.True(t, rec.LockedUntil.After(rolledBack.Add(clock.Offset()+short/2)),
+		"the lease counts from the write: locked_until %s, rolled back at %s (moved by %s)", rec.LockedUntil, rolledBack, clock.Offset())
 	require.LessOrEqual(t, rec.LeaseLeft, short)
 	require.Positive(t, take.Record.LeaseLeft)
 	require.LessOrEqual(t, take.Record.LeaseLeft, short, "the claim reports no more lease than it has")
-	// A duplicate right after is answered 409, not a second execution.
+	// A duplicate right after is answered 409, not a second execution: the
+	// clock moved back by the time since the rollback, which a loaded
+	// machine may have made longer than the lease.
+	clock.Advance(-time.Since(rolledBack))
 	dup := claim(t, sd, params("acct", "k", "body"))
 	require.False(t, dup.Claimed)
 	require.Equal(t, idemdriver.DecisionInFlight, idemdriver.Decide(&dup.Record, false, p))
