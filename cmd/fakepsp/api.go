@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -45,6 +46,8 @@ type api struct {
 	store Store
 	log   *slog.Logger
 	cfg   handlerConfig
+	// inProgress counts the createCharge calls running (Stats.InProgress).
+	inProgress atomic.Int64
 }
 
 // newHandler returns fakepsp's whole HTTP handler:
@@ -111,6 +114,8 @@ func toJSON(c Charge) chargeJSON {
 // (merchant, Idempotency-Key); its answer is recorded with the charge, in
 // the same transaction, and replayed.
 func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
+	a.inProgress.Add(1)
+	defer a.inProgress.Add(-1)
 	ctx := r.Context()
 	merchant, _ := service.Merchant(ctx)
 	body, err := io.ReadAll(r.Body)
@@ -185,16 +190,18 @@ func (a *api) getCharge(w http.ResponseWriter, r *http.Request) {
 
 // stats is GET /v1/charges/stats: the distinct charges made, per merchant
 // and in total, e.g.
-// {"merchants":{"acme":{"charges":3,"amount":{"JPY":3000}}},"charges":3},
+// {"merchants":{"acme":{"charges":3,"amount":{"JPY":3000}}},"charges":3,"in_progress":0},
 // each amount the exact sum (a JSON number past 2^63 if need be). 503 when
 // the database fails.
 func (a *api) stats(w http.ResponseWriter, r *http.Request) {
+	inProgress := a.inProgress.Load() // before the count: a charge made meanwhile is counted, or still in progress
 	st, err := a.store.Stats(r.Context())
 	if err != nil {
 		a.log.ErrorContext(r.Context(), "counting charges", "err", err)
 		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the database failed while counting the charges; retry later")
 		return
 	}
+	st.InProgress = inProgress
 	svc.WriteJSON(w, http.StatusOK, st)
 }
 

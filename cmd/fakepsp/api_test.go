@@ -351,3 +351,18 @@ func TestValidationFailureKeepsTheKey(t *testing.T) {
 	}
 	require.EqualValues(t, 2, p.stats().Charges)
 }
+
+// A charge taking its latency is counted in_progress by the stats until it
+// is made, so that a reconciler reads the charges once none is in progress
+// (idemstorm: a charge its caller gave up on is still made).
+func TestStatsCountChargesInProgress(t *testing.T) {
+	t.Parallel()
+	p := startPSP(t, handlerConfig{Latency: 3 * time.Second})
+	done := make(chan response, 1)
+	go func() { done <- p.charge("acme", "ip-1", "application/json", chargeBody) }()
+	require.Eventually(t, func() bool { return p.stats().InProgress == 1 }, time.Minute, 10*time.Millisecond)
+	require.Equal(t, http.StatusCreated, (<-done).status)
+	st := p.stats()
+	require.Zero(t, st.InProgress)
+	require.EqualValues(t, 1, st.Charges)
+}

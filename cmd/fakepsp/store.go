@@ -51,6 +51,10 @@ type MerchantStats struct {
 type Stats struct {
 	Merchants map[string]*MerchantStats `json:"merchants"`
 	Charges   int64                     `json:"charges"`
+	// InProgress counts the charge requests being served (their latency
+	// included): charges a later read may count, made for a caller that
+	// may have stopped waiting.
+	InProgress int64 `json:"in_progress"`
 }
 
 // Store is fakepsp's storage: the charges table next to idem's idem_keys in

@@ -109,7 +109,8 @@ type (
 			Charges int64            `json:"charges"`
 			Amount  map[string]int64 `json:"amount"`
 		} `json:"merchants"`
-		Charges int64 `json:"charges"`
+		Charges    int64 `json:"charges"`
+		InProgress int64 `json:"in_progress"`
 	}
 )
 
@@ -215,8 +216,8 @@ func reconcile(ctx context.Context, api *apiClient, pspURL string, p *plan, outc
 	}
 	var stats *pspStats
 	if pspURL != "" {
-		stats = &pspStats{}
-		if err := api.getURL(ctx, func(int) string { return pspURL + "/v1/charges/stats" }, "", stats); err != nil {
+		var err error
+		if stats, err = settledStats(ctx, api, pspURL); err != nil {
 			return nil, fmt.Errorf("provider stats: %w", err)
 		}
 		rec.Provider = &ProviderReconciliation{Expected: len(p.payments)}
@@ -381,4 +382,25 @@ func readBody(resp *http.Response, limit int64) ([]byte, error) {
 		err = cerr
 	}
 	return b, err
+}
+
+// settledStats reads the provider's stats once no charge is in progress
+// there: a charge whose caller gave up (paymentsd's provider timeout) is
+// still made, and counted, after the run's last answer. It reads every
+// 100 ms until ctx ends (a provider that never settles fails the read).
+func settledStats(ctx context.Context, api *apiClient, pspURL string) (*pspStats, error) {
+	for {
+		stats := &pspStats{}
+		if err := api.getURL(ctx, func(int) string { return pspURL + "/v1/charges/stats" }, "", stats); err != nil {
+			return nil, err
+		}
+		if stats.InProgress == 0 {
+			return stats, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%d charges still in progress at the provider: %w", stats.InProgress, context.Cause(ctx))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

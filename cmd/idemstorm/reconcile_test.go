@@ -26,6 +26,9 @@ type fakeAPI struct {
 	// does not show (a ledger that disagrees with its payments).
 	balanceExtra map[string]int64
 	fail5xx      int // answer this many requests 503 first
+	// settling is how many stats reads still find a charge in progress:
+	// each reports one charge less than charges holds, and in_progress 1.
+	settling int
 }
 
 func (f *fakeAPI) handler(t *testing.T) http.Handler {
@@ -77,7 +80,14 @@ func (f *fakeAPI) handler(t *testing.T) http.Handler {
 			Charges int64            `json:"charges"`
 			Amount  map[string]int64 `json:"amount"`
 		}{}
+		late := int64(0)
+		if f.settling > 0 {
+			f.settling--
+			late, st.InProgress = 1, 1
+		}
 		for m, n := range f.charges {
+			n -= late
+			late = 0
 			e := st.Merchants[m]
 			e.Charges = n
 			e.Amount = map[string]int64{}
@@ -394,4 +404,23 @@ func TestSummarySaysProviderNotChecked(t *testing.T) {
 	summary(&with, true)
 	require.NotContains(t, with.String(), "not checked")
 	require.Contains(t, with.String(), "double charges (provider)")
+}
+
+// A charge still in progress at the provider when the run ends (its caller
+// gave up: paymentsd's provider timeout) is made and counted after the last
+// answer: the provider's stats are read once nothing is in progress there,
+// else a charge is missed (issue 32's fresh user: 0 charges reported, 10
+// made). Fails without settledStats: one charge missing.
+func TestReconcileWaitsForChargesInProgress(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, 40, 4)
+	w.api.charges = map[string]int64{}
+	for _, m := range w.plan.merchants {
+		w.api.charges[m] = 10
+	}
+	w.api.settling = 3
+	r := w.reconcile(t, true)
+	require.True(t, r.Verdict.OK, "%v", r.Verdict.Failures)
+	require.EqualValues(t, 40, r.Reconciliation.Provider.Charges)
+	require.Zero(t, w.api.settling, "read until settled")
 }
