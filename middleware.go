@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/internal/httprec"
+	"github.com/idemgo/idem/internal/protocol"
 	"github.com/idemgo/idem/seal"
 	"github.com/maypok86/otter/v2"
 )
@@ -69,7 +70,6 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{g: newEngine(cfg.EngineConfig), cfg: cfg, methods: map[string]bool{}, replay: map[string]bool{}}
-	m.cfg.EngineConfig = m.g.cfg // with its keyring
 	for _, meth := range cfg.Methods {
 		m.methods[strings.ToUpper(meth)] = true
 	}
@@ -111,23 +111,24 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	w.Header().Set(HeaderKey, values[0])
-	ev := Event{}
-	var v verdict
+	var a protocol.Answer
+	var ev Event
 	var cw *captureWriter // the handler's, once it runs
 	var applied http.Header
 	if rec, opened, ok := m.replays.get(p.Scope, p.Key); ok {
-		v = m.cfg.answer(r.Context(), rec, p, opened)
-		ev = Event{Kind: v.event(), Method: p.Method, Scope: p.Scope, Key: p.Key, Cached: true}
+		a = m.g.proto.Decide(r.Context(), rec, p, opened)
+		ev = m.g.event(a, p, "")
+		ev.Cached = true
 	} else {
-		j := &httpJob{m: m, r: r, w: w, body: body, next: next, ev: &ev}
+		j := &httpJob{m: m, r: r, w: w, body: body, next: next}
 		wait, asked := m.wait(r)
-		v = m.g.execute(r.Context(), p, key, wait, j, &ev)
+		a, ev = m.g.run(r.Context(), p, key, wait, j, func() string { return j.route })
 		cw = j.cw
-		if asked && v.waited {
+		if asked && a.Waited {
 			applied = http.Header{HeaderPreferenceApplied: {"wait=" + strconv.FormatInt(retryAfterSeconds(wait), 10)}}
 		}
 	}
-	m.respond(w, r, next, v, cw, applied, &ev)
+	m.respond(w, r, next, a, cw, applied, &ev)
 	if ev.Kind != 0 {
 		m.g.observe(r.Context(), &ev)
 	}
@@ -191,20 +192,21 @@ type httpJob struct {
 	w    http.ResponseWriter
 	body []byte // as read, MaxRequestBytes at most
 	next http.Handler
-	cw   *captureWriter // made by run: an answer from a record needs none
-	ev   *Event
+	cw   *captureWriter // made by Run: an answer from a record needs none
+	// route is the request's route, once the handler ran (Event.Route).
+	route string
 }
 
-func (j *httpJob) run(ctx context.Context) (int, override) {
+func (j *httpJob) Run(ctx context.Context) (int, protocol.Override) {
 	j.cw = newCaptureWriter(j.w)
 	j.r.Body = io.NopCloser(bytes.NewReader(j.body)) // read whole by the claim
 	hr := j.r.WithContext(ctx)
-	defer func() { j.ev.Route = j.m.route(j.r, hr, j.next) }() // a panic included
+	defer func() { j.route = j.m.route(j.r, hr, j.next) }() // a panic included
 	j.next.ServeHTTP(j.cw, hr)
 	if status := j.cw.statusCode(); !finalStatus(status) {
 		return j.refuseStatus(status)
 	}
-	return j.cw.statusCode(), byPolicy
+	return j.cw.statusCode(), protocol.ByPolicy
 }
 
 // refuseStatus answers 500 invalid-status in place of the handler's answer
@@ -212,7 +214,7 @@ func (j *httpJob) run(ctx context.Context) (int, override) {
 // or over 999, and the retries would run the handler again. The 500 is
 // recorded SUCCEEDED whatever EngineConfig.Outcome says, since the
 // handler's effects may have happened: every retry replays it.
-func (j *httpJob) refuseStatus(status int) (int, override) {
+func (j *httpJob) refuseStatus(status int) (int, protocol.Override) {
 	j.m.cfg.Logger.ErrorContext(j.r.Context(), "idem: the handler answered a status outside 200-599; answering 500 invalid-status in its place, recorded: it does not run again",
 		"status", status, "method", j.r.Method, "path", j.r.URL.Path)
 	pr := ProblemFor(ErrInvalidStatus, fmt.Sprintf("the server answered this request with status %d, which HTTP does not allow as a final status; "+
@@ -223,20 +225,20 @@ func (j *httpJob) refuseStatus(status int) (int, override) {
 		j.cw.reset()
 		pr.Write(j.cw)
 	}
-	return j.cw.statusCode(), overrideSucceeded
+	return j.cw.statusCode(), protocol.OverrideSucceeded
 }
 
-func (j *httpJob) response() idemdriver.Response { return j.m.storedResponse(j.cw) }
+func (j *httpJob) Response() idemdriver.Response { return j.m.storedResponse(j.cw) }
 
-func (j *httpJob) kept(limit int64) seal.Request {
+func (j *httpJob) Kept(limit int64) seal.Request {
 	return keptRequest(j.body, limit, j.r.Header.Get("Content-Type"), j.r.URL.RawQuery)
 }
 
-// respond writes v's answer; applied holds the Preference-Applied field of
+// respond writes a's answer; applied holds the Preference-Applied field of
 // a request that waited (nil for none), never stored nor replayed.
-func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.Handler, v verdict, cw *captureWriter, applied http.Header, ev *Event) {
-	if !v.rec.ExpiresAt.IsZero() && v.kind != answerReleased {
-		w.Header()[HeaderKeyExpires] = []string{m.httpDate(v.rec.ExpiresAt)}
+func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.Handler, a protocol.Answer, cw *captureWriter, applied http.Header, ev *Event) {
+	if !a.Record.ExpiresAt.IsZero() && a.Kind != protocol.KindReleased {
+		w.Header()[HeaderKeyExpires] = []string{m.httpDate(a.Record.ExpiresAt)}
 	}
 	for k, vs := range applied {
 		w.Header()[k] = vs
@@ -244,35 +246,35 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, next http.H
 	if ev.Route == "" {
 		ev.Route = m.route(r, nil, next)
 	}
-	switch v.kind {
-	case answerRan, answerReleased:
+	switch a.Kind {
+	case protocol.KindRan, protocol.KindReleased:
 		cw.send(applied)
 		ev.Status = cw.statusCode()
 		return
-	case answerReplay:
-		if status := v.rec.Response.Status; !finalStatus(status) {
+	case protocol.KindReplay:
+		if status := a.Record.Response.Status; !finalStatus(status) {
 			// Damaged: net/http would panic sending it, dropping the connection on every retry.
 			m.cfg.Logger.ErrorContext(r.Context(), "idem: a SUCCEEDED record holds a status outside 200-599; answering 500 response-missing, it is not run again",
 				"scope", ev.Scope, "key", ev.Key, "status", status)
-			v = verdict{kind: answerResponseMissing, rec: v.rec, err: ErrResponseMissing}
-			ev.Kind = v.event()
+			a = protocol.Answer{Kind: protocol.KindResponseMissing, Record: a.Record, Err: ErrResponseMissing}
+			ev.Kind = eventOf(a)
 			break
 		}
 		if !ev.Cached {
-			m.replays.put(ev.Scope, ev.Key, v.rec, true)
+			m.replays.put(ev.Scope, ev.Key, a.Record, true)
 		}
-		ev.Status = m.replayResponse(w, r, v.rec.Response)
+		ev.Status = m.replayResponse(w, r, a.Record.Response)
 		return
-	case answerKeyReused:
+	case protocol.KindKeyReused:
 		if !ev.Cached {
-			m.replays.put(ev.Scope, ev.Key, v.rec, false)
+			m.replays.put(ev.Scope, ev.Key, a.Record, false)
 		}
 	}
-	pr := v.problem(&m.cfg)
+	pr := problemOf(a, &m.cfg)
 	// A failed claim logged its own cause; a refusal (MaxInFlight) is load,
 	// counted by the observer, not a failure.
-	if pr.Status == http.StatusServiceUnavailable && v.kind != answerClaimFailed && v.kind != answerOverloaded {
-		m.cfg.Logger.ErrorContext(r.Context(), "idem: outcome not recorded", "err", v.err)
+	if pr.Status == http.StatusServiceUnavailable && a.Kind != protocol.KindClaimFailed && a.Kind != protocol.KindOverloaded {
+		m.cfg.Logger.ErrorContext(r.Context(), "idem: outcome not recorded", "err", a.Err)
 	}
 	ev.Status = m.writeProblem(w, r, pr)
 }
