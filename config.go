@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem/fingerprint"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/protocol"
 	"github.com/idemgo/idem/seal"
 )
 
@@ -52,29 +53,27 @@ func DefaultReplayHeaders() []string {
 	}
 }
 
-// Outcome is how a finished execution is recorded.
-type Outcome int
+// DefaultMaxWaiters is the default of EngineConfig.MaxWaiters.
+const DefaultMaxWaiters = 1000
+
+// DefaultWaitPoll is the default of EngineConfig.WaitPoll; where the store
+// notifies (PostgreSQL), waiters read their record ten times less often.
+const DefaultWaitPoll = 100 * time.Millisecond
+
+// Outcome is how a finished execution is recorded: its String is
+// SUCCEEDED, FAILED or RELEASED.
+type Outcome = protocol.Outcome
 
 const (
 	// Succeeded records SUCCEEDED with the response; later requests replay it.
-	Succeeded Outcome = iota
+	Succeeded = protocol.Succeeded
 	// Failed records FAILED: the next request with the payload runs again.
-	Failed
+	Failed = protocol.Failed
 	// Released records nothing: the record is removed and the next request
 	// with the key runs as new (CONTRACT section 5). Use it only before any side
 	// effect. See ReleaseKey and ReleaseValidationFailures.
-	Released
+	Released = protocol.Released
 )
-
-func (o Outcome) String() string {
-	switch o {
-	case Succeeded:
-		return "SUCCEEDED"
-	case Released:
-		return "RELEASED"
-	}
-	return "FAILED"
-}
 
 // DefaultOutcome is the policy of CONTRACT section 5: 5xx, 408, 425 and 429
 // are Failed; every other status is Succeeded.
@@ -275,9 +274,6 @@ type EngineConfig struct {
 	// FAILED ones do not; it goes with the record (purge, release). Not
 	// negative. Default: 0 (no request kept).
 	KeepRequestBytes int64
-
-	// keyring is SealKeys' (newEngine).
-	keyring *seal.Keyring
 }
 
 // Config configures Middleware: an EngineConfig and the HTTP fields. A zero

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemgo/idem/internal/protocol"
 )
 
 // relayPrefix versions the derivation.
@@ -42,11 +44,12 @@ func DeriveKey(secret []byte, scope, key string, created time.Time, step string)
 // execution's context: the same across retries, takeovers and processes.
 // Outside one it returns ErrNoExecution.
 func RelayKey(ctx context.Context, step string) (string, error) {
-	e, ok := executionFrom(ctx)
+	e, ok := protocol.FromContext(ctx)
 	if !ok {
 		return "", ErrNoExecution
 	}
-	return DeriveKey(e.cfg.RelaySecret, e.info.Scope, e.info.Key, e.info.Created, step), nil
+	i := e.Info()
+	return DeriveKey(e.RelaySecret(), i.Scope, i.Key, i.Created, step), nil
 }
 
 // RelayTransport sets Idempotency-Key to RelayKey(ctx, step) on requests

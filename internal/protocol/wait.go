@@ -1,4 +1,4 @@
-package idem
+package protocol
 
 import (
 	"context"
@@ -25,19 +25,12 @@ import (
 // the record can be claimed again (FAILED, released, its owner dead), one of
 // them claims it, exactly as a retry would.
 
-// DefaultMaxWaiters is the default of EngineConfig.MaxWaiters.
-const DefaultMaxWaiters = 1000
-
-// DefaultWaitPoll is the default of EngineConfig.WaitPoll; where the store
-// notifies (PostgreSQL), waiters read their record ten times less often.
-const DefaultWaitPoll = 100 * time.Millisecond
-
 // listenLinger is how long the hub keeps listening after its last waiter
 // left: a burst of duplicates does not reconnect for each wait.
 const listenLinger = 5 * time.Second
 
 type waitHub struct {
-	cfg      *EngineConfig
+	cfg      *Config
 	notifier idemdriver.Notifier // nil: waiters poll
 	reads    singleflight.Group
 
@@ -62,7 +55,7 @@ type keyWaiters struct {
 	claiming bool          // one waiter of this process claims at a time
 }
 
-func newWaitHub(cfg *EngineConfig) *waitHub {
+func newWaitHub(cfg *Config) *waitHub {
 	h := &waitHub{cfg: cfg, keys: map[string]*keyWaiters{}}
 	if n, ok := cfg.Store.(idemdriver.Notifier); ok && n.Notifies() {
 		h.notifier = n
@@ -152,7 +145,7 @@ func (h *waitHub) wake(payload string) {
 	}
 }
 
-// Close stops the wait mode's listener (EngineConfig.Wait: PostgreSQL's
+// Close stops the wait mode's listener (Config.Wait: PostgreSQL's
 // LISTEN connection, which otherwise ends 5 s after the last waiter left),
 // and starts none again: the engine still serves, and its waiters poll. Call
 // it when the engine is no longer used, as a test does. It returns nil.
@@ -173,7 +166,7 @@ func (g *Engine) Close() error {
 }
 
 // Waiters returns the number of requests (and Do calls) of this process
-// waiting for another execution of their key: with EngineConfig.Wait, and
+// waiting for another execution of their key: with Config.Wait, and
 // in one-commit mode those behind this process's own execution of the key.
 func (g *Engine) Waiters() int {
 	g.waits.mu.Lock()
@@ -251,8 +244,8 @@ func (h *waitHub) read(ctx context.Context, payload string, p idemdriver.ClaimPa
 // or the claim of this or another attempt (claim), or v (409) when budget
 // runs out, ctx ends or MaxWaiters wait already; the claimed's waited
 // reports that the request waited: always but when MaxWaiters wait already.
-func (h *waitHub) await(ctx context.Context, p idemdriver.ClaimParams, budget time.Duration, v verdict,
-	claim func() (claimed, verdict)) (claimed, verdict) {
+func (h *waitHub) await(ctx context.Context, p idemdriver.ClaimParams, budget time.Duration, v Answer,
+	claim func() (claimed, Answer)) (claimed, Answer) {
 	payload := notifyPayload(p.Scope, p.Key)
 	kw, ok := h.join(payload)
 	if !ok {
@@ -265,8 +258,8 @@ func (h *waitHub) await(ctx context.Context, p idemdriver.ClaimParams, budget ti
 }
 
 // awaitJoined is await once kw joined.
-func (h *waitHub) awaitJoined(ctx context.Context, p idemdriver.ClaimParams, payload string, kw *keyWaiters, budget time.Duration, v verdict,
-	claim func() (claimed, verdict)) (claimed, verdict) {
+func (h *waitHub) awaitJoined(ctx context.Context, p idemdriver.ClaimParams, payload string, kw *keyWaiters, budget time.Duration, v Answer,
+	claim func() (claimed, Answer)) (claimed, Answer) {
 	deadline := time.Now().Add(budget)
 	// The first read follows the join at once: an outcome recorded between
 	// the claim and the join woke nobody.
@@ -286,7 +279,7 @@ func (h *waitHub) awaitJoined(ctx context.Context, p idemdriver.ClaimParams, pay
 		case h.tryClaim(kw):
 			c, cv := claim()
 			h.claimDone(kw)
-			if cv.kind != answerInFlight {
+			if cv.Kind != KindInFlight {
 				return c, cv
 			}
 			v = cv
@@ -299,10 +292,10 @@ func (h *waitHub) awaitJoined(ctx context.Context, p idemdriver.ClaimParams, pay
 
 // sleep waits for a wake of kw, the poll interval, the end of the lease v
 // saw, or deadline; false when ctx ended first.
-func (h *waitHub) sleep(ctx context.Context, kw *keyWaiters, v verdict, deadline time.Time) bool {
+func (h *waitHub) sleep(ctx context.Context, kw *keyWaiters, v Answer, deadline time.Time) bool {
 	wake, poll := h.signal(kw)
 	next := min(poll, time.Until(deadline))
-	if left := v.rec.LeaseLeft; left > 0 {
+	if left := v.Record.LeaseLeft; left > 0 {
 		next = min(next, left+time.Millisecond)
 	}
 	timer := time.NewTimer(max(next, 0))

@@ -1,4 +1,4 @@
-package idem
+package protocol
 
 import (
 	"context"
@@ -13,9 +13,9 @@ import (
 
 // oneCommit is the one-commit mode (CONTRACT section 6). A waiter on a row
 // lock holds a connection, so in this process one request per key leads
-// (keyTurn); the others wait holding none and take its verdict.
+// (keyTurn); the others wait holding none and take its Answer.
 type oneCommit struct {
-	cfg   *EngineConfig
+	cfg   *Config
 	tc    idemdriver.TxClaimer
 	waits *waitHub
 	// On a single-writer store, every transaction queues anyway.
@@ -34,12 +34,12 @@ type keyTurn struct {
 	done    chan struct{} // closed when its claim or its transaction ended
 	final   *idemdriver.Record
 	opened  bool // final's response is opened (the leader's own, or its replay), not the store's
-	shared  *verdict
+	shared  *Answer
 }
 
 func (t *keyTurn) run() { t.once.Do(func() { close(t.running) }) }
 
-func newOneCommit(cfg *EngineConfig, waits *waitHub) *oneCommit {
+func newOneCommit(cfg *Config, waits *waitHub) *oneCommit {
 	o := &oneCommit{cfg: cfg, tc: cfg.Store.(idemdriver.TxClaimer), waits: waits, waitRunning: cfg.OneCommitWait, turns: map[localKey]*keyTurn{}}
 	if sw, ok := cfg.Store.(idemdriver.SingleWriter); ok && sw.SingleWriter() {
 		o.waitRunning = cfg.ClaimTimeout + cfg.MaxExecution + cfg.CompleteTimeout
@@ -47,7 +47,7 @@ func newOneCommit(cfg *EngineConfig, waits *waitHub) *oneCommit {
 	return o
 }
 
-func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, verdict) {
+func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, Answer) {
 	lk := localKey{p.Scope, p.Key}
 	turn, v, followed := o.await(ctx, lk, p, wait)
 	// Behind this process's own execution of the key a request waits
@@ -59,13 +59,13 @@ func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams, wait ti
 	deadline := time.Now().Add(wait)
 	c, v := o.claimOnce(ctx, p, o.cfg.OneCommitWait)
 	c.waited = waited
-	if v.kind == answerInFlight && wait > 0 {
+	if v.Kind == KindInFlight && wait > 0 {
 		// The key runs in another process: wait for it holding no
 		// connection, except while a claim waits on its row lock (one per
 		// key and process); this process's waiters wait as for a leader
 		// that runs.
 		turn.run()
-		c, v = o.waits.await(ctx, p, time.Until(deadline), v, func() (claimed, verdict) {
+		c, v = o.waits.await(ctx, p, time.Until(deadline), v, func() (claimed, Answer) {
 			return o.claimOnce(ctx, p, max(time.Millisecond, min(o.cfg.OneCommitWait, time.Until(deadline))))
 		})
 		c.waited = c.waited || waited
@@ -74,10 +74,10 @@ func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams, wait ti
 	case c.tx != nil:
 		turn.run()
 		c.turn, c.waitEnd = turn, deadline
-		return c, verdict{}
-	case v.rec.Key != "":
-		rec := v.rec
-		o.end(lk, turn, &rec, v.kind == answerReplay, nil)
+		return c, Answer{}
+	case v.Record.Key != "":
+		rec := v.Record
+		o.end(lk, turn, &rec, v.Kind == KindReplay, nil)
 	default:
 		o.end(lk, turn, nil, false, &v)
 	}
@@ -85,13 +85,13 @@ func (o *oneCommit) claim(ctx context.Context, p idemdriver.ClaimParams, wait ti
 }
 
 // claimOnce runs one ClaimTx, waiting at most lockWait for the key's row lock.
-func (o *oneCommit) claimOnce(ctx context.Context, p idemdriver.ClaimParams, lockWait time.Duration) (claimed, verdict) {
+func (o *oneCommit) claimOnce(ctx context.Context, p idemdriver.ClaimParams, lockWait time.Duration) (claimed, Answer) {
 	cfg := o.cfg
 	// Bounded as a whole: database/sql ends a tx with the context it began on.
 	txCtx, cancelTx := context.WithTimeout(context.WithoutCancel(ctx), cfg.ClaimTimeout+cfg.MaxExecution+cfg.CompleteTimeout)
 	sent := time.Now()
 	res, tx, err := o.claimTx(txCtx, cancelTx, p, lockWait)
-	var v verdict
+	var v Answer
 	switch {
 	case errors.Is(err, idemdriver.ErrLockWait):
 		v = o.inFlight()
@@ -100,7 +100,7 @@ func (o *oneCommit) claimOnce(ctx context.Context, p idemdriver.ClaimParams, loc
 	case !res.Claimed:
 		v = o.cfg.answerFrom(ctx, res.Record, p)
 	default:
-		return claimed{res: res, tx: tx, sent: sent, endTx: cancelTx}, verdict{}
+		return claimed{res: res, tx: tx, sent: sent, endTx: cancelTx}, Answer{}
 	}
 	cancelTx()
 	return claimed{res: res}, v
@@ -109,7 +109,7 @@ func (o *oneCommit) claimOnce(ctx context.Context, p idemdriver.ClaimParams, loc
 // await makes this request the leader of a turn of its key (returned), or
 // follows the leaders of the turns before it until one answers it; followed
 // reports that it followed one.
-func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimParams, wait time.Duration) (_ *keyTurn, _ verdict, followed bool) {
+func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimParams, wait time.Duration) (_ *keyTurn, _ Answer, followed bool) {
 	deadline := time.Now().Add(max(o.waitRunning, wait))
 	for ; ; followed = true {
 		o.mu.Lock()
@@ -118,7 +118,7 @@ func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimPa
 			t = &keyTurn{running: make(chan struct{}), done: make(chan struct{})}
 			o.turns[lk] = t
 			o.mu.Unlock()
-			return t, verdict{}, followed
+			return t, Answer{}, followed
 		}
 		o.mu.Unlock()
 		if !o.follow(ctx, t, deadline) {
@@ -182,7 +182,7 @@ func (o *oneCommit) outlast(ctx context.Context, t *keyTurn, deadline time.Time)
 	}
 }
 
-func (o *oneCommit) end(lk localKey, t *keyTurn, final *idemdriver.Record, opened bool, shared *verdict) {
+func (o *oneCommit) end(lk localKey, t *keyTurn, final *idemdriver.Record, opened bool, shared *Answer) {
 	o.mu.Lock()
 	delete(o.turns, lk)
 	o.mu.Unlock()
@@ -190,9 +190,9 @@ func (o *oneCommit) end(lk localKey, t *keyTurn, final *idemdriver.Record, opene
 	close(t.done)
 }
 
-func (o *oneCommit) inFlight() verdict {
+func (o *oneCommit) inFlight() Answer {
 	ra := o.cfg.inFlightRetryAfter(o.cfg.LeaseDuration)
-	return verdict{kind: answerInFlight, retryAfter: ra, err: &InFlightError{RetryAfter: ra}}
+	return Answer{Kind: KindInFlight, RetryAfter: ra, Err: &InFlightError{RetryAfter: ra}}
 }
 
 // The bound cancels txCtx only while ClaimTx runs: the returned tx lives on it.
@@ -277,14 +277,14 @@ func (o *oneCommit) recordAlone(e *execution, resp idemdriver.Response) (bool, e
 	return e.completeAlone(cp)
 }
 
-func (o *oneCommit) notCompleted(e *execution, err error) verdict {
+func (o *oneCommit) notCompleted(e *execution, err error) Answer {
 	switch {
 	case errors.Is(err, idemdriver.ErrConflict):
 		return o.lost(e, err)
 	case isCommitError(err):
-		return verdict{kind: answerCommitFailed, err: err}
+		return Answer{Kind: KindCommitFailed, Err: err}
 	}
-	return verdict{kind: answerCompletionNotRecorded, err: err}
+	return Answer{Kind: KindCompletionNotRecorded, Err: err}
 }
 
 // lost answers e, whose transaction the database aborted in a conflict at
@@ -295,11 +295,11 @@ func (o *oneCommit) notCompleted(e *execution, err error) verdict {
 // wsrep_sync_wait) and answered as a claim that found that record would be
 // (a replay, 422, 409 or the request's wait for its owner); with none, 409
 // and the retry runs again.
-func (o *oneCommit) lost(e *execution, err error) verdict {
-	lost := verdict{kind: answerLeaseLost, err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}
-	_, v := o.waits.await(e.parent, e.p, time.Until(e.c.waitEnd), lost, func() (claimed, verdict) { return claimed{}, lost })
-	if v.kind != answerClaimFailed && v.kind != answerLeaseLost {
-		v.err = errors.Join(v.err, lost.err) // the event's cause
+func (o *oneCommit) lost(e *execution, err error) Answer {
+	lost := Answer{Kind: KindLeaseLost, Err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}
+	_, v := o.waits.await(e.parent, e.p, time.Until(e.c.waitEnd), lost, func() (claimed, Answer) { return claimed{}, lost })
+	if v.Kind != KindClaimFailed && v.Kind != KindLeaseLost {
+		v.Err = errors.Join(v.Err, lost.Err) // the event's cause
 	}
 	return v
 }

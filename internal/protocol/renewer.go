@@ -1,4 +1,4 @@
-package idem
+package protocol
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 // execution still learns alone whether it kept its lease (heartbeat.settle).
 // Its loop runs only while it holds leases.
 type renewer struct {
-	cfg   *EngineConfig
+	cfg   *Config
 	store idemdriver.Renewer
 	every time.Duration
 	// singleWriter: while an execution's transaction is open it holds the
@@ -31,7 +31,7 @@ type renewer struct {
 
 // newRenewer returns the renewer of cfg's store, or nil when the store
 // renews one lease at a time only.
-func newRenewer(cfg *EngineConfig) *renewer {
+func newRenewer(cfg *Config) *renewer {
 	store, ok := cfg.Store.(idemdriver.Renewer)
 	if !ok {
 		return nil

@@ -1,0 +1,303 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
+)
+
+// Engine runs the claim protocol of CONTRACT sections 3 to 6: claim, run
+// under the claim, record; both modes; the wait; the answer from a record.
+// Its fronts (the root package's Middleware and Do) read requests and
+// write answers.
+type Engine struct {
+	cfg   Config
+	mode  mode
+	waits *waitHub
+	// renewer renews the leases of the executions in flight together; nil
+	// when the store has no idemdriver.Renewer.
+	renewer *renewer
+	// inFlight counts the executions between admit and leave (MaxInFlight).
+	inFlight atomic.Int64
+}
+
+// New returns the engine of cfg, which its front validated and defaulted.
+func New(cfg Config) *Engine {
+	g := &Engine{cfg: cfg}
+	g.waits = newWaitHub(&g.cfg)
+	g.renewer = newRenewer(&g.cfg)
+	if cfg.OneCommit {
+		g.mode = newOneCommit(&g.cfg, g.waits)
+	} else {
+		g.mode = durable{g}
+	}
+	return g
+}
+
+// Run claims p's key (the stored one; clientKey is the client's), waiting
+// up to wait for an execution in flight, runs j under a won claim and
+// records the outcome. A panic in j is recovered, its outcome recorded
+// Failed, and reported in the Answer (Panicked, Recovered) for the front to
+// raise again once it has observed it.
+func (g *Engine) Run(ctx context.Context, p idemdriver.ClaimParams, clientKey string, wait time.Duration, j Job) Answer {
+	if !g.admit() {
+		return Answer{Kind: KindOverloaded, Err: ErrOverloaded}
+	}
+	defer g.leave()
+	start := time.Now()
+	c, v := g.mode.claim(ctx, p, wait)
+	claim := time.Since(start)
+	attempt := max(c.res.Record.Attempts, v.Record.Attempts)
+	if v.Kind != 0 {
+		v.Waited, v.Attempt, v.Claim = c.waited, attempt, claim
+		return v
+	}
+	e := newExecution(&g.cfg, ctx, c, p, clientKey)
+	if e.fence.Notify != "" {
+		defer g.waits.wake(e.fence.Notify) // this process's waiters, at once
+	}
+	defer e.cancel(nil)
+	defer g.mode.finish(e)
+	stop := g.mode.start(e, c.sent)
+	ran := time.Now()
+	status, over, panicked, recovered := e.runJob(j)
+	handler := time.Since(ran)
+	leaseRanOut := stop()
+
+	recording := time.Now()
+	v = g.record(e, j, status, over, panicked, leaseRanOut)
+	v.Ran, v.TookOver, v.Waited, v.Attempt, v.Status = true, c.res.TookOver, c.waited, attempt, status
+	v.Claim, v.Handler, v.Completion = claim, handler, time.Since(recording)
+	if v.Record.Key == "" { // else the record a lost COMMIT was answered from
+		v.Record = c.res.Record
+	}
+	v.Panicked, v.Recovered = panicked, recovered
+	return v
+}
+
+// record ends e, whose job answered status (over: what overrides the
+// policy), by its outcome: recorded, failed, released, or lost.
+func (g *Engine) record(e *execution, j Job, status int, over Override, panicked, leaseRanOut bool) Answer {
+	failed := over == OverrideFailed
+	outcome := g.cfg.Outcome(OrOK(status))
+	switch {
+	case e.released():
+		outcome = Released
+	case failed || panicked:
+		outcome = Failed
+	case over == OverrideSucceeded:
+		outcome = Succeeded
+	}
+	cause := context.Cause(e.ctx)
+	lost, unreachable := errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrStoreUnavailable)
+	// Past MaxExecution a used transaction may be gone (database/sql ends it
+	// with its context) and a late outcome may expire unreplayed.
+	timedOut := errors.Is(cause, ErrExecutionTimeout) && (e.txBegun() || leaseRanOut)
+	switch {
+	case lost:
+		e.rollback()
+		return Answer{Kind: KindLeaseLost, Err: cause}
+	case unreachable:
+		e.rollback()
+		return Answer{Kind: KindUnreachable, Err: cause}
+	case timedOut || outcome == Failed:
+		e.rollback()
+		if owned, err := g.mode.fail(e); !owned && err == nil {
+			return Answer{Kind: KindLeaseLost, Err: ErrLeaseLost}
+		}
+		switch {
+		case timedOut:
+			return Answer{Kind: KindTimedOut, Err: cause, Outcome: Failed}
+		case failed:
+			return Answer{Kind: KindRan, Err: ErrFnFailed, Outcome: Failed}
+		}
+		return Answer{Kind: KindRan, Outcome: Failed}
+	case outcome == Released:
+		e.rollback()
+		owned, err := g.mode.release(e)
+		switch {
+		case err != nil:
+			// Mark FAILED so the same request runs again at once.
+			_, _ = g.mode.fail(e)
+			return Answer{Kind: KindReleaseFailed, Err: err, Outcome: Released}
+		case !owned:
+			return Answer{Kind: KindLeaseLost, Err: ErrLeaseLost, Outcome: Released}
+		}
+		return Answer{Kind: KindReleased, Outcome: Released}
+	}
+	resp := j.Response()
+	if n := g.cfg.KeepRequestBytes; n > 0 {
+		resp.Request = seal.EncodeRequest(j.Kept(n))
+	}
+	return g.complete(e, resp)
+}
+
+// admit counts one more execution in flight, or reports false, counting
+// nothing, when MaxInFlight are in flight already: the request is then
+// refused before it claims (KindOverloaded).
+func (g *Engine) admit() bool {
+	if g.cfg.MaxInFlight <= 0 {
+		return true
+	}
+	if g.inFlight.Add(1) > int64(g.cfg.MaxInFlight) {
+		g.inFlight.Add(-1)
+		return false
+	}
+	return true
+}
+
+// leave ends an execution admit counted.
+func (g *Engine) leave() {
+	if g.cfg.MaxInFlight > 0 {
+		g.inFlight.Add(-1)
+	}
+}
+
+// complete records resp, plain, sealed when the keyring seals.
+func (g *Engine) complete(e *execution, resp idemdriver.Response) Answer {
+	cp, err := g.cfg.completion(e.fence, resp)
+	if err != nil {
+		e.rollback()
+		_, _ = g.mode.fail(e)
+		return Answer{Kind: KindCompletionNotRecorded, Err: err}
+	}
+	tx := e.endTx()
+	var ok bool
+	if tx == nil {
+		ok, err = e.completeAlone(cp)
+	} else {
+		ok, err = e.completeIn(tx, cp)
+	}
+	switch {
+	case errors.Is(err, idemdriver.ErrTxDone):
+		g.cfg.Logger.ErrorContext(e.parent, "idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
+			"scope", e.fence.Scope, "key", e.fence.Key)
+		ok, err = e.completeAlone(cp)
+	case errors.Is(err, idemdriver.ErrTxAborted):
+		_ = e.rollbackTx(tx)
+		if resp.Status >= 200 && resp.Status < 300 {
+			g.cfg.Logger.ErrorContext(e.parent, "idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
+				"its writes are gone: answer an error when a statement fails", "scope", e.fence.Scope, "key", e.fence.Key, "status", resp.Status)
+			if owned, ferr := g.mode.fail(e); !owned && ferr == nil {
+				return Answer{Kind: KindLeaseLost, Err: ErrLeaseLost}
+			}
+			return Answer{Kind: KindTxAborted, Err: ErrTxAborted, Outcome: Failed}
+		}
+		ok, err = g.mode.recordAlone(e, resp)
+	}
+	switch {
+	case err != nil:
+		if tx != nil && !isCommitError(err) {
+			_ = e.rollbackTx(tx)
+		}
+		return g.mode.notCompleted(e, err)
+	case !ok:
+		if tx != nil {
+			_ = e.rollbackTx(tx)
+		}
+		g.cfg.Logger.WarnContext(e.parent, "idem: completion fenced out", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
+		return Answer{Kind: KindLeaseLost, Err: ErrLeaseLost}
+	}
+	resp.Request = nil // the committed outcome's waiters replay it: no request
+	e.committed = &resp
+	return Answer{Kind: KindRan}
+}
+
+// OrOK is status, or 200 for 0 (a handler that wrote nothing).
+func OrOK(status int) int {
+	if status == 0 {
+		return http.StatusOK
+	}
+	return status
+}
+
+// mode is where durable and oneCommit differ (CONTRACT section 6).
+type mode interface {
+	// claim waits up to wait for an execution of p's key in flight.
+	claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, Answer)
+	// stop reports whether the lease may have run out.
+	start(e *execution, sent time.Time) (stop func() bool)
+	fail(e *execution) (owned bool, err error)
+	release(e *execution) (owned bool, err error)
+	// recordAlone records resp, plain, outside the claim's transaction,
+	// which aborted: sealed for the record it writes.
+	recordAlone(e *execution, resp idemdriver.Response) (bool, error)
+	notCompleted(e *execution, err error) Answer
+	finish(e *execution)
+}
+
+type durable struct{ g *Engine }
+
+func (d durable) claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, Answer) {
+	c, v := d.claimOnce(ctx, p)
+	if v.Kind != KindInFlight || wait <= 0 {
+		return c, v
+	}
+	return d.g.waits.await(ctx, p, wait, v, func() (claimed, Answer) { return d.claimOnce(ctx, p) })
+}
+
+func (d durable) claimOnce(ctx context.Context, p idemdriver.ClaimParams) (claimed, Answer) {
+	// Detached: a hang-up must not cancel a claim the database may commit.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.g.cfg.ClaimTimeout)
+	defer cancel()
+	sent := time.Now()
+	res, err := d.g.cfg.Store.Claim(cctx, p)
+	switch {
+	case err != nil:
+		return claimed{}, d.g.cfg.claimFailed(ctx, err)
+	case !res.Claimed:
+		return claimed{res: res}, d.g.cfg.answerFrom(ctx, res.Record, p)
+	}
+	return claimed{res: res, sent: sent}, Answer{}
+}
+
+func (d durable) start(e *execution, sent time.Time) func() bool {
+	hb := e.startHeartbeat(sent, d.g.renewer)
+	return func() bool {
+		hb.stop()
+		return hb.leaseRanOut()
+	}
+}
+
+func (durable) fail(e *execution) (bool, error) { return e.storeFail() }
+
+func (d durable) release(e *execution) (bool, error) {
+	ctx, cancel := e.detached()
+	defer cancel()
+	owned, err := d.g.cfg.Store.Release(ctx, e.fence)
+	if err != nil {
+		return false, &StoreError{Op: "release", Err: err}
+	}
+	return owned, nil
+}
+
+func (d durable) recordAlone(e *execution, resp idemdriver.Response) (bool, error) {
+	cp, err := d.g.cfg.completion(e.fence, resp)
+	if err != nil {
+		return false, err
+	}
+	return e.completeAlone(cp)
+}
+
+func (durable) notCompleted(e *execution, err error) Answer {
+	// Fail waits for an in-flight COMMIT's row lock: it marks FAILED only if
+	// the outcome did not commit.
+	owned, ferr := e.storeFail()
+	switch {
+	case !owned && e.takenOver():
+		// On Galera, a certification failure against another node's takeover.
+		return Answer{Kind: KindLeaseLost, Err: ErrLeaseLost}
+	case ferr != nil:
+		return Answer{Kind: KindCompletionUnknown, Err: err}
+	case owned:
+		return Answer{Kind: KindCompletionNotRecorded, Err: err}
+	}
+	return Answer{Kind: KindCompletionMovedOn, Err: err}
+}
+
+func (durable) finish(*execution) {}

@@ -1,0 +1,70 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
+)
+
+// The errors the protocol answers with. The root package re-exports each
+// under the same name (idem.ErrInFlight is ErrInFlight), where their
+// documentation is.
+var (
+	ErrKeyReused        = errors.New("idem: Idempotency-Key reused with a different request")
+	ErrInFlight         = errors.New("idem: a request with this Idempotency-Key is in flight")
+	ErrLeaseLost        = errors.New("idem: lease lost to another worker")
+	ErrResponseMissing  = errors.New("idem: the key's record succeeded but holds no response")
+	ErrRecordDamaged    = errors.New("idem: the key's record is damaged (PROCESSING without a lease bound)")
+	ErrScopeUnstorable  = errors.New("idem: the request's scope cannot be stored")
+	ErrExecutionEnded   = errors.New("idem: the execution has ended; its transaction is closed")
+	ErrOverloaded       = errors.New("idem: too many executions in flight; refused before its claim")
+	ErrStoreUnavailable = errors.New("idem: store unavailable")
+	ErrExecutionTimeout = errors.New("idem: the execution ran past MaxExecution")
+	ErrCommitPending    = errors.New("idem: the commit of the outcome did not return within CompleteTimeout; it was not cancelled and may still take effect")
+	ErrTxAborted        = idemdriver.ErrTxAborted
+	ErrSealKeyMissing   = seal.ErrKeyMissing
+	ErrSealBroken       = seal.ErrBroken
+	// ErrFnFailed is the Err of a job that returned OverrideFailed.
+	ErrFnFailed = errors.New("idem: fn failed")
+)
+
+// StoreError is a failed store operation; it matches ErrStoreUnavailable.
+type StoreError struct {
+	Op  string // claim, heartbeat, complete, fail, release, begin, commit
+	Err error
+}
+
+func (e *StoreError) Error() string { return fmt.Sprintf("idem: store %s: %v", e.Op, e.Err) }
+
+// Unwrap returns the store's error.
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// Is reports whether target is ErrStoreUnavailable.
+func (e *StoreError) Is(target error) bool { return target == ErrStoreUnavailable }
+
+// InFlightError is ErrInFlight with the delay after which a retry may find
+// the outcome.
+type InFlightError struct {
+	RetryAfter time.Duration
+}
+
+func (e *InFlightError) Error() string {
+	return fmt.Sprintf("idem: another execution with this key is in flight; retry after %s", e.RetryAfter)
+}
+
+// Is reports whether target is ErrInFlight.
+func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }
+
+// keyReusedError is the error of a 422 (ErrKeyReused), its message made
+// only when it is read: an HTTP 422 sends a problem, and never reads it.
+type keyReusedError struct{ method, path string }
+
+func (e *keyReusedError) Error() string {
+	return fmt.Sprintf("%s: the key was first used for %s %q with another payload or operation", ErrKeyReused, e.method, e.path)
+}
+
+// Unwrap returns ErrKeyReused.
+func (e *keyReusedError) Unwrap() error { return ErrKeyReused }
