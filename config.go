@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem/fingerprint"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/httpread"
 	"github.com/idemgo/idem/internal/protocol"
 	"github.com/idemgo/idem/seal"
 )
@@ -487,7 +488,7 @@ func (c *EngineConfig) storedKey(key string) string {
 func (c Config) validate() []error {
 	errs := c.EngineConfig.validate()
 	for _, m := range c.Methods {
-		if !isToken(m) {
+		if !httpread.IsToken(m) {
 			errs = append(errs, fmt.Errorf("Methods: %q is not a method (an RFC 9110 token)", m))
 		}
 	}
@@ -511,15 +512,4 @@ func invalid(errs []error) error {
 		return nil
 	}
 	return fmt.Errorf("idem: invalid Config: %w", errors.Join(errs...))
-}
-
-// isToken reports whether s is an RFC 9110 token (section 5.6.2), as a
-// method is.
-func isToken(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if !isTchar(s[i]) {
-			return false
-		}
-	}
-	return s != ""
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/idemgo/idem/internal/httpread"
 	"github.com/idemgo/idem/internal/protocol"
 )
 
@@ -16,6 +17,7 @@ type Middleware struct {
 	methods map[string]bool
 	replay  map[string]bool // canonical header names kept for replay
 	replays *replayCache    // nil without Config.ReplayCacheBytes
+	body    httpread.Body
 	// lastDate is the last HTTP-date httpDate wrote: the retries of one key
 	// (and the keys of one second) carry the same expiry.
 	lastDate atomic.Pointer[httpDate]
@@ -29,6 +31,11 @@ var neverReplayed = map[string]bool{
 	HeaderReplayed: true, HeaderKey: true, HeaderKeyExpires: true,
 	HeaderPreferenceApplied: true, // each answer's own (RFC 7240 section 3)
 }
+
+// HeaderPreferenceApplied names the preferences a server honoured (RFC 7240
+// section 3). idem sends "wait=N" on the answer to a request that waited,
+// N the wait it was given in whole seconds; it is never stored or replayed.
+const HeaderPreferenceApplied = "Preference-Applied"
 
 // HeaderKeyExpires carries the record's expires_at as an RFC 9110 HTTP-date
 // on every answer from a record.
@@ -49,6 +56,7 @@ func New(cfg Config) (*Middleware, error) {
 			m.replay[k] = true
 		}
 	}
+	m.body = httpread.Body{Limit: cfg.MaxRequestBytes, DiscardBytes: cfg.DiscardBytes, DiscardTimeout: cfg.DiscardTimeout}
 	if cfg.ReplayCacheBytes > 0 {
 		m.replays = newReplayCache(cfg.ReplayCacheBytes, cfg.ReplayCacheTTL)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/httpread"
 )
 
 // wait is how long r waits for its key's execution in flight: its Prefer
@@ -18,7 +19,7 @@ func (m *Middleware) wait(r *http.Request) (time.Duration, bool) {
 	if m.cfg.MaxWait == 0 {
 		return 0, false
 	}
-	if d, ok := preferredWait(r); ok {
+	if d, ok := httpread.PreferredWait(r); ok {
 		return min(d, m.cfg.MaxWait), d > 0
 	}
 	return m.cfg.Wait, false
@@ -53,8 +54,8 @@ func (m *Middleware) request(w http.ResponseWriter, r *http.Request, values []st
 	if len(path) > MaxPathLength {
 		return refuse(ErrPathTooLong, fmt.Sprintf("the request path is %d bytes; a protected request's path may have at most %d", len(path), MaxPathLength))
 	}
-	body, err := m.readBody(w, r)
-	if errors.Is(err, ErrRequestTooLarge) {
+	body, err := m.body.Read(w, r)
+	if errors.Is(err, httpread.ErrTooLarge) {
 		return refuse(ErrRequestTooLarge, fmt.Sprintf("the request body exceeds %d bytes", m.cfg.MaxRequestBytes))
 	} else if err != nil {
 		return refuse(ErrBodyUnreadable, "the request body could not be read to its end; nothing was processed, send the request again with the same key")

@@ -1,4 +1,4 @@
-package idem
+package httpread
 
 import (
 	"net/http"
@@ -41,7 +41,7 @@ func FuzzPrefer(f *testing.F) {
 		} else {
 			require.Equal(t, got, again, "canonical form of %q", line)
 		}
-		_, _ = preferredWait(&http.Request{Header: http.Header{"Prefer": {line}}})
+		_, _ = PreferredWait(&http.Request{Header: http.Header{"Prefer": {line}}})
 
 		ows := []string{"", " ", "\t", " \t "}[shape%4]
 		hidden := "foo" + ows + "=" + ows + quote(junk)
@@ -49,7 +49,7 @@ func FuzzPrefer(f *testing.F) {
 			hidden = "x;" + ows + "p" + ows + "=" + ows + quote(junk) // a parameter's value
 		}
 		prefer := hidden + ows + "," + ows + "wait" + ows + "=" + ows + strconv.Itoa(int(n))
-		d, ok := preferredWait(&http.Request{Header: http.Header{"Prefer": {prefer}}})
+		d, ok := PreferredWait(&http.Request{Header: http.Header{"Prefer": {prefer}}})
 		require.True(t, ok, "%q", prefer)
 		require.Equal(t, time.Duration(n)*time.Second, d, "%q", prefer)
 	})

@@ -1,4 +1,6 @@
-package idem
+// Package httpread reads what idem needs of a request: its body, within
+// its limit and so that a refusal reaches the client, and its Prefer wait.
+package httpread
 
 import (
 	"errors"
@@ -21,11 +23,6 @@ import (
 //
 // A comma inside a quoted string separates nothing: `foo="a, wait=3",
 // wait=0` holds two preferences, foo and wait=0.
-
-// HeaderPreferenceApplied names the preferences a server honoured (RFC 7240
-// section 3). idem sends "wait=N" on the answer to a request that waited,
-// N the wait it was given in whole seconds; it is never stored or replayed.
-const HeaderPreferenceApplied = "Preference-Applied"
 
 // preference is one element of a Prefer field: its name as sent (compared
 // without regard to case, section 2) and its value, unquoted ("" for none:
@@ -184,7 +181,7 @@ func isQdtext(c byte) bool {
 // isQuotable reports whether c may follow a backslash in a quoted string.
 func isQuotable(c byte) bool { return c == '\t' || c == ' ' || (c > ' ' && c != 0x7f) }
 
-// preferredWait reads RFC 7240's "wait" preference (section 4.3: Prefer:
+// PreferredWait reads RFC 7240's "wait" preference (section 4.3: Prefer:
 // wait=<delta-seconds>) from r's Prefer fields; false when none names it,
 // or when the first that does has a value that is not delta-seconds (none,
 // a sign, a fraction, a word). The first occurrence counts, the later ones
@@ -192,7 +189,7 @@ func isQuotable(c byte) bool { return c == '\t' || c == ' ' || (c > ' ' && c != 
 // longest wait, math.MaxInt64 nanoseconds, which the caller caps at
 // MaxWait: a client asking for more than the server allows gets what it
 // allows, not nothing.
-func preferredWait(r *http.Request) (time.Duration, bool) {
+func PreferredWait(r *http.Request) (time.Duration, bool) {
 	for p := range preferences(r.Header.Values("Prefer")) {
 		if !strings.EqualFold(p.name, "wait") {
 			continue
@@ -207,4 +204,15 @@ func preferredWait(r *http.Request) (time.Duration, bool) {
 		return 0, false
 	}
 	return 0, false
+}
+
+// IsToken reports whether s is an RFC 9110 token (section 5.6.2), as a
+// method is.
+func IsToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if !isTchar(s[i]) {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -1,6 +1,7 @@
-package idem
+package httpread
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -18,18 +19,31 @@ import (
 // "Connection: close". HTTP/2 and HTTP/3 end the request's stream, not the
 // connection: nothing is read or closed there.
 
-// readBody reads r's body, at most MaxRequestBytes. Errors:
-// ErrRequestTooLarge for a body over the limit, the read's own for a body
-// that could not be read to its end; either way what w still needs for the
-// answer (Connection: close) is set.
-func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+// Body reads request bodies within their limits.
+type Body struct {
+	// Limit is the largest body read (idem's MaxRequestBytes).
+	Limit int64
+	// DiscardBytes and DiscardTimeout bound what is read and dropped of a
+	// body over Limit so that its 413 reaches the client.
+	DiscardBytes   int64
+	DiscardTimeout time.Duration
+}
+
+// ErrTooLarge is Read's error for a body over the limit.
+var ErrTooLarge = errors.New("request body too large")
+
+// Read reads r's body, at most Limit bytes. Errors: ErrTooLarge for a body
+// over the limit, the read's own for a body that could not be read to its
+// end; either way what w still needs for the answer (Connection: close) is
+// set.
+func (m Body) Read(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	limit := m.cfg.MaxRequestBytes
+	limit := m.Limit
 	if r.ContentLength > limit {
 		m.discardDeclared(w, r)
-		return nil, ErrRequestTooLarge
+		return nil, ErrTooLarge
 	}
 	body, err := readAll(bodyBuffer(r.ContentLength, limit), io.LimitReader(r.Body, limit+1))
 	switch {
@@ -38,8 +52,8 @@ func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, e
 		return nil, err
 	case int64(len(body)) > limit:
 		// A body of unknown length (chunked) that crossed the limit.
-		m.discard(w, r, m.cfg.DiscardBytes-1)
-		return nil, ErrRequestTooLarge
+		m.discard(w, r, m.DiscardBytes-1)
+		return nil, ErrTooLarge
 	}
 	_ = r.Body.Close() // at its end: net/http reads nothing more
 	return body, nil
@@ -50,13 +64,13 @@ func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, e
 // 10.1.1: it then sends no body, or the connection closes after the answer,
 // RFC 9112 section 9.6) or when the declared length ends past
 // MaxRequestBytes + DiscardBytes; else read to its end.
-func (m *Middleware) discardDeclared(w http.ResponseWriter, r *http.Request) {
+func (m Body) discardDeclared(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.ProtoMajor != 1:
 		// HTTP/2 and 3: the server resets the stream once the answer is
 		// sent (RST_STREAM NO_ERROR, RFC 9113 section 8.1); the connection
 		// and its other streams go on.
-	case expectsContinue(r), r.ContentLength-m.cfg.MaxRequestBytes > m.cfg.DiscardBytes:
+	case expectsContinue(r), r.ContentLength-m.Limit > m.DiscardBytes:
 		m.closeAfter(w, r)
 	default:
 		m.discard(w, r, r.ContentLength)
@@ -68,12 +82,12 @@ func (m *Middleware) discardDeclared(w http.ResponseWriter, r *http.Request) {
 // where the server supports one), so that the client reads the 413 that
 // follows on a connection kept open. A body that does not end within them
 // (or cannot be read) is left, and the answer closes the connection.
-func (m *Middleware) discard(w http.ResponseWriter, r *http.Request, n int64) {
+func (m Body) discard(w http.ResponseWriter, r *http.Request, n int64) {
 	if r.ProtoMajor != 1 {
 		return // the stream's end, as in discardDeclared
 	}
 	rc := http.NewResponseController(w)
-	deadline := rc.SetReadDeadline(time.Now().Add(m.cfg.DiscardTimeout)) == nil
+	deadline := rc.SetReadDeadline(time.Now().Add(m.DiscardTimeout)) == nil
 	// MaxBytesReader tells net/http's own writer that the body ran past n:
 	// it then closes the connection after a pause for the client to read.
 	_, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, max(n, 0)))
@@ -93,10 +107,10 @@ func (m *Middleware) discard(w http.ResponseWriter, r *http.Request, n int64) {
 // answer, hoping to reuse the connection, from a client that sends nothing
 // more (one that waits for "100 Continue"). Never on HTTP/2, where net/http
 // would take Connection: close for the whole connection's end.
-func (m *Middleware) closeAfter(w http.ResponseWriter, r *http.Request) {
+func (m Body) closeAfter(w http.ResponseWriter, r *http.Request) {
 	if r.ProtoMajor == 1 {
 		w.Header().Set("Connection", "close")
-		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(m.cfg.DiscardTimeout))
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(m.DiscardTimeout))
 	}
 }
 

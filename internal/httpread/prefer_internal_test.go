@@ -1,4 +1,4 @@
-package idem
+package httpread
 
 import (
 	"math"
@@ -53,7 +53,7 @@ func TestPreferredWaitGrammar(t *testing.T) {
 		{nil, 0, false},
 	} {
 		r := &http.Request{Header: http.Header{"Prefer": tc.lines}}
-		got, ok := preferredWait(r)
+		got, ok := PreferredWait(r)
 		require.Equal(t, tc.ok, ok, "%q", tc.lines)
 		require.Equal(t, tc.want, got, "%q", tc.lines)
 	}
