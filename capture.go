@@ -126,7 +126,7 @@ func (c *captureWriter) trailers() http.Header {
 		}
 		t[name] = v
 	}
-	for name := range c.declaredTrailers(c.sentOrLive()) {
+	for name := range c.declaredTrailers(c.headerNow()) {
 		if v := c.header[name]; len(v) > 0 {
 			add(name, v)
 		}
@@ -139,7 +139,9 @@ func (c *captureWriter) trailers() http.Header {
 	return t
 }
 
-func (c *captureWriter) sentOrLive() http.Header {
+// headerNow is the header as sent, or as it stands when nothing was sent
+// yet.
+func (c *captureWriter) headerNow() http.Header {
 	if c.sent != nil {
 		return c.sent
 	}

@@ -446,7 +446,7 @@ func (c EngineConfig) validateSealing() []error {
 	seen := map[string]int{}
 	for i, k := range c.SealKeys {
 		if err := k.Validate(); err != nil {
-			for _, e := range unjoin(err) {
+			for _, e := range joinedErrors(err) {
 				errs = append(errs, fmt.Errorf("SealKeys[%d].%w", i, e))
 			}
 			continue
@@ -469,8 +469,8 @@ func (c EngineConfig) validateSealing() []error {
 	return errs
 }
 
-// unjoin is the errors errors.Join joined in err, or err alone.
-func unjoin(err error) []error {
+// joinedErrors is the errors errors.Join joined in err, or err alone.
+func joinedErrors(err error) []error {
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		return j.Unwrap()
 	}

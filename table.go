@@ -24,10 +24,10 @@ var kinds = [protocol.Kinds]struct {
 	protocol.KindKeyReused: {ErrKeyReused, EventKeyReused, func(_ *Config, v protocol.Answer) string {
 		return fmt.Sprintf("this %s was first used for %s %s; a key names one request", HeaderKey, v.Record.Method, v.Record.Path)
 	}},
-	protocol.KindInFlight: {ErrInFlight, EventInFlight, fixed("another request with this key is being processed; retry after the Retry-After delay to get its result")},
+	protocol.KindInFlight: {ErrInFlight, EventInFlight, detailText("another request with this key is being processed; retry after the Retry-After delay to get its result")},
 	protocol.KindClaimFailed: {ErrStoreUnavailable, EventStoreUnavailable,
-		fixed("the idempotency store did not answer; the request was not processed, retry later with the same key")},
-	protocol.KindUnstorable: {ErrScopeUnstorable, 0, fixed("the server could not scope this request")},
+		detailText("the idempotency store did not answer; the request was not processed, retry later with the same key")},
+	protocol.KindUnstorable: {ErrScopeUnstorable, 0, detailText("the server could not scope this request")},
 	protocol.KindLeaseLost: {ErrLeaseLost, EventLeaseLost, func(c *Config, _ protocol.Answer) string {
 		if c.OneCommit { // no lease: the transaction lost a conflict (Galera: another node's commit of the key)
 			return "this request's writes conflicted with another transaction committed first (on a database cluster, most often another request " +
@@ -56,25 +56,25 @@ var kinds = [protocol.Kinds]struct {
 		return fmt.Sprintf("the idempotency store failed while recording the result; "+
 			"retry with the same key: it gets the result if it was recorded, or runs again once the lease (%s) runs out", c.LeaseDuration)
 	}},
-	protocol.KindCompletionNotRecorded: {ErrStoreUnavailable, EventCompletionFailed, fixed("the idempotency store failed while recording the result, which was not recorded " +
+	protocol.KindCompletionNotRecorded: {ErrStoreUnavailable, EventCompletionFailed, detailText("the idempotency store failed while recording the result, which was not recorded " +
 		"(in transactional mode the request's writes were rolled back with it); retry with the same key: the request runs again")},
-	protocol.KindCompletionMovedOn: {ErrStoreUnavailable, EventCompletionFailed, fixed("the idempotency store reported an error while recording the result, but the key's record " +
+	protocol.KindCompletionMovedOn: {ErrStoreUnavailable, EventCompletionFailed, detailText("the idempotency store reported an error while recording the result, but the key's record " +
 		"has moved on (the result was recorded after all, or another request took the key over); retry with the same key to get its result")},
-	protocol.KindResponseMissing: {ErrResponseMissing, EventReplayed, fixed("the request with this key succeeded, but its stored response is missing from the idempotency store or damaged there; " +
+	protocol.KindResponseMissing: {ErrResponseMissing, EventReplayed, detailText("the request with this key succeeded, but its stored response is missing from the idempotency store or damaged there; " +
 		"it will not run again: ask the operator to release the key, or use a new key only if you know the first request had no effect")},
-	protocol.KindSealKeyMissing: {ErrSealKeyMissing, EventReplayed, fixed("the request with this key succeeded, but its stored response is sealed with a key this server " +
+	protocol.KindSealKeyMissing: {ErrSealKeyMissing, EventReplayed, detailText("the request with this key succeeded, but its stored response is sealed with a key this server " +
 		"does not hold; it will not run again: retry later with the same key, or ask the operator")},
-	protocol.KindSealBroken: {ErrSealBroken, EventReplayed, fixed("the request with this key succeeded, but its stored response failed its integrity check; " +
+	protocol.KindSealBroken: {ErrSealBroken, EventReplayed, detailText("the request with this key succeeded, but its stored response failed its integrity check; " +
 		"it will not run again: ask the operator")},
-	protocol.KindRecordDamaged: {ErrRecordDamaged, EventInFlight, fixed("the record of this key is damaged in the idempotency store (it is in progress but has no lease), " +
+	protocol.KindRecordDamaged: {ErrRecordDamaged, EventInFlight, detailText("the record of this key is damaged in the idempotency store (it is in progress but has no lease), " +
 		"so whether the first request is still running cannot be told; it will not run again: ask the operator")},
-	protocol.KindCommitFailed: {ErrStoreUnavailable, EventCompletionFailed, fixed("the idempotency store failed while committing the request's writes and result; " +
+	protocol.KindCommitFailed: {ErrStoreUnavailable, EventCompletionFailed, detailText("the idempotency store failed while committing the request's writes and result; " +
 		"retry with the same key: it gets the result if the commit took effect, or the request runs again")},
-	protocol.KindOverloaded: {ErrOverloaded, EventOverloaded, fixed("the server has as many requests in progress as it takes; this one was not processed " +
+	protocol.KindOverloaded: {ErrOverloaded, EventOverloaded, detailText("the server has as many requests in progress as it takes; this one was not processed " +
 		"(nothing was claimed or run): retry after the Retry-After delay with the same key")},
 }
 
-func fixed(s string) func(*Config, protocol.Answer) string {
+func detailText(s string) func(*Config, protocol.Answer) string {
 	return func(*Config, protocol.Answer) string { return s }
 }
 

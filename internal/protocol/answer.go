@@ -10,10 +10,10 @@ import (
 	"github.com/idemgo/idem/seal"
 )
 
-// answerFrom is the Answer of the record rec, as the store returned it,
+// decideStored is the Answer of the record rec, as the store returned it,
 // that a claim of p lost to.
-func (c *Config) answerFrom(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) Answer {
-	return c.answer(ctx, rec, p, false)
+func (c *Config) decideStored(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams) Answer {
+	return c.decide(ctx, rec, p, false)
 }
 
 // errPlainRecord is why a sealed engine without ReplayPlain refuses a
@@ -21,9 +21,9 @@ func (c *Config) answerFrom(ctx context.Context, rec idemdriver.Record, p idemdr
 var errPlainRecord = fmt.Errorf("%w: the record is stored plain (its seal_key is empty), and this engine holds SealKeys "+
 	"and replays sealed records only (EngineConfig.ReplayPlain)", ErrSealBroken)
 
-// answer is answerFrom of rec; opened says that rec's response is opened
+// decide is decideStored of rec; opened says that rec's response is opened
 // already (the replay cache holds replays as they were answered).
-func (c *Config) answer(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams, opened bool) Answer {
+func (c *Config) decide(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams, opened bool) Answer {
 	switch idemdriver.Decide(&rec, false, p) {
 	case idemdriver.DecisionReplay:
 		if rec.Response == nil {
@@ -89,6 +89,6 @@ func (c *Config) claimFailed(ctx context.Context, err error) Answer {
 // Decide is the answer to a request of p from rec, a record read without a
 // claim (the front's replay cache: opened says that rec's response is
 // opened already).
-func (g *Engine) Decide(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams, opened bool) Answer {
-	return g.cfg.answer(ctx, rec, p, opened)
+func (eng *Engine) Decide(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams, opened bool) Answer {
+	return eng.cfg.decide(ctx, rec, p, opened)
 }

@@ -28,15 +28,15 @@ type Engine struct {
 
 // New returns the engine of cfg, which its front validated and defaulted.
 func New(cfg Config) *Engine {
-	g := &Engine{cfg: cfg}
-	g.waits = newWaitHub(&g.cfg)
-	g.renewer = newRenewer(&g.cfg)
+	eng := &Engine{cfg: cfg}
+	eng.waits = newWaitHub(&eng.cfg)
+	eng.renewer = newRenewer(&eng.cfg)
 	if cfg.OneCommit {
-		g.mode = newOneCommit(&g.cfg, g.waits)
+		eng.mode = newOneCommit(&eng.cfg, eng.waits)
 	} else {
-		g.mode = durable{g}
+		eng.mode = durable{eng}
 	}
-	return g
+	return eng
 }
 
 // Run claims p's key (the stored one; clientKey is the client's), waiting
@@ -44,33 +44,33 @@ func New(cfg Config) *Engine {
 // records the outcome. A panic in j is recovered, its outcome recorded
 // Failed, and reported in the Answer (Panicked, Recovered) for the front to
 // raise again once it has observed it.
-func (g *Engine) Run(ctx context.Context, p idemdriver.ClaimParams, clientKey string, wait time.Duration, j Job) Answer {
-	if !g.admit() {
+func (eng *Engine) Run(ctx context.Context, p idemdriver.ClaimParams, clientKey string, wait time.Duration, j Job) Answer {
+	if !eng.admit() {
 		return Answer{Kind: KindOverloaded, Err: ErrOverloaded}
 	}
-	defer g.leave()
+	defer eng.leave()
 	start := time.Now()
-	c, v := g.mode.claim(ctx, p, wait)
+	c, v := eng.mode.claim(ctx, p, wait)
 	claim := time.Since(start)
 	attempt := max(c.res.Record.Attempts, v.Record.Attempts)
 	if v.Kind != 0 {
 		v.Waited, v.Attempt, v.Claim = c.waited, attempt, claim
 		return v
 	}
-	e := newExecution(&g.cfg, ctx, c, p, clientKey)
+	e := newExecution(&eng.cfg, ctx, c, p, clientKey)
 	if e.fence.Notify != "" {
-		defer g.waits.wake(e.fence.Notify) // this process's waiters, at once
+		defer eng.waits.wake(e.fence.Notify) // this process's waiters, at once
 	}
 	defer e.cancel(nil)
-	defer g.mode.finish(e)
-	stop := g.mode.start(e, c.sent)
+	defer eng.mode.endRun(e)
+	stop := eng.mode.start(e, c.sent)
 	ran := time.Now()
 	status, over, panicked, recovered := e.runJob(j)
 	handler := time.Since(ran)
 	leaseRanOut := stop()
 
 	recording := time.Now()
-	v = g.record(e, j, status, over, panicked, leaseRanOut)
+	v = eng.record(e, j, status, over, panicked, leaseRanOut)
 	v.Ran, v.TookOver, v.Waited, v.Attempt, v.Status = true, c.res.TookOver, c.waited, attempt, status
 	v.Claim, v.Handler, v.Completion = claim, handler, time.Since(recording)
 	if v.Record.Key == "" { // else the record a lost COMMIT was answered from
@@ -82,9 +82,9 @@ func (g *Engine) Run(ctx context.Context, p idemdriver.ClaimParams, clientKey st
 
 // record ends e, whose job answered status (over: what overrides the
 // policy), by its outcome: recorded, failed, released, or lost.
-func (g *Engine) record(e *execution, j Job, status int, over Override, panicked, leaseRanOut bool) Answer {
+func (eng *Engine) record(e *execution, j Job, status int, over Override, panicked, leaseRanOut bool) Answer {
 	failed := over == OverrideFailed
-	outcome := g.cfg.Outcome(OrOK(status))
+	outcome := eng.cfg.Outcome(OrOK(status))
 	switch {
 	case e.released():
 		outcome = Released
@@ -107,7 +107,7 @@ func (g *Engine) record(e *execution, j Job, status int, over Override, panicked
 		return Answer{Kind: KindUnreachable, Err: cause}
 	case timedOut || outcome == Failed:
 		e.rollback()
-		if owned, err := g.mode.fail(e); !owned && err == nil {
+		if owned, err := eng.mode.fail(e); !owned && err == nil {
 			return Answer{Kind: KindLeaseLost, Err: ErrLeaseLost}
 		}
 		switch {
@@ -119,11 +119,11 @@ func (g *Engine) record(e *execution, j Job, status int, over Override, panicked
 		return Answer{Kind: KindRan, Outcome: Failed}
 	case outcome == Released:
 		e.rollback()
-		owned, err := g.mode.release(e)
+		owned, err := eng.mode.release(e)
 		switch {
 		case err != nil:
 			// Mark FAILED so the same request runs again at once.
-			_, _ = g.mode.fail(e)
+			_, _ = eng.mode.fail(e)
 			return Answer{Kind: KindReleaseFailed, Err: err, Outcome: Released}
 		case !owned:
 			return Answer{Kind: KindLeaseLost, Err: ErrLeaseLost, Outcome: Released}
@@ -131,76 +131,76 @@ func (g *Engine) record(e *execution, j Job, status int, over Override, panicked
 		return Answer{Kind: KindReleased, Outcome: Released}
 	}
 	resp := j.Response()
-	if n := g.cfg.KeepRequestBytes; n > 0 {
+	if n := eng.cfg.KeepRequestBytes; n > 0 {
 		resp.Request = seal.EncodeRequest(j.Kept(n))
 	}
-	return g.complete(e, resp)
+	return eng.complete(e, resp)
 }
 
 // admit counts one more execution in flight, or reports false, counting
 // nothing, when MaxInFlight are in flight already: the request is then
 // refused before it claims (KindOverloaded).
-func (g *Engine) admit() bool {
-	if g.cfg.MaxInFlight <= 0 {
+func (eng *Engine) admit() bool {
+	if eng.cfg.MaxInFlight <= 0 {
 		return true
 	}
-	if g.inFlight.Add(1) > int64(g.cfg.MaxInFlight) {
-		g.inFlight.Add(-1)
+	if eng.inFlight.Add(1) > int64(eng.cfg.MaxInFlight) {
+		eng.inFlight.Add(-1)
 		return false
 	}
 	return true
 }
 
 // leave ends an execution admit counted.
-func (g *Engine) leave() {
-	if g.cfg.MaxInFlight > 0 {
-		g.inFlight.Add(-1)
+func (eng *Engine) leave() {
+	if eng.cfg.MaxInFlight > 0 {
+		eng.inFlight.Add(-1)
 	}
 }
 
 // complete records resp, plain, sealed when the keyring seals.
-func (g *Engine) complete(e *execution, resp idemdriver.Response) Answer {
-	cp, err := g.cfg.completion(e.fence, resp)
+func (eng *Engine) complete(e *execution, resp idemdriver.Response) Answer {
+	cp, err := eng.cfg.completion(e.fence, resp)
 	if err != nil {
 		e.rollback()
-		_, _ = g.mode.fail(e)
+		_, _ = eng.mode.fail(e)
 		return Answer{Kind: KindCompletionNotRecorded, Err: err}
 	}
 	tx := e.endTx()
 	var ok bool
 	if tx == nil {
-		ok, err = e.completeAlone(cp)
+		ok, err = e.completeWithoutTx(cp)
 	} else {
 		ok, err = e.completeIn(tx, cp)
 	}
 	switch {
 	case errors.Is(err, idemdriver.ErrTxDone):
-		g.cfg.Logger.ErrorContext(e.parent, "idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
+		eng.cfg.Logger.ErrorContext(e.parent, "idem: the handler committed or rolled back the claim's transaction itself; leave Commit and Rollback to idem",
 			"scope", e.fence.Scope, "key", e.fence.Key)
-		ok, err = e.completeAlone(cp)
+		ok, err = e.completeWithoutTx(cp)
 	case errors.Is(err, idemdriver.ErrTxAborted):
 		_ = e.rollbackTx(tx)
 		if resp.Status >= 200 && resp.Status < 300 {
-			g.cfg.Logger.ErrorContext(e.parent, "idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
+			eng.cfg.Logger.ErrorContext(e.parent, "idem: the handler answered 2xx although a statement failed in the claim's transaction, which aborted; "+
 				"its writes are gone: answer an error when a statement fails", "scope", e.fence.Scope, "key", e.fence.Key, "status", resp.Status)
-			if owned, ferr := g.mode.fail(e); !owned && ferr == nil {
+			if owned, ferr := eng.mode.fail(e); !owned && ferr == nil {
 				return Answer{Kind: KindLeaseLost, Err: ErrLeaseLost}
 			}
 			return Answer{Kind: KindTxAborted, Err: ErrTxAborted, Outcome: Failed}
 		}
-		ok, err = g.mode.recordAlone(e, resp)
+		ok, err = eng.mode.recordWithoutTx(e, resp)
 	}
 	switch {
 	case err != nil:
 		if tx != nil && !isCommitError(err) {
 			_ = e.rollbackTx(tx)
 		}
-		return g.mode.notCompleted(e, err)
+		return eng.mode.completionFailed(e, err)
 	case !ok:
 		if tx != nil {
 			_ = e.rollbackTx(tx)
 		}
-		g.cfg.Logger.WarnContext(e.parent, "idem: completion fenced out", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
+		eng.cfg.Logger.WarnContext(e.parent, "idem: completion fenced out", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
 		return Answer{Kind: KindLeaseLost, Err: ErrLeaseLost}
 	}
 	resp.Request = nil // the committed outcome's waiters replay it: no request
@@ -224,40 +224,43 @@ type mode interface {
 	start(e *execution, sent time.Time) (stop func() bool)
 	fail(e *execution) (owned bool, err error)
 	release(e *execution) (owned bool, err error)
-	// recordAlone records resp, plain, outside the claim's transaction,
+	// recordWithoutTx records resp, plain, outside the claim's transaction,
 	// which aborted: sealed for the record it writes.
-	recordAlone(e *execution, resp idemdriver.Response) (bool, error)
-	notCompleted(e *execution, err error) Answer
-	finish(e *execution)
+	recordWithoutTx(e *execution, resp idemdriver.Response) (bool, error)
+	completionFailed(e *execution, err error) Answer
+	// endRun ends what the mode holds for e's run, after its outcome:
+	// in one-commit mode the key's turn in this process and the
+	// transaction's context.
+	endRun(e *execution)
 }
 
-type durable struct{ g *Engine }
+type durable struct{ eng *Engine }
 
 func (d durable) claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, Answer) {
 	c, v := d.claimOnce(ctx, p)
 	if v.Kind != KindInFlight || wait <= 0 {
 		return c, v
 	}
-	return d.g.waits.await(ctx, p, wait, v, func() (claimed, Answer) { return d.claimOnce(ctx, p) })
+	return d.eng.waits.await(ctx, p, wait, v, func() (claimed, Answer) { return d.claimOnce(ctx, p) })
 }
 
 func (d durable) claimOnce(ctx context.Context, p idemdriver.ClaimParams) (claimed, Answer) {
 	// Detached: a hang-up must not cancel a claim the database may commit.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.g.cfg.ClaimTimeout)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.eng.cfg.ClaimTimeout)
 	defer cancel()
 	sent := time.Now()
-	res, err := d.g.cfg.Store.Claim(cctx, p)
+	res, err := d.eng.cfg.Store.Claim(cctx, p)
 	switch {
 	case err != nil:
-		return claimed{}, d.g.cfg.claimFailed(ctx, err)
+		return claimed{}, d.eng.cfg.claimFailed(ctx, err)
 	case !res.Claimed:
-		return claimed{res: res}, d.g.cfg.answerFrom(ctx, res.Record, p)
+		return claimed{res: res}, d.eng.cfg.decideStored(ctx, res.Record, p)
 	}
 	return claimed{res: res, sent: sent}, Answer{}
 }
 
 func (d durable) start(e *execution, sent time.Time) func() bool {
-	hb := e.startHeartbeat(sent, d.g.renewer)
+	hb := e.startHeartbeat(sent, d.eng.renewer)
 	return func() bool {
 		hb.stop()
 		return hb.leaseRanOut()
@@ -269,22 +272,22 @@ func (durable) fail(e *execution) (bool, error) { return e.storeFail() }
 func (d durable) release(e *execution) (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
-	owned, err := d.g.cfg.Store.Release(ctx, e.fence)
+	owned, err := d.eng.cfg.Store.Release(ctx, e.fence)
 	if err != nil {
 		return false, &StoreError{Op: "release", Err: err}
 	}
 	return owned, nil
 }
 
-func (d durable) recordAlone(e *execution, resp idemdriver.Response) (bool, error) {
-	cp, err := d.g.cfg.completion(e.fence, resp)
+func (d durable) recordWithoutTx(e *execution, resp idemdriver.Response) (bool, error) {
+	cp, err := d.eng.cfg.completion(e.fence, resp)
 	if err != nil {
 		return false, err
 	}
-	return e.completeAlone(cp)
+	return e.completeWithoutTx(cp)
 }
 
-func (durable) notCompleted(e *execution, err error) Answer {
+func (durable) completionFailed(e *execution, err error) Answer {
 	// Fail waits for an in-flight COMMIT's row lock: it marks FAILED only if
 	// the outcome did not commit.
 	owned, ferr := e.storeFail()
@@ -300,4 +303,4 @@ func (durable) notCompleted(e *execution, err error) Answer {
 	return Answer{Kind: KindCompletionMovedOn, Err: err}
 }
 
-func (durable) finish(*execution) {}
+func (durable) endRun(*execution) {}

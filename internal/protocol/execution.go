@@ -72,7 +72,7 @@ type claimed struct {
 	sent time.Time // when the claim was sent: the first lease runs from no earlier
 	// one-commit mode: the turn the claim leads, the end of tx's context,
 	// and the end of the request's wait (a lost COMMIT waits until then)
-	turn    *keyTurn
+	turn    *leaderTurn
 	endTx   context.CancelFunc
 	waitEnd time.Time
 	// waited reports that the request waited for another execution of its
@@ -236,7 +236,7 @@ func isCommitError(err error) bool {
 	return errors.As(err, &se) && se.Op == "commit"
 }
 
-func (e *execution) completeAlone(p idemdriver.CompleteParams) (bool, error) {
+func (e *execution) completeWithoutTx(p idemdriver.CompleteParams) (bool, error) {
 	ok, err := e.durable(func(ctx context.Context) (bool, error) { return e.cfg.Store.Complete(ctx, p) })
 	if err != nil {
 		return false, &StoreError{Op: "complete", Err: err}

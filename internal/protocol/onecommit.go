@@ -13,7 +13,7 @@ import (
 
 // oneCommit is the one-commit mode (CONTRACT section 6). A waiter on a row
 // lock holds a connection, so in this process one request per key leads
-// (keyTurn); the others wait holding none and take its Answer.
+// (leaderTurn); the others wait holding none and take its Answer.
 type oneCommit struct {
 	cfg   *Config
 	tc    idemdriver.TxClaimer
@@ -22,13 +22,13 @@ type oneCommit struct {
 	waitRunning time.Duration
 
 	mu    sync.Mutex
-	turns map[localKey]*keyTurn
+	turns map[localKey]*leaderTurn
 }
 
 type localKey struct{ scope, key string }
 
 // final, opened and shared are written before done is closed.
-type keyTurn struct {
+type leaderTurn struct {
 	running chan struct{} // closed (by run) when the key runs: the leader's claim, or another process's
 	once    sync.Once
 	done    chan struct{} // closed when its claim or its transaction ended
@@ -37,10 +37,10 @@ type keyTurn struct {
 	shared  *Answer
 }
 
-func (t *keyTurn) run() { t.once.Do(func() { close(t.running) }) }
+func (t *leaderTurn) run() { t.once.Do(func() { close(t.running) }) }
 
 func newOneCommit(cfg *Config, waits *waitHub) *oneCommit {
-	o := &oneCommit{cfg: cfg, tc: cfg.Store.(idemdriver.TxClaimer), waits: waits, waitRunning: cfg.OneCommitWait, turns: map[localKey]*keyTurn{}}
+	o := &oneCommit{cfg: cfg, tc: cfg.Store.(idemdriver.TxClaimer), waits: waits, waitRunning: cfg.OneCommitWait, turns: map[localKey]*leaderTurn{}}
 	if sw, ok := cfg.Store.(idemdriver.SingleWriter); ok && sw.SingleWriter() {
 		o.waitRunning = cfg.ClaimTimeout + cfg.MaxExecution + cfg.CompleteTimeout
 	}
@@ -98,7 +98,7 @@ func (o *oneCommit) claimOnce(ctx context.Context, p idemdriver.ClaimParams, loc
 	case err != nil:
 		v = o.cfg.claimFailed(ctx, err)
 	case !res.Claimed:
-		v = o.cfg.answerFrom(ctx, res.Record, p)
+		v = o.cfg.decideStored(ctx, res.Record, p)
 	default:
 		return claimed{res: res, tx: tx, sent: sent, endTx: cancelTx}, Answer{}
 	}
@@ -109,13 +109,13 @@ func (o *oneCommit) claimOnce(ctx context.Context, p idemdriver.ClaimParams, loc
 // await makes this request the leader of a turn of its key (returned), or
 // follows the leaders of the turns before it until one answers it; followed
 // reports that it followed one.
-func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimParams, wait time.Duration) (_ *keyTurn, _ Answer, followed bool) {
+func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimParams, wait time.Duration) (_ *leaderTurn, _ Answer, followed bool) {
 	deadline := time.Now().Add(max(o.waitRunning, wait))
 	for ; ; followed = true {
 		o.mu.Lock()
 		t := o.turns[lk]
 		if t == nil {
-			t = &keyTurn{running: make(chan struct{}), done: make(chan struct{})}
+			t = &leaderTurn{running: make(chan struct{}), done: make(chan struct{})}
 			o.turns[lk] = t
 			o.mu.Unlock()
 			return t, Answer{}, followed
@@ -132,7 +132,7 @@ func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimPa
 				resp.Header = http.Header(resp.Header).Clone() // each replay's own
 				rec.Response = &resp
 			}
-			return nil, o.cfg.answer(ctx, rec, p, t.opened), true
+			return nil, o.cfg.decide(ctx, rec, p, t.opened), true
 		case t.shared != nil:
 			return nil, *t.shared, true
 		}
@@ -144,12 +144,12 @@ func (o *oneCommit) await(ctx context.Context, lk localKey, p idemdriver.ClaimPa
 // unbounded while the leader claims (its claim is bounded by ClaimTimeout +
 // OneCommitWait, or its wait), bounded by deadline once the key runs. It
 // reports whether t ended before deadline or ctx's end.
-func (o *oneCommit) follow(ctx context.Context, t *keyTurn, deadline time.Time) bool {
+func (o *oneCommit) follow(ctx context.Context, t *leaderTurn, deadline time.Time) bool {
 	o.waits.follow(1)
 	defer o.waits.follow(-1)
 	select {
 	case <-t.running:
-		return o.outlast(ctx, t, deadline)
+		return o.waitTurnEnd(ctx, t, deadline)
 	case <-t.done:
 		return true
 	case <-ctx.Done():
@@ -157,10 +157,10 @@ func (o *oneCommit) follow(ctx context.Context, t *keyTurn, deadline time.Time) 
 	}
 }
 
-// outlast waits for the end of t, whose leader runs the key, until deadline
+// waitTurnEnd waits for the end of t, whose leader runs the key, until deadline
 // or ctx's end, and reports whether t ended. A turn that has ended wins
 // over a deadline that has passed too (select would pick either).
-func (o *oneCommit) outlast(ctx context.Context, t *keyTurn, deadline time.Time) bool {
+func (o *oneCommit) waitTurnEnd(ctx context.Context, t *leaderTurn, deadline time.Time) bool {
 	select {
 	case <-t.done:
 		return true
@@ -182,7 +182,7 @@ func (o *oneCommit) outlast(ctx context.Context, t *keyTurn, deadline time.Time)
 	}
 }
 
-func (o *oneCommit) end(lk localKey, t *keyTurn, final *idemdriver.Record, opened bool, shared *Answer) {
+func (o *oneCommit) end(lk localKey, t *leaderTurn, final *idemdriver.Record, opened bool, shared *Answer) {
 	o.mu.Lock()
 	delete(o.turns, lk)
 	o.mu.Unlock()
@@ -257,7 +257,7 @@ func (o *oneCommit) release(e *execution) (bool, error) {
 	return true, nil
 }
 
-func (o *oneCommit) recordAlone(e *execution, resp idemdriver.Response) (bool, error) {
+func (o *oneCommit) recordWithoutTx(e *execution, resp idemdriver.Response) (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
 	res, err := o.cfg.Store.Claim(ctx, e.p)
@@ -274,10 +274,10 @@ func (o *oneCommit) recordAlone(e *execution, resp idemdriver.Response) (bool, e
 	if err != nil {
 		return false, err
 	}
-	return e.completeAlone(cp)
+	return e.completeWithoutTx(cp)
 }
 
-func (o *oneCommit) notCompleted(e *execution, err error) Answer {
+func (o *oneCommit) completionFailed(e *execution, err error) Answer {
 	switch {
 	case errors.Is(err, idemdriver.ErrConflict):
 		return o.lost(e, err)
@@ -304,7 +304,7 @@ func (o *oneCommit) lost(e *execution, err error) Answer {
 	return v
 }
 
-func (o *oneCommit) finish(e *execution) {
+func (o *oneCommit) endRun(e *execution) {
 	var final *idemdriver.Record
 	if e.committed != nil {
 		rec := e.c.res.Record

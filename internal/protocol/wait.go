@@ -149,8 +149,8 @@ func (h *waitHub) wake(payload string) {
 // LISTEN connection, which otherwise ends 5 s after the last waiter left),
 // and starts none again: the engine still serves, and its waiters poll. Call
 // it when the engine is no longer used, as a test does. It returns nil.
-func (g *Engine) Close() error {
-	h := g.waits
+func (eng *Engine) Close() error {
+	h := eng.waits
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closed = true
@@ -168,10 +168,10 @@ func (g *Engine) Close() error {
 // Waiters returns the number of requests (and Do calls) of this process
 // waiting for another execution of their key: with Config.Wait, and
 // in one-commit mode those behind this process's own execution of the key.
-func (g *Engine) Waiters() int {
-	g.waits.mu.Lock()
-	defer g.waits.mu.Unlock()
-	return g.waits.waiting + g.waits.following
+func (eng *Engine) Waiters() int {
+	eng.waits.mu.Lock()
+	defer eng.waits.mu.Unlock()
+	return eng.waits.waiting + eng.waits.following
 }
 
 func (h *waitHub) follow(n int) {
@@ -273,9 +273,9 @@ func (h *waitHub) awaitJoined(ctx context.Context, p idemdriver.ClaimParams, pay
 		}
 		switch d := idemdriver.Decide(rec, false, p); {
 		case d == idemdriver.DecisionReplay || d == idemdriver.DecisionKeyReused || d == idemdriver.DecisionDamaged:
-			return claimed{}, h.cfg.answerFrom(ctx, *rec, p)
+			return claimed{}, h.cfg.decideStored(ctx, *rec, p)
 		case d == idemdriver.DecisionInFlight:
-			v = h.cfg.answerFrom(ctx, *rec, p)
+			v = h.cfg.decideStored(ctx, *rec, p)
 		case h.tryClaim(kw):
 			c, cv := claim()
 			h.claimDone(kw)

@@ -22,16 +22,16 @@ func TestWaitReadsOnceJoined(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = store.Close() })
 	require.NoError(t, store.Migrate(t.Context()))
-	g := New(Config{Store: store, LeaseDuration: 30 * time.Second, Retention: time.Hour, ClaimTimeout: 5 * time.Second,
+	eng := New(Config{Store: store, LeaseDuration: 30 * time.Second, Retention: time.Hour, ClaimTimeout: 5 * time.Second,
 		CompleteTimeout: 5 * time.Second, MaxExecution: time.Minute, InFlightRetryAfter: time.Second, Notify: true,
 		MaxWaiters: 10, WaitPoll: time.Hour, Outcome: func(int) Outcome { return Succeeded }, Logger: slog.New(slog.DiscardHandler)})
 	p := idemdriver.ClaimParams{Scope: "s", Key: "k", Method: "DO", Fingerprint: make([]byte, 32), LeaseDuration: 30 * time.Second, Retention: time.Hour}
-	a := g.Run(t.Context(), p, "k", 0, doneJob{})
+	a := eng.Run(t.Context(), p, "k", 0, doneJob{})
 	require.Equal(t, KindRan, a.Kind, "%v", a.Err)
 	stale := Answer{Kind: KindInFlight} // what the claim saw before the owner completed
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	_, v := g.waits.await(ctx, p, time.Hour, stale, func() (claimed, Answer) { return claimed{}, stale })
+	_, v := eng.waits.await(ctx, p, time.Hour, stale, func() (claimed, Answer) { return claimed{}, stale })
 	require.Equal(t, KindReplay, v.Kind)
 	require.Equal(t, "one", string(v.Record.Response.Body))
 }
