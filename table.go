@@ -10,9 +10,10 @@ import (
 )
 
 // kinds is the one table from what happened to a request (protocol.Kind)
-// to its answer: the sentinel error that names its problem type (problemKinds
-// gives its status and title) and is Do's error, the observer's event, and
-// the problem's detail. A kind added to the protocol is one row here.
+// to its answer: the sentinel error that names its problem type
+// (problemKinds gives its status and title), the observer's event, and the
+// problem's detail. Do's error is the Answer's own Err (doJob.result). A
+// kind added to the protocol is one row here (TestEveryKindHasARow).
 var kinds = [protocol.Kinds]struct {
 	err    error
 	event  EventKind

@@ -145,6 +145,14 @@ func (w *world) addRow(i int, id string) {
 		w.api.ledger[lp.Merchant]...)
 }
 
+// chargeEach has the provider hold n charges of each merchant.
+func (w *world) chargeEach(n int64) {
+	w.api.charges = map[string]int64{}
+	for _, m := range w.plan.merchants {
+		w.api.charges[m] = n
+	}
+}
+
 // removeRow takes logical payment i's payments out of the ledger.
 func (w *world) removeRow(i int) {
 	lp := w.plan.payments[i]
@@ -173,10 +181,7 @@ func (w *world) reconcile(t *testing.T, withPSP bool) *Report {
 func TestReconcileClean(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 40, 4)
-	w.api.charges = map[string]int64{}
-	for _, m := range w.plan.merchants {
-		w.api.charges[m] = 10
-	}
+	w.chargeEach(10)
 	w.api.fail5xx = 3 // retried
 	r := w.reconcile(t, true)
 	rec := r.Reconciliation
@@ -397,10 +402,7 @@ func TestSummarySaysProviderNotChecked(t *testing.T) {
 	}
 	summary(&without, false)
 	require.Contains(t, without.String(), "not checked: no --psp-url")
-	w.api.charges = map[string]int64{}
-	for _, m := range w.plan.merchants {
-		w.api.charges[m] = 4
-	}
+	w.chargeEach(4)
 	summary(&with, true)
 	require.NotContains(t, with.String(), "not checked")
 	require.Contains(t, with.String(), "double charges (provider)")
@@ -414,10 +416,7 @@ func TestSummarySaysProviderNotChecked(t *testing.T) {
 func TestReconcileWaitsForChargesInProgress(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, 40, 4)
-	w.api.charges = map[string]int64{}
-	for _, m := range w.plan.merchants {
-		w.api.charges[m] = 10
-	}
+	w.chargeEach(10)
 	w.api.settling = 3
 	r := w.reconcile(t, true)
 	require.True(t, r.Verdict.OK, "%v", r.Verdict.Failures)

@@ -220,7 +220,9 @@ func OrOK(status int) int {
 type mode interface {
 	// claim waits up to wait for an execution of p's key in flight.
 	claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, Answer)
-	// stop reports whether the lease may have run out.
+	// start keeps e's claim while it runs (the lease's renewal, or the
+	// time limit); stop ends that and reports whether the lease may have
+	// run out.
 	start(e *execution, sent time.Time) (stop func() bool)
 	fail(e *execution) (owned bool, err error)
 	release(e *execution) (owned bool, err error)
