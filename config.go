@@ -101,7 +101,7 @@ func ReleaseValidationFailures(status int) Outcome {
 }
 
 // MaxScopeLength is the longest scope, in bytes.
-const MaxScopeLength = 255
+const MaxScopeLength = protocol.MaxScopeLength
 
 // MaxPathLength is the longest escaped path, in bytes, of a protected
 // request; longer is answered 414 before any claim.
@@ -475,14 +475,6 @@ func joinedErrors(err error) []error {
 		return j.Unwrap()
 	}
 	return []error{err}
-}
-
-// storedKey is the key stored for the client's key (KeyHashSecret).
-func (c *EngineConfig) storedKey(key string) string {
-	if len(c.KeyHashSecret) == 0 {
-		return key
-	}
-	return seal.HashKey(c.KeyHashSecret, key)
 }
 
 func (c Config) validate() []error {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
@@ -17,8 +18,9 @@ import (
 // internal/protocol package). Middleware is its HTTP front; Do runs it for
 // other work.
 type Engine struct {
-	cfg   EngineConfig
-	proto *protocol.Engine
+	cfg      EngineConfig
+	proto    *protocol.Engine
+	observer Observer // EngineConfig.Observer, or one that does nothing
 }
 
 // NewEngine validates cfg after WithDefaults; the error names every field.
@@ -27,25 +29,32 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	if err := invalid(cfg.validate()); err != nil {
 		return nil, err
 	}
-	return newEngine(cfg), nil
+	return newEngine(cfg, 0, 0), nil
 }
 
-func newEngine(cfg EngineConfig) *Engine {
+// newEngine is the engine of cfg, validated, with a replay cache of
+// replayBytes (none when 0) whose entries live replayTTL at most.
+func newEngine(cfg EngineConfig, replayBytes int64, replayTTL time.Duration) *Engine {
 	keyring, _ := seal.NewKeyring(cfg.SealKeys) // validated
-	return &Engine{cfg: cfg, proto: protocol.New(protocol.Config{
+	observer := cfg.Observer
+	if observer == nil {
+		observer = ObserverFunc(func(context.Context, Event) {})
+	}
+	return &Engine{cfg: cfg, observer: observer, proto: protocol.New(protocol.Config{
 		Store: cfg.Store, LeaseDuration: cfg.LeaseDuration, Retention: cfg.Retention, Owner: cfg.Owner,
 		Outcome:            cfg.Outcome,
 		InFlightRetryAfter: cfg.InFlightRetryAfter, ClaimTimeout: cfg.ClaimTimeout, CompleteTimeout: cfg.CompleteTimeout,
 		MaxExecution: cfg.MaxExecution, MaxInFlight: cfg.MaxInFlight, OneCommit: cfg.OneCommit, OneCommitWait: cfg.OneCommitWait,
 		Notify: cfg.MaxWait > 0, MaxWaiters: cfg.MaxWaiters, WaitPoll: cfg.WaitPoll, Logger: cfg.Logger,
 		Keyring: keyring, ReplayPlain: cfg.ReplayPlain, KeepRequestBytes: cfg.KeepRequestBytes, RelaySecret: cfg.RelaySecret,
+		KeyHashSecret: cfg.KeyHashSecret, ReplayCacheBytes: replayBytes, ReplayCacheTTL: replayTTL,
 	})}
 }
 
 // StoredKey is the key the store holds for a client's key: key itself, or
 // seal.HashKey(KeyHashSecret, key) when EngineConfig.KeyHashSecret is set.
 // Event.Key and idem's logs name records by it.
-func (g *Engine) StoredKey(key string) string { return g.cfg.storedKey(key) }
+func (g *Engine) StoredKey(key string) string { return g.proto.StoredKey(key) }
 
 // Close stops the wait mode's listener (EngineConfig.Wait: PostgreSQL's
 // LISTEN connection, which otherwise ends 5 s after the last waiter left),
@@ -58,34 +67,14 @@ func (g *Engine) Close() error { return g.proto.Close() }
 // in one-commit mode those behind this process's own execution of the key.
 func (g *Engine) Waiters() int { return g.proto.Waiters() }
 
-// run runs j under p's claim through the protocol and returns its answer
-// and the observer's event of it (route names the request's route once j
-// ran); a panic of j is raised again once observed.
-func (g *Engine) run(ctx context.Context, p idemdriver.ClaimParams, clientKey string, wait time.Duration, j protocol.Job,
-	route func() string) (protocol.Answer, Event) {
-	a := g.proto.Run(ctx, p, clientKey, wait, j)
-	ev := g.event(a, p, route())
-	if a.Panicked {
-		g.observe(ctx, &ev)
-		panic(a.Recovered)
-	}
-	return a, ev
-}
-
 // event is the observer's Event of a, an answer to a request of p.
 func (g *Engine) event(a protocol.Answer, p idemdriver.ClaimParams, route string) Event {
 	ev := Event{Kind: eventOf(a), Route: route, Method: p.Method, Scope: p.Scope, Key: p.Key, Attempt: a.Attempt,
-		Outcome: a.Outcome, Claim: a.Claim, Handler: a.Handler, Completion: a.Completion}
+		Outcome: a.Outcome, Cached: a.Cached, Claim: a.Claim, Handler: a.Handler, Completion: a.Completion}
 	if a.Ran || a.Kind == protocol.KindClaimFailed {
 		ev.Err = a.Err
 	}
 	return ev
-}
-
-func (g *Engine) observe(ctx context.Context, e *Event) {
-	if g.cfg.Observer != nil {
-		g.cfg.Observer.Observe(ctx, *e)
-	}
 }
 
 // DoParams names one execution of Do.
@@ -93,7 +82,8 @@ type DoParams struct {
 	// Scope names the key's owner: valid UTF-8, at most MaxScopeLength bytes, no
 	// NUL. Default: none (required).
 	Scope string
-	// Key is 1 to MaxKeyLength visible ASCII characters. Default: none (required).
+	// Key is 1 to MaxKeyLength visible ASCII characters, as an Idempotency-Key
+	// header carries it bare (no leading '"', no ','). Default: none (required).
 	Key string
 	// Method and Route are the record's method and path (Route at most
 	// MaxPathLength bytes); a retry naming others gets ErrKeyReused. Default:
@@ -159,14 +149,17 @@ func (g *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context
 	case p.Wait > 0:
 		wait = min(p.Wait, g.cfg.MaxWait)
 	}
-	a, ev := g.run(ctx, cp, p.Key, wait, j, func() string { return cp.Path })
+	a := g.proto.Run(ctx, cp, p.Key, wait, j)
+	ev := g.event(a, cp, cp.Path)
 	out, err := j.result(a)
 	ev.Status = out.Status
 	if errors.Is(ev.Err, protocol.ErrFnFailed) {
 		ev.Err = j.err
 	}
-	g.observe(ctx, &ev)
+	g.observer.Observe(ctx, ev)
 	switch {
+	case a.Panicked:
+		panic(a.Recovered)
 	case errors.Is(err, protocol.ErrFnFailed):
 		return out, j.err
 	case j.err != nil:
@@ -242,13 +235,15 @@ func (j *doJob) Response() idemdriver.Response {
 }
 
 func (g *Engine) doParams(p DoParams) (idemdriver.ClaimParams, error) {
-	if k, err := ParseKey([]string{p.Key}); err != nil || k != p.Key { // as sent: no quotes, no spaces
-		return idemdriver.ClaimParams{}, fmt.Errorf("%w: a key is 1 to %d visible ASCII characters", ErrInvalidKey, MaxKeyLength)
+	// The key as its header carries it bare: ParseKey would unquote a
+	// leading '"' and refuse a ','.
+	if protocol.CheckKey(p.Key) != nil || strings.HasPrefix(p.Key, `"`) || strings.Contains(p.Key, ",") {
+		return idemdriver.ClaimParams{}, fmt.Errorf("%w: a key is 1 to %d visible ASCII characters, without a leading '\"' or a ','", ErrInvalidKey, MaxKeyLength)
 	}
 	if p.Scope == "" {
 		return idemdriver.ClaimParams{}, fmt.Errorf("%w: DoParams.Scope is required", ErrMissingScope)
 	}
-	if why := unstorableScope(p.Scope); why != "" {
+	if why := protocol.UnstorableScope(p.Scope); why != "" {
 		return idemdriver.ClaimParams{}, fmt.Errorf("%w: the scope is %s", ErrScopeUnstorable, why)
 	}
 	if len(p.Route) > MaxPathLength {
@@ -265,10 +260,5 @@ func (g *Engine) doParams(p DoParams) (idemdriver.ClaimParams, error) {
 	if method == "" {
 		method = "DO"
 	}
-	return g.claimParams(p.Scope, p.Key, method, p.Route, fp), nil
-}
-
-func (g *Engine) claimParams(scope, key, method, path string, fp []byte) idemdriver.ClaimParams {
-	return idemdriver.ClaimParams{Scope: scope, Key: g.cfg.storedKey(key), Method: method, Path: path, Fingerprint: fp,
-		LeaseDuration: g.cfg.LeaseDuration, Retention: g.cfg.Retention, Owner: g.cfg.Owner}
+	return g.proto.Params(p.Scope, p.Key, method, p.Route, fp), nil
 }

@@ -9,9 +9,9 @@ import (
 // Sentinel errors, each one problem type (docs/problems.md).
 var (
 	// ErrMissingKey: no Idempotency-Key; 400.
-	ErrMissingKey = errors.New("idem: missing Idempotency-Key")
+	ErrMissingKey = protocol.ErrMissingKey
 	// ErrInvalidKey: a malformed, repeated or oversize key; 400.
-	ErrInvalidKey = errors.New("idem: invalid Idempotency-Key")
+	ErrInvalidKey = protocol.ErrInvalidKey
 	// ErrMissingScope: Config.Scope returned an error or ""; 401.
 	ErrMissingScope = errors.New("idem: no scope for this request")
 	// ErrScopeUnstorable: a scope no store can hold; 500.

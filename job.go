@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/httpwrite"
 	"github.com/idemgo/idem/internal/protocol"
 	"github.com/idemgo/idem/seal"
 )
@@ -21,21 +21,21 @@ type httpJob struct {
 	w    http.ResponseWriter
 	body []byte // as read, MaxRequestBytes at most
 	next http.Handler
-	cw   *captureWriter // made by Run: an answer from a record needs none
+	cw   *httpwrite.Capture // made by Run: an answer from a record needs none
 	// route is the request's route, once the handler ran (Event.Route).
 	route string
 }
 
 func (j *httpJob) Run(ctx context.Context) (int, protocol.Override) {
-	j.cw = newCaptureWriter(j.w)
+	j.cw = httpwrite.NewCapture(j.w)
 	j.r.Body = io.NopCloser(bytes.NewReader(j.body)) // read whole by the claim
 	hr := j.r.WithContext(ctx)
 	defer func() { j.route = j.m.route(j.r, hr, j.next) }() // a panic included
 	j.next.ServeHTTP(j.cw, hr)
-	if status := j.cw.statusCode(); !finalStatus(status) {
+	if status := j.cw.Status(); !httpwrite.FinalStatus(status) {
 		return j.refuseStatus(status)
 	}
-	return j.cw.statusCode(), protocol.ByPolicy
+	return j.cw.Status(), protocol.ByPolicy
 }
 
 // refuseStatus answers 500 invalid-status in place of the handler's answer
@@ -48,13 +48,13 @@ func (j *httpJob) refuseStatus(status int) (int, protocol.Override) {
 		"status", status, "method", j.r.Method, "path", j.r.URL.Path)
 	pr := ProblemFor(ErrInvalidStatus, fmt.Sprintf("the server answered this request with status %d, which HTTP does not allow as a final status; "+
 		"the request was processed and will not run again: ask the operator what it did", status))
-	j.cw.reset()
+	j.cw.Reset()
 	j.m.writeProblem(j.cw, j.r, pr)
-	if !finalStatus(j.cw.statusCode()) { // the ProblemWriter's own
-		j.cw.reset()
+	if !httpwrite.FinalStatus(j.cw.Status()) { // the ProblemWriter's own
+		j.cw.Reset()
 		pr.Write(j.cw)
 	}
-	return j.cw.statusCode(), protocol.OverrideSucceeded
+	return j.cw.Status(), protocol.OverrideSucceeded
 }
 
 func (j *httpJob) Response() idemdriver.Response { return j.m.storedResponse(j.cw) }
@@ -63,47 +63,22 @@ func (j *httpJob) Kept(limit int64) seal.Request {
 	return keptRequest(j.body, limit, j.r.Header.Get("Content-Type"), j.r.URL.RawQuery)
 }
 
-// route is the request's route for Event.Route: the ServeMux pattern's
-// path template (hr is the request the handler saw, nil when it did not
-// run), else Config.Route's.
-func (m *Middleware) route(r, hr *http.Request, next http.Handler) string {
-	pattern := r.Pattern
-	if hr != nil && hr.Pattern != "" {
-		pattern = hr.Pattern
-	}
-	if mux, ok := next.(*http.ServeMux); ok && pattern == "" {
-		_, pattern = mux.Handler(r) // wrapping the mux itself: a replay never reaches it
-	}
-	switch {
-	case pattern != "":
-		// http.route is the path template: the pattern without its method
-		// and host (OpenTelemetry's HTTP semantic conventions).
-		if i := strings.IndexByte(pattern, '/'); i >= 0 {
-			return pattern[i:]
-		}
-		return pattern
-	case m.cfg.Route != nil:
-		return m.cfg.Route(r)
-	}
-	return ""
-}
-
 // storedResponse is the answer c captured as it is recorded: the replayed
 // headers only, the body when MaxResponseBytes allows.
-func (m *Middleware) storedResponse(c *captureWriter) idemdriver.Response {
-	resp := idemdriver.Response{Status: c.statusCode(), Header: map[string][]string{}, BodySize: int64(c.body.Len())}
-	for k, v := range c.sentHeader() {
+func (m *Middleware) storedResponse(c *httpwrite.Capture) idemdriver.Response {
+	resp := idemdriver.Response{Status: c.Status(), Header: map[string][]string{}, BodySize: int64(len(c.Body()))}
+	for k, v := range c.SentHeader() {
 		if m.replay[http.CanonicalHeaderKey(k)] {
 			resp.Header[http.CanonicalHeaderKey(k)] = append([]string(nil), v...)
 		}
 	}
-	for name, v := range c.trailers() {
+	for name, v := range c.Trailers() {
 		if m.replay[name] {
 			resp.Header[http.TrailerPrefix+name] = append([]string(nil), v...)
 		}
 	}
 	if resp.BodySize <= m.cfg.MaxResponseBytes {
-		resp.Body, resp.BodyStored = c.body.Bytes(), true
+		resp.Body, resp.BodyStored = c.Body(), true
 	}
 	return resp
 }

@@ -1,21 +1,27 @@
 package idem
 
 import (
-	"fmt"
-	"strings"
-	"unicode/utf8"
-
-	"github.com/dunglas/httpsfv"
+	"github.com/idemgo/idem/internal/httpread"
+	"github.com/idemgo/idem/internal/protocol"
 )
 
 // HeaderKey is the key's header (draft-ietf-httpapi-idempotency-key-header).
-const HeaderKey = "Idempotency-Key"
+const HeaderKey = httpread.HeaderKey
 
 // HeaderReplayed is set to "true" on every replayed response.
 const HeaderReplayed = "Idempotent-Replayed"
 
+// HeaderPreferenceApplied names the preferences a server honoured (RFC 7240
+// section 3). idem sends "wait=N" on the answer to a request that waited,
+// N the wait it was given in whole seconds; it is never stored or replayed.
+const HeaderPreferenceApplied = "Preference-Applied"
+
+// HeaderKeyExpires carries the record's expires_at as an RFC 9110 HTTP-date
+// on every answer from a record.
+const HeaderKeyExpires = "Idempotency-Key-Expires"
+
 // MaxKeyLength is the longest accepted key, in bytes, after unquoting.
-const MaxKeyLength = 255
+const MaxKeyLength = protocol.MaxKeyLength
 
 // ParseKey returns the key of one request's Idempotency-Key values: an RFC
 // 8941 sf-string (parameters ignored) or the bare form, taken whole (`abc;v=1`
@@ -23,53 +29,9 @@ const MaxKeyLength = 255
 // characters (CONTRACT section 2). Errors: ErrMissingKey without a field line;
 // ErrInvalidKey for two lines, a comma list, or an empty, long or bad key.
 func ParseKey(values []string) (string, error) {
-	switch len(values) {
-	case 0:
-		return "", ErrMissingKey
-	case 1:
-	default:
-		return "", fmt.Errorf("%w: the %s header appears %d times; send it once", ErrInvalidKey, HeaderKey, len(values))
-	}
-	v := strings.Trim(values[0], " \t")
-	if v == "" {
-		return "", fmt.Errorf("%w: the %s header is empty", ErrInvalidKey, HeaderKey)
-	}
-	key := v
-	if v[0] == '"' {
-		item, err := httpsfv.UnmarshalItem([]string{v})
-		if err != nil {
-			return "", fmt.Errorf("%w: a value starting with '\"' must be one RFC 8941 sf-string, such as \"abc\" (%v)", ErrInvalidKey, err)
-		}
-		s, ok := item.Value.(string)
-		if !ok {
-			return "", fmt.Errorf("%w: the quoted value is not an RFC 8941 string", ErrInvalidKey)
-		}
-		key = s
-	} else if strings.ContainsRune(v, ',') {
-		return "", fmt.Errorf("%w: the %s header holds a comma-separated list; send one key", ErrInvalidKey, HeaderKey)
-	}
-	if key == "" {
-		return "", fmt.Errorf("%w: the key is empty", ErrInvalidKey)
-	}
-	if len(key) > MaxKeyLength {
-		return "", fmt.Errorf("%w: the key is %d characters long; at most %d are allowed", ErrInvalidKey, len(key), MaxKeyLength)
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x21 || c > 0x7e {
-			return "", fmt.Errorf("%w: character %d of the key is byte 0x%02x; only visible ASCII (0x21-0x7E) is allowed", ErrInvalidKey, i+1, c)
-		}
+	key, err := httpread.ParseKey(values)
+	if err != nil {
+		return "", err
 	}
 	return key, nil
-}
-
-func unstorableScope(scope string) string {
-	switch {
-	case len(scope) > MaxScopeLength:
-		return "longer than MaxScopeLength"
-	case !utf8.ValidString(scope):
-		return "not valid UTF-8"
-	case strings.IndexByte(scope, 0) >= 0:
-		return "contains a NUL byte"
-	}
-	return ""
 }

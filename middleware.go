@@ -1,26 +1,28 @@
 package idem
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
-	"sync/atomic"
+	"time"
 
+	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/internal/httpread"
+	"github.com/idemgo/idem/internal/httpwrite"
 	"github.com/idemgo/idem/internal/protocol"
 )
 
-// Middleware is the HTTP front of an Engine (CONTRACT sections 2 to 6).
+// Middleware is the HTTP front of an Engine (CONTRACT sections 2 to 6): it
+// reads a protected request (this file), runs it through the protocol
+// (internal/protocol) and writes the answer (answer.go).
 type Middleware struct {
 	g       *Engine
 	cfg     Config
 	methods map[string]bool
 	replay  map[string]bool // canonical header names kept for replay
-	replays *replayCache    // nil without Config.ReplayCacheBytes
 	body    httpread.Body
-	// lastDate is the last HTTP-date httpDate wrote: the retries of one key
-	// (and the keys of one second) carry the same expiry.
-	lastDate atomic.Pointer[httpDate]
+	dates   httpwrite.Dates // the key's expiry, Idempotency-Key-Expires
 }
 
 // neverReplayed are never replayed (CONTRACT section 5, RFC 9110 section 7.6.1).
@@ -32,22 +34,14 @@ var neverReplayed = map[string]bool{
 	HeaderPreferenceApplied: true, // each answer's own (RFC 7240 section 3)
 }
 
-// HeaderPreferenceApplied names the preferences a server honoured (RFC 7240
-// section 3). idem sends "wait=N" on the answer to a request that waited,
-// N the wait it was given in whole seconds; it is never stored or replayed.
-const HeaderPreferenceApplied = "Preference-Applied"
-
-// HeaderKeyExpires carries the record's expires_at as an RFC 9110 HTTP-date
-// on every answer from a record.
-const HeaderKeyExpires = "Idempotency-Key-Expires"
-
 // New validates cfg after WithDefaults; the error names every field.
 func New(cfg Config) (*Middleware, error) {
 	cfg = cfg.WithDefaults()
 	if err := invalid(cfg.validate()); err != nil {
 		return nil, err
 	}
-	m := &Middleware{g: newEngine(cfg.EngineConfig), cfg: cfg, methods: map[string]bool{}, replay: map[string]bool{}}
+	m := &Middleware{g: newEngine(cfg.EngineConfig, cfg.ReplayCacheBytes, cfg.ReplayCacheTTL), cfg: cfg,
+		methods: map[string]bool{}, replay: map[string]bool{}}
 	for _, meth := range cfg.Methods {
 		m.methods[strings.ToUpper(meth)] = true
 	}
@@ -57,9 +51,6 @@ func New(cfg Config) (*Middleware, error) {
 		}
 	}
 	m.body = httpread.Body{Limit: cfg.MaxRequestBytes, DiscardBytes: cfg.DiscardBytes, DiscardTimeout: cfg.DiscardTimeout}
-	if cfg.ReplayCacheBytes > 0 {
-		m.replays = newReplayCache(cfg.ReplayCacheBytes, cfg.ReplayCacheTTL)
-	}
 	return m, nil
 }
 
@@ -73,6 +64,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 	})
 }
 
+// serve reads r, runs it through the protocol and writes the answer.
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	// RFC 9110 methods are case-sensitive, but routers may not be.
 	if !m.methods[strings.ToUpper(r.Method)] {
@@ -84,31 +76,76 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	p, key, body, pr := m.request(w, r, values)
-	if pr != nil {
-		m.writeProblem(w, r, *pr)
-		return
-	}
-	w.Header().Set(HeaderKey, values[0])
+	rq := m.read(w, r, values, next)
 	var a protocol.Answer
-	var ev Event
-	var cw *captureWriter // the handler's, once it runs
-	var applied http.Header
-	if rec, opened, ok := m.replays.get(p.Scope, p.Key); ok {
-		a = m.g.proto.Decide(r.Context(), rec, p, opened)
-		ev = m.g.event(a, p, "")
-		ev.Cached = true
-	} else {
-		j := &httpJob{m: m, r: r, w: w, body: body, next: next}
-		wait, asked := m.wait(r)
-		a, ev = m.g.run(r.Context(), p, key, wait, j, func() string { return j.route })
-		cw = j.cw
-		if asked && a.Waited {
-			applied = http.Header{HeaderPreferenceApplied: {"wait=" + strconv.FormatInt(retryAfterSeconds(wait), 10)}}
+	if rq.refusal == nil {
+		a = m.g.proto.Run(r.Context(), rq.p, rq.key, rq.wait, rq.job)
+	}
+	m.respond(w, r, rq, a)
+}
+
+// request is what serve read of a protected request: its claim, the
+// client's key, its wait, and the job that runs its handler; or the
+// refusal that answers it before any claim.
+type request struct {
+	p       idemdriver.ClaimParams
+	key     string
+	echo    string // the key's field line as sent, echoed on the answer
+	wait    time.Duration
+	asked   bool // the wait is the request's Prefer: wait, named in Preference-Applied
+	job     *httpJob
+	refusal *refusal
+}
+
+// refusal is a request's problem before its claim: the sentinel that names
+// its kind, and the detail.
+type refusal struct {
+	kind   error
+	detail string
+}
+
+// read reads r's key, scope, path, body and wait, in that order (the
+// first that fails refuses r); w carries what the body's reading asks of
+// the connection.
+func (m *Middleware) read(w http.ResponseWriter, r *http.Request, values []string, next http.Handler) request {
+	refuse := func(kind error, detail string) request { return request{refusal: &refusal{kind, detail}} }
+	key, err := httpread.ParseKey(values)
+	if errors.Is(err, ErrMissingKey) {
+		return refuse(ErrMissingKey, fmt.Sprintf("this endpoint requires an %s header: a unique value per logical request, sent again unchanged on every retry", HeaderKey))
+	} else if err != nil {
+		return refuse(ErrInvalidKey, strings.TrimPrefix(err.Error(), "idem: "))
+	}
+	scope, err := m.cfg.Scope(r)
+	if err != nil || scope == "" {
+		// The error is the server's: logged, never sent.
+		if err != nil {
+			m.cfg.Logger.InfoContext(r.Context(), "idem: Scope refused the request", "err", err)
+		}
+		return refuse(ErrMissingScope, "this request names no owner for its key; authenticate first")
+	}
+	path := r.URL.EscapedPath()
+	if len(path) > MaxPathLength {
+		return refuse(ErrPathTooLong, fmt.Sprintf("the request path is %d bytes; a protected request's path may have at most %d", len(path), MaxPathLength))
+	}
+	body, err := m.body.Read(w, r)
+	if errors.Is(err, httpread.ErrTooLarge) {
+		return refuse(ErrRequestTooLarge, fmt.Sprintf("the request body exceeds %d bytes", m.cfg.MaxRequestBytes))
+	} else if err != nil {
+		return refuse(ErrBodyUnreadable, "the request body could not be read to its end; nothing was processed, send the request again with the same key")
+	}
+	// How long r waits for its key's execution in flight: its Prefer wait
+	// (RFC 7240 section 4.3), at most MaxWait, else Config.Wait.
+	rq := request{key: key, echo: values[0], job: &httpJob{m: m, r: r, w: w, body: body, next: next}}
+	if m.cfg.MaxWait > 0 {
+		rq.wait = m.cfg.Wait
+		if d, ok := httpread.PreferredWait(r); ok {
+			rq.wait, rq.asked = min(d, m.cfg.MaxWait), d > 0
 		}
 	}
-	m.respond(w, r, next, a, cw, applied, &ev)
-	if ev.Kind != 0 {
-		m.g.observe(r.Context(), &ev)
+	if why := protocol.UnstorableScope(scope); why != "" {
+		m.cfg.Logger.ErrorContext(r.Context(), "idem: Scope returned a scope no store can hold", "reason", why, "length", len(scope))
+		return refuse(ErrScopeUnstorable, "the server could not scope this request")
 	}
+	rq.p = m.g.proto.Params(scope, key, r.Method, path, m.cfg.Fingerprint(r, body))
+	return rq
 }

@@ -51,7 +51,7 @@ func TestCommitFailureReleasesTheClaim(t *testing.T) {
 	var p map[string]any
 	require.NoError(t, json.Unmarshal(first.Body.Bytes(), &p))
 	require.Equal(t, idem.ProblemTypeBase+"store-unavailable", p["type"])
-	require.Contains(t, p["detail"], "which was not recorded (in transactional mode the request's writes were rolled back with it)")
+	require.Contains(t, p["detail"], "which was not recorded (the writes of the request's transaction were rolled back with it)")
 	rec, err := d.Get(ctx, idemdriver.GetParams{Scope: "global", Key: "k"})
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.StateFailed, rec.State, "the claim is released, not held for a lease")

@@ -85,10 +85,3 @@ func (c *Config) claimFailed(ctx context.Context, err error) Answer {
 	c.Logger.ErrorContext(ctx, "idem: store unavailable", "err", serr)
 	return Answer{Kind: KindClaimFailed, Err: serr}
 }
-
-// Decide is the answer to a request of p from rec, a record read without a
-// claim (the front's replay cache: opened says that rec's response is
-// opened already).
-func (eng *Engine) Decide(ctx context.Context, rec idemdriver.Record, p idemdriver.ClaimParams, opened bool) Answer {
-	return eng.cfg.decide(ctx, rec, p, opened)
-}

@@ -37,6 +37,14 @@ type Config struct {
 	KeepRequestBytes int64
 	// RelaySecret keys the relayed keys (idem.DeriveKey).
 	RelaySecret []byte
+	// KeyHashSecret, when set, stores seal.HashKey(KeyHashSecret, key) for
+	// each client's key (StoredKey).
+	KeyHashSecret []byte
+	// ReplayCacheBytes, when positive, bounds the replay cache (Run answers
+	// a cached replay or 422 without a statement); ReplayCacheTTL bounds an
+	// entry's life.
+	ReplayCacheBytes int64
+	ReplayCacheTTL   time.Duration
 }
 
 // completion is the completion of resp by the execution fenced by f: resp

@@ -24,6 +24,7 @@ type Engine struct {
 	renewer *renewer
 	// inFlight counts the executions between admit and leave (MaxInFlight).
 	inFlight atomic.Int64
+	replays  *replayCache // nil without Config.ReplayCacheBytes
 }
 
 // New returns the engine of cfg, which its front validated and defaulted.
@@ -31,20 +32,41 @@ func New(cfg Config) *Engine {
 	eng := &Engine{cfg: cfg}
 	eng.waits = newWaitHub(&eng.cfg)
 	eng.renewer = newRenewer(&eng.cfg)
+	if cfg.ReplayCacheBytes > 0 {
+		eng.replays = newReplayCache(cfg.ReplayCacheBytes, cfg.ReplayCacheTTL)
+	}
 	if cfg.OneCommit {
 		eng.mode = newOneCommit(&eng.cfg, eng.waits)
 	} else {
-		eng.mode = durable{eng}
+		eng.mode = durableClaim{eng}
 	}
 	return eng
 }
 
 // Run claims p's key (the stored one; clientKey is the client's), waiting
 // up to wait for an execution in flight, runs j under a won claim and
-// records the outcome. A panic in j is recovered, its outcome recorded
-// Failed, and reported in the Answer (Panicked, Recovered) for the front to
-// raise again once it has observed it.
+// records the outcome. A replay or 422 the replay cache holds is answered
+// from there (Cached), before MaxInFlight counts the request. A panic in j
+// is recovered, its outcome recorded Failed, and reported in the Answer
+// (Panicked, Recovered) for the front to raise again once it has observed
+// it.
 func (eng *Engine) Run(ctx context.Context, p idemdriver.ClaimParams, clientKey string, wait time.Duration, j Job) Answer {
+	if rec, opened, ok := eng.replays.get(p.Scope, p.Key); ok {
+		v := eng.cfg.decide(ctx, rec, p, opened)
+		v.Cached = true
+		return v
+	}
+	v := eng.run(ctx, p, clientKey, wait, j)
+	switch v.Kind { // a replay's response is opened; a 422's needs none
+	case KindReplay:
+		eng.replays.put(p.Scope, p.Key, v.Record, true)
+	case KindKeyReused:
+		eng.replays.put(p.Scope, p.Key, v.Record, false)
+	}
+	return v
+}
+
+func (eng *Engine) run(ctx context.Context, p idemdriver.ClaimParams, clientKey string, wait time.Duration, j Job) Answer {
 	if !eng.admit() {
 		return Answer{Kind: KindOverloaded, Err: ErrOverloaded}
 	}
@@ -216,7 +238,8 @@ func OrOK(status int) int {
 	return status
 }
 
-// mode is where durable and oneCommit differ (CONTRACT section 6).
+// mode is where the durable-claim mode (durableClaim) and the one-commit
+// mode (oneCommit) differ (CONTRACT section 6).
 type mode interface {
 	// claim waits up to wait for an execution of p's key in flight.
 	claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, Answer)
@@ -236,9 +259,9 @@ type mode interface {
 	endRun(e *execution)
 }
 
-type durable struct{ eng *Engine }
+type durableClaim struct{ eng *Engine }
 
-func (d durable) claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, Answer) {
+func (d durableClaim) claim(ctx context.Context, p idemdriver.ClaimParams, wait time.Duration) (claimed, Answer) {
 	c, v := d.claimOnce(ctx, p)
 	if v.Kind != KindInFlight || wait <= 0 {
 		return c, v
@@ -246,7 +269,7 @@ func (d durable) claim(ctx context.Context, p idemdriver.ClaimParams, wait time.
 	return d.eng.waits.await(ctx, p, wait, v, func() (claimed, Answer) { return d.claimOnce(ctx, p) })
 }
 
-func (d durable) claimOnce(ctx context.Context, p idemdriver.ClaimParams) (claimed, Answer) {
+func (d durableClaim) claimOnce(ctx context.Context, p idemdriver.ClaimParams) (claimed, Answer) {
 	// Detached: a hang-up must not cancel a claim the database may commit.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.eng.cfg.ClaimTimeout)
 	defer cancel()
@@ -261,7 +284,7 @@ func (d durable) claimOnce(ctx context.Context, p idemdriver.ClaimParams) (claim
 	return claimed{res: res, sent: sent}, Answer{}
 }
 
-func (d durable) start(e *execution, sent time.Time) func() bool {
+func (d durableClaim) start(e *execution, sent time.Time) func() bool {
 	hb := e.startHeartbeat(sent, d.eng.renewer)
 	return func() bool {
 		hb.stop()
@@ -269,9 +292,9 @@ func (d durable) start(e *execution, sent time.Time) func() bool {
 	}
 }
 
-func (durable) fail(e *execution) (bool, error) { return e.storeFail() }
+func (durableClaim) fail(e *execution) (bool, error) { return e.storeFail() }
 
-func (d durable) release(e *execution) (bool, error) {
+func (d durableClaim) release(e *execution) (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
 	owned, err := d.eng.cfg.Store.Release(ctx, e.fence)
@@ -281,7 +304,7 @@ func (d durable) release(e *execution) (bool, error) {
 	return owned, nil
 }
 
-func (d durable) recordWithoutTx(e *execution, resp idemdriver.Response) (bool, error) {
+func (d durableClaim) recordWithoutTx(e *execution, resp idemdriver.Response) (bool, error) {
 	cp, err := d.eng.cfg.completion(e.fence, resp)
 	if err != nil {
 		return false, err
@@ -289,7 +312,7 @@ func (d durable) recordWithoutTx(e *execution, resp idemdriver.Response) (bool, 
 	return e.completeWithoutTx(cp)
 }
 
-func (durable) completionFailed(e *execution, err error) Answer {
+func (durableClaim) completionFailed(e *execution, err error) Answer {
 	// Fail waits for an in-flight COMMIT's row lock: it marks FAILED only if
 	// the outcome did not commit.
 	owned, ferr := e.storeFail()
@@ -305,4 +328,4 @@ func (durable) completionFailed(e *execution, err error) Answer {
 	return Answer{Kind: KindCompletionMovedOn, Err: err}
 }
 
-func (durable) endRun(*execution) {}
+func (durableClaim) endRun(*execution) {}

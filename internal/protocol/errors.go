@@ -13,6 +13,8 @@ import (
 // under the same name (idem.ErrInFlight is ErrInFlight), where their
 // documentation is.
 var (
+	ErrMissingKey       = errors.New("idem: missing Idempotency-Key")
+	ErrInvalidKey       = errors.New("idem: invalid Idempotency-Key")
 	ErrKeyReused        = errors.New("idem: Idempotency-Key reused with a different request")
 	ErrInFlight         = errors.New("idem: a request with this Idempotency-Key is in flight")
 	ErrLeaseLost        = errors.New("idem: lease lost to another worker")

@@ -170,9 +170,9 @@ func (e *execution) detached() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(e.detachedParent, e.cfg.CompleteTimeout)
 }
 
-// durable waits at most CompleteTimeout for f on a never-cancelled context:
+// uncancelled waits at most CompleteTimeout for f on a never-cancelled context:
 // a cancelled COMMIT can commit locally only, lost in a failover.
-func (e *execution) durable(f func(context.Context) (bool, error)) (bool, error) {
+func (e *execution) uncancelled(f func(context.Context) (bool, error)) (bool, error) {
 	type result struct {
 		ok  bool
 		err error
@@ -199,7 +199,7 @@ func (e *execution) durable(f func(context.Context) (bool, error)) (bool, error)
 func (e *execution) completeIn(tx idemdriver.Tx, p idemdriver.CompleteParams) (bool, error) {
 	cc, pipelined := tx.(idemdriver.CompleteCommitter)
 	if pipelined {
-		ok, err := e.durable(func(ctx context.Context) (bool, error) {
+		ok, err := e.uncancelled(func(ctx context.Context) (bool, error) {
 			ok, err := cc.CompleteCommit(ctx, p)
 			if !ok && !errors.Is(err, idemdriver.ErrCommit) {
 				// The caller may have stopped waiting: roll back here.
@@ -218,7 +218,7 @@ func (e *execution) completeIn(tx idemdriver.Tx, p idemdriver.CompleteParams) (b
 	if err != nil || !ok {
 		return ok, completionError(err)
 	}
-	if _, err := e.durable(func(ctx context.Context) (bool, error) { return true, tx.Commit(ctx) }); err != nil {
+	if _, err := e.uncancelled(func(ctx context.Context) (bool, error) { return true, tx.Commit(ctx) }); err != nil {
 		return false, &StoreError{Op: "commit", Err: err}
 	}
 	return true, nil
@@ -237,7 +237,7 @@ func isCommitError(err error) bool {
 }
 
 func (e *execution) completeWithoutTx(p idemdriver.CompleteParams) (bool, error) {
-	ok, err := e.durable(func(ctx context.Context) (bool, error) { return e.cfg.Store.Complete(ctx, p) })
+	ok, err := e.uncancelled(func(ctx context.Context) (bool, error) { return e.cfg.Store.Complete(ctx, p) })
 	if err != nil {
 		return false, &StoreError{Op: "complete", Err: err}
 	}

@@ -64,14 +64,16 @@ func (o Outcome) String() string {
 	return "FAILED"
 }
 
-// Answer is what happened to one request, the one value Engine.Run and
-// Engine.Decide return.
+// Answer is what happened to one request, the one value Engine.Run
+// returns.
 type Answer struct {
 	Kind       Kind
 	Record     idemdriver.Record // the record a lost claim was answered from, or the claimed one
 	Err        error             // the cause; Do's error
 	RetryAfter time.Duration     // KindInFlight
 	SameOp     bool              // KindKeyReused: the same method and path, another payload
+	// Cached reports an answer from the replay cache, without a statement.
+	Cached bool
 	// Waited reports that the request waited for another execution of its
 	// key to be answered (its wait).
 	Waited bool

@@ -21,7 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/httprec"
+	"github.com/idemgo/idem/internal/httpwrite"
 )
 
 // Cache is what the middleware needs of Redis.
@@ -123,7 +123,7 @@ func Middleware(cfg Config, next http.Handler) http.Handler {
 			_, _ = w.Write(cached.Body)
 			return
 		}
-		rec := httprec.New(w, true)
+		rec := httpwrite.NewRecorder(w, true)
 		next.ServeHTTP(rec, r)
 		if rec.Status == 0 || rec.Status >= 500 {
 			return

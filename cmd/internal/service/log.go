@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/httprec"
+	"github.com/idemgo/idem/internal/httpwrite"
 )
 
 // NewLogger returns the logger of --log-format on w: format "text" is
@@ -66,7 +66,7 @@ func LogRequests(log *slog.Logger, unanswered int, storedKey func(string) string
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		info := &RequestInfo{}
-		rec := httprec.New(w, false)
+		rec := httpwrite.NewRecorder(w, false)
 		next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info)))
 		if rec.Status == 0 {
 			rec.Status = unanswered

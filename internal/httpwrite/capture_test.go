@@ -1,4 +1,4 @@
-package idem
+package httpwrite
 
 import (
 	"net/http"
@@ -11,7 +11,7 @@ import (
 func TestCaptureWriterHoldsResponseUntilSent(t *testing.T) {
 	t.Parallel()
 	rec := httptest.NewRecorder()
-	c := newCaptureWriter(rec)
+	c := NewCapture(rec)
 	var w http.ResponseWriter = c
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
@@ -24,7 +24,7 @@ func TestCaptureWriterHoldsResponseUntilSent(t *testing.T) {
 	require.Empty(t, rec.Body.Bytes())
 	require.False(t, rec.Flushed)
 
-	c.send(nil)
+	c.Send(nil)
 	require.Equal(t, http.StatusCreated, rec.Code)
 	require.Equal(t, `{"a":1}`, rec.Body.String())
 	require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
@@ -36,15 +36,15 @@ func TestCaptureWriterHoldsResponseUntilSent(t *testing.T) {
 func TestCaptureWriterDefaults(t *testing.T) {
 	t.Parallel()
 	rec := httptest.NewRecorder()
-	c := newCaptureWriter(rec)
-	c.send(nil) // a handler that wrote nothing answers 200, as net/http would
+	c := NewCapture(rec)
+	c.Send(nil) // a handler that wrote nothing answers 200, as net/http would
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.Equal(t, rec, c.Unwrap())
 
 	rec = httptest.NewRecorder()
-	c = newCaptureWriter(rec)
+	c = NewCapture(rec)
 	c.WriteHeader(http.StatusNoContent)
-	c.send(nil)
+	c.Send(nil)
 	require.Equal(t, http.StatusNoContent, rec.Code)
 	require.Empty(t, rec.Header().Get("Content-Length"), "no Content-Length on 204")
 }
@@ -56,11 +56,11 @@ func TestCaptureWriterDefaults(t *testing.T) {
 func TestCaptureWriterRefusesHijack(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c := newCaptureWriter(w)
+		c := NewCapture(w)
 		_, _, err := http.NewResponseController(c).Hijack()
 		require.ErrorIs(t, err, http.ErrNotSupported)
 		c.WriteHeader(http.StatusAccepted)
-		c.send(nil)
+		c.Send(nil)
 	}))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL)

@@ -1,4 +1,4 @@
-package idem
+package httpwrite
 
 import (
 	"net/http/httptest"

@@ -1,4 +1,9 @@
-package idem
+// Package httpwrite writes the HTTP answers of idem's middleware: the
+// handler's response held until its outcome is recorded (Capture), a
+// stored response replayed (WriteResponse), RFC 9457 problem details
+// (Problem), the HTTP-dates of a key's expiry (Dates) and a pass-through
+// recorder (Recorder). It knows nothing of the protocol.
+package httpwrite
 
 import (
 	"bufio"
@@ -6,35 +11,36 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
-// captureWriter holds a handler's response until its outcome is recorded
-// (CONTRACT section 6).
-type captureWriter struct {
+// Capture holds a handler's response until its outcome is recorded
+// (CONTRACT section 6), then Send writes it to the client.
+type Capture struct {
 	w      http.ResponseWriter
 	header http.Header // what the handler sees
 	sent   http.Header // the headers as they were at WriteHeader
 	// status is the first final status the handler wrote, valid or not
-	// (finalStatus), once wroteHeader.
+	// (FinalStatus), once wroteHeader.
 	status      int
 	wroteHeader bool
 	body        bytes.Buffer
 }
 
-func newCaptureWriter(w http.ResponseWriter) *captureWriter {
-	return &captureWriter{w: w, header: http.Header{}}
+func NewCapture(w http.ResponseWriter) *Capture {
+	return &Capture{w: w, header: http.Header{}}
 }
 
-func (c *captureWriter) Header() http.Header { return c.header }
+func (c *Capture) Header() http.Header { return c.header }
 
 // WriteHeader takes the first status that is not informational (1xx, RFC
 // 9110 section 15.2: never forwarded, the response is held until recorded)
 // as the final one, and ignores the later ones, as net/http does. It never
-// panics: a status that is no final status (finalStatus) is kept as written
-// for the handler's job to refuse (httpJob.run), where net/http would panic
+// panics: a status that is no final status (FinalStatus) is kept as written
+// for the caller to refuse (the root package's httpJob.Run), where net/http would panic
 // and drop the connection.
-func (c *captureWriter) WriteHeader(status int) {
+func (c *Capture) WriteHeader(status int) {
 	if c.wroteHeader || (status >= 100 && status < 200) {
 		return
 	}
@@ -42,41 +48,43 @@ func (c *captureWriter) WriteHeader(status int) {
 	c.sent = c.header.Clone()
 }
 
-func (c *captureWriter) Write(b []byte) (int, error) {
+func (c *Capture) Write(b []byte) (int, error) {
 	if !c.wroteHeader {
 		c.WriteHeader(http.StatusOK)
 	}
 	return c.body.Write(b)
 }
 
-func (c *captureWriter) Flush() {}
+func (c *Capture) Flush() {}
 
 // Hijack refuses: idem could not record a hijacked answer.
-func (c *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+func (c *Capture) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return nil, nil, fmt.Errorf("idem: a protected handler cannot hijack the connection, its response is recorded and replayed: %w", http.ErrNotSupported)
 }
 
-func (c *captureWriter) Unwrap() http.ResponseWriter { return c.w }
+func (c *Capture) Unwrap() http.ResponseWriter { return c.w }
 
-func (c *captureWriter) statusCode() int {
+// Status is the final status written, 200 when none was.
+func (c *Capture) Status() int {
 	if !c.wroteHeader {
 		return http.StatusOK
 	}
 	return c.status
 }
 
-// finalStatus reports whether status is one a response may end with: 200 to
+// FinalStatus reports whether status is one a response may end with: 200 to
 // 599 (RFC 9110 section 15: 1xx are informational, and no class is defined
 // past 5xx). net/http panics on a status under 100 or over 999.
-func finalStatus(status int) bool { return status >= 200 && status <= 599 }
+func FinalStatus(status int) bool { return status >= 200 && status <= 599 }
 
-// reset forgets what the handler wrote, for idem to answer in its place.
-func (c *captureWriter) reset() {
+// Reset forgets what the handler wrote, for idem to answer in its place.
+func (c *Capture) Reset() {
 	c.header, c.sent, c.status, c.wroteHeader = http.Header{}, nil, 0, false
 	c.body.Reset()
 }
 
-func (c *captureWriter) sentHeader() http.Header {
+// SentHeader is the header as it was at WriteHeader, without trailers.
+func (c *Capture) SentHeader() http.Header {
 	h := c.header
 	if c.sent != nil {
 		h = c.sent
@@ -94,7 +102,7 @@ func (c *captureWriter) sentHeader() http.Header {
 	return out
 }
 
-func (c *captureWriter) declaredTrailers(h http.Header) map[string]bool {
+func (c *Capture) declaredTrailers(h http.Header) map[string]bool {
 	var names map[string]bool
 	for _, v := range h.Values("Trailer") {
 		for _, name := range strings.Split(v, ",") {
@@ -118,7 +126,9 @@ func hasTrailerKeys(h http.Header) bool {
 	return false
 }
 
-func (c *captureWriter) trailers() http.Header {
+// Trailers are the trailers the handler declared or set (nil for none),
+// by their canonical names.
+func (c *Capture) Trailers() http.Header {
 	var t http.Header // nil, allocated at the first trailer: most responses have none
 	add := func(name string, v []string) {
 		if t == nil {
@@ -141,26 +151,43 @@ func (c *captureWriter) trailers() http.Header {
 
 // headerNow is the header as sent, or as it stands when nothing was sent
 // yet.
-func (c *captureWriter) headerNow() http.Header {
+func (c *Capture) headerNow() http.Header {
 	if c.sent != nil {
 		return c.sent
 	}
 	return c.header
 }
 
-// send writes the captured response to the client; extra holds idem's own
+// Send writes the captured response to the client; extra holds idem's own
 // field lines for this answer (Preference-Applied), kept beside the
 // handler's own lines of those fields.
-func (c *captureWriter) send(extra http.Header) {
-	h, sent := c.w.Header(), c.sentHeader()
+func (c *Capture) Send(extra http.Header) {
+	h, sent := c.w.Header(), c.SentHeader()
 	for k, v := range sent {
 		h[k] = v
 	}
 	for k, v := range extra {
 		h[k] = append(append([]string(nil), sent[k]...), v...)
 	}
-	for name, v := range c.trailers() {
+	for name, v := range c.Trailers() {
 		h[http.TrailerPrefix+name] = v
 	}
-	writeResponse(c.w, c.statusCode(), c.body.Bytes())
+	WriteResponse(c.w, c.Status(), c.body.Bytes())
+}
+
+// Body is what the handler wrote.
+func (c *Capture) Body() []byte { return c.body.Bytes() }
+
+// WriteResponse writes status and body under w's header. Trailers need
+// chunking: no Content-Length with them (RFC 9110 section 8.6).
+func WriteResponse(w http.ResponseWriter, status int, body []byte) {
+	bodyAllowed := status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+	if bodyAllowed && w.Header().Get("Content-Length") == "" && !hasTrailerKeys(w.Header()) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	w.WriteHeader(status)
+	if bodyAllowed {
+		_, _ = w.Write(body)
+	}
+	_ = http.NewResponseController(w).Flush()
 }

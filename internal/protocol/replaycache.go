@@ -1,4 +1,4 @@
-package idem
+package protocol
 
 import (
 	"math"
@@ -11,7 +11,7 @@ import (
 
 // replayCache keeps recent replays and 422s in this process
 // (Config.ReplayCacheBytes), so that a retry storm on a finished key is
-// answered without a store read.
+// answered without a store read. A nil replayCache keeps nothing.
 type replayCache struct {
 	c *otter.Cache[replayKey, *cachedRecord]
 }
@@ -65,7 +65,7 @@ func (rc *replayCache) get(scope, key string) (idemdriver.Record, bool, bool) {
 }
 
 // put caches rec, a SUCCEEDED record; opened says that its response is the
-// one replayed (opened, EngineConfig.answer), not the store's.
+// one replayed (opened by decide), not the store's.
 func (rc *replayCache) put(scope, key string, rec idemdriver.Record, opened bool) {
 	if rc == nil || rec.State != idemdriver.StateSucceeded || rec.Response == nil || !time.Now().Before(rec.ExpiresAt) {
 		return

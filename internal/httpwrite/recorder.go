@@ -1,14 +1,13 @@
-// Package httprec has the one http.ResponseWriter wrapper that idem's
-// middleware, the demo's request log and the naive cache share: it passes a
-// response through and remembers its status and size.
-package httprec
+package httpwrite
 
 import (
 	"bytes"
 	"net/http"
 )
 
-// Recorder passes a response through and remembers its status (0 until
+// Recorder is the one http.ResponseWriter wrapper that the middleware's
+// ProblemWriter call, the demo's request log and the naive cache share: it
+// passes a response through and remembers its status (0 until
 // the handler writes) and size in bytes; with a Body it also keeps a copy
 // of what was written. Unwrap keeps http.ResponseController (Flush,
 // deadlines) working through it.
@@ -20,8 +19,8 @@ type Recorder struct {
 	Body *bytes.Buffer
 }
 
-// New wraps w; keepBody gives the Recorder a Body.
-func New(w http.ResponseWriter, keepBody bool) *Recorder {
+// NewRecorder wraps w; keepBody gives the Recorder a Body.
+func NewRecorder(w http.ResponseWriter, keepBody bool) *Recorder {
 	rec := &Recorder{ResponseWriter: w}
 	if keepBody {
 		rec.Body = &bytes.Buffer{}
@@ -53,3 +52,14 @@ func (s *Recorder) Write(b []byte) (int, error) {
 
 // Unwrap returns the wrapped writer (http.ResponseController).
 func (s *Recorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// StatusOf calls write with w and returns the status it sent: 200 when it
+// wrote nothing.
+func StatusOf(w http.ResponseWriter, write func(http.ResponseWriter)) int {
+	rec := NewRecorder(w, false)
+	write(rec)
+	if rec.Status == 0 {
+		return http.StatusOK
+	}
+	return rec.Status
+}

@@ -1,4 +1,4 @@
-package idem
+package httpwrite
 
 import (
 	"bytes"
@@ -24,7 +24,7 @@ func FuzzCaptureWriter(f *testing.F) {
 	f.Add([]byte{1, 130, 1, 200, 0, 'L'})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		rec := httptest.NewRecorder()
-		c := newCaptureWriter(rec)
+		c := NewCapture(rec)
 		var (
 			wrote  bytes.Buffer
 			status int
@@ -70,9 +70,9 @@ func FuzzCaptureWriter(f *testing.F) {
 		if status == 0 {
 			status = http.StatusOK
 		}
-		require.Equal(t, status, c.statusCode())
-		trailers := c.trailers()
-		c.send(nil)
+		require.Equal(t, status, c.Status())
+		trailers := c.Trailers()
+		c.Send(nil)
 		res := rec.Result()
 		require.Equal(t, status, res.StatusCode)
 		bodyAllowed := status != http.StatusNoContent && status != http.StatusNotModified
