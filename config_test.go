@@ -98,9 +98,9 @@ func TestNewValidates(t *testing.T) {
 			"shorter than MaxExecution"},
 		// Regression (a new user's try): fields the engine cannot honour
 		// were accepted and silently ignored.
-		"one-commit wait, durable mode": {idem.Config{EngineConfig: idem.EngineConfig{OneCommitWait: time.Second}}, "OneCommitWait applies to the one-commit mode"},
-		"a method with a space":         {idem.Config{Methods: []string{"PO ST"}}, `"PO ST" is not a method`},
-		"an empty method":               {idem.Config{Methods: []string{"POST", ""}}, `"" is not a method`},
+		"one-commit wait in durable-claim mode": {idem.Config{EngineConfig: idem.EngineConfig{OneCommitWait: time.Second}}, "OneCommitWait applies to the one-commit mode"},
+		"a method with a space":                 {idem.Config{Methods: []string{"PO ST"}}, `"PO ST" is not a method`},
+		"an empty method":                       {idem.Config{Methods: []string{"POST", ""}}, `"" is not a method`},
 	} {
 		tc.cfg.Store, tc.cfg.Scope = d, idem.SingleTenant
 		_, err := idem.New(tc.cfg)

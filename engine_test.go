@@ -136,7 +136,7 @@ func TestDoErrorRunsAgain(t *testing.T) {
 
 // fn's business writes go in the claim's transaction (idem.Tx[*sql.Tx]), and
 // commit with the outcome; an error rolls them back.
-func TestDoTransactional(t *testing.T) {
+func TestDoWritesInTheClaimsTransaction(t *testing.T) {
 	t.Parallel()
 	g, d := newEngine(t, idem.EngineConfig{})
 	_, err := d.DB().Exec(`CREATE TABLE effects (id TEXT)`)

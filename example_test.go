@@ -46,10 +46,10 @@ func Example() {
 	// charges: 1
 }
 
-// Transactional mode: the handler writes its business rows in the claim's
-// transaction; idem writes the outcome in the same transaction and commits
-// both together.
-func Example_transactional() {
+// The handler writes its business rows in the claim's transaction; idem
+// writes the outcome in the same transaction and commits both together
+// (CONTRACT section 6).
+func Example_claimTransaction() {
 	store, done := dbtest.ExampleStore()
 	defer done()
 	if _, err := store.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {

@@ -69,20 +69,22 @@
 //   - the renewal of every lease an engine holds (idemdriver.Renewer): 1
 //     UPDATE per tick for up to 1,000 leases, plus 1 SELECT when it did not
 //     renew them all; on a connection of its own beside Open's pool.
-//   - transactional mode: the claim (2), then START TRANSACTION, the business
-//     writes, the completion UPDATE and COMMIT: 5 statements besides the
-//     business writes on Open's pool, whose sessions default to READ
-//     COMMITTED; 6 on a pool from New, where go-sql-driver sends SET
-//     TRANSACTION ISOLATION LEVEL READ COMMITTED before START TRANSACTION.
+//   - writes in the claim's transaction: the claim (2), then START
+//     TRANSACTION, the business writes, the completion UPDATE and COMMIT:
+//     5 statements besides the business writes on Open's pool, whose
+//     sessions default to READ COMMITTED; 6 on a pool from New, where
+//     go-sql-driver sends SET TRANSACTION ISOLATION LEVEL READ COMMITTED
+//     before START TRANSACTION.
 //
 // The suite's statement budget test holds the driver to these figures (3 for
-// a first execution, 5 transactional, 1 for a replay, a 409 or a 422). The
-// first execution costs one statement more than CONTRACT section 10's "one
-// claim statement + one completion": MySQL cannot both decide and report in
-// one statement. The other shapes cost more for the common outcomes: a claim
-// transaction (START TRANSACTION, SELECT ... FOR UPDATE, INSERT or UPDATE,
-// COMMIT) is 4 round trips for every outcome, replays included, and
-// INSERT ... ON DUPLICATE KEY UPDATE needs a transaction and a read-back too.
+// a first execution, 5 with writes in the claim's transaction, 1 for a
+// replay, a 409 or a 422). The first execution costs one statement more than
+// CONTRACT section 10's "one claim statement + one completion": MySQL cannot
+// both decide and report in one statement. The other shapes cost more for
+// the common outcomes: a claim transaction (START TRANSACTION, SELECT ...
+// FOR UPDATE, INSERT or UPDATE, COMMIT) is 4 round trips for every outcome,
+// replays included, and INSERT ... ON DUPLICATE KEY UPDATE needs a
+// transaction and a read-back too.
 //
 // Every statement on the request path is a server-side prepared statement,
 // prepared on first use on each pooled connection (COM_STMT_PREPARE, once per

@@ -214,7 +214,7 @@ func TestGaleraOneCommitConflictWithoutWinner(t *testing.T) {
 }
 
 // A one-commit execution that loses its COMMIT to a durable claim of its
-// key committed on another node (a process in the durable mode, live) is
+// key committed on another node (a process in durable-claim mode, live) is
 // answered as a claim that finds it: 409 request-in-flight, or, when the
 // request waits (Prefer: wait), the owner's outcome once it is recorded.
 // Regression (issue 32): answered 503.

@@ -139,10 +139,11 @@ func TestConformance(t *testing.T) {
 		},
 		// MySQL has no RETURNING: a first execution reads, then inserts,
 		// then completes. Replays, 409 and 422 are answered by the read.
-		// A transactional completion adds START TRANSACTION and COMMIT
-		// (Open's sessions default to READ COMMITTED, so no SET TRANSACTION).
+		// A completion in the claim's transaction adds START TRANSACTION and
+		// COMMIT (Open's sessions default to READ COMMITTED, so no SET
+		// TRANSACTION).
 		// On Galera a won one-commit claim adds SET autocommit = 0 and = 1.
-		Budget:       map[string]int{"first": 3, "first-transactional": 5, "first-one-commit": oneCommitFirst(), "replay-one-commit": 3, "replay": 1, "in-flight": 1, "key-reused": 1},
+		Budget:       map[string]int{"first": 3, "first-claim-tx": 5, "first-one-commit": oneCommitFirst(), "replay-one-commit": 3, "replay": 1, "in-flight": 1, "key-reused": 1},
 		SingleWriter: false,
 		Maintenance:  true,
 		Dump: func(t *testing.T, d idemdriver.Driver) [][]byte {

@@ -24,10 +24,10 @@
 // (idemdriver.CompleteCommitter); in the one-commit mode BEGIN and the
 // claim's INSERT, which also sets the transaction's lock bound. In the
 // order that suits each (ClaimOrder), a replay, 409 or 422 is one
-// statement, and a first execution in transactional mode three round trips
-// around the handler's own statements (the claim's INSERT, BEGIN with the
-// first of them, the completion with the COMMIT), in the one-commit mode
-// two.
+// statement, and a first execution that writes in the claim's transaction
+// three round trips around the handler's own statements (the claim's
+// INSERT, BEGIN with the first of them, the completion with the COMMIT), in
+// the one-commit mode two.
 //
 // # Behind pgbouncer
 //

@@ -149,18 +149,18 @@ func TestConformance(t *testing.T) { idemdrivertest.Run(t, harness(false)) }
 // orders; the statement budget is counted with the order pinned.
 func harness(schemaOption bool) idemdrivertest.Harness {
 	order, counted := idempgx.ClaimAdaptive, idempgx.ClaimInsertFirst
-	// The INSERT first: one statement claims a new key, the completion
-	// another; in transactional mode the completion rides in the business
-	// transaction (BEGIN, COMMIT); in one-commit mode BEGIN, the INSERT
-	// (which sets the lock bound), the completion and COMMIT. A replay,
+	// The INSERT first: one statement claims a new key, the completion another;
+	// with writes in the claim's transaction the completion rides in the
+	// business transaction (BEGIN, COMMIT); in one-commit mode BEGIN, the
+	// INSERT (which sets the lock bound), the completion and COMMIT. A replay,
 	// 409 or 422 is the INSERT, which meets the key, and the read; in
 	// one-commit mode BEGIN, the INSERT, ROLLBACK and the read.
-	budget := map[string]int{"first": 2, "first-transactional": 4, "first-one-commit": 4, "replay-one-commit": 4, "replay": 2, "in-flight": 2, "key-reused": 2}
+	budget := map[string]int{"first": 2, "first-claim-tx": 4, "first-one-commit": 4, "replay-one-commit": 4, "replay": 2, "in-flight": 2, "key-reused": 2}
 	if schemaOption {
 		// Read first: a replay, 409 or 422 is the read alone, a new key
 		// the read and the INSERT.
 		order, counted = idempgx.ClaimReadFirst, idempgx.ClaimReadFirst
-		budget = map[string]int{"first": 3, "first-transactional": 5, "first-one-commit": 5, "replay-one-commit": 1, "replay": 1, "in-flight": 1, "key-reused": 1}
+		budget = map[string]int{"first": 3, "first-claim-tx": 5, "first-one-commit": 5, "replay-one-commit": 1, "replay": 1, "in-flight": 1, "key-reused": 1}
 	}
 	return idemdrivertest.Harness{
 		NewDriver: func(t *testing.T) idemdriver.Driver { return openDriverOrder(t, schemaOption, nil, order) },

@@ -99,7 +99,7 @@ func TestConformancePartitioned(t *testing.T) {
 			tracer := &countingTracer{}
 			return openPartitioned(t, tracer), tracer.n.Load
 		},
-		Budget:       map[string]int{"first": 5, "first-transactional": 7, "first-one-commit": 6, "replay-one-commit": 5, "replay": 4, "in-flight": 4, "key-reused": 4},
+		Budget:       map[string]int{"first": 5, "first-claim-tx": 7, "first-one-commit": 6, "replay-one-commit": 5, "replay": 4, "in-flight": 4, "key-reused": 4},
 		Business:     newBusiness,
 		Maintenance:  true,
 		Partitioned:  true,

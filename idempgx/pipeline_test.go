@@ -131,7 +131,7 @@ func completion(rec idemdriver.Record, offset time.Duration) idemdriver.Complete
 
 // A first execution's round trips to PostgreSQL, a business write in the
 // claim's transaction included. Read first (Options.ClaimOrder): in
-// transactional mode the claim's read and its INSERT, BEGIN with the
+// durable-claim mode the claim's read and its INSERT, BEGIN with the
 // write, and the completion with its COMMIT (4; the statements one at a
 // time take 6); in one-commit mode the claim's read, BEGIN with the
 // claim's INSERT, the write, and the completion with the COMMIT (4,
@@ -145,9 +145,9 @@ func TestFirstExecutionRoundTrips(t *testing.T) {
 		oneCommit bool
 		want      int64
 	}{
-		{"transactional, read first", idempgx.ClaimReadFirst, false, 4},
+		{"durable claim, read first", idempgx.ClaimReadFirst, false, 4},
 		{"one-commit, read first", idempgx.ClaimReadFirst, true, 4},
-		{"transactional, insert first", idempgx.ClaimInsertFirst, false, 3},
+		{"durable claim, insert first", idempgx.ClaimInsertFirst, false, 3},
 		{"one-commit, insert first", idempgx.ClaimInsertFirst, true, 3},
 	} {
 		tracer := &countingTracer{}

@@ -36,12 +36,12 @@ func TestOutcomeCommitWaitsForSynchronousStandby(t *testing.T) {
 	if base == "" {
 		t.Skipf("%s is not set: this test reconfigures its server (run scripts/topology/pg-sync-failover)", envSyncRep)
 	}
-	for _, mode := range []string{"plain", "transactional"} {
-		t.Run(mode, func(t *testing.T) { testOutcomeCommitWaits(t, base, mode == "transactional") })
+	for _, writes := range []string{"plain", "writes-in-claim-tx"} {
+		t.Run(writes, func(t *testing.T) { testOutcomeCommitWaits(t, base, writes == "writes-in-claim-tx") })
 	}
 }
 
-func testOutcomeCommitWaits(t *testing.T, base string, transactional bool) {
+func testOutcomeCommitWaits(t *testing.T, base string, inClaimTx bool) {
 	ctx := context.Background()
 	admin := syncRepPool(t, base, "", "local")
 	setStandbys := func(names string) {
@@ -72,7 +72,7 @@ func testOutcomeCommitWaits(t *testing.T, base string, transactional bool) {
 	var runs atomic.Int32
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
-		if transactional {
+		if inClaimTx {
 			tx, err := idem.Tx[pgx.Tx](r.Context())
 			require.NoError(t, err)
 			_, err = tx.Exec(r.Context(), `INSERT INTO business_rows VALUES ('p1')`)

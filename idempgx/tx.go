@@ -27,11 +27,12 @@ var _ idemdriver.CompleteCommitter = (*businessTx)(nil)
 // it (CONTRACT section 6).
 //
 // Its BEGIN goes with its first statement (in one pipeline when that is an
-// Exec), and the completion goes with its COMMIT (one pipeline): a
-// transactional first execution is the claim, the handler's statements and
-// one more round trip. Once idem has committed or rolled it back, every
-// method returns pgx.ErrTxClosed: a goroutine the handler left behind cannot
-// write on a connection that went back to the pool.
+// Exec), and the completion goes with its COMMIT (one pipeline): a first
+// execution that writes in the claim's transaction is the claim, the
+// handler's statements and one more round trip. Once idem has committed or
+// rolled it back, every method returns pgx.ErrTxClosed: a goroutine the
+// handler left behind cannot write on a connection that went back to the
+// pool.
 //
 // A statement of the handler that fails (a unique violation it answers 409
 // for, say) aborts the whole transaction in PostgreSQL: its writes are gone

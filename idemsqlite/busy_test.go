@@ -20,8 +20,9 @@ import (
 )
 
 // SQLite never answers 503 for a busy, healthy database (issue 13 item 8).
-// These cases hold SQLite's one write lock with a transactional handler, as
-// a live owner does, and check what the other requests get.
+// These cases hold SQLite's one write lock with a handler that writes in
+// the claim's transaction, as a live owner does, and check what the other
+// requests get.
 
 func globalScope(*http.Request) (string, error) { return "global", nil }
 
@@ -34,9 +35,9 @@ func post(h http.Handler, key string) *httptest.ResponseRecorder {
 	return w
 }
 
-// holdWriteLock returns a transactional handler that holds SQLite's write
-// lock (its business transaction is open) until release is closed, and
-// closes started when it holds it.
+// holdWriteLock returns a handler, writing in the claim's transaction, that
+// holds SQLite's write lock (its business transaction is open) until
+// release is closed, and closes started when it holds it.
 func holdWriteLock(runs *atomic.Int32, started, release chan struct{}) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)

@@ -15,7 +15,7 @@ import (
 )
 
 // Protect a gin route group. The charge handler writes its business row in
-// the claim's transaction (transactional mode, CONTRACT section 6); a retry
+// the claim's transaction (CONTRACT section 6); a retry
 // gets the recorded response, and a declined card, answered with
 // c.AbortWithStatusJSON, is recorded and replayed as the 402 it is.
 func Example() {

@@ -181,7 +181,7 @@ func (a *app) fail(w http.ResponseWriter, status int, err error) {
 func (a *app) createOwnTx(w http.ResponseWriter, r *http.Request) { a.create(w, r, a.t.begin, true) }
 
 // createInClaimTx writes in the claim's transaction and leaves the commit to
-// idem (transactional mode, CONTRACT section 6).
+// idem (durable-claim mode, CONTRACT section 6).
 func (a *app) createInClaimTx(w http.ResponseWriter, r *http.Request) {
 	a.create(w, r, a.t.claimTx, false)
 }
@@ -222,11 +222,12 @@ func floorHeaders(p payment) ([]byte, error) {
 }
 
 // createFloor is "the floor": the statements idem needs for a first
-// execution in transactional mode, sent by hand with no middleware: the
-// claim (an INSERT of the PROCESSING record, committed on its own), then
-// the business transaction with the completion (an UPDATE by primary key and
-// fencing token) before its COMMIT. The request is read whole and hashed
-// (SHA-256) for the fingerprint column, as any claim must.
+// execution in durable-claim mode that writes in the claim's transaction,
+// sent by hand with no middleware: the claim (an INSERT of the PROCESSING
+// record, committed on its own), then the business transaction with the
+// completion (an UPDATE by primary key and fencing token) before its COMMIT.
+// The request is read whole and hashed (SHA-256) for the fingerprint column,
+// as any claim must.
 func (a *app) createFloor(w http.ResponseWriter, r *http.Request) { a.hashedFloor(w, r, false) }
 
 // createFloor1c is the one-commit mode's floor: the same statements in one

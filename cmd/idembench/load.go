@@ -65,7 +65,7 @@ const (
 // ratio.
 var allVariants = []variant{
 	{id: vBare, label: "bare handler (no idempotency)", route: routeBare, body: paymentBody, want: http.StatusCreated},
-	{id: vClaimTx, label: "idem first execution, transactional mode (idem…Tx)", route: routeClaimTx, body: paymentBody, want: http.StatusCreated},
+	{id: vClaimTx, label: "idem first execution, durable-claim mode (idem…Tx)", route: routeClaimTx, body: paymentBody, want: http.StatusCreated},
 	{id: vOneCommit, label: "idem first execution, one-commit mode (Config.OneCommit)", route: routeOneCommit, body: paymentBody, want: http.StatusCreated},
 	{id: vOwnTx, label: "idem first execution, handler commits its own transaction", route: routeOwnTx, body: paymentBody, want: http.StatusCreated},
 	{id: vFloor, label: "the floor: idem's statements sent by hand (raw driver)", route: routeFloor, body: paymentBody, want: http.StatusCreated},

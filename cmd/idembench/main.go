@@ -7,7 +7,7 @@
 //
 //   - bare: the handler alone, no idempotency (the denominator of every
 //     ratio);
-//   - idem-tx: idem's first execution in transactional mode, the rows
+//   - idem-tx: idem's first execution in durable-claim mode, the rows
 //     written in the claim's transaction (idem.Tx[pgx.Tx] or
 //     idem.Tx[*sql.Tx]) and committed with the completion;
 //   - idem-own: idem's first execution, the handler committing its own

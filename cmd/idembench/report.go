@@ -52,7 +52,7 @@ var floorRows = []struct {
 	variant, label string
 	contract       bool
 }{
-	{vClaimTx, "idem transactional first execution, ratio to the floor", false},
+	{vClaimTx, "idem durable-claim first execution, ratio to the floor", false},
 	{vOneCommit, "idem one-commit first execution, ratio to the one-commit floor", false},
 	{vReplay, "idem replay, ratio to the replay floor", false},
 	{vInFlight, "idem 409, ratio to the replay floor", false},

@@ -17,13 +17,14 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 )
 
-// runEngine holds Engine.Do to the protocol in both modes (the one-commit
-// mode with an idemdriver.TxClaimer): the guarantees of the HTTP front.
+// runEngine holds Engine.Do to the protocol in both modes, durable-claim and
+// one-commit (the latter with an idemdriver.TxClaimer): the guarantees of
+// the HTTP front.
 func runEngine(t *testing.T, h Harness) {
 	for _, mode := range []struct {
 		name      string
 		oneCommit bool
-	}{{"Durable", false}, {"OneCommit", true}} {
+	}{{"DurableClaim", false}, {"OneCommit", true}} {
 		t.Run(mode.name, func(t *testing.T) {
 			run := func(c func(*testing.T, Harness, bool)) func(*testing.T, Harness) {
 				return func(t *testing.T, h Harness) { c(t, h, mode.oneCommit) }

@@ -312,7 +312,7 @@ func runMiddleware(t *testing.T, h Harness) {
 		{"StoreUnavailable", middlewareStoreUnavailable},
 		{"UnprotectedRequestsPassThrough", middlewareUnprotectedRequestsPassThrough},
 		{"ResponseTooLargeToStore", middlewareResponseTooLargeToStore},
-		{"TransactionalCommitTogether", middlewareTransactionalCommitTogether},
+		{"BusinessWritesCommitWithOutcome", middlewareBusinessWritesCommitWithOutcome},
 		{"MaxExecutionRollsBack", middlewareMaxExecutionRollsBack},
 		{"HandlerCommitsItself", middlewareHandlerCommitsItself},
 		{"ExpiredKeyIsNew", middlewareExpiredKeyIsNew},
@@ -630,7 +630,7 @@ func middlewareResponseTooLargeToStore(t *testing.T, h Harness) {
 	require.EqualValues(t, 1, a.runs.Load(), "never run twice because of it")
 }
 
-func middlewareTransactionalCommitTogether(t *testing.T, h Harness) {
+func middlewareBusinessWritesCommitWithOutcome(t *testing.T, h Harness) {
 	t.Parallel()
 	d := h.NewDriver(t)
 	biz := h.Business(t, d)
@@ -650,10 +650,10 @@ func middlewareTransactionalCommitTogether(t *testing.T, h Harness) {
 	require.EqualValues(t, 2, a.runs.Load())
 }
 
-// A transactional handler that runs past MaxExecution is rolled back and
-// recorded FAILED, whatever it answers: database/sql aborts a
-// transaction whose context ends, so recording its 201 would keep a
-// SUCCEEDED without its writes (regression, MySQL and SQLite).
+// A handler writing in the claim's transaction that runs past MaxExecution
+// is rolled back and recorded FAILED, whatever it answers: database/sql
+// aborts a transaction whose context ends, so recording its 201 would keep
+// a SUCCEEDED without its writes (regression, MySQL and SQLite).
 func middlewareMaxExecutionRollsBack(t *testing.T, h Harness) {
 	t.Parallel()
 	d := h.NewDriver(t)
@@ -805,7 +805,7 @@ func middlewareStatementBudget(t *testing.T, h Harness) {
 	cost("first", 201, func() *httptest.ResponseRecorder { return serve(plain, "k", `{}`) }, 0)
 	cost("replay", 201, func() *httptest.ResponseRecorder { return serve(plain, "k", `{}`) }, 0)
 	cost("key-reused", 422, func() *httptest.ResponseRecorder { return serve(plain, "k", `{"x":1}`) }, 0)
-	cost("first-transactional", 201, func() *httptest.ResponseRecorder { return serve(txApp, "t", `{}`) }, 1)
+	cost("first-claim-tx", 201, func() *httptest.ResponseRecorder { return serve(txApp, "t", `{}`) }, 1)
 	done := make(chan struct{})
 	go func() { defer close(done); serve(held, "h", `{}`) }()
 	<-held.started

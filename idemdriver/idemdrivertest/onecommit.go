@@ -342,7 +342,7 @@ func oneCommitFailureAndPanicLeaveNothing(t *testing.T, h Harness) {
 func oneCommitReleaseFreesTheKey(t *testing.T, h Harness) {
 	t.Parallel()
 	d, _ := txClaimer(t, h)
-	// The default mode leaves the key FAILED (a 503)...
+	// Durable-claim mode leaves the key FAILED (a 503)...
 	durable := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	})

@@ -1,8 +1,9 @@
 // Package idemdrivertest is the conformance suite every idem driver runs:
 // each row of the decision table (CONTRACT section 3), races of many
-// goroutines on one key counted by winners and handler runs, fencing,
-// transactional completion, expiry, scopes, and the HTTP middleware's cases
-// on the driver. A new database is "make this suite pass".
+// goroutines on one key counted by winners and handler runs, fencing, the
+// completion in the business transaction, expiry, scopes, and the HTTP
+// middleware's cases on the driver. A new database is "make this suite
+// pass".
 //
 // Time moves through the drivers' clock-offset parameter (see Clock); no
 // test sleeps to reach a lease or retention boundary.
@@ -38,10 +39,11 @@ type Harness struct {
 	// the driver sends (BEGIN and COMMIT included).
 	NewCountingDriver func(t *testing.T) (idemdriver.Driver, func() int64)
 	// Budget gives the statements one request costs, per outcome: "first"
-	// (claim + completion), "first-transactional" (idem's statements around
-	// one business write: the write itself is not counted), "replay",
-	// "in-flight" and "key-reused"; with a idemdriver.TxClaimer,
-	// "first-one-commit" (as first-transactional) and "replay-one-commit".
+	// (claim + completion), "first-claim-tx" (idem's statements around one
+	// business write in the claim's transaction: the write itself is not
+	// counted), "replay", "in-flight" and "key-reused"; with an
+	// idemdriver.TxClaimer, "first-one-commit" (as first-claim-tx, in the
+	// one-commit mode) and "replay-one-commit".
 	// CONTRACT section 10 sets the targets;
 	// a driver states its real figures here and the suite holds it to them.
 	Budget map[string]int
@@ -265,7 +267,7 @@ func runDriver(t *testing.T, h Harness) {
 		{"ScopesIndependent", driverScopesIndependent},
 		{"Fencing", driverFencing},
 		{"HeartbeatExtendsLease", driverHeartbeatExtendsLease},
-		{"Transactional", driverTransactional},
+		{"CompleteInBusinessTx", driverCompleteInBusinessTx},
 		{"CompleteCommit", driverCompleteCommit},
 		{"ConcurrentClaim", driverConcurrentClaim},
 		{"ConcurrentTakeover", driverConcurrentClaimable("EXPIRED_LEASE", "b", 2)},
@@ -578,7 +580,7 @@ func driverHeartbeatExtendsLease(t *testing.T, h Harness) {
 	require.InDelta(t, (lease - 10*time.Second).Seconds(), again.Record.LeaseLeft.Seconds(), 5)
 }
 
-func driverTransactional(t *testing.T, h Harness) {
+func driverCompleteInBusinessTx(t *testing.T, h Harness) {
 	t.Parallel()
 	d := h.NewDriver(t)
 	biz := h.Business(t, d)
