@@ -17,17 +17,17 @@ import (
 // below; then it is written (internal/httpwrite) and observed. A panic of
 // the handler is raised again once observed.
 func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request, a protocol.Answer) {
-	var pr *Problem
+	var pr Problem // of a refusal, or of an answer that is neither recorded nor replayed
+	var isProblem bool
 	var ev Event // none for a refusal
 	if rq.refusal != nil {
-		p := ProblemFor(rq.refusal.kind, rq.refusal.detail)
-		pr = &p
+		pr, isProblem = ProblemFor(rq.refusal.kind, rq.refusal.detail), true
 	} else {
 		route := rq.job.route // the handler's, once it ran
 		if route == "" {
 			route = m.route(r, nil, rq.job.next)
 		}
-		pr = m.problem(r, &a)
+		pr, isProblem = m.problem(r, &a)
 		ev = m.g.event(a, rq.p, route)
 	}
 
@@ -55,10 +55,10 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 	}
 	switch {
 	case a.Panicked:
-	case pr != nil && m.cfg.ProblemWriter != nil:
-		ev.Status = httpwrite.StatusOf(w, func(w http.ResponseWriter) { m.cfg.ProblemWriter(w, r, *pr) })
-	case pr != nil:
-		httpwrite.Problem(*pr).Write(w)
+	case isProblem && m.cfg.ProblemWriter != nil:
+		ev.Status = httpwrite.StatusOf(w, func(w http.ResponseWriter) { m.cfg.ProblemWriter(w, r, pr) })
+	case isProblem:
+		httpwrite.Problem(pr).Write(w)
 		ev.Status = pr.Status
 	case a.Kind == protocol.KindReplay:
 		httpwrite.WriteResponse(w, a.Record.Response.Status, a.Record.Response.Body)
@@ -75,13 +75,13 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 	}
 }
 
-// problem is the problem that answers a, or nil for a recorded, released
-// or replayed answer. A replay of a status no response may end with
-// becomes a response-missing (a changed with it).
-func (m *Middleware) problem(r *http.Request, a *protocol.Answer) *Problem {
+// problem is the problem that answers a, or false for a recorded,
+// released or replayed answer. A replay of a status no response may end
+// with becomes a response-missing (a changed with it).
+func (m *Middleware) problem(r *http.Request, a *protocol.Answer) (Problem, bool) {
 	switch a.Kind {
 	case protocol.KindRan, protocol.KindReleased:
-		return nil
+		return Problem{}, false
 	case protocol.KindReplay:
 		resp := a.Record.Response
 		if resp.Status < 200 || resp.Status > 599 { // not httpwrite.FinalStatus
@@ -92,14 +92,14 @@ func (m *Middleware) problem(r *http.Request, a *protocol.Answer) *Problem {
 			break
 		}
 		if resp.BodyStored {
-			return nil
+			return Problem{}, false
 		}
 		p := ProblemFor(ErrResponseNotStored, fmt.Sprintf(
 			"the request with this key succeeded with status %d, but its response (a %d-byte body) was too large to store, "+
 				"for the replay limit or for what the store takes in one write, and was not kept; it will not run again",
 			resp.Status, resp.BodySize))
 		p.Extra = map[string]any{"original_status": resp.Status}
-		return &p
+		return p, true
 	}
 	p := problemOf(*a, &m.cfg)
 	// A failed claim logged its own cause; a refusal (MaxInFlight) is load,
@@ -107,7 +107,7 @@ func (m *Middleware) problem(r *http.Request, a *protocol.Answer) *Problem {
 	if p.Status == http.StatusServiceUnavailable && a.Kind != protocol.KindClaimFailed && a.Kind != protocol.KindOverloaded {
 		m.cfg.Logger.ErrorContext(r.Context(), "idem: outcome not recorded", "err", a.Err)
 	}
-	return &p
+	return p, true
 }
 
 // route is the request's route for Event.Route: the ServeMux pattern's
