@@ -69,9 +69,9 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	if cfg.Roll == nil {
 		cfg.Roll = rand.Float64
 	}
-	mw, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: cfg.Store.Idem(), LeaseDuration: cfg.Lease, Logger: cfg.Logger, Observer: cfg.Observer},
-		Scope:        service.Scope,
+	mw, err := idem.NewMiddleware(cfg.Store.Idem(), idem.Options{
+		Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: cfg.Lease}, Logger: cfg.Logger, Observer: cfg.Observer},
+		Scope:  service.Scope,
 	})
 	if err != nil {
 		return nil, err

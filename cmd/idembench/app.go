@@ -94,15 +94,15 @@ type app struct {
 }
 
 func newApp(t *target, naive *naiveCache, log *slog.Logger) (*app, error) {
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: t.store, Logger: log}, Scope: scopeOf})
+	mw, err := idem.NewMiddleware(t.store, idem.Options{Engine: idem.EngineOptions{Logger: log}, Scope: scopeOf})
 	if err != nil {
 		return nil, err
 	}
-	mw1c, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: t.store, Logger: log, OneCommit: true}, Scope: scopeOf})
+	mw1c, err := idem.NewMiddleware(t.store, idem.Options{Engine: idem.EngineOptions{Logger: log, OneCommit: idem.OneCommitOptions{Enabled: true}}, Scope: scopeOf})
 	if err != nil {
 		return nil, err
 	}
-	mwRC, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: t.store, Logger: log}, Scope: scopeOf, ReplayCacheBytes: replayCacheBytes})
+	mwRC, err := idem.NewMiddleware(t.store, idem.Options{Engine: idem.EngineOptions{Logger: log}, Scope: scopeOf, Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: replayCacheBytes}}})
 	if err != nil {
 		return nil, err
 	}

@@ -95,7 +95,7 @@ type api struct {
 // sent to a mistyped path or with another method gets the 404 or 405
 // without a record, so the client can correct the request and keep its key.
 func newHandler(cfg handlerConfig) (http.Handler, error) {
-	mw, err := idem.New(cfg.idemConfig())
+	mw, err := idem.NewMiddleware(cfg.idemOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -111,17 +111,23 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	return a.serve(routes), nil
 }
 
-// idemConfig is idem's configuration of both protected routes: cfg's store
-// (through the fault injection), scoped by merchant, with cfg's lease,
+// idemOptions is idem's store and options for both protected routes: cfg's
+// store (through the fault injection), scoped by merchant, with cfg's lease,
 // bound on executions in flight,
 // relay secret, logger and observer, and its sealing (SealKeys,
 // ReplayPlain, KeyHashSecret, KeepRequestBytes).
-func (cfg handlerConfig) idemConfig() idem.Config {
-	return idem.Config{
-		EngineConfig: idem.EngineConfig{Store: cfg.Faults.store(cfg.Store.Idem()), LeaseDuration: cfg.Lease, RelaySecret: cfg.RelaySecret, Logger: cfg.Logger, Observer: cfg.Observer,
-			Wait: cfg.Wait, MaxWait: cfg.MaxWait, MaxInFlight: cfg.MaxInFlight,
-			SealKeys: cfg.SealKeys, ReplayPlain: cfg.ReplayPlain, KeyHashSecret: cfg.KeyHashSecret, KeepRequestBytes: cfg.KeepRequestBytes},
+func (cfg handlerConfig) idemOptions() (idem.Store, idem.Options) {
+	return cfg.Faults.store(cfg.Store.Idem()), idem.Options{
 		Scope: service.Scope,
+		Engine: idem.EngineOptions{
+			Lease:       idem.LeaseOptions{Duration: cfg.Lease},
+			Waiting:     idem.WaitOptions{Wait: cfg.Wait, Max: cfg.MaxWait},
+			Admission:   idem.AdmissionOptions{MaxInFlight: cfg.MaxInFlight},
+			Sealing:     idem.SealingOptions{Keys: cfg.SealKeys, ReplayPlain: cfg.ReplayPlain, KeyHashSecret: cfg.KeyHashSecret, KeepRequestBytes: cfg.KeepRequestBytes},
+			RelaySecret: cfg.RelaySecret,
+			Logger:      cfg.Logger,
+			Observer:    cfg.Observer,
+		},
 	}
 }
 

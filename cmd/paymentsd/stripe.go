@@ -164,10 +164,10 @@ type paymentIntentInput struct {
 // idempotent result for a request whose parameters failed validation, so a
 // corrected retry with the same key runs.
 func (a *api) stripeRoutes(routes *http.ServeMux, cfg handlerConfig) error {
-	c := cfg.idemConfig()
-	c.Outcome = idem.ReleaseValidationFailures
-	c.ProblemWriter = writeStripeProblem
-	mw, err := idem.New(c)
+	store, o := cfg.idemOptions()
+	o.Engine.Response.Outcome = idem.ReleaseValidationFailures
+	o.ProblemWriter = writeStripeProblem
+	mw, err := idem.NewMiddleware(store, o)
 	if err != nil {
 		return err
 	}

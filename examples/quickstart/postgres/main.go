@@ -43,11 +43,7 @@ func main() {
 	if _, err := pool.Exec(ctx, createPayments); err != nil { // your table, beside idem's
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: store},
-		// Who owns the key (required; idem.SingleTenant if one owner has every key).
-		Scope: func(r *http.Request) (string, error) { return accountFrom(r.Context()) },
-	})
+	mw, err := idem.NewMiddleware(store, idem.Options{Scope: func(r *http.Request) (string, error) { return accountFrom(r.Context()) }})
 	if err != nil {
 		log.Fatal(err)
 	}
