@@ -11,7 +11,7 @@
 //
 //	store, _ := idemsqlite.Open(ctx, "idem.db") // or idempgx.New(pool)
 //	_ = store.Migrate(ctx)
-//	mw, _ := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: merchantFromAuth})
+//	mw, _ := idem.NewMiddleware(store, idem.Options{Scope: merchantFromAuth})
 //	mux.Handle("POST /v1/payments", mw.Handler(createPayment))
 //
 // Wrap routes, not the router: idem records the 404 of a mistyped path, and
@@ -68,7 +68,7 @@
 //
 // Engine.Do runs the protocol for a consumer or a job (examples/natsconsumer):
 //
-//	engine, _ := idem.NewEngine(idem.EngineConfig{Store: store})
+//	engine, _ := idem.NewEngineWith(store, idem.EngineOptions{})
 //	res, err := engine.Do(ctx, idem.DoParams{Scope: "orders", Key: msgID, Payload: data},
 //		func(ctx context.Context) (idem.Result, error) {
 //			tx, _ := idem.Tx[*sql.Tx](ctx) // committed with the outcome

@@ -43,7 +43,7 @@ const (
 	EventStoreUnavailable
 	// EventCompletionFailed: recording the outcome failed (503).
 	EventCompletionFailed
-	// EventOverloaded: refused before the claim, EngineConfig.MaxInFlight
+	// EventOverloaded: refused before the claim, EngineOptions.Admission.MaxInFlight
 	// executions being in flight (503); nothing claimed or run.
 	EventOverloaded
 )
@@ -71,7 +71,7 @@ type Event struct {
 	Method string
 	// Scope and Key name the record: high cardinality, not for metrics. Key
 	// is the stored key: the client's, or its hash with
-	// EngineConfig.KeyHashSecret (Engine.StoredKey).
+	// EngineOptions.Sealing.KeyHashSecret (Engine.StoredKey).
 	Scope, Key string
 	// Attempt is the record's attempts after this claim (for a lost claim, the
 	// record's); 0 when the claim failed.

@@ -55,7 +55,7 @@ func DurationBuckets() []float64 {
 }
 
 // Observer is an idem.Observer that records each idem.Event as
-// OpenTelemetry metrics and spans; set it as idem.Config.Observer. The
+// OpenTelemetry metrics and spans; set it as idem.Options.Engine.Observer. The
 // metrics and spans are listed in docs/observability.md. It is safe for
 // concurrent use.
 type Observer struct {

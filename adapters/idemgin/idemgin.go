@@ -5,7 +5,7 @@
 // Register the middleware returned by Middleware on the routes (or the group)
 // it protects:
 //
-//	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: tenantOf})
+//	mw, err := idem.NewMiddleware(store, idem.Options{Scope: tenantOf})
 //	...
 //	r := gin.New()
 //	r.Use(gin.Recovery())

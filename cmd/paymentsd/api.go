@@ -40,11 +40,11 @@ type handlerConfig struct {
 	// WriteMode says where the payment's rows are written; empty means
 	// WriteInClaim.
 	WriteMode WriteMode
-	// Wait and MaxWait are idem's EngineConfig.Wait and MaxWait: how long a
+	// Wait and MaxWait are idem's EngineOptions.Waiting.Wait and MaxWait: how long a
 	// duplicate of a payment in flight waits for its outcome (zero: 409 at
 	// once), and the most a request may ask for with Prefer: wait.
 	Wait, MaxWait time.Duration
-	// MaxInFlight is idem's EngineConfig.MaxInFlight, for each protected
+	// MaxInFlight is idem's EngineOptions.Admission.MaxInFlight, for each protected
 	// route: zero, no bound.
 	MaxInFlight int
 	// Faults are the injected crashes and stalls (built with -tags

@@ -32,6 +32,7 @@ func main() {
 		log.Fatal(err)
 	}
 
+	// Scope: who owns a key; with many customers, the authenticated one.
 	mw, err := idem.NewMiddleware(store, idem.Options{Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)

@@ -201,7 +201,7 @@ func riverConfig(pool *pgxpool.Pool, workers int, log *slog.Logger) *river.Confi
 func newServiceWith(pool *pgxpool.Pool, lease time.Duration, log *slog.Logger, rc *river.Config) (*service, error) {
 	mw, err := idem.NewMiddleware(idempgx.New(pool), idem.Options{
 		Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: lease}, Logger: log},
-		Scope:  idem.SingleTenant,
+		Scope:  idem.SingleTenant, // with many customers: the authenticated account
 	})
 	if err != nil {
 		return nil, err

@@ -19,7 +19,7 @@ import (
 )
 
 // runOneCommit holds a driver that implements idemdriver.TxClaimer to the
-// one-commit mode (idem.Config.OneCommit): claim, business writes and
+// one-commit mode (idem.Options.Engine.OneCommit.Enabled): claim, business writes and
 // completion commit together, a duplicate waits on the key's row lock and
 // then gets the replay (or 409 past the wait bound), and a rollback leaves
 // nothing behind. Drivers without TxClaimer skip it.

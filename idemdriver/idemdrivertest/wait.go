@@ -17,7 +17,7 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 )
 
-// The wait mode (idem.EngineConfig.Wait) in both modes: duplicates wait for
+// The wait mode (idem.EngineOptions.Waiting.Wait) in both modes: duplicates wait for
 // the owner's outcome, in this process and in another (a second engine on a
 // driver of its own, as another process has), and get its answer.
 

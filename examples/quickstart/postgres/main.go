@@ -43,7 +43,10 @@ func main() {
 	if _, err := pool.Exec(ctx, createPayments); err != nil { // your table, beside idem's
 		log.Fatal(err)
 	}
-	mw, err := idem.NewMiddleware(store, idem.Options{Scope: func(r *http.Request) (string, error) { return accountFrom(r.Context()) }})
+	mw, err := idem.NewMiddleware(store, idem.Options{
+		// Who owns the key (required; idem.SingleTenant if one owner has every key).
+		Scope: func(r *http.Request) (string, error) { return accountFrom(r.Context()) },
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
