@@ -83,22 +83,22 @@ func TestNewValidates(t *testing.T) {
 		cfg  idem.Options
 		want string
 	}{
-		"lease below 1s":         {idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: 500 * time.Millisecond}}}, "LeaseDuration"},
-		"retention below lease":  {idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Minute}, Retention: time.Second}}, "Retention"},
-		"negative request limit": {idem.Options{Request: idem.RequestOptions{MaxBytes: -1}}, "MaxRequestBytes"},
-		"negative store retry":   {idem.Options{Engine: idem.EngineOptions{RetryAfter: idem.RetryAfterOptions{Store: -time.Second}}}, "StoreRetryAfter"},
-		"negative discard":       {idem.Options{Request: idem.RequestOptions{Drain: idem.DrainOptions{Bytes: -1}}}, "DiscardBytes"},
-		"negative discard time":  {idem.Options{Request: idem.RequestOptions{Drain: idem.DrainOptions{Timeout: -time.Second}}}, "DiscardTimeout"},
-		"negative in-flight":     {idem.Options{Engine: idem.EngineOptions{RetryAfter: idem.RetryAfterOptions{InFlight: -time.Second}}}, "InFlightRetryAfter"},
-		"execution below lease":  {idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{MaxExecution: time.Second}}}, "MaxExecution"},
+		"lease below 1s":         {idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: 500 * time.Millisecond}}}, "Engine.Lease.Duration 500ms is below 1s"},
+		"retention below lease":  {idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Minute}, Retention: time.Second}}, "Engine.Retention 1s is shorter than Engine.Lease.Duration 1m0s"},
+		"negative request limit": {idem.Options{Request: idem.RequestOptions{MaxBytes: -1}}, "Request.MaxBytes must not be negative"},
+		"negative store retry":   {idem.Options{Engine: idem.EngineOptions{RetryAfter: idem.RetryAfterOptions{Store: -time.Second}}}, "Engine.RetryAfter.Store must not be negative"},
+		"negative discard":       {idem.Options{Request: idem.RequestOptions{Drain: idem.DrainOptions{Bytes: -1}}}, "Request.Drain.Bytes must not be negative"},
+		"negative discard time":  {idem.Options{Request: idem.RequestOptions{Drain: idem.DrainOptions{Timeout: -time.Second}}}, "Request.Drain.Timeout must not be negative"},
+		"negative in-flight":     {idem.Options{Engine: idem.EngineOptions{RetryAfter: idem.RetryAfterOptions{InFlight: -time.Second}}}, "Engine.RetryAfter.InFlight must not be negative"},
+		"execution below lease":  {idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{MaxExecution: time.Second}}}, "Engine.Lease.MaxExecution 1s is shorter than Engine.Lease.Duration"},
 		// Regression (lease 1 s, Retention 2 s, a 3 s handler): New accepted
 		// a Retention shorter than an execution may last, and the retry
 		// after the completion found the record expired and ran again.
 		"retention below execution": {idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second, MaxExecution: 10 * time.Minute}, Retention: 2 * time.Second}},
-			"shorter than MaxExecution"},
+			"shorter than Engine.Lease.MaxExecution"},
 		// Regression (a new user's try): fields the engine cannot honour
 		// were accepted and silently ignored.
-		"one-commit wait in durable-claim mode": {idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Wait: time.Second}}}, "OneCommitWait applies to the one-commit mode"},
+		"one-commit wait in durable-claim mode": {idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Wait: time.Second}}}, "Engine.OneCommit.Wait applies to the one-commit mode"},
 		"a method with a space":                 {idem.Options{Methods: []string{"PO ST"}}, `"PO ST" is not a method`},
 		"an empty method":                       {idem.Options{Methods: []string{"POST", ""}}, `"" is not a method`},
 	} {

@@ -85,11 +85,11 @@ func TestReplayCacheBounds(t *testing.T) {
 	}
 }
 
-// A negative size or TTL is refused by New.
+// A negative size or TTL is refused by NewMiddleware.
 func TestReplayCacheConfig(t *testing.T) {
 	t.Parallel()
 	_, err := idem.NewMiddleware(openSQLite(t), idem.Options{Scope: idem.SingleTenant, Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: -1}}})
-	require.ErrorContains(t, err, "ReplayCacheBytes and ReplayCacheTTL must not be negative")
+	require.ErrorContains(t, err, "Replay.Cache.Bytes must not be negative")
 	require.Equal(t, idem.DefaultReplayCacheTTL, idem.Options{Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: 1}}}.WithDefaults().Replay.Cache.TTL)
 	require.Zero(t, idem.Options{}.WithDefaults().Replay.Cache.TTL)
 }

@@ -388,14 +388,14 @@ func TestSealingConfigValidation(t *testing.T) {
 		want []string
 	}{
 		{"short secret", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{ID: "a", Secret: make([]byte, 20)}}}},
-			[]string{"SealKeys[0].Secret is 20 bytes; AES takes 16, 24 or 32"}},
-		{"empty id", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{Secret: make([]byte, 16)}}}}, []string{"SealKeys[0].ID is empty"}},
+			[]string{"Sealing.Keys[0].Secret is 20 bytes; AES takes 16, 24 or 32"}},
+		{"empty id", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{Secret: make([]byte, 16)}}}}, []string{"Sealing.Keys[0].ID is empty"}},
 		{"long id", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{ID: strings.Repeat("a", 33), Secret: make([]byte, 16)}}}},
-			[]string{"SealKeys[0].ID is 33 bytes; at most 32"}},
-		{"bad id", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{ID: "a:b", Secret: make([]byte, 24)}}}}, []string{`SealKeys[0].ID "a:b" holds a character`}},
+			[]string{"Sealing.Keys[0].ID is 33 bytes; at most 32"}},
+		{"bad id", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{ID: "a:b", Secret: make([]byte, 24)}}}}, []string{`Sealing.Keys[0].ID "a:b" holds a character`}},
 		{"duplicate", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealKey("a", 1), sealKey("b", 2), sealKey("a", 3)}}},
-			[]string{`SealKeys[2].ID "a" repeats SealKeys[0].ID`}},
-		{"both wrong", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{}}}}, []string{"SealKeys[0].ID is empty", "SealKeys[0].Secret is 0 bytes"}},
+			[]string{`Sealing.Keys[2].ID "a" repeats Sealing.Keys[0].ID`}},
+		{"both wrong", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{}}}}, []string{"Sealing.Keys[0].ID is empty", "Sealing.Keys[0].Secret is 0 bytes"}},
 		{"hash secret", idem.EngineOptions{Sealing: idem.SealingOptions{KeyHashSecret: []byte("short")}}, []string{"KeyHashSecret is 5 bytes; it needs at least 16"}},
 		{"keep", idem.EngineOptions{Sealing: idem.SealingOptions{KeepRequestBytes: -1}}, []string{"KeepRequestBytes must not be negative"}},
 		{"replay plain unsealed", idem.EngineOptions{Sealing: idem.SealingOptions{ReplayPlain: true}}, []string{"ReplayPlain applies to a sealed engine only"}},
@@ -405,7 +405,7 @@ func TestSealingConfigValidation(t *testing.T) {
 		for _, w := range tc.want {
 			require.Contains(t, err.Error(), w, tc.name)
 		}
-		_, err = idem.NewMiddleware(nil, idem.Options{Engine: tc.cfg, Scope: idem.SingleTenant})
+		_, err = idem.NewMiddleware(store, idem.Options{Engine: tc.cfg, Scope: idem.SingleTenant})
 		require.Error(t, err, tc.name)
 	}
 	_, err := idem.NewEngineWith(store, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealKey("new", 1), {ID: "old.2024-01", Secret: make([]byte, 16)}}, KeyHashSecret: make([]byte, 16), KeepRequestBytes: 1}})
