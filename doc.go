@@ -23,7 +23,7 @@
 //
 // A protected request (POST or PATCH by default) carries its key as an RFC
 // 8941 sf-string ("abc") or bare (abc): 1 to 255 visible ASCII characters.
-// Config.Scope names the key's owner (a tenant, an account); it is required.
+// Options.Scope names the key's owner (a tenant, an account); it is required.
 // The method, path, query, media type and body (at most MaxRequestBytes, JSON
 // canonicalized per RFC 8785) make a SHA-256 fingerprint.
 //
@@ -60,7 +60,7 @@
 // # Errors
 //
 // idem's own answers are RFC 9457 problems of type ProblemTypeBase + kind
-// (docs/problems.md), reshaped by Config.ProblemWriter if set. An unreachable
+// (docs/problems.md), reshaped by Options.ProblemWriter if set. An unreachable
 // store answers 503 store-unavailable; the handler never runs unprotected.
 // Answers from a record carry HeaderKeyExpires.
 //
@@ -78,5 +78,5 @@
 //
 // # Observing it
 //
-// Config.Observer receives one Event per decision (docs/observability.md).
+// Options.Engine.Observer receives one Event per decision (docs/observability.md).
 package idem

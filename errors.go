@@ -12,7 +12,7 @@ var (
 	ErrMissingKey = protocol.ErrMissingKey
 	// ErrInvalidKey: a malformed, repeated or oversize key; 400.
 	ErrInvalidKey = protocol.ErrInvalidKey
-	// ErrMissingScope: Config.Scope returned an error or ""; 401.
+	// ErrMissingScope: Options.Scope returned an error or ""; 401.
 	ErrMissingScope = errors.New("idem: no scope for this request")
 	// ErrScopeUnstorable: a scope no store can hold; 500.
 	ErrScopeUnstorable = protocol.ErrScopeUnstorable

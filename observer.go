@@ -64,7 +64,7 @@ type Event struct {
 	Kind EventKind
 	// Route is the path template of the ServeMux pattern, without its method
 	// and host ("/v1/payments/{id}": OpenTelemetry's http.route), replays
-	// included; else Config.Route's, else ""; never the raw path. For Do,
+	// included; else Options.Route's, else ""; never the raw path. For Do,
 	// DoParams.Route.
 	Route string
 	// Method is the request's method (DoParams.Method for Do).

@@ -26,7 +26,7 @@ const (
 	// released decisions.
 	OutcomeKey = attribute.Key("idem.outcome")
 	// CachedKey is true on a replayed or key_reused decision answered from
-	// idem's replay cache (idem.Event.Cached, Config.ReplayCacheBytes);
+	// idem's replay cache (idem.Event.Cached, Options.Replay.Cache.Bytes);
 	// absent otherwise. On the idem.decisions metric and on spans.
 	CachedKey = attribute.Key("idem.cached")
 	// AttemptKey is idem.Event.Attempt (spans only).

@@ -35,7 +35,7 @@ type handlerConfig struct {
 	Hang time.Duration
 	// Roll returns a number in [0, 1) for the injections; default rand.Float64.
 	Roll func() float64
-	// Observer is idem's Config.Observer (service.Telemetry); nil: none.
+	// Observer is idem's Options.Engine.Observer (service.Telemetry); nil: none.
 	Observer idem.Observer
 	// Metrics, when not nil, is served at GET /metrics, without
 	// authentication (service.Telemetry.Metrics).

@@ -34,7 +34,7 @@ type handlerConfig struct {
 	Logger   *slog.Logger
 	// Lease is idem's LeaseDuration; zero means idem's default (30 s).
 	Lease time.Duration
-	// RelaySecret is idem's Config.RelaySecret: it keys the derivation of
+	// RelaySecret is idem's Options.Engine.RelaySecret: it keys the derivation of
 	// the Idempotency-Key relayed to the provider. Empty: plain SHA-256.
 	RelaySecret []byte
 	// WriteMode says where the payment's rows are written; empty means
@@ -50,7 +50,7 @@ type handlerConfig struct {
 	// Faults are the injected crashes and stalls (built with -tags
 	// idemfaults only); nil injects none.
 	Faults *faults
-	// Observer is idem's Config.Observer (service.Telemetry); nil: none.
+	// Observer is idem's Options.Engine.Observer (service.Telemetry); nil: none.
 	Observer idem.Observer
 	// Metrics, when not nil, is served at GET /metrics, without
 	// authentication (service.Telemetry.Metrics).
