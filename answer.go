@@ -55,8 +55,8 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 	}
 	switch {
 	case a.Panicked:
-	case isProblem && m.cfg.ProblemWriter != nil:
-		ev.Status = httpwrite.StatusOf(w, func(w http.ResponseWriter) { m.cfg.ProblemWriter(w, r, pr) })
+	case isProblem && m.o.ProblemWriter != nil:
+		ev.Status = httpwrite.StatusOf(w, func(w http.ResponseWriter) { m.o.ProblemWriter(w, r, pr) })
 	case isProblem:
 		httpwrite.Problem(pr).Write(w)
 		ev.Status = pr.Status
@@ -86,7 +86,7 @@ func (m *Middleware) problem(r *http.Request, a *protocol.Answer) (Problem, bool
 		resp := a.Record.Response
 		if resp.Status < 200 || resp.Status > 599 { // not httpwrite.FinalStatus
 			// Damaged: net/http would panic sending it, dropping the connection on every retry.
-			m.cfg.Logger.ErrorContext(r.Context(), "idem: a SUCCEEDED record holds a status outside 200-599; answering 500 response-missing, it is not run again",
+			m.o.Engine.Logger.ErrorContext(r.Context(), "idem: a SUCCEEDED record holds a status outside 200-599; answering 500 response-missing, it is not run again",
 				"scope", a.Record.Scope, "key", a.Record.Key, "status", resp.Status)
 			*a = protocol.Answer{Kind: protocol.KindResponseMissing, Record: a.Record, Err: ErrResponseMissing}
 			break
@@ -101,18 +101,18 @@ func (m *Middleware) problem(r *http.Request, a *protocol.Answer) (Problem, bool
 		p.Extra = map[string]any{"original_status": resp.Status}
 		return p, true
 	}
-	p := problemOf(*a, &m.cfg)
+	p := problemOf(*a, &m.o.Engine)
 	// A failed claim logged its own cause; a refusal (MaxInFlight) is load,
 	// counted by the observer, not a failure.
 	if p.Status == http.StatusServiceUnavailable && a.Kind != protocol.KindClaimFailed && a.Kind != protocol.KindOverloaded {
-		m.cfg.Logger.ErrorContext(r.Context(), "idem: outcome not recorded", "err", a.Err)
+		m.o.Engine.Logger.ErrorContext(r.Context(), "idem: outcome not recorded", "err", a.Err)
 	}
 	return p, true
 }
 
 // route is the request's route for Event.Route: the ServeMux pattern's
 // path template (hr is the request the handler saw, nil when it did not
-// run), else Config.Route's.
+// run), else Options.Route's.
 func (m *Middleware) route(r, hr *http.Request, next http.Handler) string {
 	pattern := r.Pattern
 	if hr != nil && hr.Pattern != "" {
@@ -129,20 +129,20 @@ func (m *Middleware) route(r, hr *http.Request, next http.Handler) string {
 			return pattern[i:]
 		}
 		return pattern
-	case m.cfg.Route != nil:
-		return m.cfg.Route(r)
+	case m.o.Route != nil:
+		return m.o.Route(r)
 	}
 	return ""
 }
 
-// writeProblem writes pr through Config.ProblemWriter, or as RFC 9457
+// writeProblem writes pr through Options.ProblemWriter, or as RFC 9457
 // problem details; it returns the status sent.
 func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, pr Problem) int {
-	if m.cfg.ProblemWriter == nil {
+	if m.o.ProblemWriter == nil {
 		pr.Write(w)
 		return pr.Status
 	}
-	return httpwrite.StatusOf(w, func(w http.ResponseWriter) { m.cfg.ProblemWriter(w, r, pr) })
+	return httpwrite.StatusOf(w, func(w http.ResponseWriter) { m.o.ProblemWriter(w, r, pr) })
 }
 
 // ProblemFor returns the problem of the idem kind that kind matches
@@ -164,45 +164,45 @@ func ProblemFor(kind error, detail string) Problem {
 var kinds = [protocol.Kinds]struct {
 	err    error
 	event  EventKind
-	detail func(c *Config, v protocol.Answer) string
+	detail func(c *EngineOptions, v protocol.Answer) string
 }{
 	protocol.KindRan:      {nil, EventExecuted, nil},
 	protocol.KindReleased: {nil, EventReleased, nil},
 	protocol.KindReplay:   {nil, EventReplayed, nil},
-	protocol.KindKeyReused: {ErrKeyReused, EventKeyReused, func(_ *Config, v protocol.Answer) string {
+	protocol.KindKeyReused: {ErrKeyReused, EventKeyReused, func(_ *EngineOptions, v protocol.Answer) string {
 		return fmt.Sprintf("this %s was first used for %s %s; a key names one request", HeaderKey, v.Record.Method, v.Record.Path)
 	}},
 	protocol.KindInFlight: {ErrInFlight, EventInFlight, detailText("another request with this key is being processed; retry after the Retry-After delay to get its result")},
 	protocol.KindClaimFailed: {ErrStoreUnavailable, EventStoreUnavailable,
 		detailText("the idempotency store did not answer; the request was not processed, retry later with the same key")},
 	protocol.KindUnstorable: {ErrScopeUnstorable, 0, detailText("the server could not scope this request")},
-	protocol.KindLeaseLost: {ErrLeaseLost, EventLeaseLost, func(c *Config, _ protocol.Answer) string {
-		if c.OneCommit { // no lease: the transaction lost a conflict (Galera: another node's commit of the key)
+	protocol.KindLeaseLost: {ErrLeaseLost, EventLeaseLost, func(c *EngineOptions, _ protocol.Answer) string {
+		if c.OneCommit.Enabled { // no lease: the transaction lost a conflict (Galera: another node's commit of the key)
 			return "this request's writes conflicted with another transaction committed first (on a database cluster, most often another request " +
 				"with this key on another node), so they were rolled back and its result was not recorded; retry with the same key: " +
 				"it gets that request's result, or runs again"
 		}
 		return "this request's lease ran out and another request took its key over; its result was not recorded; retry with the same key to get the new owner's result"
 	}},
-	protocol.KindTimedOut: {ErrStoreUnavailable, EventExecuted, func(c *Config, _ protocol.Answer) string {
+	protocol.KindTimedOut: {ErrStoreUnavailable, EventExecuted, func(c *EngineOptions, _ protocol.Answer) string {
 		return fmt.Sprintf("the request ran past its time limit (%s) and its result was not recorded "+
-			"(its transaction's writes were rolled back); retry with the same key: the request runs again", c.MaxExecution)
+			"(its transaction's writes were rolled back); retry with the same key: the request runs again", c.Lease.MaxExecution)
 	}},
-	protocol.KindUnreachable: {ErrStoreUnavailable, EventStoreUnavailable, func(c *Config, _ protocol.Answer) string {
+	protocol.KindUnreachable: {ErrStoreUnavailable, EventStoreUnavailable, func(c *EngineOptions, _ protocol.Answer) string {
 		return fmt.Sprintf("the idempotency store stopped answering while the request ran, so its result was not recorded; "+
-			"retry with the same key: once the store answers and the lease (%s) runs out, the request runs again", c.LeaseDuration)
+			"retry with the same key: once the store answers and the lease (%s) runs out, the request runs again", c.Lease.Duration)
 	}},
-	protocol.KindReleaseFailed: {ErrStoreUnavailable, EventCompletionFailed, func(_ *Config, v protocol.Answer) string {
+	protocol.KindReleaseFailed: {ErrStoreUnavailable, EventCompletionFailed, func(_ *EngineOptions, v protocol.Answer) string {
 		return fmt.Sprintf("the request was refused (status %d), but the idempotency store could not release its key; "+
 			"retry the same request with the same key", v.Status)
 	}},
-	protocol.KindTxAborted: {ErrTxAborted, EventExecuted, func(_ *Config, v protocol.Answer) string {
+	protocol.KindTxAborted: {ErrTxAborted, EventExecuted, func(_ *EngineOptions, v protocol.Answer) string {
 		return fmt.Sprintf("the request failed: a statement in its transaction failed, so its writes were rolled back "+
 			"(the server answered %d regardless); retry with the same key: the request runs again", v.Status)
 	}},
-	protocol.KindCompletionUnknown: {ErrStoreUnavailable, EventCompletionFailed, func(c *Config, _ protocol.Answer) string {
+	protocol.KindCompletionUnknown: {ErrStoreUnavailable, EventCompletionFailed, func(c *EngineOptions, _ protocol.Answer) string {
 		return fmt.Sprintf("the idempotency store failed while recording the result; "+
-			"retry with the same key: it gets the result if it was recorded, or runs again once the lease (%s) runs out", c.LeaseDuration)
+			"retry with the same key: it gets the result if it was recorded, or runs again once the lease (%s) runs out", c.Lease.Duration)
 	}},
 	protocol.KindCompletionNotRecorded: {ErrStoreUnavailable, EventCompletionFailed, detailText("the idempotency store failed while recording the result, which was not recorded " +
 		"(the writes of the request's transaction were rolled back with it); retry with the same key: the request runs again")},
@@ -222,8 +222,8 @@ var kinds = [protocol.Kinds]struct {
 		"(nothing was claimed or run): retry after the Retry-After delay with the same key")},
 }
 
-func detailText(s string) func(*Config, protocol.Answer) string {
-	return func(*Config, protocol.Answer) string { return s }
+func detailText(s string) func(*EngineOptions, protocol.Answer) string {
+	return func(*EngineOptions, protocol.Answer) string { return s }
 }
 
 // sameOpReusedDetail is the detail of a 422 for the same method and path
@@ -257,7 +257,7 @@ func eventOf(a protocol.Answer) EventKind {
 
 // problemOf is the problem of a, which is neither a recorded nor a
 // replayed answer.
-func problemOf(a protocol.Answer, c *Config) Problem {
+func problemOf(a protocol.Answer, c *EngineOptions) Problem {
 	row := kinds[a.Kind]
 	detail := row.detail(c, a)
 	if a.Kind == protocol.KindKeyReused && a.SameOp {
@@ -270,7 +270,7 @@ func problemOf(a protocol.Answer, c *Config) Problem {
 	case a.Kind == protocol.KindLeaseLost:
 		p.RetryAfter = time.Second
 	case p.Status == http.StatusServiceUnavailable:
-		p.RetryAfter = c.StoreRetryAfter
+		p.RetryAfter = c.RetryAfter.Store
 	}
 	return p
 }

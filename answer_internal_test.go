@@ -24,7 +24,7 @@ func TestEveryKindHasARow(t *testing.T) {
 		}
 		require.NotNil(t, row.err, "kind %d: its problem type", k)
 		require.NotNil(t, row.detail, "kind %d: its detail", k)
-		pr := problemOf(protocol.Answer{Kind: k}, &Config{})
+		pr := problemOf(protocol.Answer{Kind: k}, &EngineOptions{})
 		require.NotEmpty(t, pr.Type, "kind %d", k)
 		require.GreaterOrEqual(t, pr.Status, 400, "kind %d", k)
 	}

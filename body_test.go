@@ -44,7 +44,7 @@ func TestTooLargeReadsWithinTheBound(t *testing.T) {
 	t.Parallel()
 	const limit, discard = 1 << 10, 4 << 10
 	c := &counter{status: http.StatusCreated}
-	h := newMiddleware(t, idem.Config{MaxRequestBytes: limit, DiscardBytes: discard}).Handler(c)
+	h := newMiddleware(t, nil, idem.Options{Request: idem.RequestOptions{MaxBytes: limit, Drain: idem.DrainOptions{Bytes: discard}}}).Handler(c)
 	for _, tc := range []struct {
 		name     string
 		size     int64 // the body's
@@ -91,10 +91,10 @@ func TestTooLargeReadsWithinTheBound(t *testing.T) {
 // server (HTTP/2 over TLS with h2), the body wrapped first as
 // instrumentation (otelhttp) wraps it when wrapped is set; conns counts
 // the connections it accepted.
-func tooLargeServer(t *testing.T, cfg idem.Config, wrapped, h2 bool) (srv *httptest.Server, c *counter, conns *atomic.Int32) {
+func tooLargeServer(t *testing.T, cfg idem.Options, wrapped, h2 bool) (srv *httptest.Server, c *counter, conns *atomic.Int32) {
 	t.Helper()
 	c, conns = &counter{status: http.StatusCreated}, &atomic.Int32{}
-	h := newMiddleware(t, cfg).Handler(c)
+	h := newMiddleware(t, nil, cfg).Handler(c)
 	srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if wrapped {
 			r.Body = struct{ io.ReadCloser }{r.Body}
@@ -159,7 +159,7 @@ func TestTooLargeAnsweredToGoClient(t *testing.T) {
 				name := fmt.Sprintf("wrapped=%t/declared=%t/%d", wrapped, declared, size)
 				t.Run(name, func(t *testing.T) {
 					t.Parallel()
-					srv, c, conns := tooLargeServer(t, idem.Config{}, wrapped, false)
+					srv, c, conns := tooLargeServer(t, idem.Options{}, wrapped, false)
 					for i := range 20 {
 						status, closes, err := postTooLarge(srv.Client(), srv.URL, size, declared)
 						require.NoError(t, err, "run %d", i)
@@ -179,7 +179,7 @@ func TestTooLargeAnsweredToGoClient(t *testing.T) {
 // the answer (RFC 9112 section 9.6).
 func TestTooLargeAnsweredBeforeContinue(t *testing.T) {
 	t.Parallel()
-	srv, c, conns := tooLargeServer(t, idem.Config{}, false, false)
+	srv, c, conns := tooLargeServer(t, idem.Options{}, false, false)
 	tr := srv.Client().Transport.(*http.Transport).Clone()
 	tr.ExpectContinueTimeout = time.Hour // the client sends the body only when told to
 	client := &http.Client{Transport: tr}
@@ -249,7 +249,7 @@ func readTooLarge(t *testing.T, br *bufio.Reader) bool {
 // anyway is not read, and the connection closes (RFC 9112 section 9.6).
 func TestTooLargeExpectContinueOnTheWire(t *testing.T) {
 	t.Parallel()
-	srv, c, _ := tooLargeServer(t, idem.Config{MaxRequestBytes: 1 << 10}, false, false)
+	srv, c, _ := tooLargeServer(t, idem.Options{Request: idem.RequestOptions{MaxBytes: 1 << 10}}, false, false)
 	conn, br := rawPOST(t, srv, 1<<10+1, "Expect: 100-continue")
 	require.True(t, readTooLarge(t, br), "Connection: close")
 	_, _ = conn.Write(bytes.Repeat([]byte("1"), 1<<10+1)) // sent anyway: ignored
@@ -264,7 +264,7 @@ func TestTooLargeExpectContinueOnTheWire(t *testing.T) {
 func TestTooLargeBoundsOnTheWire(t *testing.T) {
 	t.Parallel()
 	const limit, discard = 1 << 10, 4 << 10
-	srv, _, _ := tooLargeServer(t, idem.Config{MaxRequestBytes: limit, DiscardBytes: discard, DiscardTimeout: 100 * time.Millisecond}, false, false)
+	srv, _, _ := tooLargeServer(t, idem.Options{Request: idem.RequestOptions{MaxBytes: limit, Drain: idem.DrainOptions{Bytes: discard, Timeout: 100 * time.Millisecond}}}, false, false)
 	t.Run("past the bytes", func(t *testing.T) {
 		t.Parallel()
 		_, br := rawPOST(t, srv, limit+discard+1) // no body sent: answered unread
@@ -298,7 +298,7 @@ func TestTooLargeBoundsOnTheWire(t *testing.T) {
 // and the connection serves the next requests.
 func TestTooLargeOverHTTP2(t *testing.T) {
 	t.Parallel()
-	srv, c, conns := tooLargeServer(t, idem.Config{}, false, true)
+	srv, c, conns := tooLargeServer(t, idem.Options{}, false, true)
 	client := srv.Client()
 	for i := range 10 {
 		for _, declared := range []bool{true, false} {
@@ -333,7 +333,7 @@ func TestTooLargeAnsweredToCurl(t *testing.T) {
 		}
 		t.Skip("no curl")
 	}
-	srv, c, _ := tooLargeServer(t, idem.Config{}, false, false)
+	srv, c, _ := tooLargeServer(t, idem.Options{}, false, false)
 	file := filepath.Join(t.TempDir(), "body")
 	require.NoError(t, os.WriteFile(file, bytes.Repeat([]byte("1"), idem.DefaultMaxRequestBytes+1), 0o600))
 	for name, args := range map[string][]string{

@@ -32,18 +32,18 @@ func TestDefaultOutcome(t *testing.T) {
 
 func TestConfigDefaults(t *testing.T) {
 	t.Parallel()
-	c := idem.Config{}.WithDefaults()
-	require.Equal(t, 30*time.Second, c.LeaseDuration)
-	require.Equal(t, 24*time.Hour, c.Retention)
-	require.Equal(t, 10*time.Second, c.ClaimTimeout)
-	require.Equal(t, 10*time.Minute, c.MaxExecution)
-	require.Equal(t, time.Second, c.InFlightRetryAfter)
-	require.EqualValues(t, 1<<20, c.MaxRequestBytes)
-	require.EqualValues(t, 1<<20, c.MaxResponseBytes)
-	require.EqualValues(t, 4<<20, c.DiscardBytes)
-	require.Equal(t, 10*time.Second, c.DiscardTimeout)
+	c := idem.Options{}.WithDefaults()
+	require.Equal(t, 30*time.Second, c.Engine.Lease.Duration)
+	require.Equal(t, 24*time.Hour, c.Engine.Retention)
+	require.Equal(t, 10*time.Second, c.Engine.Timeouts.Claim)
+	require.Equal(t, 10*time.Minute, c.Engine.Lease.MaxExecution)
+	require.Equal(t, time.Second, c.Engine.RetryAfter.InFlight)
+	require.EqualValues(t, 1<<20, c.Request.MaxBytes)
+	require.EqualValues(t, 1<<20, c.Engine.Response.MaxBytes)
+	require.EqualValues(t, 4<<20, c.Request.Drain.Bytes)
+	require.Equal(t, 10*time.Second, c.Request.Drain.Timeout)
 	require.Equal(t, []string{http.MethodPost, http.MethodPatch}, c.Methods)
-	require.Equal(t, idem.DefaultReplayHeaders(), c.ReplayHeaders)
+	require.Equal(t, idem.DefaultReplayHeaders(), c.Replay.Headers)
 	require.Nil(t, c.Scope, "the scope has no default: New refuses a nil Scope")
 	scope, err := idem.SingleTenant(&http.Request{Header: http.Header{"X-Tenant": {"attacker"}}})
 	require.NoError(t, err)
@@ -51,64 +51,64 @@ func TestConfigDefaults(t *testing.T) {
 
 	// A short Retention bounds the default MaxExecution, so that every
 	// recorded outcome is replayed (CONTRACT section 9).
-	short := idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: time.Second, Retention: 2 * time.Second}}.WithDefaults()
-	require.Equal(t, time.Second, short.MaxExecution)
+	short := idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second}, Retention: 2 * time.Second}}.WithDefaults()
+	require.Equal(t, time.Second, short.Engine.Lease.MaxExecution)
 }
 
 // Regression: DefaultMethods and DefaultReplayHeaders were package
 // variables that every Config shared: one Config's edit changed all others.
 func TestDefaultListsAreCopies(t *testing.T) {
 	t.Parallel()
-	a, b := idem.Config{}.WithDefaults(), idem.Config{}.WithDefaults()
-	a.Methods[0], a.ReplayHeaders[0] = "DELETE", "X-Mine"
+	a, b := idem.Options{}.WithDefaults(), idem.Options{}.WithDefaults()
+	a.Methods[0], a.Replay.Headers[0] = "DELETE", "X-Mine"
 	require.Equal(t, http.MethodPost, b.Methods[0])
-	require.Equal(t, "Content-Type", b.ReplayHeaders[0])
+	require.Equal(t, "Content-Type", b.Replay.Headers[0])
 	require.Equal(t, http.MethodPost, idem.DefaultMethods()[0])
 	require.Equal(t, "Content-Type", idem.DefaultReplayHeaders()[0])
 }
 
 func TestNewValidates(t *testing.T) {
 	t.Parallel()
-	_, err := idem.New(idem.Config{Scope: idem.SingleTenant})
+	_, err := idem.NewMiddleware(nil, idem.Options{Scope: idem.SingleTenant})
 	require.ErrorContains(t, err, "Store is required")
 
 	d := openSQLite(t)
 	// Regression: a nil Scope put every request in one "global" scope, so a
 	// multi-tenant API that forgot it replayed one tenant's response to
 	// another.
-	_, err = idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d}})
+	_, err = idem.NewMiddleware(d, idem.Options{})
 	require.ErrorContains(t, err, "Scope is required")
 
 	for name, tc := range map[string]struct {
-		cfg  idem.Config
+		cfg  idem.Options
 		want string
 	}{
-		"lease below 1s":         {idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: 500 * time.Millisecond}}, "LeaseDuration"},
-		"retention below lease":  {idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: time.Minute, Retention: time.Second}}, "Retention"},
-		"negative request limit": {idem.Config{MaxRequestBytes: -1}, "MaxRequestBytes"},
-		"negative store retry":   {idem.Config{StoreRetryAfter: -time.Second}, "StoreRetryAfter"},
-		"negative discard":       {idem.Config{DiscardBytes: -1}, "DiscardBytes"},
-		"negative discard time":  {idem.Config{DiscardTimeout: -time.Second}, "DiscardTimeout"},
-		"negative in-flight":     {idem.Config{EngineConfig: idem.EngineConfig{InFlightRetryAfter: -time.Second}}, "InFlightRetryAfter"},
-		"execution below lease":  {idem.Config{EngineConfig: idem.EngineConfig{MaxExecution: time.Second}}, "MaxExecution"},
+		"lease below 1s":         {idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: 500 * time.Millisecond}}}, "Engine.Lease.Duration 500ms is below 1s"},
+		"retention below lease":  {idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Minute}, Retention: time.Second}}, "Engine.Retention 1s is shorter than Engine.Lease.Duration 1m0s"},
+		"negative request limit": {idem.Options{Request: idem.RequestOptions{MaxBytes: -1}}, "Request.MaxBytes must not be negative"},
+		"negative store retry":   {idem.Options{Engine: idem.EngineOptions{RetryAfter: idem.RetryAfterOptions{Store: -time.Second}}}, "Engine.RetryAfter.Store must not be negative"},
+		"negative discard":       {idem.Options{Request: idem.RequestOptions{Drain: idem.DrainOptions{Bytes: -1}}}, "Request.Drain.Bytes must not be negative"},
+		"negative discard time":  {idem.Options{Request: idem.RequestOptions{Drain: idem.DrainOptions{Timeout: -time.Second}}}, "Request.Drain.Timeout must not be negative"},
+		"negative in-flight":     {idem.Options{Engine: idem.EngineOptions{RetryAfter: idem.RetryAfterOptions{InFlight: -time.Second}}}, "Engine.RetryAfter.InFlight must not be negative"},
+		"execution below lease":  {idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{MaxExecution: time.Second}}}, "Engine.Lease.MaxExecution 1s is shorter than Engine.Lease.Duration"},
 		// Regression (lease 1 s, Retention 2 s, a 3 s handler): New accepted
 		// a Retention shorter than an execution may last, and the retry
 		// after the completion found the record expired and ran again.
-		"retention below execution": {idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: time.Second, Retention: 2 * time.Second, MaxExecution: 10 * time.Minute}},
-			"shorter than MaxExecution"},
+		"retention below execution": {idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second, MaxExecution: 10 * time.Minute}, Retention: 2 * time.Second}},
+			"shorter than Engine.Lease.MaxExecution"},
 		// Regression (a new user's try): fields the engine cannot honour
 		// were accepted and silently ignored.
-		"one-commit wait in durable-claim mode": {idem.Config{EngineConfig: idem.EngineConfig{OneCommitWait: time.Second}}, "OneCommitWait applies to the one-commit mode"},
-		"a method with a space":                 {idem.Config{Methods: []string{"PO ST"}}, `"PO ST" is not a method`},
-		"an empty method":                       {idem.Config{Methods: []string{"POST", ""}}, `"" is not a method`},
+		"one-commit wait in durable-claim mode": {idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Wait: time.Second}}}, "Engine.OneCommit.Wait applies to the one-commit mode"},
+		"a method with a space":                 {idem.Options{Methods: []string{"PO ST"}}, `"PO ST" is not a method`},
+		"an empty method":                       {idem.Options{Methods: []string{"POST", ""}}, `"" is not a method`},
 	} {
-		tc.cfg.Store, tc.cfg.Scope = d, idem.SingleTenant
-		_, err := idem.New(tc.cfg)
+		tc.cfg.Scope = idem.SingleTenant
+		_, err := idem.NewMiddleware(d, tc.cfg)
 		require.ErrorContains(t, err, tc.want, name)
 	}
-	_, err = idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d}, Scope: idem.SingleTenant})
+	_, err = idem.NewMiddleware(d, idem.Options{Scope: idem.SingleTenant})
 	require.NoError(t, err)
-	_, err = idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, LeaseDuration: time.Second, Retention: 2 * time.Second}, Scope: idem.SingleTenant})
+	_, err = idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second}, Retention: 2 * time.Second}, Scope: idem.SingleTenant})
 	require.NoError(t, err, "the default MaxExecution fits a short Retention")
 }
 
@@ -160,7 +160,7 @@ func TestScopeUnstorable(t *testing.T) {
 		"nul":         "acct\x00",
 	} {
 		c := &counter{}
-		h := newMiddleware(t, idem.Config{Scope: func(*http.Request) (string, error) { return scope, nil }}).Handler(c)
+		h := newMiddleware(t, nil, idem.Options{Scope: func(*http.Request) (string, error) { return scope, nil }}).Handler(c)
 		requireKind(t, send(h, "POST", "/x", "k", "{}"), http.StatusInternalServerError, "scope-unstorable")
 		require.Zero(t, c.runs, name)
 	}
@@ -172,7 +172,7 @@ func TestScopeUnstorable(t *testing.T) {
 func TestPathTooLong(t *testing.T) {
 	t.Parallel()
 	c := &counter{status: http.StatusCreated}
-	h := newMiddleware(t, idem.Config{}).Handler(c)
+	h := newMiddleware(t, nil, idem.Options{}).Handler(c)
 	at := func(path string) *httptest.ResponseRecorder {
 		return send(h, "POST", path, "k-"+strconv.Itoa(len(path)), "{}")
 	}
@@ -199,7 +199,7 @@ func (b *failingBody) Close() error { return nil }
 func TestBodyUnreadable(t *testing.T) {
 	t.Parallel()
 	c := &counter{status: http.StatusCreated}
-	h := newMiddleware(t, idem.Config{}).Handler(c)
+	h := newMiddleware(t, nil, idem.Options{}).Handler(c)
 	rec := send(h, "POST", "/x", "k", "", func(r *http.Request) { r.Body = &failingBody{} })
 	requireKind(t, rec, http.StatusBadRequest, "body-unreadable")
 	require.NotContains(t, rec.Body.String(), "connection reset", "the detail does not leak the transport's error")
@@ -213,7 +213,7 @@ func TestBodyUnreadable(t *testing.T) {
 func TestEmptyScopeIsMissing(t *testing.T) {
 	t.Parallel()
 	c := &counter{status: http.StatusCreated}
-	h := newMiddleware(t, idem.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }}).Handler(c)
+	h := newMiddleware(t, nil, idem.Options{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }}).Handler(c)
 	as := func(account string) *httptest.ResponseRecorder {
 		return send(h, "POST", "/x", "k", "{}", func(r *http.Request) {
 			if account != "" {
@@ -234,7 +234,7 @@ func TestEmptyScopeIsMissing(t *testing.T) {
 func TestStoreLostDuringHandler(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, LeaseDuration: time.Second}})
+	mw := newMiddleware(t, d, idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second}}})
 	started := make(chan struct{})
 	var cause error
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -272,7 +272,7 @@ func TestClaimTimeout(t *testing.T) {
 	t.Cleanup(func() { _ = tx.Rollback() })
 
 	c := &counter{}
-	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, ClaimTimeout: 200 * time.Millisecond}}).Handler(c)
+	h := newMiddleware(t, d, idem.Options{Engine: idem.EngineOptions{Timeouts: idem.TimeoutOptions{Claim: 200 * time.Millisecond}}}).Handler(c)
 	rec := send(h, "POST", "/x", "k", "{}")
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
 	require.Zero(t, c.runs)
@@ -285,7 +285,7 @@ func TestScopeErrorIsNotSentToTheClient(t *testing.T) {
 	t.Parallel()
 	secret := "dial tcp 10.0.0.7:6379: session store password=hunter2"
 	c := &counter{status: http.StatusCreated}
-	h := newMiddleware(t, idem.Config{Scope: func(*http.Request) (string, error) { return "", errors.New(secret) }}).Handler(c)
+	h := newMiddleware(t, nil, idem.Options{Scope: func(*http.Request) (string, error) { return "", errors.New(secret) }}).Handler(c)
 	rec := send(h, "POST", "/x", "k", "{}")
 	require.Equal(t, http.StatusUnauthorized, rec.Code)
 	require.Contains(t, rec.Body.String(), idem.ProblemTypeBase+"missing-scope")

@@ -19,7 +19,7 @@ func TestKeyEchoAndExpiry(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
 	started, release := make(chan struct{}), make(chan struct{})
-	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newMiddleware(t, d, idem.Options{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
 			close(started)
 			<-release
@@ -58,7 +58,7 @@ func TestKeyEchoAndExpiry(t *testing.T) {
 	<-done
 
 	// Not stored for replay even when allow-listed: the replay's own are sent.
-	h2 := newMiddleware(t, idem.Config{ReplayHeaders: []string{idem.HeaderKey, idem.HeaderKeyExpires}}).Handler(
+	h2 := newMiddleware(t, nil, idem.Options{Replay: idem.ReplayOptions{Headers: []string{idem.HeaderKey, idem.HeaderKeyExpires}}}).Handler(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set(idem.HeaderKeyExpires, "stale")
 			w.WriteHeader(http.StatusCreated)
@@ -70,7 +70,7 @@ func TestKeyEchoAndExpiry(t *testing.T) {
 // A released execution leaves no record: no expiry is advertised.
 func TestReleasedAdvertisesNoExpiry(t *testing.T) {
 	t.Parallel()
-	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Outcome: idem.ReleaseValidationFailures}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newMiddleware(t, nil, idem.Options{Engine: idem.EngineOptions{Response: idem.ResponseOptions{Outcome: idem.ReleaseValidationFailures}}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadRequest)
 	}))
 	got := send(h, "POST", "/x", "k", "{}")
@@ -99,7 +99,7 @@ func TestProblemWriter(t *testing.T) {
 	}
 	obs := &events{}
 	started, release := make(chan struct{}), make(chan struct{})
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Observer: obs}, ProblemWriter: stripe})
+	mw := newMiddleware(t, nil, idem.Options{Engine: idem.EngineOptions{Observer: obs}, ProblemWriter: stripe})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		close(started)
 		<-release
@@ -127,6 +127,6 @@ func TestProblemWriter(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, missing.Code)
 	require.Contains(t, missing.Body.String(), `"idempotency_error"`)
 
-	def := send(newMiddleware(t, idem.Config{}).Handler(http.NotFoundHandler()), "POST", "/x", "", "{}")
+	def := send(newMiddleware(t, nil, idem.Options{}).Handler(http.NotFoundHandler()), "POST", "/x", "", "{}")
 	require.Equal(t, "application/problem+json", def.Header().Get("Content-Type"), "the default stays RFC 9457")
 }

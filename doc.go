@@ -11,7 +11,7 @@
 //
 //	store, _ := idemsqlite.Open(ctx, "idem.db") // or idempgx.New(pool)
 //	_ = store.Migrate(ctx)
-//	mw, _ := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: merchantFromAuth})
+//	mw, _ := idem.NewMiddleware(store, idem.Options{Scope: merchantFromAuth})
 //	mux.Handle("POST /v1/payments", mw.Handler(createPayment))
 //
 // Wrap routes, not the router: idem records the 404 of a mistyped path, and
@@ -23,7 +23,7 @@
 //
 // A protected request (POST or PATCH by default) carries its key as an RFC
 // 8941 sf-string ("abc") or bare (abc): 1 to 255 visible ASCII characters.
-// Config.Scope names the key's owner (a tenant, an account); it is required.
+// Options.Scope names the key's owner (a tenant, an account); it is required.
 // The method, path, query, media type and body (at most MaxRequestBytes, JSON
 // canonicalized per RFC 8785) make a SHA-256 fingerprint.
 //
@@ -60,7 +60,7 @@
 // # Errors
 //
 // idem's own answers are RFC 9457 problems of type ProblemTypeBase + kind
-// (docs/problems.md), reshaped by Config.ProblemWriter if set. An unreachable
+// (docs/problems.md), reshaped by Options.ProblemWriter if set. An unreachable
 // store answers 503 store-unavailable; the handler never runs unprotected.
 // Answers from a record carry HeaderKeyExpires.
 //
@@ -68,7 +68,7 @@
 //
 // Engine.Do runs the protocol for a consumer or a job (examples/natsconsumer):
 //
-//	engine, _ := idem.NewEngine(idem.EngineConfig{Store: store})
+//	engine, _ := idem.NewEngineWith(store, idem.EngineOptions{})
 //	res, err := engine.Do(ctx, idem.DoParams{Scope: "orders", Key: msgID, Payload: data},
 //		func(ctx context.Context) (idem.Result, error) {
 //			tx, _ := idem.Tx[*sql.Tx](ctx) // committed with the outcome
@@ -78,5 +78,5 @@
 //
 // # Observing it
 //
-// Config.Observer receives one Event per decision (docs/observability.md).
+// Options.Engine.Observer receives one Event per decision (docs/observability.md).
 package idem

@@ -18,52 +18,43 @@ import (
 // internal/protocol package). Middleware is its HTTP front; Do runs it for
 // other work.
 type Engine struct {
-	cfg      EngineConfig
+	o        EngineOptions // defaulted
 	proto    *protocol.Engine
-	observer Observer // EngineConfig.Observer, or one that does nothing
+	observer Observer // EngineOptions.Observer, or one that does nothing
 }
 
-// NewEngine validates cfg after WithDefaults; the error names every field.
-func NewEngine(cfg EngineConfig) (*Engine, error) {
-	cfg = cfg.WithDefaults()
-	if err := invalid(cfg.validate()); err != nil {
-		return nil, err
-	}
-	return newEngine(cfg, 0, 0), nil
-}
-
-// newEngine is the engine of cfg, validated, with a replay cache of
-// replayBytes (none when 0) whose entries live replayTTL at most.
-func newEngine(cfg EngineConfig, replayBytes int64, replayTTL time.Duration) *Engine {
-	keyring, _ := seal.NewKeyring(cfg.SealKeys) // validated
-	observer := cfg.Observer
+// newEngine is the engine of store and o, validated, with the replay
+// cache of cache (none when its Bytes are 0).
+func newEngine(store Store, o EngineOptions, cache ReplayCacheOptions) *Engine {
+	keyring, _ := seal.NewKeyring(o.Sealing.Keys) // validated
+	observer := o.Observer
 	if observer == nil {
 		observer = ObserverFunc(func(context.Context, Event) {})
 	}
-	return &Engine{cfg: cfg, observer: observer, proto: protocol.New(protocol.Config{
-		Store: cfg.Store, LeaseDuration: cfg.LeaseDuration, Retention: cfg.Retention, Owner: cfg.Owner,
-		Outcome:            cfg.Outcome,
-		InFlightRetryAfter: cfg.InFlightRetryAfter, ClaimTimeout: cfg.ClaimTimeout, CompleteTimeout: cfg.CompleteTimeout,
-		MaxExecution: cfg.MaxExecution, MaxInFlight: cfg.MaxInFlight, OneCommit: cfg.OneCommit, OneCommitWait: cfg.OneCommitWait,
-		Notify: cfg.MaxWait > 0, MaxWaiters: cfg.MaxWaiters, WaitPoll: cfg.WaitPoll, Logger: cfg.Logger,
-		Keyring: keyring, ReplayPlain: cfg.ReplayPlain, KeepRequestBytes: cfg.KeepRequestBytes, RelaySecret: cfg.RelaySecret,
-		KeyHashSecret: cfg.KeyHashSecret, ReplayCacheBytes: replayBytes, ReplayCacheTTL: replayTTL,
+	return &Engine{o: o, observer: observer, proto: protocol.New(protocol.Config{
+		Store: store, LeaseDuration: o.Lease.Duration, Retention: o.Retention, Owner: o.Lease.Owner,
+		Outcome:            o.Response.Outcome,
+		InFlightRetryAfter: o.RetryAfter.InFlight, ClaimTimeout: o.Timeouts.Claim, CompleteTimeout: o.Timeouts.Complete,
+		MaxExecution: o.Lease.MaxExecution, MaxInFlight: o.Admission.MaxInFlight, OneCommit: o.OneCommit.Enabled, OneCommitWait: o.OneCommit.Wait,
+		Notify: o.Waiting.Max > 0, MaxWaiters: o.Waiting.MaxWaiters, WaitPoll: o.Waiting.Poll, Logger: o.Logger,
+		Keyring: keyring, ReplayPlain: o.Sealing.ReplayPlain, KeepRequestBytes: o.Sealing.KeepRequestBytes, RelaySecret: o.RelaySecret,
+		KeyHashSecret: o.Sealing.KeyHashSecret, ReplayCacheBytes: cache.Bytes, ReplayCacheTTL: cache.TTL,
 	})}
 }
 
 // StoredKey is the key the store holds for a client's key: key itself, or
-// seal.HashKey(KeyHashSecret, key) when EngineConfig.KeyHashSecret is set.
+// seal.HashKey(KeyHashSecret, key) when EngineOptions.Sealing.KeyHashSecret is set.
 // Event.Key and idem's logs name records by it.
 func (g *Engine) StoredKey(key string) string { return g.proto.StoredKey(key) }
 
-// Close stops the wait mode's listener (EngineConfig.Wait: PostgreSQL's
+// Close stops the wait mode's listener (EngineOptions.Waiting.Wait: PostgreSQL's
 // LISTEN connection, which otherwise ends 5 s after the last waiter left),
 // and starts none again: the engine still serves, and its waiters poll. Call
 // it when the engine is no longer used, as a test does. It returns nil.
 func (g *Engine) Close() error { return g.proto.Close() }
 
 // Waiters returns the number of requests (and Do calls) of this process
-// waiting for another execution of their key: with EngineConfig.Wait, and
+// waiting for another execution of their key: with EngineOptions.Waiting.Wait, and
 // in one-commit mode those behind this process's own execution of the key.
 func (g *Engine) Waiters() int { return g.proto.Waiters() }
 
@@ -94,8 +85,8 @@ type DoParams struct {
 	Fingerprint []byte
 	Payload     []byte
 	// Wait is how long a call that finds the same work in flight waits for
-	// its outcome (EngineConfig.Wait), at most EngineConfig.MaxWait; negative
-	// for none. Default: EngineConfig.Wait.
+	// its outcome (EngineOptions.Waiting.Wait), at most Waiting.Max; negative
+	// for none. Default: EngineOptions.Waiting.Wait.
 	Wait time.Duration
 }
 
@@ -115,7 +106,7 @@ type InFlightError = protocol.InFlightError
 var ErrReleased = errors.New("idem: the execution was released; nothing was recorded")
 
 // ErrOutcomeFailed is returned by Do, with fn's Result, when its status was
-// recorded Failed (EngineConfig.Outcome: a 5xx, 408, 425 or 429 by
+// recorded Failed (EngineOptions.Response.Outcome: a 5xx, 408, 425 or 429 by
 // default): nothing is replayed and the next call runs fn again.
 var ErrOutcomeFailed = errors.New("idem: the outcome was recorded FAILED; the next call runs fn again")
 
@@ -128,7 +119,7 @@ var ErrOutcomeFailed = errors.New("idem: the outcome was recorded FAILED; the ne
 //
 // Errors (errors.Is): ErrInvalidKey, ErrMissingScope, ErrPathTooLong,
 // ErrScopeUnstorable, ErrInFlight (*InFlightError), ErrKeyReused,
-// ErrOverloaded (EngineConfig.MaxInFlight; fn did not run),
+// ErrOverloaded (EngineOptions.Admission.MaxInFlight; fn did not run),
 // ErrStoreUnavailable (*StoreError), ErrLeaseLost, ErrExecutionTimeout,
 // ErrTxAborted, ErrReleased and ErrOutcomeFailed (with fn's Result),
 // ErrResponseNotStored, ErrResponseMissing, ErrRecordDamaged (a
@@ -142,12 +133,12 @@ func (g *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context
 		return Result{}, err
 	}
 	j := &doJob{g: g, fn: fn, payload: p.Payload}
-	wait := g.cfg.Wait
+	wait := g.o.Waiting.Wait
 	switch {
 	case p.Wait < 0:
 		wait = 0
 	case p.Wait > 0:
-		wait = min(p.Wait, g.cfg.MaxWait)
+		wait = min(p.Wait, g.o.Waiting.Max)
 	}
 	a := g.proto.Run(ctx, cp, p.Key, wait, j)
 	ev := g.event(a, cp, cp.Path)
@@ -182,14 +173,14 @@ func (j *doJob) result(a protocol.Answer) (Result, error) {
 		resp := a.Record.Response
 		out := Result{Status: resp.Status, Header: resp.Header}
 		if !resp.BodyStored {
-			return out, fmt.Errorf("%w: its %d-byte result exceeded MaxResponseBytes", ErrResponseNotStored, resp.BodySize)
+			return out, fmt.Errorf("%w: its %d-byte result exceeded Response.MaxBytes", ErrResponseNotStored, resp.BodySize)
 		}
 		out.Body = resp.Body
 		return out, nil
 	case protocol.KindLeaseLost:
 		return Result{}, fmt.Errorf("%w: the outcome was not recorded", ErrLeaseLost)
 	case protocol.KindTimedOut:
-		return Result{}, fmt.Errorf("idem: the execution ran past MaxExecution and was recorded FAILED: %w", ErrExecutionTimeout)
+		return Result{}, fmt.Errorf("idem: the execution ran past Lease.MaxExecution and was recorded FAILED: %w", ErrExecutionTimeout)
 	case protocol.KindTxAborted:
 		return Result{}, ErrTxAborted
 	}
@@ -228,7 +219,7 @@ func (j *doJob) Response() idemdriver.Response {
 	for k, v := range j.out.Header {
 		resp.Header[k] = append([]string(nil), v...)
 	}
-	if resp.BodySize <= j.g.cfg.MaxResponseBytes {
+	if resp.BodySize <= j.g.o.Response.MaxBytes {
 		resp.Body, resp.BodyStored = j.out.Body, true
 	}
 	return resp

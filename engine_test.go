@@ -19,14 +19,14 @@ import (
 	"github.com/idemgo/idem/idemsqlite"
 )
 
-func newEngine(t *testing.T, cfg idem.EngineConfig) (*idem.Engine, *idemsqlite.Driver) {
+func newEngine(t *testing.T, store idem.Store, cfg idem.EngineOptions) (*idem.Engine, *idemsqlite.Driver) {
 	t.Helper()
 	d := openSQLite(t)
-	if cfg.Store == nil {
-		cfg.Store = d
+	if store == nil {
+		store = d
 	}
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	g, err := idem.NewEngine(cfg)
+	g, err := idem.NewEngineWith(store, cfg)
 	require.NoError(t, err)
 	return g, d
 }
@@ -35,7 +35,7 @@ func newEngine(t *testing.T, cfg idem.EngineConfig) (*idem.Engine, *idemsqlite.D
 func TestDoOnceAndReplay(t *testing.T) {
 	t.Parallel()
 	obs := &events{}
-	g, _ := newEngine(t, idem.EngineConfig{Observer: obs})
+	g, _ := newEngine(t, nil, idem.EngineOptions{Observer: obs})
 	runs := 0
 	fn := func(ctx context.Context) (idem.Result, error) {
 		runs++
@@ -71,7 +71,7 @@ func TestDoOnceAndReplay(t *testing.T) {
 // (with a Retry-After) or get the replay.
 func TestDoConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
-	g, _ := newEngine(t, idem.EngineConfig{})
+	g, _ := newEngine(t, nil, idem.EngineOptions{})
 	var runs atomic.Int32
 	release := make(chan struct{})
 	started := make(chan struct{})
@@ -113,7 +113,7 @@ func TestDoConcurrentDuplicates(t *testing.T) {
 // runs fn again (attempt 2).
 func TestDoErrorRunsAgain(t *testing.T) {
 	t.Parallel()
-	g, d := newEngine(t, idem.EngineConfig{})
+	g, d := newEngine(t, nil, idem.EngineOptions{})
 	boom := errors.New("provider down")
 	var attempts []int
 	fn := func(ctx context.Context) (idem.Result, error) {
@@ -138,7 +138,7 @@ func TestDoErrorRunsAgain(t *testing.T) {
 // commit with the outcome; an error rolls them back.
 func TestDoWritesInTheClaimsTransaction(t *testing.T) {
 	t.Parallel()
-	g, d := newEngine(t, idem.EngineConfig{})
+	g, d := newEngine(t, nil, idem.EngineOptions{})
 	_, err := d.DB().Exec(`CREATE TABLE effects (id TEXT)`)
 	require.NoError(t, err)
 	write := func(fail bool) func(ctx context.Context) (idem.Result, error) {
@@ -175,7 +175,7 @@ func TestDoWritesInTheClaimsTransaction(t *testing.T) {
 // the next call runs fn again whatever its payload.
 func TestDoReleased(t *testing.T) {
 	t.Parallel()
-	g, _ := newEngine(t, idem.EngineConfig{})
+	g, _ := newEngine(t, nil, idem.EngineOptions{})
 	runs := 0
 	fn := func(ctx context.Context) (idem.Result, error) {
 		runs++
@@ -198,7 +198,7 @@ func TestDoReleased(t *testing.T) {
 func TestDoTakeOverStoreAndParams(t *testing.T) {
 	t.Parallel()
 	obs := &events{}
-	g, d := newEngine(t, idem.EngineConfig{Observer: obs})
+	g, d := newEngine(t, nil, idem.EngineOptions{Observer: obs})
 	p := idem.DoParams{Scope: "s", Key: "k", Payload: []byte("p")}
 	_, err := d.Claim(t.Context(), idemdriver.ClaimParams{Scope: "s", Key: "k", Method: "DO", Path: "",
 		Fingerprint: sha(p.Payload), LeaseDuration: time.Second, Retention: 24 * time.Hour, ClockOffset: -time.Hour})
@@ -232,7 +232,7 @@ func TestDoTakeOverStoreAndParams(t *testing.T) {
 // A panicking fn is recorded FAILED and its panic raised again.
 func TestDoPanic(t *testing.T) {
 	t.Parallel()
-	g, d := newEngine(t, idem.EngineConfig{})
+	g, d := newEngine(t, nil, idem.EngineOptions{})
 	require.PanicsWithValue(t, "boom", func() {
 		_, _ = g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k"}, func(context.Context) (idem.Result, error) { panic("boom") })
 	})
@@ -242,13 +242,13 @@ func TestDoPanic(t *testing.T) {
 // The middleware's engine shares its store and Config.
 func TestMiddlewareEngine(t *testing.T) {
 	t.Parallel()
-	mw := newMiddleware(t, idem.Config{})
+	mw := newMiddleware(t, nil, idem.Options{})
 	out, err := mw.Engine().Do(t.Context(), idem.DoParams{Scope: "s", Key: "k"}, func(context.Context) (idem.Result, error) {
 		return idem.Result{Body: []byte("x")}, nil
 	})
 	require.NoError(t, err)
 	require.Equal(t, "x", string(out.Body))
-	_, err = idem.NewEngine(idem.EngineConfig{})
+	_, err = idem.NewEngineWith(nil, idem.EngineOptions{})
 	require.Error(t, err, "a Store is still required")
 }
 
@@ -262,7 +262,7 @@ func sha(b []byte) []byte {
 // acked work the next call runs again.
 func TestDoFailedOutcomeIsAnError(t *testing.T) {
 	t.Parallel()
-	g, _ := newEngine(t, idem.EngineConfig{})
+	g, _ := newEngine(t, nil, idem.EngineOptions{})
 	runs := 0
 	fn := func(context.Context) (idem.Result, error) {
 		runs++

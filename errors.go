@@ -12,7 +12,7 @@ var (
 	ErrMissingKey = protocol.ErrMissingKey
 	// ErrInvalidKey: a malformed, repeated or oversize key; 400.
 	ErrInvalidKey = protocol.ErrInvalidKey
-	// ErrMissingScope: Config.Scope returned an error or ""; 401.
+	// ErrMissingScope: Options.Scope returned an error or ""; 401.
 	ErrMissingScope = errors.New("idem: no scope for this request")
 	// ErrScopeUnstorable: a scope no store can hold; 500.
 	ErrScopeUnstorable = protocol.ErrScopeUnstorable
@@ -43,7 +43,7 @@ var (
 	// ErrTxAborted: the claim's transaction aborted; a 2xx is answered 500.
 	ErrTxAborted = protocol.ErrTxAborted
 	// ErrSealKeyMissing: a SUCCEEDED record is sealed with a key id that
-	// EngineConfig.SealKeys does not list; 500, never run again.
+	// EngineOptions.Sealing.Keys does not list; 500, never run again.
 	ErrSealKeyMissing = protocol.ErrSealKeyMissing
 	// ErrSealBroken: a SUCCEEDED record's sealed response or seal tag does
 	// not authenticate (altered, emptied, or copied from another record); or
@@ -53,7 +53,7 @@ var (
 	ErrNoExecution = errors.New("idem: no idempotent execution in this context (is the work behind idem's middleware or Engine.Do, with an Idempotency-Key, and is this its context, such as r.Context() or c.Request.Context() with gin?)")
 	// ErrExecutionEnded is returned after the execution ended.
 	ErrExecutionEnded = protocol.ErrExecutionEnded
-	// ErrOverloaded: EngineConfig.MaxInFlight executions were in flight;
+	// ErrOverloaded: EngineOptions.Admission.MaxInFlight executions were in flight;
 	// refused before the claim, nothing claimed or run; 503.
 	ErrOverloaded = protocol.ErrOverloaded
 	// ErrStoreUnavailable: the store did not answer; 503.

@@ -18,10 +18,7 @@ func Example() {
 	store, done := dbtest.ExampleStore() // SQLite in a temporary directory; see idemsqlite.ExampleOpen
 	defer done()
 
-	mw, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: store},
-		Scope:        func(r *http.Request) (string, error) { return "merchant_42", nil },
-	})
+	mw, err := idem.NewMiddleware(store, idem.Options{Scope: func(r *http.Request) (string, error) { return "merchant_42", nil }})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -55,7 +52,7 @@ func Example_claimTransaction() {
 	if _, err := store.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(store, idem.Options{Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -97,7 +94,7 @@ func Example_claimTransaction() {
 func ExampleReleaseKey() {
 	store, done := dbtest.ExampleStore()
 	defer done()
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(store, idem.Options{Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 // Execution describes the claim a handler (or Do's fn) runs under.
 type Execution struct {
 	Scope string
-	// Key is the client's key, also when EngineConfig.KeyHashSecret stores
+	// Key is the client's key, also when EngineOptions.Sealing.KeyHashSecret stores
 	// its hash (Engine.StoredKey) instead.
 	Key string
 	// FencingToken exceeds every earlier claim's of (Scope, Key) while its record exists.

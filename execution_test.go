@@ -23,7 +23,7 @@ func TestClientGoneBeforeClaim(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
 	c := &counter{status: http.StatusCreated}
-	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d}}).Handler(c)
+	h := newMiddleware(t, d, idem.Options{}).Handler(c)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // gone before idem even claimed
 	send(h, "POST", "/x", "k", "{}", withContext(ctx))
@@ -39,7 +39,7 @@ func TestSQLiteRenewalDoesNotWaitForOwnTransaction(t *testing.T) {
 	d := openSQLite(t)
 	_, err := d.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY)`)
 	require.NoError(t, err)
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, LeaseDuration: time.Second}})
+	mw := newMiddleware(t, d, idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second}}})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := idem.Tx[*sql.Tx](r.Context())
 		if err == nil {
@@ -65,7 +65,7 @@ func TestSQLiteRenewalDoesNotWaitForOwnTransaction(t *testing.T) {
 func TestTxAfterExecutionEnded(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d}})
+	mw := newMiddleware(t, d, idem.Options{})
 	var kept context.Context
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		kept = r.Context()
@@ -82,10 +82,9 @@ func TestTxAfterExecutionEnded(t *testing.T) {
 func TestReplayAllowListAndMethods(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{
-		EngineConfig:  idem.EngineConfig{Store: d},
-		Methods:       []string{"PUT"},
-		ReplayHeaders: []string{"Set-Cookie", "Date", "Connection", "X-Order"},
+	mw := newMiddleware(t, d, idem.Options{
+		Methods: []string{"PUT"},
+		Replay:  idem.ReplayOptions{Headers: []string{"Set-Cookie", "Date", "Connection", "X-Order"}},
 	})
 	runs := 0
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -133,7 +132,7 @@ func (s *blockingHeartbeat) Heartbeat(ctx context.Context, _ idemdriver.FencePar
 func TestHandlerEndCancelsRenewal(t *testing.T) {
 	t.Parallel()
 	store := &blockingHeartbeat{Store: openSQLite(t), started: make(chan struct{}, 1), ended: make(chan error, 8)}
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, LeaseDuration: 3 * time.Second}})
+	mw := newMiddleware(t, store, idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: 3 * time.Second}}})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		<-store.started // a renewal is in flight
 		w.WriteHeader(http.StatusCreated)
@@ -152,7 +151,7 @@ func TestHandlerEndCancelsRenewal(t *testing.T) {
 func TestMaxExecution(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, LeaseDuration: time.Second, MaxExecution: time.Second}})
+	mw := newMiddleware(t, d, idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second, MaxExecution: time.Second}}})
 	var causes []error
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(causes) == 0 {
@@ -178,7 +177,7 @@ func TestSucceededWithoutResponse(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
 	c := &counter{status: http.StatusCreated}
-	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d}}).Handler(c)
+	h := newMiddleware(t, d, idem.Options{}).Handler(c)
 	require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "k", "{}").Code)
 	_, err := d.DB().Exec(`UPDATE idem_keys SET response_status = NULL, response_headers = NULL, response_body = NULL`)
 	require.NoError(t, err)
@@ -210,8 +209,7 @@ func TestSucceededWithDamagedResponse(t *testing.T) {
 			t.Parallel()
 			d := openSQLite(t)
 			runs := 0
-			h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d,
-				Logger: slog.New(slog.DiscardHandler)}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			h := newMiddleware(t, d, idem.Options{Engine: idem.EngineOptions{Logger: slog.New(slog.DiscardHandler)}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				runs++
 				w.Header().Set("Location", "/payments/pay_1")
 				w.WriteHeader(http.StatusCreated)
@@ -237,7 +235,7 @@ func TestReleaseKeyOutsideExecution(t *testing.T) {
 	t.Parallel()
 	require.ErrorIs(t, idem.ReleaseKey(context.Background()), idem.ErrNoExecution)
 	var kept context.Context
-	h := newMiddleware(t, idem.Config{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newMiddleware(t, nil, idem.Options{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		kept = r.Context()
 		w.WriteHeader(http.StatusCreated)
 	}))
@@ -258,7 +256,7 @@ func (refusingStore) Claim(context.Context, idemdriver.ClaimParams) (idemdriver.
 func TestStoreRefusesScope(t *testing.T) {
 	t.Parallel()
 	c := &counter{}
-	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: refusingStore{openSQLite(t)}}}).Handler(c)
+	h := newMiddleware(t, refusingStore{openSQLite(t)}, idem.Options{}).Handler(c)
 	got := send(h, "POST", "/x", "k", "{}")
 	requireKind(t, got, http.StatusInternalServerError, "scope-unstorable")
 	require.Empty(t, got.Header().Get("Retry-After"))

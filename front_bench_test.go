@@ -31,22 +31,22 @@ func BenchmarkFront(b *testing.B) {
 		run(b, pay, func(int) string { return "bare" }, body, http.StatusCreated)
 	})
 	b.Run("FirstExecution", func(b *testing.B) {
-		h := newMiddleware(b, idem.Config{}).Handler(pay)
+		h := newMiddleware(b, nil, idem.Options{}).Handler(pay)
 		run(b, h, func(i int) string { return "first-" + strconv.Itoa(i) }, body, http.StatusCreated)
 	})
 	b.Run("Replay", func(b *testing.B) {
-		h := newMiddleware(b, idem.Config{}).Handler(pay)
+		h := newMiddleware(b, nil, idem.Options{}).Handler(pay)
 		send(h, http.MethodPost, "/v1/payments", "replay", body)
 		run(b, h, func(int) string { return "replay" }, body, http.StatusCreated)
 	})
 	b.Run("KeyReused", func(b *testing.B) {
-		h := newMiddleware(b, idem.Config{}).Handler(pay)
+		h := newMiddleware(b, nil, idem.Options{}).Handler(pay)
 		send(h, http.MethodPost, "/v1/payments", "reused", body)
 		run(b, h, func(int) string { return "reused" }, `{"amount":2000}`, http.StatusUnprocessableEntity)
 	})
 	b.Run("InFlight", func(b *testing.B) {
 		started, release := make(chan struct{}), make(chan struct{})
-		h := newMiddleware(b, idem.Config{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := newMiddleware(b, nil, idem.Options{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Header.Get(idem.HeaderKey) == "busy" {
 				close(started)
 				<-release

@@ -24,20 +24,21 @@ func openSQLite(t testing.TB) *idemsqlite.Driver {
 	return dbtest.SQLite(t)
 }
 
-// newMiddleware is idem.New for tests: a store of its own when cfg has
-// none, the single-tenant scope when cfg names none, and a silent logger.
-func newMiddleware(t testing.TB, cfg idem.Config) *idem.Middleware {
+// newMiddleware is idem.NewMiddleware for tests: a store of its own when
+// store is nil, the single-tenant scope when cfg names none, and a silent
+// logger.
+func newMiddleware(t testing.TB, store idem.Store, cfg idem.Options) *idem.Middleware {
 	t.Helper()
-	if cfg.Store == nil {
-		cfg.Store = openSQLite(t)
+	if store == nil {
+		store = openSQLite(t)
 	}
 	if cfg.Scope == nil {
 		cfg.Scope = idem.SingleTenant
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	if cfg.Engine.Logger == nil {
+		cfg.Engine.Logger = slog.New(slog.DiscardHandler)
 	}
-	mw, err := idem.New(cfg)
+	mw, err := idem.NewMiddleware(store, cfg)
 	require.NoError(t, err)
 	return mw
 }

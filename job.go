@@ -41,10 +41,10 @@ func (j *httpJob) Run(ctx context.Context) (int, protocol.Override) {
 // refuseStatus answers 500 invalid-status in place of the handler's answer
 // with status, no final status: net/http would panic sending one under 100
 // or over 999, and the retries would run the handler again. The 500 is
-// recorded SUCCEEDED whatever EngineConfig.Outcome says, since the
+// recorded SUCCEEDED whatever EngineOptions.Response.Outcome says, since the
 // handler's effects may have happened: every retry replays it.
 func (j *httpJob) refuseStatus(status int) (int, protocol.Override) {
-	j.m.cfg.Logger.ErrorContext(j.r.Context(), "idem: the handler answered a status outside 200-599; answering 500 invalid-status in its place, recorded: it does not run again",
+	j.m.o.Engine.Logger.ErrorContext(j.r.Context(), "idem: the handler answered a status outside 200-599; answering 500 invalid-status in its place, recorded: it does not run again",
 		"status", status, "method", j.r.Method, "path", j.r.URL.Path)
 	pr := ProblemFor(ErrInvalidStatus, fmt.Sprintf("the server answered this request with status %d, which HTTP does not allow as a final status; "+
 		"the request was processed and will not run again: ask the operator what it did", status))
@@ -77,7 +77,7 @@ func (m *Middleware) storedResponse(c *httpwrite.Capture) idemdriver.Response {
 			resp.Header[http.TrailerPrefix+name] = append([]string(nil), v...)
 		}
 	}
-	if resp.BodySize <= m.cfg.MaxResponseBytes {
+	if resp.BodySize <= m.o.Engine.Response.MaxBytes {
 		resp.Body, resp.BodyStored = c.Body(), true
 	}
 	return resp

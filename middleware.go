@@ -18,7 +18,7 @@ import (
 // (internal/protocol) and writes the answer (answer.go).
 type Middleware struct {
 	g       *Engine
-	cfg     Config
+	o       Options // defaulted
 	methods map[string]bool
 	replay  map[string]bool // canonical header names kept for replay
 	body    httpread.Body
@@ -32,26 +32,6 @@ var neverReplayed = map[string]bool{
 	"Te": true, "Trailer": true, "Upgrade": true, "Proxy-Authenticate": true,
 	HeaderReplayed: true, HeaderKey: true, HeaderKeyExpires: true,
 	HeaderPreferenceApplied: true, // each answer's own (RFC 7240 section 3)
-}
-
-// New validates cfg after WithDefaults; the error names every field.
-func New(cfg Config) (*Middleware, error) {
-	cfg = cfg.WithDefaults()
-	if err := invalid(cfg.validate()); err != nil {
-		return nil, err
-	}
-	m := &Middleware{g: newEngine(cfg.EngineConfig, cfg.ReplayCacheBytes, cfg.ReplayCacheTTL), cfg: cfg,
-		methods: map[string]bool{}, replay: map[string]bool{}}
-	for _, meth := range cfg.Methods {
-		m.methods[strings.ToUpper(meth)] = true
-	}
-	for _, h := range cfg.ReplayHeaders {
-		if k := http.CanonicalHeaderKey(h); !neverReplayed[k] {
-			m.replay[k] = true
-		}
-	}
-	m.body = httpread.Body{Limit: cfg.MaxRequestBytes, DiscardBytes: cfg.DiscardBytes, DiscardTimeout: cfg.DiscardTimeout}
-	return m, nil
 }
 
 // Engine returns the engine behind m.
@@ -72,7 +52,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	values := r.Header.Values(HeaderKey)
-	if len(values) == 0 && m.cfg.KeyOptional {
+	if len(values) == 0 && m.o.KeyOptional {
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -115,11 +95,11 @@ func (m *Middleware) read(w http.ResponseWriter, r *http.Request, values []strin
 	} else if err != nil {
 		return refuse(ErrInvalidKey, strings.TrimPrefix(err.Error(), "idem: "))
 	}
-	scope, err := m.cfg.Scope(r)
+	scope, err := m.o.Scope(r)
 	if err != nil || scope == "" {
 		// The error is the server's: logged, never sent.
 		if err != nil {
-			m.cfg.Logger.InfoContext(r.Context(), "idem: Scope refused the request", "err", err)
+			m.o.Engine.Logger.InfoContext(r.Context(), "idem: Scope refused the request", "err", err)
 		}
 		return refuse(ErrMissingScope, "this request names no owner for its key; authenticate first")
 	}
@@ -129,23 +109,23 @@ func (m *Middleware) read(w http.ResponseWriter, r *http.Request, values []strin
 	}
 	body, err := m.body.Read(w, r)
 	if errors.Is(err, httpread.ErrTooLarge) {
-		return refuse(ErrRequestTooLarge, fmt.Sprintf("the request body exceeds %d bytes", m.cfg.MaxRequestBytes))
+		return refuse(ErrRequestTooLarge, fmt.Sprintf("the request body exceeds %d bytes", m.o.Request.MaxBytes))
 	} else if err != nil {
 		return refuse(ErrBodyUnreadable, "the request body could not be read to its end; nothing was processed, send the request again with the same key")
 	}
 	// How long r waits for its key's execution in flight: its Prefer wait
-	// (RFC 7240 section 4.3), at most MaxWait, else Config.Wait.
+	// (RFC 7240 section 4.3), at most Waiting.Max, else Waiting.Wait.
 	rq := request{key: key, echo: values[0], job: &httpJob{m: m, r: r, w: w, body: body, next: next}}
-	if m.cfg.MaxWait > 0 {
-		rq.wait = m.cfg.Wait
+	if m.o.Engine.Waiting.Max > 0 {
+		rq.wait = m.o.Engine.Waiting.Wait
 		if d, ok := httpread.PreferredWait(r); ok {
-			rq.wait, rq.asked = min(d, m.cfg.MaxWait), d > 0
+			rq.wait, rq.asked = min(d, m.o.Engine.Waiting.Max), d > 0
 		}
 	}
 	if why := protocol.UnstorableScope(scope); why != "" {
-		m.cfg.Logger.ErrorContext(r.Context(), "idem: Scope returned a scope no store can hold", "reason", why, "length", len(scope))
+		m.o.Engine.Logger.ErrorContext(r.Context(), "idem: Scope returned a scope no store can hold", "reason", why, "length", len(scope))
 		return refuse(ErrScopeUnstorable, "the server could not scope this request")
 	}
-	rq.p = m.g.proto.Params(scope, key, r.Method, path, m.cfg.Fingerprint(r, body))
+	rq.p = m.g.proto.Params(scope, key, r.Method, path, m.o.Request.Fingerprint(r, body))
 	return rq
 }

@@ -38,7 +38,7 @@ func FuzzMiddleware(f *testing.F) {
 		mu   sync.Mutex
 		runs = map[string]int{} // per parsed key
 	)
-	h := newMiddleware(f, idem.Config{EngineConfig: idem.EngineConfig{Store: store}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newMiddleware(f, store, idem.Options{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if looksProtected(r.Method) {
 			if key, err := idem.ParseKey(r.Header.Values(idem.HeaderKey)); err == nil {
 				mu.Lock()

@@ -43,7 +43,7 @@ const (
 	EventStoreUnavailable
 	// EventCompletionFailed: recording the outcome failed (503).
 	EventCompletionFailed
-	// EventOverloaded: refused before the claim, EngineConfig.MaxInFlight
+	// EventOverloaded: refused before the claim, EngineOptions.Admission.MaxInFlight
 	// executions being in flight (503); nothing claimed or run.
 	EventOverloaded
 )
@@ -64,14 +64,14 @@ type Event struct {
 	Kind EventKind
 	// Route is the path template of the ServeMux pattern, without its method
 	// and host ("/v1/payments/{id}": OpenTelemetry's http.route), replays
-	// included; else Config.Route's, else ""; never the raw path. For Do,
+	// included; else Options.Route's, else ""; never the raw path. For Do,
 	// DoParams.Route.
 	Route string
 	// Method is the request's method (DoParams.Method for Do).
 	Method string
 	// Scope and Key name the record: high cardinality, not for metrics. Key
 	// is the stored key: the client's, or its hash with
-	// EngineConfig.KeyHashSecret (Engine.StoredKey).
+	// EngineOptions.Sealing.KeyHashSecret (Engine.StoredKey).
 	Scope, Key string
 	// Attempt is the record's attempts after this claim (for a lost claim, the
 	// record's); 0 when the claim failed.

@@ -115,7 +115,7 @@ func TestObserverEvents(t *testing.T) {
 			t.Parallel()
 			d := openSQLite(t)
 			obs := &events{}
-			mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, Observer: obs, Outcome: idem.ReleaseValidationFailures}})
+			mw := newMiddleware(t, d, idem.Options{Engine: idem.EngineOptions{Observer: obs, Response: idem.ResponseOptions{Outcome: idem.ReleaseValidationFailures}}})
 			ran := false
 			mux := http.NewServeMux()
 			mux.Handle("POST /pay/{id}", mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -180,7 +180,7 @@ func statusOf(r *http.Request, def int) int {
 func TestObserverInFlight(t *testing.T) {
 	t.Parallel()
 	obs := &events{}
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Observer: obs}})
+	mw := newMiddleware(t, nil, idem.Options{Engine: idem.EngineOptions{Observer: obs}})
 	started, release := make(chan struct{}), make(chan struct{})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		close(started)
@@ -206,7 +206,7 @@ func TestObserverLeaseLost(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
 	obs := &events{}
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, Observer: obs}, Route: func(*http.Request) string { return "payments" }})
+	mw := newMiddleware(t, d, idem.Options{Engine: idem.EngineOptions{Observer: obs}, Route: func(*http.Request) string { return "payments" }})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Another worker, an hour later by the database clock, takes the
 		// key over.
@@ -228,7 +228,7 @@ func TestObserverCompletionFailed(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
 	obs := &events{}
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, Observer: obs}})
+	mw := newMiddleware(t, d, idem.Options{Engine: idem.EngineOptions{Observer: obs}})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = d.Close()
 		w.WriteHeader(http.StatusCreated)
@@ -241,11 +241,11 @@ func TestObserverCompletionFailed(t *testing.T) {
 func TestObserverSilentBeforeClaim(t *testing.T) {
 	t.Parallel()
 	obs := &events{}
-	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Observer: obs}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	h := newMiddleware(t, nil, idem.Options{Engine: idem.EngineOptions{Observer: obs}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	require.Equal(t, http.StatusBadRequest, send(h, "POST", "/x", "", "{}").Code)
 	require.Equal(t, http.StatusOK, send(h, "GET", "/x", "k", "").Code)
 	require.Empty(t, obs.take())
-	h = newMiddleware(t, idem.Config{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	h = newMiddleware(t, nil, idem.Options{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	require.Equal(t, http.StatusOK, send(h, "POST", "/x", "k", "{}").Code)
 }
 
@@ -256,7 +256,7 @@ func TestObserverRouteFromInnerMux(t *testing.T) {
 	obs := &events{}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/payments/{id}", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
-	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Observer: obs}}).Handler(mux)
+	h := newMiddleware(t, nil, idem.Options{Engine: idem.EngineOptions{Observer: obs}}).Handler(mux)
 	require.Equal(t, http.StatusCreated, send(h, "POST", "/v1/payments/42", "k", "{}").Code)
 	require.Equal(t, "/v1/payments/{id}", obs.takeOne(t, idem.EventExecuted).Route, "http.route: the path template, without the method")
 	// Regression: a replay never reaches the mux, and was labelled "".
@@ -292,7 +292,7 @@ func TestLogCallsCarryRequestContext(t *testing.T) {
 	d := openSQLite(t)
 	lh := &ctxHandler{}
 	obs := &events{}
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d, Logger: slog.New(lh), Observer: obs}})
+	mw := newMiddleware(t, d, idem.Options{Engine: idem.EngineOptions{Logger: slog.New(lh), Observer: obs}})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = d.Close() // the completion fails and logs
 		w.WriteHeader(http.StatusCreated)

@@ -22,7 +22,7 @@ const relayPrefix = "idr1_"
 // length-prefixed scope, key, created (Unix microseconds) and step.
 //
 // key is the client's key (Execution.Key), also when
-// EngineConfig.KeyHashSecret stores its hash: switching hashing on does not
+// EngineOptions.Sealing.KeyHashSecret stores its hash: switching hashing on does not
 // change what is relayed for a record.
 //
 // created is Execution.Created, kept by retries, takeovers and re-claims, so

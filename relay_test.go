@@ -51,9 +51,9 @@ func TestRelayTransport(t *testing.T) {
 	client := &http.Client{Transport: &idem.RelayTransport{}}
 
 	store := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{
-		EngineConfig: idem.EngineConfig{Store: store, RelaySecret: []byte("s3cret")},
-		Scope:        func(r *http.Request) (string, error) { return r.Header.Get("X-Merchant"), nil },
+	mw := newMiddleware(t, store, idem.Options{
+		Engine: idem.EngineOptions{RelaySecret: []byte("s3cret")},
+		Scope:  func(r *http.Request) (string, error) { return r.Header.Get("X-Merchant"), nil },
 	})
 	runs := 0
 	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -73,7 +73,7 @@ func TestRenewalsAreBatched(t *testing.T) {
 	t.Parallel()
 	const executions = 12
 	store := &renewingStore{Driver: openSQLite(t), lose: "k0", want: executions, full: make(chan struct{}), unbatched: make(chan struct{})}
-	g, err := idem.NewEngine(idem.EngineConfig{Store: store, LeaseDuration: time.Second})
+	g, err := idem.NewEngineWith(store, idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second}})
 	require.NoError(t, err)
 	full, unbatched := store.full, store.unbatched
 	var wg sync.WaitGroup
@@ -127,8 +127,7 @@ func TestMaxInFlightRefusesBeforeClaim(t *testing.T) {
 	release := make(chan struct{})
 	started := make(chan struct{})
 	var runs atomic.Int32
-	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, MaxInFlight: 1, Observer: obs, Logger: slog.New(errs)},
-		StoreRetryAfter: 2 * time.Second}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newMiddleware(t, store, idem.Options{Engine: idem.EngineOptions{Admission: idem.AdmissionOptions{MaxInFlight: 1}, Observer: obs, Logger: slog.New(errs), RetryAfter: idem.RetryAfterOptions{Store: 2 * time.Second}}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
 			close(started)
 			<-release
@@ -155,7 +154,7 @@ func TestMaxInFlightRefusesBeforeClaim(t *testing.T) {
 // Do refuses past MaxInFlight with ErrOverloaded, fn not run.
 func TestMaxInFlightDo(t *testing.T) {
 	t.Parallel()
-	g, err := idem.NewEngine(idem.EngineConfig{Store: openSQLite(t), MaxInFlight: 1})
+	g, err := idem.NewEngineWith(openSQLite(t), idem.EngineOptions{Admission: idem.AdmissionOptions{MaxInFlight: 1}})
 	require.NoError(t, err)
 	inside := make(chan struct{})
 	done := make(chan error)

@@ -13,13 +13,13 @@ import (
 
 // replayCacheEnv serves POST /pay through a middleware with cfg on a store
 // of its own, counting the handler's runs.
-func replayCacheEnv(t *testing.T, cfg idem.Config) (h http.Handler, runs *atomic.Int64, closeStore func(), obs *events) {
+func replayCacheEnv(t *testing.T, cfg idem.Options) (h http.Handler, runs *atomic.Int64, closeStore func(), obs *events) {
 	t.Helper()
 	d := openSQLite(t)
 	obs = &events{}
-	cfg.Store, cfg.Observer = d, obs
+	cfg.Engine.Observer = obs
 	runs = &atomic.Int64{}
-	h = newMiddleware(t, cfg).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h = newMiddleware(t, d, cfg).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
@@ -34,7 +34,7 @@ func replayCacheEnv(t *testing.T, cfg idem.Config) (h http.Handler, runs *atomic
 // while every other key still goes to the store.
 func TestReplayCacheAnswersWithoutTheStore(t *testing.T) {
 	t.Parallel()
-	h, runs, closeStore, obs := replayCacheEnv(t, idem.Config{ReplayCacheBytes: 1 << 20})
+	h, runs, closeStore, obs := replayCacheEnv(t, idem.Options{Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: 1 << 20}}})
 	first := send(h, "POST", "/pay", "k1", `{"amount":100}`)
 	require.Equal(t, http.StatusCreated, first.Code)
 	obs.takeOne(t, idem.EventExecuted)
@@ -68,9 +68,9 @@ func TestReplayCacheAnswersWithoutTheStore(t *testing.T) {
 // default: then every retry reads the store.
 func TestReplayCacheBounds(t *testing.T) {
 	t.Parallel()
-	for name, cfg := range map[string]idem.Config{
+	for name, cfg := range map[string]idem.Options{
 		"off by default": {},
-		"TTL ran out":    {ReplayCacheBytes: 1 << 20, ReplayCacheTTL: time.Nanosecond},
+		"TTL ran out":    {Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: 1 << 20, TTL: time.Nanosecond}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -85,13 +85,13 @@ func TestReplayCacheBounds(t *testing.T) {
 	}
 }
 
-// A negative size or TTL is refused by New.
+// A negative size or TTL is refused by NewMiddleware.
 func TestReplayCacheConfig(t *testing.T) {
 	t.Parallel()
-	_, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: openSQLite(t)}, Scope: idem.SingleTenant, ReplayCacheBytes: -1})
-	require.ErrorContains(t, err, "ReplayCacheBytes and ReplayCacheTTL must not be negative")
-	require.Equal(t, idem.DefaultReplayCacheTTL, idem.Config{ReplayCacheBytes: 1}.WithDefaults().ReplayCacheTTL)
-	require.Zero(t, idem.Config{}.WithDefaults().ReplayCacheTTL)
+	_, err := idem.NewMiddleware(openSQLite(t), idem.Options{Scope: idem.SingleTenant, Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: -1}}})
+	require.ErrorContains(t, err, "Replay.Cache.Bytes must not be negative")
+	require.Equal(t, idem.DefaultReplayCacheTTL, idem.Options{Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: 1}}}.WithDefaults().Replay.Cache.TTL)
+	require.Zero(t, idem.Options{}.WithDefaults().Replay.Cache.TTL)
 }
 
 // Regression: a replay from the cache handed the cached record's header
@@ -100,7 +100,7 @@ func TestReplayCacheConfig(t *testing.T) {
 func TestReplayCacheAnswersAreCopies(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d}, ReplayCacheBytes: 1 << 20})
+	mw := newMiddleware(t, d, idem.Options{Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: 1 << 20}}})
 	inner := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Location", "/v1/payments/pay_1")
 		w.WriteHeader(http.StatusCreated)
@@ -128,7 +128,7 @@ func (p prefixLocation) WriteHeader(status int) {
 // The one-commit mode keeps its replays in the cache too.
 func TestReplayCacheInOneCommitMode(t *testing.T) {
 	t.Parallel()
-	h, runs, closeStore, obs := replayCacheEnv(t, idem.Config{EngineConfig: idem.EngineConfig{OneCommit: true}, ReplayCacheBytes: 1 << 20})
+	h, runs, closeStore, obs := replayCacheEnv(t, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true}}, Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: 1 << 20}}})
 	require.Equal(t, http.StatusCreated, send(h, "POST", "/pay", "k1", `{}`).Code)
 	require.Equal(t, "true", send(h, "POST", "/pay", "k1", `{}`).Header().Get(idem.HeaderReplayed))
 	closeStore()

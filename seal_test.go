@@ -77,8 +77,7 @@ func TestSealedStormLeavesNoPlainText(t *testing.T) {
 	store := openSQLite(t)
 	h := &markedHandler{runs: map[string]int{}}
 	obs := &events{}
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, Observer: obs,
-		SealKeys: []seal.Key{sealKey("k2025", 1)}, KeyHashSecret: hashSecret, KeepRequestBytes: 1 << 10}})
+	mw := newMiddleware(t, store, idem.Options{Engine: idem.EngineOptions{Observer: obs, Sealing: idem.SealingOptions{Keys: []seal.Key{sealKey("k2025", 1)}, KeyHashSecret: hashSecret, KeepRequestBytes: 1 << 10}}})
 	srv := mw.Handler(h)
 	const keys, dups = 24, 3
 	var wg sync.WaitGroup
@@ -157,7 +156,7 @@ func TestSealedStormLeavesNoPlainText(t *testing.T) {
 	require.Equal(t, keys, rows, "every row's key is the hashed one")
 	// The same dump without sealing shows them: the check can see a marker.
 	plain := openSQLite(t)
-	srv = newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: plain, KeepRequestBytes: 1 << 10}}).Handler(h)
+	srv = newMiddleware(t, plain, idem.Options{Engine: idem.EngineOptions{Sealing: idem.SealingOptions{KeepRequestBytes: 1 << 10}}}).Handler(h)
 	send(srv, http.MethodPost, "/orders?note=QRYMARK-x", "CLIENTKEY-x", `{"card":"REQMARK-x"}`, func(r *http.Request) { r.Header.Set("X-N", "x") })
 	all := string(bytes.Join(dumpRows(t, plain.DB()), []byte{0}))
 	for _, marker := range []string{"BODYMARK", "HDRMARK", "REQMARK", "QRYMARK", "CLIENTKEY"} {
@@ -172,15 +171,15 @@ func TestSealKeyRotation(t *testing.T) {
 	t.Parallel()
 	store := openSQLite(t)
 	c := &counter{status: http.StatusCreated}
-	plain := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store}}).Handler(c)
+	plain := newMiddleware(t, store, idem.Options{}).Handler(c)
 	require.Equal(t, http.StatusCreated, send(plain, http.MethodPost, "/p", "plain", `{}`).Code)
-	a := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, SealKeys: []seal.Key{sealKey("A", 1)}, ReplayPlain: true}}).Handler(c)
+	a := newMiddleware(t, store, idem.Options{Engine: idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealKey("A", 1)}, ReplayPlain: true}}}).Handler(c)
 	require.Equal(t, http.StatusCreated, send(a, http.MethodPost, "/p", "ka", `{}`).Code)
 	require.Equal(t, "A", record(t, store, idem.SingleTenantScope, "ka").Response.SealKey)
 	require.Empty(t, record(t, store, idem.SingleTenantScope, "plain").Response.SealKey)
 
 	bakeys := []seal.Key{sealKey("B", 2), sealKey("A", 1)}
-	ba := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, SealKeys: bakeys, ReplayPlain: true}}).Handler(c)
+	ba := newMiddleware(t, store, idem.Options{Engine: idem.EngineOptions{Sealing: idem.SealingOptions{Keys: bakeys, ReplayPlain: true}}}).Handler(c)
 	for _, k := range []string{"ka", "plain"} {
 		rec := send(ba, http.MethodPost, "/p", k, `{}`)
 		require.Equal(t, http.StatusCreated, rec.Code, k)
@@ -190,7 +189,7 @@ func TestSealKeyRotation(t *testing.T) {
 	require.Equal(t, "B", record(t, store, idem.SingleTenantScope, "kb").Response.SealKey)
 	require.Equal(t, 3, c.runs, "plain, ka and kb ran once each")
 
-	sealedOnly := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, SealKeys: bakeys}}).Handler(c)
+	sealedOnly := newMiddleware(t, store, idem.Options{Engine: idem.EngineOptions{Sealing: idem.SealingOptions{Keys: bakeys}}}).Handler(c)
 	rec := send(sealedOnly, http.MethodPost, "/p", "plain", `{}`)
 	require.Equal(t, http.StatusInternalServerError, rec.Code)
 	requireProblem(t, rec.Body.Bytes(), "seal-broken")
@@ -205,13 +204,13 @@ func TestSealKeyMissingNeverRunsAgain(t *testing.T) {
 	t.Parallel()
 	store := openSQLite(t)
 	c := &counter{status: http.StatusCreated}
-	a := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, SealKeys: []seal.Key{sealKey("A", 1)}}})
+	a := newMiddleware(t, store, idem.Options{Engine: idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealKey("A", 1)}}}})
 	require.Equal(t, http.StatusCreated, send(a.Handler(c), http.MethodPost, "/p", "k", `{}`).Code)
 	_, err := a.Engine().Do(t.Context(), idem.DoParams{Scope: "s", Key: "d", Payload: []byte("x")},
 		func(context.Context) (idem.Result, error) { return idem.Result{Status: 201, Body: []byte("ok")}, nil })
 	require.NoError(t, err)
 
-	b := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, SealKeys: []seal.Key{sealKey("B", 2)}}})
+	b := newMiddleware(t, store, idem.Options{Engine: idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealKey("B", 2)}}}})
 	for range 2 {
 		rec := send(b.Handler(c), http.MethodPost, "/p", "k", `{}`)
 		require.Equal(t, http.StatusInternalServerError, rec.Code)
@@ -229,7 +228,7 @@ func TestSealKeyMissingNeverRunsAgain(t *testing.T) {
 	require.Zero(t, runs)
 
 	// Unsealed, no keyring at all: the same answer.
-	none := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store}})
+	none := newMiddleware(t, store, idem.Options{})
 	rec := send(none.Handler(c), http.MethodPost, "/p", "k", `{}`)
 	require.Equal(t, http.StatusInternalServerError, rec.Code)
 	requireProblem(t, rec.Body.Bytes(), "seal-key-missing")
@@ -249,7 +248,7 @@ func TestSealBrokenNeverRunsAgain(t *testing.T) {
 	t.Parallel()
 	store := openSQLite(t)
 	c := &counter{status: http.StatusCreated}
-	srv := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, SealKeys: []seal.Key{sealKey("A", 1)}}}).Handler(c)
+	srv := newMiddleware(t, store, idem.Options{Engine: idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealKey("A", 1)}}}}).Handler(c)
 	for _, k := range []string{"flip", "copy", "donor", "status"} {
 		require.Equal(t, http.StatusCreated, send(srv, http.MethodPost, "/p", k, `{}`).Code)
 	}
@@ -284,7 +283,7 @@ func TestSealBrokenNeverRunsAgain(t *testing.T) {
 func TestKeyHashing(t *testing.T) {
 	t.Parallel()
 	store := openSQLite(t)
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, KeyHashSecret: hashSecret, RelaySecret: []byte("r")}})
+	mw := newMiddleware(t, store, idem.Options{Engine: idem.EngineOptions{Sealing: idem.SealingOptions{KeyHashSecret: hashSecret}, RelaySecret: []byte("r")}})
 	var exec idem.Execution
 	var relay string
 	srv := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -338,7 +337,7 @@ func TestKeptRequest(t *testing.T) {
 				keys = []seal.Key{sealKey("A", 1)}
 			}
 			status := http.StatusCreated
-			mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: store, SealKeys: keys, KeepRequestBytes: 8}})
+			mw := newMiddleware(t, store, idem.Options{Engine: idem.EngineOptions{Sealing: idem.SealingOptions{Keys: keys, KeepRequestBytes: 8}}})
 			srv := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(status) }))
 			send(srv, http.MethodPost, "/p?a=1&b=2", "short", `{"a":1}`)
 			send(srv, http.MethodPost, "/p", "long", `{"amount":1000}`, func(r *http.Request) { r.Header.Set("Content-Type", "text/plain") })
@@ -369,7 +368,7 @@ func TestKeptRequest(t *testing.T) {
 func TestDoKeepsPayload(t *testing.T) {
 	t.Parallel()
 	store := openSQLite(t)
-	g, err := idem.NewEngine(idem.EngineConfig{Store: store, KeepRequestBytes: 100, KeyHashSecret: hashSecret})
+	g, err := idem.NewEngineWith(store, idem.EngineOptions{Sealing: idem.SealingOptions{KeepRequestBytes: 100, KeyHashSecret: hashSecret}})
 	require.NoError(t, err)
 	_, err = g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k", Payload: []byte("pay 10")},
 		func(context.Context) (idem.Result, error) { return idem.Result{Status: 200}, nil })
@@ -385,33 +384,31 @@ func TestSealingConfigValidation(t *testing.T) {
 	store := openSQLite(t)
 	for _, tc := range []struct {
 		name string
-		cfg  idem.EngineConfig
+		cfg  idem.EngineOptions
 		want []string
 	}{
-		{"short secret", idem.EngineConfig{SealKeys: []seal.Key{{ID: "a", Secret: make([]byte, 20)}}},
-			[]string{"SealKeys[0].Secret is 20 bytes; AES takes 16, 24 or 32"}},
-		{"empty id", idem.EngineConfig{SealKeys: []seal.Key{{Secret: make([]byte, 16)}}}, []string{"SealKeys[0].ID is empty"}},
-		{"long id", idem.EngineConfig{SealKeys: []seal.Key{{ID: strings.Repeat("a", 33), Secret: make([]byte, 16)}}},
-			[]string{"SealKeys[0].ID is 33 bytes; at most 32"}},
-		{"bad id", idem.EngineConfig{SealKeys: []seal.Key{{ID: "a:b", Secret: make([]byte, 24)}}}, []string{`SealKeys[0].ID "a:b" holds a character`}},
-		{"duplicate", idem.EngineConfig{SealKeys: []seal.Key{sealKey("a", 1), sealKey("b", 2), sealKey("a", 3)}},
-			[]string{`SealKeys[2].ID "a" repeats SealKeys[0].ID`}},
-		{"both wrong", idem.EngineConfig{SealKeys: []seal.Key{{}}}, []string{"SealKeys[0].ID is empty", "SealKeys[0].Secret is 0 bytes"}},
-		{"hash secret", idem.EngineConfig{KeyHashSecret: []byte("short")}, []string{"KeyHashSecret is 5 bytes; it needs at least 16"}},
-		{"keep", idem.EngineConfig{KeepRequestBytes: -1}, []string{"KeepRequestBytes must not be negative"}},
-		{"replay plain unsealed", idem.EngineConfig{ReplayPlain: true}, []string{"ReplayPlain applies to a sealed engine only"}},
+		{"short secret", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{ID: "a", Secret: make([]byte, 20)}}}},
+			[]string{"Sealing.Keys[0].Secret is 20 bytes; AES takes 16, 24 or 32"}},
+		{"empty id", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{Secret: make([]byte, 16)}}}}, []string{"Sealing.Keys[0].ID is empty"}},
+		{"long id", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{ID: strings.Repeat("a", 33), Secret: make([]byte, 16)}}}},
+			[]string{"Sealing.Keys[0].ID is 33 bytes; at most 32"}},
+		{"bad id", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{ID: "a:b", Secret: make([]byte, 24)}}}}, []string{`Sealing.Keys[0].ID "a:b" holds a character`}},
+		{"duplicate", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealKey("a", 1), sealKey("b", 2), sealKey("a", 3)}}},
+			[]string{`Sealing.Keys[2].ID "a" repeats Sealing.Keys[0].ID`}},
+		{"both wrong", idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{}}}}, []string{"Sealing.Keys[0].ID is empty", "Sealing.Keys[0].Secret is 0 bytes"}},
+		{"hash secret", idem.EngineOptions{Sealing: idem.SealingOptions{KeyHashSecret: []byte("short")}}, []string{"KeyHashSecret is 5 bytes; it needs at least 16"}},
+		{"keep", idem.EngineOptions{Sealing: idem.SealingOptions{KeepRequestBytes: -1}}, []string{"KeepRequestBytes must not be negative"}},
+		{"replay plain unsealed", idem.EngineOptions{Sealing: idem.SealingOptions{ReplayPlain: true}}, []string{"ReplayPlain applies to a sealed engine only"}},
 	} {
-		tc.cfg.Store = store
-		_, err := idem.NewEngine(tc.cfg)
+		_, err := idem.NewEngineWith(store, tc.cfg)
 		require.Error(t, err, tc.name)
 		for _, w := range tc.want {
 			require.Contains(t, err.Error(), w, tc.name)
 		}
-		_, err = idem.New(idem.Config{EngineConfig: tc.cfg, Scope: idem.SingleTenant})
+		_, err = idem.NewMiddleware(store, idem.Options{Engine: tc.cfg, Scope: idem.SingleTenant})
 		require.Error(t, err, tc.name)
 	}
-	_, err := idem.NewEngine(idem.EngineConfig{Store: store, SealKeys: []seal.Key{sealKey("new", 1), {ID: "old.2024-01", Secret: make([]byte, 16)}},
-		KeyHashSecret: make([]byte, 16), KeepRequestBytes: 1})
+	_, err := idem.NewEngineWith(store, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealKey("new", 1), {ID: "old.2024-01", Secret: make([]byte, 16)}}, KeyHashSecret: make([]byte, 16), KeepRequestBytes: 1}})
 	require.NoError(t, err)
 }
 
@@ -421,8 +418,10 @@ func TestSealedReplayCache(t *testing.T) {
 	t.Parallel()
 	store := openSQLite(t)
 	h := &markedHandler{runs: map[string]int{}}
-	srv := newMiddleware(t, idem.Config{ReplayCacheBytes: 1 << 20, EngineConfig: idem.EngineConfig{Store: store,
-		SealKeys: []seal.Key{sealKey("A", 1)}, KeyHashSecret: hashSecret, KeepRequestBytes: 64}}).Handler(h)
+	srv := newMiddleware(t, store, idem.Options{
+		Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: 1 << 20}},
+		Engine: idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealKey("A", 1)}, KeyHashSecret: hashSecret, KeepRequestBytes: 64}},
+	}).Handler(h)
 	var got []string
 	for range 3 {
 		rec := send(srv, http.MethodPost, "/p", "k", `{}`, func(r *http.Request) { r.Header.Set("X-N", "1") })

@@ -27,10 +27,7 @@ func TestHandlerStatusOutOfRange(t *testing.T) {
 			t.Parallel()
 			d := openSQLite(t)
 			runs := 0
-			h := newMiddleware(t, idem.Config{
-				EngineConfig:  idem.EngineConfig{Store: d},
-				ReplayHeaders: append(idem.DefaultReplayHeaders(), "X-Charge"),
-			}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			h := newMiddleware(t, d, idem.Options{Replay: idem.ReplayOptions{Headers: append(idem.DefaultReplayHeaders(), "X-Charge")}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				runs++
 				w.Header().Set("X-Charge", "ch_1")
 				w.WriteHeader(status)
@@ -61,7 +58,7 @@ func TestHandlerStatusOutOfRange(t *testing.T) {
 func TestHandlerInformationalStatus(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	h := newMiddleware(t, d, idem.Options{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusEarlyHints)
 		w.WriteHeader(http.StatusContinue)
 		w.WriteHeader(http.StatusCreated)
@@ -84,7 +81,7 @@ func TestStoredStatusOutOfRange(t *testing.T) {
 			t.Parallel()
 			d := openSQLite(t)
 			c := &counter{status: http.StatusCreated}
-			h := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Store: d}, ReplayCacheBytes: 1 << 20}).Handler(c)
+			h := newMiddleware(t, d, idem.Options{Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: 1 << 20}}}).Handler(c)
 			require.Equal(t, http.StatusCreated, send(h, "POST", "/x", "k", "{}").Code)
 			_, err := d.DB().Exec(`UPDATE idem_keys SET response_status = ?`, status)
 			require.NoError(t, err)

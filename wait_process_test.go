@@ -102,8 +102,10 @@ func openWaitNode(kind, url string) (*waitNode, error) {
 		n.close()
 		return nil, err
 	}
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store, Wait: 30 * time.Second,
-		Logger: slog.New(slog.DiscardHandler)}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(store, idem.Options{
+		Engine: idem.EngineOptions{Waiting: idem.WaitOptions{Wait: 30 * time.Second}, Logger: slog.New(slog.DiscardHandler)},
+		Scope:  idem.SingleTenant,
+	})
 	if err != nil {
 		n.close()
 		return nil, err

@@ -54,7 +54,7 @@ func prefer(v string) func(*http.Request) {
 // replay; one that does not, or asks for wait=0, gets 409 at once.
 func TestPreferWaitGetsTheReplay(t *testing.T) {
 	h := newHeld()
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{MaxWait: time.Minute}})
+	mw := newMiddleware(t, nil, idem.Options{Engine: idem.EngineOptions{Waiting: idem.WaitOptions{Max: time.Minute}}})
 	srv := mw.Handler(h)
 	first := make(chan *httptest.ResponseRecorder, 1)
 	go func() { first <- send(srv, http.MethodPost, "/pay", "k", `{"a":1}`) }()
@@ -106,9 +106,9 @@ func TestPreferenceApplied(t *testing.T) {
 	d := openSQLite(t)
 	started, release := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int32
-	mw := newMiddleware(t, idem.Config{
-		EngineConfig:  idem.EngineConfig{Store: d, MaxWait: time.Minute},
-		ReplayHeaders: append(idem.DefaultReplayHeaders(), idem.HeaderPreferenceApplied),
+	mw := newMiddleware(t, d, idem.Options{
+		Engine: idem.EngineOptions{Waiting: idem.WaitOptions{Max: time.Minute}},
+		Replay: idem.ReplayOptions{Headers: append(idem.DefaultReplayHeaders(), idem.HeaderPreferenceApplied)},
 	})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 && r.URL.Path == "/fails" {
@@ -146,7 +146,7 @@ func TestPreferenceAppliedTo409(t *testing.T) {
 	t.Parallel()
 	held := newHeld()
 	defer close(held.release)
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Wait: time.Second, MaxWait: time.Second}})
+	mw := newMiddleware(t, nil, idem.Options{Engine: idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Second, Max: time.Second}}})
 	h := mw.Handler(held)
 	go send(h, http.MethodPost, "/pay", "k", `{}`)
 	<-held.started
@@ -162,7 +162,7 @@ func TestPreferenceAppliedTo409(t *testing.T) {
 // request's own wait is bounded by MaxWait.
 func TestServerDefaultWait(t *testing.T) {
 	h := newHeld()
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{Wait: time.Minute}})
+	mw := newMiddleware(t, nil, idem.Options{Engine: idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Minute}}})
 	srv := mw.Handler(h)
 	first := make(chan *httptest.ResponseRecorder, 1)
 	go func() { first <- send(srv, http.MethodPost, "/pay", "k", `{"a":1}`) }()
@@ -185,14 +185,13 @@ func TestServerDefaultWait(t *testing.T) {
 
 func TestWaitConfigValidation(t *testing.T) {
 	store := openSQLite(t)
-	for _, cfg := range []idem.EngineConfig{
-		{Wait: -time.Second},
-		{Wait: time.Minute, MaxWait: time.Second},
-		{MaxWaiters: -1},
-		{WaitPoll: -time.Millisecond},
+	for _, cfg := range []idem.EngineOptions{
+		{Waiting: idem.WaitOptions{Wait: -time.Second}},
+		{Waiting: idem.WaitOptions{Wait: time.Minute, Max: time.Second}},
+		{Waiting: idem.WaitOptions{MaxWaiters: -1}},
+		{Waiting: idem.WaitOptions{Poll: -time.Millisecond}},
 	} {
-		cfg.Store = store
-		_, err := idem.NewEngine(cfg)
+		_, err := idem.NewEngineWith(store, cfg)
 		require.Error(t, err, "%+v", cfg)
 	}
 }
@@ -203,7 +202,7 @@ func TestWaitConfigValidation(t *testing.T) {
 func TestPreferenceAppliedOneCommit(t *testing.T) {
 	t.Parallel()
 	held := newHeld()
-	mw := newMiddleware(t, idem.Config{EngineConfig: idem.EngineConfig{OneCommit: true, MaxWait: time.Minute}})
+	mw := newMiddleware(t, nil, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true}, Waiting: idem.WaitOptions{Max: time.Minute}}})
 	h := mw.Handler(held)
 	first := make(chan *httptest.ResponseRecorder, 1)
 	go func() { first <- send(h, http.MethodPost, "/pay", "k", `{}`) }()

@@ -1,6 +1,6 @@
 // Package fingerprint computes the request fingerprint that tells a retry
 // from a reused key (CONTRACT section 2): Request is idem's default
-// (Config.Fingerprint), with JSON bodies canonicalized per RFC 8785.
+// (Options.Request.Fingerprint), with JSON bodies canonicalized per RFC 8785.
 package fingerprint
 
 import (

@@ -79,7 +79,7 @@ type Config struct {
 
 	// MaxRetryAfter caps the wait asked for by a Retry-After header (RFC
 	// 9110 section 10.2.3); a longer Retry-After waits MaxRetryAfter. idem's
-	// 409 asks for its in-flight delay (idem.Config.InFlightRetryAfter, 1 s
+	// 409 asks for its in-flight delay (idem.Options.Engine.RetryAfter.InFlight, 1 s
 	// by default), never more than what is left of the first request's
 	// lease; the cap bounds what another server, or an idem configured with
 	// a long in-flight delay, may ask (each 409 costs the server one indexed

@@ -40,7 +40,7 @@
 // [0, min(MaxDelay, BaseDelay·2^(n-1))) (100 ms doubling up to 10 s by
 // default), or the response's Retry-After (RFC 9110 section 10.2.3, seconds
 // or an HTTP-date), capped by Config.MaxRetryAfter (5 s). idem's 409 sends
-// its in-flight delay (idem.Config.InFlightRetryAfter, 1 s by default),
+// its in-flight delay (idem.Options.Engine.RetryAfter.InFlight, 1 s by default),
 // never more than what is left of the first request's lease. Replace the
 // policy with Config.Backoff.
 //

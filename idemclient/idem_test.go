@@ -150,7 +150,7 @@ func TestAgainstIdemKeyReusedNotRetried(t *testing.T) {
 // SQLite store in the test's temporary directory, closed when the test ends.
 func newMiddleware(t *testing.T) *idem.Middleware {
 	t.Helper()
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: dbtest.SQLite(t)}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(dbtest.SQLite(t), idem.Options{Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	return mw
 }

@@ -152,7 +152,7 @@ type Record struct {
 
 // Response is a stored response: what a replay sends back.
 //
-// A sealed response (SealKey not "", idem.EngineConfig.SealKeys) carries its
+// A sealed response (SealKey not "", idem.EngineOptions.Sealing.Keys) carries its
 // headers and body in Sealed, an opaque blob (package seal), and its Header
 // and Body are nil; Status, BodyStored and BodySize stay plain, and SealTag
 // authenticates them. A driver stores Sealed, SealKey, SealTag and Request
@@ -189,7 +189,7 @@ type Response struct {
 	// so the record opens as one whose body was not stored; any other
 	// write ignores it, and no read returns it.
 	SealTagDropped []byte
-	// Request is the kept request (idem.EngineConfig.KeepRequestBytes), as
+	// Request is the kept request (idem.EngineOptions.Sealing.KeepRequestBytes), as
 	// seal.EncodeRequest packs it, sealed under SealKey when that is set;
 	// nil when none was kept. It is written by Complete (and a Tx's) with the
 	// response and read back by Get and Lister.List; Claim and

@@ -5,7 +5,7 @@ import "context"
 // Notifier is implemented by drivers whose database can tell every process
 // that an execution ended (PostgreSQL: NOTIFY, sent in the writing
 // transaction so that it is delivered at its commit, and LISTEN). The core's
-// wait mode (idem.EngineConfig.Wait) uses it to wake the duplicates that
+// wait mode (idem.EngineOptions.Waiting.Wait) uses it to wake the duplicates that
 // wait for a key in other processes; without it they poll.
 type Notifier interface {
 	// Notifies reports whether notifications can reach this process: false,

@@ -14,7 +14,7 @@ import (
 var ErrLockWait = errors.New("idemdriver: the key's record stayed locked by another transaction past the wait bound")
 
 // TxClaimer is implemented by drivers that can run the claim inside the
-// business transaction: the one-commit mode (idem.Config.OneCommit,
+// business transaction: the one-commit mode (idem.Options.Engine.OneCommit.Enabled,
 // docs/contract.md "Modes", CONTRACT section 10). The claim, the handler's
 // writes and the completion then commit together, in one COMMIT; nothing of
 // the claim is visible to anyone before it, so a crash or a rollback leaves

@@ -28,10 +28,10 @@ var galeraFingerprint = []byte(strings.Repeat("g", 32))
 // d's node), waiting at most wait, observed by obs (nil: none).
 func oneCommitOn(t *testing.T, d *idemmysql.Driver, wait time.Duration, obs idem.Observer) *idem.Middleware {
 	t.Helper()
-	mw, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: 10 * time.Second, MaxWait: wait, Observer: obs},
-		Scope:        idem.SingleTenant,
-		Fingerprint:  func(*http.Request, []byte) []byte { return galeraFingerprint },
+	mw, err := idem.NewMiddleware(d, idem.Options{
+		Engine:  idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true, Wait: 10 * time.Second}, Waiting: idem.WaitOptions{Max: wait}, Observer: obs},
+		Scope:   idem.SingleTenant,
+		Request: idem.RequestOptions{Fingerprint: func(*http.Request, []byte) []byte { return galeraFingerprint }},
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = mw.Engine().Close() })

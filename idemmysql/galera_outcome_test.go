@@ -128,10 +128,9 @@ func TestGaleraCertificationFailureIsLeaseLost(t *testing.T) {
 		require.True(t, res.Claimed, "the takeover on node 2")
 		took.Store(true)
 	}
-	mw, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: takeoverStore{d1, takeover}},
-		Scope:        idem.SingleTenant,
-		Fingerprint:  func(*http.Request, []byte) []byte { return fp },
+	mw, err := idem.NewMiddleware(takeoverStore{d1, takeover}, idem.Options{
+		Scope:   idem.SingleTenant,
+		Request: idem.RequestOptions{Fingerprint: func(*http.Request, []byte) []byte { return fp }},
 	})
 	require.NoError(t, err)
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -272,7 +272,7 @@ func TestLockWaitTimeout(t *testing.T) {
 	// Through the middleware, on a clock past the lease: 409, handler not run.
 	clock := &idemdrivertest.Clock{}
 	clock.Advance(lease + time.Second)
-	m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: idemdrivertest.Shift(d, clock)}, Scope: idem.SingleTenant})
+	m, err := idem.NewMiddleware(idemdrivertest.Shift(d, clock), idem.Options{Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	var runs atomic.Int32
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -560,7 +560,7 @@ func TestResponseOverMaxAllowedPacket(t *testing.T) {
 		r.Header.Set(idem.HeaderKey, "huge-http")
 		return r
 	}
-	m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, MaxResponseBytes: 2 * int64(maxPacket)}, Scope: idem.SingleTenant})
+	m, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{Response: idem.ResponseOptions{MaxBytes: 2 * int64(maxPacket)}}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	var runs atomic.Int32
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

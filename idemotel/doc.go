@@ -1,10 +1,10 @@
 // Package idemotel records idem's decisions as OpenTelemetry metrics and
-// spans: an idem.Observer (idem.Config.Observer) built on the providers the
+// spans: an idem.Observer (idem.Options.Engine.Observer) built on the providers the
 // options name, the global ones by default, in the shape of OpenTelemetry
 // contrib's instrumentation packages.
 //
 //	obs, err := idemotel.NewObserver(idemotel.WithMeterProvider(mp), idemotel.WithTracerProvider(tp))
-//	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store, Observer: obs}, Scope: scope})
+//	mw, err := idem.NewMiddleware(store, idem.Options{Scope: scope, Engine: idem.EngineOptions{Observer: obs}})
 //
 // It lives in its own module so that the core module imports no
 // OpenTelemetry package. Metric names, units and attributes follow

@@ -26,7 +26,7 @@ const (
 	// released decisions.
 	OutcomeKey = attribute.Key("idem.outcome")
 	// CachedKey is true on a replayed or key_reused decision answered from
-	// idem's replay cache (idem.Event.Cached, Config.ReplayCacheBytes);
+	// idem's replay cache (idem.Event.Cached, Options.Replay.Cache.Bytes);
 	// absent otherwise. On the idem.decisions metric and on spans.
 	CachedKey = attribute.Key("idem.cached")
 	// AttemptKey is idem.Event.Attempt (spans only).
@@ -55,7 +55,7 @@ func DurationBuckets() []float64 {
 }
 
 // Observer is an idem.Observer that records each idem.Event as
-// OpenTelemetry metrics and spans; set it as idem.Config.Observer. The
+// OpenTelemetry metrics and spans; set it as idem.Options.Engine.Observer. The
 // metrics and spans are listed in docs/observability.md. It is safe for
 // concurrent use.
 type Observer struct {

@@ -41,7 +41,7 @@ type harness struct {
 	events []idem.Event
 }
 
-func newHarness(t *testing.T, handler http.HandlerFunc, configure ...func(*idem.Config)) *harness {
+func newHarness(t *testing.T, handler http.HandlerFunc, configure ...func(*idem.Options)) *harness {
 	t.Helper()
 	d, err := idemsqlite.Open(t.Context(), filepath.Join(t.TempDir(), "idem.db"))
 	require.NoError(t, err)
@@ -53,8 +53,8 @@ func newHarness(t *testing.T, handler http.HandlerFunc, configure ...func(*idem.
 		idemotel.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader))),
 		idemotel.WithTracerProvider(h.tp))
 	require.NoError(t, err)
-	cfg := idem.Config{
-		EngineConfig: idem.EngineConfig{Store: d, Logger: slog.New(slog.DiscardHandler), Outcome: idem.ReleaseValidationFailures, Observer: idem.ObserverFunc(func(ctx context.Context, e idem.Event) {
+	cfg := idem.Options{
+		Engine: idem.EngineOptions{Logger: slog.New(slog.DiscardHandler), Response: idem.ResponseOptions{Outcome: idem.ReleaseValidationFailures}, Observer: idem.ObserverFunc(func(ctx context.Context, e idem.Event) {
 			h.mu.Lock()
 			h.events = append(h.events, e)
 			h.mu.Unlock()
@@ -65,7 +65,7 @@ func newHarness(t *testing.T, handler http.HandlerFunc, configure ...func(*idem.
 	for _, f := range configure {
 		f(&cfg)
 	}
-	mw, err := idem.New(cfg)
+	mw, err := idem.NewMiddleware(d, cfg)
 	require.NoError(t, err)
 	h.mux = http.NewServeMux()
 	h.mux.Handle("POST /pay/{id}", mw.Handler(handler))
@@ -367,7 +367,7 @@ func must[T any](v T, ok bool) T {
 func TestCachedReplayIsMarked(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) },
-		func(c *idem.Config) { c.ReplayCacheBytes = 1 << 20 })
+		func(c *idem.Options) { c.Replay.Cache.Bytes = 1 << 20 })
 	for range 3 { // executed, replayed from the store, replayed from the cache
 		require.Equal(t, http.StatusCreated, h.serve(t.Context(), "k", `{}`).Code)
 	}

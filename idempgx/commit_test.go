@@ -30,7 +30,7 @@ func TestCommitFailureReleasesTheClaim(t *testing.T) {
 	_, err := pool.Exec(ctx, `CREATE TABLE parents (id int PRIMARY KEY);
 		CREATE TABLE children (parent_id int REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)`)
 	require.NoError(t, err)
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(d, idem.Options{Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	runs := 0
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -41,7 +41,7 @@ func crashChild(url string) {
 		fmt.Println("child:", err)
 		os.Exit(2)
 	}
-	g, err := idem.NewEngine(idem.EngineConfig{Store: idempgx.New(pool), OneCommit: true})
+	g, err := idem.NewEngineWith(idempgx.New(pool), idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true}})
 	if err != nil {
 		fmt.Println("child:", err)
 		os.Exit(2)
@@ -93,7 +93,7 @@ func TestOneCommitDoKilledMidFn(t *testing.T) {
 
 	// The row lock goes when PostgreSQL sees the connection closed; the
 	// retry waits for it on the row lock, never for a lease.
-	g, err := idem.NewEngine(idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: time.Minute})
+	g, err := idem.NewEngineWith(d, idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true, Wait: time.Minute}})
 	require.NoError(t, err)
 	var runs atomic.Int32
 	_, err = g.Do(ctx, idem.DoParams{Scope: "acct", Key: "k", Payload: []byte("a")}, func(ctx context.Context) (idem.Result, error) {

@@ -29,10 +29,7 @@ func ExampleNew() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: store},
-		Scope:        func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil },
-	})
+	mw, err := idem.NewMiddleware(store, idem.Options{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -82,7 +79,7 @@ func ExampleNewPartitioned() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	if _, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant}); err != nil {
+	if _, err := idem.NewMiddleware(store, idem.Options{Scope: idem.SingleTenant}); err != nil {
 		log.Fatal(err) // a Retention beyond the partitions' MaxRetention is refused
 	}
 }

@@ -139,10 +139,10 @@ func post(key string) *http.Request {
 	return req
 }
 
-func (b *txApp) mw(cfg idem.Config) *idem.Middleware {
+func (b *txApp) mw(cfg idem.Options) *idem.Middleware {
 	b.t.Helper()
-	cfg.Scope, cfg.Store = idem.SingleTenant, b.d
-	m, err := idem.New(cfg)
+	cfg.Scope = idem.SingleTenant
+	m, err := idem.NewMiddleware(b.d, cfg)
 	require.NoError(b.t, err)
 	return m
 }
@@ -177,7 +177,7 @@ func (b *txApp) retryCommitsOnce(h http.Handler, key string, first func(res *htt
 // counted is a protected handler (idem's modes as in cfg) that hands the
 // claim's transaction to body with the number of its run (1 for the
 // first), then answers 201; runs counts the executions.
-func (b *txApp) counted(cfg idem.Config, body func(ctx context.Context, tx pgx.Tx, run int64)) (h http.Handler, runs *atomic.Int64) {
+func (b *txApp) counted(cfg idem.Options, body func(ctx context.Context, tx pgx.Tx, run int64)) (h http.Handler, runs *atomic.Int64) {
 	runs = new(atomic.Int64)
 	h = b.mw(cfg).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		run := runs.Add(1)
@@ -200,7 +200,7 @@ func notSucceeded(t *testing.T) func(*httptest.ResponseRecorder) {
 // record's row lock, as a takeover in flight would.
 func (b *txApp) lockedCompletion(key string, locker *pgx.Tx) http.Handler {
 	ctx := context.Background()
-	return b.mw(idem.Config{EngineConfig: idem.EngineConfig{CompleteTimeout: 300 * time.Millisecond}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return b.mw(idem.Options{Engine: idem.EngineOptions{Timeouts: idem.TimeoutOptions{Complete: 300 * time.Millisecond}}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := idem.Tx[pgx.Tx](r.Context())
 		require.NoError(b.t, err)
 		require.NoError(b.t, b.insert(r.Context(), tx, key))
@@ -242,7 +242,7 @@ func TestHandlerTxFencedOutEndToEndEveryExecMode(t *testing.T) {
 					return err
 				},
 			}
-			m := b.mw(idem.Config{})
+			m := b.mw(idem.Options{})
 			for name, first := range firsts {
 				key := "fenced-" + name
 				h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -270,7 +270,7 @@ func TestHandlerTxFencedOutEndToEndEveryExecMode(t *testing.T) {
 func TestHandlerTxConnFirstStatementRunsInTheTransaction(t *testing.T) {
 	t.Parallel()
 	inEveryMode(t, []string{""}, func(t *testing.T, b *txApp, oneCommit bool) {
-		h := b.mw(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := b.mw(idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: oneCommit}}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			tx, err := idem.Tx[pgx.Tx](r.Context())
 			require.NoError(t, err)
 			_, err = tx.Conn().Exec(r.Context(), `INSERT INTO `+b.table+` (k) VALUES ('conn')`)
@@ -295,7 +295,7 @@ func TestHandlerTxStrayGoroutineAfterCommit(t *testing.T) {
 				t.Parallel()
 				b := newTxApp(t, "")
 				var kept pgx.Tx
-				h := b.mw(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				h := b.mw(idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: oneCommit}}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					tx, err := idem.Tx[pgx.Tx](r.Context())
 					require.NoError(t, err)
 					if used {
@@ -351,7 +351,7 @@ func TestHandlerTxConnOfANeverBegunTransactionAfterRollback(t *testing.T) {
 	t.Parallel()
 	b := newTxApp(t, "")
 	var kept pgx.Tx
-	h := b.mw(idem.Config{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := b.mw(idem.Options{}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := idem.Tx[pgx.Tx](r.Context())
 		require.NoError(t, err)
 		kept = tx
@@ -409,7 +409,7 @@ func TestHandlerTxConcurrentDuplicatesCommitOnce(t *testing.T) {
 	t.Parallel()
 	inEveryMode(t, execModes, func(t *testing.T, b *txApp, oneCommit bool) {
 		var runs atomic.Int64
-		h := b.mw(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := b.mw(idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: oneCommit}}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			tx, err := idem.Tx[pgx.Tx](r.Context())
 			if err == nil {
@@ -451,19 +451,21 @@ func TestHandlerTxFailedStatementThenAnswer(t *testing.T) {
 		ctx := context.Background()
 		_, err := b.pool.Exec(ctx, `CREATE TABLE uniq (id int PRIMARY KEY); INSERT INTO uniq VALUES (1)`)
 		require.NoError(t, err)
-		failedStatementThenAnswer(t, b, idem.EngineConfig{OneCommit: oneCommit}, "")
-		failedStatementThenAnswer(t, b, idem.EngineConfig{OneCommit: oneCommit,
-			SealKeys: []seal.Key{{ID: "A", Secret: make([]byte, 32)}}}, "-sealed")
+		failedStatementThenAnswer(t, b, idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: oneCommit}}, "")
+		failedStatementThenAnswer(t, b, idem.EngineOptions{
+			OneCommit: idem.OneCommitOptions{Enabled: oneCommit},
+			Sealing:   idem.SealingOptions{Keys: []seal.Key{{ID: "A", Secret: make([]byte, 32)}}},
+		}, "-sealed")
 	})
 }
 
 // failedStatementThenAnswer is TestHandlerTxFailedStatementThenAnswer on
 // one configuration, its keys ending with suffix.
-func failedStatementThenAnswer(t *testing.T, b *txApp, cfg idem.EngineConfig, suffix string) {
+func failedStatementThenAnswer(t *testing.T, b *txApp, cfg idem.EngineOptions, suffix string) {
 	t.Helper()
-	oneCommit := cfg.OneCommit
+	oneCommit := cfg.OneCommit.Enabled
 	answer := http.StatusCreated
-	h := b.mw(idem.Config{EngineConfig: cfg}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := b.mw(idem.Options{Engine: cfg}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := idem.Tx[pgx.Tx](r.Context())
 		require.NoError(t, err)
 		require.NoError(t, b.insert(r.Context(), tx, r.Header.Get(idem.HeaderKey)))
@@ -499,7 +501,7 @@ func TestHandlerTxDeferredConstraintAtCommit(t *testing.T) {
 		_, err := b.pool.Exec(ctx, `CREATE TABLE parents (id int PRIMARY KEY);
 			CREATE TABLE children (parent_id int REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)`)
 		require.NoError(t, err)
-		h, runs := b.counted(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}, func(ctx context.Context, tx pgx.Tx, run int64) {
+		h, runs := b.counted(idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: oneCommit}}}, func(ctx context.Context, tx pgx.Tx, run int64) {
 			require.NoError(t, b.insert(ctx, tx, "fk"))
 			stmt := `INSERT INTO children VALUES (42)` // no parent 42: the COMMIT fails
 			if run > 1 {
@@ -522,7 +524,7 @@ func TestHandlerTxDeferredConstraintAtCommit(t *testing.T) {
 func TestHandlerTxBackendKilledMidHandler(t *testing.T) {
 	t.Parallel()
 	inEveryMode(t, execModes, func(t *testing.T, b *txApp, oneCommit bool) {
-		h, _ := b.counted(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}, func(ctx context.Context, tx pgx.Tx, run int64) {
+		h, _ := b.counted(idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: oneCommit}}}, func(ctx context.Context, tx pgx.Tx, run int64) {
 			require.NoError(t, b.insert(ctx, tx, "killed"))
 			if run == 1 {
 				var pid uint32 = tx.Conn().PgConn().PID()
@@ -545,7 +547,7 @@ func TestHandlerTxHandlerEndsTheTransaction(t *testing.T) {
 			t.Run(fmt.Sprintf("oneCommit=%v/noStatement=%v", oneCommit, deferred), func(t *testing.T) {
 				t.Parallel()
 				b := newTxApp(t, "")
-				h := b.mw(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				h := b.mw(idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: oneCommit}}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					tx, err := idem.Tx[pgx.Tx](r.Context())
 					require.NoError(t, err)
 					if !deferred {
@@ -576,7 +578,7 @@ func TestHandlerTxClientCancelsMidHandler(t *testing.T) {
 	t.Parallel()
 	inEveryMode(t, []string{""}, func(t *testing.T, b *txApp, oneCommit bool) {
 		ctx, cancel := context.WithCancel(context.Background())
-		h := b.mw(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := b.mw(idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: oneCommit}}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			tx, err := idem.Tx[pgx.Tx](r.Context())
 			require.NoError(t, err)
 			require.NoError(t, b.insert(r.Context(), tx, "hangup"))
@@ -610,7 +612,7 @@ func TestHandlerTxClientCancelsMidHandler(t *testing.T) {
 func TestHandlerTxIdleInTransactionTimeout(t *testing.T) {
 	t.Parallel()
 	inEveryMode(t, execModes, func(t *testing.T, b *txApp, oneCommit bool) {
-		h, _ := b.counted(idem.Config{EngineConfig: idem.EngineConfig{OneCommit: oneCommit}}, func(ctx context.Context, tx pgx.Tx, run int64) {
+		h, _ := b.counted(idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: oneCommit}}}, func(ctx context.Context, tx pgx.Tx, run int64) {
 			if run == 1 {
 				_, err := tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 100`)
 				require.NoError(t, err)

@@ -16,7 +16,7 @@ import (
 var _ idemdriver.Notifier = (*Driver)(nil)
 
 // NotifyChannel is the channel of the notifications the fenced writes send
-// when idemdriver.FenceParams.Notify is set (idem.EngineConfig.Wait): NOTIFY
+// when idemdriver.FenceParams.Notify is set (idem.EngineOptions.Waiting.Wait): NOTIFY
 // in the writing transaction, delivered to every LISTEN at its commit.
 const NotifyChannel = "idem_keys"
 

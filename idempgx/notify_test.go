@@ -28,11 +28,10 @@ func waitEngines(t *testing.T) (owner, other *idem.Engine, pool *pgxpool.Pool) {
 		require.False(t, d2.Notifies())
 		poll = 100 * time.Millisecond
 	}
-	cfg := idem.EngineConfig{Store: d, Wait: time.Hour, WaitPoll: poll, Logger: slog.New(slog.DiscardHandler)}
-	owner, err := idem.NewEngine(cfg)
+	cfg := idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Hour, Poll: poll}, Logger: slog.New(slog.DiscardHandler)}
+	owner, err := idem.NewEngineWith(d, cfg)
 	require.NoError(t, err)
-	cfg.Store = d2
-	other, err = idem.NewEngine(cfg)
+	other, err = idem.NewEngineWith(d2, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = owner.Close(); _ = other.Close() })
 	return owner, other, d2.Pool()
@@ -164,10 +163,10 @@ func TestClosedEngineDoesNotListen(t *testing.T) {
 	t.Cleanup(pool.Close)
 	d2, err := idempgx.NewWithOptions(pool, idempgx.Options{Schema: d.Schema()})
 	require.NoError(t, err)
-	owner, err := idem.NewEngine(idem.EngineConfig{Store: d, Wait: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	owner, err := idem.NewEngineWith(d, idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Hour}, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = owner.Close() })
-	closed, err := idem.NewEngine(idem.EngineConfig{Store: d2, Wait: time.Hour, WaitPoll: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	closed, err := idem.NewEngineWith(d2, idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Hour, Poll: 20 * time.Millisecond}, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	require.NoError(t, closed.Close())
 	release, done := runHeld(t, owner)

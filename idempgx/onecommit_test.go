@@ -137,7 +137,7 @@ func TestOneCommitDuplicatesLeaveThePoolToOtherKeys(t *testing.T) {
 				}
 			})
 			var runs atomic.Int64
-			mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: 10 * time.Minute}, Scope: idem.SingleTenant})
+			mw, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true, Wait: 10 * time.Minute}}, Scope: idem.SingleTenant})
 			require.NoError(t, err)
 			h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				key := r.Header.Get(idem.HeaderKey)
@@ -224,7 +224,7 @@ func TestOneCommitDuplicatesLeaveThePoolToOtherKeys(t *testing.T) {
 func TestOneCommitLocalWaitIsBounded(t *testing.T) {
 	d, _, biz := smallPoolApp(t)
 	entered, release := make(chan struct{}), make(chan struct{})
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: 100 * time.Millisecond}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true, Wait: 100 * time.Millisecond}}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !writeBiz(w, r, biz, "k") {
@@ -264,9 +264,9 @@ func TestOneCommitClaimBoundedWhenThePoolIsTaken(t *testing.T) {
 			c.Release()
 		}
 	})
-	mw, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, ClaimTimeout: 100 * time.Millisecond, OneCommitWait: 100 * time.Millisecond},
-		Scope:        idem.SingleTenant,
+	mw, err := idem.NewMiddleware(d, idem.Options{
+		Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true, Wait: 100 * time.Millisecond}, Timeouts: idem.TimeoutOptions{Claim: 100 * time.Millisecond}},
+		Scope:  idem.SingleTenant,
 	})
 	require.NoError(t, err)
 	var runs atomic.Int64
@@ -287,7 +287,7 @@ func TestOneCommitBurstOfReplaysIsNotQueued(t *testing.T) {
 	d, _, biz := poolApp(t, 16)
 	// A bound shorter than 500 claims one after another take, and longer
 	// than one claim behind 500 on 16 connections.
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: 100 * time.Millisecond}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true, Wait: 100 * time.Millisecond}}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	var runs atomic.Int64
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -323,7 +323,7 @@ func TestOneCommitWaiterGetsTheWholeLockBound(t *testing.T) {
 	var releaseOnce sync.Once
 	free := func() { releaseOnce.Do(func() { close(release) }) }
 	t.Cleanup(free)
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: 2 * time.Second}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true, Wait: 2 * time.Second}}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	var runs atomic.Int64
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -387,7 +387,7 @@ func sendUnread(t *testing.T, h http.Handler, key string) {
 // transaction: they get the replay while the owner's client still reads.
 func TestOneCommitSlowOwnerClientDoesNotHoldTheKey(t *testing.T) {
 	d, _, biz := smallPoolApp(t)
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: 200 * time.Millisecond}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true, Wait: 200 * time.Millisecond}}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !writeBiz(w, r, biz, "k") {
@@ -466,9 +466,9 @@ func TestOneCommitDuplicatesOfAKeyAnotherProcessHolds(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 		})
 	}
-	mwA, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: a, OneCommit: true}, Scope: idem.SingleTenant})
+	mwA, err := idem.NewMiddleware(a, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true}}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
-	mwB, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: b, OneCommit: true, OneCommitWait: 500 * time.Millisecond}, Scope: idem.SingleTenant})
+	mwB, err := idem.NewMiddleware(b, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true, Wait: 500 * time.Millisecond}}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	owner := answerOf(mwA.Handler(handler(true)), "k")
 	<-entered
@@ -496,7 +496,7 @@ func TestOneCommitDuplicatesOfAKeyAnotherProcessHolds(t *testing.T) {
 // the waiters' 1 ns bound.
 func TestOneCommitWaiterPastItsBoundWhileTheClaimIsDecidedGetsTheReplay(t *testing.T) {
 	d, _, biz := poolApp(t, 1)
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: time.Nanosecond, ClaimTimeout: time.Minute}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true, Wait: time.Nanosecond}, Timeouts: idem.TimeoutOptions{Claim: time.Minute}}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	var runs atomic.Int64
 	entered, release := make(chan struct{}), make(chan struct{})

@@ -153,7 +153,7 @@ func TestFirstExecutionRoundTrips(t *testing.T) {
 		tracer := &countingTracer{}
 		d := openDriverOrder(t, false, tracer, tc.order)
 		biz := newBusiness(t, d)
-		m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: tc.oneCommit}, Scope: idem.SingleTenant})
+		m, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: tc.oneCommit}}, Scope: idem.SingleTenant})
 		require.NoError(t, err)
 		h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			tx, err := idem.Tx[any](r.Context())
@@ -303,7 +303,7 @@ func TestConnectionLostAfterThePipelinedCommit(t *testing.T) {
 	cfg.MaxConns = 2
 	d := storeOn(t, cfg, false)
 	biz := newBusiness(t, d)
-	m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true}, Scope: idem.SingleTenant})
+	m, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true}}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, err := idem.Tx[any](r.Context())

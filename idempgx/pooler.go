@@ -38,7 +38,7 @@ type Options struct {
 	// NewPartitioned).
 	Partitioned *PartitionConfig
 	// ListenConfig, when not nil, is the connection the wait mode's LISTEN
-	// uses (idemdriver.Notifier; idem.EngineConfig.Wait): one per process,
+	// uses (idemdriver.Notifier; idem.EngineOptions.Waiting.Wait): one per process,
 	// outside the pool. Behind a transaction pooler (TransactionPooler),
 	// LISTEN needs a direct connection to the server or a session pooler;
 	// without ListenConfig, waiters there poll. Default: the pool's

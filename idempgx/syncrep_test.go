@@ -67,7 +67,7 @@ func testOutcomeCommitWaits(t *testing.T, base string, inClaimTx bool) {
 	probe := syncRepPool(t, base, schema, "on")
 	store := idempgx.New(syncRepPool(t, base, schema, "on"))
 	t.Cleanup(func() { setStandbys("") }) // before the pool's Close, which waits for the commit
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store, CompleteTimeout: time.Second, ClaimTimeout: time.Second}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(store, idem.Options{Engine: idem.EngineOptions{Timeouts: idem.TimeoutOptions{Complete: time.Second, Claim: time.Second}}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	var runs atomic.Int32
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

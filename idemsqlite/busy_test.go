@@ -67,7 +67,7 @@ func TestDuplicateDuringOwnersTransactionIs409(t *testing.T) {
 	d := newDriver(t)
 	var runs atomic.Int32
 	started, release := make(chan struct{}), make(chan struct{})
-	owner, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, LeaseDuration: time.Second}, Scope: globalScope})
+	owner, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second}}, Scope: globalScope})
 	require.NoError(t, err)
 	h := owner.Handler(holdWriteLock(&runs, started, release))
 	first := make(chan *httptest.ResponseRecorder, 1)
@@ -77,9 +77,9 @@ func TestDuplicateDuringOwnersTransactionIs409(t *testing.T) {
 	// The duplicate sees the database's clock past the owner's lease.
 	clock := &idemdrivertest.Clock{}
 	clock.Advance(2 * time.Second)
-	dupMW, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: idemdrivertest.Shift(d, clock), LeaseDuration: time.Second, ClaimTimeout: 300 * time.Millisecond},
-		Scope:        globalScope,
+	dupMW, err := idem.NewMiddleware(idemdrivertest.Shift(d, clock), idem.Options{
+		Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second}, Timeouts: idem.TimeoutOptions{Claim: 300 * time.Millisecond}},
+		Scope:  globalScope,
 	})
 	require.NoError(t, err)
 	dup := dupMW.Handler(holdWriteLock(&runs, make(chan struct{}), release))
@@ -105,7 +105,7 @@ func TestRenewalQueuedBehindAnotherTransactionKeepsTheLease(t *testing.T) {
 	t.Parallel()
 	d := newDriver(t)
 	const lease = time.Second
-	m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, LeaseDuration: lease}, Scope: globalScope})
+	m, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: lease}}, Scope: globalScope})
 	require.NoError(t, err)
 
 	// B runs without a transaction until A's transaction has ended.
@@ -148,7 +148,7 @@ func TestRenewalQueuedBehindAnotherTransactionKeepsTheLease(t *testing.T) {
 func TestOneCommitDuplicateQueuesForTheWriteLock(t *testing.T) {
 	d := dbtest.SQLite(t)
 	// Any wait is past a 1 ns bound, once the duplicate waits.
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true, OneCommitWait: time.Nanosecond}, Scope: globalScope})
+	mw, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true, Wait: time.Nanosecond}}, Scope: globalScope})
 	require.NoError(t, err)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int64

@@ -29,7 +29,7 @@ func ExampleOpen() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(store, idem.Options{Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func ExampleTx() {
 	if _, err := store.DB().Exec(`CREATE TABLE orders (number TEXT PRIMARY KEY)`); err != nil {
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(store, idem.Options{Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 func ExampleMaintainer() {
 	store, done := dbtest.ExampleStore() // SQLite in a temporary directory; see idemsqlite.ExampleOpen
 	defer done()
-	mw, _ := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant}) // Retention: 24 h
+	mw, _ := idem.NewMiddleware(store, idem.Options{Scope: idem.SingleTenant}) // Retention: 24 h
 	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 	})))

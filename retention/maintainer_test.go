@@ -55,9 +55,9 @@ func TestMaintainerStartStop(t *testing.T) {
 }
 
 func TestConfigRetentionBoundByStore(t *testing.T) {
-	_, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: limited{}, Retention: 48 * time.Hour}, Scope: idem.SingleTenant})
+	_, err := idem.NewMiddleware(limited{}, idem.Options{Engine: idem.EngineOptions{Retention: 48 * time.Hour}, Scope: idem.SingleTenant})
 	require.ErrorContains(t, err, "exceeds the store's MaxRetention 24h0m0s")
-	_, err = idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: limited{}, Retention: 24 * time.Hour}, Scope: idem.SingleTenant})
+	_, err = idem.NewMiddleware(limited{}, idem.Options{Engine: idem.EngineOptions{Retention: 24 * time.Hour}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 }
 

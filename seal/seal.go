@@ -146,7 +146,7 @@ func ParseSecret(s string) ([]byte, error) {
 }
 
 // MinHashSecretBytes is the shortest key-hash secret (HashKey's secret), in
-// bytes: 128 bits. idem.New refuses a shorter EngineConfig.KeyHashSecret,
+// bytes: 128 bits. idem.New refuses a shorter EngineOptions.Sealing.KeyHashSecret,
 // and the commands (paymentsd, the idem CLI) a shorter --key-hash-secret.
 const MinHashSecretBytes = 16
 
@@ -423,7 +423,7 @@ func (r *Keyring) SealResponse(l Life, resp idemdriver.Response) (idemdriver.Res
 // SealTagDropped cleared) of the record of life l as the store returned
 // it. A plain response (SealKey "") is returned as is, by a nil keyring
 // too: nothing authenticates it, so a caller holding keys decides whether
-// to trust it (idem refuses it unless EngineConfig.ReplayPlain is set,
+// to trust it (idem refuses it unless EngineOptions.Sealing.ReplayPlain is set,
 // docs/sealing.md).
 //
 // A sealed response opens only when its seal tag authenticates its
@@ -538,7 +538,7 @@ func unframe(b []byte) (meta, body []byte, err error) {
 }
 
 // Request is the request idem keeps beside a record for an audit
-// (idem.EngineConfig.KeepRequestBytes).
+// (idem.EngineOptions.Sealing.KeepRequestBytes).
 type Request struct {
 	// ContentType is the request's Content-Type header; "" for Do.
 	ContentType string `json:"content_type,omitempty"`
@@ -584,7 +584,7 @@ const HashedKeyPrefix = "h1_"
 const HashedKeyLength = len(HashedKeyPrefix) + 2*sha256.Size
 
 // HashKey returns the key idem stores for a client's Idempotency-Key under
-// secret (idem.EngineConfig.KeyHashSecret): "h1_" and the lowercase hex
+// secret (idem.EngineOptions.Sealing.KeyHashSecret): "h1_" and the lowercase hex
 // HMAC-SHA256(secret, key), HashedKeyLength (67) visible ASCII bytes, which
 // every driver's 255-byte key column holds. The scope is not part of it (it
 // stays a column of its own). Deterministic: the same secret and key give

@@ -19,7 +19,7 @@ import (
 func Example() {
 	// idem.New on SQLite in a temporary directory, every request in the
 	// scope merchant_42: see idem's Example and idemsqlite.ExampleOpen.
-	mw, _, done := dbtest.ExampleMiddleware(idem.Config{EngineConfig: idem.EngineConfig{Outcome: idemconnect.Outcome}})
+	mw, _, done := dbtest.ExampleMiddleware(idem.Options{Engine: idem.EngineOptions{Response: idem.ResponseOptions{Outcome: idemconnect.Outcome}}})
 	defer done()
 
 	charges := int64(0)

@@ -32,7 +32,7 @@
 // problem's type URI is kept in the Idem-Problem-Type response header.
 //
 // The handler's own answers, errors included, pass through untouched and are
-// recorded under Config.Outcome by their HTTP status: a Connect error with
+// recorded under Options.Engine.Response.Outcome by their HTTP status: a Connect error with
 // code invalid_argument (400) is recorded and replayed, unavailable (503) or
 // internal (500) is FAILED and runs again. Under the default policy a 409
 // (aborted, already_exists) and a 499 (canceled) are recorded and replayed;
@@ -43,15 +43,15 @@
 // streaming response would arrive at once, at the end. Connect streams, gRPC
 // and gRPC-Web requests pass through Handler untranslated; gRPC and gRPC-Web
 // responses carry their status in HTTP trailers (Grpc-Status, Grpc-Message),
-// which idem replays only when Config.ReplayHeaders names them, so they are
+// which idem replays only when Options.Replay.Headers names them, so they are
 // not supported.
 //
 // # Metadata
 //
 // A replay carries the response headers, trailers and error metadata of the
-// first call that are on Config.ReplayHeaders, as on net/http: in the
+// first call that are on Options.Replay.Headers, as on net/http: in the
 // Connect protocol's unary responses all three are HTTP headers, a trailer
-// under the Trailer- prefix. Set Config.ReplayHeaders to ReplayHeaders(names...)
+// under the Trailer- prefix. Set Options.Replay.Headers to ReplayHeaders(names...)
 // with the metadata names the handlers set; it lists each name in both forms.
 // Metadata off the list is not replayed.
 //
@@ -63,7 +63,7 @@
 // reads it, so a client that gives up after a short deadline does not cut
 // the execution short (a deadline_exceeded, recorded FAILED, would run it
 // again on retry); the execution is bounded by the lease and
-// Config.MaxExecution, and the retry with the same key gets its result (or
+// Options.Engine.Lease.MaxExecution, and the retry with the same key gets its result (or
 // unavailable while it still runs). Requests idem passes through keep their
 // deadline.
 //
@@ -157,7 +157,7 @@ func Handler(mw *idem.Middleware, h http.Handler) http.Handler {
 	})
 }
 
-// ReplayHeaders returns an allow-list for Config.ReplayHeaders that keeps a
+// ReplayHeaders returns an allow-list for Options.Replay.Headers that keeps a
 // Connect API's metadata for replay: idem.DefaultReplayHeaders() and each of
 // metadata (header names: the response headers, trailers and error metadata
 // the handlers set), each name also as the header that carries it as a
@@ -187,7 +187,7 @@ var timeoutHeaders = []string{"Connect-Timeout-Ms", "Grpc-Timeout"}
 // connect-go's handler would turn into a deadline on the execution's
 // context: idem detaches the execution from the client (a client that gives
 // up does not stop the work or its recording; CONTRACT section 4), and the
-// execution is bounded by the lease and Config.MaxExecution instead. r's
+// execution is bounded by the lease and Options.Engine.Lease.MaxExecution instead. r's
 // header is copied, not changed.
 func detachDeadline(r *http.Request) *http.Request {
 	for _, k := range timeoutHeaders {
@@ -241,7 +241,7 @@ func answerPanic(ew *connect.ErrorWriter, w http.ResponseWriter, r *http.Request
 // Outcome is idem.DefaultOutcome with the Connect codes that call for a
 // retry added as FAILED: 409 (aborted: a concurrency conflict, gRPC's advice
 // is to retry the whole operation; already_exists shares the status) and 499
-// (canceled). Set it as Config.Outcome for a Connect API.
+// (canceled). Set it as Options.Engine.Response.Outcome for a Connect API.
 func Outcome(status int) idem.Outcome {
 	if status == http.StatusConflict || status == 499 {
 		return idem.Failed

@@ -57,14 +57,14 @@ type service struct {
 	url  string
 }
 
-func newService(t *testing.T, store idem.Store, cfg func(*idem.Config), handlerOpts ...connect.HandlerOption) *service {
+func newService(t *testing.T, store idem.Store, cfg func(*idem.Options), handlerOpts ...connect.HandlerOption) *service {
 	t.Helper()
 	s := &service{}
-	c := idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: func(*http.Request) (string, error) { return adaptertest.Scope, nil }}
+	c := idem.Options{Scope: func(*http.Request) (string, error) { return adaptertest.Scope, nil }}
 	if cfg != nil {
 		cfg(&c)
 	}
-	mw, err := idem.New(c)
+	mw, err := idem.NewMiddleware(store, c)
 	require.NoError(t, err)
 	h := connect.NewUnaryHandler(procedure, func(ctx context.Context, req *connect.Request[ChargeRequest]) (*connect.Response[ChargeResponse], error) {
 		n := s.runs.Add(1)
@@ -259,7 +259,7 @@ func testConnect(t *testing.T, store func(*testing.T) idem.Store) {
 	})
 
 	t.Run("MissingScope", func(t *testing.T) {
-		s := newService(t, store(t), func(c *idem.Config) {
+		s := newService(t, store(t), func(c *idem.Options) {
 			c.Scope = func(*http.Request) (string, error) { return "", errors.New("no credentials") }
 		})
 		_, err := s.call("k", 1000)
@@ -292,7 +292,7 @@ func testConnect(t *testing.T, store func(*testing.T) idem.Store) {
 
 	t.Run("Aborted", func(t *testing.T) {
 		// With idemconnect.Outcome, aborted (409) is FAILED: the retry runs.
-		s := newService(t, store(t), func(c *idem.Config) { c.Outcome = idemconnect.Outcome })
+		s := newService(t, store(t), func(c *idem.Options) { c.Engine.Response.Outcome = idemconnect.Outcome })
 		s.answer = failOnce(connect.CodeAborted, "ledger version conflict")
 		requireRetryRuns(t, s, connect.CodeAborted)
 	})

@@ -18,8 +18,8 @@ import (
 
 // replayMetadata is the allow-list of the metadata tests: the charge's
 // header, trailer and decline metadata.
-func replayMetadata(c *idem.Config) {
-	c.ReplayHeaders = idemconnect.ReplayHeaders("X-Charge-Id", "X-Ledger-Version", "X-Decline-Code")
+func replayMetadata(c *idem.Options) {
+	c.Replay.Headers = idemconnect.ReplayHeaders("X-Charge-Id", "X-Ledger-Version", "X-Decline-Code")
 }
 
 func TestMetadataReplayed(t *testing.T) {
@@ -70,8 +70,8 @@ func TestClientDeadlineDoesNotReachTheExecution(t *testing.T) {
 	// execution goes on, detached from it as on net/http, and is recorded:
 	// the handler runs once, and the retry gets its result.
 	recorded := make(chan idem.Event, 4)
-	s := newService(t, adaptertest.SQLite(t), func(c *idem.Config) {
-		c.Observer = idem.ObserverFunc(func(_ context.Context, e idem.Event) { recorded <- e })
+	s := newService(t, adaptertest.SQLite(t), func(c *idem.Options) {
+		c.Engine.Observer = idem.ObserverFunc(func(_ context.Context, e idem.Event) { recorded <- e })
 	})
 	s.hold = make(chan struct{})
 	s.slow = true

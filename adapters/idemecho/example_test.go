@@ -20,7 +20,7 @@ import (
 func Example() {
 	// idem.New on SQLite in a temporary directory, every request in the
 	// scope merchant_42: see idem's Example and idemsqlite.ExampleOpen.
-	mw, _, done := dbtest.ExampleMiddleware(idem.Config{})
+	mw, _, done := dbtest.ExampleMiddleware(idem.Options{})
 	defer done()
 
 	e := echo.New()

@@ -5,7 +5,7 @@
 // Register the middleware returned by Middleware on the routes (or the group)
 // it protects:
 //
-//	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: tenantOf})
+//	mw, err := idem.NewMiddleware(store, idem.Options{Scope: tenantOf})
 //	...
 //	e := echo.New()
 //	e.Use(middleware.Recover())
@@ -41,8 +41,8 @@
 // c.Request() is idem's request for the execution: its context carries the
 // claim (idem.ExecutionFromContext, the business transaction of the drivers'
 // Tx functions, idem.RelayKey), is detached from the client's, and is
-// cancelled when the lease is lost or Config.MaxExecution passes (CONTRACT
-// section 4). Its body was read by idem (at most Config.MaxRequestBytes) and
+// cancelled when the lease is lost or Options.Engine.Lease.MaxExecution passes (CONTRACT
+// section 4). Its body was read by idem (at most Options.Request.MaxBytes) and
 // is given again in full. c.Response() is a fresh *echo.Response over idem's
 // writer, which holds the response until the outcome is recorded: Flush is
 // deferred and Hijack refused. Both are put back when the chain returns, so
@@ -51,7 +51,7 @@
 //
 // # Errors and panics
 //
-// The returned error's response is the outcome, recorded by Config.Outcome: a
+// The returned error's response is the outcome, recorded by Options.Engine.Response.Outcome: a
 // 402 *echo.HTTPError is recorded and replayed, a 503 is recorded FAILED and
 // runs again on retry. Middleware itself returns nil once the error is
 // answered: the error has its response, recorded, and must not be answered
@@ -68,7 +68,7 @@
 // call would run the handler twice. Recover registered after this middleware
 // answers the panic inside idem's writer instead: a 500, recorded FAILED,
 // with the same effect. A panic of a request idem passes through (another
-// method, no key with Config.KeyOptional, an unrouted request) is left to
+// method, no key with Options.KeyOptional, an unrouted request) is left to
 // echo.
 package idemecho
 
@@ -87,7 +87,7 @@ import (
 // mw: once per claim, inside mw's handler, writing through mw's writer, with
 // a returned error answered there by the Echo instance's HTTPErrorHandler,
 // and a panic answered 500 (see the package documentation). Requests that mw
-// does not protect (other methods, Config.KeyOptional without a key) run the
+// does not protect (other methods, Options.KeyOptional without a key) run the
 // chain as usual, still inside mw's handler, their errors answered the same
 // way. Requests echo does not route run the chain outside mw's handler.
 func Middleware(mw *idem.Middleware) echo.MiddlewareFunc {

@@ -15,7 +15,7 @@ import (
 // as a context.Context, does not reach it: gin's Context.Value falls back to
 // the request's context only with Engine.ContextWithFallback, so
 // idem.RelayKey(c, ...) answers idem.ErrNoExecution. Outside a protected
-// execution (another method, no key with Config.KeyOptional) it is the
+// execution (another method, no key with Options.KeyOptional) it is the
 // request's own context, and idem's functions answer as outside one.
 func Context(c *gin.Context) context.Context { return c.Request.Context() }
 

@@ -21,7 +21,7 @@ import (
 func Example() {
 	// idem.New on SQLite in a temporary directory, every request in the
 	// scope merchant_42: see idem's Example and idemsqlite.ExampleOpen.
-	mw, store, done := dbtest.ExampleMiddleware(idem.Config{})
+	mw, store, done := dbtest.ExampleMiddleware(idem.Options{})
 	defer done()
 	if _, err := store.DB().Exec(`CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {
 		log.Fatal(err)

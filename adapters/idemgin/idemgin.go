@@ -5,7 +5,7 @@
 // Register the middleware returned by Middleware on the routes (or the group)
 // it protects:
 //
-//	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: tenantOf})
+//	mw, err := idem.NewMiddleware(store, idem.Options{Scope: tenantOf})
 //	...
 //	r := gin.New()
 //	r.Use(gin.Recovery())
@@ -29,13 +29,13 @@
 // c.Request is idem's request for the execution: its context carries the
 // claim (idem.ExecutionFromContext, the business transaction of the drivers'
 // Tx functions, idem.RelayKey), is detached from the client's, and is
-// cancelled when the lease is lost or Config.MaxExecution passes (CONTRACT
+// cancelled when the lease is lost or Options.Engine.Lease.MaxExecution passes (CONTRACT
 // section 4). Pass Context(c) (that is, c.Request.Context()) to idem's
 // context-taking functions, or use Execution(c) and RelayKey(c, step): c
 // itself, as a context.Context, reaches idem's context only with gin's
 // Engine.ContextWithFallback, and idem.RelayKey(c, ...) or idem.Tx[*sql.Tx](c)
 // otherwise answer idem.ErrNoExecution. The body was read by idem (at most
-// Config.MaxRequestBytes) and is given again in full.
+// Options.Request.MaxBytes) and is given again in full.
 //
 // c.Writer keeps gin's semantics (a status set with c.Status is written with
 // the first body byte or when the chain ends) over idem's writer, which holds
@@ -46,7 +46,7 @@
 // # Errors and panics
 //
 // Whatever the chain wrote is the outcome, recorded with its real status by
-// Config.Outcome: c.AbortWithStatusJSON(402, ...) is recorded and replayed as
+// Options.Engine.Response.Outcome: c.AbortWithStatusJSON(402, ...) is recorded and replayed as
 // that 402 and body, c.AbortWithError(402, err) as a 402 with an empty body
 // (what gin answers), a 5xx is recorded FAILED and runs again on retry. Errors
 // added with c.Error by a chain that wrote nothing are answered by the
@@ -65,7 +65,7 @@
 // call would run the handler twice. gin.Recovery registered after this
 // middleware answers the panic inside idem's writer instead: a 500, recorded
 // FAILED, with the same effect. A panic of a request idem passes through
-// (another method, no key with Config.KeyOptional) is left to gin.
+// (another method, no key with Options.KeyOptional) is left to gin.
 package idemgin
 
 import (
@@ -117,7 +117,7 @@ func DefaultErrorHandler(c *gin.Context) {
 // Middleware returns gin middleware that runs the rest of the handler chain
 // under mw: once per claim, inside mw's handler, writing through mw's writer
 // (see the package documentation). Requests that mw does not protect (other
-// methods, Config.KeyOptional without a key) run the chain as usual, still
+// methods, Options.KeyOptional without a key) run the chain as usual, still
 // inside mw's handler.
 func Middleware(mw *idem.Middleware, opts ...Option) gin.HandlerFunc {
 	o := options{errorHandler: DefaultErrorHandler}
@@ -247,7 +247,7 @@ func (w *responseWriter) Flush() {
 }
 
 // CloseNotify returns a channel that receives true when the execution's
-// context ends (lease lost, Config.MaxExecution passed, or the execution
+// context ends (lease lost, Options.Engine.Lease.MaxExecution passed, or the execution
 // finished). A client hanging up does not end it (CONTRACT section 4).
 func (w *responseWriter) CloseNotify() <-chan bool {
 	if w.closed == nil {

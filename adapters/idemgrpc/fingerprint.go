@@ -22,7 +22,7 @@ var canonicalJSON = protojson.MarshalOptions{UseProtoNames: true, UseEnumNumbers
 // req, a proto.Message, as protojson writes it with the schema's field names
 // (UseProtoNames) and enum numbers (UseEnumNumbers), fields at their default
 // value left out. Unknown fields are not written. It is what the record
-// keeps of the request under EngineConfig.KeepRequestBytes. A request
+// keeps of the request under EngineOptions.Sealing.KeepRequestBytes. A request
 // protojson cannot write (an Any whose type this binary does not link) is
 // written as proto's deterministic binary encoding instead, stable within
 // one binary only, and hashed as such (its fingerprint cannot equal a JSON

@@ -3,7 +3,7 @@
 // outcome, and every retry gets that outcome back (CONTRACT sections 3 to 6),
 // through a unary server interceptor on idem's Engine.Do.
 //
-//	ic, err := idemgrpc.New(idem.EngineConfig{Store: store}, merchantFromAuth,
+//	ic, err := idemgrpc.New(store, idem.EngineOptions{}, merchantFromAuth,
 //		idemgrpc.ForMethods("/payments.v1.Payments/Charge"))
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(auth, ic.UnaryServerInterceptor()))
 //
@@ -43,7 +43,7 @@
 //
 // The handler runs inside Engine.Do, on a context detached from the client's
 // (no deadline, no cancellation; bounded by the lease and
-// EngineConfig.MaxExecution instead), which carries idem.ExecutionFromContext,
+// EngineOptions.Lease.MaxExecution instead), which carries idem.ExecutionFromContext,
 // idem.Tx and idem.RelayKey as over HTTP. What it returns is decided by the
 // outcome policy (WithOutcome; DefaultOutcome): a response, or an error
 // whose code is an outcome (InvalidArgument, NotFound, FailedPrecondition,
@@ -64,7 +64,7 @@
 // message without map fields (Go's protobuf writes fields in number order and
 // unknown fields as read); a map's entries come in the order grpc-go's codec
 // picks, on the first call as on a replay, since it does not sort them. The
-// record's HTTP status is 200, as gRPC's is: EngineConfig.Outcome sees 200,
+// record's HTTP status is 200, as gRPC's is: EngineOptions.Response.Outcome sees 200,
 // and the policy that matters is WithOutcome's.
 //
 // # idem's own answers
@@ -78,7 +78,7 @@
 // (gRFC A6) while it ignores RetryInfo; they are trailers-only responses (no
 // header metadata), the only ones grpc-go's retry policy retries (so a
 // handler's own Unavailable is retried only if the handler set no header
-// metadata). The in-flight pushback is EngineConfig.InFlightRetryAfter (1 s
+// metadata). The in-flight pushback is EngineOptions.RetryAfter.InFlight (1 s
 // by default), not the lease left: grpc-go's 5 attempts may give up before a
 // crashed owner's lease ends (docs/adapters.md). Every one
 // carries a google.rpc.ErrorInfo detail (domain "idem", reason the problem's
@@ -90,8 +90,9 @@
 // default (idem's wait mode, DoParams.Wait): up to WithWait (default 30 s)
 // and at most 90% of the time left before the call's deadline, then it gets
 // the replay, or Unavailable with the pushback if the owner still runs. New
-// sets EngineConfig.MaxWait to that wait when the config sets neither Wait
-// nor MaxWait (on PostgreSQL an engine with MaxWait set sends NOTIFY on its
+// sets EngineOptions.Waiting.Max to that wait when the options set neither
+// Waiting.Wait nor Waiting.Max (on PostgreSQL an engine with Waiting.Max set
+// sends NOTIFY on its
 // completions: docs/contract.md "Waiting for the owner"); WithWait(0) turns
 // waiting off.
 //
@@ -152,7 +153,7 @@ type ScopeFunc func(ctx context.Context) (string, error)
 // idem's fingerprint package hashes (SHA-256, with the full method; JSON is
 // canonicalized per RFC 8785 first, other bytes hashed as they are); it must
 // be deterministic and stable across deploys. The form is what
-// EngineConfig.KeepRequestBytes keeps. With WithKeyField, req is a clone
+// EngineOptions.Sealing.KeepRequestBytes keeps. With WithKeyField, req is a clone
 // without the key field. An error answers Internal (the
 // handler does not run).
 type FingerprintFunc func(fullMethod string, req any) ([]byte, error)
@@ -205,7 +206,7 @@ func ForMethods(fullMethods ...string) Option {
 // answers InvalidArgument. The field is cleared, on a clone of the message,
 // before the fingerprint (FingerprintFunc gets the clone) and so before the
 // request is kept: a retry that moves the key between the field and the
-// metadata is the same request, and with EngineConfig.KeyHashSecret the
+// metadata is the same request, and with EngineOptions.Sealing.KeyHashSecret the
 // record holds no client key. Default: the metadata only.
 func WithKeyField(name protoreflect.Name) Option {
 	return func(o *options) { o.keyField = name }
@@ -247,20 +248,21 @@ func WithMetadata(names ...string) Option {
 // WithWait sets how long a duplicate that finds its key in flight waits for
 // the owner's outcome before Unavailable (with pushback): at most d, at most
 // 90% of the time left before the call's deadline, at most
-// EngineConfig.MaxWait. 0 turns waiting off: Unavailable at once. Default:
+// EngineOptions.Waiting.Max. 0 turns waiting off: Unavailable at once. Default:
 // DefaultWait.
 func WithWait(d time.Duration) Option {
 	return func(o *options) { o.wait = d }
 }
 
-// New returns the interceptor on an Engine made of cfg (idem.NewEngine).
-// When cfg sets neither Wait nor MaxWait and waiting is on (WithWait), New
-// sets cfg.MaxWait to the wait. scope is required.
+// New returns the interceptor on an Engine of store made of cfg
+// (idem.NewEngineWith). When cfg sets neither Waiting.Wait nor Waiting.Max
+// and waiting is on (WithWait), New sets cfg.Waiting.Max to the wait. scope
+// is required.
 //
 // Errors: a nil scope, a nil argument of an option, a negative wait, a
-// metadata name New refuses (WithMetadata), or idem.NewEngine's (which
-// names the EngineConfig fields).
-func New(cfg idem.EngineConfig, scope ScopeFunc, opts ...Option) (*Interceptor, error) {
+// metadata name New refuses (WithMetadata), or idem.NewEngineWith's (which
+// names the EngineOptions fields by path).
+func New(store idem.Store, cfg idem.EngineOptions, scope ScopeFunc, opts ...Option) (*Interceptor, error) {
 	o := options{outcome: DefaultOutcome, codec: ProtoCodec{}, wait: DefaultWait, fingerprint: Fingerprint}
 	for _, opt := range opts {
 		opt(&o)
@@ -289,10 +291,10 @@ func New(cfg idem.EngineConfig, scope ScopeFunc, opts ...Option) (*Interceptor, 
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	if o.wait > 0 && cfg.Wait == 0 && cfg.MaxWait == 0 {
-		cfg.MaxWait = o.wait
+	if o.wait > 0 && cfg.Waiting.Wait == 0 && cfg.Waiting.Max == 0 {
+		cfg.Waiting.Max = o.wait
 	}
-	engine, err := idem.NewEngine(cfg)
+	engine, err := idem.NewEngineWith(store, cfg)
 	if err != nil {
 		return nil, err
 	}

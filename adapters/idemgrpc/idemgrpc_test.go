@@ -32,7 +32,6 @@ func TestInterceptor(t *testing.T) { onStores(t, testInterceptor) }
 
 func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 	ctx := context.Background()
-	cfg := func(t *testing.T) idem.EngineConfig { return idem.EngineConfig{Store: store(t)} }
 
 	t.Run("Replay", func(t *testing.T) {
 		// The replay: the same bytes, the allow-listed header and trailer
@@ -43,7 +42,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 			require.NoError(t, grpc.SetTrailer(ctx, metadata.Pairs("x-ledger-bin", "\x00\xffledger", "x-trace", "t1")))
 			return chargeList(n, amountOf(req)), nil
 		}
-		s.serve(t, cfg(t), idemgrpc.WithMetadata("X-Charge-Id", "x-ledger-bin"))
+		s.serve(t, store(t), idem.EngineOptions{}, idemgrpc.WithMetadata("X-Charge-Id", "x-ledger-bin"))
 		first := s.call(ctx, charge, "k", 1000, nil)
 		require.NoError(t, first.err)
 		require.False(t, first.replayed)
@@ -64,7 +63,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 	t.Run("ConcurrentDuplicatesWait", func(t *testing.T) {
 		// 16 concurrent calls, one key, waiting on (the default): one run,
 		// every other caller gets the replay.
-		s := (&service{}).serve(t, cfg(t))
+		s := (&service{}).serve(t, store(t), idem.EngineOptions{})
 		results := storm(s, 16, "storm")
 		require.EqualValues(t, 1, s.runs.Load())
 		replays := 0
@@ -81,7 +80,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 	t.Run("ConcurrentDuplicatesNoWait", func(t *testing.T) {
 		// Waiting off: one run; the others get the replay or Unavailable
 		// with RetryInfo and the pushback.
-		s := (&service{}).serve(t, cfg(t), idemgrpc.WithWait(0))
+		s := (&service{}).serve(t, store(t), idem.EngineOptions{}, idemgrpc.WithWait(0))
 		results := storm(s, 16, "storm")
 		require.EqualValues(t, 1, s.runs.Load())
 		for _, r := range results {
@@ -101,7 +100,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 		// trailers-only (no header), with the pushback InFlightRetryAfter
 		// (1 s), not the lease left.
 		s := &service{hold: make(chan struct{}), enter: make(chan struct{}, 1)}
-		s.serve(t, cfg(t), idemgrpc.WithWait(0))
+		s.serve(t, store(t), idem.EngineOptions{}, idemgrpc.WithWait(0))
 		release := sync.OnceFunc(func() { close(s.hold) })
 		t.Cleanup(release)
 		done := make(chan result, 1)
@@ -121,7 +120,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 	t.Run("WaitGetsReplay", func(t *testing.T) {
 		// Waiting on: a duplicate waits for the owner and gets its replay.
 		s := &service{hold: make(chan struct{}), enter: make(chan struct{}, 1)}
-		s.serve(t, cfg(t))
+		s.serve(t, store(t), idem.EngineOptions{})
 		release := sync.OnceFunc(func() { close(s.hold) })
 		t.Cleanup(release)
 		done := make(chan result, 1)
@@ -144,7 +143,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 	t.Run("KeyReused", func(t *testing.T) {
 		// Another request, or another method, with the key:
 		// FailedPrecondition, the handler not run.
-		s := (&service{}).serve(t, cfg(t))
+		s := (&service{}).serve(t, store(t), idem.EngineOptions{})
 		require.NoError(t, s.call(ctx, charge, "k", 1000, nil).err)
 		for _, r := range []result{s.call(ctx, charge, "k", 9999, nil), s.call(ctx, refund, "k", 1000, nil)} {
 			requireCode(t, r, codes.FailedPrecondition)
@@ -156,7 +155,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 	})
 
 	t.Run("BadKey", func(t *testing.T) {
-		s := (&service{}).serve(t, cfg(t))
+		s := (&service{}).serve(t, store(t), idem.EngineOptions{})
 		r := s.call(ctx, charge, "not a key", 1000, nil) // spaces
 		requireCode(t, r, codes.InvalidArgument)
 		require.Equal(t, "INVALID_KEY", r.reason)
@@ -173,7 +172,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 	t.Run("KeyOptionalAndMethods", func(t *testing.T) {
 		// Without a key, WithKeyOptional passes the call through; a method
 		// ForMethods does not name passes through with a key too.
-		s := (&service{}).serve(t, cfg(t), idemgrpc.WithKeyOptional(), idemgrpc.ForMethods(charge))
+		s := (&service{}).serve(t, store(t), idem.EngineOptions{}, idemgrpc.WithKeyOptional(), idemgrpc.ForMethods(charge))
 		s.answer = func(ctx context.Context, n int64, req proto.Message) (proto.Message, error) {
 			return chargeList(n, amountOf(req)), nil
 		}
@@ -186,7 +185,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 	})
 
 	t.Run("MissingScope", func(t *testing.T) {
-		ic, err := idemgrpc.New(cfg(t), func(context.Context) (string, error) { return "", errors.New("no credentials") })
+		ic, err := idemgrpc.New(store(t), idem.EngineOptions{}, func(context.Context) (string, error) { return "", errors.New("no credentials") })
 		require.NoError(t, err)
 		s := &service{}
 		s.listen(t, grpc.UnaryInterceptor(ic.UnaryServerInterceptor()))
@@ -207,7 +206,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 			require.NoError(t, err)
 			return nil, st.Err()
 		}
-		s.serve(t, cfg(t), idemgrpc.WithMetadata("x-charge-id"))
+		s.serve(t, store(t), idem.EngineOptions{}, idemgrpc.WithMetadata("x-charge-id"))
 		var sts []*status.Status
 		for i := range 2 {
 			r := s.call(ctx, charge, "k", 1, nil)
@@ -230,7 +229,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 				}
 				return chargeList(n, amountOf(req)), nil
 			}
-			s.serve(t, cfg(t))
+			s.serve(t, store(t), idem.EngineOptions{})
 			requireCode(t, s.call(ctx, charge, "k", 1000, nil), status.Code(fail))
 			r := s.call(ctx, charge, "k", 1000, nil)
 			require.NoError(t, r.err)
@@ -259,7 +258,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 			}
 			return nil, status.Error(codes.Unavailable, "provider down")
 		}
-		s.serve(t, cfg(t), idemgrpc.WithOutcome(policy))
+		s.serve(t, store(t), idem.EngineOptions{}, idemgrpc.WithOutcome(policy))
 		requireCode(t, s.call(ctx, charge, "u", 1000, nil), codes.Unavailable)
 		r := s.call(ctx, charge, "u", 1000, nil)
 		requireCode(t, r, codes.Unavailable)
@@ -283,7 +282,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 			}
 			return chargeList(n, amountOf(req)), nil
 		}
-		ic, err := idemgrpc.New(cfg(t), func(context.Context) (string, error) { return adaptertest.Scope, nil })
+		ic, err := idemgrpc.New(store(t), idem.EngineOptions{}, func(context.Context) (string, error) { return adaptertest.Scope, nil })
 		require.NoError(t, err)
 		recovery := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
 			defer func() {
@@ -302,7 +301,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 	t.Run("ResponseNotStored", func(t *testing.T) {
 		// A response over MaxResponseBytes reaches the first caller; the
 		// retry gets AlreadyExists, and the handler does not run again.
-		s := (&service{}).serve(t, idem.EngineConfig{Store: store(t), MaxResponseBytes: 8})
+		s := (&service{}).serve(t, store(t), idem.EngineOptions{Response: idem.ResponseOptions{MaxBytes: 8}})
 		require.NoError(t, s.call(ctx, charge, "k", 1000, nil).err)
 		r := s.call(ctx, charge, "k", 1000, nil)
 		requireCode(t, r, codes.AlreadyExists)
@@ -314,7 +313,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 		// The handler runs detached from the client's deadline: the client
 		// gives up, the execution is recorded, and the retry replays it.
 		s := &service{hold: make(chan struct{}), enter: make(chan struct{}, 1)}
-		s.serve(t, cfg(t))
+		s.serve(t, store(t), idem.EngineOptions{})
 		cctx, cancel := context.WithCancel(ctx)
 		done := make(chan result, 1)
 		go func() { done <- s.call(cctx, charge, "k", 1000, nil) }()
@@ -359,7 +358,7 @@ func testClientGoneNoWarning(t *testing.T, store func(*testing.T) idem.Store) {
 		require.NoError(t, grpc.SetTrailer(ctx, metadata.Pairs("x-ledger", "l1")))
 		return chargeList(n, amountOf(req)), nil
 	}
-	s.serve(t, idem.EngineConfig{Store: store(t), Logger: slog.New(logs)}, idemgrpc.WithMetadata("x-charge-id"))
+	s.serve(t, store(t), idem.EngineOptions{Logger: slog.New(logs)}, idemgrpc.WithMetadata("x-charge-id"))
 	ctx := context.Background()
 	// The client's deadline is shorter than the handler, which holds until
 	// the client has given up.
@@ -413,10 +412,10 @@ func TestNewRefuses(t *testing.T) {
 		{"negative wait", scope, []idemgrpc.Option{idemgrpc.WithWait(-time.Second)}},
 		{"nil policy", scope, []idemgrpc.Option{idemgrpc.WithOutcome(nil)}},
 	} {
-		_, err := idemgrpc.New(idem.EngineConfig{Store: store}, tc.scope, tc.opts...)
+		_, err := idemgrpc.New(store, idem.EngineOptions{}, tc.scope, tc.opts...)
 		require.Error(t, err, tc.name)
 	}
-	_, err := idemgrpc.New(idem.EngineConfig{}, scope)
+	_, err := idemgrpc.New(nil, idem.EngineOptions{}, scope)
 	require.ErrorContains(t, err, "Store")
 }
 
@@ -439,11 +438,11 @@ func TestDamagedRecord(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			store := adaptertest.SQLite(t)
-			cfg := idem.EngineConfig{Store: store}
+			var cfg idem.EngineOptions
 			if tc.sealed {
-				cfg.SealKeys = []seal.Key{{ID: "k1", Secret: bytes.Repeat([]byte{7}, 32)}}
+				cfg.Sealing.Keys = []seal.Key{{ID: "k1", Secret: bytes.Repeat([]byte{7}, 32)}}
 			}
-			s := (&service{}).serve(t, cfg)
+			s := (&service{}).serve(t, store, cfg)
 			require.NoError(t, s.call(ctx, charge, "k", 1000, nil).err)
 			res, err := store.(*idemsqlite.Driver).DB().ExecContext(ctx, tc.damage)
 			require.NoError(t, err)
@@ -466,7 +465,7 @@ func TestDamagedRecord(t *testing.T) {
 func TestStoreDown(t *testing.T) {
 	t.Parallel()
 	store := adaptertest.SQLite(t)
-	s := (&service{}).serve(t, idem.EngineConfig{Store: store})
+	s := (&service{}).serve(t, store, idem.EngineOptions{})
 	require.NoError(t, store.(*idemsqlite.Driver).Close())
 	r := s.call(context.Background(), charge, "k", 1000, nil)
 	st := requireCode(t, r, codes.Unavailable)
@@ -493,8 +492,7 @@ func TestHealthCheck(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ic, err := idemgrpc.New(idem.EngineConfig{Store: adaptertest.SQLite(t)},
-				func(context.Context) (string, error) { return adaptertest.Scope, nil }, tc.opts...)
+			ic, err := idemgrpc.New(adaptertest.SQLite(t), idem.EngineOptions{}, func(context.Context) (string, error) { return adaptertest.Scope, nil }, tc.opts...)
 			require.NoError(t, err)
 			lis, err := net.Listen("tcp", "127.0.0.1:0")
 			require.NoError(t, err)

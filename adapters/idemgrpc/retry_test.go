@@ -37,12 +37,12 @@ func testRetryPolicy(t *testing.T, store func(*testing.T) idem.Store) {
 		var inFlight sync.WaitGroup
 		inFlight.Add(1)
 		seen := sync.OnceFunc(inFlight.Done)
-		cfg := idem.EngineConfig{Store: store(t), Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
+		cfg := idem.EngineOptions{Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
 			if e.Kind == idem.EventInFlight {
 				seen()
 			}
 		})}
-		s.serve(t, cfg, idemgrpc.WithWait(0))
+		s.serve(t, store(t), cfg, idemgrpc.WithWait(0))
 		retrying := &service{conn: dialT(t, s.conn.Target(), grpc.WithDefaultServiceConfig(retryPolicy))}
 
 		owner := make(chan result, 1)
@@ -78,7 +78,7 @@ func testRetryPolicy(t *testing.T, store func(*testing.T) idem.Store) {
 			}
 			return chargeList(n, amountOf(req)), nil
 		}
-		s.serve(t, idem.EngineConfig{Store: store(t)})
+		s.serve(t, store(t), idem.EngineOptions{})
 		retrying := &service{conn: dialT(t, s.conn.Target(), grpc.WithDefaultServiceConfig(retryPolicy))}
 		r := retrying.call(context.Background(), charge, "pay-2", 1000, nil)
 		require.NoError(t, r.err)

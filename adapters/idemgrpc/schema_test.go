@@ -62,7 +62,7 @@ func servedRelease(t *testing.T, store idem.Store, release int, opts ...idemgrpc
 	t.Helper()
 	md := chargeRequest(t, release)
 	s := &service{newRequest: func() proto.Message { return dynamicpb.NewMessage(md) }}
-	return s.serve(t, idem.EngineConfig{Store: store}, opts...)
+	return s.serve(t, store, idem.EngineOptions{}, opts...)
 }
 
 func TestSchemaChange(t *testing.T) {
@@ -163,7 +163,7 @@ func TestKeyFieldNotStored(t *testing.T) {
 		md := chargeRequest(t, 1)
 		s := &service{newRequest: func() proto.Message { return dynamicpb.NewMessage(md) }}
 		secret := bytes.Repeat([]byte{9}, 32)
-		s.serve(t, idem.EngineConfig{Store: store, KeyHashSecret: secret, KeepRequestBytes: 4096}, idemgrpc.WithKeyField("request_id"))
+		s.serve(t, store, idem.EngineOptions{Sealing: idem.SealingOptions{KeyHashSecret: secret, KeepRequestBytes: 4096}}, idemgrpc.WithKeyField("request_id"))
 		ctx := context.Background()
 		keys := []string{"secret-order-42", "secret-order-43"}
 		for _, k := range keys {

@@ -35,7 +35,7 @@ type handlerConfig struct {
 	Hang time.Duration
 	// Roll returns a number in [0, 1) for the injections; default rand.Float64.
 	Roll func() float64
-	// Observer is idem's Config.Observer (service.Telemetry); nil: none.
+	// Observer is idem's Options.Engine.Observer (service.Telemetry); nil: none.
 	Observer idem.Observer
 	// Metrics, when not nil, is served at GET /metrics, without
 	// authentication (service.Telemetry.Metrics).
@@ -69,9 +69,9 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	if cfg.Roll == nil {
 		cfg.Roll = rand.Float64
 	}
-	mw, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: cfg.Store.Idem(), LeaseDuration: cfg.Lease, Logger: cfg.Logger, Observer: cfg.Observer},
-		Scope:        service.Scope,
+	mw, err := idem.NewMiddleware(cfg.Store.Idem(), idem.Options{
+		Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: cfg.Lease}, Logger: cfg.Logger, Observer: cfg.Observer},
+		Scope:  service.Scope,
 	})
 	if err != nil {
 		return nil, err

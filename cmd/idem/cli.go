@@ -145,7 +145,7 @@ The database comes from --database-url (or IDEM_DATABASE_URL):
   mysql://user:pass@host:port/db      MySQL / MariaDB
   sqlite:PATH, file:PATH or PATH      the SQLite file at PATH
 
-A store whose records are sealed (idem.EngineConfig.SealKeys) opens with
+A store whose records are sealed (idem.EngineOptions.Sealing.Keys) opens with
 --seal-key id:base64secret (repeatable, or comma-separated; or
 IDEM_SEAL_KEYS); one whose keys are hashed (KeyHashSecret) takes
 --key-hash-secret base64secret (or IDEM_KEY_HASH_SECRET): --key is then the
@@ -516,11 +516,11 @@ when several scopes hold the key, they are listed and --scope must choose.
 as body (text) and body_base64 (the exact bytes).
 
 --request prints the request kept beside the record for an audit
-(idem.EngineConfig.KeepRequestBytes; SUCCEEDED records only): its
+(idem.EngineOptions.Sealing.KeepRequestBytes; SUCCEEDED records only): its
 Content-Type, query string, size and body (its first KeepRequestBytes bytes,
 flagged truncated); --json adds it as request.
 
-A sealed record (idem.EngineConfig.SealKeys) shows its response and request
+A sealed record (idem.EngineOptions.Sealing.Keys) shows its response and request
 only with the key that sealed it (--seal-key); without it, inspect says which
 key id it needs and shows the plain columns. On a table whose keys are
 stored hashed (KeyHashSecret), a plain --key without --key-hash-secret finds
@@ -697,7 +697,7 @@ func releaseCmd(g *globals, out io.Writer) *cobra.Command {
 		Long: `Delete one key's record, fenced: only the record as just read (its fencing
 token and created_at, and its state) is removed, so a request that claims the
 key meanwhile keeps it. The next request with the key then runs as a new one
-(a service with idem.Config.ReplayCacheBytes set may still replay it from
+(a service with idem.Options.Replay.Cache.Bytes set may still replay it from
 memory, for up to its ReplayCacheTTL, in each process that had replayed it).
 
 The record is what keeps the key's relayed key stable: idem.DeriveKey mixes

@@ -239,7 +239,7 @@ func nextRequest(rec idemdriver.Record, now time.Time, n sealNote) string {
 	case rec.State == idemdriver.StateFailed:
 		return "runs again: the last attempt ended with a retryable outcome"
 	case rec.LeaseLeft > 0:
-		// The server's Retry-After is its Config.InFlightRetryAfter capped
+		// The server's Retry-After is its Options.Engine.RetryAfter.InFlight capped
 		// by the lease left (CONTRACT section 3); this command cannot know
 		// the server's setting, so it gives the lease left.
 		return fmt.Sprintf("409 request-in-flight (lease %s left; Retry-After is the server's in-flight delay, "+

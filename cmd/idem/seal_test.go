@@ -29,9 +29,10 @@ func TestInspectSealedRequest(t *testing.T) {
 			c := cli{t, url}
 			c.ok(b.migrateUp()...)
 			secret, hashSecret := bytes.Repeat([]byte{7}, 32), []byte("the key-hash secret")
-			mw, err := idem.New(idem.Config{Scope: func(*http.Request) (string, error) { return "acct", nil },
-				EngineConfig: idem.EngineConfig{Store: d, SealKeys: []seal.Key{{ID: "k2025", Secret: secret}},
-					KeyHashSecret: hashSecret, KeepRequestBytes: 16}})
+			mw, err := idem.NewMiddleware(d, idem.Options{
+				Scope:  func(*http.Request) (string, error) { return "acct", nil },
+				Engine: idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{ID: "k2025", Secret: secret}}, KeyHashSecret: hashSecret, KeepRequestBytes: 16}},
+			})
 			require.NoError(t, err)
 			h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				w.Header().Set("Location", "/v1/payments/pay_SECRET")
@@ -134,7 +135,7 @@ func TestEmptySealFlagsRefused(t *testing.T) {
 // server holding those keys refuses it (sealing's downgrade, docs/sealing.md).
 func TestInspectPlainRecordUnderSealKeys(t *testing.T) {
 	t.Parallel()
-	c := oneRecord(t, idem.EngineConfig{}, "plain-1")
+	c := oneRecord(t, idem.EngineOptions{}, "plain-1")
 	out := c.ok("inspect", "--key", "plain-1")
 	require.Contains(t, out, "no (stored in plain)\n")
 	require.Contains(t, out, "replay of the stored 201 response")
@@ -169,7 +170,7 @@ func TestInspectPlainRecordUnderSealKeys(t *testing.T) {
 // and, on its sealed line, "the server answers 500 seal-broken".
 func TestInspectSealedRecordItCannotOpen(t *testing.T) {
 	t.Parallel()
-	c := oneRecord(t, idem.EngineConfig{SealKeys: []seal.Key{{ID: "k2025", Secret: bytes.Repeat([]byte{7}, 32)}}}, "sealed-1")
+	c := oneRecord(t, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{{ID: "k2025", Secret: bytes.Repeat([]byte{7}, 32)}}}}, "sealed-1")
 
 	otherSecret := "--seal-key=k2025:" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{8}, 32))
 	out := c.ok(otherSecret, "inspect", "--key", "sealed-1")
@@ -188,15 +189,13 @@ func TestInspectSealedRecordItCannotOpen(t *testing.T) {
 }
 
 // oneRecord returns a cli on a new SQLite store that holds one SUCCEEDED
-// record, key's 201 to a POST, written by an engine of ec (its Store set
-// here).
-func oneRecord(t *testing.T, ec idem.EngineConfig, key string) cli {
+// record, key's 201 to a POST, written by an engine of ec on that store.
+func oneRecord(t *testing.T, ec idem.EngineOptions, key string) cli {
 	t.Helper()
 	url, d := sqliteBackend(t, false)
 	c := cli{t, url}
 	c.ok("migrate", "up")
-	ec.Store = d
-	mw, err := idem.New(idem.Config{Scope: idem.SingleTenant, EngineConfig: ec})
+	mw, err := idem.NewMiddleware(d, idem.Options{Scope: idem.SingleTenant, Engine: ec})
 	require.NoError(t, err)
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }))
 	r := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{}`))

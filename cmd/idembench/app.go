@@ -49,7 +49,7 @@ var (
 // merchant is the scope of every request (Authorization: Bearer sk_test_<merchant>).
 const merchant = "acme"
 
-// scopeOf is Config.Scope: the merchant of the bearer token, as
+// scopeOf is Options.Scope: the merchant of the bearer token, as
 // cmd/paymentsd's authentication gives it.
 func scopeOf(r *http.Request) (string, error) {
 	m, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer sk_test_")
@@ -86,23 +86,23 @@ const replayCacheBytes = 16 << 20
 type app struct {
 	t     *target
 	mw    *idem.Middleware
-	mw1c  *idem.Middleware // Config.OneCommit
-	mwRC  *idem.Middleware // Config.ReplayCacheBytes
+	mw1c  *idem.Middleware // Options.Engine.OneCommit.Enabled
+	mwRC  *idem.Middleware // Options.Replay.Cache.Bytes
 	naive *naiveCache      // nil without Redis
 	hold  holdGate
 	log   *slog.Logger
 }
 
 func newApp(t *target, naive *naiveCache, log *slog.Logger) (*app, error) {
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: t.store, Logger: log}, Scope: scopeOf})
+	mw, err := idem.NewMiddleware(t.store, idem.Options{Engine: idem.EngineOptions{Logger: log}, Scope: scopeOf})
 	if err != nil {
 		return nil, err
 	}
-	mw1c, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: t.store, Logger: log, OneCommit: true}, Scope: scopeOf})
+	mw1c, err := idem.NewMiddleware(t.store, idem.Options{Engine: idem.EngineOptions{Logger: log, OneCommit: idem.OneCommitOptions{Enabled: true}}, Scope: scopeOf})
 	if err != nil {
 		return nil, err
 	}
-	mwRC, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: t.store, Logger: log}, Scope: scopeOf, ReplayCacheBytes: replayCacheBytes})
+	mwRC, err := idem.NewMiddleware(t.store, idem.Options{Engine: idem.EngineOptions{Logger: log}, Scope: scopeOf, Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: replayCacheBytes}}})
 	if err != nil {
 		return nil, err
 	}

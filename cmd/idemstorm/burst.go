@@ -14,7 +14,7 @@ import (
 )
 
 // overloadedType ends the problem type of a request idem refused before its
-// claim (EngineConfig.MaxInFlight): docs/problems.md#overloaded.
+// claim (EngineOptions.Admission.MaxInFlight): docs/problems.md#overloaded.
 const overloadedType = "#overloaded"
 
 // runBurst is --burst's load: every logical payment of cfg.plan sent once,

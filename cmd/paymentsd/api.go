@@ -34,23 +34,23 @@ type handlerConfig struct {
 	Logger   *slog.Logger
 	// Lease is idem's LeaseDuration; zero means idem's default (30 s).
 	Lease time.Duration
-	// RelaySecret is idem's Config.RelaySecret: it keys the derivation of
+	// RelaySecret is idem's Options.Engine.RelaySecret: it keys the derivation of
 	// the Idempotency-Key relayed to the provider. Empty: plain SHA-256.
 	RelaySecret []byte
 	// WriteMode says where the payment's rows are written; empty means
 	// WriteInClaim.
 	WriteMode WriteMode
-	// Wait and MaxWait are idem's EngineConfig.Wait and MaxWait: how long a
+	// Wait and MaxWait are idem's EngineOptions.Waiting.Wait and MaxWait: how long a
 	// duplicate of a payment in flight waits for its outcome (zero: 409 at
 	// once), and the most a request may ask for with Prefer: wait.
 	Wait, MaxWait time.Duration
-	// MaxInFlight is idem's EngineConfig.MaxInFlight, for each protected
+	// MaxInFlight is idem's EngineOptions.Admission.MaxInFlight, for each protected
 	// route: zero, no bound.
 	MaxInFlight int
 	// Faults are the injected crashes and stalls (built with -tags
 	// idemfaults only); nil injects none.
 	Faults *faults
-	// Observer is idem's Config.Observer (service.Telemetry); nil: none.
+	// Observer is idem's Options.Engine.Observer (service.Telemetry); nil: none.
 	Observer idem.Observer
 	// Metrics, when not nil, is served at GET /metrics, without
 	// authentication (service.Telemetry.Metrics).
@@ -95,7 +95,7 @@ type api struct {
 // sent to a mistyped path or with another method gets the 404 or 405
 // without a record, so the client can correct the request and keep its key.
 func newHandler(cfg handlerConfig) (http.Handler, error) {
-	mw, err := idem.New(cfg.idemConfig())
+	mw, err := idem.NewMiddleware(cfg.idemOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -111,17 +111,23 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	return a.serve(routes), nil
 }
 
-// idemConfig is idem's configuration of both protected routes: cfg's store
-// (through the fault injection), scoped by merchant, with cfg's lease,
+// idemOptions is idem's store and options for both protected routes: cfg's
+// store (through the fault injection), scoped by merchant, with cfg's lease,
 // bound on executions in flight,
 // relay secret, logger and observer, and its sealing (SealKeys,
 // ReplayPlain, KeyHashSecret, KeepRequestBytes).
-func (cfg handlerConfig) idemConfig() idem.Config {
-	return idem.Config{
-		EngineConfig: idem.EngineConfig{Store: cfg.Faults.store(cfg.Store.Idem()), LeaseDuration: cfg.Lease, RelaySecret: cfg.RelaySecret, Logger: cfg.Logger, Observer: cfg.Observer,
-			Wait: cfg.Wait, MaxWait: cfg.MaxWait, MaxInFlight: cfg.MaxInFlight,
-			SealKeys: cfg.SealKeys, ReplayPlain: cfg.ReplayPlain, KeyHashSecret: cfg.KeyHashSecret, KeepRequestBytes: cfg.KeepRequestBytes},
+func (cfg handlerConfig) idemOptions() (idem.Store, idem.Options) {
+	return cfg.Faults.store(cfg.Store.Idem()), idem.Options{
 		Scope: service.Scope,
+		Engine: idem.EngineOptions{
+			Lease:       idem.LeaseOptions{Duration: cfg.Lease},
+			Waiting:     idem.WaitOptions{Wait: cfg.Wait, Max: cfg.MaxWait},
+			Admission:   idem.AdmissionOptions{MaxInFlight: cfg.MaxInFlight},
+			Sealing:     idem.SealingOptions{Keys: cfg.SealKeys, ReplayPlain: cfg.ReplayPlain, KeyHashSecret: cfg.KeyHashSecret, KeepRequestBytes: cfg.KeepRequestBytes},
+			RelaySecret: cfg.RelaySecret,
+			Logger:      cfg.Logger,
+			Observer:    cfg.Observer,
+		},
 	}
 }
 

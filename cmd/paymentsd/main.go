@@ -39,9 +39,9 @@ type options struct {
 	pspTimeout  time.Duration
 	relaySecret string
 	writeMode   WriteMode
-	// wait and maxWait are idem's EngineConfig.Wait and MaxWait.
+	// wait and maxWait are idem's EngineOptions.Waiting.Wait and MaxWait.
 	wait, maxWait time.Duration
-	// maxInFlight is idem's EngineConfig.MaxInFlight, per protected route.
+	// maxInFlight is idem's EngineOptions.Admission.MaxInFlight, per protected route.
 	maxInFlight int
 	// sealKeys, replayPlain, keyHashSecret and keepRequest are idem's
 	// SealKeys, ReplayPlain, KeyHashSecret and KeepRequestBytes
@@ -68,10 +68,10 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	fs.StringVar(&o.pspURL, "psp-url", "", "payment provider's base URL, e.g. http://127.0.0.1:8090 (cmd/fakepsp); default: an in-process fake provider")
 	fs.DurationVar(&o.pspLatency, "psp-latency", 300*time.Millisecond, "how long the in-process fake provider takes per charge (without --psp-url)")
 	fs.DurationVar(&o.pspTimeout, "psp-timeout", 5*time.Second, "how long to wait for the provider's answer to a charge (with --psp-url); then 504, and a retry asks again with the same relayed key")
-	fs.StringVar(&o.relaySecret, "relay-secret", "", "secret keying the Idempotency-Key relayed to the provider (idem Config.RelaySecret); default $"+EnvRelaySecret+", else none (plain SHA-256 derivation)")
-	fs.DurationVar(&o.wait, "wait", 0, "how long a duplicate of a payment in flight waits for its outcome, holding no connection, to get its replay instead of 409 (idem EngineConfig.Wait); 0: 409 at once")
-	fs.DurationVar(&o.maxWait, "max-wait", 10*time.Second, "the longest wait a request may ask for with Prefer: wait=N (N seconds; RFC 7240) (idem EngineConfig.MaxWait); at least --wait")
-	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "the most payments each protected route runs at once (idem EngineConfig.MaxInFlight): "+
+	fs.StringVar(&o.relaySecret, "relay-secret", "", "secret keying the Idempotency-Key relayed to the provider (idem Options.Engine.RelaySecret); default $"+EnvRelaySecret+", else none (plain SHA-256 derivation)")
+	fs.DurationVar(&o.wait, "wait", 0, "how long a duplicate of a payment in flight waits for its outcome, holding no connection, to get its replay instead of 409 (idem EngineOptions.Waiting.Wait); 0: 409 at once")
+	fs.DurationVar(&o.maxWait, "max-wait", 10*time.Second, "the longest wait a request may ask for with Prefer: wait=N (N seconds; RFC 7240) (idem EngineOptions.Waiting.Max); at least --wait")
+	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "the most payments each protected route runs at once (idem EngineOptions.Admission.MaxInFlight): "+
 		"one more is refused before its claim, 503 overloaded with Retry-After, nothing charged; 0: no bound (docs/deployment.md, \"Leases under load\")")
 	fs.Func("seal-key", "seal stored responses and requests (AES-GCM) with this key, id:base64secret (16, 24 or 32 bytes); "+
 		"repeat it or separate keys with commas to rotate: the first seals, every one opens; default $"+EnvSealKeys+", else none",
@@ -83,7 +83,7 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 			o.sealKeys = append(o.sealKeys, keys...)
 			return err
 		})
-	fs.BoolVar(&o.replayPlain, "seal-replay-plain", false, "with --seal-key, also replay records stored plain (idem EngineConfig.ReplayPlain), "+
+	fs.BoolVar(&o.replayPlain, "seal-replay-plain", false, "with --seal-key, also replay records stored plain (idem EngineOptions.Sealing.ReplayPlain), "+
 		"written before sealing was turned on; only while such records live: anyone who can write the table could plant one. "+
 		"Without it a plain record answers 500 seal-broken")
 	hashSecret := fs.String("key-hash-secret", "", "store each Idempotency-Key as an HMAC-SHA256 under this base64 secret (at least 16 bytes), "+

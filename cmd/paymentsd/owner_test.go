@@ -12,7 +12,7 @@ import (
 )
 
 // paymentsd's claims name the instance that made them (idem's
-// Config.Owner, "<hostname>/<pid>" by default), so `idem stuck` says whose
+// Options.Engine.Lease.Owner, "<hostname>/<pid>" by default), so `idem stuck` says whose
 // worker died.
 func TestClaimsNameTheInstance(t *testing.T) {
 	t.Parallel()

@@ -123,7 +123,7 @@ func stripeAnswerFor(p idem.Problem) stripeAnswer {
 	return a
 }
 
-// writeStripeProblem is idem's Config.ProblemWriter on this route: it
+// writeStripeProblem is idem's Options.ProblemWriter on this route: it
 // writes idem's own problems in Stripe's error shape (stripeAnswerFor).
 func writeStripeProblem(w http.ResponseWriter, _ *http.Request, p idem.Problem) {
 	stripeAnswerFor(p).write(w)
@@ -156,7 +156,7 @@ type paymentIntentInput struct {
 
 // stripeRoutes registers POST /v1/payment_intents on routes, protected by
 // its own idem middleware on cfg's store, scoped by merchant, whose own
-// error answers are Stripe's (Config.ProblemWriter: writeStripeProblem).
+// error answers are Stripe's (Options.ProblemWriter: writeStripeProblem).
 // idem echoes the request's Idempotency-Key on every answer, as Stripe does
 // (stripe-go reads it into LastResponse.IdempotencyKey).
 //
@@ -164,10 +164,10 @@ type paymentIntentInput struct {
 // idempotent result for a request whose parameters failed validation, so a
 // corrected retry with the same key runs.
 func (a *api) stripeRoutes(routes *http.ServeMux, cfg handlerConfig) error {
-	c := cfg.idemConfig()
-	c.Outcome = idem.ReleaseValidationFailures
-	c.ProblemWriter = writeStripeProblem
-	mw, err := idem.New(c)
+	store, o := cfg.idemOptions()
+	o.Engine.Response.Outcome = idem.ReleaseValidationFailures
+	o.ProblemWriter = writeStripeProblem
+	mw, err := idem.NewMiddleware(store, o)
 	if err != nil {
 		return err
 	}

@@ -129,7 +129,7 @@ func (c *consuming) stop() {
 // the durable consumer, and consumes with idem's engine on store; observer,
 // when not nil, is the engine's Observer.
 func start(ctx context.Context, c consumerConfig, store *idemsqlite.Driver, observer idem.Observer, log *slog.Logger) (*consuming, error) {
-	engine, err := idem.NewEngine(idem.EngineConfig{Store: store, LeaseDuration: time.Second, Logger: log, Observer: observer})
+	engine, err := idem.NewEngineWith(store, idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second}, Logger: log, Observer: observer})
 	if err != nil {
 		return nil, err
 	}

@@ -32,10 +32,8 @@ func main() {
 		log.Fatal(err)
 	}
 
-	mw, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: store},
-		Scope:        idem.SingleTenant, // who owns a key: with many customers, the authenticated one
-	})
+	// Scope: who owns a key; with many customers, the authenticated one.
+	mw, err := idem.NewMiddleware(store, idem.Options{Scope: idem.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
 	}

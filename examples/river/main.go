@@ -199,9 +199,9 @@ func riverConfig(pool *pgxpool.Pool, workers int, log *slog.Logger) *river.Confi
 }
 
 func newServiceWith(pool *pgxpool.Pool, lease time.Duration, log *slog.Logger, rc *river.Config) (*service, error) {
-	mw, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: idempgx.New(pool), LeaseDuration: lease, Logger: log},
-		Scope:        idem.SingleTenant, // with many customers: the authenticated account
+	mw, err := idem.NewMiddleware(idempgx.New(pool), idem.Options{
+		Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: lease}, Logger: log},
+		Scope:  idem.SingleTenant, // with many customers: the authenticated account
 	})
 	if err != nil {
 		return nil, err

@@ -80,7 +80,7 @@ func Benchmark(b *testing.B, newDriver func(testing.TB) idemdriver.Driver) {
 	})
 
 	httpBench := func(b *testing.B, key func(i int) string, wantStatus int) {
-		m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: newDriver(b)}, Scope: idem.SingleTenant})
+		m, err := idem.NewMiddleware(newDriver(b), idem.Options{Scope: idem.SingleTenant})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -100,7 +100,7 @@ func driverDamagedProcessing(t *testing.T, h Harness) {
 // execution in flight to wait for); the record stays as it was.
 func engineDamagedNeverRuns(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{MaxWait: 10 * time.Second, Wait: 10 * time.Second})
+	g, d := newEngine(t, h, oneCommit, idem.EngineOptions{Waiting: idem.WaitOptions{Max: 10 * time.Second, Wait: 10 * time.Second}})
 	p := idemdriver.ClaimParams{Scope: "acct", Key: "k", Method: "DO", Path: "orders", Fingerprint: fingerprint("x"),
 		LeaseDuration: lease, Retention: retention}
 	before := damage(t, h, d, p)
@@ -124,8 +124,7 @@ func engineDamagedNeverRuns(t *testing.T, h Harness, oneCommit bool) {
 func middlewareDamagedRecord(t *testing.T, h Harness) {
 	t.Parallel()
 	d := h.NewDriver(t)
-	s := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{MaxWait: 10 * time.Second,
-		Logger: slog.New(slog.DiscardHandler)}}, &app{})
+	s := newServer(t, d, idem.Options{Engine: idem.EngineOptions{Waiting: idem.WaitOptions{Max: 10 * time.Second}, Logger: slog.New(slog.DiscardHandler)}}, &app{})
 	first := s.post(t, "k", `{"amount":1}`)
 	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
 	rec := record(t, d, "global", "k")

@@ -58,14 +58,14 @@ func runEngine(t *testing.T, h Harness) {
 
 // newEngine returns an engine on a fresh driver of h in the mode asked
 // (skipping t when the driver has no one-commit mode), and the driver.
-func newEngine(t *testing.T, h Harness, oneCommit bool, cfg idem.EngineConfig) (*idem.Engine, idemdriver.Driver) {
+func newEngine(t *testing.T, h Harness, oneCommit bool, cfg idem.EngineOptions) (*idem.Engine, idemdriver.Driver) {
 	t.Helper()
 	d := h.NewDriver(t)
 	if _, ok := d.(idemdriver.TxClaimer); oneCommit && !ok {
 		t.Skipf("%T does not implement idemdriver.TxClaimer", d)
 	}
-	cfg.Store, cfg.OneCommit, cfg.Logger = d, oneCommit, slog.New(slog.NewTextHandler(io.Discard, nil))
-	g, err := idem.NewEngine(cfg)
+	cfg.OneCommit.Enabled, cfg.Logger = oneCommit, slog.New(slog.NewTextHandler(io.Discard, nil))
+	g, err := idem.NewEngineWith(d, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = g.Close() })
 	return g, d
@@ -85,7 +85,7 @@ func doParams(key, payload string) idem.DoParams {
 
 func engineRunsOnceThenReplays(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	g, _ := newEngine(t, h, oneCommit, idem.EngineConfig{})
+	g, _ := newEngine(t, h, oneCommit, idem.EngineOptions{})
 	var runs atomic.Int32
 	first, err := g.Do(t.Context(), doParams("k", "a"), counted(&runs, "one"))
 	require.NoError(t, err)
@@ -104,7 +104,7 @@ func engineRunsOnceThenReplays(t *testing.T, h Harness, oneCommit bool) {
 // again and its success is the one replayed.
 func engineErrorIsNeverASuccess(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{Outcome: func(int) idem.Outcome { return idem.Succeeded }})
+	g, d := newEngine(t, h, oneCommit, idem.EngineOptions{Response: idem.ResponseOptions{Outcome: func(int) idem.Outcome { return idem.Succeeded }}})
 	declined := errors.New("declined")
 	var runs atomic.Int32
 	_, err := g.Do(t.Context(), doParams("k", "a"), func(context.Context) (idem.Result, error) {
@@ -133,7 +133,7 @@ func engineErrorIsNeverASuccess(t *testing.T, h Harness, oneCommit bool) {
 // replay or ErrInFlight, never another run nor another error.
 func engineConcurrentDuplicatesRunOnce(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	g, _ := newEngine(t, h, oneCommit, idem.EngineConfig{})
+	g, _ := newEngine(t, h, oneCommit, idem.EngineOptions{})
 	var runs atomic.Int32
 	const n = 16
 	var wg sync.WaitGroup
@@ -161,7 +161,7 @@ func engineConcurrentDuplicatesRunOnce(t *testing.T, h Harness, oneCommit bool) 
 // ErrInFlight, whatever the load.
 func engineBurstOfACompletedKeyReplays(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	g, _ := newEngine(t, h, oneCommit, idem.EngineConfig{})
+	g, _ := newEngine(t, h, oneCommit, idem.EngineOptions{})
 	var runs atomic.Int32
 	_, err := g.Do(t.Context(), doParams("k", "a"), counted(&runs, "one"))
 	require.NoError(t, err)
@@ -190,7 +190,7 @@ func engineBurstOfACompletedKeyReplays(t *testing.T, h Harness, oneCommit bool) 
 // rolls back with it.
 func engineBusinessWriteCommitsWithOutcome(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{})
+	g, d := newEngine(t, h, oneCommit, idem.EngineOptions{})
 	biz := h.Business(t, d)
 	write := func(id string, fail bool) func(context.Context) (idem.Result, error) {
 		return func(ctx context.Context) (idem.Result, error) {
@@ -218,7 +218,7 @@ func engineBusinessWriteCommitsWithOutcome(t *testing.T, h Harness, oneCommit bo
 // no record, holds the key).
 func enginePanicLetsTheRetryRun(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	g, _ := newEngine(t, h, oneCommit, idem.EngineConfig{})
+	g, _ := newEngine(t, h, oneCommit, idem.EngineOptions{})
 	var runs atomic.Int32
 	require.PanicsWithValue(t, "boom", func() {
 		_, _ = g.Do(t.Context(), doParams("k", "a"), func(context.Context) (idem.Result, error) {
@@ -235,7 +235,7 @@ func enginePanicLetsTheRetryRun(t *testing.T, h Harness, oneCommit bool) {
 // key (a crash there leaves nothing: the retry runs at once).
 func engineNothingCommittedWhileFnRuns(t *testing.T, h Harness) {
 	t.Parallel()
-	g, d := newEngine(t, h, true, idem.EngineConfig{})
+	g, d := newEngine(t, h, true, idem.EngineOptions{})
 	var seen error
 	_, err := g.Do(t.Context(), doParams("k", "a"), func(ctx context.Context) (idem.Result, error) {
 		_, seen = d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
@@ -254,10 +254,10 @@ func engineNothingCommittedWhileFnRuns(t *testing.T, h Harness) {
 // replay. A single-writer store queues it for the write lock instead.
 func engineWaitBoundGivesInFlight(t *testing.T, h Harness) {
 	t.Parallel()
-	cfg := idem.EngineConfig{OneCommitWait: 100 * time.Millisecond}
+	cfg := idem.EngineOptions{OneCommit: idem.OneCommitOptions{Wait: 100 * time.Millisecond}}
 	g, d := newEngine(t, h, true, cfg)
-	cfg.Store, cfg.OneCommit = d, true
-	other, err := idem.NewEngine(cfg)
+	cfg.OneCommit.Enabled = true
+	other, err := idem.NewEngineWith(d, cfg)
 	require.NoError(t, err)
 	var runs atomic.Int32
 	started, release := make(chan struct{}), make(chan struct{})

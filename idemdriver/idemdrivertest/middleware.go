@@ -156,13 +156,12 @@ type server struct {
 // scope unless cfg says otherwise), on a server closed when t ends. A request
 // that hangs (a second handler run held on a gate) fails the test, at the
 // client's timeout, instead of stalling the suite.
-func serve(t *testing.T, store idem.Store, cfg idem.Config, handler http.Handler) *server {
+func serve(t *testing.T, store idem.Store, cfg idem.Options, handler http.Handler) *server {
 	t.Helper()
-	cfg.Store = store
 	if cfg.Scope == nil {
 		cfg.Scope = idem.SingleTenant
 	}
-	m, err := idem.New(cfg)
+	m, err := idem.NewMiddleware(store, cfg)
 	require.NoError(t, err)
 	srv := httptest.NewServer(m.Handler(handler))
 	t.Cleanup(srv.Close)
@@ -172,7 +171,7 @@ func serve(t *testing.T, store idem.Store, cfg idem.Config, handler http.Handler
 
 // newServer serves a (see serve), checks its writes once the server has
 // closed, and opens its gate before that.
-func newServer(t *testing.T, store idem.Store, cfg idem.Config, a *app) *server {
+func newServer(t *testing.T, store idem.Store, cfg idem.Options, a *app) *server {
 	t.Helper()
 	t.Cleanup(func() { a.writes.check(t) }) // runs after srv.Close
 	s := serve(t, store, cfg, a)
@@ -252,8 +251,8 @@ func requireFencedOut(t *testing.T, d idemdriver.Driver, slow, fast *app) {
 	t.Helper()
 	later := &Clock{}
 	later.Advance(idem.DefaultLeaseDuration + time.Second)
-	s1 := newServer(t, d, idem.Config{}, slow)
-	s2 := newServer(t, Shift(d, later), idem.Config{}, fast)
+	s1 := newServer(t, d, idem.Options{}, slow)
+	s2 := newServer(t, Shift(d, later), idem.Options{}, fast)
 	done := make(chan answer)
 	go func() { done <- s1.post(t, "k", `{}`) }()
 	<-slow.started
@@ -284,10 +283,10 @@ func retryAfter(t *testing.T, a answer) int {
 
 // newHandlerServer serves handler (see serve), with a silent logger unless
 // cfg says otherwise.
-func newHandlerServer(t *testing.T, store idem.Store, cfg idem.Config, handler http.HandlerFunc) *server {
+func newHandlerServer(t *testing.T, store idem.Store, cfg idem.Options, handler http.HandlerFunc) *server {
 	t.Helper()
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	if cfg.Engine.Logger == nil {
+		cfg.Engine.Logger = slog.New(slog.DiscardHandler)
 	}
 	return serve(t, store, cfg, handler)
 }
@@ -327,7 +326,7 @@ func runMiddleware(t *testing.T, h Harness) {
 
 func middlewareFirstRunThenReplay(t *testing.T, h Harness) {
 	t.Parallel()
-	s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
+	s := newServer(t, h.NewDriver(t), idem.Options{}, &app{})
 	first := s.post(t, "k1", `{"amount":100}`)
 	require.NoError(t, first.err)
 	require.Equal(t, http.StatusCreated, first.status)
@@ -340,7 +339,7 @@ func middlewareFirstRunThenReplay(t *testing.T, h Harness) {
 
 func middlewareKeyForms(t *testing.T, h Harness) {
 	t.Parallel()
-	s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
+	s := newServer(t, h.NewDriver(t), idem.Options{}, &app{})
 	first := s.post(t, `"abc-123"`, `{}`)
 	require.Equal(t, http.StatusCreated, first.status)
 	requireReplay(t, first, s.post(t, `abc-123`, `{}`))
@@ -352,7 +351,7 @@ func middlewareKeyForms(t *testing.T, h Harness) {
 
 func middlewareInvalidKeys(t *testing.T, h Harness) {
 	t.Parallel()
-	s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
+	s := newServer(t, h.NewDriver(t), idem.Options{}, &app{})
 	requireProblem(t, s.post(t, "", `{}`), 400, "missing-key")
 	twoLines := func(r *http.Request) { r.Header.Add("Idempotency-Key", "k") }
 	requireProblem(t, s.post(t, "k", `{}`, twoLines), 400, "invalid-key")
@@ -366,7 +365,7 @@ func middlewareInvalidKeys(t *testing.T, h Harness) {
 
 func middlewareRequestTooLarge(t *testing.T, h Harness) {
 	t.Parallel()
-	s := newServer(t, h.NewDriver(t), idem.Config{MaxRequestBytes: 16}, &app{})
+	s := newServer(t, h.NewDriver(t), idem.Options{Request: idem.RequestOptions{MaxBytes: 16}}, &app{})
 	requireProblem(t, s.post(t, "big", strings.Repeat("1", 17)), 413, "request-too-large")
 	require.Zero(t, s.app.runs.Load())
 	ok := s.post(t, "fits", strings.Repeat("1", 16))
@@ -376,7 +375,7 @@ func middlewareRequestTooLarge(t *testing.T, h Harness) {
 
 func middlewareJSONCanonicalFingerprint(t *testing.T, h Harness) {
 	t.Parallel()
-	s := newServer(t, h.NewDriver(t), idem.Config{}, &app{})
+	s := newServer(t, h.NewDriver(t), idem.Options{}, &app{})
 	first := s.post(t, "k", `{"amount":100,"currency":"JPY","meta":{"a":1,"b":[1,2]}}`)
 	require.Equal(t, http.StatusCreated, first.status)
 	requireReplay(t, first, s.post(t, "k", "{ \"meta\" : {\"b\":[1, 2],\"a\":1},\n\t\"currency\":\"JPY\", \"amount\": 1e2 }"))
@@ -394,7 +393,7 @@ func middlewareKeyReusedInEveryState(t *testing.T, h Harness) {
 			}
 			return 201
 		}}
-	s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+	s := newServer(t, h.NewDriver(t), idem.Options{}, a)
 	otherBody := func(k string) { requireProblem(t, s.post(t, k, `{"amount":2}`), 422, "key-reused") }
 	otherPath := func(k string) {
 		requireProblem(t, s.do(context.Background(), "POST", "/v1/refunds", k, `{"amount":1}`), 422, "key-reused")
@@ -427,7 +426,7 @@ func middlewareKeyReusedInEveryState(t *testing.T, h Harness) {
 func middlewareInFlight409(t *testing.T, h Harness) {
 	t.Parallel()
 	a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
-	s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+	s := newServer(t, h.NewDriver(t), idem.Options{}, a)
 	done := make(chan answer)
 	go func() { done <- s.post(t, "k", `{}`) }()
 	<-a.started
@@ -446,7 +445,7 @@ func middlewareInFlight409(t *testing.T, h Harness) {
 func middlewareConcurrentDuplicates(t *testing.T, h Harness) {
 	t.Parallel()
 	a := &app{gate: make(chan struct{})}
-	s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+	s := newServer(t, h.NewDriver(t), idem.Options{}, a)
 	answers := make(chan answer, racers)
 	var wg sync.WaitGroup
 	for i := 0; i < racers; i++ {
@@ -510,10 +509,10 @@ func middlewareLostLeaseCancelsHandler(t *testing.T, h Harness) {
 	d := h.NewDriver(t)
 	const shortLease = time.Second
 	slow := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)} // never opened: waits for its context
-	s1 := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: shortLease}}, slow)
+	s1 := newServer(t, d, idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: shortLease}}}, slow)
 	later := &Clock{}
 	later.Advance(time.Minute)
-	s2 := newServer(t, Shift(d, later), idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: shortLease}}, &app{})
+	s2 := newServer(t, Shift(d, later), idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: shortLease}}}, &app{})
 	done := make(chan answer)
 	go func() { done <- s1.post(t, "k", `{}`) }()
 	<-slow.started
@@ -532,7 +531,7 @@ func middlewareFailedOutcomesRunAgain(t *testing.T, h Harness) {
 			}
 			return 201
 		}}
-		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+		s := newServer(t, h.NewDriver(t), idem.Options{}, a)
 		require.Equal(t, failing, s.post(t, "k", `{}`).status)
 		second := s.post(t, "k", `{}`)
 		require.Equal(t, 201, second.status, "after %d the retry runs again", failing)
@@ -541,7 +540,7 @@ func middlewareFailedOutcomesRunAgain(t *testing.T, h Harness) {
 	}
 	for _, final := range []int{200, 202, 204, 400, 404, 409, 422} {
 		a := &app{status: func(int32) int { return final }}
-		s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+		s := newServer(t, h.NewDriver(t), idem.Options{}, a)
 		first := s.post(t, "k", `{}`)
 		require.Equal(t, final, first.status)
 		requireReplay(t, first, s.post(t, "k", `{}`))
@@ -553,7 +552,7 @@ func middlewarePanicRecordsFailed(t *testing.T, h Harness) {
 	t.Parallel()
 	d := h.NewDriver(t)
 	a := &app{panicOn: 1}
-	s := newServer(t, d, idem.Config{}, a)
+	s := newServer(t, d, idem.Options{}, a)
 	first := s.post(t, "k", `{}`)
 	require.Error(t, first.err, "net/http aborts the connection of a panicking handler")
 	rec := record(t, d, "global", "k")
@@ -567,7 +566,7 @@ func middlewareClientDisconnects(t *testing.T, h Harness) {
 	t.Parallel()
 	d := h.NewDriver(t)
 	a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
-	s := newServer(t, d, idem.Config{}, a)
+	s := newServer(t, d, idem.Options{}, a)
 	ctx, hangUp := context.WithCancel(context.Background())
 	done := make(chan answer)
 	go func() { done <- s.do(ctx, "POST", "/v1/payments", "k", `{}`) }()
@@ -592,7 +591,7 @@ func middlewareClientDisconnects(t *testing.T, h Harness) {
 func middlewareStoreUnavailable(t *testing.T, h Harness) {
 	t.Parallel()
 	a := &app{}
-	s := newServer(t, h.Unreachable(t), idem.Config{}, a)
+	s := newServer(t, h.Unreachable(t), idem.Options{}, a)
 	got := s.post(t, "k", `{}`)
 	requireProblem(t, got, 503, "store-unavailable")
 	require.Equal(t, 1, retryAfter(t, got))
@@ -602,7 +601,7 @@ func middlewareStoreUnavailable(t *testing.T, h Harness) {
 func middlewareUnprotectedRequestsPassThrough(t *testing.T, h Harness) {
 	t.Parallel()
 	a := &app{}
-	s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+	s := newServer(t, h.NewDriver(t), idem.Options{}, a)
 	for i := 0; i < 2; i++ {
 		got := s.do(context.Background(), "GET", "/v1/payments", "k", "")
 		require.Equal(t, 201, got.status)
@@ -610,7 +609,7 @@ func middlewareUnprotectedRequestsPassThrough(t *testing.T, h Harness) {
 	}
 	require.EqualValues(t, 2, a.runs.Load())
 	opt := &app{}
-	so := newServer(t, h.NewDriver(t), idem.Config{KeyOptional: true}, opt)
+	so := newServer(t, h.NewDriver(t), idem.Options{KeyOptional: true}, opt)
 	require.Equal(t, 201, so.post(t, "", `{}`).status)
 	require.Equal(t, 201, so.post(t, "", `{}`).status)
 	require.EqualValues(t, 2, opt.runs.Load())
@@ -619,7 +618,7 @@ func middlewareUnprotectedRequestsPassThrough(t *testing.T, h Harness) {
 func middlewareResponseTooLargeToStore(t *testing.T, h Harness) {
 	t.Parallel()
 	a := &app{bigBody: 4096}
-	s := newServer(t, h.NewDriver(t), idem.Config{EngineConfig: idem.EngineConfig{MaxResponseBytes: 1024}}, a)
+	s := newServer(t, h.NewDriver(t), idem.Options{Engine: idem.EngineOptions{Response: idem.ResponseOptions{MaxBytes: 1024}}}, a)
 	first := s.post(t, "k", `{}`)
 	require.Equal(t, 201, first.status)
 	require.Len(t, first.body, 4096, "the first caller gets the whole response")
@@ -640,7 +639,7 @@ func middlewareBusinessWritesCommitWithOutcome(t *testing.T, h Harness) {
 		}
 		return 201
 	}}
-	s := newServer(t, d, idem.Config{}, a)
+	s := newServer(t, d, idem.Options{}, a)
 	require.Equal(t, 503, s.post(t, "k", `{}`).status)
 	require.Zero(t, rows(t, biz, "k/1"))
 	first := s.post(t, "k", `{}`)
@@ -659,7 +658,7 @@ func middlewareMaxExecutionRollsBack(t *testing.T, h Harness) {
 	d := h.NewDriver(t)
 	biz := h.Business(t, d)
 	var runs atomic.Int32
-	s := newHandlerServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: time.Second, MaxExecution: time.Second}}, func(w http.ResponseWriter, r *http.Request) {
+	s := newHandlerServer(t, d, idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second, MaxExecution: time.Second}}}, func(w http.ResponseWriter, r *http.Request) {
 		run := runs.Add(1)
 		if err := insertRow(r, biz, fmt.Sprintf("slow/%d", run)); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -687,7 +686,7 @@ func middlewareHandlerCommitsItself(t *testing.T, h Harness) {
 	d := h.NewDriver(t)
 	biz := h.Business(t, d)
 	var runs atomic.Int32
-	s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+	s := newHandlerServer(t, d, idem.Options{}, func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		tx, err := idem.Tx[any](r.Context())
 		if err == nil {
@@ -718,7 +717,7 @@ func middlewareExpiredKeyIsNew(t *testing.T, h Harness) {
 	d := h.NewDriver(t)
 	a := &app{}
 	clock := &Clock{}
-	s := newServer(t, Shift(d, clock), idem.Config{}, a)
+	s := newServer(t, Shift(d, clock), idem.Options{}, a)
 	first := s.post(t, "k", `{"amount":1}`)
 	require.Equal(t, 201, first.status)
 	clock.Advance(idem.DefaultRetention + time.Second)
@@ -742,7 +741,7 @@ func middlewareRelayKeyPerLife(t *testing.T, h Harness) {
 		relayed []string
 		derived []string
 	)
-	s := newHandlerServer(t, Shift(h.NewDriver(t), clock), idem.Config{EngineConfig: idem.EngineConfig{RelaySecret: secret}}, func(w http.ResponseWriter, r *http.Request) {
+	s := newHandlerServer(t, Shift(h.NewDriver(t), clock), idem.Options{Engine: idem.EngineOptions{RelaySecret: secret}}, func(w http.ResponseWriter, r *http.Request) {
 		k, err := idem.RelayKey(r.Context(), "charge")
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -784,7 +783,7 @@ func middlewareStatementBudget(t *testing.T, h Harness) {
 		t.Cleanup(func() { a.writes.check(t) })
 	}
 	serve := func(a *app, key, body string) *httptest.ResponseRecorder {
-		m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d}, Scope: idem.SingleTenant})
+		m, err := idem.NewMiddleware(d, idem.Options{Scope: idem.SingleTenant})
 		require.NoError(t, err)
 		req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
@@ -817,7 +816,7 @@ func middlewareStatementBudget(t *testing.T, h Harness) {
 func middlewareScopesNeverMeet(t *testing.T, h Harness) {
 	t.Parallel()
 	a := &app{}
-	cfg := idem.Config{Scope: func(r *http.Request) (string, error) {
+	cfg := idem.Options{Scope: func(r *http.Request) (string, error) {
 		if m := r.Header.Get("X-Test-Merchant"); m != "" {
 			return m, nil
 		}
@@ -865,7 +864,7 @@ func edgeHandlerStatusOutOfRange(t *testing.T, h Harness) {
 	d := h.NewDriver(t)
 	biz := h.Business(t, d)
 	a := &app{biz: biz, status: func(int32) int { return 1000 }}
-	s := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{Logger: slog.New(slog.DiscardHandler)}}, a)
+	s := newServer(t, d, idem.Options{Engine: idem.EngineOptions{Logger: slog.New(slog.DiscardHandler)}}, a)
 	first := s.post(t, "k", `{}`)
 	requireProblem(t, first, http.StatusInternalServerError, "invalid-status")
 	require.Empty(t, first.header.Get("Location"), "idem's answer, not the handler's")
@@ -889,7 +888,7 @@ func edgeStoredStatusOutOfRange(t *testing.T, h Harness) {
 	t.Parallel()
 	d := h.NewDriver(t)
 	a := &app{}
-	s := newHandlerServer(t, d, idem.Config{}, a.ServeHTTP)
+	s := newHandlerServer(t, d, idem.Options{}, a.ServeHTTP)
 	req := httptest.NewRequest(http.MethodPost, "/v1/payments", nil)
 	req.Header.Set("Content-Type", "application/json")
 	for _, status := range []int{1000, 600, 150, 99, 0, -1} {
@@ -923,7 +922,7 @@ func edgeLongExecutionIsReplayed(t *testing.T, h Harness) {
 		relayed []string
 	)
 	writes := checkWrites(t)
-	s := newHandlerServer(t, h.NewDriver(t), idem.Config{EngineConfig: idem.EngineConfig{LeaseDuration: time.Second, Retention: 2 * time.Second}},
+	s := newHandlerServer(t, h.NewDriver(t), idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second}, Retention: 2 * time.Second}},
 		func(w http.ResponseWriter, r *http.Request) {
 			k, err := idem.RelayKey(r.Context(), "charge")
 			if err != nil {
@@ -967,7 +966,7 @@ func edgeHandlerAnswersItsSQLError(t *testing.T, h Harness) {
 	biz := h.Business(t, d)
 	var runs, dupFailed atomic.Int32
 	writes := checkWrites(t)
-	s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+	s := newHandlerServer(t, d, idem.Options{}, func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		id := "dup/" + r.Header.Get("Idempotency-Key")
 		if err := insertRow(r, biz, id); err != nil {
@@ -1003,7 +1002,7 @@ func edgeHandlerIgnoresSQLError(t *testing.T, h Harness) {
 	biz := h.Business(t, d)
 	var runs atomic.Int32
 	var aborted atomic.Bool
-	s := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+	s := newHandlerServer(t, d, idem.Options{}, func(w http.ResponseWriter, r *http.Request) {
 		run := runs.Add(1)
 		tx, err := idem.Tx[any](r.Context())
 		if err != nil {
@@ -1043,11 +1042,11 @@ func edgeInFlightRetryAfter(t *testing.T, h Harness) {
 	t.Parallel()
 	d := h.NewDriver(t)
 	a := &app{gate: make(chan struct{}), started: make(chan struct{}, 1)}
-	s := newServer(t, d, idem.Config{}, a)
+	s := newServer(t, d, idem.Options{}, a)
 	back := &Clock{}
 	back.Advance(-5 * time.Minute)
-	stepped := newServer(t, Shift(d, back), idem.Config{}, &app{})
-	slow := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{InFlightRetryAfter: 5 * time.Second}}, &app{})
+	stepped := newServer(t, Shift(d, back), idem.Options{}, &app{})
+	slow := newServer(t, d, idem.Options{Engine: idem.EngineOptions{RetryAfter: idem.RetryAfterOptions{InFlight: 5 * time.Second}}}, &app{})
 	done := make(chan answer)
 	go func() { done <- s.post(t, "k", `{}`) }()
 	<-a.started
@@ -1071,7 +1070,7 @@ func edgeInFlightRetryAfter(t *testing.T, h Harness) {
 func edgeTrailers(t *testing.T, h Harness) {
 	t.Parallel()
 	var runs atomic.Int32
-	cfg := idem.Config{ReplayHeaders: append(idem.DefaultReplayHeaders(), "X-Checksum", "Grpc-Status")}
+	cfg := idem.Options{Replay: idem.ReplayOptions{Headers: append(idem.DefaultReplayHeaders(), "X-Checksum", "Grpc-Status")}}
 	writes := checkWrites(t)
 	s := newHandlerServer(t, h.NewDriver(t), cfg, func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
@@ -1104,7 +1103,7 @@ func edgeTrailers(t *testing.T, h Harness) {
 func edgeLowercaseMethodProtected(t *testing.T, h Harness) {
 	t.Parallel()
 	a := &app{}
-	s := newServer(t, h.NewDriver(t), idem.Config{}, a)
+	s := newServer(t, h.NewDriver(t), idem.Options{}, a)
 	first := s.do(context.Background(), "post", "/v1/payments", "k", `{}`)
 	require.NoError(t, first.err)
 	require.Equal(t, http.StatusCreated, first.status)
@@ -1120,7 +1119,7 @@ func edgeUnstorableScope(t *testing.T, h Harness) {
 	t.Parallel()
 	for _, scope := range []string{"acct\x00nul", "acct\xff\xfe"} {
 		a := &app{}
-		s := newServer(t, h.NewDriver(t), idem.Config{Scope: func(*http.Request) (string, error) { return scope, nil }}, a)
+		s := newServer(t, h.NewDriver(t), idem.Options{Scope: func(*http.Request) (string, error) { return scope, nil }}, a)
 		requireProblem(t, s.post(t, "k", `{}`), http.StatusInternalServerError, "scope-unstorable")
 		require.Zero(t, a.runs.Load())
 	}
@@ -1163,7 +1162,7 @@ func edgeValidationFailureReleasesKey(t *testing.T, h Harness) {
 
 	// The default: the 415 is an outcome, replayed; the corrected
 	// request is another request for the key.
-	recorded := newHandlerServer(t, d, idem.Config{}, validating(false))
+	recorded := newHandlerServer(t, d, idem.Options{}, validating(false))
 	first := recorded.post(t, "burned", `{}`, asText)
 	require.Equal(t, http.StatusUnsupportedMediaType, first.status)
 	requireReplay(t, first, recorded.post(t, "burned", `{}`, asText))
@@ -1171,7 +1170,7 @@ func edgeValidationFailureReleasesKey(t *testing.T, h Harness) {
 
 	// The handler releases the key: nothing recorded, its writes
 	// rolled back, and the corrected request runs.
-	released := newHandlerServer(t, d, idem.Config{}, validating(true))
+	released := newHandlerServer(t, d, idem.Options{}, validating(true))
 	runs.Store(0)
 	refused := released.post(t, "k", `{}`, asText)
 	require.Equal(t, http.StatusUnsupportedMediaType, refused.status)
@@ -1184,7 +1183,7 @@ func edgeValidationFailureReleasesKey(t *testing.T, h Harness) {
 	require.EqualValues(t, 2, runs.Load())
 
 	// The policy releases 400, 415 and 422 without the handler's help.
-	policy := newHandlerServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{Outcome: idem.ReleaseValidationFailures}}, validating(false))
+	policy := newHandlerServer(t, d, idem.Options{Engine: idem.EngineOptions{Response: idem.ResponseOptions{Outcome: idem.ReleaseValidationFailures}}}, validating(false))
 	runs.Store(0)
 	require.Equal(t, http.StatusUnsupportedMediaType, policy.post(t, "p", `{}`, asText).status)
 	require.Equal(t, http.StatusCreated, policy.post(t, "p", `{}`).status)

@@ -19,7 +19,7 @@ import (
 )
 
 // runOneCommit holds a driver that implements idemdriver.TxClaimer to the
-// one-commit mode (idem.Config.OneCommit): claim, business writes and
+// one-commit mode (idem.Options.Engine.OneCommit.Enabled): claim, business writes and
 // completion commit together, a duplicate waits on the key's row lock and
 // then gets the replay (or 409 past the wait bound), and a rollback leaves
 // nothing behind. Drivers without TxClaimer skip it.
@@ -215,7 +215,7 @@ func oneCommitRaceOneBusinessRow(t *testing.T, h Harness) {
 	d, _ := txClaimer(t, h)
 	biz := h.Business(t, d)
 	a := &app{biz: biz, rowPrefix: "oc:"}
-	s := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{OneCommit: true, OneCommitWait: 20 * time.Second}}, a)
+	s := newServer(t, d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true, Wait: 20 * time.Second}}}, a)
 	var wg sync.WaitGroup
 	answers := make(chan answer, racers)
 	start := make(chan struct{})
@@ -253,9 +253,9 @@ func oneCommitDistinctKeysAllRun(t *testing.T, h Harness) {
 	d, _ := txClaimer(t, h)
 	biz := h.Business(t, d)
 	a := &app{biz: biz, rowPrefix: "dk:"}
-	cfg := idem.Config{EngineConfig: idem.EngineConfig{OneCommit: true}}
+	cfg := idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true}}}
 	if h.SingleWriter {
-		cfg.OneCommitWait = time.Millisecond // the bound that would refuse queued writers
+		cfg.Engine.OneCommit.Wait = time.Millisecond // the bound that would refuse queued writers
 	}
 	s := newServer(t, d, cfg, a)
 	const n = 32
@@ -309,8 +309,7 @@ func oneCommitFailureAndPanicLeaveNothing(t *testing.T, h Harness) {
 		return http.StatusCreated
 	}}
 	t.Cleanup(func() { a.writes.check(t) })
-	cfg := idem.Config{EngineConfig: idem.EngineConfig{OneCommit: true, Store: d}, Scope: idem.SingleTenant}
-	m, err := idem.New(cfg)
+	m, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true}}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	serve := func() *httptest.ResponseRecorder {
 		req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{}`))
@@ -343,7 +342,7 @@ func oneCommitReleaseFreesTheKey(t *testing.T, h Harness) {
 	t.Parallel()
 	d, _ := txClaimer(t, h)
 	// Durable-claim mode leaves the key FAILED (a 503)...
-	durable := newHandlerServer(t, d, idem.Config{}, func(w http.ResponseWriter, r *http.Request) {
+	durable := newHandlerServer(t, d, idem.Options{}, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	})
 	require.Equal(t, 503, durable.post(t, "k", `{"a":1}`).status)
@@ -353,7 +352,7 @@ func oneCommitReleaseFreesTheKey(t *testing.T, h Harness) {
 	// releases (a validation failure): the rollback restores the FAILED
 	// record, and idem still removes it.
 	release := true
-	s := newHandlerServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{OneCommit: true}}, func(w http.ResponseWriter, r *http.Request) {
+	s := newHandlerServer(t, d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true}}}, func(w http.ResponseWriter, r *http.Request) {
 		if release {
 			if err := idem.ReleaseKey(r.Context()); err != nil {
 				w.WriteHeader(http.StatusInternalServerError)
@@ -382,7 +381,7 @@ func oneCommitStatementBudget(t *testing.T, h Harness) {
 	wantReplay, ok := h.Budget["replay-one-commit"]
 	require.True(t, ok, "the harness gives no budget for replay-one-commit")
 	biz := h.Business(t, d)
-	m, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, OneCommit: true}, Scope: idem.SingleTenant})
+	m, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true}}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	a := &app{biz: biz}
 	t.Cleanup(func() { a.writes.check(t) })
@@ -406,7 +405,7 @@ func oneCommitStatementBudget(t *testing.T, h Harness) {
 func oneCommitConfigNeedsTxClaimer(t *testing.T, h Harness) {
 	t.Parallel()
 	d := h.NewDriver(t)
-	_, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: noTxClaimer{d}, OneCommit: true}, Scope: idem.SingleTenant})
+	_, err := idem.NewMiddleware(noTxClaimer{d}, idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true}}, Scope: idem.SingleTenant})
 	require.Error(t, err)
 	require.True(t, strings.Contains(err.Error(), "TxClaimer"), err.Error())
 	require.False(t, errors.Is(err, idemdriver.ErrLockWait))

@@ -172,12 +172,15 @@ func renewOutlivesAStarvedPool(t *testing.T, h Harness) {
 	d := h.NewDriver(t)
 	watch := h.SecondDriver(t, d)
 	var lost atomic.Int32 // executions whose lease ran out or was lost
-	g, err := idem.NewEngine(idem.EngineConfig{Store: d, LeaseDuration: short, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	g, err := idem.NewEngineWith(d, idem.EngineOptions{
+		Lease:  idem.LeaseOptions{Duration: short},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
 			if e.Kind == idem.EventLeaseLost || e.Kind == idem.EventStoreUnavailable {
 				lost.Add(1)
 			}
-		})})
+		}),
+	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = g.Close() })
 

@@ -80,9 +80,9 @@ func retentionPerRoute(t *testing.T, h Harness) {
 	d := h.NewDriver(t)
 	clock := &Clock{}
 	store := Shift(d, clock)
-	short, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store, Retention: time.Hour}, Scope: idem.SingleTenant})
+	short, err := idem.NewMiddleware(store, idem.Options{Engine: idem.EngineOptions{Retention: time.Hour}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
-	long, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant}) // 24 h
+	long, err := idem.NewMiddleware(store, idem.Options{Scope: idem.SingleTenant}) // 24 h
 	require.NoError(t, err)
 	runs := map[string]*atomic.Int32{"/short": {}, "/long": {}}
 	writes := checkWrites(t)
@@ -508,7 +508,7 @@ func retentionPartitions(t *testing.T, h Harness) {
 		t.Skip("not a partitioned store")
 	}
 	limiter := need[idemdriver.RetentionLimiter](t, d, true)
-	_, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, Retention: limiter.MaxRetention() + time.Hour}, Scope: idem.SingleTenant})
+	_, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{Retention: limiter.MaxRetention() + time.Hour}, Scope: idem.SingleTenant})
 	require.Error(t, err, "a Retention past the partitions ahead is refused up front")
 	ctx := context.Background()
 	day := 24 * time.Hour

@@ -169,7 +169,7 @@ func sealedResult(runs *atomic.Int32, marker string) func(context.Context) (idem
 func engineSealedReplay(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
 	keys := []seal.Key{sealingKey("A", 1)}
-	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: keys, KeyHashSecret: keyHashSecret, KeepRequestBytes: 64})
+	g, d := newEngine(t, h, oneCommit, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: keys, KeyHashSecret: keyHashSecret, KeepRequestBytes: 64}})
 	var runs atomic.Int32
 	first, err := g.Do(t.Context(), doParams("client-key", "REQMARK pay 10"), sealedResult(&runs, "1"))
 	require.NoError(t, err)
@@ -202,10 +202,10 @@ func engineSealedReplay(t *testing.T, h Harness, oneCommit bool) {
 // (the migration of a table to sealing), and answer ErrSealBroken without.
 func engineSealRotation(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	plain, d := newEngine(t, h, oneCommit, idem.EngineConfig{})
-	a := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1)}, ReplayPlain: true})
+	plain, d := newEngine(t, h, oneCommit, idem.EngineOptions{})
+	a := engineOn(t, d, oneCommit, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealingKey("A", 1)}, ReplayPlain: true}})
 	bakeys := []seal.Key{sealingKey("B", 2), sealingKey("A", 1)}
-	ba := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: bakeys, ReplayPlain: true})
+	ba := engineOn(t, d, oneCommit, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: bakeys, ReplayPlain: true}})
 	var runs atomic.Int32
 	_, err := plain.Do(t.Context(), doParams("plain", "x"), sealedResult(&runs, "p"))
 	require.NoError(t, err)
@@ -216,7 +216,7 @@ func engineSealRotation(t *testing.T, h Harness, oneCommit bool) {
 		require.NoError(t, err, key)
 		require.Equal(t, `{"charge":"BODYMARK-`+marker+`"}`, string(out.Body), key)
 	}
-	sealedOnly := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: bakeys})
+	sealedOnly := engineOn(t, d, oneCommit, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: bakeys}})
 	_, err = sealedOnly.Do(t.Context(), doParams("plain", "x"), sealedResult(&runs, "again"))
 	require.ErrorIs(t, err, idem.ErrSealBroken, "once ReplayPlain is removed, a plain record is refused")
 	out, err := sealedOnly.Do(t.Context(), doParams("ka", "x"), sealedResult(&runs, "again"))
@@ -231,10 +231,10 @@ func engineSealRotation(t *testing.T, h Harness, oneCommit bool) {
 }
 
 // engineOn is another engine on d, as another process would be.
-func engineOn(t *testing.T, d idemdriver.Driver, oneCommit bool, cfg idem.EngineConfig) *idem.Engine {
+func engineOn(t *testing.T, d idemdriver.Driver, oneCommit bool, cfg idem.EngineOptions) *idem.Engine {
 	t.Helper()
-	cfg.Store, cfg.OneCommit = d, oneCommit
-	g, err := idem.NewEngine(cfg)
+	cfg.OneCommit.Enabled = oneCommit
+	g, err := idem.NewEngineWith(d, cfg)
 	require.NoError(t, err)
 	return g
 }
@@ -243,8 +243,8 @@ func engineOn(t *testing.T, d idemdriver.Driver, oneCommit bool, cfg idem.Engine
 // ErrSealKeyMissing and fn never runs again: the record stays SUCCEEDED.
 func engineSealKeyMissing(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	a, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1)}})
-	b := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("B", 2)}})
+	a, d := newEngine(t, h, oneCommit, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealingKey("A", 1)}}})
+	b := engineOn(t, d, oneCommit, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealingKey("B", 2)}}})
 	var runs atomic.Int32
 	_, err := a.Do(t.Context(), doParams("k", "x"), sealedResult(&runs, "1"))
 	require.NoError(t, err)
@@ -265,7 +265,7 @@ func engineSealKeyMissing(t *testing.T, h Harness, oneCommit bool) {
 func engineSealBroken(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
 	keys := []seal.Key{sealingKey("A", 1)}
-	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: keys})
+	g, d := newEngine(t, h, oneCommit, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: keys}})
 	var runs atomic.Int32
 	_, err := g.Do(t.Context(), doParams("donor", "x"), sealedResult(&runs, "1"))
 	require.NoError(t, err)
@@ -294,8 +294,7 @@ func engineSealBroken(t *testing.T, h Harness, oneCommit bool) {
 func engineSealedStorm(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
 	require.NotNil(t, h.Dump, "Harness.Dump is required")
-	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1)},
-		KeyHashSecret: keyHashSecret, KeepRequestBytes: 256})
+	g, d := newEngine(t, h, oneCommit, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealingKey("A", 1)}, KeyHashSecret: keyHashSecret, KeepRequestBytes: 256}})
 	const keys, dups = 24, 3
 	runs := make([]atomic.Int32, keys)
 	unrecorded := make([]atomic.Int32, keys) // runs whose outcome the store did not take
@@ -371,7 +370,7 @@ func engineSealedStorm(t *testing.T, h Harness, oneCommit bool) {
 func engineSealDowngrade(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
 	keys := []seal.Key{sealingKey("A", 1)}
-	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: keys})
+	g, d := newEngine(t, h, oneCommit, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: keys}})
 	var runs atomic.Int32
 	_, err := g.Do(t.Context(), doParams("donor", "x"), sealedResult(&runs, "1"))
 	require.NoError(t, err)
@@ -416,7 +415,7 @@ func engineSealDowngrade(t *testing.T, h Harness, oneCommit bool) {
 	require.NoError(t, err, "a sealed record still replays")
 	require.Equal(t, `{"charge":"BODYMARK-1"}`, string(out.Body))
 
-	migrating := engineOn(t, d, oneCommit, idem.EngineConfig{SealKeys: keys, ReplayPlain: true})
+	migrating := engineOn(t, d, oneCommit, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: keys, ReplayPlain: true}})
 	out, err = migrating.Do(t.Context(), doParams("planted", "x"), sealedResult(&runs, "4"))
 	require.NoError(t, err, "ReplayPlain replays a plain record")
 	require.Equal(t, `{"charge":"PLANTED"}`, string(out.Body))
@@ -437,12 +436,14 @@ func engineSealDowngrade(t *testing.T, h Harness, oneCommit bool) {
 func middlewareSealedOnly(t *testing.T, h Harness) {
 	t.Parallel()
 	d := h.NewDriver(t)
-	plain := newServer(t, d, idem.Config{}, &app{})
+	plain := newServer(t, d, idem.Options{}, &app{})
 	first := plain.post(t, "planted", `{"amount":1}`)
 	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
 	keys := []seal.Key{sealingKey("A", 1)}
-	sealed := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{SealKeys: keys,
-		Logger: slog.New(slog.DiscardHandler)}, ReplayCacheBytes: 1 << 20}, &app{})
+	sealed := newServer(t, d, idem.Options{
+		Engine: idem.EngineOptions{Sealing: idem.SealingOptions{Keys: keys}, Logger: slog.New(slog.DiscardHandler)},
+		Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: 1 << 20}},
+	}, &app{})
 	own := sealed.post(t, "own", `{"amount":2}`)
 	require.Equal(t, http.StatusCreated, own.status, "%s", own.body)
 	for range 2 {
@@ -454,7 +455,7 @@ func middlewareSealedOnly(t *testing.T, h Harness) {
 		requireReplay(t, own, sealed.post(t, "own", `{"amount":2}`)) // the second from the cache
 	}
 	require.EqualValues(t, 1, sealed.app.runs.Load(), "the sealed server's handler ran for its own key only")
-	migrating := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{SealKeys: keys, ReplayPlain: true}}, &app{})
+	migrating := newServer(t, d, idem.Options{Engine: idem.EngineOptions{Sealing: idem.SealingOptions{Keys: keys, ReplayPlain: true}}}, &app{})
 	requireReplay(t, first, migrating.post(t, "planted", `{"amount":1}`))
 	require.Zero(t, migrating.app.runs.Load())
 }
@@ -470,7 +471,7 @@ func middlewareSealedOnly(t *testing.T, h Harness) {
 func engineSealTagBindsColumns(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
 	require.NotNil(t, h.Tamper, "Harness.Tamper is required")
-	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1)}})
+	g, d := newEngine(t, h, oneCommit, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealingKey("A", 1)}}})
 	var runs atomic.Int32
 	for key, set := range map[string]map[string]any{
 		"forged-status":    {"response_body": []byte{}, "response_body_stored": false, "response_status": 200},
@@ -502,8 +503,7 @@ func middlewareSealTagBindsStatus(t *testing.T, h Harness) {
 	t.Parallel()
 	require.NotNil(t, h.Tamper, "Harness.Tamper is required")
 	d := h.NewDriver(t)
-	s := newServer(t, d, idem.Config{EngineConfig: idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1)},
-		Logger: slog.New(slog.DiscardHandler)}}, &app{})
+	s := newServer(t, d, idem.Options{Engine: idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealingKey("A", 1)}}, Logger: slog.New(slog.DiscardHandler)}}, &app{})
 	first := s.post(t, "k", `{"amount":1}`)
 	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
 	h.Tamper(t, d, "global", "k", map[string]any{"response_body": []byte{}, "response_body_stored": false, "response_status": 200})
@@ -530,7 +530,7 @@ func format1Sealed(t *testing.T) idemdriver.Response {
 // authenticates nothing and answers ErrSealBroken.
 func engineSealFormat1StillOpens(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	g, d := newEngine(t, h, oneCommit, idem.EngineConfig{SealKeys: []seal.Key{sealingKey("A", 1), sealingKey("v1", 7)}})
+	g, d := newEngine(t, h, oneCommit, idem.EngineOptions{Sealing: idem.SealingOptions{Keys: []seal.Key{sealingKey("A", 1), sealingKey("v1", 7)}}})
 	p := idemdriver.ClaimParams{Scope: "acct", Key: "k1", Method: "DO", Path: "orders", Fingerprint: fingerprint("x"),
 		LeaseDuration: lease, Retention: retention}
 	completeVia(t, d, "alone", p, format1Sealed(t))

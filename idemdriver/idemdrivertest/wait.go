@@ -17,7 +17,7 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 )
 
-// The wait mode (idem.EngineConfig.Wait) in both modes: duplicates wait for
+// The wait mode (idem.EngineOptions.Waiting.Wait) in both modes: duplicates wait for
 // the owner's outcome, in this process and in another (a second engine on a
 // driver of its own, as another process has), and get its answer.
 
@@ -41,14 +41,15 @@ func waitCases(mode func(func(*testing.T, Harness, bool)) func(*testing.T, Harne
 
 // waitPair returns two engines with cfg on one database: the second on a
 // driver of its own when the harness has SecondDriver (another process).
-func waitPair(t *testing.T, h Harness, oneCommit bool, cfg idem.EngineConfig) (g, other *idem.Engine, d idemdriver.Driver) {
+func waitPair(t *testing.T, h Harness, oneCommit bool, cfg idem.EngineOptions) (g, other *idem.Engine, d idemdriver.Driver) {
 	t.Helper()
 	g, d = newEngine(t, h, oneCommit, cfg)
-	cfg.Store, cfg.OneCommit, cfg.Logger = d, oneCommit, slog.New(slog.DiscardHandler)
+	cfg.OneCommit.Enabled, cfg.Logger = oneCommit, slog.New(slog.DiscardHandler)
+	store := d
 	if h.SecondDriver != nil && !(oneCommit && h.MultiMaster) {
-		cfg.Store = h.SecondDriver(t, d)
+		store = h.SecondDriver(t, d)
 	}
-	other, err := idem.NewEngine(cfg)
+	other, err := idem.NewEngineWith(store, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = other.Close() })
 	return g, other, d
@@ -151,7 +152,7 @@ func waitingIn(t *testing.T, g, other *idem.Engine, n int, oneCommit bool) {
 
 func waitGetsTheOwnersAnswer(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	g, other, _ := waitPair(t, h, oneCommit, idem.EngineConfig{Wait: time.Minute})
+	g, other, _ := waitPair(t, h, oneCommit, idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Minute}})
 	started, release, done := owner(g, "k", nil)
 	<-started
 	var runs atomic.Int32
@@ -181,7 +182,7 @@ func waitAfterAFailureRunsOnce(t *testing.T, h Harness, oneCommit bool) {
 		{"panics", func() error { panic("boom") }},
 	} {
 		t.Run(fail.name, func(t *testing.T) {
-			g, other, _ := waitPair(t, h, oneCommit, idem.EngineConfig{Wait: time.Minute})
+			g, other, _ := waitPair(t, h, oneCommit, idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Minute}})
 			started, release, done := owner(g, "k", fail.err)
 			<-started
 			var runs atomic.Int32
@@ -207,7 +208,7 @@ func waitAfterAFailureRunsOnce(t *testing.T, h Harness, oneCommit bool) {
 // completed): the waiters take over when its lease runs out, one runs.
 func waitTakesOverADeadOwner(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	g, other, d := waitPair(t, h, oneCommit, idem.EngineConfig{Wait: time.Minute})
+	g, other, d := waitPair(t, h, oneCommit, idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Minute}})
 	sum := sha256.Sum256([]byte("a"))
 	dead := idemdriver.ClaimParams{Scope: "acct", Key: "k", Method: "DO", Path: "orders", Fingerprint: sum[:],
 		LeaseDuration: 300 * time.Millisecond, Retention: retention}
@@ -229,7 +230,7 @@ func waitTakesOverADeadOwner(t *testing.T, h Harness, oneCommit bool) {
 // A caller that goes away stops waiting; the owner's outcome is kept.
 func waitEndsWithTheCaller(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	g, _ := newEngine(t, h, oneCommit, idem.EngineConfig{Wait: time.Hour})
+	g, _ := newEngine(t, h, oneCommit, idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Hour}})
 	started, release, done := owner(g, "k", nil)
 	<-started
 	ctx, cancel := context.WithCancel(context.Background())
@@ -255,8 +256,10 @@ func waitEndsWithTheCaller(t *testing.T, h Harness, oneCommit bool) {
 // below zero does not wait.
 func waitRunsOutGivesInFlight(t *testing.T, h Harness, oneCommit bool) {
 	t.Parallel()
-	g, _ := newEngine(t, h, oneCommit, idem.EngineConfig{Wait: 50 * time.Millisecond, MaxWait: time.Minute,
-		OneCommitWait: oneCommitWait(oneCommit)})
+	g, _ := newEngine(t, h, oneCommit, idem.EngineOptions{
+		Waiting:   idem.WaitOptions{Wait: 50 * time.Millisecond, Max: time.Minute},
+		OneCommit: idem.OneCommitOptions{Wait: oneCommitWait(oneCommit)},
+	})
 	started, release, done := owner(g, "k", nil)
 	<-started
 	var runs atomic.Int32
@@ -281,7 +284,7 @@ func oneCommitWait(oneCommit bool) time.Duration {
 // Past MaxWaiters a duplicate is answered ErrInFlight at once.
 func waitersAreBounded(t *testing.T, h Harness) {
 	t.Parallel()
-	g, _ := newEngine(t, h, false, idem.EngineConfig{Wait: time.Hour, MaxWaiters: 2})
+	g, _ := newEngine(t, h, false, idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Hour, MaxWaiters: 2}})
 	started, release, done := owner(g, "k", nil)
 	<-started
 	var runs atomic.Int32

@@ -173,10 +173,7 @@ func Postgres(t *testing.T) idem.Store {
 // the other settings at their defaults.
 func NewMiddleware(t *testing.T, store idem.Store) *idem.Middleware {
 	t.Helper()
-	mw, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: store},
-		Scope:        func(*http.Request) (string, error) { return Scope, nil },
-	})
+	mw, err := idem.NewMiddleware(store, idem.Options{Scope: func(*http.Request) (string, error) { return Scope, nil }})
 	require.NoError(t, err)
 	return mw
 }

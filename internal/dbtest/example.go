@@ -40,16 +40,15 @@ func ExampleStore() (*idemsqlite.Driver, func()) {
 }
 
 // ExampleMiddleware returns idem's middleware with cfg on a store of
-// ExampleStore (cfg.Store is set; a nil cfg.Scope puts every request in the
+// ExampleStore (a nil cfg.Scope puts every request in the
 // scope "merchant_42"), the store, and the function that closes the store and
 // removes its directory. A failure ends the program (log.Fatal).
-func ExampleMiddleware(cfg idem.Config) (*idem.Middleware, *idemsqlite.Driver, func()) {
+func ExampleMiddleware(cfg idem.Options) (*idem.Middleware, *idemsqlite.Driver, func()) {
 	store, done := ExampleStore()
-	cfg.Store = store
 	if cfg.Scope == nil {
 		cfg.Scope = func(*http.Request) (string, error) { return "merchant_42", nil }
 	}
-	mw, err := idem.New(cfg)
+	mw, err := idem.NewMiddleware(store, cfg)
 	if err != nil {
 		done()
 		log.Fatal(err)

@@ -19,7 +19,7 @@ func (c *Config) decideStored(ctx context.Context, rec idemdriver.Record, p idem
 // errPlainRecord is why a sealed engine without ReplayPlain refuses a
 // record stored plain.
 var errPlainRecord = fmt.Errorf("%w: the record is stored plain (its seal_key is empty), and this engine holds SealKeys "+
-	"and replays sealed records only (EngineConfig.ReplayPlain)", ErrSealBroken)
+	"and replays sealed records only (EngineOptions.Sealing.ReplayPlain)", ErrSealBroken)
 
 // decide is decideStored of rec; opened says that rec's response is opened
 // already (the replay cache holds replays as they were answered).

@@ -9,7 +9,7 @@ import (
 )
 
 // Config is what the protocol runs by: the front's settings, validated and
-// defaulted there (idem.EngineConfig documents each), and the runtime state
+// defaulted there (idem.EngineOptions documents each), and the runtime state
 // built from them (the keyring).
 type Config struct {
 	Store              idemdriver.Driver

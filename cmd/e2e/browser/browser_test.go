@@ -70,7 +70,7 @@ func startAPI(t *testing.T, wrap func(mw *idem.Middleware, next http.Handler) ht
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	require.NoError(t, store.Migrate(ctx))
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(store, idem.Options{Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	a := &api{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	orders := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -28,7 +28,7 @@ func ExposedHeaders() []string {
 // The order matters. Inside the CORS middleware, every answer idem makes
 // (the replay of a recorded response, a 409, a 422, a problem) carries the
 // CORS headers, added before idem runs. Outside it, a replay carries only
-// what was recorded (Config.ReplayHeaders), without
+// what was recorded (Options.Replay.Headers), without
 // Access-Control-Allow-Origin, and the browser refuses it to the page:
 // fetch() rejects, although the server answered.
 //

@@ -110,7 +110,7 @@ func Merchant(ctx context.Context) (string, bool) {
 	return m, ok
 }
 
-// Scope is idem's ScopeFunc (idem.Config.Scope): the merchant owns its keys,
+// Scope is idem's ScopeFunc (idem.Options.Scope): the merchant owns its keys,
 // so two merchants sending the same Idempotency-Key never meet. It fails for
 // a request that API.Authenticate did not let through.
 func Scope(r *http.Request) (string, error) {

@@ -144,7 +144,7 @@ func Open(ctx context.Context, kind, target string, schema Schema) (*DB, error) 
 	return d, nil
 }
 
-// Idem returns idem's driver on the database, for idem.Config.Store.
+// Idem returns idem's driver on the database, the store of idem.NewMiddleware.
 func (d *DB) Idem() idem.Store { return d.Driver }
 
 // Describe names the database for a log line, without credentials

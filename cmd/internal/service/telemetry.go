@@ -39,7 +39,7 @@ const (
 // (served by Metrics: idem_*, go_*, process_*), and, when asked for, spans written as JSON lines by
 // the stdout exporter. Nothing dials out: it is safe offline.
 type Telemetry struct {
-	// Observer is idem's Config.Observer (idemotel).
+	// Observer is idem's Options.Engine.Observer (idemotel).
 	Observer idem.Observer
 	// Metrics serves the registry in Prometheus' text format (GET
 	// /metrics): idem_* (docs/observability.md), go_* and process_*

@@ -28,7 +28,7 @@ func protected(t *testing.T, tel *service.Telemetry) http.Handler {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = d.Close() })
 	require.NoError(t, d.Migrate(t.Context()))
-	mw, err := idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: d, Logger: slog.New(slog.DiscardHandler), Observer: tel.Observer}, Scope: idem.SingleTenant})
+	mw, err := idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{Logger: slog.New(slog.DiscardHandler), Observer: tel.Observer}, Scope: idem.SingleTenant})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /pay/{id}", mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

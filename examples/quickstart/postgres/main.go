@@ -43,8 +43,7 @@ func main() {
 	if _, err := pool.Exec(ctx, createPayments); err != nil { // your table, beside idem's
 		log.Fatal(err)
 	}
-	mw, err := idem.New(idem.Config{
-		EngineConfig: idem.EngineConfig{Store: store},
+	mw, err := idem.NewMiddleware(store, idem.Options{
 		// Who owns the key (required; idem.SingleTenant if one owner has every key).
 		Scope: func(r *http.Request) (string, error) { return accountFrom(r.Context()) },
 	})

@@ -35,7 +35,7 @@ func newMiddleware(obs idem.Observer) (mw *idem.Middleware, done func()) {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	mw, err = idem.New(idem.Config{EngineConfig: idem.EngineConfig{Store: store, Observer: obs}, Scope: idem.SingleTenant})
+	mw, err = idem.NewMiddleware(store, idem.Options{Scope: idem.SingleTenant, Engine: idem.EngineOptions{Observer: obs}})
 	if err != nil {
 		log.Fatal(err)
 	}
