@@ -110,7 +110,7 @@ func New(cfg Config) (*Middleware, error) {
 //
 // Deprecated: use NewEngineWith.
 func NewEngine(cfg EngineConfig) (*Engine, error) {
-	store, o := cfg.options()
+	store, o := cfg.Options()
 	return NewEngineWith(store, o)
 }
 
@@ -119,7 +119,7 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 //
 // Deprecated: use EngineOptions.WithDefaults.
 func (c EngineConfig) WithDefaults() EngineConfig {
-	store, o := c.options()
+	store, o := c.Options()
 	return engineConfigOf(store, o.WithDefaults())
 }
 
@@ -132,8 +132,9 @@ func (c Config) WithDefaults() Config {
 	return configOf(store, o.WithDefaults())
 }
 
-// options is c's Store, and its fields in their new places.
-func (c EngineConfig) options() (Store, EngineOptions) {
+// Options returns c's Store, and its fields in their new places: what
+// NewEngineWith takes (an adapter's deprecated constructor converts with it).
+func (c EngineConfig) Options() (Store, EngineOptions) {
 	return c.Store, EngineOptions{
 		Lease:      LeaseOptions{Duration: c.LeaseDuration, MaxExecution: c.MaxExecution, Owner: c.Owner},
 		Retention:  c.Retention,
@@ -153,7 +154,7 @@ func (c EngineConfig) options() (Store, EngineOptions) {
 
 // options is c's Store, and its fields in their new places.
 func (c Config) options() (Store, Options) {
-	store, e := c.EngineConfig.options()
+	store, e := c.EngineConfig.Options()
 	e.RetryAfter.Store = c.StoreRetryAfter
 	return store, Options{
 		Scope:       c.Scope,
@@ -169,7 +170,7 @@ func (c Config) options() (Store, Options) {
 	}
 }
 
-// engineConfigOf is the EngineConfig of store and o, options' inverse.
+// engineConfigOf is the EngineConfig of store and o, Options' inverse.
 func engineConfigOf(store Store, o EngineOptions) EngineConfig {
 	return EngineConfig{
 		Store: store, LeaseDuration: o.Lease.Duration, Retention: o.Retention, MaxResponseBytes: o.Response.MaxBytes,

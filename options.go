@@ -1,21 +1,10 @@
 package idem
 
-//lint:file-ignore ST1005 validation errors start with the path of the field they name (Engine.Lease.Duration, Request.MaxBytes...), as NewMiddleware joins them
-
 import (
-	"cmp"
-	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
-	"strings"
 	"time"
-	"unicode/utf8"
 
-	"github.com/idemgo/idem/fingerprint"
-	"github.com/idemgo/idem/idemdriver"
-	"github.com/idemgo/idem/internal/httpread"
 	"github.com/idemgo/idem/seal"
 )
 
@@ -103,8 +92,10 @@ type ReplayOptions struct {
 }
 
 // ReplayCacheOptions configures an in-process cache of SUCCEEDED responses
-// that answers retries without a statement, for at most TTL and never past
-// expires_at; a record deleted by hand stays replayed up to TTL.
+// (and of 422s) that answers retries without a statement, for at most TTL
+// and never past expires_at; a record deleted by hand stays replayed up to
+// TTL. It belongs to the Middleware's Engine: Do on Middleware.Engine()
+// answers from it too.
 type ReplayCacheOptions struct {
 	// Bytes bounds the cache. Not negative. Default: 0, no cache.
 	Bytes int64
@@ -318,226 +309,4 @@ type AdmissionOptions struct {
 	// from the lease, the pool and the handler's time (docs/deployment.md,
 	// "Leases under load"). Not negative. Default: 0, no bound.
 	MaxInFlight int
-}
-
-// NewMiddleware is the Middleware of store configured by o: it validates o
-// after WithDefaults, and the error names every field by its path
-// (Engine.Lease.Duration, Request.MaxBytes...).
-func NewMiddleware(store Store, o Options) (*Middleware, error) {
-	o = o.WithDefaults()
-	if err := invalid(o.validate(store)); err != nil {
-		return nil, err
-	}
-	m := &Middleware{g: newEngine(store, o.Engine, o.Replay.Cache), o: o,
-		methods: map[string]bool{}, replay: map[string]bool{}}
-	for _, meth := range o.Methods {
-		m.methods[strings.ToUpper(meth)] = true
-	}
-	for _, h := range o.Replay.Headers {
-		if k := http.CanonicalHeaderKey(h); !neverReplayed[k] {
-			m.replay[k] = true
-		}
-	}
-	m.body = httpread.Body{Limit: o.Request.MaxBytes, DiscardBytes: o.Request.Drain.Bytes, DiscardTimeout: o.Request.Drain.Timeout}
-	return m, nil
-}
-
-// NewEngineWith is the Engine of store configured by o: it validates o
-// after WithDefaults, and the error names every field by its path
-// (Lease.Duration, Waiting.Max...).
-func NewEngineWith(store Store, o EngineOptions) (*Engine, error) {
-	o = o.WithDefaults()
-	if err := invalid(o.validate(store, "")); err != nil {
-		return nil, err
-	}
-	return newEngine(store, o, ReplayCacheOptions{}), nil
-}
-
-// WithDefaults returns o with every zero field set to its default.
-func (o EngineOptions) WithDefaults() EngineOptions {
-	o.Lease.Duration = cmp.Or(o.Lease.Duration, DefaultLeaseDuration)
-	o.Retention = cmp.Or(o.Retention, DefaultRetention)
-	o.Response.MaxBytes = cmp.Or(o.Response.MaxBytes, DefaultMaxResponseBytes)
-	if o.Response.Outcome == nil {
-		o.Response.Outcome = DefaultOutcome
-	}
-	o.RetryAfter.InFlight = cmp.Or(o.RetryAfter.InFlight, DefaultInFlightRetryAfter)
-	o.RetryAfter.Store = cmp.Or(o.RetryAfter.Store, DefaultStoreRetryAfter)
-	o.Timeouts.Claim = cmp.Or(o.Timeouts.Claim, DefaultClaimTimeout)
-	o.Timeouts.Complete = cmp.Or(o.Timeouts.Complete, DefaultCompleteTimeout)
-	if o.Lease.MaxExecution == 0 {
-		o.Lease.MaxExecution = max(o.Lease.Duration, min(DefaultMaxExecution, o.Retention-o.Lease.Duration))
-	}
-	if o.Lease.Owner == "" {
-		host, _ := os.Hostname()
-		o.Lease.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
-		if len(o.Lease.Owner) > idemdriver.MaxOwnerBytes {
-			o.Lease.Owner = o.Lease.Owner[len(o.Lease.Owner)-idemdriver.MaxOwnerBytes:] // the pid end is the telling one
-		}
-	}
-	if o.OneCommit.Enabled {
-		o.OneCommit.Wait = cmp.Or(o.OneCommit.Wait, DefaultOneCommitWait)
-	}
-	o.Waiting.Max = cmp.Or(o.Waiting.Max, o.Waiting.Wait)
-	o.Waiting.MaxWaiters = cmp.Or(o.Waiting.MaxWaiters, DefaultMaxWaiters)
-	o.Waiting.Poll = cmp.Or(o.Waiting.Poll, DefaultWaitPoll)
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	return o
-}
-
-// WithDefaults returns o with every zero field set to its default.
-func (o Options) WithDefaults() Options {
-	o.Engine = o.Engine.WithDefaults()
-	if len(o.Methods) == 0 {
-		o.Methods = DefaultMethods()
-	}
-	o.Request.MaxBytes = cmp.Or(o.Request.MaxBytes, DefaultMaxRequestBytes)
-	o.Request.Drain.Bytes = cmp.Or(o.Request.Drain.Bytes, DefaultDiscardBytes)
-	o.Request.Drain.Timeout = cmp.Or(o.Request.Drain.Timeout, DefaultDiscardTimeout)
-	if o.Replay.Headers == nil {
-		o.Replay.Headers = DefaultReplayHeaders()
-	}
-	if o.Request.Fingerprint == nil {
-		o.Request.Fingerprint = fingerprint.Request
-	}
-	if o.Replay.Cache.Bytes > 0 && o.Replay.Cache.TTL == 0 {
-		o.Replay.Cache.TTL = DefaultReplayCacheTTL
-	}
-	return o
-}
-
-// validate names each field it refuses by its path, after prefix ("Engine."
-// under Options, "" alone).
-func (o EngineOptions) validate(store Store, prefix string) []error {
-	var errs []error
-	// f is the path of a field.
-	f := func(path string) string { return prefix + path }
-	lease, retention, maxExec := f("Lease.Duration"), f("Retention"), f("Lease.MaxExecution")
-	if store == nil {
-		errs = append(errs, errors.New("Store is required: pass a driver, such as idempgx.New or idemsqlite.Open"))
-	}
-	if !o.OneCommit.Enabled && o.OneCommit.Wait != 0 {
-		errs = append(errs, fmt.Errorf("%s applies to the one-commit mode only: set %s, or leave it out", f("OneCommit.Wait"), f("OneCommit.Enabled")))
-	}
-	if o.Lease.Duration < time.Second {
-		errs = append(errs, fmt.Errorf("%s %s is below 1s", lease, o.Lease.Duration))
-	}
-	if o.Retention < o.Lease.Duration {
-		errs = append(errs, fmt.Errorf("%s %s is shorter than %s %s", retention, o.Retention, lease, o.Lease.Duration))
-	}
-	if o.Lease.MaxExecution < o.Lease.Duration {
-		errs = append(errs, fmt.Errorf("%s %s is shorter than %s %s", maxExec, o.Lease.MaxExecution, lease, o.Lease.Duration))
-	}
-	if o.Retention >= o.Lease.Duration && o.Lease.MaxExecution >= o.Lease.Duration && o.Retention < o.Lease.MaxExecution+o.Lease.Duration {
-		errs = append(errs, fmt.Errorf("%s %s is shorter than %s %s + %s %s: a long execution's outcome would expire before it is replayed",
-			retention, o.Retention, maxExec, o.Lease.MaxExecution, lease, o.Lease.Duration))
-	}
-	if rl, ok := store.(idemdriver.RetentionLimiter); ok && o.Retention > rl.MaxRetention() {
-		errs = append(errs, fmt.Errorf("%s %s exceeds the store's MaxRetention %s", retention, o.Retention, rl.MaxRetention()))
-	}
-	if owner := o.Lease.Owner; len(owner) > idemdriver.MaxOwnerBytes || !utf8.ValidString(owner) || strings.IndexByte(owner, 0) >= 0 {
-		errs = append(errs, fmt.Errorf("%s must be valid UTF-8 of at most %d bytes without NUL", f("Lease.Owner"), idemdriver.MaxOwnerBytes))
-	}
-	if o.Response.MaxBytes < 0 {
-		errs = append(errs, fmt.Errorf("%s must not be negative", f("Response.MaxBytes")))
-	}
-	errs = appendNegative(errs, prefix, []namedDuration{
-		{"RetryAfter.InFlight", o.RetryAfter.InFlight}, {"RetryAfter.Store", o.RetryAfter.Store},
-		{"Timeouts.Claim", o.Timeouts.Claim}, {"Timeouts.Complete", o.Timeouts.Complete}, {"OneCommit.Wait", o.OneCommit.Wait},
-		{"Waiting.Wait", o.Waiting.Wait}, {"Waiting.Max", o.Waiting.Max}, {"Waiting.Poll", o.Waiting.Poll},
-		{"Waiting.MaxWaiters", time.Duration(o.Waiting.MaxWaiters)}, {"Admission.MaxInFlight", time.Duration(o.Admission.MaxInFlight)},
-	})
-	if o.Waiting.Wait > o.Waiting.Max {
-		errs = append(errs, fmt.Errorf("%s %s exceeds %s %s", f("Waiting.Wait"), o.Waiting.Wait, f("Waiting.Max"), o.Waiting.Max))
-	}
-	errs = append(errs, o.Sealing.validate(prefix+"Sealing.")...)
-	if _, ok := store.(idemdriver.TxClaimer); o.OneCommit.Enabled && store != nil && !ok {
-		errs = append(errs, fmt.Errorf("%s needs a Store that implements idemdriver.TxClaimer; %T does not", f("OneCommit.Enabled"), store))
-	}
-	return errs
-}
-
-// namedDuration is a field's path and its value, for appendNegative.
-type namedDuration struct {
-	path string
-	v    time.Duration
-}
-
-// appendNegative appends to errs one error naming every negative field.
-func appendNegative(errs []error, prefix string, fields []namedDuration) []error {
-	var neg []string
-	for _, f := range fields {
-		if f.v < 0 {
-			neg = append(neg, prefix+f.path)
-		}
-	}
-	switch len(neg) {
-	case 0:
-		return errs
-	case 1:
-		return append(errs, fmt.Errorf("%s must not be negative", neg[0]))
-	}
-	return append(errs, fmt.Errorf("%s and %s must not be negative", strings.Join(neg[:len(neg)-1], ", "), neg[len(neg)-1]))
-}
-
-func (s SealingOptions) validate(prefix string) []error {
-	var errs []error
-	seen := map[string]int{}
-	for i, k := range s.Keys {
-		if err := k.Validate(); err != nil {
-			for _, e := range joinedErrors(err) {
-				errs = append(errs, fmt.Errorf("%sKeys[%d].%w", prefix, i, e))
-			}
-			continue
-		}
-		if j, dup := seen[k.ID]; dup {
-			errs = append(errs, fmt.Errorf("%sKeys[%d].ID %q repeats %sKeys[%d].ID: each key needs an id of its own", prefix, i, k.ID, prefix, j))
-			continue
-		}
-		seen[k.ID] = i
-	}
-	if s.ReplayPlain && len(s.Keys) == 0 {
-		errs = append(errs, fmt.Errorf("%sReplayPlain applies to a sealed engine only: set %sKeys, or leave it out", prefix, prefix))
-	}
-	if n := len(s.KeyHashSecret); n > 0 && n < seal.MinHashSecretBytes {
-		errs = append(errs, fmt.Errorf("%sKeyHashSecret is %d bytes; it needs at least %d", prefix, n, seal.MinHashSecretBytes))
-	}
-	if s.KeepRequestBytes < 0 {
-		errs = append(errs, fmt.Errorf("%sKeepRequestBytes must not be negative", prefix))
-	}
-	return errs
-}
-
-// joinedErrors is the errors errors.Join joined in err, or err alone.
-func joinedErrors(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
-	}
-	return []error{err}
-}
-
-func (o Options) validate(store Store) []error {
-	errs := o.Engine.validate(store, "Engine.")
-	for _, m := range o.Methods {
-		if !httpread.IsToken(m) {
-			errs = append(errs, fmt.Errorf("Methods: %q is not a method (an RFC 9110 token)", m))
-		}
-	}
-	if o.Scope == nil {
-		errs = append(errs, errors.New("Scope is required: name the owner of each request's key (idem.SingleTenant for an API with one owner)"))
-	}
-	return appendNegative(errs, "", []namedDuration{
-		{"Request.MaxBytes", time.Duration(o.Request.MaxBytes)},
-		{"Request.Drain.Bytes", time.Duration(o.Request.Drain.Bytes)}, {"Request.Drain.Timeout", o.Request.Drain.Timeout},
-		{"Replay.Cache.Bytes", time.Duration(o.Replay.Cache.Bytes)}, {"Replay.Cache.TTL", o.Replay.Cache.TTL},
-	})
-}
-
-func invalid(errs []error) error {
-	if len(errs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("idem: invalid Options: %w", errors.Join(errs...))
 }

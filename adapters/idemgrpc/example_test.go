@@ -25,7 +25,7 @@ func Example() {
 	store, done := dbtest.ExampleStore()
 	defer done()
 	merchant := func(ctx context.Context) (string, error) { return "merchant_42", nil } // from your auth interceptor
-	ic, err := idemgrpc.New(store, idem.EngineOptions{}, merchant, idemgrpc.ForMethods("/payments.v1.Payments/Charge"), idemgrpc.WithMetadata("x-charge-id"))
+	ic, err := idemgrpc.NewInterceptor(store, idem.EngineOptions{}, merchant, idemgrpc.ForMethods("/payments.v1.Payments/Charge"), idemgrpc.WithMetadata("x-charge-id"))
 	if err != nil {
 		log.Fatal(err)
 	}

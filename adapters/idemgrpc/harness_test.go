@@ -127,7 +127,7 @@ func onStores(t *testing.T, test func(t *testing.T, store func(*testing.T) idem.
 // after an interceptor that counts the attempts, and returns s.
 func (s *service) serve(t *testing.T, store idem.Store, cfg idem.EngineOptions, opts ...idemgrpc.Option) *service {
 	t.Helper()
-	ic, err := idemgrpc.New(store, cfg, func(context.Context) (string, error) { return adaptertest.Scope, nil }, opts...)
+	ic, err := idemgrpc.NewInterceptor(store, cfg, func(context.Context) (string, error) { return adaptertest.Scope, nil }, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ic.Engine().Close() }) // its listener, before the store closes
 	s.ic = ic

@@ -3,7 +3,7 @@
 // outcome, and every retry gets that outcome back (CONTRACT sections 3 to 6),
 // through a unary server interceptor on idem's Engine.Do.
 //
-//	ic, err := idemgrpc.New(store, idem.EngineOptions{}, merchantFromAuth,
+//	ic, err := idemgrpc.NewInterceptor(store, idem.EngineOptions{}, merchantFromAuth,
 //		idemgrpc.ForMethods("/payments.v1.Payments/Charge"))
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(auth, ic.UnaryServerInterceptor()))
 //
@@ -254,15 +254,27 @@ func WithWait(d time.Duration) Option {
 	return func(o *options) { o.wait = d }
 }
 
-// New returns the interceptor on an Engine of store made of cfg
+// New returns the interceptor on an Engine made of cfg (its Store
+// included), as NewInterceptor does.
+//
+// Deprecated: use NewInterceptor, which takes the store and
+// idem.EngineOptions (idem.EngineConfig is deprecated).
+//
+//lint:ignore SA1019 the deprecated constructor keeps its deprecated parameter for one minor version
+func New(cfg idem.EngineConfig, scope ScopeFunc, opts ...Option) (*Interceptor, error) {
+	store, o := cfg.Options()
+	return NewInterceptor(store, o, scope, opts...)
+}
+
+// NewInterceptor returns the interceptor on an Engine of store made of cfg
 // (idem.NewEngineWith). When cfg sets neither Waiting.Wait nor Waiting.Max
-// and waiting is on (WithWait), New sets cfg.Waiting.Max to the wait. scope
+// and waiting is on (WithWait), it sets cfg.Waiting.Max to the wait. scope
 // is required.
 //
 // Errors: a nil scope, a nil argument of an option, a negative wait, a
-// metadata name New refuses (WithMetadata), or idem.NewEngineWith's (which
+// metadata name it refuses (WithMetadata), or idem.NewEngineWith's (which
 // names the EngineOptions fields by path).
-func New(store idem.Store, cfg idem.EngineOptions, scope ScopeFunc, opts ...Option) (*Interceptor, error) {
+func NewInterceptor(store idem.Store, cfg idem.EngineOptions, scope ScopeFunc, opts ...Option) (*Interceptor, error) {
 	o := options{outcome: DefaultOutcome, codec: ProtoCodec{}, wait: DefaultWait, fingerprint: Fingerprint}
 	for _, opt := range opts {
 		opt(&o)

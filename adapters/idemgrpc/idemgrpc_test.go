@@ -185,7 +185,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 	})
 
 	t.Run("MissingScope", func(t *testing.T) {
-		ic, err := idemgrpc.New(store(t), idem.EngineOptions{}, func(context.Context) (string, error) { return "", errors.New("no credentials") })
+		ic, err := idemgrpc.NewInterceptor(store(t), idem.EngineOptions{}, func(context.Context) (string, error) { return "", errors.New("no credentials") })
 		require.NoError(t, err)
 		s := &service{}
 		s.listen(t, grpc.UnaryInterceptor(ic.UnaryServerInterceptor()))
@@ -282,7 +282,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 			}
 			return chargeList(n, amountOf(req)), nil
 		}
-		ic, err := idemgrpc.New(store(t), idem.EngineOptions{}, func(context.Context) (string, error) { return adaptertest.Scope, nil })
+		ic, err := idemgrpc.NewInterceptor(store(t), idem.EngineOptions{}, func(context.Context) (string, error) { return adaptertest.Scope, nil })
 		require.NoError(t, err)
 		recovery := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
 			defer func() {
@@ -412,11 +412,24 @@ func TestNewRefuses(t *testing.T) {
 		{"negative wait", scope, []idemgrpc.Option{idemgrpc.WithWait(-time.Second)}},
 		{"nil policy", scope, []idemgrpc.Option{idemgrpc.WithOutcome(nil)}},
 	} {
-		_, err := idemgrpc.New(store, idem.EngineOptions{}, tc.scope, tc.opts...)
+		_, err := idemgrpc.NewInterceptor(store, idem.EngineOptions{}, tc.scope, tc.opts...)
 		require.Error(t, err, tc.name)
 	}
-	_, err := idemgrpc.New(nil, idem.EngineOptions{}, scope)
+	_, err := idemgrpc.NewInterceptor(nil, idem.EngineOptions{}, scope)
 	require.ErrorContains(t, err, "Store")
+}
+
+// The deprecated New still builds an interceptor from an idem.EngineConfig
+// (its Store included), and still refuses what NewInterceptor refuses.
+func TestDeprecatedNew(t *testing.T) {
+	scope := func(context.Context) (string, error) { return adaptertest.Scope, nil }
+	//lint:ignore SA1019 the deprecated constructor is what this test checks
+	ic, err := idemgrpc.New(idem.EngineConfig{Store: adaptertest.SQLite(t), LeaseDuration: 5 * time.Second}, scope)
+	require.NoError(t, err)
+	require.NotNil(t, ic)
+	//lint:ignore SA1019 the deprecated constructor is what this test checks
+	_, err = idemgrpc.New(idem.EngineConfig{Store: adaptertest.SQLite(t), LeaseDuration: time.Millisecond}, scope)
+	require.ErrorContains(t, err, "Lease.Duration 1ms is below 1s")
 }
 
 // A damaged record answers Internal with its problem, and the handler never
@@ -492,7 +505,7 @@ func TestHealthCheck(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ic, err := idemgrpc.New(adaptertest.SQLite(t), idem.EngineOptions{}, func(context.Context) (string, error) { return adaptertest.Scope, nil }, tc.opts...)
+			ic, err := idemgrpc.NewInterceptor(adaptertest.SQLite(t), idem.EngineOptions{}, func(context.Context) (string, error) { return adaptertest.Scope, nil }, tc.opts...)
 			require.NoError(t, err)
 			lis, err := net.Listen("tcp", "127.0.0.1:0")
 			require.NoError(t, err)

@@ -38,7 +38,7 @@ func main() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	ic, err := idemgrpc.New(store, idem.EngineOptions{}, func(context.Context) (string, error) { return idem.SingleTenantScope, nil })
+	ic, err := idemgrpc.NewInterceptor(store, idem.EngineOptions{}, func(context.Context) (string, error) { return idem.SingleTenantScope, nil })
 	if err != nil {
 		log.Fatal(err)
 	}
