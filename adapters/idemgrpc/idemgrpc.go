@@ -259,8 +259,6 @@ func WithWait(d time.Duration) Option {
 //
 // Deprecated: use NewInterceptor, which takes the store and
 // idem.EngineOptions (idem.EngineConfig is deprecated).
-//
-//lint:ignore SA1019 the deprecated constructor keeps its deprecated parameter for one minor version
 func New(cfg idem.EngineConfig, scope ScopeFunc, opts ...Option) (*Interceptor, error) {
 	store, o := cfg.Options()
 	return NewInterceptor(store, o, scope, opts...)
