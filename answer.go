@@ -28,7 +28,7 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 			route = m.route(r, nil, rq.job.next)
 		}
 		pr, isProblem = m.problem(r, &a)
-		ev = m.g.event(a, rq.p, route)
+		ev = m.eng.event(a, rq.p, route)
 	}
 
 	h := w.Header()
@@ -68,7 +68,7 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 		ev.Status = rq.job.cw.Status()
 	}
 	if ev.Kind != 0 {
-		m.g.observer.Observe(r.Context(), ev)
+		m.eng.observer.Observe(r.Context(), ev)
 	}
 	if a.Panicked {
 		panic(a.Recovered)

@@ -144,7 +144,7 @@ func NewMiddleware(store Store, o Options) (*Middleware, error) {
 	if err := invalid(o.validate(store)); err != nil {
 		return nil, err
 	}
-	m := &Middleware{g: newEngine(store, o.Engine, o.Replay.Cache), o: o,
+	m := &Middleware{eng: newEngine(store, o.Engine, o.Replay.Cache), o: o,
 		methods: map[string]bool{}, replay: map[string]bool{}}
 	for _, meth := range o.Methods {
 		m.methods[strings.ToUpper(meth)] = true

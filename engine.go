@@ -45,21 +45,21 @@ func newEngine(store Store, o EngineOptions, cache ReplayCacheOptions) *Engine {
 // StoredKey is the key the store holds for a client's key: key itself, or
 // seal.HashKey(KeyHashSecret, key) when EngineOptions.Sealing.KeyHashSecret is set.
 // Event.Key and idem's logs name records by it.
-func (g *Engine) StoredKey(key string) string { return g.proto.StoredKey(key) }
+func (eng *Engine) StoredKey(key string) string { return eng.proto.StoredKey(key) }
 
 // Close stops the wait mode's listener (EngineOptions.Waiting.Wait: PostgreSQL's
 // LISTEN connection, which otherwise ends 5 s after the last waiter left),
 // and starts none again: the engine still serves, and its waiters poll. Call
 // it when the engine is no longer used, as a test does. It returns nil.
-func (g *Engine) Close() error { return g.proto.Close() }
+func (eng *Engine) Close() error { return eng.proto.Close() }
 
 // Waiters returns the number of requests (and Do calls) of this process
 // waiting for another execution of their key: with EngineOptions.Waiting.Wait, and
 // in one-commit mode those behind this process's own execution of the key.
-func (g *Engine) Waiters() int { return g.proto.Waiters() }
+func (eng *Engine) Waiters() int { return eng.proto.Waiters() }
 
 // event is the observer's Event of a, an answer to a request of p.
-func (g *Engine) event(a protocol.Answer, p idemdriver.ClaimParams, route string) Event {
+func (eng *Engine) event(a protocol.Answer, p idemdriver.ClaimParams, route string) Event {
 	ev := Event{Kind: eventOf(a), Route: route, Method: p.Method, Scope: p.Scope, Key: p.Key, Attempt: a.Attempt,
 		Outcome: a.Outcome, Cached: a.Cached, Claim: a.Claim, Handler: a.Handler, Completion: a.Completion}
 	if a.Ran || a.Kind == protocol.KindClaimFailed {
@@ -127,27 +127,27 @@ var ErrOutcomeFailed = errors.New("idem: the outcome was recorded FAILED; the ne
 // ErrSealBroken (a sealed record this engine cannot open: fn does not run),
 // or fn's own. A nil error means the Result is recorded and will be
 // replayed.
-func (g *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context) (Result, error)) (Result, error) {
-	cp, err := g.doParams(p)
+func (eng *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context) (Result, error)) (Result, error) {
+	cp, err := eng.doParams(p)
 	if err != nil {
 		return Result{}, err
 	}
-	j := &doJob{g: g, fn: fn, payload: p.Payload}
-	wait := g.o.Waiting.Wait
+	j := &doJob{eng: eng, fn: fn, payload: p.Payload}
+	wait := eng.o.Waiting.Wait
 	switch {
 	case p.Wait < 0:
 		wait = 0
 	case p.Wait > 0:
-		wait = min(p.Wait, g.o.Waiting.Max)
+		wait = min(p.Wait, eng.o.Waiting.Max)
 	}
-	a := g.proto.Run(ctx, cp, p.Key, wait, j)
-	ev := g.event(a, cp, cp.Path)
+	a := eng.proto.Run(ctx, cp, p.Key, wait, j)
+	ev := eng.event(a, cp, cp.Path)
 	out, err := j.result(a)
 	ev.Status = out.Status
 	if errors.Is(ev.Err, protocol.ErrFnFailed) {
 		ev.Err = j.err
 	}
-	g.observer.Observe(ctx, ev)
+	eng.observer.Observe(ctx, ev)
 	switch {
 	case a.Panicked:
 		panic(a.Recovered)
@@ -188,7 +188,7 @@ func (j *doJob) result(a protocol.Answer) (Result, error) {
 }
 
 type doJob struct {
-	g       *Engine
+	eng     *Engine
 	fn      func(ctx context.Context) (Result, error)
 	payload []byte
 	out     Result
@@ -219,13 +219,13 @@ func (j *doJob) Response() idemdriver.Response {
 	for k, v := range j.out.Header {
 		resp.Header[k] = append([]string(nil), v...)
 	}
-	if resp.BodySize <= j.g.o.Response.MaxBytes {
+	if resp.BodySize <= j.eng.o.Response.MaxBytes {
 		resp.Body, resp.BodyStored = j.out.Body, true
 	}
 	return resp
 }
 
-func (g *Engine) doParams(p DoParams) (idemdriver.ClaimParams, error) {
+func (eng *Engine) doParams(p DoParams) (idemdriver.ClaimParams, error) {
 	// The key as its header carries it bare: ParseKey would unquote a
 	// leading '"' and refuse a ','.
 	if protocol.CheckKey(p.Key) != nil || strings.HasPrefix(p.Key, `"`) || strings.Contains(p.Key, ",") {
@@ -251,5 +251,5 @@ func (g *Engine) doParams(p DoParams) (idemdriver.ClaimParams, error) {
 	if method == "" {
 		method = "DO"
 	}
-	return g.proto.Params(p.Scope, p.Key, method, p.Route, fp), nil
+	return eng.proto.Params(p.Scope, p.Key, method, p.Route, fp), nil
 }

@@ -17,7 +17,7 @@ import (
 // reads a protected request (this file), runs it through the protocol
 // (internal/protocol) and writes the answer (answer.go).
 type Middleware struct {
-	g       *Engine
+	eng     *Engine
 	o       Options // defaulted
 	methods map[string]bool
 	replay  map[string]bool // canonical header names kept for replay
@@ -35,7 +35,7 @@ var neverReplayed = map[string]bool{
 }
 
 // Engine returns the engine behind m.
-func (m *Middleware) Engine() *Engine { return m.g }
+func (m *Middleware) Engine() *Engine { return m.eng }
 
 // Handler wraps next: protected requests go through the claim.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
@@ -59,7 +59,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	rq := m.read(w, r, values, next)
 	var a protocol.Answer
 	if rq.refusal == nil {
-		a = m.g.proto.Run(r.Context(), rq.p, rq.key, rq.wait, rq.job)
+		a = m.eng.proto.Run(r.Context(), rq.p, rq.key, rq.wait, rq.job)
 	}
 	m.respond(w, r, rq, a)
 }
@@ -126,6 +126,6 @@ func (m *Middleware) read(w http.ResponseWriter, r *http.Request, values []strin
 		m.o.Engine.Logger.ErrorContext(r.Context(), "idem: Scope returned a scope no store can hold", "reason", why, "length", len(scope))
 		return refuse(ErrScopeUnstorable, "the server could not scope this request")
 	}
-	rq.p = m.g.proto.Params(scope, key, r.Method, path, m.o.Request.Fingerprint(r, body))
+	rq.p = m.eng.proto.Params(scope, key, r.Method, path, m.o.Request.Fingerprint(r, body))
 	return rq
 }
