@@ -104,7 +104,7 @@ func (eng *Engine) run(ctx context.Context, p idemdriver.ClaimParams, clientKey 
 
 // record ends e, whose job answered status (over: what overrides the
 // policy), by its outcome: recorded, failed, released, or lost.
-func (eng *Engine) record(e *execution, j Job, status int, over Override, panicked, leaseRanOut bool) Answer {
+func (eng *Engine) record(e *Execution, j Job, status int, over Override, panicked, leaseRanOut bool) Answer {
 	failed := over == OverrideFailed
 	outcome := eng.cfg.Outcome(OrOK(status))
 	switch {
@@ -181,7 +181,7 @@ func (eng *Engine) leave() {
 }
 
 // complete records resp, plain, sealed when the keyring seals.
-func (eng *Engine) complete(e *execution, resp idemdriver.Response) Answer {
+func (eng *Engine) complete(e *Execution, resp idemdriver.Response) Answer {
 	cp, err := eng.cfg.completion(e.fence, resp)
 	if err != nil {
 		e.rollback()
@@ -246,17 +246,17 @@ type mode interface {
 	// start keeps e's claim while it runs (the lease's renewal, or the
 	// time limit); stop ends that and reports whether the lease may have
 	// run out.
-	start(e *execution, sent time.Time) (stop func() bool)
-	fail(e *execution) (owned bool, err error)
-	release(e *execution) (owned bool, err error)
+	start(e *Execution, sent time.Time) (stop func() bool)
+	fail(e *Execution) (owned bool, err error)
+	release(e *Execution) (owned bool, err error)
 	// recordWithoutTx records resp, plain, outside the claim's transaction,
 	// which aborted: sealed for the record it writes.
-	recordWithoutTx(e *execution, resp idemdriver.Response) (bool, error)
-	completionFailed(e *execution, err error) Answer
+	recordWithoutTx(e *Execution, resp idemdriver.Response) (bool, error)
+	completionFailed(e *Execution, err error) Answer
 	// endRun ends what the mode holds for e's run, after its outcome:
 	// in one-commit mode the key's turn in this process and the
 	// transaction's context.
-	endRun(e *execution)
+	endRun(e *Execution)
 }
 
 type durableClaim struct{ eng *Engine }
@@ -284,7 +284,7 @@ func (d durableClaim) claimOnce(ctx context.Context, p idemdriver.ClaimParams) (
 	return claimed{res: res, sent: sent}, Answer{}
 }
 
-func (d durableClaim) start(e *execution, sent time.Time) func() bool {
+func (d durableClaim) start(e *Execution, sent time.Time) func() bool {
 	hb := e.startHeartbeat(sent, d.eng.renewer)
 	return func() bool {
 		hb.stop()
@@ -292,9 +292,9 @@ func (d durableClaim) start(e *execution, sent time.Time) func() bool {
 	}
 }
 
-func (durableClaim) fail(e *execution) (bool, error) { return e.storeFail() }
+func (durableClaim) fail(e *Execution) (bool, error) { return e.storeFail() }
 
-func (d durableClaim) release(e *execution) (bool, error) {
+func (d durableClaim) release(e *Execution) (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
 	owned, err := d.eng.cfg.Store.Release(ctx, e.fence)
@@ -304,7 +304,7 @@ func (d durableClaim) release(e *execution) (bool, error) {
 	return owned, nil
 }
 
-func (d durableClaim) recordWithoutTx(e *execution, resp idemdriver.Response) (bool, error) {
+func (d durableClaim) recordWithoutTx(e *Execution, resp idemdriver.Response) (bool, error) {
 	cp, err := d.eng.cfg.completion(e.fence, resp)
 	if err != nil {
 		return false, err
@@ -312,7 +312,7 @@ func (d durableClaim) recordWithoutTx(e *execution, resp idemdriver.Response) (b
 	return e.completeWithoutTx(cp)
 }
 
-func (durableClaim) completionFailed(e *execution, err error) Answer {
+func (durableClaim) completionFailed(e *Execution, err error) Answer {
 	// Fail waits for an in-flight COMMIT's row lock: it marks FAILED only if
 	// the outcome did not commit.
 	owned, ferr := e.storeFail()
@@ -328,4 +328,4 @@ func (durableClaim) completionFailed(e *execution, err error) Answer {
 	return Answer{Kind: KindCompletionMovedOn, Err: err}
 }
 
-func (durableClaim) endRun(*execution) {}
+func (durableClaim) endRun(*Execution) {}

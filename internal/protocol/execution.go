@@ -23,28 +23,25 @@ type Info struct {
 
 type ctxKey struct{}
 
-// Execution is the claim a job runs under, reached from its context.
-type Execution = execution
-
 // FromContext returns ctx's execution, or false outside one.
 func FromContext(ctx context.Context) (*Execution, bool) {
-	e, ok := ctx.Value(ctxKey{}).(*execution)
+	e, ok := ctx.Value(ctxKey{}).(*Execution)
 	return e, ok
 }
 
 // Info describes e's claim.
-func (e *execution) Info() Info { return e.info }
+func (e *Execution) Info() Info { return e.info }
 
 // RelaySecret is the secret e's relayed keys are derived with.
-func (e *execution) RelaySecret() []byte { return e.cfg.RelaySecret }
+func (e *Execution) RelaySecret() []byte { return e.cfg.RelaySecret }
 
 // Tx returns the claim's transaction, begun on first use on e's context.
 // Errors: ErrExecutionEnded, a *StoreError.
-func (e *execution) Tx() (idemdriver.Tx, error) { return e.businessTx() }
+func (e *Execution) Tx() (idemdriver.Tx, error) { return e.businessTx() }
 
 // Release asks that e not be recorded: its record is removed, its writes
 // rolled back. Errors: ErrExecutionEnded.
-func (e *execution) Release() error {
+func (e *Execution) Release() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.ended {
@@ -80,7 +77,9 @@ type claimed struct {
 	waited bool
 }
 
-type execution struct {
+// Execution is the claim a job runs under, reached from its context
+// (FromContext): its fence, its transaction, its lease and its end.
+type Execution struct {
 	cfg    *Config
 	c      claimed
 	p      idemdriver.ClaimParams
@@ -101,9 +100,9 @@ type execution struct {
 }
 
 // newExecution: p names the stored key, clientKey the client's (Execution.Key).
-func newExecution(cfg *Config, parent context.Context, c claimed, p idemdriver.ClaimParams, clientKey string) *execution {
+func newExecution(cfg *Config, parent context.Context, c claimed, p idemdriver.ClaimParams, clientKey string) *Execution {
 	rec := c.res.Record
-	e := &execution{
+	e := &Execution{
 		cfg: cfg, c: c, p: p, tx: c.tx, parent: parent,
 		info: Info{Scope: p.Scope, Key: clientKey, FencingToken: rec.FencingToken, Attempt: rec.Attempts, Created: rec.CreatedAt},
 		fence: idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt,
@@ -132,7 +131,7 @@ const (
 	OverrideSucceeded
 )
 
-func (e *execution) runJob(j Job) (status int, o Override, panicked bool, recovered any) {
+func (e *Execution) runJob(j Job) (status int, o Override, panicked bool, recovered any) {
 	panicked = true
 	defer func() {
 		if panicked {
@@ -143,7 +142,7 @@ func (e *execution) runJob(j Job) (status int, o Override, panicked bool, recove
 	return status, o, false, nil
 }
 
-func (e *execution) businessTx() (idemdriver.Tx, error) {
+func (e *Execution) businessTx() (idemdriver.Tx, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.ended {
@@ -159,20 +158,20 @@ func (e *execution) businessTx() (idemdriver.Tx, error) {
 	return e.tx, nil
 }
 
-func (e *execution) endTx() idemdriver.Tx {
+func (e *Execution) endTx() idemdriver.Tx {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.ended = true
 	return e.tx
 }
 
-func (e *execution) detached() (context.Context, context.CancelFunc) {
+func (e *Execution) detached() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(e.detachedParent, e.cfg.CompleteTimeout)
 }
 
 // uncancelled waits at most CompleteTimeout for f on a never-cancelled context:
 // a cancelled COMMIT can commit locally only, lost in a failover.
-func (e *execution) uncancelled(f func(context.Context) (bool, error)) (bool, error) {
+func (e *Execution) uncancelled(f func(context.Context) (bool, error)) (bool, error) {
 	type result struct {
 		ok  bool
 		err error
@@ -196,7 +195,7 @@ func (e *execution) uncancelled(f func(context.Context) (bool, error)) (bool, er
 
 // completeIn commits p with tx, never cancelling the COMMIT. A COMMIT error
 // (outcome unknown) is a StoreError with Op "commit".
-func (e *execution) completeIn(tx idemdriver.Tx, p idemdriver.CompleteParams) (bool, error) {
+func (e *Execution) completeIn(tx idemdriver.Tx, p idemdriver.CompleteParams) (bool, error) {
 	cc, pipelined := tx.(idemdriver.CompleteCommitter)
 	if pipelined {
 		ok, err := e.uncancelled(func(ctx context.Context) (bool, error) {
@@ -236,7 +235,7 @@ func isCommitError(err error) bool {
 	return errors.As(err, &se) && se.Op == "commit"
 }
 
-func (e *execution) completeWithoutTx(p idemdriver.CompleteParams) (bool, error) {
+func (e *Execution) completeWithoutTx(p idemdriver.CompleteParams) (bool, error) {
 	ok, err := e.uncancelled(func(ctx context.Context) (bool, error) { return e.cfg.Store.Complete(ctx, p) })
 	if err != nil {
 		return false, &StoreError{Op: "complete", Err: err}
@@ -244,13 +243,13 @@ func (e *execution) completeWithoutTx(p idemdriver.CompleteParams) (bool, error)
 	return ok, nil
 }
 
-func (e *execution) rollbackTx(tx idemdriver.Tx) error {
+func (e *Execution) rollbackTx(tx idemdriver.Tx) error {
 	ctx, cancel := e.detached()
 	defer cancel()
 	return tx.Rollback(ctx)
 }
 
-func (e *execution) rollback() {
+func (e *Execution) rollback() {
 	if tx := e.endTx(); tx != nil {
 		if err := e.rollbackTx(tx); err != nil {
 			e.cfg.Logger.WarnContext(e.parent, "idem: rollback", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
@@ -259,7 +258,7 @@ func (e *execution) rollback() {
 }
 
 // storeFail: a store error leaves the record PROCESSING until its lease runs out.
-func (e *execution) storeFail() (bool, error) {
+func (e *Execution) storeFail() (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
 	owned, err := e.cfg.Store.Fail(ctx, e.fence)
@@ -269,33 +268,33 @@ func (e *execution) storeFail() (bool, error) {
 	return owned, err
 }
 
-func (e *execution) takenOver() bool {
+func (e *Execution) takenOver() bool {
 	ctx, cancel := e.detached()
 	defer cancel()
 	rec, err := e.cfg.Store.Get(ctx, idemdriver.GetParams{Scope: e.fence.Scope, Key: e.fence.Key})
 	return err == nil && (rec.FencingToken != e.fence.FencingToken || !rec.CreatedAt.Equal(e.fence.CreatedAt))
 }
 
-func (e *execution) released() bool {
+func (e *Execution) released() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.releaseAsked
 }
 
-func (e *execution) txBegun() bool {
+func (e *Execution) txBegun() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.tx != nil
 }
 
-func (e *execution) txOpen() bool {
+func (e *Execution) txOpen() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.tx != nil && !e.ended
 }
 
 type heartbeat struct {
-	e       *execution
+	e       *Execution
 	lease   time.Duration
 	started time.Time // for MaxExecution
 	// renewer, when not nil, renews this lease with the engine's other
@@ -320,7 +319,7 @@ type heartbeat struct {
 // cancels the context with ErrLeaseLost when the lease is lost, a
 // *StoreError after a whole lease without renewal, or ErrExecutionTimeout
 // after MaxExecution.
-func (e *execution) startHeartbeat(claimSent time.Time, r *renewer) *heartbeat {
+func (e *Execution) startHeartbeat(claimSent time.Time, r *renewer) *heartbeat {
 	hb := &e.hb
 	*hb = heartbeat{e: e, lease: e.cfg.LeaseDuration, started: time.Now(), lastOK: claimSent, renewer: r}
 	if r != nil {

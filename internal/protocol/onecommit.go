@@ -212,7 +212,7 @@ func (o *oneCommit) claimTx(txCtx context.Context, cancelTx context.CancelFunc, 
 	return idemdriver.ClaimResult{}, nil, fmt.Errorf("idem: the one-commit claim had no answer within ClaimTimeout + its lock wait (%s): %w", bound, context.DeadlineExceeded)
 }
 
-func (o *oneCommit) start(e *execution, _ time.Time) func() bool {
+func (o *oneCommit) start(e *Execution, _ time.Time) func() bool {
 	limit := time.AfterFunc(o.cfg.MaxExecution, func() { e.cancel(ErrExecutionTimeout) })
 	return func() bool {
 		limit.Stop()
@@ -229,7 +229,7 @@ func (o *oneCommit) start(e *execution, _ time.Time) func() bool {
 // false, answered 409 (its retry gets that outcome) instead of the
 // handler's failure. With none, or no answer from the store, the handler's
 // answer stands.
-func (o *oneCommit) fail(e *execution) (bool, error) {
+func (o *oneCommit) fail(e *Execution) (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
 	rec, err := o.cfg.Store.Get(ctx, idemdriver.GetParams{Scope: e.p.Scope, Key: e.p.Key, ClockOffset: e.p.ClockOffset})
@@ -237,7 +237,7 @@ func (o *oneCommit) fail(e *execution) (bool, error) {
 }
 
 // release removes the record the rollback restored (a re-claimed FAILED).
-func (o *oneCommit) release(e *execution) (bool, error) {
+func (o *oneCommit) release(e *Execution) (bool, error) {
 	if e.fence.FencingToken <= 1 {
 		return true, nil
 	}
@@ -257,7 +257,7 @@ func (o *oneCommit) release(e *execution) (bool, error) {
 	return true, nil
 }
 
-func (o *oneCommit) recordWithoutTx(e *execution, resp idemdriver.Response) (bool, error) {
+func (o *oneCommit) recordWithoutTx(e *Execution, resp idemdriver.Response) (bool, error) {
 	ctx, cancel := e.detached()
 	defer cancel()
 	res, err := o.cfg.Store.Claim(ctx, e.p)
@@ -277,7 +277,7 @@ func (o *oneCommit) recordWithoutTx(e *execution, resp idemdriver.Response) (boo
 	return e.completeWithoutTx(cp)
 }
 
-func (o *oneCommit) completionFailed(e *execution, err error) Answer {
+func (o *oneCommit) completionFailed(e *Execution, err error) Answer {
 	switch {
 	case errors.Is(err, idemdriver.ErrConflict):
 		return o.lost(e, err)
@@ -295,7 +295,7 @@ func (o *oneCommit) completionFailed(e *execution, err error) Answer {
 // wsrep_sync_wait) and answered as a claim that found that record would be
 // (a replay, 422, 409 or the request's wait for its owner); with none, 409
 // and the retry runs again.
-func (o *oneCommit) lost(e *execution, err error) Answer {
+func (o *oneCommit) lost(e *Execution, err error) Answer {
 	lost := Answer{Kind: KindLeaseLost, Err: fmt.Errorf("%w: %w", ErrLeaseLost, err)}
 	_, v := o.waits.await(e.parent, e.p, time.Until(e.c.waitEnd), lost, func() (claimed, Answer) { return claimed{}, lost })
 	if v.Kind != KindClaimFailed && v.Kind != KindLeaseLost {
@@ -304,7 +304,7 @@ func (o *oneCommit) lost(e *execution, err error) Answer {
 	return v
 }
 
-func (o *oneCommit) endRun(e *execution) {
+func (o *oneCommit) endRun(e *Execution) {
 	var final *idemdriver.Record
 	if e.committed != nil {
 		rec := e.c.res.Record
