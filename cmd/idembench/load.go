@@ -66,7 +66,7 @@ const (
 var allVariants = []variant{
 	{id: vBare, label: "bare handler (no idempotency)", route: routeBare, body: paymentBody, want: http.StatusCreated},
 	{id: vClaimTx, label: "idem first execution, durable-claim mode (idem…Tx)", route: routeClaimTx, body: paymentBody, want: http.StatusCreated},
-	{id: vOneCommit, label: "idem first execution, one-commit mode (Config.OneCommit)", route: routeOneCommit, body: paymentBody, want: http.StatusCreated},
+	{id: vOneCommit, label: "idem first execution, one-commit mode (OneCommit.Enabled)", route: routeOneCommit, body: paymentBody, want: http.StatusCreated},
 	{id: vOwnTx, label: "idem first execution, handler commits its own transaction", route: routeOwnTx, body: paymentBody, want: http.StatusCreated},
 	{id: vFloor, label: "the floor: idem's statements sent by hand (raw driver)", route: routeFloor, body: paymentBody, want: http.StatusCreated},
 	{id: vFloor1c, label: "the one-commit floor: its statements sent by hand in one transaction (raw driver)", route: routeFloor1c, body: paymentBody, want: http.StatusCreated},
@@ -75,8 +75,8 @@ var allVariants = []variant{
 	{id: vReplay, label: "idem replay", route: routeClaimTx, body: paymentBody, key: keyReplay, want: http.StatusCreated, replayed: true},
 	{id: vInFlight, label: "idem 409 (key in flight)", route: routeHold, body: paymentBody, key: keyHeld, want: http.StatusConflict},
 	{id: vKeyReused, label: "idem 422 (key reused, other body)", route: routeClaimTx, body: otherPaymentBody, key: keyReplay, want: http.StatusUnprocessableEntity},
-	{id: vCached, label: "idem replay, replay cache (Config.ReplayCacheBytes)", route: routeCached, body: paymentBody, key: keyCached, want: http.StatusCreated, replayed: true},
-	{id: vCached422, label: "idem 422, replay cache (Config.ReplayCacheBytes)", route: routeCached, body: otherPaymentBody, key: keyCached, want: http.StatusUnprocessableEntity},
+	{id: vCached, label: "idem replay, replay cache (Replay.Cache.Bytes)", route: routeCached, body: paymentBody, key: keyCached, want: http.StatusCreated, replayed: true},
+	{id: vCached422, label: "idem 422, replay cache (Replay.Cache.Bytes)", route: routeCached, body: otherPaymentBody, key: keyCached, want: http.StatusUnprocessableEntity},
 	{id: vNaiveMiss, label: "the article's naive Redis cache, first execution", route: routeNaive, body: paymentBody, want: http.StatusCreated, redis: true},
 	{id: vNaiveHit, label: "the article's naive Redis cache, replay", route: routeNaive, body: paymentBody, key: keyNaive, want: http.StatusCreated, replayed: true, redis: true},
 }
