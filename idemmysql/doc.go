@@ -126,11 +126,11 @@
 // max_allowed_packet (16 MiB by default on MariaDB 10.11, 64 MiB on MySQL 8),
 // which Open reads (a driver from New reads it on its first completion). A
 // response whose headers and body do not fit in it is recorded as not stored,
-// as if it exceeded idem's MaxResponseBytes: the first caller gets it whole,
+// as if it exceeded idem's EngineOptions.Response.MaxBytes: the first caller gets it whole,
 // a replay answers 410 response-not-stored, and the handler never runs
 // again. A sealed one keeps its small seal tag (seal_tag, apart from the
 // blob): the tag of the response stored without its blob, which the core
-// checks, so its status stays authenticated. Keep MaxResponseBytes (default 1 MiB) below it to have every
+// checks, so its status stays authenticated. Keep EngineOptions.Response.MaxBytes (default 1 MiB) below it to have every
 // response replayed.
 //
 // go-sql-driver does not watch the context while a COMMIT is on the wire, so

@@ -249,7 +249,7 @@ func engineNothingCommittedWhileFnRuns(t *testing.T, h Harness) {
 }
 
 // One-commit Do: a duplicate of a key whose fn runs waits at most
-// OneCommitWait, in this process or (another engine, as another process)
+// OneCommit.Wait, in this process or (another engine, as another process)
 // on the row lock, then gets ErrInFlight; once fn committed it gets the
 // replay. A single-writer store queues it for the write lock instead.
 func engineWaitBoundGivesInFlight(t *testing.T, h Harness) {
@@ -305,7 +305,7 @@ func engineWaitBoundGivesInFlight(t *testing.T, h Harness) {
 	if err := <-dup; !errors.Is(err, idem.ErrInFlight) {
 		require.NoError(t, err, "a duplicate gets the replay or, while fn still runs, ErrInFlight")
 	}
-	// The claim's lock wait is OneCommitWait (100 ms) for any lock, the
+	// The claim's lock wait is OneCommit.Wait (100 ms) for any lock, the
 	// table's too: on a partitioned table another case's partition DDL can
 	// hold it that long on a loaded machine (seen in CI), answered
 	// ErrInFlight. A client retries; fn never runs again.

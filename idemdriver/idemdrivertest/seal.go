@@ -363,7 +363,7 @@ func engineSealedStorm(t *testing.T, h Harness, oneCommit bool) {
 // The downgrade of sealing: someone who can write idem_keys but holds no
 // sealing key empties a record's seal_key and puts a plain response in its
 // place (or writes a plain record for a key a client will send). An
-// engine with SealKeys answers such a record ErrSealBroken, never its
+// engine with Sealing.Keys answers such a record ErrSealBroken, never its
 // body, and fn never runs; the record stays SUCCEEDED. With ReplayPlain
 // (a table switched to sealing while records written plain live) the plain
 // record replays, and new records are still sealed.
@@ -429,7 +429,7 @@ func engineSealDowngrade(t *testing.T, h Harness, oneCommit bool) {
 }
 
 // The downgrade over HTTP: a record written plain (by a server without
-// SealKeys, as an attacker would write it) answers a sealed server 500
+// Sealing.Keys, as an attacker would write it) answers a sealed server 500
 // seal-broken, as problem details, never the plain body, and the handler
 // does not run; behind the replay cache too, which still replays the
 // server's own sealed records. A server with ReplayPlain replays it.
