@@ -1,14 +1,18 @@
 package idem_test
 
 import (
+	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dbtest"
 )
 
@@ -117,4 +121,101 @@ func ExampleReleaseKey() {
 	// 400 replayed="" currency is required
 	// 201 replayed="" {"id":"pay_1"}
 	// 201 replayed="true" {"id":"pay_1"}
+}
+
+// The package documentation's "Using it": a store and its tables, then the
+// middleware on each route with side effects. (Compiled, not run: it
+// creates idem.db in the working directory and serves.)
+func ExampleNewMiddleware() {
+	ctx := context.Background()
+	merchantFromAuth := func(r *http.Request) (string, error) { return "merchant_42", nil } // the authenticated account
+	createPayment := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	mux := http.NewServeMux()
+
+	store, _ := idemsqlite.Open(ctx, "idem.db") // or idempgx.New(pool)
+	_ = store.Migrate(ctx)
+	mw, _ := idem.NewMiddleware(store, idem.Options{Scope: merchantFromAuth})
+	mux.Handle("POST /v1/payments", mw.Handler(createPayment))
+
+	log.Fatal(http.ListenAndServe("127.0.0.1:8080", mux))
+}
+
+// Engine.Do runs the claim protocol around a function, for work that is
+// not an HTTP request (a message, a job): the first call runs it and
+// records its Result with the rows it wrote; a call again with the same key
+// (a redelivery) gets that Result without running anything.
+func ExampleEngine_Do() {
+	store, done := dbtest.ExampleStore() // SQLite in a temporary directory; see idemsqlite.ExampleOpen
+	defer done()
+	if _, err := store.DB().Exec(`CREATE TABLE orders (id TEXT PRIMARY KEY)`); err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	msgID, data := "msg-1", []byte(`{"order":42}`)
+
+	engine, _ := idem.NewEngineWith(store, idem.EngineOptions{})
+	res, err := engine.Do(ctx, idem.DoParams{Scope: "orders", Key: msgID, Payload: data},
+		func(ctx context.Context) (idem.Result, error) {
+			tx, _ := idem.Tx[*sql.Tx](ctx) // committed with the outcome
+			_, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES (?)", msgID)
+			return idem.Result{Status: 200}, err
+		})
+	fmt.Println(res.Status, err)
+
+	res, err = engine.Do(ctx, idem.DoParams{Scope: "orders", Key: msgID, Payload: data},
+		func(ctx context.Context) (idem.Result, error) {
+			return idem.Result{}, errors.New("not run: the first call's outcome is recorded")
+		})
+	fmt.Println(res.Status, err)
+	var n int
+	if err := store.DB().QueryRow(`SELECT count(*) FROM orders`).Scan(&n); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("orders:", n)
+	// Output:
+	// 200 <nil>
+	// 200 <nil>
+	// orders: 1
+}
+
+// One Middleware per route group, each with its own Retention, on one
+// store (docs/retention.md): a record keeps the lifetime of the route that
+// created it, as its Idempotency-Key-Expires shows.
+func ExampleOptions_retention() {
+	store, done := dbtest.ExampleStore()
+	defer done()
+	scope := idem.SingleTenant
+	quotes := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	payments := quotes
+
+	short, _ := idem.NewMiddleware(store, idem.Options{Scope: scope, Engine: idem.EngineOptions{Retention: time.Hour}})     // quotes, previews
+	long, _ := idem.NewMiddleware(store, idem.Options{Scope: scope, Engine: idem.EngineOptions{Retention: 72 * time.Hour}}) // payments, transfers
+
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/quotes", short.Handler(quotes))
+	mux.Handle("POST /v1/payments", long.Handler(payments))
+
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	expires := func(path, key string) time.Time {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(`{}`))
+		if err != nil {
+			log.Fatal(err)
+		}
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := resp.Body.Close(); err != nil {
+			log.Fatal(err)
+		}
+		t, err := http.ParseTime(resp.Header.Get(idem.HeaderKeyExpires))
+		if err != nil {
+			log.Fatal(err)
+		}
+		return t
+	}
+	fmt.Println("payments outlive quotes by", expires("/v1/payments", "pay-1").Sub(expires("/v1/quotes", "quote-1")).Round(time.Hour))
+	// Output: payments outlive quotes by 71h0m0s
 }

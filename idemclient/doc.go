@@ -6,9 +6,15 @@
 // conflict and the request runs at most once on an idem server.
 //
 //	tr, err := idemclient.New(idemclient.Config{})
-//	if err != nil { ... }
+//	if err != nil {
+//		log.Fatal(err)
+//	}
 //	client := &http.Client{Transport: tr}
 //	resp, err := client.Post(url, "application/json", strings.NewReader(body))
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer resp.Body.Close()
 //	log.Println(idemclient.KeyFromResponse(resp), idemclient.Replayed(resp))
 //
 // # The key

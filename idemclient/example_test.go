@@ -110,3 +110,21 @@ func ExampleParseRetryAfter() {
 	// 45s true
 	// 0s false
 }
+
+// The package documentation's client: every POST gets a key, kept on every
+// retry. (Compiled, not run.)
+func ExampleNew() {
+	url, body := "http://127.0.0.1:8080/v1/payments", `{"amount":1000}`
+
+	tr, err := idemclient.New(idemclient.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := &http.Client{Transport: tr}
+	resp, err := client.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	log.Println(idemclient.KeyFromResponse(resp), idemclient.Replayed(resp))
+}

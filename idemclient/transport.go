@@ -27,6 +27,9 @@ var _ http.RoundTripper = (*Transport)(nil)
 // error names every invalid field. Use it as an http.Client's Transport:
 //
 //	tr, err := idemclient.New(idemclient.Config{})
+//	if err != nil {
+//		log.Fatal(err)
+//	}
 //	client := &http.Client{Transport: tr}
 func New(cfg Config) (*Transport, error) {
 	cfg = cfg.WithDefaults()

@@ -4,6 +4,9 @@
 // contrib's instrumentation packages.
 //
 //	obs, err := idemotel.NewObserver(idemotel.WithMeterProvider(mp), idemotel.WithTracerProvider(tp))
+//	if err != nil {
+//		log.Fatal(err)
+//	}
 //	mw, err := idem.NewMiddleware(store, idem.Options{Scope: scope, Engine: idem.EngineOptions{Observer: obs}})
 //
 // It lives in its own module so that the core module imports no

@@ -67,7 +67,8 @@ func ExampleTx() {
 }
 
 // NewPartitioned keeps records in daily partitions, so that retention drops
-// whole days instead of deleting rows. (Compiled, not run.)
+// whole days instead of deleting rows (docs/retention.md). (Compiled, not
+// run.)
 func ExampleNewPartitioned() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -75,7 +76,8 @@ func ExampleNewPartitioned() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	store := idempgx.NewPartitioned(pool, idempgx.PartitionConfig{})
+	store := idempgx.NewPartitioned(pool, idempgx.PartitionConfig{DaysAhead: 7}) // default 7
+	// Migrate: the partitioned table, and today's through today+7's partitions.
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}

@@ -58,3 +58,25 @@ func ExampleMaintainer() {
 	fmt.Printf("leader=%v purged=%d batches=%d err=%v\n", c.Leader, c.Purged, c.Batches, c.Err)
 	// Output: leader=true purged=1 batches=1 err=<nil>
 }
+
+// docs/retention.md's maintainer, its cycles counted in a metric. (Compiled,
+// not run: ExampleMaintainer runs one.)
+func ExampleNewMaintainer() {
+	store, done := dbtest.ExampleStore()
+	defer done()
+	ctx := context.Background()
+	var purged interface{ Add(float64) } // a prometheus.Counter
+
+	m, err := retention.NewMaintainer(store, retention.Config{
+		Interval: time.Minute, // default
+		Batch:    1000,        // default: rows per DELETE
+		OnCycle:  func(c retention.Cycle) { purged.Add(float64(c.Purged)) },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := m.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	defer m.Stop()
+}

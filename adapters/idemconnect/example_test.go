@@ -56,3 +56,29 @@ func Example() {
 	// error: invalid_argument
 	// charges: 1
 }
+
+// The README's line: idem in front of a mux of Connect handlers; a retry
+// gets the recorded response, and idem's own refusals (here an invalid key)
+// are answered in the Connect protocol.
+func ExampleHandler() {
+	mw, _, done := dbtest.ExampleMiddleware(idem.Options{Engine: idem.EngineOptions{Response: idem.ResponseOptions{Outcome: idemconnect.Outcome}}})
+	defer done()
+	connectMux := http.NewServeMux()
+	connectMux.Handle(procedure, connect.NewUnaryHandler(procedure,
+		func(ctx context.Context, req *connect.Request[ChargeRequest]) (*connect.Response[ChargeResponse], error) {
+			return connect.NewResponse(&ChargeResponse{Charge: 1, Amount: req.Msg.Amount}), nil
+		}, connect.WithCodec(jsonCodec{})))
+	mux := http.NewServeMux()
+
+	mux.Handle("/", idemconnect.Handler(mw, connectMux))
+
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	dbtest.PrintPost(srv.URL+procedure, "order-1", `{"amount":1000}`)
+	dbtest.PrintPost(srv.URL+procedure, "order-1", `{"amount":1000}`)
+	dbtest.PrintPost(srv.URL+procedure, "not a key", `{"amount":1000}`)
+	// Output:
+	// 200 replayed="" {"charge":1,"amount":1000}
+	// 200 replayed="true" {"charge":1,"amount":1000}
+	// 400 replayed="" {"code":"invalid_argument","message":"invalid Idempotency-Key: character 4 of the key is byte 0x20; only visible ASCII (0x21-0x7E) is allowed"}
+}

@@ -2,6 +2,7 @@ package idemecho_test
 
 import (
 	"fmt"
+	"log"
 	"net/http"
 	"net/http/httptest"
 
@@ -62,4 +63,42 @@ func Example() {
 	// 503 replayed="" {"message":"provider unavailable"}
 	// 503 replayed="" {"message":"provider unavailable"}
 	// handler runs: 4
+}
+
+// The package documentation's registration, and the README's one line: a
+// group's routes, under idem's middleware.
+func ExampleMiddleware() {
+	store, done := dbtest.ExampleStore() // SQLite in a temporary directory; see idemsqlite.ExampleOpen
+	defer done()
+	tenantOf := func(r *http.Request) (string, error) { return "merchant_42", nil } // from your authentication
+	runs := 0
+	charge := func(c echo.Context) error {
+		runs++
+		return c.JSON(http.StatusCreated, map[string]int{"run": runs})
+	}
+	pay := charge
+
+	mw, err := idem.NewMiddleware(store, idem.Options{Scope: tenantOf})
+	if err != nil {
+		log.Fatal(err)
+	}
+	e := echo.New()
+	e.Use(middleware.Recover())
+	payments := e.Group("/v1", idemecho.Middleware(mw))
+	payments.POST("/charges", charge)
+
+	e.Group("/v1", idemecho.Middleware(mw)).POST("/payments", pay)
+
+	e.HideBanner = true
+	srv := httptest.NewServer(e)
+	defer srv.Close()
+	dbtest.PrintPost(srv.URL+"/v1/charges", "order-1", `{}`)
+	dbtest.PrintPost(srv.URL+"/v1/charges", "order-1", `{}`)
+	dbtest.PrintPost(srv.URL+"/v1/payments", "order-2", `{}`)
+	dbtest.PrintPost(srv.URL+"/v1/payments", "order-2", `{}`)
+	// Output:
+	// 201 replayed="" {"run":1}
+	// 201 replayed="true" {"run":1}
+	// 201 replayed="" {"run":2}
+	// 201 replayed="true" {"run":2}
 }

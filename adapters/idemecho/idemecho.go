@@ -6,7 +6,9 @@
 // it protects:
 //
 //	mw, err := idem.NewMiddleware(store, idem.Options{Scope: tenantOf})
-//	...
+//	if err != nil {
+//		log.Fatal(err)
+//	}
 //	e := echo.New()
 //	e.Use(middleware.Recover())
 //	payments := e.Group("/v1", idemecho.Middleware(mw))

@@ -80,3 +80,41 @@ func Example() {
 	// 402 replayed="true" {"error":"card declined"}
 	// payments: 1
 }
+
+// The package documentation's registration, and the README's one line: a
+// group's routes, under idem's middleware.
+func ExampleMiddleware() {
+	store, done := dbtest.ExampleStore() // SQLite in a temporary directory; see idemsqlite.ExampleOpen
+	defer done()
+	tenantOf := func(r *http.Request) (string, error) { return "merchant_42", nil } // from your authentication
+	runs := 0
+	charge := func(c *gin.Context) {
+		runs++
+		c.JSON(http.StatusCreated, gin.H{"run": runs})
+	}
+	pay := charge
+	gin.SetMode(gin.ReleaseMode)
+
+	mw, err := idem.NewMiddleware(store, idem.Options{Scope: tenantOf})
+	if err != nil {
+		log.Fatal(err)
+	}
+	r := gin.New()
+	r.Use(gin.Recovery())
+	payments := r.Group("/v1", idemgin.Middleware(mw))
+	payments.POST("/charges", charge)
+
+	r.Group("/v1", idemgin.Middleware(mw)).POST("/payments", pay)
+
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	dbtest.PrintPost(srv.URL+"/v1/charges", "order-1", `{}`)
+	dbtest.PrintPost(srv.URL+"/v1/charges", "order-1", `{}`)
+	dbtest.PrintPost(srv.URL+"/v1/payments", "order-2", `{}`)
+	dbtest.PrintPost(srv.URL+"/v1/payments", "order-2", `{}`)
+	// Output:
+	// 201 replayed="" {"run":1}
+	// 201 replayed="true" {"run":1}
+	// 201 replayed="" {"run":2}
+	// 201 replayed="true" {"run":2}
+}

@@ -6,7 +6,9 @@
 // it protects:
 //
 //	mw, err := idem.NewMiddleware(store, idem.Options{Scope: tenantOf})
-//	...
+//	if err != nil {
+//		log.Fatal(err)
+//	}
 //	r := gin.New()
 //	r.Use(gin.Recovery())
 //	payments := r.Group("/v1", idemgin.Middleware(mw))

@@ -5,6 +5,9 @@
 //
 //	ic, err := idemgrpc.NewInterceptor(store, idem.EngineOptions{}, merchantFromAuth,
 //		idemgrpc.ForMethods("/payments.v1.Payments/Charge"))
+//	if err != nil {
+//		log.Fatal(err)
+//	}
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(auth, ic.UnaryServerInterceptor()))
 //
 // # The call

@@ -246,7 +246,7 @@ func (s *service) pay(w http.ResponseWriter, r *http.Request) {
 // record writes the payment and inserts its receipt job in the claim's
 // transaction.
 func (s *service) record(ctx context.Context, p payment) (int64, error) {
-	tx, err := idem.Tx[pgx.Tx](ctx)
+	tx, err := idem.Tx[pgx.Tx](ctx) // the claim's transaction: idem commits it, never you
 	if err != nil {
 		return 0, err
 	}
