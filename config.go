@@ -141,7 +141,7 @@ type Store = idemdriver.Driver
 // (Engine.Lease.Duration, Request.MaxBytes...).
 func NewMiddleware(store Store, o Options) (*Middleware, error) {
 	o = o.WithDefaults()
-	if err := invalid(o.validate(store)); err != nil {
+	if err := invalid("Options", o.validate(store)); err != nil {
 		return nil, err
 	}
 	m := &Middleware{eng: newEngine(store, o.Engine, o.Replay.Cache), o: o,
@@ -163,7 +163,7 @@ func NewMiddleware(store Store, o Options) (*Middleware, error) {
 // (Lease.Duration, Waiting.Max...).
 func NewEngineWith(store Store, o EngineOptions) (*Engine, error) {
 	o = o.WithDefaults()
-	if err := invalid(o.validate(store, "")); err != nil {
+	if err := invalid("EngineOptions", o.validate(store, "")); err != nil {
 		return nil, err
 	}
 	return newEngine(store, o, ReplayCacheOptions{}), nil
@@ -352,9 +352,11 @@ func (o Options) validate(store Store) []error {
 	})
 }
 
-func invalid(errs []error) error {
+// invalid is the error of errs, the refusals of what (Options or
+// EngineOptions), or nil for none.
+func invalid(what string, errs []error) error {
 	if len(errs) == 0 {
 		return nil
 	}
-	return fmt.Errorf("idem: invalid Options: %w", errors.Join(errs...))
+	return fmt.Errorf("idem: invalid %s: %w", what, errors.Join(errs...))
 }

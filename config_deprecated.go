@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -102,7 +103,11 @@ type Config struct {
 // Deprecated: use NewMiddleware.
 func New(cfg Config) (*Middleware, error) {
 	store, o := cfg.options()
-	return NewMiddleware(store, o)
+	m, err := NewMiddleware(store, o)
+	if err != nil {
+		return nil, fmt.Errorf("%w\n(each field is named by its place in Options; each field of Config names its place)", err)
+	}
+	return m, nil
 }
 
 // NewEngine is NewEngineWith(cfg.Store, ...) with cfg's fields in their new
@@ -111,7 +116,11 @@ func New(cfg Config) (*Middleware, error) {
 // Deprecated: use NewEngineWith.
 func NewEngine(cfg EngineConfig) (*Engine, error) {
 	store, o := cfg.Options()
-	return NewEngineWith(store, o)
+	eng, err := NewEngineWith(store, o)
+	if err != nil {
+		return nil, fmt.Errorf("%w\n(each field is named by its place in EngineOptions; each field of EngineConfig names its place)", err)
+	}
+	return eng, nil
 }
 
 // WithDefaults returns c with every zero field set to its default

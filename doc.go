@@ -24,14 +24,14 @@
 // A protected request (POST or PATCH by default) carries its key as an RFC
 // 8941 sf-string ("abc") or bare (abc): 1 to 255 visible ASCII characters.
 // Options.Scope names the key's owner (a tenant, an account); it is required.
-// The method, path, query, media type and body (at most MaxRequestBytes, JSON
+// The method, path, query, media type and body (at most Options.Request.MaxBytes, JSON
 // canonicalized per RFC 8785) make a SHA-256 fingerprint.
 //
 // # The state machine
 //
 // Each (scope, key) has one record (CONTRACT section 3). With no record, or
 // one past Retention, the claim inserts PROCESSING with a new fencing token
-// and a lease (database now + LeaseDuration), and the handler runs. PROCESSING
+// and a lease (database now + EngineOptions.Lease.Duration), and the handler runs. PROCESSING
 // under a live lease answers 409 request-in-flight with Retry-After.
 // PROCESSING past its lease is taken over with the next fencing token and the
 // handler runs again, so downstream calls carry RelayKey (CONTRACT section 7).
@@ -41,7 +41,7 @@
 //
 // # Leases and fencing
 //
-// Leases use the database's clock and are renewed every LeaseDuration/3.
+// Leases use the database's clock and are renewed every Lease.Duration/3.
 // Renewal, completion and release compare-and-set on the fencing token, so a
 // worker that lost its lease cannot overwrite the new owner's record; its
 // context is cancelled with cause ErrLeaseLost (409), or with a *StoreError

@@ -18,7 +18,7 @@ var (
 	ErrScopeUnstorable = protocol.ErrScopeUnstorable
 	// ErrPathTooLong: a path longer than MaxPathLength; 414.
 	ErrPathTooLong = errors.New("idem: request path too long")
-	// ErrRequestTooLarge: a body over MaxRequestBytes; 413.
+	// ErrRequestTooLarge: a body over Options.Request.MaxBytes; 413.
 	ErrRequestTooLarge = errors.New("idem: request body too large")
 	// ErrBodyUnreadable: a body not read to its end; 400.
 	ErrBodyUnreadable = errors.New("idem: request body could not be read")
@@ -28,7 +28,8 @@ var (
 	ErrInFlight = protocol.ErrInFlight
 	// ErrLeaseLost: the execution was fenced out; 409.
 	ErrLeaseLost = protocol.ErrLeaseLost
-	// ErrResponseNotStored: the response exceeded MaxResponseBytes; 410.
+	// ErrResponseNotStored: the response exceeded
+	// EngineOptions.Response.MaxBytes; 410.
 	ErrResponseNotStored = errors.New("idem: the response of this key was not stored")
 	// ErrResponseMissing: a SUCCEEDED record holds no response, or one
 	// damaged in the store (idemsql.DecodeResponse); 500.

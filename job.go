@@ -19,7 +19,7 @@ type httpJob struct {
 	m    *Middleware
 	r    *http.Request
 	w    http.ResponseWriter
-	body []byte // as read, MaxRequestBytes at most
+	body []byte // as read, Request.MaxBytes at most
 	next http.Handler
 	cw   *httpwrite.Capture // made by Run: an answer from a record needs none
 	// route is the request's route, once the handler ran (Event.Route).
@@ -64,7 +64,7 @@ func (j *httpJob) Kept(limit int64) seal.Request {
 }
 
 // storedResponse is the answer c captured as it is recorded: the replayed
-// headers only, the body when MaxResponseBytes allows.
+// headers only, the body when Response.MaxBytes allows.
 func (m *Middleware) storedResponse(c *httpwrite.Capture) idemdriver.Response {
 	resp := idemdriver.Response{Status: c.Status(), Header: map[string][]string{}, BodySize: int64(len(c.Body()))}
 	for k, v := range c.SentHeader() {

@@ -14,8 +14,8 @@ import (
 )
 
 // Middleware is the HTTP front of an Engine (CONTRACT sections 2 to 6): it
-// reads a protected request (this file), runs it through the protocol
-// (internal/protocol) and writes the answer (answer.go).
+// reads a protected request, runs it through the Engine's protocol and
+// writes the answer. NewMiddleware makes one.
 type Middleware struct {
 	eng     *Engine
 	o       Options // defaulted

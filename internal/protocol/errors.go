@@ -24,7 +24,7 @@ var (
 	ErrExecutionEnded   = errors.New("idem: the execution has ended; its transaction is closed")
 	ErrOverloaded       = errors.New("idem: too many executions in flight; refused before its claim")
 	ErrStoreUnavailable = errors.New("idem: store unavailable")
-	ErrExecutionTimeout = errors.New("idem: the execution ran past MaxExecution")
+	ErrExecutionTimeout = errors.New("idem: the execution ran past Lease.MaxExecution")
 	ErrCommitPending    = errors.New("idem: the commit of the outcome did not return within CompleteTimeout; it was not cancelled and may still take effect")
 	ErrTxAborted        = idemdriver.ErrTxAborted
 	ErrSealKeyMissing   = seal.ErrKeyMissing

@@ -430,7 +430,7 @@ func (hb *heartbeat) ranPastMaxExecution() {
 		hb.renewer.remove(hb)
 	}
 	e := hb.e
-	e.cfg.Logger.WarnContext(e.parent, "idem: execution ran past MaxExecution; no longer renewing its lease",
+	e.cfg.Logger.WarnContext(e.parent, "idem: execution ran past Lease.MaxExecution; no longer renewing its lease",
 		"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.cfg.MaxExecution)
 	e.cancel(ErrExecutionTimeout)
 }
