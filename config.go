@@ -345,6 +345,9 @@ func (o Options) validate(store Store) []error {
 	if o.Scope == nil {
 		errs = append(errs, errors.New("Scope is required: name the owner of each request's key (idem.SingleTenant for an API with one owner)"))
 	}
+	if o.Replay.Cache.TTL != 0 && o.Replay.Cache.Bytes == 0 {
+		errs = append(errs, errors.New("Replay.Cache.TTL applies with Replay.Cache.Bytes only: set Bytes to have a cache, or leave TTL out"))
+	}
 	return appendNegative(errs, "", []namedValue{
 		{"Request.MaxBytes", o.Request.MaxBytes},
 		{"Request.Drain.Bytes", o.Request.Drain.Bytes}, {"Request.Drain.Timeout", int64(o.Request.Drain.Timeout)},

@@ -101,6 +101,8 @@ func TestNewValidates(t *testing.T) {
 		"one-commit wait in durable-claim mode": {idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Wait: time.Second}}}, "Engine.OneCommit.Wait applies to the one-commit mode"},
 		"a method with a space":                 {idem.Options{Methods: []string{"PO ST"}}, `"PO ST" is not a method`},
 		"an empty method":                       {idem.Options{Methods: []string{"POST", ""}}, `"" is not a method`},
+		// Regression (a new user's try): settings that do nothing were accepted.
+		"a cache's TTL, no cache": {idem.Options{Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{TTL: time.Minute}}}, "Replay.Cache.TTL applies with Replay.Cache.Bytes only"},
 	} {
 		tc.cfg.Scope = idem.SingleTenant
 		_, err := idem.NewMiddleware(d, tc.cfg)

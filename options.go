@@ -99,8 +99,8 @@ type ReplayOptions struct {
 type ReplayCacheOptions struct {
 	// Bytes bounds the cache. Not negative. Default: 0, no cache.
 	Bytes int64
-	// TTL bounds a cached response's life. Not negative. Default: 1 min
-	// (with Bytes).
+	// TTL bounds a cached response's life. Not negative; only with Bytes
+	// (NewMiddleware refuses it otherwise). Default: 1 min (with Bytes).
 	TTL time.Duration
 }
 
