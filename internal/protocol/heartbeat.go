@@ -1,0 +1,192 @@
+package protocol
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+type heartbeat struct {
+	e       *Execution
+	lease   time.Duration
+	started time.Time // for MaxExecution
+	// renewer, when not nil, renews this lease with the engine's other
+	// executions' in one statement per tick (idemdriver.Renewer); else the
+	// heartbeat's own loop sends a Heartbeat per tick.
+	renewer *renewer
+	// first starts the own loop: a handler that returns sooner costs no
+	// goroutine. With a renewer it ends the renewals at MaxExecution.
+	first *time.Timer
+
+	mu      sync.Mutex
+	stopped bool
+	stopc   chan struct{}      // own loop: made when it starts; closed by stop
+	done    chan struct{}      // own loop: made when it starts; closed when it ends
+	cancel  context.CancelFunc // own loop: ends an in-flight renewal at stop
+	// lastOK is when the latest successful renewal (or the claim) was sent.
+	lastOK time.Time
+}
+
+// startHeartbeat renews the lease every LeaseDuration/3, through r when it
+// is not nil (one statement for all of r's leases), else on its own. It
+// cancels the context with ErrLeaseLost when the lease is lost, a
+// *StoreError after a whole lease without renewal, or ErrExecutionTimeout
+// after MaxExecution.
+func (e *Execution) startHeartbeat(claimSent time.Time, r *renewer) *heartbeat {
+	hb := &e.hb
+	*hb = heartbeat{e: e, lease: e.cfg.LeaseDuration, started: time.Now(), lastOK: claimSent, renewer: r}
+	if r != nil {
+		hb.first = time.AfterFunc(e.cfg.MaxExecution, hb.ranPastMaxExecution)
+		r.add(hb)
+		return hb
+	}
+	hb.first = time.AfterFunc(min(hb.lease/3, e.cfg.MaxExecution), hb.run)
+	return hb
+}
+
+func (hb *heartbeat) run() {
+	e := hb.e
+	hb.mu.Lock()
+	if hb.stopped {
+		hb.mu.Unlock()
+		return
+	}
+	hbCtx, cancel := context.WithCancel(e.ctx)
+	hb.stopc, hb.done, hb.cancel = make(chan struct{}), make(chan struct{}), cancel
+	hb.mu.Unlock()
+	defer close(hb.done)
+	defer cancel()
+
+	if time.Since(hb.started) >= e.cfg.MaxExecution {
+		hb.ranPastMaxExecution() // MaxExecution shorter than LeaseDuration/3
+		return
+	}
+	singleWriter := isSingleWriter(e.cfg.Store)
+	t := time.NewTicker(hb.lease / 3)
+	defer t.Stop()
+	limit := time.NewTimer(e.cfg.MaxExecution - time.Since(hb.started))
+	defer limit.Stop()
+	for hb.renew(hbCtx, singleWriter) {
+		select {
+		case <-hb.stopc:
+			return
+		case <-limit.C:
+			hb.ranPastMaxExecution()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// isSingleWriter reports whether store has one writer at a time
+// (idemdriver.SingleWriter).
+func isSingleWriter(store idemdriver.Driver) bool {
+	sw, ok := store.(idemdriver.SingleWriter)
+	return ok && sw.SingleWriter()
+}
+
+// renew sends the own loop's renewal; false once the loop must end.
+func (hb *heartbeat) renew(ctx context.Context, singleWriter bool) bool {
+	e := hb.e
+	select { // a tick and a stop both ready: stop wins
+	case <-hb.stopc:
+		return false
+	default:
+	}
+	if singleWriter && e.txOpen() {
+		return hb.settle(time.Now(), true, nil)
+	}
+	// The database's now is no earlier than this.
+	sent := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, hb.lease/3)
+	ok, err := e.cfg.Store.Heartbeat(rctx, e.fence)
+	cancel()
+	return hb.settle(sent, ok, err)
+}
+
+// settle applies the answer to a renewal sent at sent (ok: the lease was
+// extended; err: the store's error), unless the heartbeat has stopped: the
+// outcome is recorded next, whatever the renewal said. It reports whether
+// the lease is still to be renewed.
+func (hb *heartbeat) settle(sent time.Time, ok bool, err error) bool {
+	e := hb.e
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	switch {
+	case hb.stopped:
+		return false
+	case err == nil && ok:
+		hb.lastOK = sent
+	case err == nil && !ok:
+		e.cfg.Logger.WarnContext(e.parent, "idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
+		e.cancel(ErrLeaseLost)
+		return false
+	case errors.Is(err, idemdriver.ErrBusy):
+		// Queued behind a single writer's lock: no takeover meanwhile.
+		hb.lastOK = time.Now()
+	case time.Since(hb.lastOK) >= hb.lease:
+		e.cfg.Logger.WarnContext(e.parent, "idem: lease not renewed for a whole lease; giving up", "scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+		e.cancel(&StoreError{Op: "heartbeat", Err: err})
+		return false
+	}
+	return true
+}
+
+func (hb *heartbeat) ranPastMaxExecution() {
+	hb.mu.Lock()
+	stopped := hb.stopped
+	hb.mu.Unlock()
+	if stopped {
+		return
+	}
+	if hb.renewer != nil {
+		hb.renewer.remove(hb)
+	}
+	e := hb.e
+	e.cfg.Logger.WarnContext(e.parent, "idem: execution ran past Lease.MaxExecution; no longer renewing its lease",
+		"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.cfg.MaxExecution)
+	e.cancel(ErrExecutionTimeout)
+}
+
+// leaseRanOut reports, after stop, whether the lease may have run out.
+func (hb *heartbeat) leaseRanOut() bool {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return time.Since(hb.lastOK) >= hb.lease
+}
+
+// stop ends the renewals: it cancels the own loop's in-flight renewal and
+// waits for it, or leaves the renewer (whose statement in flight goes on
+// for the other leases). A renewal the database still runs is fenced and
+// cannot undo the completion.
+func (hb *heartbeat) stop() {
+	hb.first.Stop()
+	hb.mu.Lock()
+	hb.stopped = true
+	running := hb.done != nil
+	hb.mu.Unlock()
+	if hb.renewer != nil {
+		hb.renewer.remove(hb)
+	}
+	if running {
+		close(hb.stopc)
+		hb.cancel()
+		<-hb.done
+	}
+}
+
+// notifyPayload names (scope, key) in notifications: 128 bits of a SHA-256,
+// so that any scope and key fit a notification and none is sent in clear.
+// A collision only wakes another key's waiters, who read their record again.
+func notifyPayload(scope, key string) string {
+	h := sha256.New()
+	h.Write([]byte(scope))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
