@@ -55,11 +55,8 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 	}
 	switch {
 	case a.Panicked:
-	case isProblem && m.o.ProblemWriter != nil:
-		ev.Status = httpwrite.StatusOf(w, func(w http.ResponseWriter) { m.o.ProblemWriter(w, r, pr) })
 	case isProblem:
-		httpwrite.Problem(pr).Write(w)
-		ev.Status = pr.Status
+		ev.Status = m.writeProblem(w, r, pr)
 	case a.Kind == protocol.KindReplay:
 		httpwrite.WriteResponse(w, a.Record.Response.Status, a.Record.Response.Body)
 		ev.Status = a.Record.Response.Status
@@ -84,7 +81,7 @@ func (m *Middleware) problem(r *http.Request, a *protocol.Answer) (Problem, bool
 		return Problem{}, false
 	case protocol.KindReplay:
 		resp := a.Record.Response
-		if resp.Status < 200 || resp.Status > 599 { // not httpwrite.FinalStatus
+		if !httpwrite.FinalStatus(resp.Status) {
 			// Damaged: net/http would panic sending it, dropping the connection on every retry.
 			m.o.Engine.Logger.ErrorContext(r.Context(), "idem: a SUCCEEDED record holds a status outside 200-599; answering 500 response-missing, it is not run again",
 				"scope", a.Record.Scope, "key", a.Record.Key, "status", resp.Status)
@@ -139,7 +136,7 @@ func (m *Middleware) route(r, hr *http.Request, next http.Handler) string {
 // problem details; it returns the status sent.
 func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, pr Problem) int {
 	if m.o.ProblemWriter == nil {
-		pr.Write(w)
+		httpwrite.Problem(pr).Write(w)
 		return pr.Status
 	}
 	return httpwrite.StatusOf(w, func(w http.ResponseWriter) { m.o.ProblemWriter(w, r, pr) })

@@ -84,8 +84,9 @@ type refusal struct {
 	detail string
 }
 
-// read reads r's key, scope, path, body and wait, in that order (the
-// first that fails refuses r); w carries what the body's reading asks of
+// read reads r's key, scope, path, body and wait, in that order, then
+// builds the claim, where a scope no store can hold is refused; the first
+// check that fails refuses r. w carries what the body's reading asks of
 // the connection.
 func (m *Middleware) read(w http.ResponseWriter, r *http.Request, values []string, next http.Handler) request {
 	refuse := func(kind error, detail string) request { return request{refusal: &refusal{kind, detail}} }
