@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"context"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -135,6 +136,34 @@ func TestReplayCacheInOneCommitMode(t *testing.T) {
 	_ = obs.take()
 	got := send(h, "POST", "/pay", "k1", `{}`)
 	require.Equal(t, http.StatusCreated, got.Code, got.Body.String())
+	require.True(t, obs.takeOne(t, idem.EventReplayed).Cached)
+	require.EqualValues(t, 1, runs.Load())
+}
+
+// The replay cache belongs to the middleware's Engine (ReplayCacheOptions):
+// Do on Middleware.Engine() answers a key it replayed once from memory,
+// with the store closed, and fn does not run.
+func TestReplayCacheAnswersDo(t *testing.T) {
+	t.Parallel()
+	d := openSQLite(t)
+	obs := &events{}
+	m := newMiddleware(t, d, idem.Options{Engine: idem.EngineOptions{Observer: obs},
+		Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{Bytes: 1 << 20}}})
+	var runs atomic.Int64
+	fn := func(context.Context) (idem.Result, error) {
+		runs.Add(1)
+		return idem.Result{Status: http.StatusCreated, Body: []byte("ok")}, nil
+	}
+	p := idem.DoParams{Scope: "acct", Key: "do-1", Payload: []byte(`{"amount":100}`)}
+	for _, want := range []idem.EventKind{idem.EventExecuted, idem.EventReplayed} {
+		_, err := m.Engine().Do(t.Context(), p, fn)
+		require.NoError(t, err)
+		require.False(t, obs.takeOne(t, want).Cached)
+	}
+	require.NoError(t, d.Close())
+	out, err := m.Engine().Do(t.Context(), p, fn)
+	require.NoError(t, err)
+	require.Equal(t, "ok", string(out.Body))
 	require.True(t, obs.takeOne(t, idem.EventReplayed).Cached)
 	require.EqualValues(t, 1, runs.Load())
 }
