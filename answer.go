@@ -147,7 +147,7 @@ func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, pr Pro
 func ProblemFor(kind error, detail string) Problem {
 	for _, k := range problemKinds {
 		if kind != nil && errors.Is(kind, k.err) {
-			return Problem{Type: k.typeURI, Title: k.title, Status: k.status, Detail: detail}
+			return Problem{Type: k.typeURI, Title: k.title, Status: k.status, Detail: detail, NewKeySafe: k.newKeySafe}
 		}
 	}
 	return Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError), Status: http.StatusInternalServerError, Detail: detail}

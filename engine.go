@@ -128,9 +128,28 @@ var ErrOutcomeFailed = errors.New("idem: the outcome was recorded FAILED; the ne
 // or fn's own. A nil error means the Result is recorded and will be
 // replayed.
 func (eng *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Context) (Result, error)) (Result, error) {
+	rep, err := eng.DoReport(ctx, p, fn)
+	return rep.Result, err
+}
+
+// Report is what DoReport did: the Result and where it came from.
+type Report struct {
+	// Result is Do's: fn's, or the stored one.
+	Result Result
+	// Replayed is true when Result (or, with ErrResponseNotStored, its
+	// status and headers) is the stored outcome of an earlier call: fn did
+	// not run in this call, or ran and lost a one-commit conflict to that
+	// call, its writes rolled back. The same as an HTTP answer's
+	// Idempotent-Replayed: true (CONTRACT section 11.5).
+	Replayed bool
+}
+
+// DoReport is Do, saying in its Report whether the Result was replayed;
+// fn's own Result is never changed to say it. Errors: Do's.
+func (eng *Engine) DoReport(ctx context.Context, p DoParams, fn func(ctx context.Context) (Result, error)) (Report, error) {
 	cp, err := eng.doParams(p)
 	if err != nil {
-		return Result{}, err
+		return Report{}, err
 	}
 	j := &doJob{eng: eng, fn: fn, payload: p.Payload}
 	wait := eng.o.Waiting.Wait
@@ -148,17 +167,18 @@ func (eng *Engine) Do(ctx context.Context, p DoParams, fn func(ctx context.Conte
 		ev.Err = j.err
 	}
 	eng.observer.Observe(ctx, ev)
+	rep := Report{Result: out, Replayed: a.Kind == protocol.KindReplay}
 	switch {
 	case a.Panicked:
 		panic(a.Recovered)
 	case errors.Is(err, protocol.ErrFnFailed):
-		return out, j.err
+		return rep, j.err
 	case j.err != nil:
-		return out, errors.Join(err, j.err)
+		return rep, errors.Join(err, j.err)
 	case err == nil && a.Kind == protocol.KindRan && a.Outcome == protocol.Failed:
-		return out, fmt.Errorf("%w (status %d)", ErrOutcomeFailed, protocol.OrOK(out.Status))
+		return rep, fmt.Errorf("%w (status %d)", ErrOutcomeFailed, protocol.OrOK(out.Status))
 	}
-	return out, err
+	return rep, err
 }
 
 // result is Do's answer of a: fn's Result, or the stored one, and the error

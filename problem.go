@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"errors"
 	"net/http"
 	"time"
 
@@ -19,6 +20,15 @@ type Problem struct {
 	Detail string `json:"detail,omitempty"`
 	// Instance is left empty by idem; handlers may set it.
 	Instance string `json:"instance,omitempty"`
+	// NewKeySafe, the member new_key_safe (always sent), tells the client
+	// whether sending this request again under a new key is safe: true only
+	// when this request could never be claimed under its key (no key, an
+	// invalid one, a path or body over the limits, a scope that cannot be
+	// stored) or its key's record is another request's (422 key-reused);
+	// false otherwise, when an attempt of this request may have run under
+	// the key: the client retries with the same key, or stops (CONTRACT
+	// section 11.5, docs/problems.md). Default: false.
+	NewKeySafe bool `json:"new_key_safe"`
 	// RetryAfter, when positive, is sent as Retry-After in whole seconds (RFC
 	// 9110 section 10.2.3).
 	RetryAfter time.Duration `json:"-"`
@@ -32,37 +42,57 @@ type problemKind struct {
 	title   string
 	status  int
 	typeURI string // ProblemTypeBase + slug
+	// newKeySafe: Problem.NewKeySafe of every problem of this kind.
+	newKeySafe bool
 }
 
 // problemKinds: one type each, documented in docs/problems.md (CONTRACT
 // section 8); ProblemFor gives the problem of each.
 var problemKinds = []problemKind{
-	problemKindOf(ErrMissingKey, "missing-key", "Idempotency-Key header required", http.StatusBadRequest),
-	problemKindOf(ErrInvalidKey, "invalid-key", "Invalid Idempotency-Key header", http.StatusBadRequest),
-	problemKindOf(ErrMissingScope, "missing-scope", "No scope for this request", http.StatusUnauthorized),
-	problemKindOf(ErrScopeUnstorable, "scope-unstorable", "The server could not scope this request", http.StatusInternalServerError),
-	problemKindOf(ErrPathTooLong, "path-too-long", "Request path too long", http.StatusRequestURITooLong),
-	problemKindOf(ErrRequestTooLarge, "request-too-large", "Request body too large", http.StatusRequestEntityTooLarge),
-	problemKindOf(ErrBodyUnreadable, "body-unreadable", "Request body could not be read", http.StatusBadRequest),
-	problemKindOf(ErrKeyReused, "key-reused", "Idempotency-Key reused with a different request", http.StatusUnprocessableEntity),
-	problemKindOf(ErrInFlight, "request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict),
-	problemKindOf(ErrLeaseLost, "request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict),
-	problemKindOf(ErrResponseNotStored, "response-not-stored", "The response for this Idempotency-Key was not stored", http.StatusGone),
-	problemKindOf(ErrResponseMissing, "response-missing", "The response for this Idempotency-Key is missing from the store", http.StatusInternalServerError),
-	problemKindOf(ErrRecordDamaged, "record-damaged", "The record for this Idempotency-Key is damaged", http.StatusInternalServerError),
-	problemKindOf(ErrTxAborted, "transaction-aborted", "The request's transaction aborted", http.StatusInternalServerError),
-	problemKindOf(ErrInvalidStatus, "invalid-status", "The server answered with an invalid status", http.StatusInternalServerError),
-	problemKindOf(ErrSealKeyMissing, "seal-key-missing", "The stored response for this Idempotency-Key is sealed with a key the server does not hold", http.StatusInternalServerError),
-	problemKindOf(ErrSealBroken, "seal-broken", "The stored response for this Idempotency-Key failed its integrity check", http.StatusInternalServerError),
-	problemKindOf(ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable),
-	problemKindOf(ErrOverloaded, "overloaded", "Too many requests in progress", http.StatusServiceUnavailable),
+	problemKindOf(ErrMissingKey, "missing-key", "Idempotency-Key header required", http.StatusBadRequest, true),
+	problemKindOf(ErrInvalidKey, "invalid-key", "Invalid Idempotency-Key header", http.StatusBadRequest, true),
+	problemKindOf(ErrMissingScope, "missing-scope", "No scope for this request", http.StatusUnauthorized, false),
+	problemKindOf(ErrScopeUnstorable, "scope-unstorable", "The server could not scope this request", http.StatusInternalServerError, false),
+	problemKindOf(ErrPathTooLong, "path-too-long", "Request path too long", http.StatusRequestURITooLong, true),
+	problemKindOf(ErrRequestTooLarge, "request-too-large", "Request body too large", http.StatusRequestEntityTooLarge, true),
+	problemKindOf(ErrBodyUnreadable, "body-unreadable", "Request body could not be read", http.StatusBadRequest, false),
+	problemKindOf(ErrKeyReused, "key-reused", "Idempotency-Key reused with a different request", http.StatusUnprocessableEntity, true),
+	problemKindOf(ErrInFlight, "request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict, false),
+	problemKindOf(ErrLeaseLost, "request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict, false),
+	problemKindOf(ErrResponseNotStored, "response-not-stored", "The response for this Idempotency-Key was not stored", http.StatusGone, false),
+	problemKindOf(ErrResponseMissing, "response-missing", "The response for this Idempotency-Key is missing from the store", http.StatusInternalServerError, false),
+	problemKindOf(ErrRecordDamaged, "record-damaged", "The record for this Idempotency-Key is damaged", http.StatusInternalServerError, false),
+	problemKindOf(ErrTxAborted, "transaction-aborted", "The request's transaction aborted", http.StatusInternalServerError, false),
+	problemKindOf(ErrInvalidStatus, "invalid-status", "The server answered with an invalid status", http.StatusInternalServerError, false),
+	problemKindOf(ErrSealKeyMissing, "seal-key-missing", "The stored response for this Idempotency-Key is sealed with a key the server does not hold", http.StatusInternalServerError, false),
+	problemKindOf(ErrSealBroken, "seal-broken", "The stored response for this Idempotency-Key failed its integrity check", http.StatusInternalServerError, false),
+	problemKindOf(ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable, false),
+	problemKindOf(ErrOverloaded, "overloaded", "Too many requests in progress", http.StatusServiceUnavailable, false),
 }
 
-func problemKindOf(err error, slug, title string, status int) problemKind {
-	return problemKind{err: err, slug: slug, title: title, status: status, typeURI: ProblemTypeBase + slug}
+func problemKindOf(err error, slug, title string, status int, newKeySafe bool) problemKind {
+	return problemKind{err: err, slug: slug, title: title, status: status, typeURI: ProblemTypeBase + slug, newKeySafe: newKeySafe}
 }
 
 // Write sends p as application/problem+json (its members sorted, Extra's
 // merged), with Cache-Control: no-store and, when RetryAfter is positive,
 // Retry-After.
 func (p Problem) Write(w http.ResponseWriter) { httpwrite.Problem(p).Write(w) }
+
+// NewKeySafe reports whether a request that got err (Do's, or a problem's
+// sentinel) may be sent again under a new key: Problem.NewKeySafe of err's
+// kind (CONTRACT section 11.5). It is false for nil (the outcome is
+// recorded: a new key runs fn again), for an error of no idem problem kind,
+// and for one that matches any kind that is not safe.
+func NewKeySafe(err error) bool {
+	safe := false
+	for _, k := range problemKinds {
+		if err != nil && errors.Is(err, k.err) {
+			if !k.newKeySafe {
+				return false
+			}
+			safe = true
+		}
+	}
+	return safe
+}

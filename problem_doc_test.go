@@ -2,6 +2,7 @@ package idem
 
 import (
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -16,5 +17,8 @@ func TestEveryProblemKindIsDocumented(t *testing.T) {
 	for _, k := range problemKinds {
 		require.True(t, strings.HasPrefix(ProblemTypeBase, "https://github.com/idemgo/idem/blob/main/docs/problems.md#"))
 		require.Contains(t, string(page), "\n## "+k.slug+"\n", "%v: the #%s heading of docs/problems.md", k.err, k.slug)
+		// The table's row ends with the kind's new_key_safe.
+		require.Regexp(t, `\n\| \[`+k.slug+`\]\(#`+k.slug+`\) \| `+strconv.Itoa(k.status)+` \| [^\n]* \| `+strconv.FormatBool(k.newKeySafe)+` \|\n`,
+			string(page), "%v: its row in docs/problems.md's table", k.err)
 	}
 }

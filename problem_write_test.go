@@ -18,16 +18,16 @@ func TestProblemWriteForms(t *testing.T) {
 	pr := idem.ProblemFor(idem.ErrKeyReused, `a "quoted" <detail> & more`)
 	rec := httptest.NewRecorder()
 	pr.Write(rec)
-	require.Equal(t, `{"detail":"a \"quoted\" <detail> & more","status":422,"title":"Idempotency-Key reused with a different request","type":"`+
+	require.Equal(t, `{"detail":"a \"quoted\" <detail> & more","new_key_safe":true,"status":422,"title":"Idempotency-Key reused with a different request","type":"`+
 		idem.ProblemTypeBase+`key-reused"}`+"\n", rec.Body.String())
 	require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
 
 	withExtra := pr
 	withExtra.Instance = "/v1/payments/1"
-	withExtra.Extra = map[string]any{"original_status": 201}
+	withExtra.Extra = map[string]any{"original_status": 201, "new_key_safe": false} // idem's members win
 	rec = httptest.NewRecorder()
 	withExtra.Write(rec)
-	require.Equal(t, `{"detail":"a \"quoted\" <detail> & more","instance":"/v1/payments/1","original_status":201,"status":422,`+
+	require.Equal(t, `{"detail":"a \"quoted\" <detail> & more","instance":"/v1/payments/1","new_key_safe":true,"original_status":201,"status":422,`+
 		`"title":"Idempotency-Key reused with a different request","type":"`+idem.ProblemTypeBase+`key-reused"}`+"\n", rec.Body.String())
 
 	unencodable := pr

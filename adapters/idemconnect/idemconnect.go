@@ -106,6 +106,11 @@ import (
 // https://github.com/idemgo/idem/blob/main/docs/problems.md#key-reused).
 const HeaderProblemType = "Idem-Problem-Type"
 
+// HeaderNewKeySafe carries the problem's new_key_safe member, "true" or
+// "false": whether sending the call again under a new key is safe
+// (docs/problems.md, CONTRACT section 11.5).
+const HeaderNewKeySafe = "Idem-New-Key-Safe"
+
 // Handler returns h (a Connect handler, or a mux of them) protected by mw,
 // with idem's own answers to unary Connect-protocol requests written as
 // Connect errors (see the package documentation). Other requests get
@@ -231,6 +236,7 @@ func answerPanic(ew *connect.ErrorWriter, w http.ResponseWriter, r *http.Request
 	h := w.Header()
 	h.Del("Content-Length")
 	h.Del(HeaderProblemType)
+	h.Del(HeaderNewKeySafe)
 	if ew.IsSupported(r) {
 		_ = ew.Write(w, r, connect.NewError(connect.CodeInternal, errors.New("internal error: the handler panicked; a retry with the same key runs it again")))
 		return
@@ -352,5 +358,6 @@ func writeProblem(ew *connect.ErrorWriter, w http.ResponseWriter, r *http.Reques
 	}
 	h.Del("Content-Length")
 	h.Set(HeaderProblemType, p.Type)
+	h.Set(HeaderNewKeySafe, strconv.FormatBool(p.NewKeySafe))
 	_ = ew.Write(w, r, cerr) // a write error means the client is gone
 }

@@ -235,6 +235,7 @@ func testConnect(t *testing.T, store func(*testing.T) idem.Store) {
 		require.LessOrEqual(t, delay, int64(idem.DefaultLeaseDuration/1e9))
 		require.Equal(t, fmt.Sprint(delay), cerr.Meta().Get("Retry-After"))
 		require.Equal(t, idem.ProblemTypeBase+"request-in-flight", cerr.Meta().Get(idemconnect.HeaderProblemType))
+		require.Equal(t, "false", cerr.Meta().Get(idemconnect.HeaderNewKeySafe))
 		release()
 		require.NoError(t, <-done)
 		require.EqualValues(t, 1, s.runs.Load())
@@ -245,7 +246,8 @@ func testConnect(t *testing.T, store func(*testing.T) idem.Store) {
 		_, err := s.call("k", 1000)
 		require.NoError(t, err)
 		_, err = s.call("k", 9999)
-		requireCode(t, err, connect.CodeFailedPrecondition)
+		cerr := requireCode(t, err, connect.CodeFailedPrecondition)
+		require.Equal(t, "true", cerr.Meta().Get(idemconnect.HeaderNewKeySafe), "the key is another call's")
 		require.EqualValues(t, 1, s.runs.Load())
 	})
 

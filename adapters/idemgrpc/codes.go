@@ -138,7 +138,7 @@ func answer(ctx context.Context, err error) error {
 		return status.Error(k.code, k.message)
 	}
 	info := &errdetails.ErrorInfo{Reason: strings.ToUpper(strings.ReplaceAll(k.problem, "-", "_")), Domain: ErrorDomain,
-		Metadata: map[string]string{"type": idem.ProblemTypeBase + k.problem}}
+		Metadata: map[string]string{"type": idem.ProblemTypeBase + k.problem, "new_key_safe": strconv.FormatBool(idem.NewKeySafe(err))}}
 	trailer := metadata.Pairs(problemTrailer, idem.ProblemTypeBase+k.problem)
 	st := status.New(k.code, k.message)
 	if k.retry {

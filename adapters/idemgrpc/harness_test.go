@@ -171,6 +171,7 @@ type result struct {
 	err              error
 	replayed         bool
 	pushback, reason string
+	newKeySafe       string // ErrorInfo's new_key_safe
 }
 
 // call makes one call of method with key (none when empty) and the request
@@ -202,7 +203,7 @@ func (s *service) call(ctx context.Context, method, key string, amount float64, 
 	r.pushback = first(r.trailer.Get("grpc-retry-pushback-ms"))
 	for _, d := range status.Convert(r.err).Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			r.reason = info.GetReason()
+			r.reason, r.newKeySafe = info.GetReason(), info.GetMetadata()["new_key_safe"]
 		}
 	}
 	return r

@@ -88,6 +88,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 				st := requireCode(t, r, codes.Unavailable)
 				require.GreaterOrEqual(t, retryDelay(st), int64(1000))
 				require.Equal(t, "REQUEST_IN_FLIGHT", r.reason)
+				require.Equal(t, "false", r.newKeySafe)
 				require.NotEmpty(t, r.pushback)
 				continue
 			}
@@ -148,6 +149,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 		for _, r := range []result{s.call(ctx, charge, "k", 9999, nil), s.call(ctx, refund, "k", 1000, nil)} {
 			requireCode(t, r, codes.FailedPrecondition)
 			require.Equal(t, "KEY_REUSED", r.reason)
+			require.Equal(t, "true", r.newKeySafe)
 			require.Equal(t, []string{idem.ProblemTypeBase + "key-reused"}, r.trailer.Get("idem-problem-type"))
 			require.Empty(t, r.pushback)
 		}
@@ -164,6 +166,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 		r = s.call(ctx, charge, "", 1000, nil)
 		st := requireCode(t, r, codes.InvalidArgument)
 		require.Equal(t, "MISSING_KEY", r.reason)
+		require.Equal(t, "true", r.newKeySafe)
 		require.Contains(t, st.Message(), "idempotency-key metadata")
 		require.NotContains(t, st.Message(), "field", "no key field is configured")
 		require.Zero(t, s.runs.Load())
@@ -192,6 +195,7 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 		r := s.call(ctx, charge, "k", 1000, nil)
 		requireCode(t, r, codes.Unauthenticated)
 		require.Equal(t, "MISSING_SCOPE", r.reason)
+		require.Equal(t, "false", r.newKeySafe)
 		require.Zero(t, s.runs.Load())
 	})
 

@@ -18,6 +18,7 @@ type Problem struct {
 	Status     int            `json:"status"`
 	Detail     string         `json:"detail,omitempty"`
 	Instance   string         `json:"instance,omitempty"`
+	NewKeySafe bool           `json:"new_key_safe"`
 	RetryAfter time.Duration  `json:"-"`
 	Extra      map[string]any `json:"-"`
 }
@@ -50,7 +51,7 @@ func RetryAfterSeconds(d time.Duration) int64 {
 // Extra is encoded once and kept (problemBodies): idem's own problems are a
 // few dozen texts, and a retry storm's 409s and 422s send the same ones.
 func (p Problem) encode() []byte {
-	members := problemMembers{p.Detail, p.Instance, p.Status, p.Title, p.Type}
+	members := problemMembers{p.Detail, p.Instance, p.NewKeySafe, p.Status, p.Title, p.Type}
 	if len(p.Extra) == 0 {
 		if b, ok := problemBodies.Load(members); ok {
 			return b.([]byte)
@@ -95,7 +96,7 @@ func (p Problem) encodeExtra(enc *json.Encoder) error {
 	for k, v := range p.Extra {
 		obj[k] = v
 	}
-	obj["type"], obj["title"], obj["status"] = p.Type, p.Title, p.Status
+	obj["type"], obj["title"], obj["status"], obj["new_key_safe"] = p.Type, p.Title, p.Status, p.NewKeySafe
 	if p.Detail != "" {
 		obj["detail"] = p.Detail
 	}
@@ -106,9 +107,10 @@ func (p Problem) encodeExtra(enc *json.Encoder) error {
 }
 
 type problemMembers struct {
-	Detail   string `json:"detail,omitempty"`
-	Instance string `json:"instance,omitempty"`
-	Status   int    `json:"status"`
-	Title    string `json:"title"`
-	Type     string `json:"type"`
+	Detail     string `json:"detail,omitempty"`
+	Instance   string `json:"instance,omitempty"`
+	NewKeySafe bool   `json:"new_key_safe"`
+	Status     int    `json:"status"`
+	Title      string `json:"title"`
+	Type       string `json:"type"`
 }

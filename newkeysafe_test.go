@@ -1,0 +1,127 @@
+package idem_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+)
+
+// newKeySafe is the new_key_safe member of rec's problem body, failing t
+// when the body is no problem or has none.
+func newKeySafe(t *testing.T, rec *httptest.ResponseRecorder) bool {
+	t.Helper()
+	require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"), "status %d: %s", rec.Code, rec.Body)
+	var body map[string]any
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
+	safe, ok := body["new_key_safe"].(bool)
+	require.True(t, ok, "no boolean new_key_safe in %s", rec.Body)
+	return safe
+}
+
+// Every problem body of the middleware says whether a new key is safe:
+// true only where this request could never be claimed under its key or the
+// key is another request's (CONTRACT section 11.5).
+func TestProblemSaysWhetherANewKeyIsSafe(t *testing.T) {
+	t.Parallel()
+	store := openSQLite(t)
+	started, release := make(chan struct{}), make(chan struct{})
+	slow := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		close(started)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	})
+	mw := newMiddleware(t, store, idem.Options{Request: idem.RequestOptions{MaxBytes: 16}})
+	h := mw.Handler(slow)
+
+	require.True(t, newKeySafe(t, send(h, http.MethodPost, "/pay", "", `{}`)), "missing-key")
+	require.True(t, newKeySafe(t, send(h, http.MethodPost, "/pay", strings.Repeat("k", idem.MaxKeyLength+1), `{}`)), "invalid-key")
+	require.True(t, newKeySafe(t, send(h, http.MethodPost, "/pay", "k-big", strings.Repeat("x", 17))), "request-too-large")
+
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- send(h, http.MethodPost, "/pay", "k1", `{"a":1}`) }()
+	<-started
+	dup := send(h, http.MethodPost, "/pay", "k1", `{"a":1}`, func(r *http.Request) { r.Header.Set("Prefer", "wait=0") })
+	require.Equal(t, http.StatusConflict, dup.Code)
+	require.False(t, newKeySafe(t, dup), "request-in-flight: the first attempt may charge")
+	close(release)
+	require.Equal(t, http.StatusCreated, (<-first).Code)
+
+	reused := send(h, http.MethodPost, "/pay", "k1", `{"a":2}`)
+	require.Equal(t, http.StatusUnprocessableEntity, reused.Code)
+	require.True(t, newKeySafe(t, reused), "key-reused: the key's record is another request's")
+
+	noScope := newMiddleware(t, store, idem.Options{Scope: func(*http.Request) (string, error) { return "", nil }}).Handler(slow)
+	require.False(t, newKeySafe(t, send(noScope, http.MethodPost, "/pay", "k1", `{"a":1}`)), "missing-scope: an earlier, authenticated attempt may have run")
+
+	require.NoError(t, store.Close())
+	down := send(h, http.MethodPost, "/pay", "k2", `{"a":1}`)
+	require.Equal(t, http.StatusServiceUnavailable, down.Code)
+	require.False(t, newKeySafe(t, down), "store-unavailable: an earlier attempt may have run")
+}
+
+// idem.NewKeySafe says of Do's errors what new_key_safe says of a problem:
+// false for a recorded outcome (nil), an in-flight key, fn's own error and
+// anything joined with an unsafe kind.
+func TestNewKeySafeOfDoErrors(t *testing.T) {
+	t.Parallel()
+	g, _ := newEngine(t, nil, idem.EngineOptions{})
+	ok := func(context.Context) (idem.Result, error) { return idem.Result{Status: 201}, nil }
+
+	_, err := g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "bad,key"}, ok)
+	require.ErrorIs(t, err, idem.ErrInvalidKey)
+	require.True(t, idem.NewKeySafe(err))
+
+	_, err = g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k", Payload: []byte("a")}, ok)
+	require.NoError(t, err)
+	require.False(t, idem.NewKeySafe(err), "a recorded outcome: a new key runs fn again")
+
+	_, err = g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k", Payload: []byte("b")}, ok)
+	require.ErrorIs(t, err, idem.ErrKeyReused)
+	require.True(t, idem.NewKeySafe(err))
+
+	boom := errors.New("provider timeout")
+	_, err = g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k2"}, func(context.Context) (idem.Result, error) { return idem.Result{}, boom })
+	require.ErrorIs(t, err, boom)
+	require.False(t, idem.NewKeySafe(err), "fn ran: its effect may have happened")
+
+	require.False(t, idem.NewKeySafe(errors.Join(idem.ErrKeyReused, idem.ErrStoreUnavailable)), "one unsafe kind makes it unsafe")
+	require.False(t, idem.NewKeySafe(&idem.InFlightError{RetryAfter: 1}))
+}
+
+// DoReport says whether its Result is the stored one, apart from fn's
+// Result: false when fn ran, true on every replay (fn not run).
+func TestDoReportSaysReplayed(t *testing.T) {
+	t.Parallel()
+	g, _ := newEngine(t, nil, idem.EngineOptions{})
+	runs := 0
+	fn := func(context.Context) (idem.Result, error) {
+		runs++
+		return idem.Result{Status: 201, Body: []byte("charged")}, nil
+	}
+	p := idem.DoParams{Scope: "s", Key: "k", Payload: []byte("a")}
+	rep, err := g.DoReport(t.Context(), p, fn)
+	require.NoError(t, err)
+	require.False(t, rep.Replayed)
+	require.Equal(t, "charged", string(rep.Result.Body))
+	for range 2 {
+		rep, err = g.DoReport(t.Context(), p, fn)
+		require.NoError(t, err)
+		require.True(t, rep.Replayed)
+		require.Equal(t, idem.Result{Status: 201, Header: map[string][]string{}, Body: []byte("charged")}, rep.Result)
+	}
+	require.Equal(t, 1, runs)
+
+	failed := idem.DoParams{Scope: "s", Key: "k-failed"}
+	rep, err = g.DoReport(t.Context(), failed, func(context.Context) (idem.Result, error) { return idem.Result{Status: 503}, nil })
+	require.ErrorIs(t, err, idem.ErrOutcomeFailed)
+	require.False(t, rep.Replayed, "fn's own 503, recorded FAILED")
+	require.Equal(t, 503, rep.Result.Status)
+}
