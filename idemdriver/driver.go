@@ -225,6 +225,14 @@ type FenceParams struct {
 	// effect: at the commit of the transaction it runs in, and only when it
 	// wrote. At most 64 bytes of hex. Drivers that do not notify ignore it.
 	Notify string
+	// NotifyMarked, with Notify, sends the notification only when a waiter
+	// marked the record (WaitMarker.MarkWaited) before the write took
+	// effect, so that an execution nobody waits for costs its commit
+	// nothing more. The core sets it in durable-claim mode on a WaitMarker;
+	// never in one-commit mode, whose owner holds the record's row lock
+	// while it runs, so that no waiter can mark it. Drivers that do not
+	// implement WaitMarker ignore it and notify as Notify says.
+	NotifyMarked bool
 }
 
 // CompleteParams record a SUCCEEDED outcome.

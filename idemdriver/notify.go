@@ -22,3 +22,19 @@ type Notifier interface {
 	// use, and reconnects after an error.
 	Listen(ctx context.Context, listening func(bool), deliver func(payload string)) error
 }
+
+// WaitMarker is implemented by Notifiers whose completions can notify only
+// when someone waits (FenceParams.NotifyMarked): a waiter marks the record
+// it waits for, and an end of the execution (Complete, Fail, Release, in a
+// Tx too) that takes effect after the mark notifies.
+type WaitMarker interface {
+	// MarkWaited marks the record p names (Scope, Key, FencingToken,
+	// CreatedAt), still PROCESSING, as waited for, without ever waiting for
+	// a lock. It reports true when the record is marked, by this call or an
+	// earlier one, so that its end notifies; false when the record has
+	// moved on (ended, or taken over under another token) or its row is
+	// locked by a write in progress (its owner's end, a heartbeat): then a
+	// notification may not come, and the waiter reads the record again and
+	// polls. p's ClockOffset, LeaseDuration and Notify are not used.
+	MarkWaited(ctx context.Context, p FenceParams) (bool, error)
+}

@@ -371,7 +371,7 @@ const fencedOutMarker = "idempgx: completion fenced out, rows updated:"
 
 const failUpdate = `UPDATE idem_keys SET state = 'FAILED', locked_until = NULL, updated_at = ` + now + fenced
 
-var failSQL = bind(append(fenceParams, "offset"), failUpdate)
+var failSQL = bind(failParams, failUpdate)
 
 const releaseDelete = `DELETE FROM idem_keys` + fenced
 
@@ -773,7 +773,7 @@ func (d *Driver) Fail(ctx context.Context, p idemdriver.FenceParams) (bool, erro
 	if err := fenceTextable(p); err != nil {
 		return false, err
 	}
-	q, args := notifying(p, failSQL, failNotifySQL, fenceArgs(p, p.ClockOffset.Microseconds()))
+	q, args := notifying(p, failStatements, fenceArgs(p, p.ClockOffset.Microseconds()))
 	return execFenced(ctx, d.pool, d.q(q), args)
 }
 
@@ -782,7 +782,7 @@ func (d *Driver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, e
 	if err := fenceTextable(p); err != nil {
 		return false, err
 	}
-	q, args := notifying(p, releaseSQL, releaseNotifySQL, fenceArgs(p))
+	q, args := notifying(p, releaseStatements, fenceArgs(p))
 	return execFenced(ctx, d.pool, d.q(q), args)
 }
 
@@ -801,7 +801,7 @@ func (d *Driver) complete(ctx context.Context, db execer, p idemdriver.CompleteP
 	if err != nil {
 		return false, err
 	}
-	q, args := notifying(p.FenceParams, completeSQL, completeNotifySQL, args)
+	q, args := notifying(p.FenceParams, completeStatements, args)
 	return execFenced(ctx, db, d.q(q), args)
 }
 

@@ -21,23 +21,74 @@ var _ idemdriver.Notifier = (*Driver)(nil)
 const NotifyChannel = "idem_keys"
 
 // notifyReturning makes a fenced write notify once per row it writes
-// (none when fenced out), so the statement count is unchanged.
-const notifyReturning = ` RETURNING pg_notify('` + NotifyChannel + `', @notify)`
-
-var (
-	completeNotifySQL        = bind(slices.Concat(completeParams, []string{"notify"}), completeUpdate+notifyReturning)
-	completeOrRaiseNotifySQL = bind(slices.Concat(completeParams, []string{"notify"}), completeOrRaise(notifyReturning))
-	failNotifySQL            = bind(slices.Concat(fenceParams, []string{"offset", "notify"}), failUpdate+notifyReturning)
-	releaseNotifySQL         = bind(slices.Concat(fenceParams, []string{"notify"}), releaseDelete+notifyReturning)
+// (none when fenced out), so the statement count is unchanged;
+// notifyMarkedReturning only when the row it writes is marked waited
+// (MarkWaited). A transaction that queued no notification commits without
+// the lock that serialises the commits of those that did.
+const (
+	notifyReturning       = ` RETURNING pg_notify('` + NotifyChannel + `', @notify)`
+	notifyMarkedReturning = ` RETURNING CASE WHEN waited THEN pg_notify('` + NotifyChannel + `', @notify)::text END`
 )
 
-// notifying returns plain, or notify with p.Notify added to args, when the
-// write must notify.
-func notifying(p idemdriver.FenceParams, plain, notify string, args []any) (string, []any) {
-	if p.Notify == "" {
-		return plain, args
+// notifyStatements are a fenced write's statements: plain, notifying, and
+// notifying when marked.
+type notifyStatements struct{ plain, notify, marked string }
+
+// withNotify binds a fenced write whose params are params and "notify".
+func withNotify(params []string, query string) string {
+	return bind(slices.Concat(params, []string{"notify"}), query)
+}
+
+var failParams = slices.Concat(fenceParams, []string{"offset"})
+
+var (
+	completeStatements = notifyStatements{completeSQL,
+		withNotify(completeParams, completeUpdate+notifyReturning), withNotify(completeParams, completeUpdate+notifyMarkedReturning)}
+	completeOrRaiseStatements = notifyStatements{completeOrRaiseSQL,
+		withNotify(completeParams, completeOrRaise(notifyReturning)), withNotify(completeParams, completeOrRaise(notifyMarkedReturning))}
+	failStatements = notifyStatements{failSQL,
+		withNotify(failParams, failUpdate+notifyReturning), withNotify(failParams, failUpdate+notifyMarkedReturning)}
+	releaseStatements = notifyStatements{releaseSQL,
+		withNotify(fenceParams, releaseDelete+notifyReturning), withNotify(fenceParams, releaseDelete+notifyMarkedReturning)}
+)
+
+// notifying returns the statement of s that p asks for (none, every time,
+// or when marked), with p.Notify added to args when it notifies.
+func notifying(p idemdriver.FenceParams, s notifyStatements, args []any) (string, []any) {
+	switch {
+	case p.Notify == "":
+		return s.plain, args
+	case p.NotifyMarked:
+		return s.marked, append(args, p.Notify)
 	}
-	return notify, append(args, p.Notify)
+	return s.notify, append(args, p.Notify)
+}
+
+var _ idemdriver.WaitMarker = (*Driver)(nil)
+
+// markWaitedSQL marks the record waited when it is still the execution
+// named, PROCESSING, and its row is not locked (SKIP LOCKED: a waiter never
+// waits for the owner's write); it counts the rows found, marked now or
+// before.
+var markWaitedSQL = bind(fenceParams, `WITH target AS (
+	SELECT scope, key, waited FROM idem_keys`+fenced+`
+	FOR NO KEY UPDATE SKIP LOCKED),
+marked AS (
+	UPDATE idem_keys k SET waited = true FROM target t
+	WHERE k.scope = t.scope AND k.key = t.key AND NOT t.waited)
+SELECT count(*) FROM target`)
+
+// MarkWaited implements idemdriver.WaitMarker: one statement, which skips a
+// row locked by a write in progress rather than wait for it.
+func (d *Driver) MarkWaited(ctx context.Context, p idemdriver.FenceParams) (bool, error) {
+	if err := fenceTextable(p); err != nil {
+		return false, err
+	}
+	var n int
+	if err := d.pool.QueryRow(ctx, d.q(markWaitedSQL), fenceArgs(p)...).Scan(&n); err != nil {
+		return false, unstorable(err)
+	}
+	return n == 1, nil
 }
 
 // Notifies implements idemdriver.Notifier: true unless the driver was made

@@ -2,6 +2,7 @@ package idempgx_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idempgx"
 )
 
@@ -180,4 +182,103 @@ func TestClosedEngineDoesNotListen(t *testing.T) {
 	for range 3 {
 		require.NoError(t, <-out)
 	}
+}
+
+// A durable-claim end with NotifyMarked notifies only a record a waiter
+// marked (MarkWaited): none for an execution nobody waits for. A mark
+// never waits for the row's lock, and holds only for the execution it
+// names. Whether a notification was sent is told without waiting: a
+// sentinel sent after the end arrives after any notification of the end
+// (PostgreSQL delivers them in commit order).
+func TestNotifiesOnlyWhenMarked(t *testing.T) {
+	if testPooler == "transaction" {
+		t.Skip("LISTEN needs a server connection of its own; run in the plain suite")
+	}
+	t.Parallel()
+	d := openDriver(t, false, nil)
+	ctx := t.Context()
+	conn, err := pgx.ConnectConfig(ctx, d.Pool().Config().ConnConfig.Copy())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(ctx, "LISTEN "+idempgx.NotifyChannel)
+	require.NoError(t, err)
+	tag := fmt.Sprintf("marked-test-%d-", time.Now().UnixNano())
+	// notified reports whether payload was sent before the sentinel.
+	notified := func(payload string) bool {
+		sentinel := tag + "sentinel-" + payload
+		_, err := d.Pool().Exec(ctx, "SELECT pg_notify($1, $2)", idempgx.NotifyChannel, sentinel)
+		require.NoError(t, err)
+		seen := false
+		for {
+			n, err := conn.WaitForNotification(ctx)
+			require.NoError(t, err)
+			switch n.Payload {
+			case payload:
+				seen = true
+			case sentinel:
+				return seen
+			}
+		}
+	}
+	claim := func(key string) idemdriver.FenceParams {
+		res, err := d.Claim(ctx, claimParams(key, 0))
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		return idemdriver.FenceParams{Scope: res.Record.Scope, Key: res.Record.Key, FencingToken: res.Record.FencingToken,
+			CreatedAt: res.Record.CreatedAt, Notify: tag + key, NotifyMarked: true}
+	}
+	ends := map[string]func(idemdriver.FenceParams) (bool, error){
+		"complete": func(f idemdriver.FenceParams) (bool, error) {
+			c := completion(idemdriver.Record{Scope: f.Scope, Key: f.Key, FencingToken: f.FencingToken, CreatedAt: f.CreatedAt}, 0)
+			c.FenceParams = f
+			return d.Complete(ctx, c)
+		},
+		"fail":    func(f idemdriver.FenceParams) (bool, error) { return d.Fail(ctx, f) },
+		"release": func(f idemdriver.FenceParams) (bool, error) { return d.Release(ctx, f) },
+	}
+	for name, end := range ends {
+		f := claim(name + "-unmarked")
+		ok, err := end(f)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.False(t, notified(f.Notify), "%s: nobody marked the record, nothing is sent", name)
+
+		f = claim(name + "-marked")
+		for range 2 { // marked, then found marked
+			marked, err := d.MarkWaited(ctx, f)
+			require.NoError(t, err)
+			require.True(t, marked)
+		}
+		ok, err = end(f)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.True(t, notified(f.Notify), "%s: a waiter marked the record", name)
+		marked, err := d.MarkWaited(ctx, f)
+		require.NoError(t, err)
+		require.False(t, marked, "%s: the execution ended; a mark would wake nobody", name)
+	}
+
+	// A row locked by a write in progress (its owner's end) is not waited
+	// for: the mark is refused at once.
+	f := claim("locked")
+	tx, err := d.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	table := "idem_keys"
+	if d.Schema() != "" {
+		table = d.Schema() + "." + table
+	}
+	_, err = tx.Exec(ctx, "UPDATE "+table+" SET updated_at = updated_at WHERE scope = $1 AND key = $2", f.Scope, f.Key)
+	require.NoError(t, err)
+	marked, err := d.MarkWaited(ctx, f)
+	require.NoError(t, err)
+	require.False(t, marked)
+	require.NoError(t, tx.Rollback(ctx))
+
+	// Another execution of the record (a takeover's token) is not marked.
+	stale := f
+	stale.FencingToken++
+	marked, err = d.MarkWaited(ctx, stale)
+	require.NoError(t, err)
+	require.False(t, marked)
 }

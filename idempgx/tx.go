@@ -86,7 +86,7 @@ func (t *businessTx) CompleteCommit(ctx context.Context, p idemdriver.CompletePa
 	if deferred {
 		b.BeginTx(pgx.TxOptions{})
 	}
-	q, args := notifying(p.FenceParams, completeOrRaiseSQL, completeOrRaiseNotifySQL, args)
+	q, args := notifying(p.FenceParams, completeOrRaiseStatements, args)
 	b.queue(t.d.q(q), args...)
 	b.queue("commit")
 	br := t.tx.conn.SendBatch(ctx, &b.Batch)

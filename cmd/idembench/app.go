@@ -38,6 +38,7 @@ const (
 	routeNaive     = "/naive/payments"          // the article's naive Redis cache
 	routeHold      = "/hold/payments"           // idem; the handler waits for release (409s)
 	routeCached    = "/idem-cached/payments"    // idem with a replay cache; the handler writes in the claim's transaction
+	routeWait      = "/idem-wait/payments"      // idem in wait mode (Waiting.Wait); the handler writes in the claim's transaction
 )
 
 // The request of every variant: a payment as cmd/paymentsd takes it.
@@ -82,12 +83,16 @@ type paymentJSON struct {
 // replayCacheBytes is the replay cache of routeCached's middleware.
 const replayCacheBytes = 16 << 20
 
+// waitModeWait is routeWait's Waiting.Wait: cmd/paymentsd's --max-wait.
+const waitModeWait = 10 * time.Second
+
 // app serves the routes above on one target.
 type app struct {
 	t     *target
 	mw    *idem.Middleware
 	mw1c  *idem.Middleware // Options.Engine.OneCommit.Enabled
 	mwRC  *idem.Middleware // Options.Replay.Cache.Bytes
+	mwW   *idem.Middleware // Options.Engine.Waiting.Wait: waitModeWait
 	naive *naiveCache      // nil without Redis
 	hold  holdGate
 	log   *slog.Logger
@@ -106,7 +111,11 @@ func newApp(t *target, naive *naiveCache, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &app{t: t, mw: mw, mw1c: mw1c, mwRC: mwRC, naive: naive, log: log}, nil
+	mwW, err := idem.NewMiddleware(t.store, idem.Options{Engine: idem.EngineOptions{Logger: log, Waiting: idem.WaitOptions{Wait: waitModeWait}}, Scope: scopeOf})
+	if err != nil {
+		return nil, err
+	}
+	return &app{t: t, mw: mw, mw1c: mw1c, mwRC: mwRC, mwW: mwW, naive: naive, log: log}, nil
 }
 
 func (a *app) routes() http.Handler {
@@ -116,6 +125,7 @@ func (a *app) routes() http.Handler {
 	mux.Handle("POST "+routeOwnTx, a.mw.Handler(http.HandlerFunc(a.createOwnTx)))
 	mux.Handle("POST "+routeOneCommit, a.mw1c.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeCached, a.mwRC.Handler(http.HandlerFunc(a.createInClaimTx)))
+	mux.Handle("POST "+routeWait, a.mwW.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeFloor, http.HandlerFunc(a.createFloor))
 	mux.Handle("POST "+routeFloor1c, http.HandlerFunc(a.createFloor1c))
 	mux.Handle("POST "+routeFloorRead, http.HandlerFunc(a.floorReplay))

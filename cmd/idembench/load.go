@@ -48,6 +48,7 @@ const (
 	vClaimTx   = "idem-tx"
 	vOwnTx     = "idem-own"
 	vOneCommit = "idem-1c"
+	vWait      = "idem-wait"
 	vFloor     = "floor"
 	vFloor1c   = "floor-1c"
 	vFloorRead = "floor-replay"
@@ -66,6 +67,7 @@ const (
 var allVariants = []variant{
 	{id: vBare, label: "bare handler (no idempotency)", route: routeBare, body: paymentBody, want: http.StatusCreated},
 	{id: vClaimTx, label: "idem first execution, durable-claim mode (idem…Tx)", route: routeClaimTx, body: paymentBody, want: http.StatusCreated},
+	{id: vWait, label: "idem first execution, durable-claim mode in wait mode (Waiting.Wait), nobody waiting", route: routeWait, body: paymentBody, want: http.StatusCreated},
 	{id: vOneCommit, label: "idem first execution, one-commit mode (OneCommit.Enabled)", route: routeOneCommit, body: paymentBody, want: http.StatusCreated},
 	{id: vOwnTx, label: "idem first execution, handler commits its own transaction", route: routeOwnTx, body: paymentBody, want: http.StatusCreated},
 	{id: vFloor, label: "the floor: idem's statements sent by hand (raw driver)", route: routeFloor, body: paymentBody, want: http.StatusCreated},

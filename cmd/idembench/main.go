@@ -10,6 +10,9 @@
 //   - idem-tx: idem's first execution in durable-claim mode, the rows
 //     written in the claim's transaction (idem.Tx[pgx.Tx] or
 //     idem.Tx[*sql.Tx]) and committed with the completion;
+//   - idem-wait: idem-tx with the wait mode on (Waiting.Wait 10 s, as
+//     cmd/paymentsd runs), nobody waiting: what the wait mode costs a first
+//     execution (its ratio to idem-tx in the same round);
 //   - idem-own: idem's first execution, the handler committing its own
 //     transaction (the completion is a statement of its own);
 //   - floor: no middleware, the statements idem needs sent by hand with the

@@ -39,8 +39,11 @@ type roundKey struct {
 
 // floorOf is the floor of each answer: of each mode's first execution, its
 // statements sent by hand; of a replay, a 409 and a 422, the record read by
-// hand (the replay floor); with no middleware.
-var floorOf = map[string]string{vClaimTx: vFloor, vOneCommit: vFloor1c, vReplay: vFloorRead, vInFlight: vFloorRead, vKeyReused: vFloorRead}
+// hand (the replay floor); with no middleware. The wait mode's first
+// execution is measured against the same without the wait mode (issue 36:
+// at least 0.95 while nobody waits).
+var floorOf = map[string]string{vClaimTx: vFloor, vOneCommit: vFloor1c, vReplay: vFloorRead, vInFlight: vFloorRead, vKeyReused: vFloorRead,
+	vWait: vClaimTx}
 
 // contractFloorOf is the second floor of a replay, a 409 and a 422: the
 // replay floor with what the contract asks of an answer (floorContract).
@@ -54,6 +57,7 @@ var floorRows = []struct {
 }{
 	{vClaimTx, "idem durable-claim first execution, ratio to the floor", false},
 	{vOneCommit, "idem one-commit first execution, ratio to the one-commit floor", false},
+	{vWait, "idem wait mode first execution, nobody waiting, ratio to idem-tx (the same without wait mode)", false},
 	{vReplay, "idem replay, ratio to the replay floor", false},
 	{vInFlight, "idem 409, ratio to the replay floor", false},
 	{vKeyReused, "idem 422, ratio to the replay floor", false},

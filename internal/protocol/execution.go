@@ -108,6 +108,10 @@ func newExecution(cfg *Config, parent context.Context, c claimed, p idemdriver.C
 	}
 	if cfg.Notify {
 		e.fence.Notify = notifyPayload(p.Scope, p.Key) // waiters may wait in other processes
+		// Only when one marked the record (waitHub.mark): in durable-claim
+		// mode, whose record no lock holds while the job runs.
+		_, marks := cfg.Store.(idemdriver.WaitMarker)
+		e.fence.NotifyMarked = marks && !cfg.OneCommit
 	}
 	e.detachedParent = context.WithoutCancel(parent)
 	// Detached: a hang-up does not stop the work; a lost lease does.

@@ -19,8 +19,9 @@ import (
 // channel in the hub, which is woken by this process's own execution of the
 // key when it ends, and by the store's notifications (idemdriver.Notifier:
 // PostgreSQL's LISTEN on one connection per process) when another process's
-// does; it also wakes every poll interval and when the lease it saw runs
-// out. Woken, the waiters of a key in this process read its record once
+// does (the first waiter of a key in a process marks the record, so that a
+// durable-claim owner notifies: idemdriver.WaitMarker); it also wakes every
+// poll interval and when the lease it saw runs out. Woken, the waiters of a key in this process read its record once
 // between them (singleflight), and answer from it: a replay, 422, or, when
 // the record can be claimed again (FAILED, released, its owner dead), one of
 // them claims it, exactly as a retry would.
@@ -32,7 +33,11 @@ const listenLinger = 5 * time.Second
 type waitHub struct {
 	cfg      *Config
 	notifier idemdriver.Notifier // nil: waiters poll
-	reads    singleflight.Group
+	// marker marks the records waited for, so that their durable-claim
+	// owners notify (idemdriver.FenceParams.NotifyMarked); nil when the
+	// store notifies every end, or none.
+	marker idemdriver.WaitMarker
+	reads  singleflight.Group
 
 	mu      sync.Mutex
 	keys    map[string]*keyWaiters // by notification payload
@@ -53,12 +58,27 @@ type keyWaiters struct {
 	n        int
 	wake     chan struct{} // closed and replaced at each wake
 	claiming bool          // one waiter of this process claims at a time
+	// marking names the execution (fencing token, created_at) that this
+	// process's waiters marked or mark now (markBusy); unmarked says the
+	// mark is not known to hold (not yet done, or refused), so they poll at
+	// WaitPoll and the next of them to wake marks again.
+	marking  execID
+	markBusy bool
+	unmarked bool
+}
+
+// execID names one execution of a record: its fencing token and life
+// (created_at, in nanoseconds: comparable whatever its location).
+type execID struct {
+	token   int64
+	created int64
 }
 
 func newWaitHub(cfg *Config) *waitHub {
 	h := &waitHub{cfg: cfg, keys: map[string]*keyWaiters{}}
 	if n, ok := cfg.Store.(idemdriver.Notifier); ok && n.Notifies() {
 		h.notifier = n
+		h.marker, _ = cfg.Store.(idemdriver.WaitMarker)
 	}
 	return h
 }
@@ -189,10 +209,39 @@ func (kw *keyWaiters) broadcast() {
 func (h *waitHub) signal(kw *keyWaiters) (<-chan struct{}, time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.ready {
+	if h.ready && !kw.unmarked {
 		return kw.wake, 10 * h.cfg.WaitPoll
 	}
 	return kw.wake, h.cfg.WaitPoll
+}
+
+// mark marks rec, the record of p's key in flight, as waited for
+// (idemdriver.WaitMarker), once per execution for this process's waiters
+// of the key: its owner's end then notifies. It is done before the record
+// is read, so that an end the read does not see comes after the mark. A
+// mark refused (the row locked by a write in progress) or failed leaves kw
+// unmarked: its waiters poll at WaitPoll, and mark again when they wake.
+func (h *waitHub) mark(ctx context.Context, p idemdriver.ClaimParams, kw *keyWaiters, rec idemdriver.Record) {
+	if h.marker == nil || rec.State != idemdriver.StateProcessing {
+		return
+	}
+	id := execID{rec.FencingToken, rec.CreatedAt.UnixNano()}
+	h.mu.Lock()
+	if kw.markBusy || kw.marking == id && !kw.unmarked {
+		h.mu.Unlock()
+		return
+	}
+	kw.marking, kw.unmarked, kw.markBusy = id, true, true
+	h.mu.Unlock()
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.ClaimTimeout)
+	defer cancel()
+	ok, err := h.marker.MarkWaited(mctx, idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt})
+	h.mu.Lock()
+	kw.markBusy = false
+	if kw.marking == id {
+		kw.unmarked = !ok || err != nil
+	}
+	h.mu.Unlock()
 }
 
 func (h *waitHub) tryClaim(kw *keyWaiters) bool {
@@ -267,6 +316,7 @@ func (h *waitHub) awaitJoined(ctx context.Context, p idemdriver.ClaimParams, pay
 		if !first && !h.sleep(ctx, kw, v, deadline) {
 			return claimed{}, v
 		}
+		h.mark(ctx, p, kw, v.Record)
 		rec, err := h.read(ctx, payload, p)
 		if err != nil {
 			return claimed{}, h.cfg.claimFailed(ctx, err)
