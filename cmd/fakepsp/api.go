@@ -33,6 +33,10 @@ type handlerConfig struct {
 	TimeoutRate float64
 	// Hang is how long a withheld answer is held before it is sent anyway.
 	Hang time.Duration
+	// WithoutIdempotency turns the provider's key handling off, as at a
+	// provider that has none: POST /v1/charges runs without idem, and every
+	// call charges anew, whatever its Idempotency-Key (then optional).
+	WithoutIdempotency bool
 	// Roll returns a number in [0, 1) for the injections; default rand.Float64.
 	Roll func() float64
 	// Observer is idem's Options.Engine.Observer (service.Telemetry); nil: none.
@@ -58,7 +62,8 @@ type api struct {
 //	  GET /metrics                      (no authentication; with cfg.Metrics)
 //	  everything else: svc.Authenticate -> routes below
 //	    POST /v1/charges                withhold -> idem -> createCharge
-//	                                    (Idempotency-Key required)
+//	                                    (Idempotency-Key required; no idem
+//	                                    with cfg.WithoutIdempotency)
 //	    GET  /v1/charges/{id}
 //	    anything else                   404
 //
@@ -79,7 +84,11 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 	a := &api{store: cfg.Store, log: cfg.Logger, cfg: cfg}
 
 	routes := http.NewServeMux()
-	routes.Handle("POST /v1/charges", a.withhold(mw.Handler(http.HandlerFunc(a.createCharge))))
+	charge := mw.Handler(http.HandlerFunc(a.createCharge))
+	if cfg.WithoutIdempotency {
+		charge = http.HandlerFunc(a.createCharge)
+	}
+	routes.Handle("POST /v1/charges", a.withhold(charge))
 	routes.HandleFunc("GET /v1/charges/{id}", a.getCharge)
 	routes.HandleFunc("/", notFound)
 
@@ -157,7 +166,10 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 		svc.WriteRetryLater(w, service.ProblemUnavailable, http.StatusServiceUnavailable, "the charge could not be recorded; nothing was charged; retry with the same Idempotency-Key")
 		return
 	}
-	exec, _ := idem.ExecutionFromContext(ctx)
+	exec, protected := idem.ExecutionFromContext(ctx)
+	if !protected { // WithoutIdempotency: the key, if any, as sent
+		exec.Key = r.Header.Get(idem.HeaderKey)
+	}
 	a.log.InfoContext(ctx, "charged", "merchant", merchant, "charge", c.ID, "amount", c.Amount, "currency", c.Currency,
 		"idempotency_key", exec.Key, "attempt", exec.Attempt)
 	w.Header().Set("Location", "/v1/charges/"+c.ID)
@@ -168,7 +180,7 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 // validation failure, before any charge, so the corrected request with the
 // same key runs instead of getting 422 key-reused.
 func (a *api) releaseKey(ctx context.Context) {
-	if err := idem.ReleaseKey(ctx); err != nil {
+	if err := idem.ReleaseKey(ctx); err != nil && !a.cfg.WithoutIdempotency {
 		a.log.ErrorContext(ctx, "releasing the key of an invalid charge", "err", err)
 	}
 }

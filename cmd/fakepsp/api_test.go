@@ -157,6 +157,32 @@ func TestChargeAndReplay(t *testing.T) {
 	require.EqualValues(t, 3, p.stats().Charges)
 }
 
+// Without idempotency (--idempotency=false), every call charges anew,
+// whatever its key, on both databases: a provider without key handling,
+// for at-most-once steps.
+func TestWithoutIdempotencyChargesEveryCall(t *testing.T) {
+	t.Parallel()
+	for name, store := range map[string]func(*testing.T) Store{"sqlite": newSQLiteStore, "postgres": newPostgresStore} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			p := startPSP(t, handlerConfig{Store: store(t), WithoutIdempotency: true})
+			var ids []string
+			for range 2 {
+				r := p.charge("acme", "k-1", "application/json", chargeBody)
+				require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+				require.Empty(t, r.header.Get(idem.HeaderReplayed))
+				var c chargeJSON
+				require.NoError(t, json.Unmarshal(r.body, &c))
+				ids = append(ids, c.ID)
+			}
+			require.NotEqual(t, ids[0], ids[1])
+			require.Equal(t, http.StatusCreated, p.charge("acme", "", "application/json", chargeBody).status, "no key needed")
+			require.Equal(t, http.StatusBadRequest, p.charge("acme", "k-2", "application/json", `{"amount":"x"}`).status)
+			require.EqualValues(t, 3, p.stats().Charges)
+		})
+	}
+}
+
 func TestChargeRequirements(t *testing.T) {
 	t.Parallel()
 	p := startPSP(t, handlerConfig{})

@@ -10,7 +10,7 @@
 //
 //	fakepsp [--addr 127.0.0.1:8090] [--database-url URL] [--lease 30s]
 //	        [--latency 0s] [--fail-rate P] [--timeout-rate P] [--hang 1m]
-//	        [--shutdown-timeout 15s] [--log-format json|text]
+//	        [--idempotency=false] [--shutdown-timeout 15s] [--log-format json|text]
 //	        [--otel-traces none|stdout]
 //
 // --database-url takes what paymentsd's does: empty (the SQLite file
@@ -46,4 +46,10 @@
 // until the client hangs up: the client's "outcome unknown", which only a
 // retry with the same key can resolve, and does, with the replay (replays
 // are never held back).
+//
+// --idempotency=false turns the key handling off, as at a provider that has
+// none (bank transfer files, SMS, many local providers): the charge
+// endpoint runs without idem, the key is optional and ignored, and every
+// call charges anew, a retry after a timeout included. It is the callee an
+// at-most-once step is for (docs/contract.md section 11).
 package main

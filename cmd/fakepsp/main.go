@@ -20,6 +20,7 @@ type options struct {
 	failRate    float64
 	timeoutRate float64
 	hang        time.Duration
+	idempotency bool
 }
 
 func parseFlags(args []string, output io.Writer) (options, error) {
@@ -30,6 +31,7 @@ func parseFlags(args []string, output io.Writer) (options, error) {
 	fs.Float64Var(&o.failRate, "fail-rate", 0, "fault injection: probability (0 to 1) that a charge answers 503 without charging")
 	fs.Float64Var(&o.timeoutRate, "timeout-rate", 0, "fault injection: probability (0 to 1) that a new charge is made and recorded, then its answer withheld for --hang or until the client hangs up")
 	fs.DurationVar(&o.hang, "hang", time.Minute, "how long a withheld answer (--timeout-rate) is held before it is sent anyway")
+	fs.BoolVar(&o.idempotency, "idempotency", true, "keep charges' idempotency keys; --idempotency=false charges anew on every call, whatever its Idempotency-Key, as a provider without idempotency does")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -60,12 +62,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Serve: func(_ context.Context, log *slog.Logger, store Store, tel *service.Telemetry) (service.Served, error) {
 			handler, err := newHandler(handlerConfig{
 				Store: store, Logger: log, Lease: o.Lease, Latency: o.latency,
-				FailRate: o.failRate, TimeoutRate: o.timeoutRate, Hang: o.hang,
+				FailRate: o.failRate, TimeoutRate: o.timeoutRate, Hang: o.hang, WithoutIdempotency: !o.idempotency,
 				Observer: tel.Observer, Metrics: tel.Metrics,
 			})
 			return service.Served{Handler: handler, Attrs: []any{
 				"lease", o.Lease.String(), "latency", o.latency.String(),
-				"fail_rate", o.failRate, "timeout_rate", o.timeoutRate, "hang", o.hang.String()}}, err
+				"fail_rate", o.failRate, "timeout_rate", o.timeoutRate, "hang", o.hang.String(), "idempotency", o.idempotency}}, err
 		},
 	})
 }

@@ -21,14 +21,15 @@ func TestParseFlags(t *testing.T) {
 	o, err := parseFlags(nil, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, options{Flags: service.Flags{Addr: "127.0.0.1:8090", Lease: 30 * time.Second,
-		ShutdownTimeout: 15 * time.Second, LogFormat: "json", Traces: "none"}, hang: time.Minute}, o)
-	o, err = parseFlags([]string{"--latency", "20ms", "--fail-rate", "0.1", "--timeout-rate", "1", "--hang", "5s", "--lease", "2s"}, io.Discard)
+		ShutdownTimeout: 15 * time.Second, LogFormat: "json", Traces: "none"}, hang: time.Minute, idempotency: true}, o)
+	o, err = parseFlags([]string{"--latency", "20ms", "--fail-rate", "0.1", "--timeout-rate", "1", "--hang", "5s", "--lease", "2s", "--idempotency=false"}, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, 20*time.Millisecond, o.latency)
 	require.Equal(t, 0.1, o.failRate)
 	require.Equal(t, 1.0, o.timeoutRate)
 	require.Equal(t, 5*time.Second, o.hang)
 	require.Equal(t, 2*time.Second, o.Lease)
+	require.False(t, o.idempotency)
 	for _, bad := range [][]string{{"--fail-rate", "2"}, {"--timeout-rate", "-1"}, {"--lease", "10ms"}, {"--latency", "-1s"}, {"x"}, {"--otel-traces", "otlp"}} {
 		_, err := parseFlags(bad, io.Discard)
 		require.Error(t, err, "%v", bad)

@@ -65,7 +65,8 @@ type Store interface {
 	Idem() idem.Store
 	// CreateCharge writes the charge in the claim's transaction (taken from
 	// ctx): it commits together with idem's record of the response, so a
-	// charge exists if and only if its key replays it.
+	// charge exists if and only if its key replays it. Outside an execution
+	// (handlerConfig.WithoutIdempotency) it commits the charge alone.
 	CreateCharge(ctx context.Context, c NewCharge) (Charge, error)
 	// Charge returns the merchant's charge id, or ErrNotFound.
 	Charge(ctx context.Context, merchant, id string) (Charge, error)
@@ -148,12 +149,18 @@ func readStats(rows service.Rows) (Stats, error) {
 type postgresStore struct{ *service.DB }
 
 func (s *postgresStore) CreateCharge(ctx context.Context, c NewCharge) (Charge, error) {
+	var db interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	} = s.Pool
 	tx, err := idem.Tx[pgx.Tx](ctx)
-	if err != nil {
+	switch {
+	case err == nil:
+		db = tx
+	case !errors.Is(err, idem.ErrNoExecution):
 		return Charge{}, err
 	}
 	var createdAt time.Time
-	err = tx.QueryRow(ctx, `INSERT INTO charges (id, merchant, amount, currency, customer, description)
+	err = db.QueryRow(ctx, `INSERT INTO charges (id, merchant, amount, currency, customer, description)
 		VALUES ($1, $2, $3, $4, $5, NULLIF($6, '')) RETURNING created_at`,
 		c.ID, c.Merchant, c.Amount, c.Currency, c.Customer, c.Description).Scan(&createdAt)
 	if err != nil {
@@ -191,12 +198,18 @@ type sqliteStore struct{ *service.DB }
 const sqliteNow = `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`
 
 func (s *sqliteStore) CreateCharge(ctx context.Context, c NewCharge) (Charge, error) {
+	var db interface {
+		QueryRowContext(context.Context, string, ...any) *sql.Row
+	} = s.SQL
 	tx, err := idem.Tx[*sql.Tx](ctx)
-	if err != nil {
+	switch {
+	case err == nil:
+		db = tx
+	case !errors.Is(err, idem.ErrNoExecution):
 		return Charge{}, err
 	}
 	var createdAt int64
-	err = tx.QueryRowContext(ctx, `INSERT INTO charges (id, merchant, amount, currency, customer, description, created_at)
+	err = db.QueryRowContext(ctx, `INSERT INTO charges (id, merchant, amount, currency, customer, description, created_at)
 		VALUES (?, ?, ?, ?, ?, ?, `+sqliteNow+`) RETURNING created_at`,
 		c.ID, c.Merchant, c.Amount, c.Currency, c.Customer, sql.NullString{String: c.Description, Valid: c.Description != ""},
 	).Scan(&createdAt)
