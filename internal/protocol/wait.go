@@ -21,10 +21,11 @@ import (
 // PostgreSQL's LISTEN on one connection per process) when another process's
 // does (the first waiter of a key in a process marks the record, so that a
 // durable-claim owner notifies: idemdriver.WaitMarker); it also wakes every
-// poll interval and when the lease it saw runs out. Woken, the waiters of a key in this process read its record once
-// between them (singleflight), and answer from it: a replay, 422, or, when
-// the record can be claimed again (FAILED, released, its owner dead), one of
-// them claims it, exactly as a retry would.
+// poll interval and when the lease it saw runs out. Woken, the waiters of a
+// key in this process read its record once between them (singleflight), and
+// answer from it: a replay, 422, or, when the record can be claimed again
+// (FAILED, released, its owner dead), one of them claims it, exactly as a
+// retry would.
 
 // listenLinger is how long the hub keeps listening after its last waiter
 // left: a burst of duplicates does not reconnect for each wait.
