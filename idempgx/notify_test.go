@@ -195,7 +195,18 @@ func TestNotifiesOnlyWhenMarked(t *testing.T) {
 		t.Skip("LISTEN needs a server connection of its own; run in the plain suite")
 	}
 	t.Parallel()
-	d := openDriver(t, false, nil)
+	for name, open := range map[string]func(testing.TB) *idempgx.Driver{
+		"plain":       func(t testing.TB) *idempgx.Driver { return openDriver(t, false, nil) },
+		"partitioned": newPartitioned,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			notifiesOnlyWhenMarked(t, open(t))
+		})
+	}
+}
+
+func notifiesOnlyWhenMarked(t *testing.T, d *idempgx.Driver) {
 	ctx := t.Context()
 	conn, err := pgx.ConnectConfig(ctx, d.Pool().Config().ConnConfig.Copy())
 	require.NoError(t, err)

@@ -237,6 +237,9 @@ func (h *waitHub) mark(ctx context.Context, p idemdriver.ClaimParams, kw *keyWai
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.ClaimTimeout)
 	defer cancel()
 	ok, err := h.marker.MarkWaited(mctx, idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt})
+	if err != nil {
+		h.cfg.Logger.WarnContext(ctx, "idem: marking a record waited for failed; its waiters poll", "err", err)
+	}
 	h.mu.Lock()
 	kw.markBusy = false
 	if kw.marking == id {
