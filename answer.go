@@ -225,7 +225,8 @@ func detailText(s string) func(*EngineOptions, protocol.Answer) string {
 
 // sameOpReusedDetail is the detail of a 422 for the same method and path
 // with another payload.
-const sameOpReusedDetail = "this " + HeaderKey + " was first used with a different request (its body, query or media type differ); use a new key for a new request"
+const sameOpReusedDetail = "this " + HeaderKey + " was first used with a different request (its body, query or media type differ); " +
+	"a retry must send the first request unchanged, and a new request needs a new key"
 
 // eventOf is the observer's event of a: after the work ran, what became of
 // the execution (recorded, released, lost, or its completion failed);
@@ -257,10 +258,11 @@ func eventOf(a protocol.Answer) EventKind {
 func problemOf(a protocol.Answer, c *EngineOptions) Problem {
 	row := kinds[a.Kind]
 	detail := row.detail(c, a)
-	if a.Kind == protocol.KindKeyReused && a.SameOp {
-		detail = sameOpReusedDetail
-	}
 	p := ProblemFor(row.err, detail)
+	if a.Kind == protocol.KindKeyReused && a.SameOp {
+		// Perhaps this very request, its bytes changed between attempts.
+		p.Detail, p.NewKeySafe = sameOpReusedDetail, false
+	}
 	switch {
 	case a.Kind == protocol.KindInFlight:
 		p.RetryAfter = a.RetryAfter

@@ -142,6 +142,10 @@ type Report struct {
 	// call, its writes rolled back. The same as an HTTP answer's
 	// Idempotent-Replayed: true (CONTRACT section 11.5).
 	Replayed bool
+	// NewKeySafe is true when sending the work again under a new key is
+	// safe: fn did not run in this call and the error says nothing of it
+	// ran under the key (NewKeySafe of the error; never for fn's own).
+	NewKeySafe bool
 }
 
 // DoReport is Do, saying in its Report whether the Result was replayed;
@@ -149,7 +153,7 @@ type Report struct {
 func (eng *Engine) DoReport(ctx context.Context, p DoParams, fn func(ctx context.Context) (Result, error)) (Report, error) {
 	cp, err := eng.doParams(p)
 	if err != nil {
-		return Report{}, err
+		return Report{NewKeySafe: NewKeySafe(err)}, err
 	}
 	j := &doJob{eng: eng, fn: fn, payload: p.Payload}
 	wait := eng.o.Waiting.Wait
@@ -167,7 +171,7 @@ func (eng *Engine) DoReport(ctx context.Context, p DoParams, fn func(ctx context
 		ev.Err = j.err
 	}
 	eng.observer.Observe(ctx, ev)
-	rep := Report{Result: out, Replayed: a.Kind == protocol.KindReplay}
+	rep := Report{Result: out, Replayed: a.Kind == protocol.KindReplay, NewKeySafe: !a.Ran && NewKeySafe(err)}
 	switch {
 	case a.Panicked:
 		panic(a.Recovered)
@@ -255,7 +259,7 @@ func (eng *Engine) doParams(p DoParams) (idemdriver.ClaimParams, error) {
 		return idemdriver.ClaimParams{}, fmt.Errorf("%w: DoParams.Scope is required", ErrMissingScope)
 	}
 	if why := protocol.UnstorableScope(p.Scope); why != "" {
-		return idemdriver.ClaimParams{}, fmt.Errorf("%w: the scope is %s", ErrScopeUnstorable, why)
+		return idemdriver.ClaimParams{}, fmt.Errorf("%w: the scope %s", ErrScopeUnstorable, why)
 	}
 	if len(p.Route) > MaxPathLength {
 		return idemdriver.ClaimParams{}, fmt.Errorf("%w: DoParams.Route is longer than %d bytes", ErrPathTooLong, MaxPathLength)

@@ -43,7 +43,7 @@ func Example() {
 	// Output:
 	// 201 replayed="" {"charge":1}
 	// 201 replayed="true" {"charge":1}
-	// 422 replayed="" {"detail":"this Idempotency-Key was first used with a different request (its body, query or media type differ); use a new key for a new request","new_key_safe":true,"status":422,"title":"Idempotency-Key reused with a different request","type":"https://github.com/idemgo/idem/blob/main/docs/problems.md#key-reused"}
+	// 422 replayed="" {"detail":"this Idempotency-Key was first used with a different request (its body, query or media type differ); a retry must send the first request unchanged, and a new request needs a new key","new_key_safe":false,"status":422,"title":"Idempotency-Key reused with a different request","type":"https://github.com/idemgo/idem/blob/main/docs/problems.md#key-reused"}
 	// charges: 1
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -28,7 +29,7 @@ func newKeySafe(t *testing.T, rec *httptest.ResponseRecorder) bool {
 
 // Every problem body of the middleware says whether a new key is safe:
 // true only where this request could never be claimed under its key or the
-// key is another request's (CONTRACT section 11.5).
+// key is another method's or path's (CONTRACT section 11.5).
 func TestProblemSaysWhetherANewKeyIsSafe(t *testing.T) {
 	t.Parallel()
 	store := openSQLite(t)
@@ -43,7 +44,8 @@ func TestProblemSaysWhetherANewKeyIsSafe(t *testing.T) {
 
 	require.True(t, newKeySafe(t, send(h, http.MethodPost, "/pay", "", `{}`)), "missing-key")
 	require.True(t, newKeySafe(t, send(h, http.MethodPost, "/pay", strings.Repeat("k", idem.MaxKeyLength+1), `{}`)), "invalid-key")
-	require.True(t, newKeySafe(t, send(h, http.MethodPost, "/pay", "k-big", strings.Repeat("x", 17))), "request-too-large")
+	require.False(t, newKeySafe(t, send(h, http.MethodPost, "/pay", "k-big", strings.Repeat("x", 17))),
+		"request-too-large: another process's body limit may have let an earlier attempt run")
 
 	first := make(chan *httptest.ResponseRecorder, 1)
 	go func() { first <- send(h, http.MethodPost, "/pay", "k1", `{"a":1}`) }()
@@ -56,7 +58,10 @@ func TestProblemSaysWhetherANewKeyIsSafe(t *testing.T) {
 
 	reused := send(h, http.MethodPost, "/pay", "k1", `{"a":2}`)
 	require.Equal(t, http.StatusUnprocessableEntity, reused.Code)
-	require.True(t, newKeySafe(t, reused), "key-reused: the key's record is another request's")
+	require.False(t, newKeySafe(t, reused), "key-reused, the same method and path: perhaps this request, its bytes changed")
+	otherPath := send(h, http.MethodPost, "/refund", "k1", `{"a":1}`)
+	require.Equal(t, http.StatusUnprocessableEntity, otherPath.Code)
+	require.True(t, newKeySafe(t, otherPath), "key-reused, another path: the key's record is another request's")
 
 	noScope := newMiddleware(t, store, idem.Options{Scope: func(*http.Request) (string, error) { return "", nil }}).Handler(slow)
 	require.False(t, newKeySafe(t, send(noScope, http.MethodPost, "/pay", "k1", `{"a":1}`)), "missing-scope: an earlier, authenticated attempt may have run")
@@ -85,7 +90,10 @@ func TestNewKeySafeOfDoErrors(t *testing.T) {
 
 	_, err = g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k", Payload: []byte("b")}, ok)
 	require.ErrorIs(t, err, idem.ErrKeyReused)
-	require.True(t, idem.NewKeySafe(err))
+	require.False(t, idem.NewKeySafe(err), "the same route, another payload: perhaps the same work, changed")
+	_, err = g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k", Route: "refunds", Payload: []byte("a")}, ok)
+	require.ErrorIs(t, err, idem.ErrKeyReused)
+	require.True(t, idem.NewKeySafe(err), "another route: the key is other work's")
 
 	boom := errors.New("provider timeout")
 	_, err = g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k2"}, func(context.Context) (idem.Result, error) { return idem.Result{}, boom })
@@ -94,6 +102,20 @@ func TestNewKeySafeOfDoErrors(t *testing.T) {
 
 	require.False(t, idem.NewKeySafe(errors.Join(idem.ErrKeyReused, idem.ErrStoreUnavailable)), "one unsafe kind makes it unsafe")
 	require.False(t, idem.NewKeySafe(&idem.InFlightError{RetryAfter: 1}))
+
+	// fn's own error wrapping a sentinel that reads as safe (a nested Do's):
+	// NewKeySafe of the error says true, the Report knows fn ran.
+	nested := fmt.Errorf("downstream: %w", idem.ErrKeyReused)
+	rep, err := g.DoReport(t.Context(), idem.DoParams{Scope: "s", Key: "k3"}, func(context.Context) (idem.Result, error) { return idem.Result{}, nested })
+	require.ErrorIs(t, err, nested)
+	require.True(t, idem.NewKeySafe(err))
+	require.False(t, rep.NewKeySafe, "fn ran in this call")
+	rep, err = g.DoReport(t.Context(), idem.DoParams{Scope: "s", Key: "k", Route: "refunds", Payload: []byte("a")}, ok)
+	require.ErrorIs(t, err, idem.ErrKeyReused)
+	require.True(t, rep.NewKeySafe)
+	rep, err = g.DoReport(t.Context(), idem.DoParams{Scope: "s", Key: "bad,key"}, ok)
+	require.ErrorIs(t, err, idem.ErrInvalidKey)
+	require.True(t, rep.NewKeySafe)
 }
 
 // DoReport says whether its Result is the stored one, apart from fn's
@@ -124,4 +146,25 @@ func TestDoReportSaysReplayed(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrOutcomeFailed)
 	require.False(t, rep.Replayed, "fn's own 503, recorded FAILED")
 	require.Equal(t, 503, rep.Result.Status)
+}
+
+// new_key_safe is a member of idem's own problem types; another type's
+// problem (a handler's) carries it only when it says true.
+func TestNewKeySafeOnlyOnIdemTypesOrTrue(t *testing.T) {
+	t.Parallel()
+	for p, want := range map[*idem.Problem]string{
+		{Type: "https://example.com/probs/not-found", Title: "Not found", Status: 404}:                "",
+		{Type: "https://example.com/probs/invalid", Title: "Invalid", Status: 400, NewKeySafe: true}:  `"new_key_safe":true`,
+		{Type: idem.ProblemTypeBase + "request-in-flight", Title: "In flight", Status: 409}:           `"new_key_safe":false`,
+		{Type: "about:blank", Status: 500, Extra: map[string]any{"trace": "x"}}:                       "",
+		{Type: idem.ProblemTypeBase + "key-reused", Status: 422, Extra: map[string]any{"trace": "x"}}: `"new_key_safe":false`,
+	} {
+		rec := httptest.NewRecorder()
+		p.Write(rec)
+		if want == "" {
+			require.NotContains(t, rec.Body.String(), "new_key_safe", p.Type)
+		} else {
+			require.Contains(t, rec.Body.String(), want, p.Type)
+		}
+	}
 }

@@ -42,7 +42,8 @@ type Options struct {
 	// Replay says what of a response is replayed, and caches replays.
 	Replay ReplayOptions
 
-	// ProblemWriter writes idem's own answers in the API's error format.
+	// ProblemWriter writes idem's own answers in the API's error format,
+	// p.NewKeySafe included where the format has room (docs/problems.md).
 	// Default: Problem.Write (RFC 9457; adapters/idemconnect recognises it).
 	ProblemWriter func(w http.ResponseWriter, r *http.Request, p Problem)
 

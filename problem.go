@@ -20,14 +20,17 @@ type Problem struct {
 	Detail string `json:"detail,omitempty"`
 	// Instance is left empty by idem; handlers may set it.
 	Instance string `json:"instance,omitempty"`
-	// NewKeySafe, the member new_key_safe (always sent), tells the client
+	// NewKeySafe, the member new_key_safe (sent with every problem of one
+	// of idem's types, ProblemTypeBase; with another type only when true,
+	// as a handler's own problem may say), tells the client
 	// whether sending this request again under a new key is safe: true only
 	// when this request could never be claimed under its key (no key, an
-	// invalid one, a path or body over the limits, a scope that cannot be
-	// stored) or its key's record is another request's (422 key-reused);
-	// false otherwise, when an attempt of this request may have run under
-	// the key: the client retries with the same key, or stops (CONTRACT
-	// section 11.5, docs/problems.md). Default: false.
+	// invalid one, a path over MaxPathLength) or its key's record is
+	// another method's or path's (422 key-reused); false otherwise, when an
+	// attempt of this request may have run under the key: the client
+	// retries with the same key, or stops (CONTRACT section 11.5,
+	// docs/problems.md). Default: false. An Options.ProblemWriter that
+	// writes its own format passes it on.
 	NewKeySafe bool `json:"new_key_safe"`
 	// RetryAfter, when positive, is sent as Retry-After in whole seconds (RFC
 	// 9110 section 10.2.3).
@@ -54,7 +57,7 @@ var problemKinds = []problemKind{
 	problemKindOf(ErrMissingScope, "missing-scope", "No scope for this request", http.StatusUnauthorized, false),
 	problemKindOf(ErrScopeUnstorable, "scope-unstorable", "The server could not scope this request", http.StatusInternalServerError, false),
 	problemKindOf(ErrPathTooLong, "path-too-long", "Request path too long", http.StatusRequestURITooLong, true),
-	problemKindOf(ErrRequestTooLarge, "request-too-large", "Request body too large", http.StatusRequestEntityTooLarge, true),
+	problemKindOf(ErrRequestTooLarge, "request-too-large", "Request body too large", http.StatusRequestEntityTooLarge, false),
 	problemKindOf(ErrBodyUnreadable, "body-unreadable", "Request body could not be read", http.StatusBadRequest, false),
 	problemKindOf(ErrKeyReused, "key-reused", "Idempotency-Key reused with a different request", http.StatusUnprocessableEntity, true),
 	problemKindOf(ErrInFlight, "request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict, false),
@@ -83,8 +86,15 @@ func (p Problem) Write(w http.ResponseWriter) { httpwrite.Problem(p).Write(w) }
 // sentinel) may be sent again under a new key: Problem.NewKeySafe of err's
 // kind (CONTRACT section 11.5). It is false for nil (the outcome is
 // recorded: a new key runs fn again), for an error of no idem problem kind,
-// and for one that matches any kind that is not safe.
+// for one that matches any kind that is not safe, and for ErrKeyReused of
+// the same method and path with another payload. It reads errors only: an
+// error fn returned that wraps one of these sentinels (a nested Do's) reads
+// as that sentinel, though fn ran; DoReport's Report.NewKeySafe knows.
 func NewKeySafe(err error) bool {
+	var reused interface{ SameOperation() bool }
+	if errors.As(err, &reused) && reused.SameOperation() {
+		return false
+	}
 	safe := false
 	for _, k := range problemKinds {
 		if err != nil && errors.Is(err, k.err) {

@@ -54,8 +54,47 @@ func ProblemOf(resp *http.Response) (p Problem, ok bool, err error) {
 	case len(body) > maxProblemBytes:
 		return Problem{}, false, fmt.Errorf("idemclient: a problem document over %d bytes", maxProblemBytes)
 	}
-	if err := json.Unmarshal(body, &p); err != nil {
+	if p, err = decodeProblem(body); err != nil {
 		return Problem{}, false, fmt.Errorf("idemclient: the problem document does not decode: %w", err)
 	}
 	return p, true, nil
+}
+
+// decodeProblem reads a problem document's members. A member of the wrong
+// type is ignored (RFC 9457 section 3.1); new_key_safe named twice is true
+// only when every one says true.
+func decodeProblem(body []byte) (Problem, error) {
+	var p Problem
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return p, fmt.Errorf("not a JSON object")
+	}
+	safe, unsafe := false, false
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return p, err
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return p, err
+		}
+		switch tok {
+		case "type":
+			_ = json.Unmarshal(raw, &p.Type) // a member of another type is ignored
+		case "title":
+			_ = json.Unmarshal(raw, &p.Title)
+		case "status":
+			_ = json.Unmarshal(raw, &p.Status)
+		case "detail":
+			_ = json.Unmarshal(raw, &p.Detail)
+		case "new_key_safe":
+			var b bool
+			if json.Unmarshal(raw, &b) == nil {
+				safe, unsafe = safe || b, unsafe || !b
+			}
+		}
+	}
+	p.NewKeySafe = safe && !unsafe
+	return p, nil
 }

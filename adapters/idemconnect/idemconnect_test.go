@@ -247,7 +247,7 @@ func testConnect(t *testing.T, store func(*testing.T) idem.Store) {
 		require.NoError(t, err)
 		_, err = s.call("k", 9999)
 		cerr := requireCode(t, err, connect.CodeFailedPrecondition)
-		require.Equal(t, "true", cerr.Meta().Get(idemconnect.HeaderNewKeySafe), "the key is another call's")
+		require.Equal(t, "false", cerr.Meta().Get(idemconnect.HeaderNewKeySafe), "the same procedure, another request: perhaps this call, changed")
 		require.EqualValues(t, 1, s.runs.Load())
 	})
 

@@ -146,10 +146,12 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 		// FailedPrecondition, the handler not run.
 		s := (&service{}).serve(t, store(t), idem.EngineOptions{})
 		require.NoError(t, s.call(ctx, charge, "k", 1000, nil).err)
-		for _, r := range []result{s.call(ctx, charge, "k", 9999, nil), s.call(ctx, refund, "k", 1000, nil)} {
+		// new_key_safe: false for the same method (perhaps this call,
+		// changed), true for another method (the key is another call's).
+		for safe, r := range map[string]result{"false": s.call(ctx, charge, "k", 9999, nil), "true": s.call(ctx, refund, "k", 1000, nil)} {
 			requireCode(t, r, codes.FailedPrecondition)
 			require.Equal(t, "KEY_REUSED", r.reason)
-			require.Equal(t, "true", r.newKeySafe)
+			require.Equal(t, safe, r.newKeySafe)
 			require.Equal(t, []string{idem.ProblemTypeBase + "key-reused"}, r.trailer.Get("idem-problem-type"))
 			require.Empty(t, r.pushback)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,7 +52,7 @@ func RetryAfterSeconds(d time.Duration) int64 {
 // Extra is encoded once and kept (problemBodies): idem's own problems are a
 // few dozen texts, and a retry storm's 409s and 422s send the same ones.
 func (p Problem) encode() []byte {
-	members := problemMembers{p.Detail, p.Instance, p.NewKeySafe, p.Status, p.Title, p.Type}
+	members := problemMembers{p.Detail, p.Instance, p.keySafeMember(), p.Status, p.Title, p.Type}
 	if len(p.Extra) == 0 {
 		if b, ok := problemBodies.Load(members); ok {
 			return b.([]byte)
@@ -96,7 +97,10 @@ func (p Problem) encodeExtra(enc *json.Encoder) error {
 	for k, v := range p.Extra {
 		obj[k] = v
 	}
-	obj["type"], obj["title"], obj["status"], obj["new_key_safe"] = p.Type, p.Title, p.Status, p.NewKeySafe
+	obj["type"], obj["title"], obj["status"] = p.Type, p.Title, p.Status
+	if safe := p.keySafeMember(); safe != nil {
+		obj["new_key_safe"] = *safe
+	}
 	if p.Detail != "" {
 		obj["detail"] = p.Detail
 	}
@@ -109,8 +113,30 @@ func (p Problem) encodeExtra(enc *json.Encoder) error {
 type problemMembers struct {
 	Detail     string `json:"detail,omitempty"`
 	Instance   string `json:"instance,omitempty"`
-	NewKeySafe bool   `json:"new_key_safe"`
+	NewKeySafe *bool  `json:"new_key_safe,omitempty"` // keySafeTrue, keySafeFalse or nil: comparable
 	Status     int    `json:"status"`
 	Title      string `json:"title"`
 	Type       string `json:"type"`
+}
+
+// TypeBase prefixes idem's own problem type URIs (idem.ProblemTypeBase).
+const TypeBase = "https://github.com/idemgo/idem/blob/main/docs/problems.md#"
+
+// keySafeTrue and keySafeFalse are the values of problemMembers.NewKeySafe:
+// two addresses, so that members stay a comparable key of problemBodies.
+var keySafeTrue, keySafeFalse = new(bool), new(bool)
+
+func init() { *keySafeTrue = true }
+
+// keySafeMember is the new_key_safe member of p: always on idem's own
+// problem types, on another only when true (a handler's own problem that
+// says so); nil when it is left out.
+func (p Problem) keySafeMember() *bool {
+	switch {
+	case p.NewKeySafe:
+		return keySafeTrue
+	case strings.HasPrefix(p.Type, TypeBase):
+		return keySafeFalse
+	}
+	return nil
 }

@@ -19,8 +19,8 @@ func TestLongProblemBodiesAreNotKept(t *testing.T) {
 		p.Write(rec)
 		require.Contains(t, rec.Body.String(), p.Detail)
 	}
-	_, kept := problemBodies.Load(problemMembers{long.Detail, long.Instance, long.NewKeySafe, long.Status, long.Title, long.Type})
+	_, kept := problemBodies.Load(problemMembers{long.Detail, long.Instance, long.keySafeMember(), long.Status, long.Title, long.Type})
 	require.False(t, kept, "a body over maxProblemBodyBytes was kept")
-	_, kept = problemBodies.Load(problemMembers{short.Detail, short.Instance, short.NewKeySafe, short.Status, short.Title, short.Type})
+	_, kept = problemBodies.Load(problemMembers{short.Detail, short.Instance, short.keySafeMember(), short.Status, short.Title, short.Type})
 	require.True(t, kept, "a short body was not kept")
 }

@@ -65,8 +65,9 @@ func (c *Config) decide(ctx context.Context, rec idemdriver.Record, p idemdriver
 			"scope", p.Scope, "key", p.Key, "fencing_token", rec.FencingToken, "owner", rec.Owner)
 		return Answer{Kind: KindRecordDamaged, Record: rec, Err: ErrRecordDamaged}
 	case idemdriver.DecisionKeyReused:
-		return Answer{Kind: KindKeyReused, Record: rec, SameOp: rec.Method == p.Method && rec.Path == p.Path,
-			Err: &keyReusedError{method: rec.Method, path: rec.Path}}
+		sameOp := rec.Method == p.Method && rec.Path == p.Path
+		return Answer{Kind: KindKeyReused, Record: rec, SameOp: sameOp,
+			Err: &keyReusedError{method: rec.Method, path: rec.Path, sameOp: sameOp}}
 	}
 	ra := c.inFlightRetryAfter(rec.LeaseLeft)
 	return Answer{Kind: KindInFlight, Record: rec, RetryAfter: ra, Err: &InFlightError{RetryAfter: ra}}

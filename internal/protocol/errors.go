@@ -62,7 +62,15 @@ func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }
 
 // keyReusedError is the error of a 422 (ErrKeyReused), its message made
 // only when it is read: an HTTP 422 sends a problem, and never reads it.
-type keyReusedError struct{ method, path string }
+type keyReusedError struct {
+	method, path string
+	sameOp       bool // the same method and path, another payload
+}
+
+// SameOperation reports whether the key was first used for the same method
+// and path with another payload: perhaps the same request, its bytes
+// changed between attempts (idem.NewKeySafe is false for it).
+func (e *keyReusedError) SameOperation() bool { return e.sameOp }
 
 func (e *keyReusedError) Error() string {
 	return fmt.Sprintf("%s: the key was first used for %s %q with another payload or operation", ErrKeyReused, e.method, e.path)

@@ -33,14 +33,15 @@ func CheckKey(key string) error {
 	return nil
 }
 
-// UnstorableScope says why no store can hold scope (too long, not UTF-8, a
-// NUL byte), or "" when one can.
+// UnstorableScope says why no store can hold scope ("is longer than
+// MaxScopeLength", "is not valid UTF-8", "contains a NUL byte"), or "" when
+// one can.
 func UnstorableScope(scope string) string {
 	switch {
 	case len(scope) > MaxScopeLength:
-		return "longer than MaxScopeLength"
+		return "is longer than MaxScopeLength"
 	case !utf8.ValidString(scope):
-		return "not valid UTF-8"
+		return "is not valid UTF-8"
 	case strings.IndexByte(scope, 0) >= 0:
 		return "contains a NUL byte"
 	}
