@@ -168,3 +168,25 @@ func TestNewKeySafeOnlyOnIdemTypesOrTrue(t *testing.T) {
 		}
 	}
 }
+
+// Do refuses a scope no store can hold, before anything runs, saying why
+// in one sentence (the three reasons read "the scope is longer than...",
+// "is not valid UTF-8", "contains a NUL byte"; "the scope is contains" was
+// sent once).
+func TestDoUnstorableScopeSaysWhy(t *testing.T) {
+	t.Parallel()
+	g, _ := newEngine(t, nil, idem.EngineOptions{})
+	ran := false
+	fn := func(context.Context) (idem.Result, error) { ran = true; return idem.Result{}, nil }
+	for scope, why := range map[string]string{
+		"a\x00b": "the scope contains a NUL byte",
+		"\xff":   "the scope is not valid UTF-8",
+		strings.Repeat("s", idem.MaxScopeLength+1): "the scope is longer than MaxScopeLength",
+	} {
+		rep, err := g.DoReport(t.Context(), idem.DoParams{Scope: scope, Key: "k"}, fn)
+		require.ErrorIs(t, err, idem.ErrScopeUnstorable)
+		require.ErrorContains(t, err, why)
+		require.False(t, rep.NewKeySafe, "a server fault: the same key, or stop")
+	}
+	require.False(t, ran)
+}
