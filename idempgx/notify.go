@@ -24,19 +24,23 @@ const NotifyChannel = "idem_keys"
 // (none when fenced out), so the statement count is unchanged;
 // notifyMarkedReturning only when the row it writes is marked waited
 // (MarkWaited). A transaction that queued no notification commits without
-// the lock that serialises the commits of those that did.
+// the lock that serialises the commits of those that did. The channel is a
+// parameter, not a literal: Options.Schema qualifies every idem_keys in a
+// statement's text (Driver.q), which made a literal channel
+// 'schema.idem_keys', where nobody listens.
 const (
-	notifyReturning       = ` RETURNING pg_notify('` + NotifyChannel + `', @notify)`
-	notifyMarkedReturning = ` RETURNING CASE WHEN waited THEN pg_notify('` + NotifyChannel + `', @notify)::text END`
+	notifyReturning       = ` RETURNING pg_notify(@channel, @notify)`
+	notifyMarkedReturning = ` RETURNING CASE WHEN waited THEN pg_notify(@channel, @notify)::text END`
 )
 
 // notifyStatements are a fenced write's statements: plain, notifying, and
 // notifying when marked.
 type notifyStatements struct{ plain, notify, marked string }
 
-// withNotify binds a fenced write whose params are params and "notify".
+// withNotify binds a fenced write whose params are params, "channel" and
+// "notify".
 func withNotify(params []string, query string) string {
-	return bind(slices.Concat(params, []string{"notify"}), query)
+	return bind(slices.Concat(params, []string{"channel", "notify"}), query)
 }
 
 var failParams = slices.Concat(fenceParams, []string{"offset"})
@@ -53,15 +57,16 @@ var (
 )
 
 // notifying returns the statement of s that p asks for (none, every time,
-// or when marked), with p.Notify added to args when it notifies.
+// or when marked), with the channel and p.Notify added to args when it
+// notifies.
 func notifying(p idemdriver.FenceParams, s notifyStatements, args []any) (string, []any) {
 	switch {
 	case p.Notify == "":
 		return s.plain, args
 	case p.NotifyMarked:
-		return s.marked, append(args, p.Notify)
+		return s.marked, append(args, NotifyChannel, p.Notify)
 	}
-	return s.notify, append(args, p.Notify)
+	return s.notify, append(args, NotifyChannel, p.Notify)
 }
 
 var _ idemdriver.WaitMarker = (*Driver)(nil)

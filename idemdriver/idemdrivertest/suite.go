@@ -276,6 +276,7 @@ func runDriver(t *testing.T, h Harness) {
 		{"Owner", onFreshDriver(driverOwner)},
 		{"LeaseCountsFromTheWrite", onFreshDriver(driverLeaseCountsFromTheWrite)},
 		{"Release", onFreshDriver(driverRelease)},
+		{"NotifyWhenMarked", onFreshDriver(driverNotifyWhenMarked)},
 		{"Unstorable", onFreshDriver(driverUnstorable)},
 		{"SealedColumns", driverSealedColumns},
 		{"ClaimClearsSealedColumns", driverClaimClearsSealedColumns},
