@@ -22,6 +22,7 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 	var ev Event // none for a refusal
 	if rq.refusal != nil {
 		pr, isProblem = ProblemFor(rq.refusal.kind, rq.refusal.detail), true
+		pr.NewKeySafe = pr.NewKeySafe && !rq.refusal.repeated
 	} else {
 		route := rq.job.route // the handler's, once it ran
 		if route == "" {

@@ -44,6 +44,11 @@ func TestProblemSaysWhetherANewKeyIsSafe(t *testing.T) {
 
 	require.True(t, newKeySafe(t, send(h, http.MethodPost, "/pay", "", `{}`)), "missing-key")
 	require.True(t, newKeySafe(t, send(h, http.MethodPost, "/pay", strings.Repeat("k", idem.MaxKeyLength+1), `{}`)), "invalid-key")
+	// A key header repeated or a list, as from a client that adds it again
+	// on each retry: its first attempt may have run under the first value.
+	require.False(t, newKeySafe(t, send(h, http.MethodPost, "/pay", "k0, k0", `{}`)), "invalid-key: a list")
+	require.False(t, newKeySafe(t, send(h, http.MethodPost, "/pay", "k0", `{}`, func(r *http.Request) { r.Header.Add(idem.HeaderKey, "k0") })),
+		"invalid-key: the header twice")
 	require.False(t, newKeySafe(t, send(h, http.MethodPost, "/pay", "k-big", strings.Repeat("x", 17))),
 		"request-too-large: another process's body limit may have let an earlier attempt run")
 

@@ -116,6 +116,21 @@ type refusal struct {
 func (r *refusal) Error() string { return r.message }
 func (r *refusal) Unwrap() error { return r.err }
 
+// keysSent is an invalid key of a call that sent more than one (metadata
+// repeated or a list, or a field and metadata that differ), as a client
+// that adds a key again on each retry does: its first attempt may have
+// run under one of them, so its answer's new_key_safe is false.
+type keysSent struct{ error }
+
+func (k keysSent) Unwrap() error { return k.error }
+
+// newKeySafe is ErrorInfo's new_key_safe of err (idem.NewKeySafe), false
+// for a call that sent more than one key.
+func newKeySafe(err error) bool {
+	var many keysSent
+	return idem.NewKeySafe(err) && !errors.As(err, &many)
+}
+
 // Code returns the gRPC code idemgrpc answers for an error of Engine.Do
 // (errors.Is: idem.ErrInFlight, idem.ErrKeyReused, ...), and whether a retry
 // with the same key helps (then the answer carries RetryInfo and
@@ -138,7 +153,7 @@ func answer(ctx context.Context, err error) error {
 		return status.Error(k.code, k.message)
 	}
 	info := &errdetails.ErrorInfo{Reason: strings.ToUpper(strings.ReplaceAll(k.problem, "-", "_")), Domain: ErrorDomain,
-		Metadata: map[string]string{"type": idem.ProblemTypeBase + k.problem, "new_key_safe": strconv.FormatBool(idem.NewKeySafe(err))}}
+		Metadata: map[string]string{"type": idem.ProblemTypeBase + k.problem, "new_key_safe": strconv.FormatBool(newKeySafe(err))}}
 	trailer := metadata.Pairs(problemTrailer, idem.ProblemTypeBase+k.problem)
 	st := status.New(k.code, k.message)
 	if k.retry {

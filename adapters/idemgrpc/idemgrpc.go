@@ -429,6 +429,9 @@ func (i *Interceptor) key(ctx context.Context, req any) (string, error) {
 			return "", &refusal{err, fmt.Sprintf("an idempotency key is required for this method (the %s metadata, or the request's %s field)",
 				MetadataKey, i.opts.keyField)}
 		}
+		if err != nil && (len(values) > 1 || len(values) == 1 && strings.ContainsRune(values[0], ',')) {
+			return "", keysSent{err}
+		}
 		return key, err
 	}
 	key, err := idem.ParseKey([]string{field})
@@ -438,11 +441,11 @@ func (i *Interceptor) key(ctx context.Context, req any) (string, error) {
 	if len(values) > 0 {
 		mk, err := idem.ParseKey(values)
 		if err != nil {
-			return "", err
+			return "", keysSent{err}
 		}
 		if mk != key {
-			return "", &refusal{idem.ErrInvalidKey, fmt.Sprintf("the request's %s and the %s metadata name different keys; send one key, or the same in both",
-				i.opts.keyField, MetadataKey)}
+			return "", keysSent{&refusal{idem.ErrInvalidKey, fmt.Sprintf("the request's %s and the %s metadata name different keys; send one key, or the same in both",
+				i.opts.keyField, MetadataKey)}}
 		}
 	}
 	return key, nil

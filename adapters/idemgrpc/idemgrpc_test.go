@@ -163,8 +163,10 @@ func testInterceptor(t *testing.T, store func(*testing.T) idem.Store) {
 		r := s.call(ctx, charge, "not a key", 1000, nil) // spaces
 		requireCode(t, r, codes.InvalidArgument)
 		require.Equal(t, "INVALID_KEY", r.reason)
+		require.Equal(t, "true", r.newKeySafe, "this key could never be claimed")
 		r = s.call(metadata.AppendToOutgoingContext(ctx, idemgrpc.MetadataKey, "a"), charge, "b", 1000, nil) // two values
 		requireCode(t, r, codes.InvalidArgument)
+		require.Equal(t, "false", r.newKeySafe, "two keys, as from a client adding one on each retry: the first may have run")
 		r = s.call(ctx, charge, "", 1000, nil)
 		st := requireCode(t, r, codes.InvalidArgument)
 		require.Equal(t, "MISSING_KEY", r.reason)
