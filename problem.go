@@ -25,7 +25,8 @@ type Problem struct {
 	// as a handler's own problem may say), tells the client
 	// whether sending this request again under a new key is safe: true only
 	// when this request could never be claimed under its key (no key, an
-	// invalid one, a path over MaxPathLength) or its key's record is
+	// invalid one that is not a header repeated or a list, a path over
+	// MaxPathLength) or its key's record is
 	// another method's or path's (422 key-reused); false otherwise, when an
 	// attempt of this request may have run under the key: the client
 	// retries with the same key, or stops (CONTRACT section 11.5,
