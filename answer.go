@@ -22,7 +22,6 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 	var ev Event // none for a refusal
 	if rq.refusal != nil {
 		pr, isProblem = ProblemFor(rq.refusal.kind, rq.refusal.detail), true
-		pr.NewKeySafe = pr.NewKeySafe && !rq.refusal.repeated
 	} else {
 		route := rq.job.route // the handler's, once it ran
 		if route == "" {
@@ -144,11 +143,12 @@ func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, pr Pro
 }
 
 // ProblemFor returns the problem of the idem kind that kind matches
-// (errors.Is), or a 500 about:blank.
+// (errors.Is), or a 500 about:blank. Its NewKeySafe is the kind's, false
+// where kind itself says a new key is not safe (NewKeySafe).
 func ProblemFor(kind error, detail string) Problem {
 	for _, k := range problemKinds {
 		if kind != nil && errors.Is(kind, k.err) {
-			return Problem{Type: k.typeURI, Title: k.title, Status: k.status, Detail: detail, NewKeySafe: k.newKeySafe}
+			return Problem{Type: k.typeURI, Title: k.title, Status: k.status, Detail: detail, NewKeySafe: k.newKeySafe && !saysKeyUnsafe(kind)}
 		}
 	}
 	return Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError), Status: http.StatusInternalServerError, Detail: detail}
@@ -260,9 +260,9 @@ func problemOf(a protocol.Answer, c *EngineOptions) Problem {
 	row := kinds[a.Kind]
 	detail := row.detail(c, a)
 	p := ProblemFor(row.err, detail)
+	p.NewKeySafe = p.NewKeySafe && !saysKeyUnsafe(a.Err) // a 422 of the same method and path
 	if a.Kind == protocol.KindKeyReused && a.SameOp {
-		// Perhaps this very request, its bytes changed between attempts.
-		p.Detail, p.NewKeySafe = sameOpReusedDetail, false
+		p.Detail = sameOpReusedDetail
 	}
 	switch {
 	case a.Kind == protocol.KindInFlight:

@@ -77,15 +77,12 @@ type request struct {
 	refusal *refusal
 }
 
-// refusal is a request's problem before its claim: the sentinel that names
-// its kind, and the detail.
+// refusal is a request's problem before its claim: the error that names
+// its kind (a sentinel, or an error wrapping one: ProblemFor), and the
+// detail.
 type refusal struct {
 	kind   error
 	detail string
-	// repeated: the key's header came twice or as a list, as from a client
-	// that adds it again on each retry, whose first attempt may have run
-	// under the first value: new_key_safe is false.
-	repeated bool
 }
 
 // read reads r's key, scope, path, body and wait, in that order, then
@@ -93,14 +90,12 @@ type refusal struct {
 // check that fails refuses r. w carries what the body's reading asks of
 // the connection.
 func (m *Middleware) read(w http.ResponseWriter, r *http.Request, values []string, next http.Handler) request {
-	refuse := func(kind error, detail string) request { return request{refusal: &refusal{kind: kind, detail: detail}} }
+	refuse := func(kind error, detail string) request { return request{refusal: &refusal{kind, detail}} }
 	key, err := httpread.ParseKey(values)
 	if errors.Is(err, ErrMissingKey) {
 		return refuse(ErrMissingKey, fmt.Sprintf("this endpoint requires an %s header: a unique value per logical request, sent again unchanged on every retry", HeaderKey))
 	} else if err != nil {
-		rq := refuse(ErrInvalidKey, strings.TrimPrefix(err.Error(), "idem: "))
-		rq.refusal.repeated = len(values) > 1 || len(values) == 1 && strings.ContainsRune(values[0], ',')
-		return rq
+		return refuse(err, strings.TrimPrefix(err.Error(), "idem: "))
 	}
 	scope, err := m.o.Scope(r)
 	if err != nil || scope == "" {

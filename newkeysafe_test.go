@@ -195,3 +195,25 @@ func TestDoUnstorableScopeSaysWhy(t *testing.T) {
 	}
 	require.False(t, ran)
 }
+
+// ParseKey's errors say whether a new key is safe: not for a header
+// repeated or a list (a client that adds the header on each retry sent its
+// first attempt with one key), for a key that could never be claimed.
+func TestParseKeyErrorsSayNewKeySafe(t *testing.T) {
+	t.Parallel()
+	for values, safe := range map[[2]string]bool{
+		{"k0", "k0"}: false,
+		{"k0, k0"}:   false,
+		{`"a", "b"`}: false,
+		{strings.Repeat("k", idem.MaxKeyLength+1)}: true,
+		{"not a key"}: true,
+	} {
+		in := []string{values[0]}
+		if values[1] != "" {
+			in = append(in, values[1])
+		}
+		_, err := idem.ParseKey(in)
+		require.ErrorIs(t, err, idem.ErrInvalidKey, "%q", in)
+		require.Equal(t, safe, idem.NewKeySafe(err), "%q", in)
+	}
+}

@@ -87,13 +87,15 @@ func (p Problem) Write(w http.ResponseWriter) { httpwrite.Problem(p).Write(w) }
 // sentinel) may be sent again under a new key: Problem.NewKeySafe of err's
 // kind (CONTRACT section 11.5). It is false for nil (the outcome is
 // recorded: a new key runs fn again), for an error of no idem problem kind,
-// for one that matches any kind that is not safe, and for ErrKeyReused of
-// the same method and path with another payload. It reads errors only: an
-// error fn returned that wraps one of these sentinels (a nested Do's) reads
-// as that sentinel, though fn ran; DoReport's Report.NewKeySafe knows.
+// for one that matches any kind that is not safe, and for one whose chain
+// holds an error with a method NewKeySafe() bool that says false (idem's
+// own: ErrKeyReused of the same method and path with another payload;
+// ErrInvalidKey of a header repeated or a list; an adapter may add its
+// own). It reads errors only: an error fn returned that wraps one of these
+// sentinels (a nested Do's) reads as that sentinel, though fn ran;
+// DoReport's Report.NewKeySafe knows.
 func NewKeySafe(err error) bool {
-	var reused interface{ SameOperation() bool }
-	if errors.As(err, &reused) && reused.SameOperation() {
+	if saysKeyUnsafe(err) {
 		return false
 	}
 	safe := false
@@ -106,4 +108,11 @@ func NewKeySafe(err error) bool {
 		}
 	}
 	return safe
+}
+
+// saysKeyUnsafe reports whether an error in err's chain says itself that a
+// new key is not safe (a method NewKeySafe() bool that returns false).
+func saysKeyUnsafe(err error) bool {
+	var says interface{ NewKeySafe() bool }
+	return errors.As(err, &says) && !says.NewKeySafe()
 }

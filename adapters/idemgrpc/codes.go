@@ -116,20 +116,16 @@ type refusal struct {
 func (r *refusal) Error() string { return r.message }
 func (r *refusal) Unwrap() error { return r.err }
 
-// keysSent is an invalid key of a call that sent more than one (metadata
-// repeated or a list, or a field and metadata that differ), as a client
-// that adds a key again on each retry does: its first attempt may have
-// run under one of them, so its answer's new_key_safe is false.
+// keysSent is the invalid key of a call that sent a key field and metadata
+// that differ, or a field and metadata that is no key, as a client that
+// changes one of them on a retry sends:
+// its first attempt may have run under one of them, so its answer's
+// new_key_safe is false (idem.NewKeySafe reads NewKeySafe). Metadata
+// repeated or a list is marked so by idem.ParseKey itself.
 type keysSent struct{ error }
 
-func (k keysSent) Unwrap() error { return k.error }
-
-// newKeySafe is ErrorInfo's new_key_safe of err (idem.NewKeySafe), false
-// for a call that sent more than one key.
-func newKeySafe(err error) bool {
-	var many keysSent
-	return idem.NewKeySafe(err) && !errors.As(err, &many)
-}
+func (k keysSent) Unwrap() error    { return k.error }
+func (k keysSent) NewKeySafe() bool { return false }
 
 // Code returns the gRPC code idemgrpc answers for an error of Engine.Do
 // (errors.Is: idem.ErrInFlight, idem.ErrKeyReused, ...), and whether a retry
@@ -153,7 +149,7 @@ func answer(ctx context.Context, err error) error {
 		return status.Error(k.code, k.message)
 	}
 	info := &errdetails.ErrorInfo{Reason: strings.ToUpper(strings.ReplaceAll(k.problem, "-", "_")), Domain: ErrorDomain,
-		Metadata: map[string]string{"type": idem.ProblemTypeBase + k.problem, "new_key_safe": strconv.FormatBool(newKeySafe(err))}}
+		Metadata: map[string]string{"type": idem.ProblemTypeBase + k.problem, "new_key_safe": strconv.FormatBool(idem.NewKeySafe(err))}}
 	trailer := metadata.Pairs(problemTrailer, idem.ProblemTypeBase+k.problem)
 	st := status.New(k.code, k.message)
 	if k.retry {

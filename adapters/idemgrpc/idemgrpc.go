@@ -429,9 +429,6 @@ func (i *Interceptor) key(ctx context.Context, req any) (string, error) {
 			return "", &refusal{err, fmt.Sprintf("an idempotency key is required for this method (the %s metadata, or the request's %s field)",
 				MetadataKey, i.opts.keyField)}
 		}
-		if err != nil && (len(values) > 1 || len(values) == 1 && strings.ContainsRune(values[0], ',')) {
-			return "", keysSent{err}
-		}
 		return key, err
 	}
 	key, err := idem.ParseKey([]string{field})
@@ -441,7 +438,7 @@ func (i *Interceptor) key(ctx context.Context, req any) (string, error) {
 	if len(values) > 0 {
 		mk, err := idem.ParseKey(values)
 		if err != nil {
-			return "", keysSent{err}
+			return "", keysSent{err} // a field and metadata: two keys sent
 		}
 		if mk != key {
 			return "", keysSent{&refusal{idem.ErrInvalidKey, fmt.Sprintf("the request's %s and the %s metadata name different keys; send one key, or the same in both",

@@ -13,8 +13,17 @@ const HeaderKey = "Idempotency-Key"
 
 // ParseKey returns the key of one request's Idempotency-Key values (the
 // root package's ParseKey documents the grammar). Errors wrap
-// protocol.ErrMissingKey or protocol.ErrInvalidKey.
+// protocol.ErrMissingKey or protocol.ErrInvalidKey; the latter, for a
+// header repeated or a list, through protocol.KeysSent.
 func ParseKey(values []string) (string, error) {
+	key, err := parseKey(values)
+	if err != nil && (len(values) > 1 || len(values) == 1 && strings.ContainsRune(values[0], ',')) {
+		err = protocol.KeysSent(err)
+	}
+	return key, err
+}
+
+func parseKey(values []string) (string, error) {
 	switch len(values) {
 	case 0:
 		return "", protocol.ErrMissingKey

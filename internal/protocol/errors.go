@@ -67,10 +67,21 @@ type keyReusedError struct {
 	sameOp       bool // the same method and path, another payload
 }
 
-// SameOperation reports whether the key was first used for the same method
-// and path with another payload: perhaps the same request, its bytes
-// changed between attempts (idem.NewKeySafe is false for it).
-func (e *keyReusedError) SameOperation() bool { return e.sameOp }
+// NewKeySafe is false when the key was first used for the same method and
+// path with another payload: perhaps this very request, its bytes changed
+// between attempts (idem.NewKeySafe reads it).
+func (e *keyReusedError) NewKeySafe() bool { return !e.sameOp }
+
+// KeysSent marks err, an ErrInvalidKey, as that of a request that sent more
+// than one key (a header repeated or a list), as a client does that adds the
+// header again on each retry: its first attempt may have run under one of
+// them, so a new key is not safe (idem.NewKeySafe reads it).
+func KeysSent(err error) error { return keysSentError{err} }
+
+type keysSentError struct{ error }
+
+func (e keysSentError) Unwrap() error    { return e.error }
+func (e keysSentError) NewKeySafe() bool { return false }
 
 func (e *keyReusedError) Error() string {
 	return fmt.Sprintf("%s: the key was first used for %s %q with another payload or operation", ErrKeyReused, e.method, e.path)
