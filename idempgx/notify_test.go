@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idempgx"
+	"github.com/idemgo/idem/internal/protocol"
 )
 
 // waitEngines returns two engines on one database through pools of their
@@ -208,29 +210,8 @@ func TestNotifiesOnlyWhenMarked(t *testing.T) {
 
 func notifiesOnlyWhenMarked(t *testing.T, d *idempgx.Driver) {
 	ctx := t.Context()
-	conn, err := pgx.ConnectConfig(ctx, d.Pool().Config().ConnConfig.Copy())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	_, err = conn.Exec(ctx, "LISTEN "+idempgx.NotifyChannel)
-	require.NoError(t, err)
+	notified := listen(t, d)
 	tag := fmt.Sprintf("marked-test-%d-", time.Now().UnixNano())
-	// notified reports whether payload was sent before the sentinel.
-	notified := func(payload string) bool {
-		sentinel := tag + "sentinel-" + payload
-		_, err := d.Pool().Exec(ctx, "SELECT pg_notify($1, $2)", idempgx.NotifyChannel, sentinel)
-		require.NoError(t, err)
-		seen := false
-		for {
-			n, err := conn.WaitForNotification(ctx)
-			require.NoError(t, err)
-			switch n.Payload {
-			case payload:
-				seen = true
-			case sentinel:
-				return seen
-			}
-		}
-	}
 	claim := func(key string) idemdriver.FenceParams {
 		res, err := d.Claim(ctx, claimParams(key, 0))
 		require.NoError(t, err)
@@ -292,4 +273,126 @@ func notifiesOnlyWhenMarked(t *testing.T, d *idempgx.Driver) {
 	marked, err = d.MarkWaited(ctx, stale)
 	require.NoError(t, err)
 	require.False(t, marked)
+}
+
+// listen LISTENs on idem_keys on a connection of its own to d's database,
+// and returns notified, which reports whether payload was sent before a
+// sentinel that it sends: PostgreSQL delivers notifications in commit
+// order, so the answer needs no wait. Other tests' notifications (any
+// package's, on the same database) are passed over.
+func listen(t *testing.T, d *idempgx.Driver) (notified func(payload string) bool) {
+	ctx := t.Context()
+	conn, err := pgx.ConnectConfig(ctx, d.Pool().Config().ConnConfig.Copy())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(ctx, "LISTEN "+idempgx.NotifyChannel)
+	require.NoError(t, err)
+	return func(payload string) bool {
+		sentinel := fmt.Sprintf("sentinel-%d-%s", time.Now().UnixNano(), payload)
+		_, err := d.Pool().Exec(ctx, "SELECT pg_notify($1, $2)", idempgx.NotifyChannel, sentinel)
+		require.NoError(t, err)
+		seen := false
+		for {
+			n, err := conn.WaitForNotification(ctx)
+			require.NoError(t, err)
+			switch n.Payload {
+			case payload:
+				seen = true
+			case sentinel:
+				return seen
+			}
+		}
+	}
+}
+
+// An engine in wait mode notifies its durable-claim executions' ends only
+// when a waiter marked the record, and every one-commit execution's end
+// (its owner holds the row's lock while it runs: no waiter can mark it).
+func TestEngineNotifiesByMode(t *testing.T) {
+	if testPooler == "transaction" {
+		t.Skip("LISTEN needs a server connection of its own; run in the plain suite")
+	}
+	t.Parallel()
+	d := openDriver(t, false, nil)
+	notified := listen(t, d)
+	for _, oneCommit := range []bool{false, true} {
+		g, err := idem.NewEngineWith(d, idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Hour},
+			OneCommit: idem.OneCommitOptions{Enabled: oneCommit}, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = g.Close() })
+		key := fmt.Sprintf("by-mode-%v", oneCommit)
+		_, err = g.Do(t.Context(), idem.DoParams{Scope: "acct", Key: key}, func(context.Context) (idem.Result, error) {
+			return idem.Result{Status: 201}, nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, oneCommit, notified(protocol.NotifyPayload("acct", key)), "one-commit %v, nobody waiting", oneCommit)
+	}
+}
+
+// markTracer counts the mark statements (MarkWaited's) a pool sends.
+type markTracer struct{ n atomic.Int64 }
+
+func (m *markTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, "SKIP LOCKED") {
+		m.n.Add(1)
+	}
+	return ctx
+}
+func (m *markTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A waiter whose mark is refused (the row locked by a write in progress:
+// here the test's) marks again when it wakes, at Waiting.Poll: the record
+// ends up marked, so its owner's end notifies. The state is read, not
+// waited for.
+func TestRefusedMarkIsMadeAgain(t *testing.T) {
+	if testPooler == "transaction" {
+		t.Skip("nothing listens behind a transaction pooler, so nothing marks")
+	}
+	t.Parallel()
+	d := openDriver(t, false, nil)
+	marks := &markTracer{}
+	cfg := d.Pool().Config()
+	cfg.ConnConfig.Tracer = marks
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	d2, err := idempgx.NewWithOptions(pool, idempgx.Options{Schema: d.Schema()})
+	require.NoError(t, err)
+	opts := idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Hour, Poll: 50 * time.Millisecond}, Logger: slog.New(slog.DiscardHandler)}
+	owner, err := idem.NewEngineWith(d, opts)
+	require.NoError(t, err)
+	other, err := idem.NewEngineWith(d2, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = owner.Close(); _ = other.Close() })
+
+	table := "idem_keys"
+	if d.Schema() != "" {
+		table = d.Schema() + "." + table
+	}
+	waited := func() bool {
+		var w bool
+		require.NoError(t, d.Pool().QueryRow(t.Context(), "SELECT waited FROM "+table+" WHERE scope = 'acct' AND key = 'k'").Scan(&w))
+		return w
+	}
+	release, done := runHeld(t, owner)
+	lock, err := d.Pool().Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(context.Background()) }()
+	_, err = lock.Exec(t.Context(), "SELECT 1 FROM "+table+" WHERE scope = 'acct' AND key = 'k' FOR UPDATE")
+	require.NoError(t, err)
+	out := waiters(t, other, 1)
+	deadline := time.Now().Add(time.Minute)
+	for marks.n.Load() == 0 {
+		require.True(t, time.Now().Before(deadline), "the waiter tried no mark")
+		time.Sleep(time.Millisecond) // a poll of the state, not a wait for it
+	}
+	require.False(t, waited(), "a locked row is not marked")
+	require.NoError(t, lock.Rollback(t.Context()))
+	for !waited() {
+		require.True(t, time.Now().Before(deadline), "the refused mark was not made again")
+		time.Sleep(time.Millisecond) // a poll of the state, not a wait for it
+	}
+	close(release)
+	require.NoError(t, <-done)
+	require.NoError(t, <-out)
 }

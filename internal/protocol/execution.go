@@ -107,7 +107,7 @@ func newExecution(cfg *Config, parent context.Context, c claimed, p idemdriver.C
 			LeaseDuration: p.LeaseDuration},
 	}
 	if cfg.Notify {
-		e.fence.Notify = notifyPayload(p.Scope, p.Key) // waiters may wait in other processes
+		e.fence.Notify = NotifyPayload(p.Scope, p.Key) // waiters may wait in other processes
 		// Only when one marked the record (waitHub.mark): in durable-claim
 		// mode, whose record no lock holds while the job runs.
 		_, marks := cfg.Store.(idemdriver.WaitMarker)

@@ -2,8 +2,6 @@ package protocol
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"sync"
 	"time"
@@ -178,15 +176,4 @@ func (hb *heartbeat) stop() {
 		hb.cancel()
 		<-hb.done
 	}
-}
-
-// notifyPayload names (scope, key) in notifications: 128 bits of a SHA-256,
-// so that any scope and key fit a notification and none is sent in clear.
-// A collision only wakes another key's waiters, who read their record again.
-func notifyPayload(scope, key string) string {
-	h := sha256.New()
-	h.Write([]byte(scope))
-	h.Write([]byte{0})
-	h.Write([]byte(key))
-	return hex.EncodeToString(h.Sum(nil)[:16])
 }

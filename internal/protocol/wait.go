@@ -2,6 +2,8 @@ package protocol
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"net/http"
 	"sync"
@@ -299,7 +301,7 @@ func (h *waitHub) read(ctx context.Context, payload string, p idemdriver.ClaimPa
 // reports that the request waited: always but when MaxWaiters wait already.
 func (h *waitHub) await(ctx context.Context, p idemdriver.ClaimParams, budget time.Duration, v Answer,
 	claim func() (claimed, Answer)) (claimed, Answer) {
-	payload := notifyPayload(p.Scope, p.Key)
+	payload := NotifyPayload(p.Scope, p.Key)
 	kw, ok := h.join(payload)
 	if !ok {
 		return claimed{}, v
@@ -361,4 +363,15 @@ func (h *waitHub) sleep(ctx context.Context, kw *keyWaiters, v Answer, deadline 
 		return false
 	}
 	return true
+}
+
+// NotifyPayload names (scope, key) in notifications: 128 bits of a SHA-256,
+// so that any scope and key fit a notification and none is sent in clear.
+// A collision only wakes another key's waiters, who read their record again.
+func NotifyPayload(scope, key string) string {
+	h := sha256.New()
+	h.Write([]byte(scope))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	return hex.EncodeToString(h.Sum(nil)[:16])
 }
