@@ -98,17 +98,29 @@ func (l *Leases) Table() string { return l.table }
 // under a transaction-scoped advisory lock (concurrent CREATE TABLE IF NOT
 // EXISTS can otherwise fail with 23505 on pg_type), which is released at
 // COMMIT and so cannot stay on a pooled connection; MySQL and SQLite
-// serialize CREATE TABLE themselves (Galera: total order isolation).
+// serialize CREATE TABLE themselves. On Galera (total order isolation) the
+// CREATEs of several nodes at once can abort one another with a Conflict
+// (1213): Ensure then looks for the table again, up to five times.
 func (l *Leases) Ensure(ctx context.Context) error {
 	if l.ensured.Load() {
 		return nil
 	}
-	ok, err := TableExists(ctx, l.db, l.dialect, l.table)
-	switch {
-	case err == nil && !ok && l.Migrated:
-		err = errors.New("missing: run Migrate first")
-	case err == nil && !ok:
-		err = l.create(ctx)
+	var err error
+	// A Conflict here is another node's CREATE of the same table at the
+	// same moment (Galera: a TOI statement aborts a concurrent one with
+	// 1213): the table is then looked for again.
+	for range 5 {
+		var ok bool
+		ok, err = TableExists(ctx, l.db, l.dialect, l.table)
+		switch {
+		case err == nil && !ok && l.Migrated:
+			err = errors.New("missing: run Migrate first")
+		case err == nil && !ok:
+			err = l.create(ctx)
+		}
+		if !l.conflict(err) {
+			break
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("lease table %s: %w", l.table, err)
