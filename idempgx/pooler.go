@@ -100,9 +100,9 @@ func NewWithOptions(pool *pgxpool.Pool, opts Options) (*Driver, error) {
 // (Options.Schema), or "" when they are found through search_path.
 func (d *Driver) Schema() string { return d.schema }
 
-// idemKeysRE finds the table name idem_keys in a statement (not the names
-// of its indexes or partitions, idem_keys_...).
-var idemKeysRE = regexp.MustCompile(`\bidem_keys\b`)
+// idemKeysRE finds the table names idem_keys and idem_steps in a statement
+// (not the names of their indexes or partitions, idem_keys_...).
+var idemKeysRE = regexp.MustCompile(`\bidem_(keys|steps)\b`)
 
 // q returns query with idem's table qualified by the driver's schema
 // (Options.Schema); query itself when there is none. The rewritten text is
@@ -114,7 +114,7 @@ func (d *Driver) q(query string) string {
 	if v, ok := d.qualified.Load(query); ok {
 		return v.(string)
 	}
-	v := idemKeysRE.ReplaceAllString(query, d.schema+".idem_keys")
+	v := idemKeysRE.ReplaceAllString(query, d.schema+".$0")
 	d.qualified.Store(query, v)
 	return v
 }

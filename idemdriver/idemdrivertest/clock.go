@@ -2,6 +2,7 @@ package idemdrivertest
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -90,4 +91,50 @@ func (s *ShiftedDriver) Release(ctx context.Context, p idemdriver.FenceParams) (
 func (s *ShiftedDriver) Get(ctx context.Context, p idemdriver.GetParams) (idemdriver.Record, error) {
 	p.ClockOffset += s.Clock.Offset()
 	return s.Driver.Get(ctx, p)
+}
+
+// stepper is the shifted driver's idemdriver.Stepper, or an error wrapping
+// idemdriver.ErrStepsUnsupported when it has none.
+func (s *ShiftedDriver) stepper() (idemdriver.Stepper, error) {
+	st, ok := s.Driver.(idemdriver.Stepper)
+	if !ok {
+		return nil, fmt.Errorf("%T: %w", s.Driver, idemdriver.ErrStepsUnsupported)
+	}
+	return st, nil
+}
+
+func (s *ShiftedDriver) StartStep(ctx context.Context, p idemdriver.StartStepParams) (idemdriver.Step, error) {
+	st, err := s.stepper()
+	if err != nil {
+		return idemdriver.Step{}, err
+	}
+	p.ClockOffset += s.Clock.Offset()
+	return st.StartStep(ctx, p)
+}
+
+func (s *ShiftedDriver) FinishStep(ctx context.Context, p idemdriver.FinishStepParams) (idemdriver.Step, error) {
+	st, err := s.stepper()
+	if err != nil {
+		return idemdriver.Step{}, err
+	}
+	p.ClockOffset += s.Clock.Offset()
+	return st.FinishStep(ctx, p)
+}
+
+func (s *ShiftedDriver) ClearStep(ctx context.Context, p idemdriver.StepParams) (bool, error) {
+	st, err := s.stepper()
+	if err != nil {
+		return false, err
+	}
+	p.ClockOffset += s.Clock.Offset()
+	return st.ClearStep(ctx, p)
+}
+
+func (s *ShiftedDriver) Steps(ctx context.Context, p idemdriver.StepParams) ([]idemdriver.Step, error) {
+	st, err := s.stepper()
+	if err != nil {
+		return nil, err
+	}
+	p.ClockOffset += s.Clock.Offset()
+	return st.Steps(ctx, p)
 }

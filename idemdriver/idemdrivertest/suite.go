@@ -116,6 +116,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("OneCommit", func(t *testing.T) { runOneCommit(t, h) })
 	t.Run("Engine", func(t *testing.T) { runEngine(t, h) })
 	t.Run("Renew", func(t *testing.T) { runRenew(t, h) })
+	t.Run("Steps", func(t *testing.T) { runSteps(t, h) })
 }
 
 func fingerprint(s string) []byte {

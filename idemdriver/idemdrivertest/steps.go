@@ -1,0 +1,241 @@
+package idemdrivertest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// runSteps holds an idemdriver.Stepper to CONTRACT section 11.1: a start
+// marker written only under the owning token, a result kept by its first
+// writer, a record life's steps apart from another life's and gone with
+// their record. A partitioned store keeps no steps yet and must say so
+// (idemdriver.ErrStepsUnsupported).
+func runSteps(t *testing.T, h Harness) {
+	if h.Partitioned {
+		runCases(t, h, []suiteCase{{"RefusedOnPartitioned", stepsRefusedOnPartitioned}})
+		return
+	}
+	runCases(t, h, []suiteCase{
+		{"StartThenFinish", stepsStartThenFinish},
+		{"FirstResultWins", stepsFirstResultWins},
+		{"FencedByToken", stepsFencedByToken},
+		{"Clear", stepsClear},
+		{"LivesApart", stepsLivesApart},
+		{"GoWithTheRecord", stepsGoWithTheRecord},
+	})
+}
+
+// stepsOn returns a shifted driver whose store implements
+// idemdriver.Stepper and a claimed record of a fresh key on it.
+func stepsOn(t *testing.T, h Harness) (*ShiftedDriver, idemdriver.Record) {
+	t.Helper()
+	d := h.NewDriver(t)
+	_, ok := d.(idemdriver.Stepper)
+	require.True(t, ok, "%T implements idemdriver.Stepper", d)
+	return setup(t, d, "PROCESSING", params("acct", "k", "body"))
+}
+
+// A partitioned store refuses every step statement, writing nothing.
+func stepsRefusedOnPartitioned(t *testing.T, h Harness) {
+	t.Parallel()
+	sd, rec := stepsOn(t, h)
+	ctx := context.Background()
+	_, err := sd.StartStep(ctx, startOf(rec, "charge"))
+	require.ErrorIs(t, err, idemdriver.ErrStepsUnsupported)
+	_, err = sd.FinishStep(ctx, finishOf(rec, "charge", "x"))
+	require.ErrorIs(t, err, idemdriver.ErrStepsUnsupported)
+	_, err = sd.ClearStep(ctx, stepOf(rec, "charge"))
+	require.ErrorIs(t, err, idemdriver.ErrStepsUnsupported)
+	_, err = sd.Steps(ctx, stepOf(rec, ""))
+	require.ErrorIs(t, err, idemdriver.ErrStepsUnsupported)
+}
+
+func stepOf(rec idemdriver.Record, name string) idemdriver.StepParams {
+	return idemdriver.StepParams{Scope: rec.Scope, Key: rec.Key, CreatedAt: rec.CreatedAt, FencingToken: rec.FencingToken, Name: name}
+}
+
+func startOf(rec idemdriver.Record, name string) idemdriver.StartStepParams {
+	return idemdriver.StartStepParams{StepParams: stepOf(rec, name), Relay: []byte("idr1_" + name)}
+}
+
+func finishOf(rec idemdriver.Record, name, result string) idemdriver.FinishStepParams {
+	return idemdriver.FinishStepParams{StepParams: stepOf(rec, name), Result: []byte(result)}
+}
+
+func startStep(t *testing.T, sd *ShiftedDriver, p idemdriver.StartStepParams) idemdriver.Step {
+	t.Helper()
+	s, err := sd.StartStep(context.Background(), p)
+	require.NoError(t, err, "start step %s", p.Name)
+	return s
+}
+
+func finishStep(t *testing.T, sd *ShiftedDriver, p idemdriver.FinishStepParams) idemdriver.Step {
+	t.Helper()
+	s, err := sd.FinishStep(context.Background(), p)
+	require.NoError(t, err, "finish step %s", p.Name)
+	return s
+}
+
+func steps(t *testing.T, sd *ShiftedDriver, rec idemdriver.Record) []idemdriver.Step {
+	t.Helper()
+	got, err := sd.Steps(context.Background(), stepOf(rec, ""))
+	require.NoError(t, err)
+	return got
+}
+
+// A start marker, then its result: both as stored, and a start of a
+// finished step gives its result back without starting it again.
+func stepsStartThenFinish(t *testing.T, h Harness) {
+	t.Parallel()
+	sd, rec := stepsOn(t, h)
+	s := startStep(t, sd, startOf(rec, "charge"))
+	require.Equal(t, "charge", s.Name)
+	require.False(t, s.Done)
+	require.Equal(t, rec.FencingToken, s.StartedToken)
+	require.Equal(t, []byte("idr1_charge"), s.Relay)
+	require.False(t, s.StartedAt.IsZero())
+	require.Empty(t, s.Result)
+
+	done := finishStep(t, sd, finishOf(rec, "charge", `{"v":1}`))
+	require.True(t, done.Done)
+	require.Equal(t, []byte(`{"v":1}`), done.Result)
+	require.False(t, done.FinishedAt.Before(done.StartedAt), "finished %s, started %s", done.FinishedAt, done.StartedAt)
+
+	again := startStep(t, sd, startOf(rec, "charge"))
+	require.True(t, again.Done, "a finished step is not started again")
+	require.Equal(t, []byte(`{"v":1}`), again.Result)
+
+	startStep(t, sd, startOf(rec, "email"))
+	list := steps(t, sd, rec)
+	require.Len(t, list, 2)
+	require.Equal(t, "charge", list[0].Name)
+	require.True(t, list[0].Done)
+	require.Equal(t, "email", list[1].Name)
+	require.False(t, list[1].Done)
+
+	_, err := sd.FinishStep(context.Background(), finishOf(rec, "never-started", "x"))
+	require.ErrorIs(t, err, idemdriver.ErrNotFound, "no result without a start marker")
+}
+
+// Results written at once by many writers: one is kept, and every writer
+// is answered with it.
+func stepsFirstResultWins(t *testing.T, h Harness) {
+	t.Parallel()
+	sd, rec := stepsOn(t, h)
+	startStep(t, sd, startOf(rec, "charge"))
+	const writers = 8
+	got := make([]string, writers)
+	var wg sync.WaitGroup
+	for i := range writers {
+		wg.Go(func() {
+			s, err := sd.FinishStep(context.Background(), finishOf(rec, "charge", fmt.Sprintf("result %d", i)))
+			if err == nil {
+				got[i] = string(s.Result)
+			}
+		})
+	}
+	wg.Wait()
+	stored := steps(t, sd, rec)[0]
+	for i, g := range got {
+		require.Equal(t, string(stored.Result), g, "writer %d is answered the kept result", i)
+	}
+}
+
+// Only the owning token starts a step; a takeover starts an unfinished
+// step again under its own token; a result is kept from whichever owner
+// got it, fenced out or not; an ended execution starts nothing.
+func stepsFencedByToken(t *testing.T, h Harness) {
+	t.Parallel()
+	sd, old := stepsOn(t, h)
+	startStep(t, sd, startOf(old, "charge"))
+	sd.Clock.Advance(lease + time.Second)
+	res := claim(t, sd, params("acct", "k", "body"))
+	require.True(t, res.Claimed, "taken over")
+	cur := res.Record
+	require.Greater(t, cur.FencingToken, old.FencingToken)
+
+	_, err := sd.StartStep(context.Background(), startOf(old, "refund"))
+	require.ErrorIs(t, err, idemdriver.ErrFencedOut, "the old owner starts no step")
+	_, err = sd.StartStep(context.Background(), startOf(old, "charge"))
+	require.ErrorIs(t, err, idemdriver.ErrFencedOut, "nor starts one again")
+	require.Len(t, steps(t, sd, cur), 1, "the refused starts wrote nothing")
+
+	s := startStep(t, sd, startOf(cur, "charge"))
+	require.False(t, s.Done)
+	require.Equal(t, cur.FencingToken, s.StartedToken, "started again by the new owner")
+
+	done := finishStep(t, sd, finishOf(old, "charge", "from the old owner"))
+	require.Equal(t, "from the old owner", string(done.Result), "a fenced-out owner's known result is kept")
+	again := startStep(t, sd, startOf(cur, "charge"))
+	require.True(t, again.Done)
+	require.Equal(t, "from the old owner", string(again.Result))
+
+	require.True(t, complete(t, sd, fence(cur), okResponse(`{}`)))
+	_, err = sd.StartStep(context.Background(), startOf(cur, "email"))
+	require.ErrorIs(t, err, idemdriver.ErrFencedOut, "an ended execution starts no step")
+	ended := startStep(t, sd, startOf(cur, "charge"))
+	require.True(t, ended.Done, "its finished steps still read")
+}
+
+// A start without a result is cleared by its owner only; a result is never
+// cleared.
+func stepsClear(t *testing.T, h Harness) {
+	t.Parallel()
+	sd, rec := stepsOn(t, h)
+	startStep(t, sd, startOf(rec, "charge"))
+	startStep(t, sd, startOf(rec, "email"))
+	finishStep(t, sd, finishOf(rec, "email", "sent"))
+	ctx := context.Background()
+
+	other := stepOf(rec, "charge")
+	other.FencingToken++
+	ok, err := sd.ClearStep(ctx, other)
+	require.NoError(t, err)
+	require.False(t, ok, "another token clears nothing")
+	ok, err = sd.ClearStep(ctx, stepOf(rec, "email"))
+	require.NoError(t, err)
+	require.False(t, ok, "a result is never cleared")
+	ok, err = sd.ClearStep(ctx, stepOf(rec, "charge"))
+	require.NoError(t, err)
+	require.True(t, ok)
+	list := steps(t, sd, rec)
+	require.Len(t, list, 1)
+	require.Equal(t, "email", list[0].Name)
+}
+
+// A new life of the key sees none of the earlier life's steps.
+func stepsLivesApart(t *testing.T, h Harness) {
+	t.Parallel()
+	sd, first := stepsOn(t, h)
+	startStep(t, sd, startOf(first, "charge"))
+	finishStep(t, sd, finishOf(first, "charge", "first life"))
+	require.True(t, complete(t, sd, fence(first), okResponse(`{}`)))
+	sd.Clock.Advance(retention + time.Second)
+	res := claim(t, sd, params("acct", "k", "another body"))
+	require.True(t, res.Claimed)
+	second := res.Record
+	require.False(t, second.CreatedAt.Equal(first.CreatedAt), "a new life")
+	require.Empty(t, steps(t, sd, second))
+	s := startStep(t, sd, startOf(second, "charge"))
+	require.False(t, s.Done, "the new life's step starts afresh")
+}
+
+// A record's steps go when the record goes (a release here; a purge
+// deletes records the same way).
+func stepsGoWithTheRecord(t *testing.T, h Harness) {
+	t.Parallel()
+	sd, rec := stepsOn(t, h)
+	startStep(t, sd, startOf(rec, "charge"))
+	finishStep(t, sd, finishOf(rec, "charge", "x"))
+	ok, err := sd.Release(context.Background(), fence(rec))
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Empty(t, steps(t, sd, rec), "released with the record")
+}
