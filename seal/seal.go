@@ -252,6 +252,10 @@ const (
 	PartResponse Part = "response"
 	// PartRequest is a kept request (EncodeRequest).
 	PartRequest Part = "request"
+	// PartStepRelay and PartStepResult are a step's relayed key and its
+	// recorded result (docs/contract.md section 11.1; SealStep).
+	PartStepRelay  Part = "step-relay"
+	PartStepResult Part = "step-result"
 )
 
 // Life names the record a sealed response belongs to: its scope, its
@@ -416,6 +420,40 @@ func (r *Keyring) SealResponse(l Life, resp idemdriver.Response) (idemdriver.Res
 		out.Request = r.sealBlob(resp.Request, bind(format, r.sealing, PartRequest, l, nil, false))
 	}
 	return out, nil
+}
+
+// SealStep returns a step's data as idem stores it: part (PartStepRelay or
+// PartStepResult) of the step name of the record of life l, sealed under
+// the sealing key, bound to the key id, part, life and name, and the key
+// id. A nil keyring returns plain and "". Each blob authenticates itself:
+// steps are rows of their own, outside the record's seal tag.
+func (r *Keyring) SealStep(l Life, part Part, name string, plain []byte) (blob []byte, keyID string) {
+	if r == nil {
+		return plain, ""
+	}
+	return r.sealBlob(plain, stepBind(format, r.sealing, part, l, name)), r.sealing
+}
+
+// OpenStep is the inverse of SealStep; data of keyID "" is returned as is.
+// Errors: ErrKeyMissing, ErrBroken (another part, name, life or key, or
+// edited).
+func (r *Keyring) OpenStep(l Life, part Part, name, keyID string, blob []byte) ([]byte, error) {
+	if keyID == "" {
+		return blob, nil
+	}
+	if !r.Holds(keyID) {
+		return nil, fmt.Errorf("%w: step %q: key id %q (the configured ids: %s)", ErrKeyMissing, name, keyID, r.ids())
+	}
+	if len(blob) == 0 || blob[0] < firstTagged || blob[0] > format {
+		return nil, fmt.Errorf("%w: step %q: the %s blob is not of a format this idem reads", ErrBroken, name, part)
+	}
+	return r.openBlob(keyID, part, blob[0], stepBind(blob[0], keyID, part, l, name), blob)
+}
+
+// stepBind is what a step's blob authenticates: bind's record part and the
+// step's name.
+func stepBind(f byte, id string, part Part, l Life, name string) []byte {
+	return appendStrings(bind(f, id, part, l, nil, false), name)
 }
 
 // OpenResponse is the inverse of SealResponse: the plain response (Header

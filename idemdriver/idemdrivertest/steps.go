@@ -2,13 +2,16 @@ package idemdrivertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
 )
 
@@ -23,6 +26,7 @@ func runSteps(t *testing.T, h Harness) {
 		return
 	}
 	runCases(t, h, []suiteCase{
+		{"EngineRunsEachStepOnce", stepsEngineRunsEachStepOnce},
 		{"StartThenFinish", stepsStartThenFinish},
 		{"FirstResultWins", stepsFirstResultWins},
 		{"FencedByToken", stepsFencedByToken},
@@ -55,6 +59,62 @@ func stepsRefusedOnPartitioned(t *testing.T, h Harness) {
 	require.ErrorIs(t, err, idemdriver.ErrStepsUnsupported)
 	_, err = sd.Steps(ctx, stepOf(rec, ""))
 	require.ErrorIs(t, err, idemdriver.ErrStepsUnsupported)
+
+	g, _ := newEngine(t, h, false, idem.EngineOptions{})
+	_, err = g.Do(ctx, idem.DoParams{Scope: "s", Key: "k"}, func(ctx context.Context) (idem.Result, error) {
+		_, err := idem.Step(ctx, "charge", func(context.Context) (int, error) { panic("must not run") })
+		return idem.Result{}, err
+	})
+	require.ErrorIs(t, err, idem.ErrStepNotAllowed, "idem.Step says so before the step runs")
+}
+
+// Through the engine: duplicates at once and retries after failures, on
+// several keys; each key's step runs once, and every success answers the
+// one recorded result.
+func stepsEngineRunsEachStepOnce(t *testing.T, h Harness) {
+	t.Parallel()
+	opts := idem.EngineOptions{}
+	opts.Waiting.Wait = time.Minute // a duplicate waits for the owner's end, which is bounded
+	g, _ := newEngine(t, h, false, opts)
+	const keys, callers, failures = 4, 6, 2
+	for k := range keys {
+		key := fmt.Sprintf("k%d", k)
+		var charges, after atomic.Int32
+		fn := func(ctx context.Context) (idem.Result, error) {
+			id, err := idem.Step(ctx, "charge", func(context.Context) (string, error) {
+				return fmt.Sprintf("ch_%d", charges.Add(1)), nil
+			})
+			if err != nil {
+				return idem.Result{}, err
+			}
+			if after.Add(1) <= failures {
+				return idem.Result{}, errors.New("the ledger write failed after the charge")
+			}
+			return idem.Result{Status: 201, Body: []byte(id)}, nil
+		}
+		var wg sync.WaitGroup
+		bodies := make(chan string, callers*(failures+2))
+		for range callers {
+			wg.Go(func() {
+				for try := 0; try < failures+2; try++ { // at most the failures, then the outcome
+					out, err := g.Do(context.Background(), idem.DoParams{Scope: "s", Key: key}, fn)
+					if err == nil {
+						bodies <- string(out.Body)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(bodies)
+		require.EqualValues(t, 1, charges.Load(), "key %s: the step ran once", key)
+		n := 0
+		for b := range bodies {
+			require.Equal(t, "ch_1", b, "key %s", key)
+			n++
+		}
+		require.Equal(t, callers, n, "key %s: every caller got the outcome", key)
+	}
 }
 
 func stepOf(rec idemdriver.Record, name string) idemdriver.StepParams {

@@ -38,8 +38,18 @@ func (e *Execution) RelaySecret() []byte { return e.cfg.RelaySecret }
 func (e *Execution) Tx() (idemdriver.Tx, error) { return e.businessTx() }
 
 // Release asks that e not be recorded: its record is removed, its writes
-// rolled back. Errors: ErrExecutionEnded.
+// rolled back. Errors: ErrExecutionEnded, ErrStepStarted (a step of the
+// record life started: a new life would relay a new key, and the callee
+// would apply the effect twice), a *StoreError (the steps could not be
+// read; nothing is released).
 func (e *Execution) Release() error {
+	started, err := e.stepsStarted()
+	if err != nil {
+		return &StoreError{Op: "steps", Err: err}
+	}
+	if started {
+		return ErrStepStarted
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.ended {
@@ -95,6 +105,7 @@ type Execution struct {
 	tx           idemdriver.Tx
 	ended        bool
 	releaseAsked bool
+	steps        map[string]bool // the names of the steps run (Step)
 }
 
 // newExecution: p names the stored key, clientKey the client's (Execution.Key).

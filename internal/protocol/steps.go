@@ -1,0 +1,153 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
+)
+
+// The errors of steps (docs/contract.md section 11). The root package
+// re-exports each under the same name.
+var (
+	ErrStepNotAllowed  = errors.New("idem: steps are not allowed here")
+	ErrStepRepeated    = errors.New("idem: a step name met twice in one execution")
+	ErrStepName        = errors.New("idem: invalid step name")
+	ErrStepStarted     = errors.New("idem: a step of this execution has started; its key cannot be released")
+	ErrStepNotRecorded = errors.New("idem: the step ran but its result could not be recorded")
+)
+
+// StepEnd says how a step's function ended (docs/contract.md section 11.1).
+type StepEnd int
+
+const (
+	// StepDone: a result (a value, or a definite error), to record.
+	StepDone StepEnd = iota
+	// StepNotApplied: the callee said nothing happened; the start is cleared.
+	StepNotApplied
+	// StepUncertain: the effect may have happened; the start stays.
+	StepUncertain
+)
+
+// StepFunc runs a step's effect on ctx. It returns the encoded result to
+// record when end is StepDone, and err otherwise.
+type StepFunc func(ctx context.Context) (result []byte, end StepEnd, err error)
+
+// ValidStepName reports whether name is 1 to idemdriver.MaxStepNameBytes
+// bytes of visible ASCII.
+func ValidStepName(name string) bool {
+	if len(name) == 0 || len(name) > idemdriver.MaxStepNameBytes {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] < 0x21 || name[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// Step runs fn as the step name of e, relaying relay (the step's relayed
+// key): its start committed before fn runs, its result as soon as fn
+// returns. A step already recorded in this record life returns its result
+// without running fn. It returns the recorded result (whoever recorded it)
+// or fn's error. Errors besides fn's: ErrStepName, ErrStepNotAllowed,
+// ErrStepRepeated, ErrExecutionEnded, ErrLeaseLost (the execution no
+// longer owns its record), ErrStepNotRecorded (fn ran, its result is not
+// recorded), a *StoreError, and ErrSealKeyMissing / ErrSealBroken for a
+// stored result that does not open.
+func (e *Execution) Step(name, relay string, fn StepFunc) ([]byte, error) {
+	st, err := e.stepAllowed(name)
+	if err != nil {
+		return nil, err
+	}
+	life := seal.Life{Scope: e.fence.Scope, Key: e.fence.Key, Created: e.fence.CreatedAt}
+	p := idemdriver.StepParams{Scope: e.fence.Scope, Key: e.fence.Key, CreatedAt: e.fence.CreatedAt,
+		FencingToken: e.fence.FencingToken, Name: name, ClockOffset: e.fence.ClockOffset}
+	blob, keyID := e.cfg.Keyring.SealStep(life, seal.PartStepRelay, name, []byte(relay))
+	ctx, cancel := e.detached()
+	s, err := st.StartStep(ctx, idemdriver.StartStepParams{StepParams: p, Relay: blob, SealKey: keyID})
+	cancel()
+	switch {
+	case errors.Is(err, idemdriver.ErrStepsUnsupported):
+		return nil, fmt.Errorf("%w: %w", ErrStepNotAllowed, err)
+	case errors.Is(err, idemdriver.ErrFencedOut):
+		return nil, fmt.Errorf("%w: step %q not started", ErrLeaseLost, name)
+	case err != nil:
+		return nil, &StoreError{Op: "step", Err: err}
+	case s.Done:
+		return e.cfg.Keyring.OpenStep(life, seal.PartStepResult, name, s.SealKey, s.Result)
+	}
+	result, end, ferr := fn(e.ctx)
+	switch end {
+	case StepNotApplied:
+		ctx, cancel := e.detached()
+		defer cancel()
+		if _, err := st.ClearStep(ctx, p); err != nil {
+			e.cfg.Logger.WarnContext(e.parent, "idem: clearing a step not applied; it stays started", "step", name,
+				"scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+		}
+		return nil, ferr
+	case StepUncertain:
+		return nil, ferr
+	}
+	blob, keyID = e.cfg.Keyring.SealStep(life, seal.PartStepResult, name, result)
+	ctx, cancel = e.detached()
+	s, err = st.FinishStep(ctx, idemdriver.FinishStepParams{StepParams: p, Result: blob, SealKey: keyID})
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("%w: step %q: %w", ErrStepNotRecorded, name, err)
+	}
+	return e.cfg.Keyring.OpenStep(life, seal.PartStepResult, name, s.SealKey, s.Result)
+}
+
+// stepAllowed checks that e may run the step name now and returns its
+// store's Stepper; it remembers the name.
+func (e *Execution) stepAllowed(name string) (idemdriver.Stepper, error) {
+	if !ValidStepName(name) {
+		return nil, fmt.Errorf("%w %q: 1 to %d bytes of visible ASCII", ErrStepName, name, idemdriver.MaxStepNameBytes)
+	}
+	st, ok := e.cfg.Store.(idemdriver.Stepper)
+	sw, ok1 := e.cfg.Store.(idemdriver.SingleWriter)
+	single := ok1 && sw.SingleWriter()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case e.ended:
+		return nil, ErrExecutionEnded
+	case !ok:
+		return nil, fmt.Errorf("%w: the store %T keeps no steps", ErrStepNotAllowed, e.cfg.Store)
+	case e.cfg.OneCommit:
+		return nil, fmt.Errorf("%w: in one-commit mode a step's commit would wait on the execution's own row lock; use the durable claim (docs/contract.md section 11.1)", ErrStepNotAllowed)
+	case single && e.tx != nil:
+		return nil, fmt.Errorf("%w: the claim's transaction holds the database's write lock (SQLite); run steps before idem.Tx", ErrStepNotAllowed)
+	case e.steps[name]:
+		return nil, fmt.Errorf("%w: %q (give each step of a loop its own name: refund/3)", ErrStepRepeated, name)
+	}
+	if e.steps == nil {
+		e.steps = map[string]bool{}
+	}
+	e.steps[name] = true
+	return st, nil
+}
+
+// stepsStarted reports whether a step of e's record life has started, in
+// this execution or an earlier one (ReleaseKey is refused then).
+func (e *Execution) stepsStarted() (bool, error) {
+	e.mu.Lock()
+	mine := len(e.steps) > 0
+	e.mu.Unlock()
+	st, ok := e.cfg.Store.(idemdriver.Stepper)
+	if mine || !ok {
+		return mine, nil
+	}
+	ctx, cancel := e.detached()
+	defer cancel()
+	list, err := st.Steps(ctx, idemdriver.StepParams{Scope: e.fence.Scope, Key: e.fence.Key, CreatedAt: e.fence.CreatedAt})
+	if errors.Is(err, idemdriver.ErrStepsUnsupported) {
+		return false, nil
+	}
+	return len(list) > 0, err
+}
