@@ -18,7 +18,8 @@ import (
 
 // Driver is what every command needs of an idem store: the claim protocol
 // and the optional interfaces of retention, operations and migrations
-// (idemdriver's Purger, Inspector, Lister, Remover and Migrator), and
+// (idemdriver's Purger, Inspector, Lister, Remover and Migrator), the
+// steps of recovery (idemdriver.Stepper), and
 // MigrateFS for a service's own tables. The three drivers
 // Open returns (*idempgx.Driver, *idemmysql.Driver, *idemsqlite.Driver)
 // implement them all; only idemdriver.Partitioner depends on the table.
@@ -29,6 +30,7 @@ type Driver interface {
 	idemdriver.Lister
 	idemdriver.Remover
 	idemdriver.Migrator
+	idemdriver.Stepper
 	// MigrateFS applies an application's own goose migrations (a
 	// service's tables) through idem's migrator, recorded in versionTable.
 	MigrateFS(ctx context.Context, fsys fs.FS, versionTable string) error

@@ -18,8 +18,18 @@ import (
 // database driver whose query is cancelled after the server committed it,
 // reports the cancellation of its context (ctx.Err()) even though the claim
 // was made (run under context.WithoutCancel).
+// It keeps s's steps (idemdriver.Stepper), which the demo's handlers use.
 func SlowClaims(s idem.Store, delay time.Duration) idem.Store {
-	return slowClaims{Store: s, delay: delay}
+	slow := slowClaims{Store: s, delay: delay}
+	if st, ok := s.(idemdriver.Stepper); ok {
+		return slowStepClaims{slow, st}
+	}
+	return slow
+}
+
+type slowStepClaims struct {
+	slowClaims
+	idemdriver.Stepper
 }
 
 type slowClaims struct {
