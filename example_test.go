@@ -178,6 +178,38 @@ func ExampleEngine_Do() {
 	// orders: 1
 }
 
+// A step keeps its result: the execution below fails after its charge,
+// and its retry books the recorded charge instead of charging again
+// (docs/contract.md section 11.1).
+func ExampleStep() {
+	store, done := dbtest.ExampleStore()
+	defer done()
+	engine, _ := idem.NewEngineWith(store, idem.EngineOptions{})
+	calls, ledgerDown := 0, true
+	pay := func(ctx context.Context) (idem.Result, error) {
+		chargeID, err := idem.Step(ctx, "charge", func(ctx context.Context) (string, error) {
+			calls++ // the provider's call, with Idempotency-Key: idem.RelayKey(ctx, "charge")
+			return "ch_1", nil
+		})
+		if err != nil {
+			return idem.Result{}, err // the step stays started: a retry runs it again under the same relayed key
+		}
+		if ledgerDown {
+			ledgerDown = false
+			return idem.Result{}, errors.New("the ledger is down") // recorded FAILED: the retry runs again
+		}
+		return idem.Result{Status: 201, Body: []byte(chargeID)}, nil
+	}
+	p := idem.DoParams{Scope: "acct_1", Key: "order-1"}
+	_, err := engine.Do(context.Background(), p, pay)
+	fmt.Println(err)
+	res, err := engine.Do(context.Background(), p, pay)
+	fmt.Println(res.Status, string(res.Body), err, "provider calls:", calls)
+	// Output:
+	// the ledger is down
+	// 201 ch_1 <nil> provider calls: 1
+}
+
 // One Middleware per route group, each with its own Retention, on one
 // store (docs/retention.md): a record keeps the lifetime of the route that
 // created it, as its Idempotency-Key-Expires shows.
