@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemdriver/idemsql"
 )
 
 var _ idemdriver.Stepper = (*Driver)(nil)
@@ -119,14 +120,5 @@ func (d *Driver) Steps(ctx context.Context, p idemdriver.StepParams) ([]idemdriv
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []idemdriver.Step
-	for rows.Next() {
-		s, err := scanStep(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, rows.Err()
+	return idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Step, error) { return scanStep(rows) })
 }
