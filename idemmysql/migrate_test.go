@@ -158,7 +158,8 @@ func TestMigrationStatusNamesMissingTables(t *testing.T) {
 	list, err := d.MigrationStatus(ctx)
 	require.NoError(t, err)
 	require.Empty(t, list[0].Missing)
-	_, err = d.DB().ExecContext(ctx, `DROP TABLE idem_keys`)
+	// idem_steps first: its foreign key refuses a DROP of idem_keys alone.
+	_, err = d.DB().ExecContext(ctx, `DROP TABLE idem_steps, idem_keys`)
 	require.NoError(t, err)
 	list, err = d.MigrationStatus(ctx)
 	require.NoError(t, err)
