@@ -302,3 +302,45 @@ func TestStepSealed(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, 1, n)
 }
+
+// Under sealing, a step stored plain is refused as a plain record is
+// (docs/sealing.md, "sealed records only"): a result planted with an
+// emptied seal_key is never returned, and the step is not run for it;
+// Sealing.ReplayPlain reads it, as it reads plain records. Regression: a
+// plain step was read under sealing, a forged result returned.
+func TestStepStoredPlainUnderSealing(t *testing.T) {
+	t.Parallel()
+	for _, replayPlain := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ReplayPlain=%v", replayPlain), func(t *testing.T) {
+			t.Parallel()
+			g, d := newEngine(t, nil, idem.EngineOptions{
+				Sealing: idem.SealingOptions{Keys: []seal.Key{sealKey("k1", 1)}, ReplayPlain: replayPlain}})
+			runs, ledgerDown := 0, true
+			fn := func(ctx context.Context) (idem.Result, error) {
+				c, err := idem.Step(ctx, "charge", func(context.Context) (charge, error) { runs++; return charge{ID: "ch_real"}, nil })
+				if err != nil {
+					return idem.Result{}, err
+				}
+				if ledgerDown {
+					ledgerDown = false
+					return idem.Result{}, errors.New("ledger down")
+				}
+				return idem.Result{Body: []byte(c.ID)}, nil
+			}
+			p := idem.DoParams{Scope: "s", Key: "k"}
+			_, err := g.Do(t.Context(), p, fn)
+			require.Error(t, err)
+			_, err = d.DB().ExecContext(t.Context(), `UPDATE idem_steps SET seal_key = '', result = ?`,
+				[]byte(`{"v":1,"value":{"id":"ch_forged","amount":0}}`))
+			require.NoError(t, err)
+			out, err := g.Do(t.Context(), p, fn)
+			if replayPlain {
+				require.NoError(t, err)
+				require.Equal(t, "ch_forged", string(out.Body), "ReplayPlain reads plain steps")
+			} else {
+				require.ErrorIs(t, err, idem.ErrSealBroken)
+			}
+			require.Equal(t, 1, runs, "the step is not run again either way")
+		})
+	}
+}

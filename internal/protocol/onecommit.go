@@ -41,7 +41,7 @@ func (t *leaderTurn) run() { t.once.Do(func() { close(t.running) }) }
 
 func newOneCommit(cfg *Config, waits *waitHub) *oneCommit {
 	o := &oneCommit{cfg: cfg, tc: cfg.Store.(idemdriver.TxClaimer), waits: waits, waitRunning: cfg.OneCommitWait, turns: map[localKey]*leaderTurn{}}
-	if sw, ok := cfg.Store.(idemdriver.SingleWriter); ok && sw.SingleWriter() {
+	if isSingleWriter(cfg.Store) {
 		o.waitRunning = cfg.ClaimTimeout + cfg.MaxExecution + cfg.CompleteTimeout
 	}
 	return o

@@ -78,7 +78,7 @@ func (e *Execution) Step(name, relay string, fn StepFunc) ([]byte, error) {
 	case err != nil:
 		return nil, &StoreError{Op: "step", Err: err}
 	case s.Done:
-		return e.cfg.Keyring.OpenStep(life, seal.PartStepResult, name, s.SealKey, s.Result)
+		return e.openResult(life, s)
 	}
 	result, end, ferr := fn(e.ctx)
 	switch end {
@@ -100,7 +100,18 @@ func (e *Execution) Step(name, relay string, fn StepFunc) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: step %q: %w", ErrStepNotRecorded, name, err)
 	}
-	return e.cfg.Keyring.OpenStep(life, seal.PartStepResult, name, s.SealKey, s.Result)
+	return e.openResult(life, s)
+}
+
+// openResult opens s's recorded result. Under sealing, a step stored
+// plain is refused as a plain record is (errPlainRecord), unless
+// ReplayPlain: a result planted with an emptied seal_key authenticates
+// nothing.
+func (e *Execution) openResult(life seal.Life, s idemdriver.Step) ([]byte, error) {
+	if s.SealKey == "" && e.cfg.Keyring != nil && !e.cfg.ReplayPlain {
+		return nil, fmt.Errorf("step %q: %w", s.Name, errPlainRecord)
+	}
+	return e.cfg.Keyring.OpenStep(life, seal.PartStepResult, s.Name, s.SealKey, s.Result)
 }
 
 // stepAllowed checks that e may run the step name now and returns its
@@ -110,8 +121,7 @@ func (e *Execution) stepAllowed(name string) (idemdriver.Stepper, error) {
 		return nil, fmt.Errorf("%w %q: 1 to %d bytes of visible ASCII", ErrStepName, name, idemdriver.MaxStepNameBytes)
 	}
 	st, ok := e.cfg.Store.(idemdriver.Stepper)
-	sw, ok1 := e.cfg.Store.(idemdriver.SingleWriter)
-	single := ok1 && sw.SingleWriter()
+	single := isSingleWriter(e.cfg.Store)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch {
