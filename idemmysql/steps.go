@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"time"
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemsql"
@@ -25,8 +24,7 @@ const stepKey = " scope = ? AND `key` = ? AND created_at = " + at + " AND name =
 // scope, key, token, created_at (µs). Rows affected: 1 inserted, 2 started
 // again, 0 neither (fenced out, or the step has a result).
 var startStepSQL = "INSERT INTO idem_steps (scope, `key`, created_at, name, started_token, started_at, relay, seal_key)\n" +
-	"SELECT k.scope, k.`key`, k.created_at, ?, ?, " + now + ", ?, ? FROM idem_keys k\n" +
-	"WHERE k.scope = ? AND k.`key` = ? AND k.fencing_token = ? AND k.created_at = " + at + " AND k.state = 'PROCESSING'\n" +
+	"SELECT scope, `key`, created_at, ?, ?, " + now + ", ?, ? FROM idem_keys" + fenced + "\n" +
 	"LOCK IN SHARE MODE\n" +
 	"ON DUPLICATE KEY UPDATE started_token = IF(done, started_token, VALUES(started_token)),\n" +
 	"	started_at = IF(done, started_at, VALUES(started_at))"
@@ -38,8 +36,7 @@ var stepSQL = "SELECT " + stepColumns + " FROM idem_steps WHERE" + stepKey
 var finishStepSQL = "UPDATE idem_steps SET done = TRUE, result = ?, finished_at = " + now + ", seal_key = ?\nWHERE" + stepKey + " AND NOT done"
 
 // clearStepSQL: args stepKey's, then scope, key, token, created_at (µs).
-var clearStepSQL = "DELETE FROM idem_steps WHERE" + stepKey + " AND NOT done AND EXISTS (SELECT 1 FROM idem_keys k\n" +
-	"	WHERE k.scope = ? AND k.`key` = ? AND k.fencing_token = ? AND k.created_at = " + at + " AND k.state = 'PROCESSING')"
+var clearStepSQL = "DELETE FROM idem_steps WHERE" + stepKey + " AND NOT done AND EXISTS (SELECT 1 FROM idem_keys" + fenced + ")"
 
 var stepsSQL = "SELECT " + stepColumns + " FROM idem_steps WHERE scope = ? AND `key` = ? AND created_at = " + at + " ORDER BY name"
 
@@ -51,24 +48,9 @@ func ownerArgs(p idemdriver.StepParams) []any {
 	return []any{p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro()}
 }
 
-func scanStep(r rowScanner) (idemdriver.Step, error) {
-	var s idemdriver.Step
-	var started int64
-	var finished sql.NullInt64
-	var sealKey []byte
-	var name []byte
-	err := r.Scan(&name, &s.StartedToken, &started, &s.Relay, &s.Done, &s.Result, &finished, &sealKey)
-	s.Name, s.SealKey = string(name), string(sealKey)
-	s.StartedAt = time.UnixMicro(started).UTC()
-	if finished.Valid {
-		s.FinishedAt = time.UnixMicro(finished.Int64).UTC()
-	}
-	return s, err
-}
-
 // step reads one step; found is false when it does not exist.
 func (d *Driver) step(ctx context.Context, p idemdriver.StepParams) (s idemdriver.Step, found bool, err error) {
-	s, err = scanStep(d.db.QueryRowContext(ctx, stepSQL, stepKeyArgs(p)...))
+	s, err = idemsql.ScanStep(d.db.QueryRowContext(ctx, stepSQL, stepKeyArgs(p)...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, false, nil
 	}
@@ -123,5 +105,5 @@ func (d *Driver) Steps(ctx context.Context, p idemdriver.StepParams) ([]idemdriv
 	if err != nil {
 		return nil, err
 	}
-	return idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Step, error) { return scanStep(rows) })
+	return idemsql.ScanSteps(rows)
 }

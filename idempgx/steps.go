@@ -18,11 +18,8 @@ var _ idemdriver.Stepper = (*Driver)(nil)
 // would refuse).
 var errNoStepsPartitioned = fmt.Errorf("idempgx: %w: a partitioned table keeps no steps yet", idemdriver.ErrStepsUnsupported)
 
-// lifeParams name a record life; stepParams one step of it and its owner.
-var (
-	lifeParams = []string{"scope", "key", "created"}
-	stepParams = []string{"scope", "key", "created", "name", "token", "offset"}
-)
+// lifeParams name a record life (fenceParams name it and its owner).
+var lifeParams = []string{"scope", "key", "created"}
 
 const stepColumns = `s.name, s.started_token, s.started_at, s.relay, s.done, s.result, s.finished_at, s.seal_key`
 
@@ -32,11 +29,9 @@ const stepKey = ` s.scope = @scope AND s.key = @key AND s.created_at = @created 
 // started again, when the life is owned under @token; the SELECT's row lock
 // (FOR SHARE) keeps a takeover's UPDATE of the record from committing in
 // between. No row: fenced out, or the step has a result (stepSQL tells).
-var startStepSQL = bind(append(stepParams, "relay", "sealkey"), `INSERT INTO idem_steps AS s
+var startStepSQL = bind(append(fenceParams, "name", "offset", "relay", "sealkey"), `INSERT INTO idem_steps AS s
 	(scope, key, created_at, name, started_token, started_at, relay, seal_key)
-SELECT k.scope, k.key, k.created_at, @name, @token, `+now+`, @relay, @sealkey FROM idem_keys k
-WHERE k.scope = @scope AND k.key = @key AND k.fencing_token = @token AND k.created_at = @created
-	AND (k.state || '') = 'PROCESSING'
+SELECT scope, key, created_at, @name, @token, `+now+`, @relay, @sealkey FROM idem_keys`+fenced+`
 FOR SHARE
 ON CONFLICT (scope, key, created_at, name) DO UPDATE
 	SET started_token = excluded.started_token, started_at = excluded.started_at
@@ -54,10 +49,8 @@ RETURNING `+stepColumns)
 
 // clearStepSQL removes a start marker without a result while the life is
 // owned under @token.
-var clearStepSQL = bind(append(lifeParams, "name", "token"), `DELETE FROM idem_steps s
-WHERE`+stepKey+` AND NOT s.done AND EXISTS (SELECT 1 FROM idem_keys k
-	WHERE k.scope = @scope AND k.key = @key AND k.fencing_token = @token AND k.created_at = @created
-	AND (k.state || '') = 'PROCESSING')`)
+var clearStepSQL = bind(append(fenceParams, "name"), `DELETE FROM idem_steps s
+WHERE`+stepKey+` AND NOT s.done AND EXISTS (SELECT 1 FROM idem_keys`+fenced+`)`)
 
 // stepsSQL lists a life's steps.
 var stepsSQL = bind(lifeParams, `SELECT `+stepColumns+` FROM idem_steps s
@@ -103,7 +96,7 @@ func (d *Driver) StartStep(ctx context.Context, p idemdriver.StartStepParams) (i
 	if err := d.stepsUsable(p.StepParams); err != nil {
 		return idemdriver.Step{}, err
 	}
-	s, ok, err := d.oneStep(ctx, startStepSQL, lifeArgs(p.StepParams, p.Name, p.FencingToken, p.ClockOffset.Microseconds(), p.Relay, p.SealKey))
+	s, ok, err := d.oneStep(ctx, startStepSQL, []any{p.Scope, p.Key, p.FencingToken, p.CreatedAt, p.Name, p.ClockOffset.Microseconds(), p.Relay, p.SealKey})
 	if err != nil || ok {
 		return s, err
 	}
@@ -135,7 +128,7 @@ func (d *Driver) ClearStep(ctx context.Context, p idemdriver.StepParams) (bool, 
 	if err := d.stepsUsable(p); err != nil {
 		return false, err
 	}
-	tag, err := d.pool.Exec(ctx, d.q(clearStepSQL), lifeArgs(p, p.Name, p.FencingToken)...)
+	tag, err := d.pool.Exec(ctx, d.q(clearStepSQL), p.Scope, p.Key, p.FencingToken, p.CreatedAt, p.Name)
 	if err != nil {
 		return false, unstorable(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"time"
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemsql"
@@ -21,9 +20,7 @@ const stepKey = ` scope = @scope AND key = @key AND created_at = @created AND na
 // writes one at a time, so no takeover commits in between). No row: fenced
 // out, or the step has a result (stepSQL tells).
 var startStepSQL = `INSERT INTO idem_steps AS s (scope, key, created_at, name, started_token, started_at, relay, seal_key)
-SELECT k.scope, k.key, k.created_at, @name, @token, ` + now + `, @relay, @sealkey FROM idem_keys k
-WHERE k.scope = @scope AND k.key = @key AND k.fencing_token = @token AND k.created_at = @created
-	AND k.state = 'PROCESSING'
+SELECT scope, key, created_at, @name, @token, ` + now + `, @relay, @sealkey FROM idem_keys` + fenced + `
 ON CONFLICT (scope, key, created_at, name) DO UPDATE
 	SET started_token = excluded.started_token, started_at = excluded.started_at
 	WHERE NOT s.done
@@ -36,9 +33,7 @@ var finishStepSQL = `UPDATE idem_steps SET done = 1, result = @result, finished_
 WHERE` + stepKey + ` AND NOT done
 RETURNING ` + stepColumns
 
-var clearStepSQL = `DELETE FROM idem_steps WHERE` + stepKey + ` AND NOT done AND EXISTS (SELECT 1 FROM idem_keys k
-	WHERE k.scope = @scope AND k.key = @key AND k.fencing_token = @token AND k.created_at = @created
-	AND k.state = 'PROCESSING')`
+var clearStepSQL = `DELETE FROM idem_steps WHERE` + stepKey + ` AND NOT done AND EXISTS (SELECT 1 FROM idem_keys` + fenced + `)`
 
 var stepsSQL = `SELECT ` + stepColumns + ` FROM idem_steps
 WHERE scope = @scope AND key = @key AND created_at = @created ORDER BY name`
@@ -48,24 +43,10 @@ func stepArgs(p idemdriver.StepParams, extra ...any) []any {
 		sql.Named("name", p.Name), sql.Named("token", p.FencingToken), sql.Named("offset", p.ClockOffset.Microseconds())}, extra...)
 }
 
-type rowScanner interface{ Scan(dest ...any) error }
-
-func scanStep(r rowScanner) (idemdriver.Step, error) {
-	var s idemdriver.Step
-	var started int64
-	var finished sql.NullInt64
-	err := r.Scan(&s.Name, &s.StartedToken, &started, &s.Relay, &s.Done, &s.Result, &finished, &s.SealKey)
-	s.StartedAt = time.UnixMicro(started).UTC()
-	if finished.Valid {
-		s.FinishedAt = time.UnixMicro(finished.Int64).UTC()
-	}
-	return s, err
-}
-
 // oneStep runs q and returns its one step; found is false with no row.
 func (d *Driver) oneStep(ctx context.Context, q string, args []any) (s idemdriver.Step, found bool, err error) {
 	err = retryBusy(ctx, func() error {
-		s, err = scanStep(d.db.QueryRowContext(ctx, q, args...))
+		s, err = idemsql.ScanStep(d.db.QueryRowContext(ctx, q, args...))
 		return err
 	})
 	if errors.Is(err, sql.ErrNoRows) {
@@ -120,5 +101,5 @@ func (d *Driver) Steps(ctx context.Context, p idemdriver.StepParams) ([]idemdriv
 	if err != nil {
 		return nil, err
 	}
-	return idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Step, error) { return scanStep(rows) })
+	return idemsql.ScanSteps(rows)
 }
