@@ -57,7 +57,11 @@ func Tx[T any](ctx context.Context) (T, error) {
 
 // ReleaseKey asks that the execution under ctx not be recorded: its record is
 // removed, its writes rolled back, and the next request with the key runs as
-// new. Call it before any side effect. Errors: ErrNoExecution, ErrExecutionEnded.
+// new. Call it before any side effect. Errors: ErrNoExecution, ErrExecutionEnded,
+// ErrStepStarted (a step of the record's life started, in this execution or
+// an earlier one: docs/contract.md section 11.2), a *StoreError (the steps
+// could not be read; nothing is released). On a store that keeps steps it
+// reads them: one statement.
 func ReleaseKey(ctx context.Context) error {
 	e, ok := protocol.FromContext(ctx)
 	if !ok {

@@ -9,8 +9,9 @@
 //
 // What is here: the contract (Driver, Tx, the records and params, the one
 // decision table Decide) and the optional interfaces of retention and
-// operations (retention.go, onecommit.go), and of renewing many leases in
-// one statement (Renewer, renew.go). What the SQL drivers write alike
+// operations (retention.go, onecommit.go), of renewing many leases in
+// one statement (Renewer, renew.go), of the wait mode's mark (WaitMarker,
+// notify.go) and of an execution's steps (Stepper, steps.go). What the SQL drivers write alike
 // (the stored response's columns, the claim's SQL shapes, SQLTx) is in
 // package idemdriver/idemsql. The core hands the business transaction to
 // the handler itself (idem.Tx); nothing here reaches back into it.

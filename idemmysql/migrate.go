@@ -87,8 +87,8 @@ func (d *Driver) embedded(ctx context.Context) (*idemmigrate.Migrator, error) {
 // embeddedPresent is the Config.Present of idem's own migrations. Only the
 // migrations that add one column (00002 owner, 00003 seal_key, 00004
 // request, 00005 seal_tag) can be left applied and unrecorded: each is one ALTER TABLE,
-// which commits on its own (00001 creates its table IF NOT EXISTS and runs
-// again unharmed). Such a migration is present when idem_keys has its
+// which commits on its own (00001 and 00006 create their tables IF NOT
+// EXISTS and run again unharmed). Such a migration is present when idem_keys has its
 // column.
 func embeddedPresent(ctx context.Context, db idemmigrate.Queryer, version int64) (bool, error) {
 	column, ok := map[int64]string{2: "owner", 3: "seal_key", 4: "request", 5: "seal_tag"}[version]

@@ -195,3 +195,44 @@ func TestHashKey(t *testing.T) {
 	require.NotEqual(t, h, seal.HashKey([]byte("secret"), "order-2"))
 	require.Equal(t, "h1_", h[:3])
 }
+
+// A step's blob opens only as what it was sealed as: its part, its step's
+// name, its record's life and its key; a nil keyring and key id "" pass
+// the data through.
+func TestSealStepBindsPartNameAndLife(t *testing.T) {
+	t.Parallel()
+	a := seal.Key{ID: "a", Secret: bytes.Repeat([]byte{1}, 16)}
+	kr := keyring(t, a)
+	blob, id := kr.SealStep(life, seal.PartStepResult, "charge", []byte(`{"v":1}`))
+	require.Equal(t, "a", id)
+	require.NotContains(t, string(blob), `{"v":1}`)
+	plain, err := kr.OpenStep(life, seal.PartStepResult, "charge", id, blob)
+	require.NoError(t, err)
+	require.Equal(t, `{"v":1}`, string(plain))
+
+	other := life
+	other.Created = other.Created.Add(time.Microsecond)
+	for name, open := range map[string]func() ([]byte, error){
+		"another step": func() ([]byte, error) { return kr.OpenStep(life, seal.PartStepResult, "refund", id, blob) },
+		"another part": func() ([]byte, error) { return kr.OpenStep(life, seal.PartStepRelay, "charge", id, blob) },
+		"another life": func() ([]byte, error) { return kr.OpenStep(other, seal.PartStepResult, "charge", id, blob) },
+		"edited": func() ([]byte, error) {
+			b := bytes.Clone(blob)
+			b[len(b)-1] ^= 1
+			return kr.OpenStep(life, seal.PartStepResult, "charge", id, b)
+		},
+		"empty": func() ([]byte, error) { return kr.OpenStep(life, seal.PartStepResult, "charge", id, nil) },
+	} {
+		_, err := open()
+		require.ErrorIs(t, err, seal.ErrBroken, name)
+	}
+	_, err = kr.OpenStep(life, seal.PartStepResult, "charge", "gone", blob)
+	require.ErrorIs(t, err, seal.ErrKeyMissing)
+
+	var none *seal.Keyring
+	blob, id = none.SealStep(life, seal.PartStepResult, "charge", []byte("plain"))
+	require.Equal(t, "", id)
+	plain, err = none.OpenStep(life, seal.PartStepResult, "charge", id, blob)
+	require.NoError(t, err)
+	require.Equal(t, "plain", string(plain))
+}
