@@ -2,9 +2,6 @@ package idem
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
 
 	"github.com/idemgo/idem/internal/protocol"
 )
@@ -30,62 +27,25 @@ var (
 	// ErrStepResultUndecodable: the recorded result does not decode into
 	// the step's type (it changed incompatibly between deploys). The step
 	// is never run again for it: answer a 5xx; an operator decides.
-	ErrStepResultUndecodable = errors.New("idem: the step's recorded result does not decode into its type")
+	ErrStepResultUndecodable = protocol.ErrStepResultUndecodable
 )
 
-// stepVersion versions the encoding of a recorded result.
-const stepVersion = 1
-
-// stepRecord is a recorded result: a value, or a definite error's message.
-type stepRecord struct {
-	V     int             `json:"v"`
-	Value json.RawMessage `json:"value,omitempty"`
-	Error *string         `json:"error,omitempty"`
-}
-
 // StepError is a step's definite error (StepFinal), as recorded: Step
-// returns it on the run that recorded it and on every re-execution.
-type StepError struct {
-	Step    string // the step's name
-	Message string // the error's text, as recorded
-	err     error  // fn's error, on the run that recorded it only
-}
-
-func (e *StepError) Error() string { return e.Message }
-
-// Unwrap returns fn's own error on the run that recorded it; nil on a
-// re-execution, which has only the recorded message.
-func (e *StepError) Unwrap() error { return e.err }
-
-// stepEnd marks fn's error with how the step ended.
-type stepEnd struct {
-	err error
-	end protocol.StepEnd
-}
-
-func (e *stepEnd) Error() string { return e.err.Error() }
-func (e *stepEnd) Unwrap() error { return e.err }
+// returns it on the run that recorded it and on every re-execution. Its
+// Step is the step's name and Message the error's text; Unwrap gives fn's
+// own error on the run that recorded it, nil on a re-execution.
+type StepError = protocol.StepError
 
 // StepFinal marks err as a step's definite result (a decline, a refusal):
 // it is recorded like a value, and Step returns it, as a *StepError with
 // its message, on this run and on every re-execution, without running the
 // step again. nil stays nil.
-func StepFinal(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &stepEnd{err: err, end: protocol.StepDone}
-}
+func StepFinal(err error) error { return protocol.StepFinal(err) }
 
 // StepNotApplied marks err as a step that did nothing (the callee answered
 // so, or the connection was refused before anything was sent): its start
 // is cleared and a re-execution runs it again. nil stays nil.
-func StepNotApplied(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &stepEnd{err: err, end: protocol.StepNotApplied}
-}
+func StepNotApplied(err error) error { return protocol.StepNotApplied(err) }
 
 // Step runs fn as the external step name of the execution under ctx (a
 // handler's or Do's fn's context) and returns its result (docs/contract.md
@@ -124,51 +84,5 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 	if err != nil {
 		return zero, err
 	}
-	var fnErr error
-	stored, err := e.Step(name, relay, func(ctx context.Context) ([]byte, protocol.StepEnd, error) {
-		v, err := fn(ctx)
-		var marked *stepEnd
-		switch {
-		case errors.As(err, &marked) && marked.end == protocol.StepDone:
-			fnErr = marked.err
-			msg := marked.err.Error()
-			b, jerr := json.Marshal(stepRecord{V: stepVersion, Error: &msg})
-			return b, protocol.StepDone, jerr
-		case errors.As(err, &marked):
-			return nil, marked.end, marked.err
-		case err != nil:
-			return nil, protocol.StepUncertain, err
-		}
-		value, err := json.Marshal(v)
-		if err != nil {
-			return nil, protocol.StepUncertain, fmt.Errorf("idem: step %q: its result does not encode as JSON: %w", name, err)
-		}
-		b, err := json.Marshal(stepRecord{V: stepVersion, Value: value})
-		return b, protocol.StepDone, err
-	})
-	if err != nil {
-		return zero, err
-	}
-	return decodeStep[T](name, stored, fnErr)
-}
-
-// decodeStep decodes a recorded result; fnErr is fn's definite error when
-// this run recorded it.
-func decodeStep[T any](name string, stored []byte, fnErr error) (T, error) {
-	var zero T
-	var rec stepRecord
-	if err := json.Unmarshal(stored, &rec); err != nil || rec.V != stepVersion {
-		return zero, fmt.Errorf("%w: step %q: encoding version %d: %v", ErrStepResultUndecodable, name, rec.V, err)
-	}
-	if rec.Error != nil {
-		if fnErr != nil && fnErr.Error() != *rec.Error {
-			fnErr = nil // another writer's result was kept
-		}
-		return zero, &StepError{Step: name, Message: *rec.Error, err: fnErr}
-	}
-	var v T
-	if err := json.Unmarshal(rec.Value, &v); err != nil {
-		return zero, fmt.Errorf("%w: step %q: %w", ErrStepResultUndecodable, name, err)
-	}
-	return v, nil
+	return protocol.RunStep(e, name, relay, fn)
 }

@@ -19,21 +19,21 @@ var (
 	ErrStepNotRecorded = errors.New("idem: the step ran but its result could not be recorded")
 )
 
-// StepEnd says how a step's function ended (docs/contract.md section 11.1).
-type StepEnd int
+// stepEnd says how a step's function ended (docs/contract.md section 11.1).
+type stepEnd int
 
 const (
-	// StepDone: a result (a value, or a definite error), to record.
-	StepDone StepEnd = iota
-	// StepNotApplied: the callee said nothing happened; the start is cleared.
-	StepNotApplied
-	// StepUncertain: the effect may have happened; the start stays.
-	StepUncertain
+	// stepDone: a result (a value, or a definite error), to record.
+	stepDone stepEnd = iota
+	// stepNotApplied: the callee said nothing happened; the start is cleared.
+	stepNotApplied
+	// stepUncertain: the effect may have happened; the start stays.
+	stepUncertain
 )
 
-// StepFunc runs a step's effect on ctx. It returns the encoded result to
-// record when end is StepDone, and err otherwise.
-type StepFunc func(ctx context.Context) (result []byte, end StepEnd, err error)
+// stepFunc runs a step's effect on ctx. It returns the encoded result to
+// record when end is stepDone, and err otherwise.
+type stepFunc func(ctx context.Context) (result []byte, end stepEnd, err error)
 
 // ValidStepName reports whether name is 1 to idemdriver.MaxStepNameBytes
 // bytes of visible ASCII.
@@ -49,7 +49,7 @@ func ValidStepName(name string) bool {
 	return true
 }
 
-// Step runs fn as the step name of e, relaying relay (the step's relayed
+// step runs fn as the step name of e, relaying relay (the step's relayed
 // key): its start committed before fn runs, its result as soon as fn
 // returns. A step already recorded in this record life returns its result
 // without running fn. It returns the recorded result (whoever recorded it)
@@ -58,7 +58,7 @@ func ValidStepName(name string) bool {
 // longer owns its record), ErrStepNotRecorded (fn ran, its result is not
 // recorded), a *StoreError, and ErrSealKeyMissing / ErrSealBroken for a
 // stored result that does not open.
-func (e *Execution) Step(name, relay string, fn StepFunc) ([]byte, error) {
+func (e *Execution) step(name, relay string, fn stepFunc) ([]byte, error) {
 	st, err := e.stepAllowed(name)
 	if err != nil {
 		return nil, err
@@ -82,7 +82,7 @@ func (e *Execution) Step(name, relay string, fn StepFunc) ([]byte, error) {
 	}
 	result, end, ferr := fn(e.ctx)
 	switch end {
-	case StepNotApplied:
+	case stepNotApplied:
 		ctx, cancel := e.detached()
 		defer cancel()
 		if _, err := st.ClearStep(ctx, p); err != nil {
@@ -90,7 +90,7 @@ func (e *Execution) Step(name, relay string, fn StepFunc) ([]byte, error) {
 				"scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 		}
 		return nil, ferr
-	case StepUncertain:
+	case stepUncertain:
 		return nil, ferr
 	}
 	blob, keyID = e.cfg.Keyring.SealStep(life, seal.PartStepResult, name, result)
