@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/seal"
 )
 
@@ -342,5 +343,53 @@ func TestStepStoredPlainUnderSealing(t *testing.T) {
 			}
 			require.Equal(t, 1, runs, "the step is not run again either way")
 		})
+	}
+}
+
+// failingFinish is a SQLite store whose FinishStep fails while fail is set.
+type failingFinish struct {
+	*idemsqlite.Driver
+	fail atomic.Bool
+}
+
+func (f *failingFinish) FinishStep(ctx context.Context, p idemdriver.FinishStepParams) (idemdriver.Step, error) {
+	if f.fail.Load() {
+		return idemdriver.Step{}, errors.New("disk full")
+	}
+	return f.Driver.FinishStep(ctx, p)
+}
+
+// A result that cannot be recorded: ErrStepNotRecorded, and the step stays
+// started, so the retry runs it again under the same relayed key.
+func TestStepNotRecordedStaysStarted(t *testing.T) {
+	t.Parallel()
+	store := &failingFinish{Driver: openSQLite(t)}
+	store.fail.Store(true)
+	g, _ := newEngine(t, store, idem.EngineOptions{})
+	relays := map[string]int{}
+	fn := func(ctx context.Context) (idem.Result, error) {
+		id, err := idem.Step(ctx, "charge", func(ctx context.Context) (string, error) {
+			k, _ := idem.RelayKey(ctx, "charge")
+			relays[k]++
+			return "ch_1", nil
+		})
+		return idem.Result{Body: []byte(id)}, err
+	}
+	p := idem.DoParams{Scope: "s", Key: "k"}
+	_, err := g.Do(t.Context(), p, fn)
+	require.ErrorIs(t, err, idem.ErrStepNotRecorded)
+	rec := record(t, store, "s", "k")
+	list, err := store.Steps(t.Context(), idemdriver.StepParams{Scope: "s", Key: "k", CreatedAt: rec.CreatedAt})
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.False(t, list[0].Done, "started, no result")
+
+	store.fail.Store(false)
+	out, err := g.Do(t.Context(), p, fn)
+	require.NoError(t, err)
+	require.Equal(t, "ch_1", string(out.Body))
+	require.Len(t, relays, 1, "one relayed key")
+	for _, n := range relays {
+		require.Equal(t, 2, n, "run again on the retry")
 	}
 }
