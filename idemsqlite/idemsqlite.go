@@ -43,8 +43,8 @@ const BusyTimeout = 10 * time.Second
 const SchemaVersionTable = "idem_schema_version"
 
 // DSN returns the modernc.org/sqlite data source name idem needs for the
-// file at path (any name: URI characters in it are escaped): WAL journal, BusyTimeout, synchronous=FULL, and
-// BEGIN IMMEDIATE for every transaction.
+// file at path (any name: URI characters in it are escaped): WAL journal, BusyTimeout, synchronous=FULL,
+// foreign keys (a record's steps go with it) and BEGIN IMMEDIATE for every transaction.
 func DSN(path string) string {
 	q := url.Values{}
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeout.Milliseconds()))

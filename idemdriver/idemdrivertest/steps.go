@@ -33,6 +33,7 @@ func runSteps(t *testing.T, h Harness) {
 		{"Clear", stepsClear},
 		{"LivesApart", stepsLivesApart},
 		{"GoWithTheRecord", stepsGoWithTheRecord},
+		{"GoWithAPurge", stepsGoWithAPurge},
 	})
 }
 
@@ -287,8 +288,7 @@ func stepsLivesApart(t *testing.T, h Harness) {
 	require.False(t, s.Done, "the new life's step starts afresh")
 }
 
-// A record's steps go when the record goes (a release here; a purge
-// deletes records the same way).
+// A record's steps go when the record goes: a release.
 func stepsGoWithTheRecord(t *testing.T, h Harness) {
 	t.Parallel()
 	sd, rec := stepsOn(t, h)
@@ -298,4 +298,18 @@ func stepsGoWithTheRecord(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Empty(t, steps(t, sd, rec), "released with the record")
+}
+
+// A record's steps go when the record goes: a purge (idemdriver.Purger).
+func stepsGoWithAPurge(t *testing.T, h Harness) {
+	t.Parallel()
+	sd, rec := stepsOn(t, h)
+	purger := need[idemdriver.Purger](t, sd.Driver, h.Maintenance)
+	startStep(t, sd, startOf(rec, "charge"))
+	finishStep(t, sd, finishOf(rec, "charge", "x"))
+	require.True(t, complete(t, sd, fence(rec), okResponse(`{}`)))
+	n, err := purger.PurgeExpired(context.Background(), idemdriver.PurgeParams{Limit: 10, ClockOffset: retention + time.Second})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Empty(t, steps(t, sd, rec), "purged with the record")
 }
