@@ -21,8 +21,9 @@ var (
 	// key, and the callee would apply the effect twice.
 	ErrStepStarted = protocol.ErrStepStarted
 	// ErrStepNotRecorded: fn returned, its result could not be recorded (the
-	// store failed). The step stays started: answer a 5xx, and the retry
-	// runs it again under the same relayed key.
+	// store failed: the error wraps a *StoreError, so it matches
+	// ErrStoreUnavailable too). The step stays started: answer a 5xx, and
+	// the retry runs it again under the same relayed key.
 	ErrStepNotRecorded = protocol.ErrStepNotRecorded
 	// ErrStepResultUndecodable: the recorded result does not decode into
 	// the step's type (it changed incompatibly between deploys). The step

@@ -378,6 +378,7 @@ func TestStepNotRecordedStaysStarted(t *testing.T) {
 	p := idem.DoParams{Scope: "s", Key: "k"}
 	_, err := g.Do(t.Context(), p, fn)
 	require.ErrorIs(t, err, idem.ErrStepNotRecorded)
+	require.ErrorIs(t, err, idem.ErrStoreUnavailable, "a store failure: a 503 to retry")
 	rec := record(t, store, "s", "k")
 	list, err := store.Steps(t.Context(), idemdriver.StepParams{Scope: "s", Key: "k", CreatedAt: rec.CreatedAt})
 	require.NoError(t, err)

@@ -35,7 +35,7 @@ var (
 
 // StoreError is a failed store operation; it matches ErrStoreUnavailable.
 type StoreError struct {
-	Op  string // claim, heartbeat, complete, fail, release, begin, commit
+	Op  string // claim, heartbeat, complete, fail, release, begin, commit, step, finish step, steps
 	Err error
 }
 

@@ -56,7 +56,7 @@ func ValidStepName(name string) bool {
 // or fn's error. Errors besides fn's: ErrStepName, ErrStepNotAllowed,
 // ErrStepRepeated, ErrExecutionEnded, ErrLeaseLost (the execution no
 // longer owns its record), ErrStepNotRecorded (fn ran, its result is not
-// recorded), a *StoreError, and ErrSealKeyMissing / ErrSealBroken for a
+// recorded; it wraps the *StoreError), a *StoreError, and ErrSealKeyMissing / ErrSealBroken for a
 // stored result that does not open.
 func (e *Execution) step(name, relay string, fn stepFunc) ([]byte, error) {
 	st, err := e.stepAllowed(name)
@@ -98,7 +98,7 @@ func (e *Execution) step(name, relay string, fn stepFunc) ([]byte, error) {
 	s, err = st.FinishStep(ctx, idemdriver.FinishStepParams{StepParams: p, Result: blob, SealKey: keyID})
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("%w: step %q: %w", ErrStepNotRecorded, name, err)
+		return nil, fmt.Errorf("%w: step %q: %w", ErrStepNotRecorded, name, &StoreError{Op: "finish step", Err: err})
 	}
 	return e.openResult(life, s)
 }
