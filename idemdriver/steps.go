@@ -12,7 +12,8 @@ import (
 // record's created_at: a new life of the key sees none of an earlier life's
 // steps, and a record's steps go when the record is purged, released or
 // dropped. Optional: the core refuses steps (idem.ErrStepNotAllowed) on a
-// driver without it.
+// driver without it, so a wrapper around a store (instrumentation, fault
+// injection) must implement it too, forwarding to the store's.
 type Stepper interface {
 	// StartStep commits the start marker of p.Name before its effect runs:
 	// in one statement, while the record life is still owned under

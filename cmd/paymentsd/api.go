@@ -186,9 +186,13 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 
 	// Charge first, then write: the claim's transaction (and with SQLite the
 	// database's one write lock) is only taken once the slow call is over.
-	// The provider gets idem's relayed key, the same on every execution of
-	// this (merchant, Idempotency-Key): a retry, or a takeover after a crash,
-	// asks for the same charge, and the provider answers with the first one.
+	// The charge is an idem step (idem.Step): its result is recorded as soon
+	// as the provider answers, so a re-execution of this (merchant,
+	// Idempotency-Key) after a failure or a crash (a retry, a takeover)
+	// books the recorded charge without calling the provider again. A charge
+	// whose answer never came stays started: the re-execution asks again
+	// with idem's relayed key, the same on every execution, and the provider
+	// answers with the first charge.
 	relay, err := idem.RelayKey(ctx, RelayStep)
 	if err != nil {
 		a.log.ErrorContext(ctx, "no relay key", "err", err)
@@ -196,13 +200,29 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	exec, _ := idem.ExecutionFromContext(ctx)
-	charge, err := a.provider.Charge(ctx, in.chargeRequest(relay, merchant))
-	if err != nil {
+	var called bool
+	var providerErr error
+	charge, err := idem.Step(ctx, RelayStep, func(ctx context.Context) (Charge, error) {
+		called = true
+		c, err := a.provider.Charge(ctx, in.chargeRequest(relay, merchant))
+		providerErr = err
+		return c, err
+	})
+	switch {
+	case err != nil && errors.Is(err, providerErr):
 		a.providerFailed(w, r, relay, err)
 		return
+	case err != nil:
+		// idem could not start or record the step (its store failed, or
+		// the execution no longer owns its record): 5xx, the retry runs it.
+		a.storeFailed(w, r, "recording the charge", err)
+		return
 	}
-	a.log.InfoContext(ctx, "charged", "merchant", merchant, "charge", charge.ID, "provider_replayed", charge.Replayed,
-		"relay_key", relay, "attempt", exec.Attempt, "fencing_token", exec.FencingToken)
+	// provider_called is false when an earlier execution's charge was
+	// recorded (the step's result); provider_replayed is what the provider
+	// said when it was called.
+	a.log.InfoContext(ctx, "charged", "merchant", merchant, "charge", charge.ID, "provider_called", called,
+		"provider_replayed", charge.Replayed, "relay_key", relay, "attempt", exec.Attempt, "fencing_token", exec.FencingToken)
 	a.faults.afterCharge(ctx, charge.ID)
 	a.faults.stall(ctx)
 

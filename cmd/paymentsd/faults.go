@@ -280,12 +280,23 @@ func (o *faultOptions) describe() string {
 }
 
 // store returns idem's store as the faults need it: with lease renewals
-// that wait out a stall (stallingStore) when --stall-after-charge is set.
+// that wait out a stall (stallingStore) when --stall-after-charge is set,
+// keeping s's steps (idemdriver.Stepper: the charge is a step, and a store
+// that hid them would make idem.Step refuse).
 func (f *faults) store(s idem.Store) idem.Store {
 	if f == nil || f.stallAfterCharge <= 0 {
 		return s
 	}
-	return &stallingStore{Store: s, faults: f}
+	stalling := &stallingStore{Store: s, faults: f}
+	if st, ok := s.(idemdriver.Stepper); ok {
+		return stallingStepStore{stalling, st}
+	}
+	return stalling
+}
+
+type stallingStepStore struct {
+	*stallingStore
+	idemdriver.Stepper
 }
 
 // beforeCharge, afterCharge and afterWrite are the crash points inside
