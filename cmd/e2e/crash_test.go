@@ -127,8 +127,10 @@ func TestFrozenOwnerFencedOut(t *testing.T) {
 		b := w.paymentsd("paymentsd-b", db, "--lease", "2s")
 
 		answerA := payInBackground(a.url(), merchant, key, amount)
-		// A has claimed the key: freeze it.
-		require.Eventually(t, func() bool { return ins.record(t, merchant, key).found }, 30*time.Second, 5*time.Millisecond)
+		// A has committed its charge step's start marker, so its charge is on
+		// its way to the provider and it holds no write lock (on SQLite, a
+		// process frozen inside a write stops every other writer): freeze it.
+		require.Eventually(t, func() bool { return ins.stepStarted(t, merchant, key, "charge") }, 30*time.Second, 5*time.Millisecond)
 		a.signal(syscall.SIGSTOP)
 
 		attempts, done := retryUntilDone(t, b.url(), merchant, key, amount)
@@ -173,11 +175,11 @@ func retryUntilDone(t *testing.T, url, merchant, key string, amount int64) ([]at
 	return attempts, attempts[len(attempts)-1].resp
 }
 
-// requireTakenOver checks a key taken over once and completed by owner: both
-// executions relayed the same key to the provider, which replayed its charge
-// to the second; one charge (requireOneCharge); the record SUCCEEDED under
-// fencing token 2 after 2 attempts; and a retry on replayURL replays done's
-// body.
+// requireTakenOver checks a key taken over once and completed by owner: the
+// provider was called once, by the first execution, and the takeover booked
+// its charge from the charge step's recorded result; one charge
+// (requireOneCharge); the record SUCCEEDED under fencing token 2 after 2
+// attempts; and a retry on replayURL replays done's body.
 func (w *world) requireTakenOver(owner *proc, ins *inspector, replayURL, merchant, key string, amount int64, done response, msgAndArgs ...any) {
 	t := w.t
 	t.Helper()

@@ -546,6 +546,15 @@ func (i *inspector) record(t *testing.T, scope, key string) record {
 	return r
 }
 
+// stepStarted reports whether the step name of (scope, key) has its
+// start marker committed (idem_steps; any life).
+func (i *inspector) stepStarted(t *testing.T, scope, key, name string) bool {
+	t.Helper()
+	var n int
+	require.NoError(t, i.db.QueryRow(i.query(`SELECT COUNT(*) FROM idem_steps WHERE scope = ? AND key = ? AND name = ?`), scope, key, name).Scan(&n))
+	return n > 0
+}
+
 // createdAt is the created_at of idem's record of (scope, key), read in
 // each database's own representation: timestamptz, DATETIME(6) in UTC, or
 // SQLite's INTEGER microseconds.
