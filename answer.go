@@ -216,6 +216,9 @@ var kinds = [protocol.Kinds]struct {
 		"so whether the first request is still running cannot be told; it will not run again: ask the operator")},
 	protocol.KindCommitFailed: {ErrStoreUnavailable, EventCompletionFailed, detailText("the idempotency store failed while committing the request's writes and result; " +
 		"retry with the same key: it gets the result if the commit took effect, or the request runs again")},
+	protocol.KindOutcomeUnknown: {ErrOutcomeUnknown, EventOutcomeUnknown, detailText("the request with this key made a call whose outcome cannot be known " +
+		"(it may have taken effect), and it is held for an operator: it will not run again, and retrying does not help; " +
+		"do not send it again under a new key either, as that could apply its effect twice")},
 	protocol.KindOverloaded: {ErrOverloaded, EventOverloaded, detailText("the server has as many requests in progress as it takes; this one was not processed " +
 		"(nothing was claimed or run): retry after the Retry-After delay with the same key")},
 }
@@ -243,7 +246,7 @@ func eventOf(a protocol.Answer) EventKind {
 			return EventTakenOver
 		}
 		return EventExecuted
-	case protocol.KindReleased, protocol.KindUnreachable:
+	case protocol.KindReleased, protocol.KindUnreachable, protocol.KindOutcomeUnknown:
 		return k
 	}
 	// Not recorded: lost to another owner (also a one-commit COMMIT that

@@ -46,10 +46,14 @@ const (
 	// EventOverloaded: refused before the claim, EngineOptions.Admission.MaxInFlight
 	// executions being in flight (503); nothing claimed or run.
 	EventOverloaded
+	// EventOutcomeUnknown: 409 outcome-unknown: the record is UNKNOWN, made
+	// so by this execution (Event.Attempt > 0 and the handler ran) or found
+	// so (docs/contract.md section 11.3).
+	EventOutcomeUnknown
 )
 
 var eventNames = [...]string{"", "executed", "replayed", "in_flight", "key_reused", "released", "taken_over",
-	"lease_lost", "store_unavailable", "completion_failed", "overloaded"}
+	"lease_lost", "store_unavailable", "completion_failed", "overloaded", "outcome_unknown"}
 
 // String returns the kind's snake_case name.
 func (k EventKind) String() string {

@@ -63,6 +63,7 @@ var problemKinds = []problemKind{
 	problemKindOf(ErrKeyReused, "key-reused", "Idempotency-Key reused with a different request", http.StatusUnprocessableEntity, true),
 	problemKindOf(ErrInFlight, "request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict, false),
 	problemKindOf(ErrLeaseLost, "request-in-flight", "A request with this Idempotency-Key is in progress", http.StatusConflict, false),
+	problemKindOf(ErrOutcomeUnknown, "outcome-unknown", "The outcome of the request with this Idempotency-Key cannot be known", http.StatusConflict, false),
 	problemKindOf(ErrResponseNotStored, "response-not-stored", "The response for this Idempotency-Key was not stored", http.StatusGone, false),
 	problemKindOf(ErrResponseMissing, "response-missing", "The response for this Idempotency-Key is missing from the store", http.StatusInternalServerError, false),
 	problemKindOf(ErrRecordDamaged, "record-damaged", "The record for this Idempotency-Key is damaged", http.StatusInternalServerError, false),

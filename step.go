@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/idemgo/idem/internal/protocol"
 )
@@ -29,7 +30,20 @@ var (
 	// the step's type (it changed incompatibly between deploys). The step
 	// is never run again for it: answer a 5xx; an operator decides.
 	ErrStepResultUndecodable = protocol.ErrStepResultUndecodable
+	// ErrOutcomeUnknown: the outcome of the request cannot be known: an
+	// AtMostOnce step started and its result was not recorded, or a
+	// recorded result no longer decodes (docs/contract.md section 11.3).
+	// The record is UNKNOWN: never run again, never purged; every request
+	// of its key is answered 409 outcome-unknown (no Retry-After) until an
+	// operator resolves it (`idem resolve`). Step's error matches it as an
+	// *UnknownError; Do's does.
+	ErrOutcomeUnknown = protocol.ErrOutcomeUnknown
 )
+
+// UnknownError is ErrOutcomeUnknown as the execution that made its record
+// UNKNOWN sees it: the step, the reason (idemdriver.ReasonStepUncertain,
+// ReasonStepUnrecorded, ReasonStepResultUndecodable) and the cause.
+type UnknownError = protocol.UnknownError
 
 // StepError is a step's definite error (StepFinal), as recorded: Step
 // returns it on the run that recorded it and on every re-execution. Its
@@ -48,6 +62,42 @@ func StepFinal(err error) error { return protocol.StepFinal(err) }
 // is cleared and a re-execution runs it again. nil stays nil.
 func StepNotApplied(err error) error { return protocol.StepNotApplied(err) }
 
+// StepOption is an option of Step: AtMostOnce, Reconcile.
+type StepOption interface{ stepOption() }
+
+type atMostOnce struct{}
+
+func (atMostOnce) stepOption() {}
+
+// AtMostOnce declares a step whose callee has no idempotency (a bank
+// transfer file, an SMS, a provider that ignores keys): it never runs twice
+// (docs/contract.md section 11.3). A re-execution that finds it started
+// without a result does not run it: it asks the step's Reconcile function,
+// if it has one, and otherwise, or when that cannot tell, the record
+// becomes UNKNOWN; so does the run whose fn returns an uncertain error (not
+// StepFinal, not StepNotApplied). Step then returns an error matching
+// ErrOutcomeUnknown, and the request is answered 409 outcome-unknown,
+// whatever the handler writes, until an operator resolves it (`idem
+// resolve`).
+func AtMostOnce() StepOption { return atMostOnce{} }
+
+type reconcile[T any] struct {
+	f func(ctx context.Context, relayKey string) (T, error)
+}
+
+func (reconcile[T]) stepOption() {}
+
+// Reconcile gives an at-most-once step (AtMostOnce) a function that asks
+// the callee what became of an earlier start whose result was not
+// recorded, given the step's relayed key (the reference the first run
+// sent): its result when the effect happened (a value, or StepFinal(err)),
+// StepNotApplied(err) when it did not (the step then runs), or any other
+// error while the callee cannot tell (the record becomes UNKNOWN). T must
+// be the step's result type. Without AtMostOnce it is never called.
+func Reconcile[T any](f func(ctx context.Context, relayKey string) (T, error)) StepOption {
+	return reconcile[T]{f}
+}
+
 // Step runs fn as the external step name of the execution under ctx (a
 // handler's or Do's fn's context) and returns its result (docs/contract.md
 // section 11.1):
@@ -62,7 +112,8 @@ func StepNotApplied(err error) error { return protocol.StepNotApplied(err) }
 // recorded (returned as a *StepError); StepNotApplied(err) clears the start,
 // and fn may run again; any other error leaves the step started: the effect
 // may have happened, and a re-execution runs fn again under the same
-// relayed key, for the callee to deduplicate.
+// relayed key, for the callee to deduplicate. An AtMostOnce step is never
+// run again: see AtMostOnce and Reconcile.
 //
 // name is 1 to 128 bytes of visible ASCII, stable across deploys and unique
 // within the execution (a step in a loop carries its index or item's id:
@@ -70,12 +121,15 @@ func StepNotApplied(err error) error { return protocol.StepNotApplied(err) }
 // request. T is recorded as JSON (encoding/json), sealed with the record's
 // keys when sealing is on.
 //
-// Errors besides fn's: ErrNoExecution, ErrStepName, ErrStepNotAllowed,
+// Errors besides fn's: ErrNoExecution, ErrStepName, ErrStepNotAllowed (also
+// when the store's schema predates steps: apply its migrations),
 // ErrStepRepeated, ErrExecutionEnded, ErrLeaseLost (another worker owns the
-// record), ErrStepNotRecorded, ErrStepResultUndecodable, ErrSealKeyMissing,
-// ErrSealBroken, a *StoreError; a result fn returns that JSON cannot encode
-// is an error too, and the step stays started.
-func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, error)) (T, error) {
+// record), ErrStepNotRecorded, ErrOutcomeUnknown (the record is UNKNOWN
+// now; a result that no longer decodes makes it so too, and matches
+// ErrStepResultUndecodable), ErrSealKeyMissing, ErrSealBroken, a
+// *StoreError; a result fn returns that JSON cannot encode is an error too,
+// and the step stays started.
+func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, error), opts ...StepOption) (T, error) {
 	var zero T
 	e, ok := protocol.FromContext(ctx)
 	if !ok {
@@ -85,5 +139,24 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 	if err != nil {
 		return zero, err
 	}
-	return protocol.RunStep(e, name, relay, fn)
+	var once bool
+	var check func(context.Context) (T, error)
+	for _, o := range opts {
+		switch o := o.(type) {
+		case atMostOnce:
+			once = true
+		case reconcile[T]:
+			check = func(ctx context.Context) (T, error) { return o.f(ctx, relay) }
+		default:
+			return zero, fmt.Errorf("idem: step %q: %T is not an option of a step of %T (Reconcile's type must be the step's)", name, o, zero)
+		}
+	}
+	return protocol.RunStep(e, name, relay, fn, check, once)
 }
+
+// EncodeStepResult encodes v, a step's result, as Step records it: JSON in
+// a versioned envelope. An operator's resolution of an UNKNOWN record
+// (`idem resolve --applied`, idemdriver.Stepper.ResolveStep) records it,
+// sealed with the record's keys when sealing is on (seal.Keyring.SealStep).
+// Errors: encoding/json's.
+func EncodeStepResult(v any) ([]byte, error) { return protocol.EncodeStepResult(v) }

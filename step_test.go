@@ -240,7 +240,7 @@ func TestStepResumesAfterTakeover(t *testing.T) {
 // answered by running the step again.
 func TestStepResultUndecodable(t *testing.T) {
 	t.Parallel()
-	g, _ := newEngine(t, nil, idem.EngineOptions{})
+	g, d := newEngine(t, nil, idem.EngineOptions{})
 	p := idem.DoParams{Scope: "s", Key: "k"}
 	_, err := g.Do(t.Context(), p, func(ctx context.Context) (idem.Result, error) {
 		if _, err := idem.Step(ctx, "charge", func(context.Context) (string, error) { return "ch_1", nil }); err != nil {
@@ -255,7 +255,13 @@ func TestStepResultUndecodable(t *testing.T) {
 		return idem.Result{}, err
 	})
 	require.ErrorIs(t, err, idem.ErrStepResultUndecodable)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "held for an operator")
 	require.Equal(t, 0, runs)
+	rec := record(t, d, "s", "k")
+	require.Equal(t, idemdriver.StateUnknown, rec.State)
+	list, err := d.Steps(t.Context(), idemdriver.StepParams{Scope: "s", Key: "k", CreatedAt: rec.CreatedAt})
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.ReasonStepResultUndecodable, list[0].Reason)
 }
 
 // With sealing, a step's relayed key and result are stored sealed (no

@@ -45,6 +45,11 @@ type CheckRetry func(ctx context.Context, resp *http.Response, err error) (bool,
 // 404 and 422 (idem's key-reused) above all, and 500, whose outcome the
 // server alone can judge.
 //
+// idem's 409 outcome-unknown (docs/problems.md) is final: the request's
+// outcome cannot be known and retrying does not help, so it stops there;
+// to tell it, DefaultCheckRetry reads a 409's problem document with
+// ProblemOf, which gives the body back unread.
+//
 // A 409 that is a business conflict rather than a request in flight is
 // retried as well, up to the bounds, and then returned unchanged; replace
 // CheckRetry where an API uses 409 that way.
@@ -56,11 +61,21 @@ func DefaultCheckRetry(ctx context.Context, resp *http.Response, err error) (boo
 		return !permanent(err), nil
 	}
 	switch resp.StatusCode {
-	case http.StatusConflict, http.StatusTooManyRequests, http.StatusBadGateway,
+	case http.StatusConflict:
+		return !outcomeUnknown(resp), nil
+	case http.StatusTooManyRequests, http.StatusBadGateway,
 		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true, nil
 	}
 	return false, nil
+}
+
+// outcomeUnknown reports whether resp is idem's 409 outcome-unknown
+// (docs/problems.md): its problem's type names that kind. ProblemOf gives
+// the body back unread.
+func outcomeUnknown(resp *http.Response) bool {
+	p, ok, _ := ProblemOf(resp)
+	return ok && strings.HasSuffix(p.Type, "#outcome-unknown")
 }
 
 // permanentMessages are the errors net/http returns, unexported, for a

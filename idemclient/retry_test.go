@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -155,4 +156,21 @@ func TestDefaultCheckRetry(t *testing.T) {
 	retry, err := idemclient.DefaultCheckRetry(canceled, &http.Response{StatusCode: 503}, nil)
 	require.False(t, retry)
 	require.ErrorIs(t, err, context.Canceled)
+}
+
+// idem's 409 outcome-unknown stops the retries; its body is still there to
+// read. The in-flight 409 is retried.
+func TestDefaultCheckRetryStopsOnOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	for kind, want := range map[string]bool{"outcome-unknown": false, "request-in-flight": true} {
+		body := `{"type":"https://github.com/idemgo/idem/blob/main/docs/problems.md#` + kind + `","status":409,"new_key_safe":false}`
+		resp := &http.Response{StatusCode: 409, Header: http.Header{"Content-Type": {"application/problem+json"}},
+			Body: io.NopCloser(strings.NewReader(body))}
+		retry, err := idemclient.DefaultCheckRetry(context.Background(), resp, nil)
+		require.NoError(t, err)
+		require.Equal(t, want, retry, kind)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, body, string(got), "%s: the body is given back unread", kind)
+	}
 }

@@ -50,13 +50,19 @@ const (
 	// and never runs the request; Inspector.Stuck lists it for an operator,
 	// who releases the key once they know what its execution did.
 	DecisionDamaged
+	// DecisionUnknown: the same request, UNKNOWN (CONTRACT section 11.3:
+	// an at-most-once step started and its outcome cannot be known),
+	// expired or not. Not claimed; the core answers 409 outcome-unknown,
+	// without Retry-After. Another request under the key is
+	// DecisionKeyReused.
+	DecisionUnknown
 )
 
-var decisionNames = [...]string{"", "new", "replay", "in-flight", "key-reused", "take-over", "reclaim", "new-life", "damaged"}
+var decisionNames = [...]string{"", "new", "replay", "in-flight", "key-reused", "take-over", "reclaim", "new-life", "damaged", "unknown"}
 
 // String returns the decision's name, as the docs and logs spell it
 // ("new", "replay", "in-flight", "key-reused", "take-over", "reclaim",
-// "new-life", "damaged").
+// "new-life", "damaged", "unknown").
 func (d Decision) String() string {
 	if d <= 0 || int(d) >= len(decisionNames) {
 		return fmt.Sprintf("Decision(%d)", int(d))
@@ -83,7 +89,9 @@ func (d Decision) Continues() bool { return d == DecisionTakeOver || d == Decisi
 // rec is nil when there is no record, and expired is expires_at <= now.
 //
 // In order: no record is DecisionNew, and a damaged one (Record.Damaged)
-// DecisionDamaged, whatever the request. A live lease (PROCESSING with
+// DecisionDamaged, whatever the request. An UNKNOWN record is never claimed,
+// expired or not: DecisionUnknown for the same request, DecisionKeyReused
+// for another. A live lease (PROCESSING with
 // LeaseLeft > 0) is never taken, expired or not: DecisionInFlight for the
 // same request, DecisionKeyReused for another. The same request unfinished
 // continues the record's life, expired or not: DecisionReclaim (FAILED) or
@@ -104,6 +112,10 @@ func Decide(rec *Record, expired bool, p ClaimParams) Decision {
 	}
 	same := rec.Method == p.Method && rec.Path == p.Path && bytes.Equal(rec.Fingerprint, p.Fingerprint)
 	switch {
+	case rec.State == StateUnknown && same:
+		return DecisionUnknown
+	case rec.State == StateUnknown:
+		return DecisionKeyReused
 	case rec.State == StateProcessing && rec.LeaseLeft > 0 && same:
 		return DecisionInFlight
 	case rec.State == StateProcessing && rec.LeaseLeft > 0:

@@ -16,7 +16,7 @@ func TestDecisionNames(t *testing.T) {
 		idemdriver.DecisionNew: "new", idemdriver.DecisionReplay: "replay", idemdriver.DecisionInFlight: "in-flight",
 		idemdriver.DecisionKeyReused: "key-reused", idemdriver.DecisionTakeOver: "take-over",
 		idemdriver.DecisionReclaim: "reclaim", idemdriver.DecisionNewLife: "new-life",
-		idemdriver.DecisionDamaged: "damaged",
+		idemdriver.DecisionDamaged: "damaged", idemdriver.DecisionUnknown: "unknown",
 	} {
 		require.Equal(t, name, d.String())
 		claims[d] = d.Claims()
@@ -28,6 +28,7 @@ func TestDecisionNames(t *testing.T) {
 		idemdriver.DecisionNew: true, idemdriver.DecisionReplay: false, idemdriver.DecisionInFlight: false,
 		idemdriver.DecisionKeyReused: false, idemdriver.DecisionTakeOver: true,
 		idemdriver.DecisionReclaim: true, idemdriver.DecisionNewLife: true, idemdriver.DecisionDamaged: false,
+		idemdriver.DecisionUnknown: false,
 	}, claims)
 	require.Equal(t, "Decision(0)", idemdriver.Decision(0).String())
 	require.Equal(t, idemdriver.DecisionNew, idemdriver.Decide(nil, true, idemdriver.ClaimParams{}))
@@ -58,6 +59,24 @@ func TestDecideDamaged(t *testing.T) {
 				d := idemdriver.Decide(&rec, expired, p)
 				require.Equal(t, tc.want, d == idemdriver.DecisionDamaged, "%s locked %v expired %v: %s", tc.state, tc.locked, expired, d)
 			}
+		}
+	}
+}
+
+// An UNKNOWN record is never claimed, expired or not (CONTRACT section
+// 11.3): the same request is DecisionUnknown, another DecisionKeyReused.
+func TestDecideUnknown(t *testing.T) {
+	t.Parallel()
+	p := idemdriver.ClaimParams{Method: "POST", Path: "/p", Fingerprint: []byte("fp")}
+	for _, expired := range []bool{false, true} {
+		rec := idemdriver.Record{Method: p.Method, Path: p.Path, Fingerprint: p.Fingerprint, State: idemdriver.StateUnknown}
+		require.Equal(t, idemdriver.DecisionUnknown, idemdriver.Decide(&rec, expired, p), "expired %v", expired)
+		for _, other := range []idemdriver.ClaimParams{
+			{Method: "PUT", Path: p.Path, Fingerprint: p.Fingerprint},
+			{Method: p.Method, Path: "/q", Fingerprint: p.Fingerprint},
+			{Method: p.Method, Path: p.Path, Fingerprint: []byte("other")},
+		} {
+			require.Equal(t, idemdriver.DecisionKeyReused, idemdriver.Decide(&rec, expired, other), "expired %v", expired)
 		}
 	}
 }

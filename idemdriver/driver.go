@@ -47,6 +47,10 @@ const (
 	// StateFailed: the last execution ended with a retryable outcome; the next
 	// request with the same key claims the record again.
 	StateFailed State = "FAILED"
+	// StateUnknown: an at-most-once step started and its outcome cannot be
+	// known (CONTRACT section 11.3). Never claimed, taken over, purged or
+	// dropped; ended by Stepper.ResolveStep.
+	StateUnknown State = "UNKNOWN"
 )
 
 // ErrNotFound is returned by Driver.Get when no record exists for (scope, key).

@@ -24,6 +24,10 @@ type Stepper interface {
 	// as it is. It returns the step as stored after the statement: Done
 	// tells the caller to use its Result instead of running the step.
 	//
+	// An at-most-once step started by an earlier execution and without a
+	// result is never marked started again (StartStepParams.AtMostOnce):
+	// StartStep returns it as stored, whoever owns the life.
+	//
 	// When the life is no longer owned under the token (fenced out: taken
 	// over, ended, released or purged) and the step has no result, it
 	// writes nothing and returns ErrFencedOut.
@@ -42,6 +46,64 @@ type Stepper interface {
 	// Steps lists the steps of the record life (p.Scope, p.Key,
 	// p.CreatedAt), in name order; p.FencingToken is not compared.
 	Steps(ctx context.Context, p StepParams) ([]Step, error)
+	// MarkUnknown ends the record life owned under p.FencingToken UNKNOWN
+	// (CONTRACT section 11.3): state UNKNOWN, locked_until NULL and
+	// expires_at FarFuture, so that no claim, purge or partition drop, of
+	// this version or an earlier one, touches it; the step p.Name, when it
+	// exists, keeps p.Reason. One transaction. When the life is not owned
+	// under the token it writes nothing and returns ErrFencedOut.
+	MarkUnknown(ctx context.Context, p UnknownParams) error
+	// ResolveStep ends an UNKNOWN record life (CONTRACT section 11.3: an
+	// operator's `idem resolve`, a reconcile function), a compare-and-set
+	// on (scope, key, created_at, fencing token) and state UNKNOWN. When
+	// p.Applied the step p.Name gets p.Result as its result (done, whatever
+	// it held); otherwise its start is cleared (no result, StartedToken 0:
+	// the next execution starts it again). Either keeps p.By, p.Why and the
+	// database's now on the step, and the record becomes FAILED with
+	// expires_at now + p.Retention, so the next request of its payload
+	// resumes it in the same life. One transaction. When the record is not
+	// that UNKNOWN life, or the step does not exist, it writes nothing and
+	// returns ErrNotFound.
+	ResolveStep(ctx context.Context, p ResolveStepParams) error
+}
+
+// FarFuture is the expires_at of an UNKNOWN record: later than any
+// retention, so every claim, purge and partition drop leaves it alone.
+var FarFuture = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+
+// The reasons a record is UNKNOWN (UnknownParams.Reason, Step.Reason).
+const (
+	// ReasonStepUncertain: an at-most-once step's function returned an
+	// uncertain error (a timeout, a reset after sending).
+	ReasonStepUncertain = "step-uncertain"
+	// ReasonStepUnrecorded: an at-most-once step was started by an earlier
+	// execution and has no result, and nothing could reconcile it.
+	ReasonStepUnrecorded = "step-unrecorded"
+	// ReasonStepResultUndecodable: a recorded result no longer decodes
+	// into the step's type.
+	ReasonStepResultUndecodable = "step-result-undecodable"
+)
+
+// UnknownParams are the inputs of MarkUnknown: the step (a started one, or
+// one whose result does not decode) and why.
+type UnknownParams struct {
+	StepParams
+	Reason string // at most 64 bytes of ASCII: one of the Reason constants
+}
+
+// ResolveStepParams are the inputs of ResolveStep.
+type ResolveStepParams struct {
+	StepParams
+	// Applied tells whether the step's effect happened. When true, Result
+	// (sealed under SealKey when that is set) is recorded as its result.
+	Applied bool
+	Result  []byte
+	SealKey string
+	// By and Why say who resolved it and why (at most 200 bytes each),
+	// kept on the step.
+	By, Why string
+	// Retention sets the resolved record's expires_at: now + Retention.
+	Retention time.Duration
 }
 
 // MaxStepNameBytes is the longest step name every driver stores.
@@ -66,6 +128,13 @@ type StartStepParams struct {
 	// SealKey names the key Relay (and later the Result) is sealed under;
 	// empty when not sealed.
 	SealKey string
+	// AtMostOnce marks a step that must never run twice (CONTRACT section
+	// 11.1). A start marker stored at-most-once without a result is not
+	// marked started again: StartStep returns it as stored, StartedToken
+	// another execution's, for the caller to reconcile or mark UNKNOWN; one
+	// whose start was cleared by ResolveStep (StartedToken 0) is started
+	// again.
+	AtMostOnce bool
 }
 
 // FinishStepParams are the inputs of FinishStep.
@@ -93,12 +162,32 @@ type Step struct {
 	// SealKey names the key Relay and Result are sealed under ("" when
 	// not sealed).
 	SealKey string
+	// AtMostOnce is StartStepParams.AtMostOnce of its last start.
+	AtMostOnce bool
+	// Reason says why the record became UNKNOWN at this step
+	// (MarkUnknown); "" otherwise.
+	Reason string
+	// ResolvedBy, ResolvedWhy and ResolvedAt are ResolveStep's; ResolvedAt
+	// is zero when the step was never resolved.
+	ResolvedBy, ResolvedWhy string
+	ResolvedAt              time.Time
 }
 
 // ErrFencedOut is returned by StartStep when the record life is no longer
 // owned under the params' fencing token.
 var ErrFencedOut = errors.New("idemdriver: the execution no longer owns its record")
 
+// ErrSchemaTooOld is wrapped by a Stepper's error when the store's schema
+// predates the statement (a migration not yet applied): nothing was
+// written. Apply the driver's migrations, then deploy handlers that use
+// steps (CONTRACT section 11.3, rolling deploys).
+var ErrSchemaTooOld = errors.New("idemdriver: the store's schema predates this statement; apply its migrations")
+
 // ErrStepsUnsupported is wrapped by a Stepper's error when its store keeps
 // no steps (idempgx on a partitioned table): nothing was written.
 var ErrStepsUnsupported = errors.New("idemdriver: this store keeps no steps")
+
+// StepHeld reports whether s is an at-most-once start that StartStep never
+// starts again: started (StartedToken not 0), without a result. Its effect
+// may have happened; only a reconcile function or ResolveStep ends it.
+func StepHeld(s Step) bool { return s.AtMostOnce && !s.Done && s.StartedToken != 0 }

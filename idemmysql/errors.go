@@ -69,3 +69,20 @@ func classify(err error) kind {
 // transaction back in a conflict with another (1213): in a business
 // transaction, nothing of it committed (idemdriver.ErrConflict).
 func aborted(err error) bool { return classify(err) == kindDeadlock }
+
+// schemaTooOld reports an error by which a statement named a table or a
+// column the schema does not have (1146 ER_NO_SUCH_TABLE, 1054
+// ER_BAD_FIELD_ERROR): the migrations that add it are not applied. The
+// statement wrote nothing.
+func schemaTooOld(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1146 || me.Number == 1054)
+}
+
+// checkViolated reports an error by which a write failed a CHECK constraint
+// (MariaDB's 4025 ER_CONSTRAINT_FAILED, MySQL's 3819
+// ER_CHECK_CONSTRAINT_VIOLATED). The statement wrote nothing.
+func checkViolated(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 4025 || me.Number == 3819)
+}

@@ -75,3 +75,6 @@ func EmbeddedMigrations() fs.FS {
 
 // OpenWrapped is Open with the connector wrapped by wrap.
 var OpenWrapped = open
+
+// EmbeddedPresent is the Config.Present of the embedded migrations.
+var EmbeddedPresent = embeddedPresent

@@ -31,9 +31,9 @@ const MigrateLockTimeout = idemmigrate.DefaultLockTimeout
 // is local to one node), so processes starting together migrate once. It is
 // safe to call on every start, also after a process died mid-migration:
 // the version table is repaired under the lease, and a migration whose DDL
-// committed before its version was recorded (the ALTER TABLE of 00002 to 00005) is
-// recorded, not run again. A migration that fails part-way is reported as a
-// *MigrateError.
+// committed before its version was recorded (the ALTER TABLE of 00002 to
+// 00005, 00007 and 00008) is recorded, not run again. A migration that
+// fails part-way is reported as a *MigrateError.
 func (d *Driver) Migrate(ctx context.Context) error {
 	m, err := d.embedded(ctx)
 	if err != nil {
@@ -85,20 +85,32 @@ func (d *Driver) embedded(ctx context.Context) (*idemmigrate.Migrator, error) {
 }
 
 // embeddedPresent is the Config.Present of idem's own migrations. Only the
-// migrations that add one column (00002 owner, 00003 seal_key, 00004
-// request, 00005 seal_tag) can be left applied and unrecorded: each is one ALTER TABLE,
-// which commits on its own (00001 and 00006 create their tables IF NOT
-// EXISTS and run again unharmed). Such a migration is present when idem_keys has its
-// column.
+// migrations that alter a table (00002 owner, 00003 seal_key, 00004
+// request, 00005 seal_tag, 00007 the steps' at-most-once and resolution
+// columns, 00008 the UNKNOWN state) can be left applied and unrecorded:
+// each is one ALTER TABLE, which commits on its own (00001 and 00006 create
+// their tables IF NOT EXISTS and run again unharmed). Such a migration is
+// present when its table has its column (one ALTER TABLE adds all of
+// 00007's, or none), or, for 00008, when the CHECK constraint on state
+// allows 'UNKNOWN' (running it again would be harmless, but copies
+// idem_keys).
 func embeddedPresent(ctx context.Context, db idemmigrate.Queryer, version int64) (bool, error) {
-	column, ok := map[int64]string{2: "owner", 3: "seal_key", 4: "request", 5: "seal_tag"}[version]
-	if !ok {
-		return false, nil
-	}
 	var n int
-	err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.COLUMNS
-		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idem_keys' AND COLUMN_NAME = ?`, column).Scan(&n)
-	return n == 1, err
+	var err error
+	switch version {
+	case 8:
+		err = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.CHECK_CONSTRAINTS
+		WHERE CONSTRAINT_SCHEMA = DATABASE() AND CONSTRAINT_NAME = 'idem_keys_state' AND CHECK_CLAUSE LIKE '%UNKNOWN%'`).Scan(&n)
+	default:
+		column, ok := map[int64][2]string{2: {"idem_keys", "owner"}, 3: {"idem_keys", "seal_key"}, 4: {"idem_keys", "request"},
+			5: {"idem_keys", "seal_tag"}, 7: {"idem_steps", "at_most_once"}}[version]
+		if !ok {
+			return false, nil
+		}
+		err = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.COLUMNS
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?`, column[0], column[1]).Scan(&n)
+	}
+	return n >= 1, err
 }
 
 // MigrateError reports a migration that failed. MySQL has no transactional

@@ -12,6 +12,7 @@ import (
 	"github.com/pressly/goose/v3/database"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemmysql"
 	"github.com/idemgo/idem/internal/dbtest"
 )
@@ -232,4 +233,127 @@ func TestMigrateAfterSealColumnsAddedButNotRecorded(t *testing.T) {
 	require.NoError(t, d.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM `+idemmysql.SchemaVersionTable+`
 		WHERE version_id IN (3, 4, 5) AND is_applied`).Scan(&n))
 	require.Equal(t, 3, n, "versions 3, 4 and 5 recorded once each")
+}
+
+// migrationsUpTo is the embedded migrations up to version last (its first
+// last files).
+func migrationsUpTo(t *testing.T, last int) fstest.MapFS {
+	t.Helper()
+	names, err := fs.Glob(idemmysql.EmbeddedMigrations(), "*.sql")
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(names), last)
+	set := fstest.MapFS{}
+	for _, name := range names[:last] {
+		data, err := fs.ReadFile(idemmysql.EmbeddedMigrations(), name)
+		require.NoError(t, err)
+		set[name] = &fstest.MapFile{Data: data}
+	}
+	return set
+}
+
+// Rolling deploys (docs/contract.md section 11.3): a database at version 6
+// keeps its step rows through 00007 and 00008, and until they are applied
+// the step statements refuse with ErrSchemaTooOld, writing nothing:
+// StartStep at version 6 (no at_most_once column), MarkUnknown at version 7
+// (the CHECK constraint knows no UNKNOWN). Their Down migrations undo them,
+// 00008's refusing while a record is UNKNOWN.
+func TestMigrateStepsToUnknown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := openUnmigrated(t, "")
+	require.NoError(t, idemmysql.MigrateFS(d, ctx, migrationsUpTo(t, 6)))
+	res, err := d.Claim(ctx, params("acct", "k", "b"))
+	require.NoError(t, err)
+	rec := res.Record
+	_, err = d.DB().ExecContext(ctx, "INSERT INTO idem_steps (scope, `key`, created_at, name, started_token, started_at, relay, done, result, finished_at)\n"+
+		"SELECT scope, `key`, created_at, 'charge', fencing_token, UTC_TIMESTAMP(6), 'relay', TRUE, 'ch_1', UTC_TIMESTAMP(6) FROM idem_keys")
+	require.NoError(t, err, "a step of version 6")
+
+	step := func(name string) idemdriver.StepParams {
+		return idemdriver.StepParams{Scope: rec.Scope, Key: rec.Key, CreatedAt: rec.CreatedAt, FencingToken: rec.FencingToken, Name: name}
+	}
+	for _, amo := range []bool{true, false} {
+		_, err = d.StartStep(ctx, idemdriver.StartStepParams{StepParams: step("transfer"), Relay: []byte("r"), AtMostOnce: amo})
+		require.ErrorIs(t, err, idemdriver.ErrSchemaTooOld, "at-most-once %v", amo)
+	}
+	_, err = d.Steps(ctx, step(""))
+	require.ErrorIs(t, err, idemdriver.ErrSchemaTooOld)
+	var n int
+	require.NoError(t, d.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM idem_steps`).Scan(&n))
+	require.Equal(t, 1, n, "nothing written")
+
+	require.NoError(t, idemmysql.MigrateFS(d, ctx, migrationsUpTo(t, 7)))
+	s, err := d.StartStep(ctx, idemdriver.StartStepParams{StepParams: step("transfer"), Relay: []byte("r"), AtMostOnce: true})
+	require.NoError(t, err)
+	require.True(t, s.AtMostOnce)
+	unknown := idemdriver.UnknownParams{StepParams: step("transfer"), Reason: idemdriver.ReasonStepUncertain}
+	require.ErrorIs(t, d.MarkUnknown(ctx, unknown), idemdriver.ErrSchemaTooOld, "version 7 knows no UNKNOWN")
+	got, err := d.Get(ctx, idemdriver.GetParams{Scope: rec.Scope, Key: rec.Key})
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.StateProcessing, got.State, "nothing written")
+
+	require.NoError(t, d.Migrate(ctx))
+	list, err := d.Steps(ctx, step(""))
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+	require.Equal(t, "charge", list[0].Name, "version 6's row is kept")
+	require.True(t, list[0].Done)
+	require.Equal(t, "ch_1", string(list[0].Result))
+	require.False(t, list[0].AtMostOnce)
+	require.Empty(t, list[0].Reason)
+	require.True(t, list[0].ResolvedAt.IsZero())
+
+	require.NoError(t, d.MarkUnknown(ctx, unknown))
+	got, err = d.Get(ctx, idemdriver.GetParams{Scope: rec.Scope, Key: rec.Key})
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.StateUnknown, got.State)
+	recs, err := d.List(ctx, idemdriver.ListParams{State: idemdriver.StateUnknown, Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+
+	_, err = d.MigrateDown(ctx)
+	require.Error(t, err, "00008's Down refuses while a record is UNKNOWN")
+	require.NoError(t, d.ResolveStep(ctx, idemdriver.ResolveStepParams{StepParams: step("transfer"), Applied: true,
+		Result: []byte("tr_1"), By: "ops", Why: "the bank's statement", Retention: retention}))
+	for _, version := range []int64{8, 7} {
+		m, err := d.MigrateDown(ctx)
+		require.NoError(t, err)
+		require.Equal(t, version, m.Version)
+	}
+	_, err = d.StartStep(ctx, idemdriver.StartStepParams{StepParams: step("transfer"), Relay: []byte("r")})
+	require.ErrorIs(t, err, idemdriver.ErrSchemaTooOld, "back at version 6")
+	require.NoError(t, d.Migrate(ctx), "and up again")
+	list, err = d.Steps(ctx, step(""))
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+	require.True(t, list[1].Done, "the resolved result is kept through Down and Up")
+	require.False(t, list[1].AtMostOnce, "its resolution columns are not")
+}
+
+// The same for 00007 (the steps' columns) and 00008 (the UNKNOWN state):
+// found in the schema, they are recorded, not run again; a schema without
+// them is not taken for one with.
+func TestMigrateAfterUnknownAddedButNotRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := openUnmigrated(t, "")
+	require.NoError(t, idemmysql.MigrateFS(d, ctx, migrationsUpTo(t, 6)))
+	for _, version := range []int64{7, 8} {
+		present, err := idemmysql.EmbeddedPresent(ctx, d.DB(), version)
+		require.NoError(t, err)
+		require.False(t, present, "version %d at version 6", version)
+	}
+	require.NoError(t, d.Migrate(ctx))
+	for _, version := range []int64{7, 8} {
+		present, err := idemmysql.EmbeddedPresent(ctx, d.DB(), version)
+		require.NoError(t, err)
+		require.True(t, present, "version %d", version)
+	}
+	_, err := d.DB().ExecContext(ctx, `DELETE FROM `+idemmysql.SchemaVersionTable+` WHERE version_id IN (7, 8)`)
+	require.NoError(t, err)
+	require.NoError(t, d.Migrate(ctx), "a start after the kill")
+	var n int
+	require.NoError(t, d.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM `+idemmysql.SchemaVersionTable+`
+		WHERE version_id IN (7, 8) AND is_applied`).Scan(&n))
+	require.Equal(t, 2, n, "versions 7 and 8 recorded once each")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemsql"
@@ -11,23 +12,50 @@ import (
 
 var _ idemdriver.Stepper = (*Driver)(nil)
 
-var stepColumns = "name, started_token, " + micros("started_at") + ", relay, done, result, " + micros("finished_at") + ", seal_key"
+// Column bounds of the idem_steps table that StartStep, MarkUnknown and
+// ResolveStep check before they write, refusing a longer value with an error
+// wrapping ErrTooLong (nothing written), as Claim does for idem_keys.
+const (
+	MaxStepReasonBytes   = 64  // reason, VARBINARY(64)
+	MaxStepResolverBytes = 200 // resolved_by and resolved_why, VARBINARY(200) each
+)
+
+var stepColumns = "name, started_token, " + micros("started_at") + ", relay, done, result, " + micros("finished_at") + ", seal_key,\n" +
+	"	at_most_once, reason, resolved_by, resolved_why, " + micros("resolved_at")
 
 // stepKey names one step. Args: scope, key, created_at (µs), name.
 const stepKey = " scope = ? AND `key` = ? AND created_at = " + at + " AND name = ?"
 
-// startStepSQL inserts the start marker, or marks a step without a result
-// started again, when the life is owned under the token; the SELECT's
-// shared row lock keeps a takeover's UPDATE of the record from committing
-// in between (on Galera the foreign key's reference to the record is
-// certified against it). Args: name, token, offset, relay, seal key, then
-// scope, key, token, created_at (µs). Rows affected: 1 inserted, 2 started
-// again, 0 neither (fenced out, or the step has a result).
-var startStepSQL = "INSERT INTO idem_steps (scope, `key`, created_at, name, started_token, started_at, relay, seal_key)\n" +
-	"SELECT scope, `key`, created_at, ?, ?, " + now + ", ?, ? FROM idem_keys" + fenced + "\n" +
+// startKept is true of a stored step that a start leaves as it is: done (a
+// result is recorded), or held (idemdriver.StepHeld: an at-most-once start
+// without a result, not cleared by ResolveStep), whatever the new start is.
+const startKept = "(done OR (at_most_once AND started_token <> 0))"
+
+// startStepSQL inserts the start marker, or marks a step that is not kept
+// (startKept) started again, when the life is owned under the token; the
+// SELECT's shared row lock keeps a takeover's UPDATE of the record from
+// committing in between (on Galera the foreign key's reference to the
+// record is certified against it). Args: name, token, offset, relay, seal
+// key, at-most-once, then scope, key, token, created_at (µs). Rows affected:
+// 1 inserted, 2 started again, 0 neither (fenced out, or the step is kept).
+//
+// The assignments give the same row whether the server evaluates them left
+// to right, each seeing the columns assigned before it (MySQL, MariaDB by
+// default), or all against the row as it was (MariaDB's sql_mode
+// SIMULTANEOUS_ASSIGNMENT, which covers ON DUPLICATE KEY UPDATE too;
+// TestStartStepAssignments). started_at and started_token come first and
+// read only columns that nothing assigned before them. at_most_once comes
+// last and may read their new values: a kept row still holds an earlier
+// start's token or time, one started again holds this start's, so a held
+// row is the one whose started_token or started_at differs from this
+// start's.
+var startStepSQL = "INSERT INTO idem_steps (scope, `key`, created_at, name, started_token, started_at, relay, seal_key, at_most_once)\n" +
+	"SELECT scope, `key`, created_at, ?, ?, " + now + ", ?, ?, ? FROM idem_keys" + fenced + "\n" +
 	"LOCK IN SHARE MODE\n" +
-	"ON DUPLICATE KEY UPDATE started_token = IF(done, started_token, VALUES(started_token)),\n" +
-	"	started_at = IF(done, started_at, VALUES(started_at))"
+	"ON DUPLICATE KEY UPDATE started_at = IF(" + startKept + ", started_at, VALUES(started_at)),\n" +
+	"	started_token = IF(" + startKept + ", started_token, VALUES(started_token)),\n" +
+	"	at_most_once = IF(done OR (at_most_once AND started_token <> 0\n" +
+	"		AND (started_token <> VALUES(started_token) OR started_at <> VALUES(started_at))), at_most_once, VALUES(at_most_once))"
 
 var stepSQL = "SELECT " + stepColumns + " FROM idem_steps WHERE" + stepKey
 
@@ -40,6 +68,35 @@ var clearStepSQL = "DELETE FROM idem_steps WHERE" + stepKey + " AND NOT done AND
 
 var stepsSQL = "SELECT " + stepColumns + " FROM idem_steps WHERE scope = ? AND `key` = ? AND created_at = " + at + " ORDER BY name"
 
+// markUnknownKeySQL ends the owned life UNKNOWN (CONTRACT section 11.3):
+// no lease, and an expires_at past any retention, so that no claim or
+// purge takes it. Args: far future (µs), offset, then scope, key, token,
+// created_at (µs).
+var markUnknownKeySQL = "UPDATE idem_keys SET state = 'UNKNOWN', locked_until = NULL, expires_at = " + at + ", " + touch + fenced
+
+// markUnknownStepSQL keeps the reason on the step, done or not. Args:
+// reason, then stepKey's.
+var markUnknownStepSQL = "UPDATE idem_steps SET reason = ? WHERE" + stepKey
+
+// resolveKeySQL ends an UNKNOWN life FAILED, a compare-and-set on its
+// token; it expires after the retention again. Args: offset, retention
+// (µs), offset, then scope, key, created_at (µs), token.
+var resolveKeySQL = "UPDATE idem_keys SET state = 'FAILED', expires_at = " + now + " + INTERVAL ? MICROSECOND, " + touch + "\n" +
+	"WHERE scope = ? AND `key` = ? AND created_at = " + at + " AND fencing_token = ? AND state = 'UNKNOWN'"
+
+// resolveAppliedSQL records the step's result, whatever it held. Args:
+// result, seal key, offset, by, why, offset, then stepKey's.
+var resolveAppliedSQL = "UPDATE idem_steps SET done = TRUE, result = ?, seal_key = ?, finished_at = " + now + ",\n" +
+	"	resolved_by = ?, resolved_why = ?, resolved_at = " + now + "\nWHERE" + stepKey
+
+// resolveNotAppliedSQL clears the step's start (and a result, if any): the
+// next execution starts it again. Args: by, why, offset, then stepKey's.
+var resolveNotAppliedSQL = "UPDATE idem_steps SET done = FALSE, result = NULL, finished_at = NULL, started_token = 0,\n" +
+	"	resolved_by = ?, resolved_why = ?, resolved_at = " + now + "\nWHERE" + stepKey
+
+// stepExistsSQL: args stepKey's.
+var stepExistsSQL = "SELECT COUNT(*) FROM idem_steps WHERE" + stepKey
+
 func stepKeyArgs(p idemdriver.StepParams) []any {
 	return []any{p.Scope, p.Key, p.CreatedAt.UnixMicro(), p.Name}
 }
@@ -48,33 +105,69 @@ func ownerArgs(p idemdriver.StepParams) []any {
 	return []any{p.Scope, p.Key, p.FencingToken, p.CreatedAt.UnixMicro()}
 }
 
+// stepErr wraps idemdriver.ErrSchemaTooOld around an error of a step
+// statement that names a table or column the schema does not have yet
+// (schemaTooOld): its migrations are not applied.
+func stepErr(err error) error {
+	if schemaTooOld(err) {
+		return fmt.Errorf("idemmysql: %w: %w", idemdriver.ErrSchemaTooOld, err)
+	}
+	return err
+}
+
+// checkStepBounds refuses a value longer than its idem_steps column.
+func checkStepBounds(fields ...boundedField) error {
+	for _, f := range fields {
+		if f.n > f.max {
+			return fmt.Errorf("%w (%w): %s is %d bytes, the column holds %d", ErrTooLong, idemdriver.ErrUnstorable, f.name, f.n, f.max)
+		}
+	}
+	return nil
+}
+
+type boundedField struct {
+	name   string
+	n, max int
+}
+
 // step reads one step; found is false when it does not exist.
 func (d *Driver) step(ctx context.Context, p idemdriver.StepParams) (s idemdriver.Step, found bool, err error) {
 	s, err = idemsql.ScanStep(d.db.QueryRowContext(ctx, stepSQL, stepKeyArgs(p)...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, false, nil
 	}
-	return s, err == nil, err
+	return s, err == nil, stepErr(err)
 }
 
 // exec runs q and returns its rows affected.
 func (d *Driver) exec(ctx context.Context, q string, args ...any) (int64, error) {
 	res, err := d.db.ExecContext(ctx, q, args...)
 	if err != nil {
-		return 0, err
+		return 0, stepErr(err)
 	}
 	return res.RowsAffected()
 }
 
 // StartStep implements idemdriver.Stepper.
 func (d *Driver) StartStep(ctx context.Context, p idemdriver.StartStepParams) (idemdriver.Step, error) {
-	args := append([]any{p.Name, p.FencingToken, p.ClockOffset.Microseconds(), p.Relay, p.SealKey}, ownerArgs(p.StepParams)...)
+	if err := checkStepBounds(boundedField{"step name", len(p.Name), idemdriver.MaxStepNameBytes},
+		boundedField{"seal key", len(p.SealKey), idemdriver.MaxSealKeyBytes}); err != nil {
+		return idemdriver.Step{}, err
+	}
+	args := append([]any{p.Name, p.FencingToken, p.ClockOffset.Microseconds(), p.Relay, p.SealKey, p.AtMostOnce}, ownerArgs(p.StepParams)...)
 	n, err := d.exec(ctx, startStepSQL, args...)
 	if err != nil {
 		return idemdriver.Step{}, err
 	}
 	s, ok, err := d.step(ctx, p.StepParams)
-	if err == nil && !s.Done && (!ok || n == 0) {
+	switch {
+	case err != nil:
+	case !ok:
+		err = idemdriver.ErrFencedOut
+	case s.Done, idemdriver.StepHeld(s):
+		// As stored, whoever owns the life: a result to use, or an
+		// at-most-once start never started again.
+	case n == 0:
 		err = idemdriver.ErrFencedOut
 	}
 	return s, err
@@ -103,7 +196,117 @@ func (d *Driver) ClearStep(ctx context.Context, p idemdriver.StepParams) (bool, 
 func (d *Driver) Steps(ctx context.Context, p idemdriver.StepParams) ([]idemdriver.Step, error) {
 	rows, err := d.db.QueryContext(ctx, stepsSQL, p.Scope, p.Key, p.CreatedAt.UnixMicro())
 	if err != nil {
-		return nil, err
+		return nil, stepErr(err)
 	}
-	return idemsql.ScanSteps(rows)
+	s, err := idemsql.ScanSteps(rows)
+	return s, stepErr(err)
+}
+
+// MarkUnknown implements idemdriver.Stepper: in one READ COMMITTED
+// transaction, the fenced UPDATE of the record, then the step's reason.
+func (d *Driver) MarkUnknown(ctx context.Context, p idemdriver.UnknownParams) error {
+	if err := checkStepBounds(boundedField{"reason", len(p.Reason), MaxStepReasonBytes}); err != nil {
+		return err
+	}
+	off := p.ClockOffset.Microseconds()
+	return d.stepTx(ctx, func(tx *sql.Tx) error {
+		n, err := txExec(ctx, tx, markUnknownKeySQL, append([]any{idemdriver.FarFuture.UnixMicro(), off}, ownerArgs(p.StepParams)...)...)
+		if checkViolated(err) {
+			// The CHECK constraint idem_keys_state of a schema before
+			// 00008_idem_keys_unknown.sql, which knows no UNKNOWN.
+			return fmt.Errorf("idemmysql: %w: %w", idemdriver.ErrSchemaTooOld, err)
+		}
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return idemdriver.ErrFencedOut
+		}
+		_, err = txExec(ctx, tx, markUnknownStepSQL, append([]any{p.Reason}, stepKeyArgs(p.StepParams)...)...)
+		return err
+	})
+}
+
+// ResolveStep implements idemdriver.Stepper: in one READ COMMITTED
+// transaction, the compare-and-set on the UNKNOWN record, then the step.
+func (d *Driver) ResolveStep(ctx context.Context, p idemdriver.ResolveStepParams) error {
+	if err := checkStepBounds(boundedField{"resolved by", len(p.By), MaxStepResolverBytes},
+		boundedField{"resolved why", len(p.Why), MaxStepResolverBytes},
+		boundedField{"seal key", len(p.SealKey), idemdriver.MaxSealKeyBytes}); err != nil {
+		return err
+	}
+	off := p.ClockOffset.Microseconds()
+	return d.stepTx(ctx, func(tx *sql.Tx) error {
+		n, err := txExec(ctx, tx, resolveKeySQL, off, p.Retention.Microseconds(), off,
+			p.Scope, p.Key, p.CreatedAt.UnixMicro(), p.FencingToken)
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return idemdriver.ErrNotFound
+		}
+		q, args := resolveNotAppliedSQL, []any{p.By, p.Why, off}
+		if p.Applied {
+			result := p.Result
+			if result == nil {
+				result = []byte{} // done: a result, even an empty one, is not NULL
+			}
+			q, args = resolveAppliedSQL, []any{result, p.SealKey, off, p.By, p.Why, off}
+		}
+		if n, err = txExec(ctx, tx, q, append(args, stepKeyArgs(p.StepParams)...)...); err != nil || n == 1 {
+			return err
+		}
+		// No row changed: none, or one already so (rows affected counts
+		// changed rows unless the pool sets clientFoundRows).
+		var found int
+		if err := tx.QueryRowContext(ctx, stepExistsSQL, stepKeyArgs(p.StepParams)...).Scan(&found); err != nil {
+			return stepErr(err)
+		}
+		if found == 0 {
+			return idemdriver.ErrNotFound
+		}
+		return nil
+	})
+}
+
+// txExec runs q in tx and returns its rows affected.
+func txExec(ctx context.Context, tx *sql.Tx, q string, args ...any) (int64, error) {
+	res, err := tx.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, stepErr(err)
+	}
+	return res.RowsAffected()
+}
+
+// stepTx runs fn in a READ COMMITTED transaction and commits it when fn
+// returns nil; otherwise it rolls back and returns fn's error. A
+// transaction the server rolled back in a conflict (a deadlock, a Galera
+// certification failure: 1213; 1020) runs again, as a fenced write does
+// (execFenced): each statement of fn checks its row again.
+func (d *Driver) stepTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	for try := 1; ; try++ {
+		err := d.stepTxOnce(ctx, fn)
+		if k := classify(err); (k == kindDeadlock || k == kindChanged) && try < maxClaimTries && ctx.Err() == nil {
+			if err := sleepJitter(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		return err
+	}
+}
+
+func (d *Driver) stepTxOnce(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := d.db.BeginTx(ctx, d.beginOpts)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		// After a failed statement the transaction is still open (or the
+		// server rolled it back): nothing of it commits. A rollback that
+		// fails on the wire marks the connection bad, and the pool drops it.
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
 }

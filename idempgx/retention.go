@@ -138,6 +138,7 @@ func (d *Driver) Stats(ctx context.Context, p idemdriver.StatsParams) (idemdrive
 	}
 	st.Now = st.Now.UTC()
 	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
+	st.ByState[idemdriver.StateUnknown] = st.Total - processing - succeeded - failed // the CHECK allows no other state
 	if p.TopScopes > 0 {
 		rows, err := tx.Query(ctx, d.q(`SELECT scope, count(*) FROM idem_keys GROUP BY scope
 			ORDER BY count(*) DESC, scope LIMIT $1`), p.TopScopes)

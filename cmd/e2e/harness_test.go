@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -32,7 +33,7 @@ import (
 // The binaries under test, cmd/paymentsd and cmd/fakepsp, built once per
 // test binary with -tags idemfaults (paymentsd's crash points and stalls)
 // and with -race when this test binary has it.
-var builds = supervise.Binaries{Names: []string{"paymentsd", "fakepsp"}, Race: raceEnabled}
+var builds = supervise.Binaries{Names: []string{"paymentsd", "fakepsp", "idem"}, Race: raceEnabled}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -51,6 +52,21 @@ func binaries(t *testing.T) (paymentsd, fakepsp string) {
 		t.Fatal(err)
 	}
 	return paths[0], paths[1]
+}
+
+// idemCLI builds the idem command on first use and runs it with args,
+// requiring that it succeeds; it returns its standard output.
+func idemCLI(t *testing.T, args ...string) string {
+	t.Helper()
+	paths, err := builds.Paths()
+	require.NoError(t, err)
+	out, err := exec.Command(paths[2], args...).Output()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		t.Fatalf("idem %v: %v: %s", args, err, exit.Stderr)
+	}
+	require.NoError(t, err)
+	return string(out)
 }
 
 // target is a database paymentsd runs against in the tests.

@@ -175,7 +175,7 @@ client's plain key, and the record is found by its hash (docs/sealing.md).`,
 		"give up after this long (purge: stops between batches, finishing the one under way, and reports what it did)")
 
 	root.AddCommand(migrateCmd(g, stdout), purgeCmd(g, stdout), partitionsCmd(g, stdout),
-		inspectCmd(g, stdout), listCmd(g, stdout), releaseCmd(g, stdout), stuckCmd(g, stdout), statsCmd(g, stdout))
+		inspectCmd(g, stdout), listCmd(g, stdout), releaseCmd(g, stdout), resolveCmd(g, stdout), stuckCmd(g, stdout), statsCmd(g, stdout))
 	return root
 }
 
@@ -599,7 +599,7 @@ func listCmd(g *globals, out io.Writer) *cobra.Command {
 		limit                              int
 	)
 	c := &cobra.Command{
-		Use:   "list --state FAILED|PROCESSING|SUCCEEDED [--scope S] [--limit N]",
+		Use:   "list --state FAILED|PROCESSING|SUCCEEDED|UNKNOWN [--scope S] [--limit N]",
 		Short: "List the records in one state (of one scope), a page at a time",
 		Long: `List the records in a state (--state; every state when omitted), of one
 scope (--scope; every scope when omitted), in (scope, key) order, --limit per
@@ -657,7 +657,7 @@ replayed. Expired records not purged yet are listed too.`,
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&state, "state", "", "FAILED, PROCESSING or SUCCEEDED (any case); default: every state")
+	f.StringVar(&state, "state", "", "FAILED, PROCESSING, SUCCEEDED or UNKNOWN (any case); default: every state")
 	f.StringVar(&scope, "scope", "", "list only this scope's records; default: every scope")
 	f.IntVar(&limit, "limit", 50, "records per page")
 	f.StringVar(&afterScope, "after-scope", "", "start after this scope's record --after-key (the previous page's last)")
@@ -670,12 +670,12 @@ func parseState(s string) (idemdriver.State, error) {
 	if s == "" {
 		return "", nil
 	}
-	for _, st := range []idemdriver.State{idemdriver.StateFailed, idemdriver.StateProcessing, idemdriver.StateSucceeded} {
+	for _, st := range []idemdriver.State{idemdriver.StateFailed, idemdriver.StateProcessing, idemdriver.StateSucceeded, idemdriver.StateUnknown} {
 		if strings.EqualFold(s, string(st)) {
 			return st, nil
 		}
 	}
-	return "", fmt.Errorf("--state must be FAILED, PROCESSING or SUCCEEDED, not %q", s)
+	return "", fmt.Errorf("--state must be FAILED, PROCESSING, SUCCEEDED or UNKNOWN, not %q", s)
 }
 
 // shellQuote quotes s for a POSIX shell when it is not a plain word.

@@ -240,7 +240,7 @@ func TestCommands(t *testing.T) {
 			require.Regexp(t, `SCOPE\s+RECORDS\nacct_1\s+3\n$`, out)
 			stats := c.json("stats")
 			require.EqualValues(t, 5, stats["total"])
-			require.Equal(t, map[string]any{"PROCESSING": 2.0, "SUCCEEDED": 2.0, "FAILED": 1.0}, stats["by_state"])
+			require.Equal(t, map[string]any{"PROCESSING": 2.0, "SUCCEEDED": 2.0, "FAILED": 1.0, "UNKNOWN": 0.0}, stats["by_state"])
 			require.Len(t, stats["top_scopes"], 2)
 			require.EqualValues(t, 1, stats["expired_not_purged"])
 

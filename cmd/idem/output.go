@@ -222,6 +222,9 @@ func nextRequest(rec idemdriver.Record, now time.Time, n sealNote) string {
 	case rec.Damaged():
 		return "500 record-damaged: the record is PROCESSING without a lease bound (locked_until NULL), so no request " +
 			"takes it over; release it once you know what its execution did"
+	case rec.State == idemdriver.StateUnknown:
+		return "409 outcome-unknown: an at-most-once step started and its outcome cannot be known; it is never run again " +
+			"nor purged: find out from the callee what happened, then `idem resolve`"
 	case !rec.ExpiresAt.After(now):
 		return "runs as a new request: the record expired " + dur(now.Sub(rec.ExpiresAt)) + " ago"
 	case rec.State == idemdriver.StateSucceeded && n.plainRefused:
@@ -580,7 +583,7 @@ func printStats(out io.Writer, asJSON bool, st idemdriver.Stats) error {
 	}
 	w := table(out)
 	w.Printf("records\t%d\n", st.Total)
-	for _, s := range []idemdriver.State{idemdriver.StateProcessing, idemdriver.StateSucceeded, idemdriver.StateFailed} {
+	for _, s := range []idemdriver.State{idemdriver.StateProcessing, idemdriver.StateSucceeded, idemdriver.StateFailed, idemdriver.StateUnknown} {
 		w.Printf("  %s\t%d\n", s, st.ByState[s])
 	}
 	w.Printf("expired, not purged\t%d\n", st.Expired)

@@ -62,6 +62,11 @@ type handlerConfig struct {
 	ReplayPlain      bool
 	KeyHashSecret    []byte
 	KeepRequestBytes int64
+	// AtMostOnceCharge declares the charge an at-most-once step
+	// (idem.AtMostOnce), for a provider without idempotency: never sent
+	// twice; a charge whose outcome is unknown holds the payment UNKNOWN
+	// (409 outcome-unknown) until an operator resolves it (idem resolve).
+	AtMostOnceCharge bool
 }
 
 // api serves the payments API.
@@ -70,8 +75,10 @@ type api struct {
 	provider  Provider
 	log       *slog.Logger
 	writeMode WriteMode
-	faults    *faults
-	metrics   http.Handler
+	// atMostOnce: the charge is an at-most-once step (AtMostOnceCharge).
+	atMostOnce bool
+	faults     *faults
+	metrics    http.Handler
 	// storedKey is idem's Engine.StoredKey: the request log names a key as
 	// idem stores it (hashed with --key-hash-secret).
 	storedKey func(string) string
@@ -103,7 +110,8 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		cfg.WriteMode = WriteInClaim
 	}
 	a := &api{store: cfg.Store, provider: cfg.Provider, log: cfg.Logger, writeMode: cfg.WriteMode, faults: cfg.Faults, metrics: cfg.Metrics,
-		storedKey: mw.Engine().StoredKey}
+		atMostOnce: cfg.AtMostOnceCharge,
+		storedKey:  mw.Engine().StoredKey}
 	routes := a.routes(cfg.Faults.wrap(mw.Handler(http.HandlerFunc(a.createPayment))))
 	if err := a.stripeRoutes(routes, cfg); err != nil { // POST /v1/payment_intents (stripe.go)
 		return nil, err
@@ -202,13 +210,33 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	exec, _ := idem.ExecutionFromContext(ctx)
 	var called bool
 	var providerErr error
+	var opts []idem.StepOption
+	if a.atMostOnce {
+		opts = append(opts, idem.AtMostOnce())
+	}
 	charge, err := idem.Step(ctx, RelayStep, func(ctx context.Context) (Charge, error) {
 		called = true
 		c, err := a.provider.Charge(ctx, in.chargeRequest(relay, merchant))
 		providerErr = err
+		if err == nil {
+			a.faults.inCharge(ctx, c.ID)
+		}
+		if pe := (*ProviderError)(nil); a.atMostOnce && errors.As(err, &pe) {
+			// The provider answered without a charge: nothing was
+			// applied, so the step may run again. A timeout or a broken
+			// connection stays uncertain.
+			return c, idem.StepNotApplied(err)
+		}
 		return c, err
-	})
+	}, opts...)
 	switch {
+	case errors.Is(err, idem.ErrOutcomeUnknown):
+		// idem answers 409 outcome-unknown whatever is written here, to
+		// this request and every retry, until an operator resolves it.
+		a.log.ErrorContext(ctx, "the charge's outcome cannot be known: the payment is held for an operator (idem resolve)",
+			"merchant", merchant, "relay_key", relay, "err", err)
+		svc.WriteProblem(w, service.ProblemInternal, http.StatusConflict, "the charge's outcome cannot be known; do not retry")
+		return
 	case err != nil && errors.Is(err, providerErr):
 		a.providerFailed(w, r, relay, err)
 		return

@@ -36,7 +36,11 @@ const (
 	crashBeforeClaim = "before-claim"
 	// crashBeforeCharge: the key is claimed (PROCESSING), the provider not called.
 	crashBeforeCharge = "before-charge"
-	// crashAfterCharge: the provider charged; nothing is written yet.
+	// crashInCharge: the provider answered with its charge; the charge
+	// step's result is not recorded yet (idem.Step), nothing is written.
+	crashInCharge = "in-charge"
+	// crashAfterCharge: the provider charged and the charge step's result
+	// is recorded; nothing is written yet.
 	crashAfterCharge = "after-charge"
 	// crashAfterWrite: the payment and ledger rows are written: not committed
 	// in --write-mode claim (they ride in the claim's transaction), committed
@@ -50,7 +54,7 @@ const (
 )
 
 // crashPoints lists the crash points in request order.
-var crashPoints = []string{crashBeforeClaim, crashBeforeCharge, crashAfterCharge, crashAfterWrite, crashAfterCommit, crashOnReplay}
+var crashPoints = []string{crashBeforeClaim, crashBeforeCharge, crashInCharge, crashAfterCharge, crashAfterWrite, crashAfterCommit, crashOnReplay}
 
 // faults injects the crashes and stalls of the fault-injection flags. The
 // zero value (and nil) injects nothing.
@@ -299,9 +303,13 @@ type stallingStepStore struct {
 	idemdriver.Stepper
 }
 
-// beforeCharge, afterCharge and afterWrite are the crash points inside
+// beforeCharge, inCharge, afterCharge and afterWrite are the crash points inside
 // the handler.
 func (f *faults) beforeCharge(ctx context.Context) { f.maybeCrash(ctx, crashBeforeCharge) }
+
+func (f *faults) inCharge(ctx context.Context, charge string) {
+	f.maybeCrash(ctx, crashInCharge, "charge", charge)
+}
 
 func (f *faults) afterCharge(ctx context.Context, charge string) {
 	f.maybeCrash(ctx, crashAfterCharge, "charge", charge)

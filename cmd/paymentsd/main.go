@@ -50,6 +50,8 @@ type options struct {
 	replayPlain   bool
 	keyHashSecret []byte
 	keepRequest   int64
+	// atMostOnce declares the charge at-most-once (handlerConfig.AtMostOnceCharge).
+	atMostOnce bool
 
 	// faults are the fault-injection flags (-tags idemfaults only).
 	faults faultOptions
@@ -90,6 +92,9 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 		"so the table shows no client key; set it only on a new table; default $"+EnvKeyHashSecret+", else none")
 	fs.Int64Var(&o.keepRequest, "keep-request-bytes", 0, "keep each recorded request's first `N` body bytes, query and Content-Type beside its record for an audit "+
 		"(sealed with --seal-key; shown by idem inspect --request); 0: keep none")
+	fs.BoolVar(&o.atMostOnce, "at-most-once-charge", false, "declare the provider charge an at-most-once step (idem.AtMostOnce), for a provider "+
+		"without idempotency keys: never sent twice; a charge whose outcome is unknown (a crash or a timeout during the call) holds the payment "+
+		"UNKNOWN, answered 409 outcome-unknown, until `idem resolve`")
 	mode := fs.String("write-mode", string(WriteInClaim), "where a payment's rows are written: claim (in the claim's transaction, committed with idem's record) or separate (committed on their own first; for comparison)")
 	o.faults.register(fs)
 	registerNaiveFlags(fs, &o.naive)
@@ -202,7 +207,7 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 		Store: store, Provider: provider, Logger: log, Lease: o.Lease,
 		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt, Wait: o.wait, MaxWait: o.maxWait, MaxInFlight: o.maxInFlight,
 		SealKeys: o.sealKeys, ReplayPlain: o.replayPlain, KeyHashSecret: o.keyHashSecret, KeepRequestBytes: o.keepRequest,
-		Observer: tel.Observer, Metrics: tel.Metrics,
+		AtMostOnceCharge: o.atMostOnce, Observer: tel.Observer, Metrics: tel.Metrics,
 	}
 	var served service.Served
 	var err error
@@ -231,6 +236,9 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 	}
 	if o.keepRequest > 0 {
 		served.Attrs = append(served.Attrs, "keep_request_bytes", o.keepRequest)
+	}
+	if o.atMostOnce {
+		served.Attrs = append(served.Attrs, "at_most_once_charge", true)
 	}
 	if d := o.faults.describe(); d != "" {
 		served.Attrs = append(served.Attrs, "faults", d)

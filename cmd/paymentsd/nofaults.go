@@ -27,6 +27,7 @@ type faults struct{}
 func (*faults) store(s idem.Store) idem.Store                         { return s }
 func (*faults) wrap(next http.Handler) http.Handler                   { return next }
 func (*faults) beforeCharge(context.Context)                          {}
+func (*faults) inCharge(context.Context, string)                      {}
 func (*faults) afterCharge(context.Context, string)                   {}
 func (*faults) stall(context.Context)                                 {}
 func (*faults) afterWrite(context.Context, string, string, WriteMode) {}

@@ -138,3 +138,21 @@ func (s *ShiftedDriver) Steps(ctx context.Context, p idemdriver.StepParams) ([]i
 	p.ClockOffset += s.Clock.Offset()
 	return st.Steps(ctx, p)
 }
+
+func (s *ShiftedDriver) MarkUnknown(ctx context.Context, p idemdriver.UnknownParams) error {
+	st, err := s.stepper()
+	if err != nil {
+		return err
+	}
+	p.ClockOffset += s.Clock.Offset()
+	return st.MarkUnknown(ctx, p)
+}
+
+func (s *ShiftedDriver) ResolveStep(ctx context.Context, p idemdriver.ResolveStepParams) error {
+	st, err := s.stepper()
+	if err != nil {
+		return err
+	}
+	p.ClockOffset += s.Clock.Offset()
+	return st.ResolveStep(ctx, p)
+}

@@ -315,7 +315,7 @@ func retentionInspector(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	require.EqualValues(t, 7, st.Total)
 	require.Equal(t, map[idemdriver.State]int64{
-		idemdriver.StateProcessing: 3, idemdriver.StateSucceeded: 3, idemdriver.StateFailed: 1}, st.ByState)
+		idemdriver.StateProcessing: 3, idemdriver.StateSucceeded: 3, idemdriver.StateFailed: 1, idemdriver.StateUnknown: 0}, st.ByState)
 	require.Equal(t, []idemdriver.ScopeCount{{Scope: "acct", Count: 6}}, st.TopScopes)
 	require.EqualValues(t, 5, st.Expired, "every expired record, the live lease included")
 	require.EqualValues(t, 1, st.Stuck)

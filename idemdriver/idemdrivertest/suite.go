@@ -117,6 +117,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Engine", func(t *testing.T) { runEngine(t, h) })
 	t.Run("Renew", func(t *testing.T) { runRenew(t, h) })
 	t.Run("Steps", func(t *testing.T) { runSteps(t, h) })
+	t.Run("Unknown", func(t *testing.T) { runUnknown(t, h) })
 }
 
 func fingerprint(s string) []byte {

@@ -97,6 +97,7 @@ func QueryStats(ctx context.Context, q SQLQueryer, statsQuery string, statsArgs 
 	}
 	st.Now, st.Oldest = MicrosTime(nowUS), NullMicrosTime(oldest)
 	st.ByState[idemdriver.StateProcessing], st.ByState[idemdriver.StateSucceeded], st.ByState[idemdriver.StateFailed] = processing, succeeded, failed
+	st.ByState[idemdriver.StateUnknown] = st.Total - processing - succeeded - failed // the CHECK allows no other state
 	if top > 0 {
 		st.TopScopes, err = queryScopeCounts(ctx, q, topQuery, top)
 	}

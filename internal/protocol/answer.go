@@ -64,6 +64,8 @@ func (c *Config) decide(ctx context.Context, rec idemdriver.Record, p idemdriver
 			"its execution still runs; answering 500, it is not run (`idem stuck` lists it; release the key once its execution is known)",
 			"scope", p.Scope, "key", p.Key, "fencing_token", rec.FencingToken, "owner", rec.Owner)
 		return Answer{Kind: KindRecordDamaged, Record: rec, Err: ErrRecordDamaged}
+	case idemdriver.DecisionUnknown:
+		return Answer{Kind: KindOutcomeUnknown, Record: rec, Err: ErrOutcomeUnknown}
 	case idemdriver.DecisionKeyReused:
 		sameOp := rec.Method == p.Method && rec.Path == p.Path
 		return Answer{Kind: KindKeyReused, Record: rec, SameOp: sameOp,

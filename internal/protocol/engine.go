@@ -115,6 +115,14 @@ func (eng *Engine) record(e *Execution, j Job, status int, over Override, panick
 	case over == OverrideSucceeded:
 		outcome = Succeeded
 	}
+	if err := e.outcomeUnknown(); err != nil {
+		// The record is UNKNOWN: nothing of this run is recorded, whatever
+		// its job answered (docs/contract.md section 11.3).
+		e.rollback()
+		rec := e.c.res.Record
+		rec.State, rec.LockedUntil, rec.LeaseLeft, rec.ExpiresAt = idemdriver.StateUnknown, nil, 0, idemdriver.FarFuture
+		return Answer{Kind: KindOutcomeUnknown, Record: rec, Err: err}
+	}
 	cause := context.Cause(e.ctx)
 	lost, unreachable := errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrStoreUnavailable)
 	// Past MaxExecution a used transaction may be gone (database/sql ends it

@@ -29,6 +29,7 @@ var (
 	ErrTxAborted        = idemdriver.ErrTxAborted
 	ErrSealKeyMissing   = seal.ErrKeyMissing
 	ErrSealBroken       = seal.ErrBroken
+	ErrOutcomeUnknown   = errors.New("idem: the outcome of this request cannot be known; it is held for an operator")
 	// ErrFnFailed is the Err of a job that returned OverrideFailed.
 	ErrFnFailed = errors.New("idem: fn failed")
 )
@@ -89,3 +90,25 @@ func (e *keyReusedError) Error() string {
 
 // Unwrap returns ErrKeyReused.
 func (e *keyReusedError) Unwrap() error { return ErrKeyReused }
+
+// UnknownError is ErrOutcomeUnknown as this execution made it: the step
+// whose outcome cannot be known and why (an idemdriver Reason constant).
+type UnknownError struct {
+	Step   string
+	Reason string
+	Err    error // what made it so: fn's or the reconcile function's error, or a decoding error; may be nil
+}
+
+func (e *UnknownError) Error() string {
+	msg := fmt.Sprintf("%s: step %q: %s", ErrOutcomeUnknown, e.Step, e.Reason)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is reports whether target is ErrOutcomeUnknown.
+func (e *UnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
+
+// Unwrap returns the cause.
+func (e *UnknownError) Unwrap() error { return e.Err }

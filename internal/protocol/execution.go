@@ -106,6 +106,7 @@ type Execution struct {
 	ended        bool
 	releaseAsked bool
 	steps        map[string]bool // the names of the steps run (Step)
+	unknown      error           // an *UnknownError once this execution made its record UNKNOWN
 }
 
 // newExecution: p names the stored key, clientKey the client's (Execution.Key).
@@ -304,4 +305,12 @@ func (e *Execution) txOpen() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.tx != nil && !e.ended
+}
+
+// outcomeUnknown is the *UnknownError of an execution that made its record
+// UNKNOWN, nil otherwise.
+func (e *Execution) outcomeUnknown() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.unknown
 }

@@ -120,6 +120,8 @@ func (hb *heartbeat) settle(sent time.Time, ok bool, err error) bool {
 		return false
 	case err == nil && ok:
 		hb.lastOK = sent
+	case err == nil && !ok && e.outcomeUnknown() != nil:
+		return false // the execution made its record UNKNOWN: no lease to keep
 	case err == nil && !ok:
 		e.cfg.Logger.WarnContext(e.parent, "idem: lease lost", "scope", e.fence.Scope, "key", e.fence.Key, "fencing_token", e.fence.FencingToken)
 		e.cancel(ErrLeaseLost)

@@ -34,6 +34,7 @@ const (
 	KindSealBroken      // a SUCCEEDED record whose sealed response does not authenticate
 	KindRecordDamaged   // a record that cannot be a valid one (idemdriver.DecisionDamaged)
 	KindOverloaded      // refused before the claim: MaxInFlight executions in flight
+	KindOutcomeUnknown  // an UNKNOWN record, or this run made it one (docs/contract.md section 11.3)
 	kindEnd
 )
 

@@ -49,16 +49,32 @@ func ValidStepName(name string) bool {
 	return true
 }
 
+// StepOptions are a step's options (idem.AtMostOnce, idem.Reconcile).
+type StepOptions struct {
+	// AtMostOnce: the step never runs twice; an earlier start without a
+	// result is reconciled, or makes the record UNKNOWN.
+	AtMostOnce bool
+	// Reconcile asks the callee what became of an earlier start: a result
+	// (stepDone), not applied (stepNotApplied: the step runs), or still
+	// unknown (stepUncertain). nil: none.
+	Reconcile stepFunc
+}
+
 // step runs fn as the step name of e, relaying relay (the step's relayed
 // key): its start committed before fn runs, its result as soon as fn
 // returns. A step already recorded in this record life returns its result
-// without running fn. It returns the recorded result (whoever recorded it)
-// or fn's error. Errors besides fn's: ErrStepName, ErrStepNotAllowed,
-// ErrStepRepeated, ErrExecutionEnded, ErrLeaseLost (the execution no
-// longer owns its record), ErrStepNotRecorded (fn ran, its result is not
-// recorded; it wraps the *StoreError), a *StoreError, and ErrSealKeyMissing / ErrSealBroken for a
-// stored result that does not open.
-func (e *Execution) step(name, relay string, fn stepFunc) ([]byte, error) {
+// without running fn. An at-most-once step (o.AtMostOnce) started earlier
+// without a result is never run again: o.Reconcile asks what became of it,
+// and otherwise, or when it cannot tell, the record becomes UNKNOWN; one
+// whose fn ends uncertain makes it UNKNOWN too. It returns the recorded
+// result (whoever recorded it) or fn's error. Errors besides fn's:
+// ErrStepName, ErrStepNotAllowed, ErrStepRepeated, ErrExecutionEnded,
+// ErrLeaseLost (the execution no longer owns its record),
+// ErrStepNotRecorded (fn ran, its result is not recorded; it wraps the
+// *StoreError), an *UnknownError (the record is UNKNOWN now), a
+// *StoreError, and ErrSealKeyMissing / ErrSealBroken for a stored result
+// that does not open.
+func (e *Execution) step(name, relay string, fn stepFunc, o StepOptions) ([]byte, error) {
 	st, err := e.stepAllowed(name)
 	if err != nil {
 		return nil, err
@@ -66,41 +82,109 @@ func (e *Execution) step(name, relay string, fn stepFunc) ([]byte, error) {
 	life := seal.Life{Scope: e.fence.Scope, Key: e.fence.Key, Created: e.fence.CreatedAt}
 	p := idemdriver.StepParams{Scope: e.fence.Scope, Key: e.fence.Key, CreatedAt: e.fence.CreatedAt,
 		FencingToken: e.fence.FencingToken, Name: name, ClockOffset: e.fence.ClockOffset}
-	blob, keyID := e.cfg.Keyring.SealStep(life, seal.PartStepRelay, name, []byte(relay))
-	ctx, cancel := e.detached()
-	s, err := st.StartStep(ctx, idemdriver.StartStepParams{StepParams: p, Relay: blob, SealKey: keyID})
-	cancel()
-	switch {
-	case errors.Is(err, idemdriver.ErrStepsUnsupported):
-		return nil, fmt.Errorf("%w: %w", ErrStepNotAllowed, err)
-	case errors.Is(err, idemdriver.ErrFencedOut):
-		return nil, fmt.Errorf("%w: step %q not started", ErrLeaseLost, name)
-	case err != nil:
-		return nil, &StoreError{Op: "step", Err: err}
-	case s.Done:
-		return e.openResult(life, s)
-	}
-	result, end, ferr := fn(e.ctx)
-	switch end {
-	case stepNotApplied:
+	start := func() (idemdriver.Step, error) {
+		blob, keyID := e.cfg.Keyring.SealStep(life, seal.PartStepRelay, name, []byte(relay))
 		ctx, cancel := e.detached()
 		defer cancel()
-		if _, err := st.ClearStep(ctx, p); err != nil {
+		s, err := st.StartStep(ctx, idemdriver.StartStepParams{StepParams: p, Relay: blob, SealKey: keyID, AtMostOnce: o.AtMostOnce})
+		switch {
+		case errors.Is(err, idemdriver.ErrStepsUnsupported), errors.Is(err, idemdriver.ErrSchemaTooOld):
+			return s, fmt.Errorf("%w: %w", ErrStepNotAllowed, err)
+		case errors.Is(err, idemdriver.ErrFencedOut):
+			return s, fmt.Errorf("%w: step %q not started", ErrLeaseLost, name)
+		case err != nil:
+			return s, &StoreError{Op: "step", Err: err}
+		}
+		return s, nil
+	}
+	s, err := start()
+	switch {
+	case err != nil:
+		return nil, err
+	case s.Done:
+		return e.openResult(life, s)
+	case idemdriver.StepHeld(s) && s.StartedToken != p.FencingToken:
+		// Started by an earlier execution, its outcome unrecorded: never
+		// run again (docs/contract.md section 11.2).
+		if o.Reconcile == nil {
+			return nil, e.markUnknown(st, p, idemdriver.ReasonStepUnrecorded, nil)
+		}
+		result, end, rerr := o.Reconcile(e.ctx)
+		switch end {
+		case stepUncertain:
+			return nil, e.markUnknown(st, p, idemdriver.ReasonStepUnrecorded, rerr)
+		case stepDone:
+			return e.finish(st, life, p, result)
+		}
+		if err := e.clear(st, p); err != nil {
+			return nil, err
+		}
+		if s, err = start(); err != nil {
+			return nil, err
+		} else if s.Done || s.StartedToken != p.FencingToken {
+			return nil, e.markUnknown(st, p, idemdriver.ReasonStepUnrecorded, nil) // another writer meanwhile
+		}
+	}
+	result, end, ferr := fn(e.ctx)
+	switch {
+	case end == stepNotApplied:
+		if err := e.clear(st, p); err != nil {
 			e.cfg.Logger.WarnContext(e.parent, "idem: clearing a step not applied; it stays started", "step", name,
 				"scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 		}
 		return nil, ferr
-	case stepUncertain:
+	case end == stepUncertain && o.AtMostOnce:
+		return nil, e.markUnknown(st, p, idemdriver.ReasonStepUncertain, ferr)
+	case end == stepUncertain:
 		return nil, ferr
 	}
-	blob, keyID = e.cfg.Keyring.SealStep(life, seal.PartStepResult, name, result)
-	ctx, cancel = e.detached()
-	s, err = st.FinishStep(ctx, idemdriver.FinishStepParams{StepParams: p, Result: blob, SealKey: keyID})
+	return e.finish(st, life, p, result)
+}
+
+// finish records result as p's step's result and returns the one
+// recorded.
+func (e *Execution) finish(st idemdriver.Stepper, life seal.Life, p idemdriver.StepParams, result []byte) ([]byte, error) {
+	blob, keyID := e.cfg.Keyring.SealStep(life, seal.PartStepResult, p.Name, result)
+	ctx, cancel := e.detached()
+	s, err := st.FinishStep(ctx, idemdriver.FinishStepParams{StepParams: p, Result: blob, SealKey: keyID})
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("%w: step %q: %w", ErrStepNotRecorded, name, &StoreError{Op: "finish step", Err: err})
+		return nil, fmt.Errorf("%w: step %q: %w", ErrStepNotRecorded, p.Name, &StoreError{Op: "finish step", Err: err})
 	}
 	return e.openResult(life, s)
+}
+
+// clear removes p's step's start marker (it did nothing).
+func (e *Execution) clear(st idemdriver.Stepper, p idemdriver.StepParams) error {
+	ctx, cancel := e.detached()
+	defer cancel()
+	if _, err := st.ClearStep(ctx, p); err != nil {
+		return &StoreError{Op: "clear step", Err: err}
+	}
+	return nil
+}
+
+// markUnknown makes e's record UNKNOWN at p's step for reason (cause: what
+// made it so) and returns the *UnknownError that e answers with from now
+// on. When the store does not take it, it returns ErrLeaseLost or a
+// *StoreError: the start marker stays, and the next execution meets it.
+func (e *Execution) markUnknown(st idemdriver.Stepper, p idemdriver.StepParams, reason string, cause error) error {
+	ctx, cancel := e.detached()
+	err := st.MarkUnknown(ctx, idemdriver.UnknownParams{StepParams: p, Reason: reason})
+	cancel()
+	switch {
+	case errors.Is(err, idemdriver.ErrFencedOut):
+		return fmt.Errorf("%w: step %q's outcome cannot be known, and another execution owns the record", ErrLeaseLost, p.Name)
+	case err != nil:
+		return &StoreError{Op: "mark unknown", Err: err}
+	}
+	uerr := &UnknownError{Step: p.Name, Reason: reason, Err: cause}
+	e.cfg.Logger.ErrorContext(e.parent, "idem: the record's outcome cannot be known; it is held UNKNOWN for an operator (idem resolve)",
+		"scope", e.fence.Scope, "key", e.fence.Key, "step", p.Name, "reason", reason, "err", cause)
+	e.mu.Lock()
+	e.unknown = uerr
+	e.mu.Unlock()
+	return uerr
 }
 
 // openResult opens s's recorded result. Under sealing, a step stored

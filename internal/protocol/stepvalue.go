@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/idemgo/idem/idemdriver"
 )
 
 // ErrStepResultUndecodable: a recorded result does not decode into the
@@ -59,18 +61,58 @@ func ended(err error, end stepEnd) error {
 
 // RunStep runs fn as the step name of e (Execution.step) with T recorded
 // as JSON in a versioned envelope, and returns the recorded T or error
-// (idem.Step documents both).
-func RunStep[T any](e *Execution, name, relay string, fn func(context.Context) (T, error)) (T, error) {
+// (idem.Step documents both). An at-most-once step (atMostOnce) asks
+// reconcile (nil: none) what became of an earlier start; a recorded result
+// that no longer decodes makes the record UNKNOWN.
+func RunStep[T any](e *Execution, name, relay string, fn, reconcile func(context.Context) (T, error), atMostOnce bool) (T, error) {
+	var zero T
 	var fnErr error
-	stored, err := e.step(name, relay, func(ctx context.Context) ([]byte, stepEnd, error) {
-		v, err := fn(ctx)
+	encoded := func(f func(context.Context) (T, error)) stepFunc {
+		return func(ctx context.Context) ([]byte, stepEnd, error) {
+			b, end, err := encodeStep(name, f)(ctx)
+			var marked *endedError
+			if end == stepDone && errors.As(err, &marked) {
+				fnErr, err = marked.err, nil
+			}
+			return b, end, err
+		}
+	}
+	o := StepOptions{AtMostOnce: atMostOnce}
+	if reconcile != nil && atMostOnce {
+		o.Reconcile = encoded(reconcile)
+	}
+	stored, err := e.step(name, relay, encoded(fn), o)
+	if err != nil {
+		return zero, err
+	}
+	v, err := decodeStep[T](name, stored, fnErr)
+	if errors.Is(err, ErrStepResultUndecodable) {
+		st, _ := e.cfg.Store.(idemdriver.Stepper) // step ran: the store has steps
+		p := idemdriver.StepParams{Scope: e.fence.Scope, Key: e.fence.Key, CreatedAt: e.fence.CreatedAt,
+			FencingToken: e.fence.FencingToken, Name: name, ClockOffset: e.fence.ClockOffset}
+		if uerr := e.markUnknown(st, p, idemdriver.ReasonStepResultUndecodable, err); !errors.Is(uerr, ErrOutcomeUnknown) {
+			return zero, fmt.Errorf("%w (%w)", err, uerr)
+		}
+		return zero, &UnknownError{Step: name, Reason: idemdriver.ReasonStepResultUndecodable, Err: err}
+	}
+	return v, err
+}
+
+// encodeStep runs f and encodes how it ended: a value or a definite error
+// (StepFinal, returned marked so that the caller keeps fn's own error) is
+// a result to record; StepNotApplied and any other error are not.
+func encodeStep[T any](name string, f func(context.Context) (T, error)) stepFunc {
+	return func(ctx context.Context) ([]byte, stepEnd, error) {
+		v, err := f(ctx)
 		var marked *endedError
 		switch {
 		case errors.As(err, &marked) && marked.end == stepDone:
-			fnErr = marked.err
 			msg := marked.err.Error()
 			b, jerr := json.Marshal(stepRecord{V: stepVersion, Error: &msg})
-			return b, stepDone, jerr
+			if jerr != nil {
+				return nil, stepUncertain, jerr
+			}
+			return b, stepDone, marked
 		case errors.As(err, &marked):
 			return nil, marked.end, marked.err
 		case err != nil:
@@ -82,12 +124,7 @@ func RunStep[T any](e *Execution, name, relay string, fn func(context.Context) (
 		}
 		b, err := json.Marshal(stepRecord{V: stepVersion, Value: value})
 		return b, stepDone, err
-	})
-	if err != nil {
-		var zero T
-		return zero, err
 	}
-	return decodeStep[T](name, stored, fnErr)
 }
 
 // decodeStep decodes a recorded result; fnErr is fn's definite error when
@@ -109,4 +146,13 @@ func decodeStep[T any](name string, stored []byte, fnErr error) (T, error) {
 		return zero, fmt.Errorf("%w: step %q: %w", ErrStepResultUndecodable, name, err)
 	}
 	return v, nil
+}
+
+// EncodeStepResult encodes v as a step's recorded result (idem.EncodeStepResult).
+func EncodeStepResult(v any) ([]byte, error) {
+	value, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(stepRecord{V: stepVersion, Value: value})
 }

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
+)
+
+// resolveFlags are resolve's flags.
+type resolveFlags struct {
+	rf                  recordFlags
+	step, result        string
+	applied, notApplied bool
+	by, why             string
+	retention           time.Duration
+}
+
+func resolveCmd(g *globals, out io.Writer) *cobra.Command {
+	var f resolveFlags
+	c := &cobra.Command{
+		Use:   "resolve --scope S --key K (--applied --result JSON | --not-applied) --by WHO --why TEXT",
+		Short: "End an UNKNOWN record: its at-most-once step's effect happened (with its result) or did not",
+		Long: `End an UNKNOWN record (docs/contract.md section 11.3): an at-most-once step
+(idem.AtMostOnce) started and its outcome could not be known, so every request
+of the key is answered 409 outcome-unknown and nothing runs it again. Find out
+from the callee (the bank's statement, the SMS gateway's log) what happened,
+then say it here:
+
+  --applied --result JSON   the effect happened; JSON is the step's result as
+                            its handler's type encodes it ("tr_123", or an
+                            object), recorded as the step's result (sealed
+                            with --seal-key when the store seals)
+  --not-applied             the effect did not happen; the step's start is
+                            cleared, so the next execution runs it
+
+Either is a compare-and-set on the record as just read (its fencing token,
+created_at and state UNKNOWN) and keeps --by, --why and the time on the step.
+The record becomes FAILED with its retention running again: the next request
+of the key (the client's retry) resumes the execution in the same life, and
+gets the step's result without running it (applied), or runs it (not
+applied). --step names the step when the record has several; by default, the
+one that made it UNKNOWN.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.check(cmd); err != nil {
+				return err
+			}
+			return withRecord(cmd, g, out, f.rf, true, func(ctx context.Context, s *store, rec idemdriver.Record) error {
+				return resolve(ctx, g, out, s, rec, f)
+			})
+		},
+	}
+	f.rf.add(c, "the key's scope (tenant, account)")
+	fl := c.Flags()
+	fl.StringVar(&f.step, "step", "", "the step to resolve (default: the one that made the record UNKNOWN)")
+	fl.BoolVar(&f.applied, "applied", false, "the step's effect happened: record --result as its result")
+	fl.StringVar(&f.result, "result", "", "with --applied: the step's result, as JSON")
+	fl.BoolVar(&f.notApplied, "not-applied", false, "the step's effect did not happen: clear its start, so it runs again")
+	fl.StringVar(&f.by, "by", "", "who resolves it (kept on the step; at most 200 bytes)")
+	fl.StringVar(&f.why, "why", "", "why: the evidence (kept on the step; at most 200 bytes)")
+	fl.DurationVar(&f.retention, "retention", idem.DefaultRetention, "the resolved record's retention from now (the server's Retention)")
+	return c
+}
+
+// check validates f's flags.
+func (f *resolveFlags) check(cmd *cobra.Command) error {
+	switch {
+	case f.rf.key == "" || !cmd.Flags().Changed("scope"):
+		return usageError{errors.New("--scope and --key are required")}
+	case f.applied == f.notApplied:
+		return usageError{errors.New("give one of --applied (with --result) and --not-applied")}
+	case f.applied && !json.Valid([]byte(f.result)):
+		return usageError{fmt.Errorf("--result must be the step's result as JSON (a string is quoted: '\"tr_123\"'), not %q", f.result)}
+	case f.notApplied && f.result != "":
+		return usageError{errors.New("--result goes with --applied only")}
+	case f.by == "" || f.why == "":
+		return usageError{errors.New("--by and --why are required: they are kept with the resolution")}
+	case len(f.by) > 200 || len(f.why) > 200:
+		return usageError{errors.New("--by and --why are at most 200 bytes each")}
+	case f.retention <= 0:
+		return usageError{errors.New("--retention must be positive")}
+	}
+	return nil
+}
+
+// resolve ends rec, an UNKNOWN record, as f says.
+func resolve(ctx context.Context, g *globals, out io.Writer, s *store, rec idemdriver.Record, f resolveFlags) error {
+	if rec.State != idemdriver.StateUnknown {
+		return fmt.Errorf("not resolved: the record is %s, not UNKNOWN; nothing to resolve", rec.State)
+	}
+	st, ok := s.Driver.(idemdriver.Stepper)
+	if !ok {
+		return errors.New("this store keeps no steps")
+	}
+	life := idemdriver.StepParams{Scope: rec.Scope, Key: rec.Key, CreatedAt: rec.CreatedAt, FencingToken: rec.FencingToken}
+	steps, err := st.Steps(ctx, life)
+	if err != nil {
+		return err
+	}
+	step, err := unknownStep(steps, f.step)
+	if err != nil {
+		return err
+	}
+	p := idemdriver.ResolveStepParams{StepParams: life, Applied: f.applied, By: f.by, Why: f.why, Retention: f.retention}
+	p.Name = step.Name
+	if f.applied {
+		if step.SealKey != "" && g.keyring == nil {
+			return fmt.Errorf("not resolved: the record's steps are sealed (key %q): give --seal-key, so that the server can open the result", step.SealKey)
+		}
+		enc, err := idem.EncodeStepResult(json.RawMessage(f.result))
+		if err != nil {
+			return err
+		}
+		p.Result, p.SealKey = g.keyring.SealStep(seal.Life{Scope: rec.Scope, Key: rec.Key, Created: rec.CreatedAt}, seal.PartStepResult, step.Name, enc)
+	}
+	if err := st.ResolveStep(ctx, p); errors.Is(err, idemdriver.ErrNotFound) {
+		return errors.New("not resolved: the record changed since it was read (resolved meanwhile?); inspect it again")
+	} else if err != nil {
+		return err
+	}
+	what, next := "not applied", "runs the step"
+	if f.applied {
+		what, next = "applied", "gets the step's result without running it"
+	}
+	return printLine(out, g.json,
+		fmt.Sprintf("resolved %s/%s step %s: %s; the record is FAILED, and its next request resumes it and %s", rec.Scope, rec.Key, step.Name, what, next),
+		map[string]any{"resolved": map[string]any{"scope": rec.Scope, "key": rec.Key, "step": step.Name, "applied": f.applied,
+			"by": f.by, "why": f.why, "fencing_token": rec.FencingToken}})
+}
+
+// unknownStep picks the step to resolve: name, or the one that made the
+// record UNKNOWN.
+func unknownStep(steps []idemdriver.Step, name string) (idemdriver.Step, error) {
+	for _, s := range steps {
+		if (name != "" && s.Name == name) || (name == "" && s.Reason != "") {
+			return s, nil
+		}
+	}
+	if name != "" {
+		return idemdriver.Step{}, fmt.Errorf("not resolved: the record has no step %q", name)
+	}
+	return idemdriver.Step{}, errors.New("not resolved: no step of the record says why it is UNKNOWN; name it with --step")
+}

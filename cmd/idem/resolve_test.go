@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
+)
+
+// idem resolve on every database with steps: an UNKNOWN record that an
+// at-most-once step left is listed, inspected and counted as such, and
+// resolved applied (the retry gets the given result, the step does not run)
+// or not applied (the retry runs the step).
+func TestResolve(t *testing.T) {
+	for _, b := range backends {
+		if b.partitioned {
+			continue // keeps no steps
+		}
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			url, d := b.setup(t, false)
+			c := cli{t: t, url: url}
+			c.ok(b.migrateUp()...)
+			g, err := idem.NewEngineWith(d, idem.EngineOptions{Logger: slog.New(slog.DiscardHandler)})
+			require.NoError(t, err)
+			runs := map[string]int{}
+			uncertain := true
+			do := func(key string) (string, error) {
+				out, err := g.Do(context.Background(), idem.DoParams{Scope: "acct", Key: key}, func(ctx context.Context) (idem.Result, error) {
+					id, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) {
+						runs[key]++
+						if uncertain {
+							return "", errors.New("the bank did not answer")
+						}
+						return "tr_" + key, nil
+					}, idem.AtMostOnce())
+					return idem.Result{Body: []byte(id)}, err
+				})
+				return string(out.Body), err
+			}
+			for _, key := range []string{"a", "b"} {
+				_, err := do(key)
+				require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			}
+			uncertain = false
+
+			require.Contains(t, c.ok("inspect", "--scope", "acct", "--key", "a"), "409 outcome-unknown")
+			require.Contains(t, c.ok("list", "--state", "unknown"), "acct")
+			require.Regexp(t, `UNKNOWN\s+2`, c.ok("stats"))
+
+			_, errOut, code := c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", "tr_1", "--by", "ops", "--why", "x")
+			require.Equal(t, 2, code, "a result that is not JSON: %s", errOut)
+			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`)
+			require.Equal(t, 2, code, "--by and --why are required: %s", errOut)
+
+			out := c.ok("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`, "--by", "ops@example.com", "--why", "INC-7 statement")
+			require.Contains(t, out, "resolved acct/a step transfer: applied")
+			c.ok("resolve", "--scope", "acct", "--key", "b", "--not-applied", "--by", "ops@example.com", "--why", "not on the statement")
+			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--not-applied", "--by", "ops", "--why", "again")
+			require.Equal(t, 1, code)
+			require.Contains(t, errOut, "not UNKNOWN")
+
+			got, err := do("a")
+			require.NoError(t, err)
+			require.Equal(t, "tr_bank", got, "the resolved result")
+			require.Equal(t, 1, runs["a"], "not run again")
+			got, err = do("b")
+			require.NoError(t, err)
+			require.Equal(t, "tr_b", got)
+			require.Equal(t, 2, runs["b"], "run once more, not applied before")
+
+			rec, err := d.Get(context.Background(), idemdriver.GetParams{Scope: "acct", Key: "a"})
+			require.NoError(t, err)
+			steps, err := d.(idemdriver.Stepper).Steps(context.Background(), idemdriver.StepParams{Scope: "acct", Key: "a", CreatedAt: rec.CreatedAt})
+			require.NoError(t, err)
+			require.Equal(t, "ops@example.com", steps[0].ResolvedBy)
+			require.True(t, strings.HasPrefix(steps[0].ResolvedWhy, "INC-7"))
+		})
+	}
+}

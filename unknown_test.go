@@ -1,0 +1,199 @@
+package idem_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemsqlite"
+)
+
+var errTimeout = errors.New("the bank did not answer in 30s")
+
+// An at-most-once step whose call ends uncertain makes the record UNKNOWN:
+// the first caller and every retry get ErrOutcomeUnknown, nothing runs
+// again, and a new key is not said to be safe.
+func TestAtMostOnceUncertainIsHeldUnknown(t *testing.T) {
+	t.Parallel()
+	g, d := newEngine(t, nil, idem.EngineOptions{})
+	var jobs, transfers int
+	fn := func(ctx context.Context) (idem.Result, error) {
+		jobs++
+		_, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) {
+			transfers++
+			return "", errTimeout
+		}, idem.AtMostOnce())
+		if err != nil {
+			return idem.Result{Status: 504}, err
+		}
+		return idem.Result{Status: 201}, nil
+	}
+	p := idem.DoParams{Scope: "s", Key: "k"}
+	rep, err := g.DoReport(t.Context(), p, fn)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	var uerr *idem.UnknownError
+	require.ErrorAs(t, err, &uerr)
+	require.Equal(t, "transfer", uerr.Step)
+	require.Equal(t, idemdriver.ReasonStepUncertain, uerr.Reason)
+	require.ErrorIs(t, err, errTimeout, "the cause")
+	require.False(t, rep.NewKeySafe)
+
+	rec := record(t, d, "s", "k")
+	require.Equal(t, idemdriver.StateUnknown, rec.State)
+	require.Nil(t, rec.LockedUntil)
+	for range 3 {
+		rep, err = g.DoReport(t.Context(), p, fn)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		require.False(t, rep.NewKeySafe)
+		require.False(t, idem.NewKeySafe(err))
+	}
+	require.Equal(t, 1, jobs, "never run again")
+	require.Equal(t, 1, transfers)
+}
+
+// deadOwner claims (scope "s", key "k", Do's payload p) an hour ago under a
+// lease long run out and starts the step name at-most-once, as a process
+// that died during the call leaves it.
+func deadOwner(t *testing.T, d *idemsqlite.Driver, payload, name string) idemdriver.Record {
+	t.Helper()
+	fp := sha256.Sum256([]byte(payload))
+	res, err := d.Claim(t.Context(), idemdriver.ClaimParams{Scope: "s", Key: "k", Method: "DO", Fingerprint: fp[:],
+		LeaseDuration: time.Second, Retention: 24 * time.Hour, ClockOffset: -time.Hour})
+	require.NoError(t, err)
+	rec := res.Record
+	_, err = d.StartStep(t.Context(), idemdriver.StartStepParams{StepParams: idemdriver.StepParams{Scope: "s", Key: "k",
+		CreatedAt: rec.CreatedAt, FencingToken: rec.FencingToken, Name: name, ClockOffset: -time.Hour},
+		Relay: []byte("r"), AtMostOnce: true})
+	require.NoError(t, err)
+	return rec
+}
+
+// A takeover that finds an at-most-once step started without a result never
+// runs it: with no reconcile function the record becomes UNKNOWN; with one,
+// its answer decides: applied gives the result, not applied runs the step,
+// still unknown holds the record.
+func TestAtMostOnceAfterADeadOwner(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		reconcile func(context.Context, string) (string, error)
+		runs      int
+		want      string
+	}{
+		{"no-reconcile", nil, 0, ""},
+		{"applied", func(_ context.Context, relay string) (string, error) { return "tr_found_" + relay[:4], nil }, 0, "tr_found_"},
+		{"not-applied", func(context.Context, string) (string, error) {
+			return "", idem.StepNotApplied(errors.New("the bank has no such transfer"))
+		}, 1, "tr_new"},
+		{"still-unknown", func(context.Context, string) (string, error) { return "", errors.New("the bank's API is down") }, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			g, d := newEngine(t, nil, idem.EngineOptions{})
+			deadOwner(t, d, "p", "transfer")
+			runs, reconciled := 0, 0
+			var opts []idem.StepOption
+			opts = append(opts, idem.AtMostOnce())
+			if tc.reconcile != nil {
+				opts = append(opts, idem.Reconcile(func(ctx context.Context, relay string) (string, error) {
+					reconciled++
+					return tc.reconcile(ctx, relay)
+				}))
+			}
+			out, err := g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k", Payload: []byte("p")}, func(ctx context.Context) (idem.Result, error) {
+				id, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) { runs++; return "tr_new", nil }, opts...)
+				return idem.Result{Body: []byte(id)}, err
+			})
+			require.Equal(t, tc.runs, runs, "the step ran")
+			if tc.want == "" {
+				require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+				require.Equal(t, idemdriver.StateUnknown, record(t, d, "s", "k").State)
+				return
+			}
+			require.NoError(t, err)
+			require.True(t, strings.HasPrefix(string(out.Body), tc.want), "%s", out.Body)
+			require.Equal(t, 1, reconciled)
+			require.Equal(t, idemdriver.StateSucceeded, record(t, d, "s", "k").State)
+		})
+	}
+}
+
+// Behind the middleware the first caller gets the same 409 as every retry,
+// whatever the handler wrote: outcome-unknown, no Retry-After, new_key_safe
+// false.
+func TestOutcomeUnknownAnswersEveryCaller(t *testing.T) {
+	t.Parallel()
+	runs := 0
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		_, err := idem.Step(r.Context(), "sms", func(context.Context) (bool, error) { return false, errTimeout }, idem.AtMostOnce())
+		if err != nil {
+			http.Error(w, "gateway timeout", http.StatusGatewayTimeout)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	mw := newMiddleware(t, nil, idem.Options{})
+	for i := range 3 {
+		res := send(mw.Handler(h), "POST", "/v1/sms", "key-1", `{"to":"+15551234"}`)
+		require.Equal(t, http.StatusConflict, res.Code, "call %d", i)
+		require.Empty(t, res.Header().Get("Retry-After"), "call %d", i)
+		var pr map[string]any
+		require.NoError(t, json.Unmarshal(res.Body.Bytes(), &pr))
+		require.Equal(t, idem.ProblemTypeBase+"outcome-unknown", pr["type"])
+		require.Equal(t, false, pr["new_key_safe"])
+	}
+	require.Equal(t, 1, runs)
+}
+
+// An operator's resolution ends the UNKNOWN record: applied, the next
+// request resumes with the given result and the step does not run; not
+// applied, it runs.
+func TestResolvedUnknownResumes(t *testing.T) {
+	t.Parallel()
+	for _, applied := range []bool{true, false} {
+		g, d := newEngine(t, nil, idem.EngineOptions{})
+		runs := 0
+		uncertain := true
+		fn := func(ctx context.Context) (idem.Result, error) {
+			id, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) {
+				runs++
+				if uncertain {
+					return "", errTimeout
+				}
+				return "tr_2", nil
+			}, idem.AtMostOnce())
+			return idem.Result{Body: []byte(id)}, err
+		}
+		p := idem.DoParams{Scope: "s", Key: "k"}
+		_, err := g.Do(t.Context(), p, fn)
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		rec := record(t, d, "s", "k")
+		rp := idemdriver.ResolveStepParams{StepParams: idemdriver.StepParams{Scope: "s", Key: "k", CreatedAt: rec.CreatedAt,
+			FencingToken: rec.FencingToken, Name: "transfer"}, Applied: applied, By: "ops", Why: "statement", Retention: time.Hour}
+		if applied {
+			rp.Result, err = idem.EncodeStepResult("tr_1")
+			require.NoError(t, err)
+		}
+		require.NoError(t, d.ResolveStep(t.Context(), rp))
+		uncertain = false
+		out, err := g.Do(t.Context(), p, fn)
+		require.NoError(t, err, "applied %v", applied)
+		if applied {
+			require.Equal(t, "tr_1", string(out.Body))
+			require.Equal(t, 1, runs)
+		} else {
+			require.Equal(t, "tr_2", string(out.Body))
+			require.Equal(t, 2, runs)
+		}
+	}
+}
