@@ -27,6 +27,7 @@ type crashCase struct {
 var crashCases = []crashCase{
 	{point: "before-claim", record: "", chargesAfter: 0, paymentsClaim: 0, paymentsSepar: 0, retryReplayed: false, finalToken: 1, providerCalls: 1},
 	{point: "before-charge", record: "PROCESSING", chargesAfter: 0, paymentsClaim: 0, paymentsSepar: 0, retryReplayed: false, finalToken: 2, providerCalls: 1},
+	{point: "in-charge", record: "PROCESSING", chargesAfter: 1, paymentsClaim: 0, paymentsSepar: 0, retryReplayed: false, finalToken: 2, providerCalls: 2},
 	{point: "after-charge", record: "PROCESSING", chargesAfter: 1, paymentsClaim: 0, paymentsSepar: 0, retryReplayed: false, finalToken: 2, providerCalls: 1},
 	{point: "after-write", record: "PROCESSING", chargesAfter: 1, paymentsClaim: 0, paymentsSepar: 1, retryReplayed: false, finalToken: 2, providerCalls: 1},
 	{point: "after-commit", record: "SUCCEEDED", chargesAfter: 1, paymentsClaim: 1, paymentsSepar: 1, retryReplayed: true, finalToken: 1, providerCalls: 1},

@@ -9,7 +9,7 @@
 //	          [--relay-secret S] [--lease 30s] [--write-mode claim|separate]
 //	          [--wait 0s] [--max-wait 10s] [--max-in-flight 0]
 //	          [--seal-key ID:SECRET [--seal-replay-plain]] [--key-hash-secret S]
-//	          [--keep-request-bytes 0]
+//	          [--keep-request-bytes 0] [--at-most-once-charge]
 //	          [--shutdown-timeout 15s] [--log-format json|text]
 //	          [--otel-traces none|stdout]
 //	          [--crash-<point> P] [--stall-after-charge D]   (-tags idemfaults)
@@ -83,7 +83,7 @@
 //
 // --crash-<point> P kills the process with SIGKILL, with probability P, when
 // a POST /v1/payments reaches point: before-claim, before-charge,
-// after-charge, after-write, after-commit or on-replay.
+// in-charge, after-charge, after-write, after-commit or on-replay.
 // --stall-after-charge D pauses a request and the process's lease renewal
 // for D after each charge: a slow owner that resumes after its lease
 // expired. --write-mode separate commits the payment's rows before idem

@@ -94,7 +94,7 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 		"(sealed with --seal-key; shown by idem inspect --request); 0: keep none")
 	fs.BoolVar(&o.atMostOnce, "at-most-once-charge", false, "declare the provider charge an at-most-once step (idem.AtMostOnce), for a provider "+
 		"without idempotency keys: never sent twice; a charge whose outcome is unknown (a crash or a timeout during the call) holds the payment "+
-		"UNKNOWN, answered 409 outcome-unknown, until `idem resolve`")
+		"UNKNOWN, answered 409 outcome-unknown, until an operator runs idem resolve")
 	mode := fs.String("write-mode", string(WriteInClaim), "where a payment's rows are written: claim (in the claim's transaction, committed with idem's record) or separate (committed on their own first; for comparison)")
 	o.faults.register(fs)
 	registerNaiveFlags(fs, &o.naive)
