@@ -18,6 +18,7 @@
 //	| missing-scope                | unauthenticated     | 401  |
 //	| request-too-large            | resource_exhausted  | 429  |
 //	| key-reused                   | failed_precondition | 400  |
+//	| outcome-unknown              | failed_precondition | 400  |
 //	| request-in-flight            | unavailable + retry | 503  |
 //	| response-not-stored          | already_exists      | 409  |
 //	| store-unavailable            | unavailable + retry | 503  |
@@ -313,6 +314,7 @@ var codes = map[string]connect.Code{
 	"missing-scope":       connect.CodeUnauthenticated,
 	"request-too-large":   connect.CodeResourceExhausted,
 	"key-reused":          connect.CodeFailedPrecondition,
+	"outcome-unknown":     connect.CodeFailedPrecondition,
 	"request-in-flight":   connect.CodeUnavailable,
 	"response-not-stored": connect.CodeAlreadyExists,
 	"store-unavailable":   connect.CodeUnavailable,

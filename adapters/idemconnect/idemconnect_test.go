@@ -54,7 +54,10 @@ type service struct {
 	// than a minute (idem's own MaxExecution is longer): it waits for the
 	// deadline and fails deadline_exceeded.
 	slow bool
-	url  string
+	// uncertain makes charge run an at-most-once step (idem.AtMostOnce)
+	// whose call ends uncertain: the record becomes UNKNOWN.
+	uncertain bool
+	url       string
 }
 
 func newService(t *testing.T, store idem.Store, cfg func(*idem.Options), handlerOpts ...connect.HandlerOption) *service {
@@ -80,6 +83,12 @@ func newService(t *testing.T, store idem.Store, cfg func(*idem.Options), handler
 		}
 		if s.hold != nil {
 			<-s.hold
+		}
+		if s.uncertain {
+			_, err := idem.Step(ctx, "transfer", func(context.Context) (int64, error) {
+				return 0, errors.New("the bank did not answer")
+			}, idem.AtMostOnce())
+			return nil, connect.NewError(connect.CodeUnavailable, err)
 		}
 		res := connect.NewResponse(&ChargeResponse{Charge: n, Amount: req.Msg.Amount})
 		if s.answer != nil {
@@ -248,6 +257,19 @@ func testConnect(t *testing.T, store func(*testing.T) idem.Store) {
 		_, err = s.call("k", 9999)
 		cerr := requireCode(t, err, connect.CodeFailedPrecondition)
 		require.Equal(t, "false", cerr.Meta().Get(idemconnect.HeaderNewKeySafe), "the same procedure, another request: perhaps this call, changed")
+		require.EqualValues(t, 1, s.runs.Load())
+	})
+
+	t.Run("OutcomeUnknown", func(t *testing.T) {
+		s := newService(t, store(t), nil)
+		s.uncertain = true
+		for range 3 {
+			_, err := s.call("k", 1000)
+			cerr := requireCode(t, err, connect.CodeFailedPrecondition)
+			require.Equal(t, idem.ProblemTypeBase+"outcome-unknown", cerr.Meta().Get(idemconnect.HeaderProblemType))
+			require.EqualValues(t, -1, retryDelay(t, cerr), "no RetryInfo: retrying does not help")
+			require.Equal(t, "false", cerr.Meta().Get(idemconnect.HeaderNewKeySafe))
+		}
 		require.EqualValues(t, 1, s.runs.Load())
 	})
 

@@ -62,9 +62,13 @@ type kind struct {
 
 // kinds maps Engine.Do's errors to gRPC codes, in the order errors.Is tries
 // them: the one table of idem's answers (docs/adapters.md). The codes are
-// adapters/idemconnect's where the two overlap. Issue 34's unknown outcome
-// is one row more.
+// adapters/idemconnect's where the two overlap.
 var kinds = []kind{
+	// First: its error may wrap the cause of an unknown outcome (a store
+	// error among them), and the outcome is what the client must hear.
+	{idem.ErrOutcomeUnknown, codes.FailedPrecondition, "outcome-unknown", false,
+		"this call made a call whose outcome cannot be known (it may have taken effect), and it is held for an operator: " +
+			"it will not run again and retrying does not help; do not send it again under a new key either"},
 	{idem.ErrMissingKey, codes.InvalidArgument, "missing-key", false,
 		"an idempotency key is required for this method (the idempotency-key metadata)"},
 	{idem.ErrInvalidKey, codes.InvalidArgument, "invalid-key", false,

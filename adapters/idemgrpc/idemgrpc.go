@@ -361,6 +361,9 @@ func (i *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 		Fingerprint: hashForm(info.FullMethod, form), Payload: form, Wait: i.waitFor(ctx),
 	}, run.do(ctx))
 	switch {
+	case errors.Is(err, idem.ErrOutcomeUnknown):
+		// The record is UNKNOWN: its handler's answer, whatever it was, is
+		// not this call's (docs/contract.md section 11.3).
 	case run.ran && (err == nil || errors.Is(err, errRunAgain) || errors.Is(err, idem.ErrReleased) || errors.Is(err, idem.ErrOutcomeFailed)):
 		// This call ran the handler: its own answer, recorded (or not,
 		// as the policy said).

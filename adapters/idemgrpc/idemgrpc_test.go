@@ -529,3 +529,27 @@ func TestHealthCheck(t *testing.T) {
 		})
 	}
 }
+
+// An at-most-once step whose call ends uncertain holds the record UNKNOWN:
+// FailedPrecondition outcome-unknown, without RetryInfo or pushback, to the
+// call that made it so and to every retry; the handler does not run again.
+func TestOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := adaptertest.SQLite(t)
+	s := &service{answer: func(ctx context.Context, _ int64, _ proto.Message) (proto.Message, error) {
+		_, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) {
+			return "", errors.New("the bank did not answer")
+		}, idem.AtMostOnce())
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}}
+	s.serve(t, store, idem.EngineOptions{})
+	for range 3 {
+		r := s.call(ctx, charge, "k", 1000, nil)
+		st := requireCode(t, r, codes.FailedPrecondition)
+		require.Equal(t, "OUTCOME_UNKNOWN", r.reason)
+		require.Empty(t, r.pushback)
+		require.EqualValues(t, -1, retryDelay(st), "no RetryInfo")
+	}
+	require.EqualValues(t, 1, s.runs.Load())
+}
