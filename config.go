@@ -345,6 +345,9 @@ func (o Options) validate(store Store) []error {
 	if o.Scope == nil {
 		errs = append(errs, errors.New("Scope is required: name the owner of each request's key (idem.SingleTenant for an API with one owner)"))
 	}
+	if o.Request.KeepForRedrive && len(o.Engine.Sealing.KeyHashSecret) > 0 && len(o.Engine.Sealing.Keys) == 0 {
+		errs = append(errs, errors.New("Request.KeepForRedrive with Engine.Sealing.KeyHashSecret needs Sealing.Keys: the kept request holds the client's key, which must not be stored in clear"))
+	}
 	if o.Replay.Cache.TTL != 0 && o.Replay.Cache.Bytes == 0 {
 		errs = append(errs, errors.New("Replay.Cache.TTL applies with Replay.Cache.Bytes only: set Bytes to have a cache, or leave TTL out"))
 	}

@@ -221,6 +221,10 @@ type doJob struct {
 
 func (j *doJob) Kept(limit int64) seal.Request { return keptRequest(j.payload, limit, "", "") }
 
+// Redrive: Do keeps nothing to re-drive; a queue's redelivery re-drives
+// its work (docs/contract.md section 11.4).
+func (j *doJob) Redrive() (seal.Request, bool) { return seal.Request{}, false }
+
 // keptRequest is the request kept of body (KeepRequestBytes = limit).
 func keptRequest(body []byte, limit int64, contentType, query string) seal.Request {
 	r := seal.Request{ContentType: contentType, Query: query, Size: int64(len(body)), Body: body}

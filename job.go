@@ -63,6 +63,30 @@ func (j *httpJob) Kept(limit int64) seal.Request {
 	return keptRequest(j.body, limit, j.r.Header.Get("Content-Type"), j.r.URL.RawQuery)
 }
 
+// unkept are the headers a request kept for a re-drive never holds: its
+// credentials (the completer rebuilds them from the scope) and the key
+// (kept apart).
+var unkept = []string{"Authorization", "Proxy-Authorization", "Cookie", HeaderKey}
+
+// Redrive is the request kept for a re-drive (Request.KeepForRedrive):
+// whole (Request.MaxBytes bounds what was read), its key, and its headers
+// but unkept and what Request.Redact removes.
+func (j *httpJob) Redrive() (seal.Request, bool) {
+	if !j.m.o.Request.KeepForRedrive {
+		return seal.Request{}, false
+	}
+	r := keptRequest(j.body, int64(len(j.body)), j.r.Header.Get("Content-Type"), j.r.URL.RawQuery)
+	h := j.r.Header.Clone()
+	for _, name := range unkept {
+		h.Del(name)
+	}
+	if j.m.o.Request.Redact != nil {
+		j.m.o.Request.Redact(h)
+	}
+	r.Key, r.Header = j.r.Header.Get(HeaderKey), h
+	return r, true
+}
+
 // storedResponse is the answer c captured as it is recorded: the replayed
 // headers only, the body when Response.MaxBytes allows.
 func (m *Middleware) storedResponse(c *httpwrite.Capture) idemdriver.Response {

@@ -62,6 +62,23 @@ type RequestOptions struct {
 
 	// Fingerprint replaces the request fingerprint. Default: fingerprint.Request.
 	Fingerprint FingerprintFunc
+
+	// KeepForRedrive keeps, before an execution's first step (Step), what
+	// a completer needs to run the request again without its client
+	// (docs/contract.md section 11.4, package completer): its query, body
+	// and Content-Type, its Idempotency-Key, and its headers but
+	// Authorization, Proxy-Authorization, Cookie and what Redact removes.
+	// It is kept once per record life, as an internal step
+	// (idemdriver.KeptRequestStep), sealed with Engine.Sealing.Keys, and
+	// goes with the record. With Engine.Sealing.KeyHashSecret it needs
+	// Sealing.Keys: the key is kept. Default: false (nothing kept; the
+	// completer ends such executions UNKNOWN instead).
+	KeepForRedrive bool
+
+	// Redact removes from a kept request's headers (KeepForRedrive) what
+	// must never be stored: a signature, a token in another header. The
+	// completer rebuilds credentials from the scope instead. Default: none.
+	Redact func(h http.Header)
 }
 
 // DrainOptions bounds what idem reads, and drops, of a body over

@@ -78,6 +78,11 @@ type Purger interface {
 
 // LockParams configure one attempt to take the maintenance lock.
 type LockParams struct {
+	// Name names the lock: one holder at a time per name. "" is the
+	// retention maintainer's; the completer (package completer) holds
+	// "completer". A lock of another name elects only: its PurgeExpired is
+	// the maintainer's all the same, and its holder should not call it.
+	Name string
 	// Holder names the process asking, for operators (host:pid or any
 	// string); stored in the lease row.
 	Holder string

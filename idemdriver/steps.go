@@ -82,6 +82,12 @@ const (
 	// ReasonStepResultUndecodable: a recorded result no longer decodes
 	// into the step's type.
 	ReasonStepResultUndecodable = "step-result-undecodable"
+	// ReasonCompleterGaveUp: the completer re-drove the execution as many
+	// times as it may, and it did not end (package completer).
+	ReasonCompleterGaveUp = "completer-gave-up"
+	// ReasonNotRedrivable: the completer cannot re-drive the execution: no
+	// request was kept for it, or the kept one does not open or was cut.
+	ReasonNotRedrivable = "not-redrivable"
 )
 
 // UnknownParams are the inputs of MarkUnknown: the step (a started one, or
@@ -191,3 +197,35 @@ var ErrStepsUnsupported = errors.New("idemdriver: this store keeps no steps")
 // starts again: started (StartedToken not 0), without a result. Its effect
 // may have happened; only a reconcile function or ResolveStep ends it.
 func StepHeld(s Step) bool { return s.AtMostOnce && !s.Done && s.StartedToken != 0 }
+
+// InternalStepPrefix begins the names of the steps idem writes itself (the
+// request kept for a re-drive, KeptRequestStep); an application's step
+// name never begins with it. An execution with internal steps only has
+// started no step.
+const InternalStepPrefix = "idem:"
+
+// KeptRequestStep is the internal step whose Relay holds the request kept
+// for a re-drive (CONTRACT section 11.4): written before the execution's
+// first step starts, first writer wins per record life (a takeover keeps
+// the first), sealed like a step, never finished.
+const KeptRequestStep = InternalStepPrefix + "request"
+
+// AbandonedLister lists the executions a completer may finish (CONTRACT
+// section 11.4): abandoned (PROCESSING past its lease, or FAILED), untouched
+// for p.Grace, and past a started step (a step of the record's life whose
+// name does not begin with InternalStepPrefix). Optional: a completer needs
+// it (and Stepper).
+type AbandonedLister interface {
+	// Abandoned returns at most p.Limit such records, least recently
+	// updated first, without their responses, and the database's now.
+	Abandoned(ctx context.Context, p AbandonedParams) ([]Record, time.Time, error)
+}
+
+// AbandonedParams are the inputs of Abandoned.
+type AbandonedParams struct {
+	// Grace: updated_at <= now - Grace. Not negative.
+	Grace time.Duration
+	// Limit is the most records returned. Must be positive.
+	Limit       int
+	ClockOffset time.Duration
+}

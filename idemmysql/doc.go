@@ -231,6 +231,11 @@
 // ROLLBACK; Stuck is 1 SELECT, a range of the index on (state,
 // locked_until), longest overdue first.
 //
+// The completer's read (idemdriver.AbandonedLister) is 1 SELECT: two
+// ranges of the same index (PROCESSING up to now, every FAILED record),
+// each record's steps looked up by idem_steps's primary key, sorted by
+// updated_at (a filesort of the abandoned records read).
+//
 // Migrator runs idemmigrate's Status and Down under Migrate's lease; Status
 // names the tables of an applied migration that are gone
 // (idemdriver.Migration.Missing). goose's own MySQL store scans the applied time (a DATETIME

@@ -91,8 +91,10 @@ func explain(t *testing.T, db *sql.DB, query string, args ...any) []map[string]s
 }
 
 // The maintenance statements read index ranges: the purge walks
-// idem_keys_expires_at, its DELETE the primary key, Stuck
-// idem_keys_processing. On a table where most records are live.
+// idem_keys_expires_at, its DELETE the primary key, Stuck and the
+// completer's read (Abandoned) idem_keys_processing (the latter two ranges
+// of it: PROCESSING up to now, FAILED). On a table where most records are
+// live.
 func TestMaintenanceStatementsUseIndexes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -105,16 +107,24 @@ func TestMaintenanceStatementsUseIndexes(t *testing.T) {
 		}
 		res, err := d.Claim(ctx, p)
 		require.NoError(t, err)
-		if i%10 != 0 {
-			ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: idemdriver.FenceParams{
-				Scope: p.Scope, Key: p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt}})
+		fence := idemdriver.FenceParams{Scope: p.Scope, Key: p.Key, FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt}
+		switch {
+		case i%20 == 5:
+			ok, err := d.Fail(ctx, fence)
 			require.NoError(t, err)
 			require.True(t, ok)
-		} else {
+		case i%10 != 0:
+			ok, err := d.Complete(ctx, idemdriver.CompleteParams{FenceParams: fence})
+			require.NoError(t, err)
+			require.True(t, ok)
+		default:
 			keys = append(keys, [2][]byte{[]byte(p.Scope), []byte(p.Key)})
 		}
 	}
-	_, err := d.DB().ExecContext(ctx, `ANALYZE TABLE idem_keys`)
+	_, err := d.DB().ExecContext(ctx, "INSERT INTO idem_steps (scope, `key`, created_at, name, started_token, started_at, relay)\n"+
+		"SELECT scope, `key`, created_at, 'charge', fencing_token, created_at, '' FROM idem_keys WHERE state <> 'SUCCEEDED'")
+	require.NoError(t, err)
+	_, err = d.DB().ExecContext(ctx, `ANALYZE TABLE idem_keys, idem_steps`)
 	require.NoError(t, err)
 	for _, tc := range []struct {
 		name, query, index string
@@ -123,6 +133,7 @@ func TestMaintenanceStatementsUseIndexes(t *testing.T) {
 		{"purge", queries[stPurgeSelect], "idem_keys_expires_at", append(purgeArgs(idemdriver.PurgeParams{}), 1000)},
 		{"purge delete", deleteKeysSQL(keys), "PRIMARY", nil},
 		{"stuck", stuckSQL, "idem_keys_processing", []any{int64(0), 50}},
+		{"abandoned", abandonedSQL, "idem_keys_processing", []any{int64(0), int64(0), 50}},
 	} {
 		found := false
 		for _, row := range explain(t, d.DB(), tc.query, tc.args...) {
@@ -134,6 +145,18 @@ func TestMaintenanceStatementsUseIndexes(t *testing.T) {
 		}
 		require.True(t, found, tc.name)
 	}
+	// The completer's read looks each record's steps up by the primary
+	// key's prefix (scope, key, created_at).
+	found := false
+	for _, row := range explain(t, d.DB(), abandonedSQL, int64(0), int64(0), 50) {
+		if row["table"] == "s" {
+			found = true
+			require.Equal(t, "PRIMARY", row["key"], "%v", row)
+			require.Contains(t, []string{"ref", "eq_ref"}, row["type"], "%v", row)
+			require.Contains(t, row["ref"], ".k.created_at", "%v", row)
+		}
+	}
+	require.True(t, found, "abandoned: idem_steps")
 }
 
 // The purge's locking read takes no gap locks (READ COMMITTED): while a

@@ -330,6 +330,20 @@ func TestMigrateStepsToUnknown(t *testing.T) {
 	require.False(t, list[1].AtMostOnce, "its resolution columns are not")
 }
 
+// The completer's read needs idem_steps (00006): before it, it refuses
+// with ErrSchemaTooOld.
+func TestAbandonedSchemaTooOld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := openUnmigrated(t, "")
+	require.NoError(t, idemmysql.MigrateFS(d, ctx, migrationsUpTo(t, 5)))
+	_, _, err := d.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10})
+	require.ErrorIs(t, err, idemdriver.ErrSchemaTooOld)
+	require.NoError(t, idemmysql.MigrateFS(d, ctx, migrationsUpTo(t, 6)))
+	_, _, err = d.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10})
+	require.NoError(t, err)
+}
+
 // The same for 00007 (the steps' columns) and 00008 (the UNKNOWN state):
 // found in the schema, they are recorded, not run again; a schema without
 // them is not taken for one with.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/idemdriver/idemsql"
@@ -309,4 +310,46 @@ func (d *Driver) stepTxOnce(ctx context.Context, fn func(tx *sql.Tx) error) erro
 		return err
 	}
 	return tx.Commit()
+}
+
+var _ idemdriver.AbandonedLister = (*Driver)(nil)
+
+// abandonedSQL reads the abandoned records past a started step: two ranges
+// of the index idem_keys_processing (state, locked_until), the PROCESSING
+// records up to now (not the NULLs, the damaged records) and every FAILED
+// one, each looked up in idem_steps by its primary key's prefix (scope,
+// key, created_at). name is binary: LIKE compares it byte by byte, and
+// 'idem:' (idemdriver.InternalStepPrefix) holds no wildcard. Args: offset,
+// grace (µs), limit.
+var abandonedSQL = `SELECT ` + micros(`n.now`) + `, ` + recordColumns + `
+FROM ` + nowTable + `
+JOIN idem_keys AS k ON ((k.state = 'PROCESSING' AND k.locked_until <= n.now) OR k.state = 'FAILED')
+	AND k.updated_at <= n.now - INTERVAL ? MICROSECOND
+	AND EXISTS (SELECT 1 FROM idem_steps AS s WHERE s.scope = k.scope AND s.` + "`key`" + ` = k.` + "`key`" + `
+		AND s.created_at = k.created_at AND s.name NOT LIKE 'idem:%')
+ORDER BY k.updated_at LIMIT ?`
+
+// Abandoned implements idemdriver.AbandonedLister: one SELECT.
+func (d *Driver) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([]idemdriver.Record, time.Time, error) {
+	if p.Limit <= 0 || p.Grace < 0 {
+		return nil, time.Time{}, fmt.Errorf("idemmysql: abandoned: Limit %d must be positive, Grace %s not negative", p.Limit, p.Grace)
+	}
+	rows, err := d.db.QueryContext(ctx, abandonedSQL, p.ClockOffset.Microseconds(), p.Grace.Microseconds(), p.Limit)
+	if err != nil {
+		return nil, time.Time{}, stepErr(err)
+	}
+	var nowUS int64
+	recs, err := idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) {
+		s, err := scanSnapshot(rows)
+		nowUS = s.nowUS
+		return s.rec, err
+	})
+	if err != nil {
+		return nil, time.Time{}, stepErr(err)
+	}
+	var dbNow time.Time
+	if len(recs) > 0 {
+		dbNow = idemsql.MicrosTime(nowUS)
+	}
+	return recs, dbNow, nil
 }

@@ -104,6 +104,12 @@ func (d *Driver) Schema() string { return d.schema }
 // (not the names of their indexes or partitions, idem_keys_...).
 var idemKeysRE = regexp.MustCompile(`\bidem_(keys|steps)\b`)
 
+// dropIndexRE finds the index a migration drops (DROP INDEX
+// [CONCURRENTLY] [IF EXISTS] idem_...), whose name qualifiedFS qualifies
+// too: an index is created in its table's schema, and found through
+// search_path otherwise.
+var dropIndexRE = regexp.MustCompile(`(DROP INDEX (?:CONCURRENTLY )?(?:IF EXISTS )?)(idem_\w+)`)
+
 // q returns query with idem's table qualified by the driver's schema
 // (Options.Schema); query itself when there is none. The rewritten text is
 // computed once per statement.
@@ -142,7 +148,8 @@ func (d *Driver) qualifiedFS(fsys fs.FS) (fs.FS, error) {
 		if err != nil {
 			return err
 		}
-		out[name] = &fstest.MapFile{Data: []byte(d.q(string(b))), Mode: 0o444}
+		q := dropIndexRE.ReplaceAllString(d.q(string(b)), "${1}"+d.schema+".$2")
+		out[name] = &fstest.MapFile{Data: []byte(q), Mode: 0o444}
 		return nil
 	})
 	return out, err

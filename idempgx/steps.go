@@ -243,3 +243,35 @@ func (d *Driver) ResolveStep(ctx context.Context, p idemdriver.ResolveStepParams
 	}
 	return stepErr(err)
 }
+
+var _ idemdriver.AbandonedLister = (*Driver)(nil)
+
+// abandonedSQL reads the abandoned records past a started step, through
+// the partial indexes of PROCESSING (by lease) and FAILED records.
+var abandonedSQL = `SELECT ` + columns + `, ` + now + `
+	FROM idem_keys k
+	WHERE ((k.state = 'PROCESSING' AND k.locked_until <= ` + now + `) OR k.state = 'FAILED')
+		AND k.updated_at <= ` + now + ` - @grace::bigint * interval '1 microsecond'
+		AND EXISTS (SELECT 1 FROM idem_steps s WHERE s.scope = k.scope AND s.key = k.key AND s.created_at = k.created_at
+			AND s.name NOT LIKE 'idem:%')
+	ORDER BY k.updated_at LIMIT @limit`
+
+// Abandoned implements idemdriver.AbandonedLister.
+func (d *Driver) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([]idemdriver.Record, time.Time, error) {
+	if d.part != nil {
+		return nil, time.Time{}, errNoStepsPartitioned
+	}
+	if p.Limit <= 0 || p.Grace < 0 {
+		return nil, time.Time{}, fmt.Errorf("idempgx: abandoned: Limit %d must be positive, Grace %s not negative", p.Limit, p.Grace)
+	}
+	rows, err := d.pool.Query(ctx, d.q(abandonedSQL), pgx.NamedArgs{"limit": p.Limit, "grace": p.Grace.Microseconds(),
+		"offset": p.ClockOffset.Microseconds()})
+	if err != nil {
+		return nil, time.Time{}, stepErr(err)
+	}
+	var dbNow time.Time
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (idemdriver.Record, error) {
+		return scanRecord(row, nil, &dbNow)
+	})
+	return recs, dbNow.UTC(), stepErr(err)
+}

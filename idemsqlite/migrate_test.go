@@ -23,10 +23,18 @@ import (
 // uses, so that a later Migrate applies the rest).
 func migratedTo(t *testing.T, version int) *idemsqlite.Driver {
 	t.Helper()
-	ctx := context.Background()
-	d, err := idemsqlite.Open(ctx, dbtest.SQLitePath(t))
+	d, err := idemsqlite.Open(context.Background(), dbtest.SQLitePath(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
+	migrateTo(t, d, version)
+	return d
+}
+
+// migrateTo applies idem's migrations up to version to d's file, as
+// migratedTo does.
+func migrateTo(t *testing.T, d *idemsqlite.Driver, version int) {
+	t.Helper()
+	ctx := context.Background()
 	src := os.DirFS("migrations")
 	files, err := fs.Glob(src, "*.sql")
 	require.NoError(t, err)
@@ -42,7 +50,6 @@ func migratedTo(t *testing.T, version int) *idemsqlite.Driver {
 	}
 	require.Len(t, upTo, version)
 	require.NoError(t, d.MigrateFS(ctx, upTo, idemsqlite.SchemaVersionTable))
-	return d
 }
 
 // schemaRows is sqlite_schema's (type, name, table, sql) of the objects
@@ -162,7 +169,7 @@ func TestMigrateUnknownKeepsRowsAndIndexes(t *testing.T) {
 	stepsBefore := dbtest.DumpSQL(t, db, "(SELECT rowid, * FROM idem_steps ORDER BY rowid)")
 	lockBefore := dbtest.DumpSQL(t, db, "idem_maintenance_lock")
 
-	require.NoError(t, d.Migrate(ctx))
+	migrateTo(t, d, 7)
 	require.EqualValues(t, 7, schemaVersion(t, d), "applied, no table missing")
 
 	require.Equal(t, v6Indexes, indexes(t, db), "idem_keys's and idem_steps's indexes as before")
@@ -173,8 +180,8 @@ func TestMigrateUnknownKeepsRowsAndIndexes(t *testing.T) {
 		relay, done, result, finished_at, seal_key FROM idem_steps ORDER BY rowid)`), "every step, as it was")
 	require.Equal(t, lockBefore, dbtest.DumpSQL(t, db, "idem_maintenance_lock"))
 	foreignKeyCheck(t, db)
-	fresh := dbtest.SQLite(t)
-	require.Equal(t, schemaRows(t, fresh.DB(), "idem_"), schemaRows(t, db, "idem_"), "the schema of a new file")
+	fresh7 := migratedTo(t, 7)
+	require.Equal(t, schemaRows(t, fresh7.DB(), "idem_"), schemaRows(t, db, "idem_"), "the schema of a new file")
 
 	steps, err := d.Steps(ctx, idemdriver.StepParams{Scope: a.Scope, Key: a.Key, CreatedAt: a.CreatedAt})
 	require.NoError(t, err)
@@ -230,9 +237,58 @@ func TestMigrateUnknownKeepsRowsAndIndexes(t *testing.T) {
 	foreignKeyCheck(t, db)
 	_, err = db.Exec(`UPDATE idem_keys SET state = 'UNKNOWN' WHERE key = 'a'`)
 	require.ErrorContains(t, err, "CHECK constraint failed", "version 6's CHECK")
+
+	// Every later migration applies after the rebuild, to the schema of a
+	// new file.
 	require.NoError(t, d.Migrate(ctx))
+	require.Greater(t, schemaVersion(t, d), int64(7))
+	require.Equal(t, schemaRows(t, dbtest.SQLite(t).DB(), "idem_"), schemaRows(t, db, "idem_"))
+	require.Equal(t, 3, countSteps(t, db, "a"))
+	foreignKeyCheck(t, db)
+}
+
+// Migration 00008 adds the partial index of FAILED records (the
+// completer's read) to a version 7 file, records kept; its Down drops it.
+func TestMigrateFailedIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := migratedTo(t, 7)
+	db := d.DB()
+	a := claimKey(t, d, "a")
+	insertV6Steps(t, db, a)
+	ok, err := d.Fail(ctx, idemdriver.FenceParams{Scope: a.Scope, Key: a.Key, FencingToken: a.FencingToken, CreatedAt: a.CreatedAt})
+	require.NoError(t, err)
+	require.True(t, ok)
+	claimKey(t, d, "b")
+	v7Indexes := indexes(t, db)
+	keysBefore := dbtest.DumpSQL(t, db, "(SELECT rowid, * FROM idem_keys ORDER BY rowid)")
+	abandoned := func() []string {
+		recs, _, err := d.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10})
+		require.NoError(t, err)
+		var keys []string
+		for _, r := range recs {
+			keys = append(keys, r.Key)
+		}
+		return keys
+	}
+	require.Equal(t, []string{"a"}, abandoned(), "read without the index too")
+
+	migrateTo(t, d, 8)
+	require.EqualValues(t, 8, schemaVersion(t, d))
+	require.ElementsMatch(t, append(v7Indexes[:len(v7Indexes):len(v7Indexes)],
+		"index | idem_keys_failed | idem_keys | CREATE INDEX idem_keys_failed ON idem_keys (created_at) WHERE state = 'FAILED'"),
+		indexes(t, db))
+	require.Equal(t, schemaRows(t, migratedTo(t, 8).DB(), "idem_"), schemaRows(t, db, "idem_"), "the schema of a new file")
+	require.Equal(t, keysBefore, dbtest.DumpSQL(t, db, "(SELECT rowid, * FROM idem_keys ORDER BY rowid)"))
+	require.Equal(t, []string{"a"}, abandoned())
+	foreignKeyCheck(t, db)
+
+	m, err := d.MigrateDown(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 8, m.Version)
 	require.EqualValues(t, 7, schemaVersion(t, d))
-	require.Equal(t, schemaRows(t, fresh.DB(), "idem_"), schemaRows(t, db, "idem_"))
+	require.Equal(t, v7Indexes, indexes(t, db))
+	require.Equal(t, keysBefore, dbtest.DumpSQL(t, db, "(SELECT rowid, * FROM idem_keys ORDER BY rowid)"))
 }
 
 // A view naming idem_keys would be carried off by the rebuild: the
@@ -260,7 +316,8 @@ func TestMigrateUnknownRefusesAView(t *testing.T) {
 }
 
 // Steps on a file whose migrations stop before them (00006, 00007) are
-// refused with idemdriver.ErrSchemaTooOld, and write nothing.
+// refused with idemdriver.ErrSchemaTooOld, and write nothing; so is the
+// completer's read before 00006.
 func TestStepsSchemaTooOld(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -276,6 +333,11 @@ func TestStepsSchemaTooOld(t *testing.T) {
 			idemdriver.ErrSchemaTooOld, "version %d", version)
 		_, err = d.FinishStep(ctx, idemdriver.FinishStepParams{StepParams: step, Result: []byte("x")})
 		require.ErrorIs(t, err, idemdriver.ErrSchemaTooOld, "version %d", version)
+		if _, _, err := d.Abandoned(ctx, idemdriver.AbandonedParams{Limit: 10}); version < 6 {
+			require.ErrorIs(t, err, idemdriver.ErrSchemaTooOld, "version %d: no idem_steps", version)
+		} else {
+			require.NoError(t, err, "version %d: the read needs idem_steps only", version)
+		}
 		require.ErrorIs(t, d.ResolveStep(ctx, idemdriver.ResolveStepParams{StepParams: step, Applied: true, Result: []byte("x")}),
 			idemdriver.ErrSchemaTooOld, "version %d", version)
 		got, err := d.Get(ctx, idemdriver.GetParams{Scope: rec.Scope, Key: rec.Key})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -219,4 +220,47 @@ func execTx(ctx context.Context, tx *sql.Tx, q string, args []any) (int64, error
 		return 0, err
 	}
 	return res.RowsAffected()
+}
+
+var _ idemdriver.AbandonedLister = (*Driver)(nil)
+
+// abandonedSQL reads the abandoned records past a started step. One
+// table of two SELECTs, which SQLite flattens into a compound, each arm
+// through a partial index (an OR of the two would scan idem_keys): the
+// PROCESSING records by lease up to now (idem_keys_processing), the FAILED
+// ones (idem_keys_failed, 00008); each arm sorted by updated_at, merged
+// up to @limit. Each record is looked up in idem_steps by its primary
+// key's prefix (scope, key, created_at). GLOB, not LIKE: SQLite's LIKE
+// ignores ASCII case, and 'idem:' (idemdriver.InternalStepPrefix) holds
+// no GLOB wildcard.
+var abandonedSQL = `SELECT ` + columns + `, ` + now + `
+	FROM (SELECT * FROM idem_keys WHERE state = 'PROCESSING' AND locked_until <= ` + now + `
+		UNION ALL SELECT * FROM idem_keys WHERE state = 'FAILED') AS k
+	WHERE k.updated_at <= ` + now + ` - @grace
+		AND EXISTS (SELECT 1 FROM idem_steps AS s WHERE s.scope = k.scope AND s.key = k.key AND s.created_at = k.created_at
+			AND s.name NOT GLOB 'idem:*')
+	ORDER BY k.updated_at LIMIT @limit`
+
+// Abandoned implements idemdriver.AbandonedLister.
+func (d *Driver) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([]idemdriver.Record, time.Time, error) {
+	if p.Limit <= 0 || p.Grace < 0 {
+		return nil, time.Time{}, fmt.Errorf("idemsqlite: abandoned: Limit %d must be positive, Grace %s not negative", p.Limit, p.Grace)
+	}
+	rows, err := d.db.QueryContext(ctx, abandonedSQL, sql.Named("limit", p.Limit), sql.Named("grace", p.Grace.Microseconds()),
+		sql.Named("offset", p.ClockOffset.Microseconds()))
+	if err != nil {
+		return nil, time.Time{}, stepErr(err)
+	}
+	var nowUS int64
+	recs, err := idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) {
+		return scanRecord(rows, nil, &nowUS)
+	})
+	if err != nil {
+		return nil, time.Time{}, stepErr(err)
+	}
+	var dbNow time.Time
+	if len(recs) > 0 {
+		dbNow = idemsql.MicrosTime(nowUS)
+	}
+	return recs, dbNow, nil
 }

@@ -589,13 +589,19 @@ type Request struct {
 	Truncated bool `json:"truncated,omitempty"`
 	// Body is the body, or its first KeepRequestBytes bytes.
 	Body []byte `json:"-"`
+	// Key is the client's Idempotency-Key and Header the request's headers
+	// but its credentials, kept for a re-drive only (idem's
+	// RequestOptions.KeepForRedrive, docs/contract.md section 11.4); empty
+	// in the request kept for an audit.
+	Key    string              `json:"key,omitempty"`
+	Header map[string][]string `json:"header,omitempty"`
 }
 
 // EncodeRequest packs r as idem stores it (in idemdriver.Response.Request,
 // before sealing): a version byte, the JSON length of the other fields
 // (uvarint), that JSON, the body.
 func EncodeRequest(r Request) []byte {
-	meta, _ := json.Marshal(r) // strings, an int and a bool: no error
+	meta, _ := json.Marshal(r) // strings, an int, a bool and a map of strings: no error
 	return frame(meta, r.Body)
 }
 

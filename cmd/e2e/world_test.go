@@ -43,9 +43,12 @@ func newWorld(t *testing.T, tgt target, pspArgs ...string) *world {
 }
 
 // paymentsdArgs are the arguments of a paymentsd on databaseURL charging
-// through the world's provider, followed by extra.
+// through the world's provider, without its completer, followed by extra.
 func (w *world) paymentsdArgs(databaseURL string, extra ...string) []string {
-	return append([]string{"--database-url", databaseURL, "--psp-url", w.psp.url()}, extra...)
+	// The completer is off unless a test turns it on (extra's --completer
+	// comes later and wins): the tests of a client's retries must not race
+	// with it.
+	return append([]string{"--database-url", databaseURL, "--psp-url", w.psp.url(), "--completer=false"}, extra...)
 }
 
 // paymentsd starts a paymentsd (see paymentsdArgs).

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/internal/service"
+	"github.com/idemgo/idem/completer"
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/seal"
 )
@@ -67,6 +68,10 @@ type handlerConfig struct {
 	// twice; a charge whose outcome is unknown holds the payment UNKNOWN
 	// (409 outcome-unknown) until an operator resolves it (idem resolve).
 	AtMostOnceCharge bool
+	// Completer, when not nil, keeps each payment's request at its charge
+	// (idem's RequestOptions.KeepForRedrive) and configures the completer
+	// that finishes the payments whose client went away (newService).
+	Completer *completer.Config
 }
 
 // api serves the payments API.
@@ -102,9 +107,16 @@ type api struct {
 // sent to a mistyped path or with another method gets the 404 or 405
 // without a record, so the client can correct the request and keep its key.
 func newHandler(cfg handlerConfig) (http.Handler, error) {
+	h, _, err := newService(cfg)
+	return h, err
+}
+
+// newService is newHandler, and the completer of its payments when
+// cfg.Completer is set (not started).
+func newService(cfg handlerConfig) (http.Handler, *completer.Completer, error) {
 	mw, err := idem.NewMiddleware(cfg.idemOptions())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if cfg.WriteMode == "" {
 		cfg.WriteMode = WriteInClaim
@@ -114,9 +126,23 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 		storedKey:  mw.Engine().StoredKey}
 	routes := a.routes(cfg.Faults.wrap(mw.Handler(http.HandlerFunc(a.createPayment))))
 	if err := a.stripeRoutes(routes, cfg); err != nil { // POST /v1/payment_intents (stripe.go)
-		return nil, err
+		return nil, nil, err
 	}
-	return a.serve(routes), nil
+	var c *completer.Completer
+	if cfg.Completer != nil {
+		// The completer re-drives through the authenticated routes, its
+		// Context standing for the authentication.
+		cc := *cfg.Completer
+		cc.Handler = routes
+		cc.Context = func(ctx context.Context, merchant string) (context.Context, error) {
+			return service.WithMerchant(ctx, merchant), nil
+		}
+		cc.Keys, cc.Lease, cc.Logger = cfg.SealKeys, cfg.Lease, cfg.Logger
+		if c, err = completer.New(cfg.Store.Idem(), cc); err != nil { // its own statements: no fault
+			return nil, nil, err
+		}
+	}
+	return a.serve(routes), c, nil
 }
 
 // idemOptions is idem's store and options for both protected routes: cfg's
@@ -126,7 +152,8 @@ func newHandler(cfg handlerConfig) (http.Handler, error) {
 // ReplayPlain, KeyHashSecret, KeepRequestBytes).
 func (cfg handlerConfig) idemOptions() (idem.Store, idem.Options) {
 	return cfg.Faults.store(cfg.Store.Idem()), idem.Options{
-		Scope: service.Scope,
+		Scope:   service.Scope,
+		Request: idem.RequestOptions{KeepForRedrive: cfg.Completer != nil},
 		Engine: idem.EngineOptions{
 			Lease:       idem.LeaseOptions{Duration: cfg.Lease},
 			Waiting:     idem.WaitOptions{Wait: cfg.Wait, Max: cfg.MaxWait},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemgo/idem/cmd/internal/naivecache"
 	"github.com/idemgo/idem/cmd/internal/service"
+	"github.com/idemgo/idem/completer"
 	"github.com/idemgo/idem/seal"
 )
 
@@ -52,6 +53,10 @@ type options struct {
 	keepRequest   int64
 	// atMostOnce declares the charge at-most-once (handlerConfig.AtMostOnceCharge).
 	atMostOnce bool
+	// completer runs idem's completer (handlerConfig.Completer), its
+	// re-drives completerGrace after a payment was last touched.
+	completer      bool
+	completerGrace time.Duration
 
 	// faults are the fault-injection flags (-tags idemfaults only).
 	faults faultOptions
@@ -95,6 +100,11 @@ func parseFlags(args []string, output io.Writer, getenv func(string) string) (op
 	fs.BoolVar(&o.atMostOnce, "at-most-once-charge", false, "declare the provider charge an at-most-once step (idem.AtMostOnce), for a provider "+
 		"without idempotency keys: never sent twice; a charge whose outcome is unknown (a crash or a timeout during the call) holds the payment "+
 		"UNKNOWN, answered 409 outcome-unknown, until an operator runs idem resolve")
+	fs.BoolVar(&o.completer, "completer", true, "run idem's completer: a payment whose client went away after its charge started "+
+		"(a crash, a provider timeout) is finished without it, from its request kept at the charge (sealed with --seal-key); "+
+		"with --key-hash-secret it needs --seal-key, and is off without one")
+	fs.DurationVar(&o.completerGrace, "completer-grace", 10*time.Second, "how long the completer leaves an abandoned payment to its client "+
+		"before finishing it (doubling with each further attempt)")
 	mode := fs.String("write-mode", string(WriteInClaim), "where a payment's rows are written: claim (in the claim's transaction, committed with idem's record) or separate (committed on their own first; for comparison)")
 	o.faults.register(fs)
 	registerNaiveFlags(fs, &o.naive)
@@ -174,6 +184,9 @@ func (o *options) sealingFromEnv(hashSecret string, getenv func(string) string) 
 	if o.keepRequest < 0 {
 		return errors.New("--keep-request-bytes must not be negative")
 	}
+	if o.completerGrace < 0 {
+		return errors.New("--completer-grace must not be negative")
+	}
 	return nil
 }
 
@@ -209,6 +222,14 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 		SealKeys: o.sealKeys, ReplayPlain: o.replayPlain, KeyHashSecret: o.keyHashSecret, KeepRequestBytes: o.keepRequest,
 		AtMostOnceCharge: o.atMostOnce, Observer: tel.Observer, Metrics: tel.Metrics,
 	}
+	completerOn := o.completer && !o.naive.enabled
+	if completerOn && len(o.keyHashSecret) > 0 && len(o.sealKeys) == 0 {
+		log.Warn("the completer is off: with --key-hash-secret it needs --seal-key (the request it keeps holds the client's key)")
+		completerOn = false
+	}
+	if completerOn {
+		hcfg.Completer = &completer.Config{Grace: o.completerGrace}
+	}
 	var served service.Served
 	var err error
 	if o.naive.enabled {
@@ -220,8 +241,17 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 		if served.Handler, err = newNaiveHandler(hcfg, cache, o.naive.cacheTTL()); err != nil {
 			return service.Served{}, errors.Join(err, cache.Close())
 		}
-	} else if served.Handler, err = newHandler(hcfg); err != nil {
-		return served, err
+	} else {
+		var c *completer.Completer
+		if served.Handler, c, err = newService(hcfg); err != nil {
+			return served, err
+		}
+		if c != nil {
+			if err := c.Start(ctx); err != nil {
+				return served, err
+			}
+			served.Close = func() error { c.Stop(); return nil }
+		}
 	}
 	served.Attrs = []any{"psp", psp, "lease", o.Lease.String(), "write_mode", string(o.writeMode),
 		"wait", o.wait.String(), "max_wait", o.maxWait.String(), "max_in_flight", o.maxInFlight, "relay_secret", o.relaySecret != ""}
@@ -239,6 +269,9 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 	}
 	if o.atMostOnce {
 		served.Attrs = append(served.Attrs, "at_most_once_charge", true)
+	}
+	if completerOn {
+		served.Attrs = append(served.Attrs, "completer_grace", o.completerGrace.String())
 	}
 	if d := o.faults.describe(); d != "" {
 		served.Attrs = append(served.Attrs, "faults", d)

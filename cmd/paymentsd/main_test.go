@@ -49,7 +49,8 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, options{Flags: service.Flags{Addr: "127.0.0.1:8080", Lease: 30 * time.Second,
 		ShutdownTimeout: 15 * time.Second, LogFormat: "json", Traces: "none"},
-		pspLatency: 300 * time.Millisecond, pspTimeout: 5 * time.Second, writeMode: WriteInClaim, maxWait: 10 * time.Second, faults: o.faults}, o) // faultOptions: TestParseFaultFlags (-tags idemfaults)
+		pspLatency: 300 * time.Millisecond, pspTimeout: 5 * time.Second, writeMode: WriteInClaim, maxWait: 10 * time.Second,
+		completer: true, completerGrace: 10 * time.Second, faults: o.faults}, o) // faultOptions: TestParseFaultFlags (-tags idemfaults)
 
 	o, err = parseFlags([]string{"--addr", ":9", "--database-url", "x.db", "--psp-latency", "1s", "--lease", "5s", "--log-format", "text",
 		"--psp-url", "http://127.0.0.1:8090", "--psp-timeout", "2s", "--write-mode", "separate"}, io.Discard, nil)

@@ -118,6 +118,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Renew", func(t *testing.T) { runRenew(t, h) })
 	t.Run("Steps", func(t *testing.T) { runSteps(t, h) })
 	t.Run("Unknown", func(t *testing.T) { runUnknown(t, h) })
+	t.Run("Abandoned", func(t *testing.T) { runAbandoned(t, h) })
 }
 
 func fingerprint(s string) []byte {

@@ -1,6 +1,7 @@
 package idemmigrate
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -429,7 +430,7 @@ func (l *Leases) TryLockMaintenance(ctx context.Context, p idemdriver.LockParams
 	if p.TTL <= 0 {
 		return nil, fmt.Errorf("maintenance lock: TTL %s must be positive", p.TTL)
 	}
-	x, err := l.TryAcquire(ctx, LeaseParams{Name: MaintenanceLeaseName, Holder: p.Holder, TTL: p.TTL, ClockOffset: p.ClockOffset})
+	x, err := l.TryAcquire(ctx, LeaseParams{Name: cmp.Or(p.Name, MaintenanceLeaseName), Holder: p.Holder, TTL: p.TTL, ClockOffset: p.ClockOffset})
 	if err != nil {
 		return nil, err
 	}

@@ -80,6 +80,7 @@ func (eng *Engine) run(ctx context.Context, p idemdriver.ClaimParams, clientKey 
 		return v
 	}
 	e := newExecution(&eng.cfg, ctx, c, p, clientKey)
+	e.redrive = j.Redrive
 	if e.fence.Notify != "" {
 		defer eng.waits.wake(e.fence.Notify) // this process's waiters, at once
 	}

@@ -69,6 +69,9 @@ type Job interface {
 	Response() idemdriver.Response
 	// Kept is the request kept for an audit, its body cut at limit bytes.
 	Kept(limit int64) seal.Request
+	// Redrive is the request kept for a re-drive, and whether one is kept
+	// (docs/contract.md section 11.4).
+	Redrive() (seal.Request, bool)
 }
 
 type claimed struct {
@@ -107,6 +110,10 @@ type Execution struct {
 	releaseAsked bool
 	steps        map[string]bool // the names of the steps run (Step)
 	unknown      error           // an *UnknownError once this execution made its record UNKNOWN
+	// redrive is the job's request kept for a re-drive (Job.Redrive),
+	// written before the first step; kept once it is.
+	redrive func() (seal.Request, bool)
+	kept    bool
 }
 
 // newExecution: p names the stored key, clientKey the client's (Execution.Key).

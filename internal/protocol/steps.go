@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/seal"
@@ -36,9 +37,9 @@ const (
 type stepFunc func(ctx context.Context) (result []byte, end stepEnd, err error)
 
 // ValidStepName reports whether name is 1 to idemdriver.MaxStepNameBytes
-// bytes of visible ASCII.
+// bytes of visible ASCII, not beginning with idemdriver.InternalStepPrefix.
 func ValidStepName(name string) bool {
-	if len(name) == 0 || len(name) > idemdriver.MaxStepNameBytes {
+	if len(name) == 0 || len(name) > idemdriver.MaxStepNameBytes || strings.HasPrefix(name, idemdriver.InternalStepPrefix) {
 		return false
 	}
 	for i := 0; i < len(name); i++ {
@@ -97,6 +98,9 @@ func (e *Execution) step(name, relay string, fn stepFunc, o StepOptions) ([]byte
 		}
 		return s, nil
 	}
+	if err := e.keepRedrive(st, life); err != nil {
+		return nil, err
+	}
 	s, err := start()
 	switch {
 	case err != nil:
@@ -139,6 +143,39 @@ func (e *Execution) step(name, relay string, fn stepFunc, o StepOptions) ([]byte
 		return nil, ferr
 	}
 	return e.finish(st, life, p, result)
+}
+
+// keepRedrive writes, before e's first step, the request kept for a
+// re-drive (Job.Redrive) as the internal step idemdriver.KeptRequestStep:
+// its Relay, sealed like a step's; the first writer of the record life
+// wins (a re-execution's start leaves the Relay as it is).
+func (e *Execution) keepRedrive(st idemdriver.Stepper, life seal.Life) error {
+	e.mu.Lock()
+	done := e.kept || e.redrive == nil
+	e.kept = true
+	e.mu.Unlock()
+	if done {
+		return nil
+	}
+	req, ok := e.redrive()
+	if !ok {
+		return nil
+	}
+	blob, keyID := e.cfg.Keyring.SealStep(life, seal.PartStepRelay, idemdriver.KeptRequestStep, seal.EncodeRequest(req))
+	p := idemdriver.StepParams{Scope: e.fence.Scope, Key: e.fence.Key, CreatedAt: e.fence.CreatedAt,
+		FencingToken: e.fence.FencingToken, Name: idemdriver.KeptRequestStep, ClockOffset: e.fence.ClockOffset}
+	ctx, cancel := e.detached()
+	defer cancel()
+	_, err := st.StartStep(ctx, idemdriver.StartStepParams{StepParams: p, Relay: blob, SealKey: keyID})
+	switch {
+	case errors.Is(err, idemdriver.ErrStepsUnsupported), errors.Is(err, idemdriver.ErrSchemaTooOld):
+		return fmt.Errorf("%w: %w", ErrStepNotAllowed, err)
+	case errors.Is(err, idemdriver.ErrFencedOut):
+		return fmt.Errorf("%w: the request was not kept for a re-drive", ErrLeaseLost)
+	case err != nil:
+		return &StoreError{Op: "keep request", Err: err}
+	}
+	return nil
 }
 
 // finish records result as p's step's result and returns the one
@@ -202,7 +239,7 @@ func (e *Execution) openResult(life seal.Life, s idemdriver.Step) ([]byte, error
 // store's Stepper; it remembers the name.
 func (e *Execution) stepAllowed(name string) (idemdriver.Stepper, error) {
 	if !ValidStepName(name) {
-		return nil, fmt.Errorf("%w %q: 1 to %d bytes of visible ASCII", ErrStepName, name, idemdriver.MaxStepNameBytes)
+		return nil, fmt.Errorf("%w %q: 1 to %d bytes of visible ASCII, not beginning with %q", ErrStepName, name, idemdriver.MaxStepNameBytes, idemdriver.InternalStepPrefix)
 	}
 	st, ok := e.cfg.Store.(idemdriver.Stepper)
 	single := isSingleWriter(e.cfg.Store)
@@ -243,5 +280,10 @@ func (e *Execution) stepsStarted() (bool, error) {
 	if errors.Is(err, idemdriver.ErrStepsUnsupported) {
 		return false, nil
 	}
-	return len(list) > 0, err
+	for _, s := range list {
+		if !strings.HasPrefix(s.Name, idemdriver.InternalStepPrefix) {
+			return true, nil
+		}
+	}
+	return false, err
 }

@@ -43,4 +43,5 @@ func (doneJob) Run(context.Context) (int, Override) { return 201, ByPolicy }
 func (doneJob) Response() idemdriver.Response {
 	return idemdriver.Response{Status: 201, Header: map[string][]string{}, Body: []byte("one"), BodyStored: true, BodySize: 3}
 }
-func (doneJob) Kept(int64) seal.Request { return seal.Request{} }
+func (doneJob) Kept(int64) seal.Request       { return seal.Request{} }
+func (doneJob) Redrive() (seal.Request, bool) { return seal.Request{}, false }

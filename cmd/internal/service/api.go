@@ -110,6 +110,12 @@ func Merchant(ctx context.Context) (string, bool) {
 	return m, ok
 }
 
+// WithMerchant returns ctx carrying merchant, as API.Authenticate makes it
+// (idem's completer rebuilds a re-driven request's context with it).
+func WithMerchant(ctx context.Context, merchant string) context.Context {
+	return context.WithValue(ctx, merchantKey{}, merchant)
+}
+
 // Scope is idem's ScopeFunc (idem.Options.Scope): the merchant owns its keys,
 // so two merchants sending the same Idempotency-Key never meet. It fails for
 // a request that API.Authenticate did not let through.
@@ -147,7 +153,7 @@ func (a *API) Authenticate(next http.Handler) http.Handler {
 		if info := RequestInfoFrom(r.Context()); info != nil {
 			info.Merchant = merchant
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), merchantKey{}, merchant)))
+		next.ServeHTTP(w, r.WithContext(WithMerchant(r.Context(), merchant)))
 	})
 }
 

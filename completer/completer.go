@@ -1,0 +1,496 @@
+// Package completer finishes what a crash, a provider timeout or a client
+// that went away left behind (docs/contract.md section 11.4): a Completer,
+// elected among processes by a lease row as the retention maintainer is,
+// finds the executions abandoned past a started step (idem.Step) and
+// re-drives each through the protected handler, so that its outcome is
+// recorded without its client; the client's late retry gets the replay.
+//
+// A re-drive is an ordinary request with the record's key: idem's
+// middleware claims it with the same statement a client's retry uses (a
+// takeover or a re-claim under a new fencing token), so a retry and the
+// completer race through one statement and exactly one runs. The request
+// is the one kept at the execution's first step (idem's
+// RequestOptions.KeepForRedrive); Config.Context rebuilds what the
+// application's authentication put in its context from the record's scope,
+// and no credential is ever kept. What it cannot finish (no kept request,
+// or MaxAttempts reached) it ends UNKNOWN (idem.ErrOutcomeUnknown) for an
+// operator: a step started, so the effect may have happened.
+package completer
+
+//lint:file-ignore ST1005 validation errors start with the Config field they name
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/seal"
+)
+
+// Defaults of Config.
+const (
+	DefaultInterval    = 2 * time.Second
+	DefaultGrace       = 10 * time.Second
+	DefaultMaxAttempts = 6
+	DefaultMaxInFlight = 4
+	DefaultRate        = 20
+	DefaultBatch       = 100
+)
+
+// LockName is the completer's lease (idemdriver.LockParams.Name).
+const LockName = "completer"
+
+// Config configures a Completer. The zero value of every field but
+// Handler and Context means its documented default.
+type Config struct {
+	// Handler is the protected handler behind idem's middleware
+	// (mw.Handler(h)) whose Options.Request.KeepForRedrive is set. Only
+	// the kept request goes through it, not the rest of the server's
+	// chain. Required.
+	Handler http.Handler
+
+	// Context returns ctx with what the application's authentication
+	// would have put in a request of scope (the merchant, the tenant), so
+	// that the middleware's Options.Scope reads scope again. Required.
+	Context func(ctx context.Context, scope string) (context.Context, error)
+
+	// Keys are the middleware's Engine.Sealing.Keys: they open sealed kept
+	// requests. Default: none (plain records only).
+	Keys []seal.Key
+
+	// Interval is the time between two cycles, and between two attempts
+	// of a standby to be elected. Default: 2 s.
+	Interval time.Duration
+
+	// Grace is how long an abandoned execution is left to its client
+	// before its first re-drive; the n-th re-drive waits Grace × 2^(n-1),
+	// with jitter. Default: 10 s.
+	Grace time.Duration
+
+	// MaxAttempts bounds a record's attempts (the client's and the
+	// completer's): an execution still unfinished at MaxAttempts is ended
+	// UNKNOWN (idemdriver.ReasonCompleterGaveUp). Default: 6.
+	MaxAttempts int
+
+	// MaxInFlight is the most re-drives at once; Rate the most begun per
+	// second. Defaults: 4 and 20.
+	MaxInFlight int
+	Rate        float64
+
+	// Batch is the most abandoned records read per cycle. Default: 100.
+	Batch int
+
+	// Lease and Retention are those of the claim that ends an execution
+	// UNKNOWN (the middleware's Engine.Lease.Duration and Retention).
+	// Defaults: idem.DefaultLeaseDuration and idem.DefaultRetention.
+	Lease, Retention time.Duration
+
+	// LockTTL is how long the completer's lease outlives a holder that
+	// died. Default: 3 × Interval, at least 30 s.
+	LockTTL time.Duration
+
+	// Holder names this process in the lease and as the owner of the
+	// records it ends. Default: "hostname:pid".
+	Holder string
+
+	// OnRedrive, when set, is called after each re-drive or give-up, from
+	// the completer's goroutines. Default: none.
+	OnRedrive func(Outcome)
+
+	// Logger receives leadership changes, re-drives and errors. Default:
+	// slog.Default().
+	Logger *slog.Logger
+
+	// ClockOffset is added to the database's clock. Tests only.
+	ClockOffset time.Duration
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.Grace = cmp.Or(c.Grace, DefaultGrace)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.Rate = cmp.Or(c.Rate, DefaultRate)
+	c.Batch = cmp.Or(c.Batch, DefaultBatch)
+	c.Lease = cmp.Or(c.Lease, idem.DefaultLeaseDuration)
+	c.Retention = cmp.Or(c.Retention, idem.DefaultRetention)
+	if c.LockTTL == 0 {
+		c.LockTTL = max(3*c.Interval, 30*time.Second)
+	}
+	if c.Holder == "" {
+		host, _ := os.Hostname()
+		c.Holder = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.Handler == nil || c.Context == nil {
+		errs = append(errs, errors.New("Handler and Context are required"))
+	}
+	if c.Interval <= 0 || c.Grace < 0 || c.MaxAttempts < 2 || c.MaxInFlight <= 0 || c.Rate <= 0 || c.Batch <= 0 ||
+		c.Lease <= 0 || c.Retention <= 0 || c.LockTTL <= 0 {
+		errs = append(errs, errors.New("Interval, MaxInFlight, Rate, Batch, Lease, Retention and LockTTL must be positive, Grace not negative, MaxAttempts at least 2"))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("completer: invalid Config: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// Outcome is what became of one abandoned execution.
+type Outcome struct {
+	Scope, Key string // the stored key
+	// Status is the re-drive's answer (0 when none was sent: given up).
+	Status int
+	// GaveUp is the reason the record was ended UNKNOWN, "" otherwise.
+	GaveUp string
+	Err    error
+}
+
+// Stats are a Completer's running totals.
+type Stats struct {
+	Leader                     bool
+	Cycles                     int64
+	Redriven, Finished, GaveUp int64
+	Errors                     int64
+}
+
+// Store is what a Completer needs of a store: every driver of this module
+// but a partitioned PostgreSQL table.
+type Store interface {
+	idemdriver.Driver
+	idemdriver.Stepper
+	idemdriver.AbandonedLister
+	idemdriver.MaintenanceLocker
+}
+
+// ErrUnsupported is returned by New for a store without steps or
+// election.
+var ErrUnsupported = errors.New("completer: the store keeps no steps or cannot elect")
+
+// Completer re-drives abandoned executions; see the package documentation.
+type Completer struct {
+	store   Store
+	cfg     Config
+	keyring *seal.Keyring
+	limiter *rate.Limiter
+	slots   chan struct{}
+
+	lock                                     idemdriver.MaintenanceLock
+	leader                                   atomic.Bool
+	cycles, redriven, finished, gaveUp, errs atomic.Int64
+	busy                                     sync.Map // keys being re-driven
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// New returns a Completer of store (an idemdriver.Driver that implements
+// Store). Errors: ErrUnsupported, an invalid Config, invalid Keys.
+func New(store idemdriver.Driver, cfg Config) (*Completer, error) {
+	s, ok := store.(Store)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T", ErrUnsupported, store)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	kr, err := seal.NewKeyring(cfg.Keys)
+	if err != nil {
+		return nil, fmt.Errorf("completer: Keys: %w", err)
+	}
+	return &Completer{store: s, cfg: cfg, keyring: kr, limiter: rate.NewLimiter(rate.Limit(cfg.Rate), 1),
+		slots: make(chan struct{}, cfg.MaxInFlight)}, nil
+}
+
+// Start runs the completer in the background until Stop or ctx's end.
+// Errors: already started.
+func (c *Completer) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cancel != nil {
+		return errors.New("completer: already started")
+	}
+	ctx, c.cancel = context.WithCancel(ctx)
+	c.done = make(chan struct{})
+	go c.run(ctx)
+	return nil
+}
+
+// Stop ends the completer: it waits for the re-drives under way and
+// releases its lease.
+func (c *Completer) Stop() {
+	c.mu.Lock()
+	cancel, done := c.cancel, c.done
+	c.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	<-done
+}
+
+// Stats returns the running totals.
+func (c *Completer) Stats() Stats {
+	return Stats{Leader: c.leader.Load(), Cycles: c.cycles.Load(), Redriven: c.redriven.Load(),
+		Finished: c.finished.Load(), GaveUp: c.gaveUp.Load(), Errors: c.errs.Load()}
+}
+
+func (c *Completer) run(ctx context.Context) {
+	defer close(c.done)
+	defer c.unlock()
+	defer c.wg.Wait()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := c.Cycle(ctx); err != nil && ctx.Err() == nil {
+			c.errs.Add(1)
+			c.cfg.Logger.Warn("idem: completer: cycle", "err", err)
+		}
+		t.Reset(c.cfg.Interval)
+	}
+}
+
+// Cycle runs one cycle now: it leads (or returns nil as a standby), reads
+// the abandoned executions and starts the re-drive of those due, without
+// waiting for them. Start calls it every Interval.
+func (c *Completer) Cycle(ctx context.Context) error {
+	c.cycles.Add(1)
+	if lead, err := c.lead(ctx); err != nil || !lead {
+		return err
+	}
+	recs, now, err := c.store.Abandoned(ctx, idemdriver.AbandonedParams{Grace: c.cfg.Grace, Limit: c.cfg.Batch, ClockOffset: c.cfg.ClockOffset})
+	if err != nil {
+		return err
+	}
+	for _, rec := range recs {
+		if !c.due(rec, now) {
+			continue
+		}
+		if _, busy := c.busy.LoadOrStore(rec.Scope+"\x00"+rec.Key, true); busy {
+			continue
+		}
+		if err := c.limiter.Wait(ctx); err != nil {
+			c.busy.Delete(rec.Scope + "\x00" + rec.Key)
+			return nil // stopped
+		}
+		select {
+		case c.slots <- struct{}{}:
+		case <-ctx.Done():
+			c.busy.Delete(rec.Scope + "\x00" + rec.Key)
+			return nil
+		}
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			defer func() { <-c.slots; c.busy.Delete(rec.Scope + "\x00" + rec.Key) }()
+			o := c.complete(ctx, rec)
+			if c.cfg.OnRedrive != nil {
+				c.cfg.OnRedrive(o)
+			}
+		}()
+	}
+	return nil
+}
+
+// Wait waits for the re-drives a Cycle started.
+func (c *Completer) Wait() { c.wg.Wait() }
+
+// due reports whether rec's next re-drive is due at now: untouched for
+// Grace × 2^(n-1), n its attempts past the client's first, with a jitter
+// of up to a half of that, fixed per (key, attempts).
+func (c *Completer) due(rec idemdriver.Record, now time.Time) bool {
+	n := max(rec.Attempts-1, 0)
+	wait := float64(c.cfg.Grace) * math.Pow(2, float64(min(n, 16)))
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%s\x00%s\x00%d", rec.Scope, rec.Key, rec.Attempts)
+	wait *= 0.5 + float64(h.Sum32()%1000)/2000
+	return rec.UpdatedAt.Add(time.Duration(wait)).Before(now) || rec.Attempts >= c.cfg.MaxAttempts
+}
+
+// lead takes or renews the completer's lease; false as a standby.
+func (c *Completer) lead(ctx context.Context) (bool, error) {
+	if c.lock != nil {
+		if err := c.lock.Refresh(ctx); err != nil {
+			c.unlock()
+			return false, err
+		}
+		return true, nil
+	}
+	l, err := c.store.TryLockMaintenance(ctx, idemdriver.LockParams{Name: LockName, Holder: c.cfg.Holder, TTL: c.cfg.LockTTL,
+		ClockOffset: c.cfg.ClockOffset})
+	if errors.Is(err, idemdriver.ErrLockHeld) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	c.lock = l
+	c.leader.Store(true)
+	c.cfg.Logger.Info("idem: completer: this process is now the completer", "holder", c.cfg.Holder)
+	return true, nil
+}
+
+func (c *Completer) unlock() {
+	if c.lock == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.lock.Release(ctx); err != nil {
+		c.cfg.Logger.Warn("idem: completer: releasing its lease", "err", err)
+	}
+	c.lock = nil
+	c.leader.Store(false)
+}
+
+// complete re-drives rec, or ends it UNKNOWN when it cannot.
+func (c *Completer) complete(ctx context.Context, rec idemdriver.Record) Outcome {
+	o := Outcome{Scope: rec.Scope, Key: rec.Key}
+	life := idemdriver.StepParams{Scope: rec.Scope, Key: rec.Key, CreatedAt: rec.CreatedAt, ClockOffset: c.cfg.ClockOffset}
+	steps, err := c.store.Steps(ctx, life)
+	if err != nil {
+		return c.failed(o, err)
+	}
+	var kept *idemdriver.Step
+	var first string
+	for i, s := range steps {
+		switch {
+		case s.Name == idemdriver.KeptRequestStep:
+			kept = &steps[i]
+		case first == "" && !strings.HasPrefix(s.Name, idemdriver.InternalStepPrefix):
+			first = s.Name
+		}
+	}
+	if first == "" {
+		return o // its started step went (a release, a new life) since the read
+	}
+	if rec.Attempts >= c.cfg.MaxAttempts {
+		return c.giveUp(ctx, rec, first, idemdriver.ReasonCompleterGaveUp, o)
+	}
+	req, err := c.request(ctx, rec, kept)
+	if err != nil {
+		c.cfg.Logger.Warn("idem: completer: the execution cannot be re-driven", "scope", rec.Scope, "key", rec.Key, "err", err)
+		return c.giveUp(ctx, rec, first, idemdriver.ReasonNotRedrivable, o)
+	}
+	w := httptest.NewRecorder()
+	c.cfg.Handler.ServeHTTP(w, req)
+	c.redriven.Add(1)
+	o.Status = w.Code
+	if w.Code < 300 {
+		c.finished.Add(1)
+	}
+	c.cfg.Logger.Info("idem: completer: re-drove an abandoned execution", "scope", rec.Scope, "key", rec.Key,
+		"attempt", rec.Attempts+1, "status", w.Code, "problem", problemType(w))
+	return o
+}
+
+// request rebuilds the request kept for a re-drive of rec.
+func (c *Completer) request(ctx context.Context, rec idemdriver.Record, kept *idemdriver.Step) (*http.Request, error) {
+	if kept == nil {
+		return nil, errors.New("no request was kept for it (RequestOptions.KeepForRedrive was off)")
+	}
+	plain, err := c.keyring.OpenStep(seal.Life{Scope: rec.Scope, Key: rec.Key, Created: rec.CreatedAt}, seal.PartStepRelay, kept.Name, kept.SealKey, kept.Relay)
+	if err != nil {
+		return nil, fmt.Errorf("the kept request does not open: %w", err)
+	}
+	kr, err := seal.DecodeRequest(plain)
+	switch {
+	case err != nil:
+		return nil, err
+	case kr.Truncated || int64(len(kr.Body)) != kr.Size:
+		return nil, errors.New("the kept request was cut")
+	case kr.Key == "":
+		return nil, errors.New("the kept request has no key")
+	}
+	target := rec.Path
+	if kr.Query != "" {
+		target += "?" + kr.Query
+	}
+	rctx, err := c.cfg.Context(ctx, rec.Scope)
+	if err != nil {
+		return nil, fmt.Errorf("Config.Context: %w", err)
+	}
+	req, err := http.NewRequestWithContext(rctx, rec.Method, target, bytes.NewReader(kr.Body))
+	if err != nil {
+		return nil, err
+	}
+	req.RequestURI = req.URL.RequestURI()
+	for k, v := range kr.Header {
+		req.Header[k] = append([]string(nil), v...)
+	}
+	req.Header.Set(idem.HeaderKey, kr.Key)
+	return req, nil
+}
+
+// giveUp ends rec UNKNOWN at its step for reason: it claims the record as
+// a retry would, then marks it.
+func (c *Completer) giveUp(ctx context.Context, rec idemdriver.Record, step, reason string, o Outcome) Outcome {
+	res, err := c.store.Claim(ctx, idemdriver.ClaimParams{Scope: rec.Scope, Key: rec.Key, Method: rec.Method, Path: rec.Path,
+		Fingerprint: rec.Fingerprint, LeaseDuration: c.cfg.Lease, Retention: c.cfg.Retention, Owner: c.cfg.Holder,
+		ClockOffset: c.cfg.ClockOffset})
+	if err != nil {
+		return c.failed(o, err)
+	}
+	if !res.Claimed || !res.Record.CreatedAt.Equal(rec.CreatedAt) {
+		return o // a client's retry, or another completer, has it
+	}
+	err = c.store.MarkUnknown(ctx, idemdriver.UnknownParams{StepParams: idemdriver.StepParams{Scope: rec.Scope, Key: rec.Key,
+		CreatedAt: rec.CreatedAt, FencingToken: res.Record.FencingToken, Name: step, ClockOffset: c.cfg.ClockOffset}, Reason: reason})
+	if err != nil {
+		return c.failed(o, err)
+	}
+	c.gaveUp.Add(1)
+	o.GaveUp = reason
+	c.cfg.Logger.Error("idem: completer: the execution could not be finished; it is held UNKNOWN for an operator (idem resolve)",
+		"scope", rec.Scope, "key", rec.Key, "step", step, "reason", reason, "attempts", rec.Attempts)
+	return o
+}
+
+func (c *Completer) failed(o Outcome, err error) Outcome {
+	c.errs.Add(1)
+	c.cfg.Logger.Warn("idem: completer: re-drive", "scope", o.Scope, "key", o.Key, "err", err)
+	o.Err = err
+	return o
+}
+
+// problemType is the type of the problem w holds, "" for none.
+func problemType(w *httptest.ResponseRecorder) string {
+	if !strings.HasPrefix(w.Header().Get("Content-Type"), "application/problem+json") {
+		return ""
+	}
+	var p struct{ Type string }
+	_ = json.Unmarshal(w.Body.Bytes(), &p)
+	return p.Type
+}

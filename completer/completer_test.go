@@ -1,0 +1,238 @@
+package completer_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/completer"
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/adaptertest"
+	"github.com/idemgo/idem/seal"
+)
+
+type merchantKey struct{}
+
+// stores are the databases the completer is tested on (adaptertest's:
+// migrated SQLite and PostgreSQL).
+var stores = adaptertest.Stores
+
+// shop is a payments API behind idem whose merchant comes from its
+// authentication (a context value), with a provider that honours keys and
+// a ledger whose write fails while failWrites is set.
+type shop struct {
+	store      idemdriver.Driver
+	mw         *idem.Middleware
+	protected  http.Handler
+	runs       atomic.Int32
+	charges    sync.Map // relayed key -> charge
+	calls      atomic.Int32
+	failWrites atomic.Bool
+	ledger     sync.Map // key -> charge
+	mu         sync.Mutex
+	seen       []string // per run: its X-Signature, Authorization, query and Content-Type
+}
+
+func newShop(t *testing.T, store idemdriver.Driver, keep bool, keys []seal.Key) *shop {
+	t.Helper()
+	s := &shop{store: store}
+	mw, err := idem.NewMiddleware(store, idem.Options{
+		Scope: func(r *http.Request) (string, error) {
+			m, _ := r.Context().Value(merchantKey{}).(string)
+			return m, nil
+		},
+		Request: idem.RequestOptions{KeepForRedrive: keep, Redact: func(h http.Header) { h.Del("X-Signature") }},
+		Engine:  idem.EngineOptions{Logger: slog.New(slog.DiscardHandler), Sealing: idem.SealingOptions{Keys: keys}},
+	})
+	require.NoError(t, err)
+	s.mw = mw
+	s.protected = mw.Handler(http.HandlerFunc(s.pay))
+	return s
+}
+
+func (s *shop) pay(w http.ResponseWriter, r *http.Request) {
+	s.runs.Add(1)
+	s.mu.Lock()
+	s.seen = append(s.seen, r.Header.Get("X-Signature")+"|"+r.Header.Get("Authorization")+"|"+r.URL.RawQuery+"|"+r.Header.Get("Content-Type"))
+	s.mu.Unlock()
+	charge, err := idem.Step(r.Context(), "charge", func(ctx context.Context) (string, error) {
+		relay, err := idem.RelayKey(ctx, "charge")
+		s.calls.Add(1)
+		c, _ := s.charges.LoadOrStore(relay, "ch_"+relay[:8])
+		return c.(string), err
+	})
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	if s.failWrites.Load() {
+		http.Error(w, "the ledger write failed", http.StatusInternalServerError)
+		return
+	}
+	s.ledger.Store(r.Header.Get(idem.HeaderKey), charge)
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write([]byte(charge))
+}
+
+// send is a client's request for merchant with key: authenticated by the
+// server's chain (here: the merchant in the context).
+func (s *shop) send(merchant, key string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest("POST", "/v1/payments?currency=jpy", strings.NewReader(`{"amount":500}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer secret")
+	req.Header.Set("X-Signature", "sig")
+	req.Header.Set(idem.HeaderKey, key)
+	req = req.WithContext(context.WithValue(req.Context(), merchantKey{}, merchant))
+	w := httptest.NewRecorder()
+	s.protected.ServeHTTP(w, req)
+	return w
+}
+
+func (s *shop) completer(t *testing.T, cfg completer.Config) *completer.Completer {
+	t.Helper()
+	cfg.Handler = s.protected
+	cfg.Context = func(ctx context.Context, scope string) (context.Context, error) {
+		return context.WithValue(ctx, merchantKey{}, scope), nil
+	}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	c, err := completer.New(s.store, cfg)
+	require.NoError(t, err)
+	return c
+}
+
+// cycle runs one cycle of c and waits for its re-drives.
+func cycle(t *testing.T, c *completer.Completer) {
+	t.Helper()
+	require.NoError(t, c.Cycle(context.Background()))
+	c.Wait()
+}
+
+func onStores(t *testing.T, f func(t *testing.T, store func(t *testing.T) idem.Store)) {
+	for name, store := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f(t, store)
+		})
+	}
+}
+
+// A payment charged whose ledger write failed (500, FAILED), its client
+// gone: the completer re-drives it once its grace is over; the charge
+// step's recorded result is booked without calling the provider again, the
+// late retry gets the replay. A FAILED record without a started step is
+// never started anew.
+func TestCompleterFinishesAnAbandonedPayment(t *testing.T) {
+	onStores(t, func(t *testing.T, store func(t *testing.T) idem.Store) {
+		for _, sealed := range []bool{false, true} {
+			var keys []seal.Key
+			if sealed {
+				keys = []seal.Key{{ID: "k1", Secret: []byte(strings.Repeat("s", 32))}}
+			}
+			s := newShop(t, store(t), true, keys)
+			s.failWrites.Store(true)
+			require.Equal(t, http.StatusInternalServerError, s.send("acme", "pay-1").Code)
+			require.Equal(t, int32(1), s.calls.Load())
+
+			c := s.completer(t, completer.Config{Keys: keys, Grace: 1}) // 1 ns: due at once
+			s.failWrites.Store(false)
+			cycle(t, c)
+			got, ok := s.ledger.Load("pay-1")
+			require.True(t, ok, "sealed %v: booked without its client", sealed)
+			require.Equal(t, int32(1), s.calls.Load(), "the provider was not called again")
+			require.EqualValues(t, 1, c.Stats().Finished)
+			require.Equal(t, []string{"sig|Bearer secret|currency=jpy|application/json", "||currency=jpy|application/json"}, s.seen,
+				"the re-drive has the query and media type, neither the credentials nor the redacted header")
+
+			late := s.send("acme", "pay-1")
+			require.Equal(t, http.StatusCreated, late.Code)
+			require.Equal(t, "true", late.Header().Get("Idempotent-Replayed"))
+			require.Equal(t, got, late.Body.String())
+
+			cycle(t, c)
+			require.Equal(t, int32(2), s.runs.Load(), "nothing left to re-drive")
+		}
+	})
+}
+
+func TestCompleterConfig(t *testing.T) {
+	t.Parallel()
+	_, err := completer.New(adaptertest.SQLite(t), completer.Config{})
+	require.ErrorContains(t, err, "Handler and Context are required")
+	_, err = completer.New(adaptertest.SQLite(t), completer.Config{Handler: http.NotFoundHandler(),
+		Context: func(ctx context.Context, _ string) (context.Context, error) { return ctx, nil }, Grace: -1})
+	require.ErrorContains(t, err, "Grace not negative")
+}
+
+// Without a kept request, and after MaxAttempts, the completer ends the
+// execution UNKNOWN; a record with no started step is left alone.
+func TestCompleterGivesUp(t *testing.T) {
+	onStores(t, func(t *testing.T, store func(t *testing.T) idem.Store) {
+		for _, tc := range []struct {
+			name   string
+			keep   bool
+			reason string
+		}{
+			{"not-kept", false, idemdriver.ReasonNotRedrivable},
+			{"max-attempts", true, idemdriver.ReasonCompleterGaveUp},
+		} {
+			s := newShop(t, store(t), tc.keep, nil)
+			s.failWrites.Store(true)
+			require.Equal(t, http.StatusInternalServerError, s.send("acme", "pay-1").Code)
+			c := s.completer(t, completer.Config{MaxAttempts: 3, Grace: 1})
+			for range 3 {
+				cycle(t, c)
+			}
+			rec, err := s.store.Get(context.Background(), idemdriver.GetParams{Scope: "acme", Key: "pay-1"})
+			require.NoError(t, err)
+			require.Equal(t, idemdriver.StateUnknown, rec.State, tc.name)
+			steps, err := s.store.(idemdriver.Stepper).Steps(context.Background(), idemdriver.StepParams{Scope: "acme", Key: "pay-1", CreatedAt: rec.CreatedAt})
+			require.NoError(t, err)
+			reasons := map[string]string{}
+			for _, st := range steps {
+				reasons[st.Name] = st.Reason
+			}
+			require.Equal(t, tc.reason, reasons["charge"], tc.name)
+			require.Equal(t, int32(1), s.calls.Load(), "%s: one charge", tc.name)
+			late := s.send("acme", "pay-1")
+			require.Equal(t, http.StatusConflict, late.Code, tc.name)
+		}
+	})
+}
+
+// A FAILED execution that never reached a step is not re-driven.
+func TestCompleterLeavesExecutionsWithoutSteps(t *testing.T) {
+	t.Parallel()
+	s := newShop(t, adaptertest.SQLite(t), true, nil)
+	failing := s.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		s.runs.Add(1)
+		http.Error(w, "down", http.StatusServiceUnavailable)
+	}))
+	req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(`{}`))
+	req.Header.Set(idem.HeaderKey, "k")
+	req = req.WithContext(context.WithValue(req.Context(), merchantKey{}, "acme"))
+	failing.ServeHTTP(httptest.NewRecorder(), req)
+	c := s.completer(t, completer.Config{Grace: 1})
+	cycle(t, c)
+	require.Equal(t, int32(1), s.runs.Load())
+	require.Zero(t, c.Stats().Redriven)
+}
+
+// Two completers on one store: one leads, the other stands by.
+func TestCompleterElection(t *testing.T) {
+	t.Parallel()
+	s := newShop(t, adaptertest.SQLite(t), true, nil)
+	a := s.completer(t, completer.Config{Holder: "a"})
+	b := s.completer(t, completer.Config{Holder: "b"})
+	cycle(t, a)
+	cycle(t, b)
+	require.True(t, a.Stats().Leader)
+	require.False(t, b.Stats().Leader)
+}
