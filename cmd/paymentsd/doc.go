@@ -10,6 +10,7 @@
 //	          [--wait 0s] [--max-wait 10s] [--max-in-flight 0]
 //	          [--seal-key ID:SECRET [--seal-replay-plain]] [--key-hash-secret S]
 //	          [--keep-request-bytes 0] [--at-most-once-charge]
+//	          [--completer=true] [--completer-grace 10s]
 //	          [--shutdown-timeout 15s] [--log-format json|text]
 //	          [--otel-traces none|stdout]
 //	          [--crash-<point> P] [--stall-after-charge D]   (-tags idemfaults)
