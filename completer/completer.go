@@ -172,10 +172,12 @@ type Outcome struct {
 
 // Stats are a Completer's running totals.
 type Stats struct {
-	Leader                     bool
-	Cycles                     int64
-	Redriven, Finished, GaveUp int64
-	Errors                     int64
+	Leader bool
+	Cycles int64
+	// Redriven counts re-drives, Finished those answered 2xx, GaveUp the
+	// executions ended UNKNOWN, Ended those ended FAILED before any step.
+	Redriven, Finished, GaveUp, Ended int64
+	Errors                            int64
 }
 
 // Store is what a Completer needs of a store: every driver of this module
@@ -185,6 +187,7 @@ type Store interface {
 	idemdriver.Stepper
 	idemdriver.AbandonedLister
 	idemdriver.MaintenanceLocker
+	idemdriver.Inspector
 }
 
 // ErrUnsupported is returned by New for a store without steps or
@@ -202,6 +205,7 @@ type Completer struct {
 	lock                                     idemdriver.MaintenanceLock
 	leader                                   atomic.Bool
 	cycles, redriven, finished, gaveUp, errs atomic.Int64
+	ended                                    atomic.Int64
 	busy                                     sync.Map // keys being re-driven
 
 	mu     sync.Mutex
@@ -259,7 +263,7 @@ func (c *Completer) Stop() {
 // Stats returns the running totals.
 func (c *Completer) Stats() Stats {
 	return Stats{Leader: c.leader.Load(), Cycles: c.cycles.Load(), Redriven: c.redriven.Load(),
-		Finished: c.finished.Load(), GaveUp: c.gaveUp.Load(), Errors: c.errs.Load()}
+		Finished: c.finished.Load(), GaveUp: c.gaveUp.Load(), Ended: c.ended.Load(), Errors: c.errs.Load()}
 }
 
 func (c *Completer) run(ctx context.Context) {
@@ -288,6 +292,9 @@ func (c *Completer) run(ctx context.Context) {
 func (c *Completer) Cycle(ctx context.Context) error {
 	c.cycles.Add(1)
 	if lead, err := c.lead(ctx); err != nil || !lead {
+		return err
+	}
+	if err := c.endStuck(ctx); err != nil {
 		return err
 	}
 	recs, now, err := c.store.Abandoned(ctx, idemdriver.AbandonedParams{Grace: c.cfg.Grace, Limit: c.cfg.Batch, ClockOffset: c.cfg.ClockOffset})
@@ -322,6 +329,64 @@ func (c *Completer) Cycle(ctx context.Context) error {
 		}()
 	}
 	return nil
+}
+
+// endStuck ends FAILED the executions whose owner died before any step
+// (PROCESSING past its lease for Grace, without a step of the
+// application's): nothing outside idem's database happened, so they are
+// never run by the completer; FAILED, the client's retry runs them, and
+// none is left PROCESSING. Damaged records are left to an operator.
+func (c *Completer) endStuck(ctx context.Context) error {
+	stuck, err := c.store.Stuck(ctx, idemdriver.StuckParams{Limit: c.cfg.Batch, ClockOffset: c.cfg.ClockOffset})
+	if err != nil {
+		return err
+	}
+	for _, s := range stuck {
+		if s.Damaged() || s.Overdue < c.cfg.Grace {
+			continue
+		}
+		steps, err := c.store.Steps(ctx, idemdriver.StepParams{Scope: s.Scope, Key: s.Key, CreatedAt: s.CreatedAt, ClockOffset: c.cfg.ClockOffset})
+		if err != nil && !errors.Is(err, idemdriver.ErrStepsUnsupported) {
+			return err
+		}
+		if firstStep(steps) != "" {
+			continue // Abandoned has it
+		}
+		res, err := c.store.Claim(ctx, c.claimOf(s.Record))
+		if err != nil {
+			return err
+		}
+		if !res.Claimed || !res.Record.CreatedAt.Equal(s.CreatedAt) {
+			continue
+		}
+		f := idemdriver.FenceParams{Scope: s.Scope, Key: s.Key, FencingToken: res.Record.FencingToken, CreatedAt: s.CreatedAt,
+			LeaseDuration: c.cfg.Lease, ClockOffset: c.cfg.ClockOffset}
+		if _, err := c.store.Fail(ctx, f); err != nil {
+			return err
+		}
+		c.ended.Add(1)
+		c.cfg.Logger.Info("idem: completer: ended FAILED an execution whose owner died before any step; its client's retry runs it",
+			"scope", s.Scope, "key", s.Key, "overdue", s.Overdue)
+	}
+	return nil
+}
+
+// claimOf is the claim of rec's own request, as its client's retry sends it.
+func (c *Completer) claimOf(rec idemdriver.Record) idemdriver.ClaimParams {
+	return idemdriver.ClaimParams{Scope: rec.Scope, Key: rec.Key, Method: rec.Method, Path: rec.Path,
+		Fingerprint: rec.Fingerprint, LeaseDuration: c.cfg.Lease, Retention: c.cfg.Retention, Owner: c.cfg.Holder,
+		ClockOffset: c.cfg.ClockOffset}
+}
+
+// firstStep is the name of the first of steps that is the application's,
+// "" for none.
+func firstStep(steps []idemdriver.Step) string {
+	for _, s := range steps {
+		if !strings.HasPrefix(s.Name, idemdriver.InternalStepPrefix) {
+			return s.Name
+		}
+	}
+	return ""
 }
 
 // Wait waits for the re-drives a Cycle started.
@@ -384,15 +449,12 @@ func (c *Completer) complete(ctx context.Context, rec idemdriver.Record) Outcome
 		return c.failed(o, err)
 	}
 	var kept *idemdriver.Step
-	var first string
 	for i, s := range steps {
-		switch {
-		case s.Name == idemdriver.KeptRequestStep:
+		if s.Name == idemdriver.KeptRequestStep {
 			kept = &steps[i]
-		case first == "" && !strings.HasPrefix(s.Name, idemdriver.InternalStepPrefix):
-			first = s.Name
 		}
 	}
+	first := firstStep(steps)
 	if first == "" {
 		return o // its started step went (a release, a new life) since the read
 	}
@@ -457,9 +519,7 @@ func (c *Completer) request(ctx context.Context, rec idemdriver.Record, kept *id
 // giveUp ends rec UNKNOWN at its step for reason: it claims the record as
 // a retry would, then marks it.
 func (c *Completer) giveUp(ctx context.Context, rec idemdriver.Record, step, reason string, o Outcome) Outcome {
-	res, err := c.store.Claim(ctx, idemdriver.ClaimParams{Scope: rec.Scope, Key: rec.Key, Method: rec.Method, Path: rec.Path,
-		Fingerprint: rec.Fingerprint, LeaseDuration: c.cfg.Lease, Retention: c.cfg.Retention, Owner: c.cfg.Holder,
-		ClockOffset: c.cfg.ClockOffset})
+	res, err := c.store.Claim(ctx, c.claimOf(rec))
 	if err != nil {
 		return c.failed(o, err)
 	}

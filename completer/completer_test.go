@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -235,4 +236,26 @@ func TestCompleterElection(t *testing.T) {
 	cycle(t, b)
 	require.True(t, a.Stats().Leader)
 	require.False(t, b.Stats().Leader)
+}
+
+// An execution whose owner died before any step (PROCESSING past its
+// lease) is ended FAILED, never run by the completer; a damaged one is
+// left to an operator. The client's retry then runs it.
+func TestCompleterEndsStuckWithoutSteps(t *testing.T) {
+	onStores(t, func(t *testing.T, store func(t *testing.T) idem.Store) {
+		s := newShop(t, store(t), true, nil)
+		ctx := context.Background()
+		res, err := s.store.Claim(ctx, idemdriver.ClaimParams{Scope: "acme", Key: "dead", Method: "POST", Path: "/v1/payments",
+			Fingerprint: make([]byte, 32), LeaseDuration: time.Second, Retention: time.Hour})
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		c := s.completer(t, completer.Config{Grace: time.Minute, ClockOffset: time.Hour})
+		cycle(t, c)
+		rec, err := s.store.Get(ctx, idemdriver.GetParams{Scope: "acme", Key: "dead"})
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateFailed, rec.State)
+		require.EqualValues(t, 1, c.Stats().Ended)
+		require.Zero(t, c.Stats().Redriven)
+		require.Zero(t, s.runs.Load())
+	})
 }
