@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -65,4 +66,59 @@ func TestCompleterAfterProviderTimeout(t *testing.T) {
 		require.Equal(t, http.StatusGatewayTimeout, r.status, "%s", r)
 		requireBookedWithoutClient(t, w, pd, ins, key, amount)
 	})
+}
+
+// TestCompleterAbandonedPayments: payments each sent once and never
+// retried, by a paymentsd that kills itself before and after some charges
+// (SIGKILL; started again after each), through a provider that withholds a
+// quarter of its answers (504). Then paymentsd is killed once more at a
+// random moment and started without faults: within 40 s every charge the
+// provider made is booked exactly once (ledger = provider charges, each
+// payment recording its own charge), and no record is left PROCESSING.
+func TestCompleterAbandonedPayments(t *testing.T) {
+	t.Parallel()
+	const payments = 12
+	forEachWorld(t, []string{"--timeout-rate", "0.25", "--hang", "10m"}, func(t *testing.T, w *world, db string, ins *inspector) {
+		faulty := append(append([]string(nil), completerArgs...), "--psp-timeout", "1s",
+			"--crash-before-charge", "0.2", "--crash-after-charge", "0.3")
+		pd := w.paymentsd("paymentsd", db, faulty...)
+		crashes := 0
+		for i := range payments {
+			_, err := pay(context.Background(), pd.url(), merchant, fmt.Sprintf("abandoned-%d", i), body(int64(1000+i)))
+			if err != nil { // it died under the request: started again; the client never retries
+				crashes++
+				pd.waitExit(30 * time.Second)
+				pd.restart(w.paymentsdArgs(db, faulty...)...)
+			}
+		}
+		if pd.running() {
+			pd.kill9() // a completer's re-drive may be under way: one more crash
+		}
+		pd.waitExit(30 * time.Second)
+		pd.restart(w.paymentsdArgs(db, append(completerArgs, "--psp-timeout", "1s")...)...)
+		t.Logf("%d crashes while paying", crashes)
+
+		var charges int64
+		var ledger []ledgerRow
+		require.Eventually(t, func() bool {
+			charges, ledger = chargesOf(t, w.psp, merchant), ins.ledger(t, merchant)
+			return int64(len(ledger)) == charges && ins.processing(t) == 0
+		}, 40*time.Second, 200*time.Millisecond, "every charge booked, nothing left PROCESSING")
+		require.Positive(t, charges, "the provider charged")
+		seen := map[string]bool{}
+		for _, row := range ledger {
+			require.Equal(t, 1, row.entries, "one ledger entry for %s", row.id)
+			require.False(t, seen[row.chargeID], "charge %s booked twice", row.chargeID)
+			seen[row.chargeID] = true
+		}
+		t.Logf("%d of %d payments charged and booked", charges, payments)
+	})
+}
+
+// processing counts the records left PROCESSING.
+func (i *inspector) processing(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, i.db.QueryRow(`SELECT COUNT(*) FROM idem_keys WHERE state = 'PROCESSING'`).Scan(&n))
+	return n
 }
