@@ -235,27 +235,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	exec, _ := idem.ExecutionFromContext(ctx)
-	var called bool
-	var providerErr error
-	var opts []idem.StepOption
-	if a.atMostOnce {
-		opts = append(opts, idem.AtMostOnce())
-	}
-	charge, err := idem.Step(ctx, RelayStep, func(ctx context.Context) (Charge, error) {
-		called = true
-		c, err := a.provider.Charge(ctx, in.chargeRequest(relay, merchant))
-		providerErr = err
-		if err == nil {
-			a.faults.inCharge(ctx, c.ID)
-		}
-		if pe := (*ProviderError)(nil); a.atMostOnce && errors.As(err, &pe) {
-			// The provider answered without a charge: nothing was
-			// applied, so the step may run again. A timeout or a broken
-			// connection stays uncertain.
-			return c, idem.StepNotApplied(err)
-		}
-		return c, err
-	}, opts...)
+	charge, called, providerErr, err := a.charge(ctx, in, relay, merchant)
 	switch {
 	case errors.Is(err, idem.ErrOutcomeUnknown):
 		// idem answers 409 outcome-unknown whatever is written here, to
@@ -264,7 +244,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 			"merchant", merchant, "relay_key", relay, "err", err)
 		svc.WriteProblem(w, service.ProblemInternal, http.StatusConflict, "the charge's outcome cannot be known; do not retry")
 		return
-	case err != nil && errors.Is(err, providerErr):
+	case providerErr != nil:
 		a.providerFailed(w, r, relay, err)
 		return
 	case err != nil:
@@ -299,6 +279,37 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	a.faults.afterWrite(ctx, charge.ID, p.ID, a.writeMode)
 	w.Header().Set("Location", "/v1/payments/"+p.ID)
 	svc.WriteJSON(w, http.StatusCreated, toJSON(p))
+}
+
+// charge is the provider's charge for in, keyed with relay, as the idem
+// step RelayStep (at-most-once with AtMostOnceCharge). called reports that
+// the provider was called in this execution (not when an earlier one's
+// charge is recorded), providerErr the provider's own error when err is it;
+// any other err is idem's (a store error, ErrLeaseLost, ErrOutcomeUnknown).
+func (a *api) charge(ctx context.Context, in paymentInput, relay, merchant string) (c Charge, called bool, providerErr, err error) {
+	var opts []idem.StepOption
+	if a.atMostOnce {
+		opts = append(opts, idem.AtMostOnce())
+	}
+	c, err = idem.Step(ctx, RelayStep, func(ctx context.Context) (Charge, error) {
+		called = true
+		c, err := a.provider.Charge(ctx, in.chargeRequest(relay, merchant))
+		providerErr = err
+		if err == nil {
+			a.faults.inCharge(ctx, c.ID)
+		}
+		if pe := (*ProviderError)(nil); a.atMostOnce && errors.As(err, &pe) {
+			// The provider answered without a charge: nothing was
+			// applied, so the step may run again. A timeout or a broken
+			// connection stays uncertain.
+			return c, idem.StepNotApplied(err)
+		}
+		return c, err
+	}, opts...)
+	if err == nil || errors.Is(err, idem.ErrOutcomeUnknown) || providerErr == nil || !errors.Is(err, providerErr) {
+		providerErr = nil
+	}
+	return c, called, providerErr, err
 }
 
 // readPayment reads body (all or part of r's) and validates it as a

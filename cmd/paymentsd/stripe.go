@@ -109,6 +109,10 @@ func stripeAnswerFor(p idem.Problem) stripeAnswer {
 	case slug == "key-reused":
 		a.status = http.StatusBadRequest
 		a.body.Type = stripeIdempotencyError
+	case slug == "outcome-unknown":
+		// The charge's outcome cannot be known: Stripe-Should-Retry: false,
+		// which stripe-go obeys; an operator resolves it (idem resolve).
+		a.body.Type, a.body.Code = stripeAPIError, "outcome_unknown"
 	case slug == "store-unavailable", slug == "overloaded":
 		a.body.Type = stripeAPIError
 		a.shouldRetry, a.retryAfter = true, retryAfter
@@ -199,8 +203,18 @@ func (a *api) createPaymentIntent(w http.ResponseWriter, r *http.Request) {
 		apiError(http.StatusInternalServerError, "the payment could not be keyed for the provider", false).write(w)
 		return
 	}
-	charge, err := a.provider.Charge(ctx, in.chargeRequest(relay, merchant))
-	if err != nil {
+	charge, _, providerErr, err := a.charge(ctx, in.paymentInput, relay, merchant)
+	switch {
+	case errors.Is(err, idem.ErrOutcomeUnknown):
+		a.log.ErrorContext(ctx, "the charge's outcome cannot be known: the payment intent is held for an operator (idem resolve)",
+			"merchant", merchant, "relay_key", relay, "err", err)
+		apiError(http.StatusConflict, "the charge's outcome cannot be known; do not retry", false).write(w)
+		return
+	case err != nil && providerErr == nil:
+		a.log.ErrorContext(ctx, "recording the charge", "err", err)
+		apiError(http.StatusServiceUnavailable, "the service could not record the charge; retry with the same Idempotency-Key", true).write(w)
+		return
+	case err != nil:
 		a.log.WarnContext(ctx, "payment provider failed", "merchant", merchant, "relay_key", relay, "err", err)
 		// idem records a 5xx as FAILED: the retry charges again with the
 		// same relayed key, which the provider answers with the same charge.

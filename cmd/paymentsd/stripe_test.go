@@ -250,6 +250,7 @@ func TestStripeAnswerForIdemProblems(t *testing.T) {
 		{idem.ErrInFlight, 429, "invalid_request_error", true},
 		{idem.ErrLeaseLost, 429, "invalid_request_error", true},
 		{idem.ErrKeyReused, 400, "idempotency_error", false},
+		{idem.ErrOutcomeUnknown, 409, "api_error", false},
 		{idem.ErrMissingKey, 400, "invalid_request_error", false},
 		{idem.ErrInvalidKey, 400, "invalid_request_error", false},
 		{idem.ErrMissingScope, 401, "invalid_request_error", false},
@@ -311,4 +312,43 @@ func TestStripeFormValidation(t *testing.T) {
 	r.json(t, &pi)
 	assert.Equal(t, map[string]string{}, pi.Metadata)
 	assert.Equal(t, 1, s.provider.Charges())
+}
+
+// timingOutProvider charges and never answers in time.
+type timingOutProvider struct{ calls atomic.Int32 }
+
+func (p *timingOutProvider) Charge(context.Context, ChargeRequest) (Charge, error) {
+	p.calls.Add(1)
+	return Charge{}, ErrProviderTimeout
+}
+
+// TestStripeGoOutcomeUnknownNotRetried: with the charge declared
+// at-most-once, a provider timeout holds the PaymentIntent UNKNOWN: 409
+// api_error outcome_unknown with Stripe-Should-Retry: false, which
+// stripe-go obeys (one POST per call); the provider is called once.
+func TestStripeGoOutcomeUnknownNotRetried(t *testing.T) {
+	t.Parallel()
+	provider := &timingOutProvider{}
+	h, err := newHandler(handlerConfig{Store: newSQLiteStore(t), Provider: provider, Logger: discardLogger(), AtMostOnceCharge: true})
+	require.NoError(t, err)
+	s := &stripeServer{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/payment_intents" {
+			s.posts.Add(1)
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	s.testServer = &testServer{t: t, url: srv.URL}
+	sc := s.client("acme", 3)
+	for call := int64(1); call <= 2; call++ {
+		_, err := sc.V1PaymentIntents.Create(context.Background(), piParams("order-1", 1000))
+		var se *stripe.Error
+		require.ErrorAs(t, err, &se)
+		assert.Equal(t, http.StatusConflict, se.HTTPStatusCode)
+		assert.Equal(t, stripe.ErrorCode("outcome_unknown"), se.Code)
+		assert.Equal(t, "false", se.LastResponse.Header.Get("Stripe-Should-Retry"))
+		assert.Equal(t, call, s.posts.Load(), "stripe-go did not retry")
+	}
+	assert.EqualValues(t, 1, provider.calls.Load(), "never charged again")
 }
