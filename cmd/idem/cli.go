@@ -801,7 +801,7 @@ func stuckCmd(g *globals, out io.Writer) *cobra.Command {
 	var limit int
 	c := &cobra.Command{
 		Use:   "stuck",
-		Short: "List damaged PROCESSING records, then those past their lease (owner died or stalled), longest overdue first",
+		Short: "List damaged PROCESSING records, those past their lease (owner died or stalled), longest overdue first, then UNKNOWN ones",
 		Long: `List the PROCESSING records whose lease ran out (locked_until <= now, by
 the database's clock): their worker died or stalled before recording an
 outcome. The next request with such a key takes it over and runs again, with
@@ -816,15 +816,26 @@ renewal writes: a hand edit, or a partial restore. Whether their execution
 ran, or still runs, cannot be told, so no request takes them over: each is
 answered 500 record-damaged (docs/problems.md) and never run. Find out what
 the execution did (the provider, the application's own rows), then release
-the key with --force.`,
+the key with --force.
+
+UNKNOWN records follow (docs/contract.md section 11.3): an at-most-once step
+(idem.AtMostOnce) started and its outcome cannot be known, or the completer
+gave up; each is listed with its step and the reason. No request runs them
+again; find out from the callee what happened, then run idem resolve.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if limit <= 0 {
 				return usageError{errors.New("--limit must be positive")}
 			}
-			return readStore(cmd, g, func(ctx context.Context, s *store) ([]idemdriver.StuckRecord, error) {
-				return s.Driver.Stuck(ctx, idemdriver.StuckParams{Limit: limit})
-			}, func(recs []idemdriver.StuckRecord) error { return printStuck(out, g.json, recs) })
+			return readStore(cmd, g, func(ctx context.Context, s *store) (stuckView, error) {
+				var v stuckView
+				var err error
+				if v.stuck, err = s.Driver.Stuck(ctx, idemdriver.StuckParams{Limit: limit}); err != nil {
+					return v, err
+				}
+				v.unknown, err = unknownRecords(ctx, s, limit)
+				return v, err
+			}, func(v stuckView) error { return printStuck(out, g.json, v) })
 		},
 	}
 	c.Flags().IntVar(&limit, "limit", 50, "list at most this many")

@@ -538,7 +538,8 @@ func printRecords(out io.Writer, asJSON bool, recs []idemdriver.Record, now time
 		})
 }
 
-func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error {
+func printStuck(out io.Writer, asJSON bool, v stuckView) error {
+	recs := v.stuck
 	if asJSON {
 		type stuck struct {
 			Scope          string     `json:"scope"`
@@ -558,9 +559,14 @@ func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error
 			list = append(list, stuck{r.Scope, r.Key, r.Owner, r.Overdue.Seconds(), r.Attempts, r.FencingToken,
 				r.Method, r.Path, r.LockedUntil, r.CreatedAt, r.Damaged()})
 		}
-		return writeJSON(out, map[string]any{"stuck": list})
+		unknown := []map[string]any{}
+		for _, u := range v.unknown {
+			unknown = append(unknown, map[string]any{"scope": u.Scope, "key": u.Key, "step": u.step.Name, "reason": u.step.Reason,
+				"fencing_token": u.FencingToken, "method": u.Method, "path": u.Path, "created_at": u.CreatedAt, "since": u.UpdatedAt})
+		}
+		return writeJSON(out, map[string]any{"stuck": list, "unknown": unknown})
 	}
-	return printRows(out, "no PROCESSING record is past its lease or damaged", "SCOPE\tKEY\tLEASE RAN OUT\tATTEMPTS\tFENCING TOKEN\tREQUEST\tCREATED AT\tOWNER",
+	err := printRows(out, "no PROCESSING record is past its lease or damaged", "SCOPE\tKEY\tLEASE RAN OUT\tATTEMPTS\tFENCING TOKEN\tREQUEST\tCREATED AT\tOWNER",
 		recs, func(r idemdriver.StuckRecord) string {
 			ranOut := dur(r.Overdue) + " ago"
 			if r.Damaged() {
@@ -568,6 +574,17 @@ func printStuck(out io.Writer, asJSON bool, recs []idemdriver.StuckRecord) error
 			}
 			return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%s %s\t%s\t%s", r.Scope, r.Key, ranOut, r.Attempts,
 				r.FencingToken, r.Method, r.Path, ts(r.CreatedAt), orDash(r.Owner))
+		})
+	if err != nil || len(v.unknown) == 0 {
+		return err
+	}
+	if _, err := fmt.Fprintln(out, "\nUNKNOWN: the outcome cannot be known; nothing runs them again (find out from the callee, then idem resolve)"); err != nil {
+		return err
+	}
+	return printRows(out, "", "SCOPE\tKEY\tSTEP\tREASON\tSINCE\tFENCING TOKEN\tREQUEST\tCREATED AT",
+		v.unknown, func(u unknownRecord) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s %s\t%s", u.Scope, u.Key, orDash(u.step.Name), orDash(u.step.Reason),
+				ts(u.UpdatedAt), u.FencingToken, u.Method, u.Path, ts(u.CreatedAt))
 		})
 }
 

@@ -150,3 +150,42 @@ func unknownStep(steps []idemdriver.Step, name string) (idemdriver.Step, error) 
 	}
 	return idemdriver.Step{}, errors.New("not resolved: no step of the record says why it is UNKNOWN; name it with --step")
 }
+
+// stuckView is what stuck prints: the PROCESSING records past their lease
+// or damaged, and the UNKNOWN ones.
+type stuckView struct {
+	stuck   []idemdriver.StuckRecord
+	unknown []unknownRecord
+}
+
+// unknownRecord is an UNKNOWN record with the step that made it so.
+type unknownRecord struct {
+	idemdriver.Record
+	step idemdriver.Step
+}
+
+// unknownRecords reads at most limit UNKNOWN records (in (scope, key)
+// order) and their steps; none on a store without steps.
+func unknownRecords(ctx context.Context, s *store, limit int) ([]unknownRecord, error) {
+	st, ok := s.Driver.(idemdriver.Stepper)
+	if !ok {
+		return nil, nil
+	}
+	recs, err := s.Driver.List(ctx, idemdriver.ListParams{State: idemdriver.StateUnknown, Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	var out []unknownRecord
+	for _, r := range recs {
+		steps, err := st.Steps(ctx, idemdriver.StepParams{Scope: r.Scope, Key: r.Key, CreatedAt: r.CreatedAt})
+		if err != nil {
+			return nil, err
+		}
+		u := unknownRecord{Record: r}
+		if step, err := unknownStep(steps, ""); err == nil {
+			u.step = step
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}

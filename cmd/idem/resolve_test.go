@@ -53,6 +53,10 @@ func TestResolve(t *testing.T) {
 			require.Contains(t, c.ok("inspect", "--scope", "acct", "--key", "a"), "409 outcome-unknown")
 			require.Contains(t, c.ok("list", "--state", "unknown"), "acct")
 			require.Regexp(t, `UNKNOWN\s+2`, c.ok("stats"))
+			require.Regexp(t, `(?s)UNKNOWN: the outcome cannot be known.*acct\s+a\s+transfer\s+step-uncertain`, c.ok("stuck"))
+			unknown := c.json("stuck")["unknown"].([]any)
+			require.Len(t, unknown, 2)
+			require.Equal(t, "step-uncertain", unknown[0].(map[string]any)["reason"])
 
 			_, errOut, code := c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", "tr_1", "--by", "ops", "--why", "x")
 			require.Equal(t, 2, code, "a result that is not JSON: %s", errOut)
