@@ -229,3 +229,13 @@ type AbandonedParams struct {
 	Limit       int
 	ClockOffset time.Duration
 }
+
+// UnknownCounter counts the UNKNOWN records, cheaply enough for every
+// metrics scrape: through the expires_at index, which holds them at its
+// end (FarFuture). Optional (idemotel.NewUnknownGauges reads it).
+type UnknownCounter interface {
+	// CountUnknown returns how many records are UNKNOWN, when the oldest
+	// of them last changed (zero with none), and the database's now plus
+	// offset.
+	CountUnknown(ctx context.Context, offset time.Duration) (n int64, oldest, now time.Time, err error)
+}

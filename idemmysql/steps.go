@@ -353,3 +353,21 @@ func (d *Driver) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([
 	}
 	return recs, dbNow, nil
 }
+
+var _ idemdriver.UnknownCounter = (*Driver)(nil)
+
+// countUnknownSQL reads the far end of the expires_at index. Args: offset,
+// the far future (µs).
+var countUnknownSQL = "SELECT COUNT(*), " + micros("MIN(updated_at)") + ", " + micros(now) +
+	" FROM idem_keys WHERE expires_at >= " + at + " AND state = 'UNKNOWN'"
+
+// CountUnknown implements idemdriver.UnknownCounter.
+func (d *Driver) CountUnknown(ctx context.Context, offset time.Duration) (n int64, oldest, now time.Time, err error) {
+	var min sql.NullInt64
+	var nowUS int64
+	err = d.db.QueryRowContext(ctx, countUnknownSQL, offset.Microseconds(), idemdriver.FarFuture.UnixMicro()).Scan(&n, &min, &nowUS)
+	if min.Valid {
+		oldest = idemsql.MicrosTime(min.Int64)
+	}
+	return n, oldest, idemsql.MicrosTime(nowUS), err
+}

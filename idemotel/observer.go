@@ -19,7 +19,8 @@ import (
 const (
 	// DecisionKey is the decision: idem.EventKind's String (executed,
 	// replayed, in_flight, key_reused, released, taken_over, lease_lost,
-	// store_unavailable, completion_failed). On every metric and span.
+	// store_unavailable, completion_failed, overloaded, outcome_unknown). On
+	// every metric and span.
 	DecisionKey = attribute.Key("idem.decision")
 	// OutcomeKey is how an execution was recorded: succeeded, failed or
 	// released (idem.Outcome, lower-cased). Only on executed, taken_over and

@@ -275,3 +275,20 @@ func (d *Driver) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([
 	})
 	return recs, dbNow.UTC(), stepErr(err)
 }
+
+var _ idemdriver.UnknownCounter = (*Driver)(nil)
+
+// countUnknownSQL reads the far end of the expires_at index.
+var countUnknownSQL = `SELECT count(*), min(updated_at), ` + now + `
+	FROM idem_keys WHERE expires_at >= @farfuture AND state = 'UNKNOWN'`
+
+// CountUnknown implements idemdriver.UnknownCounter.
+func (d *Driver) CountUnknown(ctx context.Context, offset time.Duration) (n int64, oldest, dbNow time.Time, err error) {
+	var min *time.Time
+	err = d.pool.QueryRow(ctx, d.q(countUnknownSQL), pgx.NamedArgs{"farfuture": idemdriver.FarFuture,
+		"offset": offset.Microseconds()}).Scan(&n, &min, &dbNow)
+	if min != nil {
+		oldest = min.UTC()
+	}
+	return n, oldest, dbNow.UTC(), err
+}

@@ -264,3 +264,21 @@ func (d *Driver) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([
 	}
 	return recs, dbNow, nil
 }
+
+var _ idemdriver.UnknownCounter = (*Driver)(nil)
+
+// countUnknownSQL reads the far end of the expires_at index.
+var countUnknownSQL = `SELECT COUNT(*), MIN(updated_at), ` + now + `
+	FROM idem_keys WHERE expires_at >= @farfuture AND state = 'UNKNOWN'`
+
+// CountUnknown implements idemdriver.UnknownCounter.
+func (d *Driver) CountUnknown(ctx context.Context, offset time.Duration) (n int64, oldest, now time.Time, err error) {
+	var min sql.NullInt64
+	var nowUS int64
+	err = d.db.QueryRowContext(ctx, countUnknownSQL, sql.Named("farfuture", idemdriver.FarFuture.UnixMicro()),
+		sql.Named("offset", offset.Microseconds())).Scan(&n, &min, &nowUS)
+	if min.Valid {
+		oldest = idemsql.MicrosTime(min.Int64)
+	}
+	return n, oldest, idemsql.MicrosTime(nowUS), err
+}

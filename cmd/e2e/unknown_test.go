@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -59,6 +60,7 @@ func TestAtMostOnceChargeHeldUnknown(t *testing.T) {
 		require.Equal(t, "UNKNOWN", ins.record(t, merchant, key).state)
 		require.Empty(t, ins.ledger(t, merchant))
 		require.Equal(t, 1, pd.waitLogged(t, 1, "idem: the record's outcome cannot be known; it is held UNKNOWN for an operator (idem resolve)"))
+		require.Regexp(t, `(?m)^idem_unknown_records(\{[^}]*\})? 1$`, metrics(t, pd), "the gauge an alert reads")
 
 		out := idemCLI(t, "--database-url", db, "resolve", "--scope", merchant, "--key", key, "--applied",
 			"--result", fmt.Sprintf(`{"ID":%q}`, chargeID), "--by", "ops@example.com", "--why", "the provider's dashboard shows the charge")
@@ -76,4 +78,15 @@ func TestAtMostOnceChargeHeldUnknown(t *testing.T) {
 		require.True(t, again.replayed())
 		require.Equal(t, done.body, again.body)
 	})
+}
+
+// metrics is p's GET /metrics.
+func metrics(t *testing.T, p *proc) string {
+	t.Helper()
+	resp, err := http.Get(p.url() + "/metrics")
+	require.NoError(t, err)
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/idemgo/idem/cmd/internal/naivecache"
 	"github.com/idemgo/idem/cmd/internal/service"
 	"github.com/idemgo/idem/completer"
+	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemotel"
 	"github.com/idemgo/idem/seal"
 )
 
@@ -246,11 +248,21 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 		if served.Handler, c, err = newService(hcfg); err != nil {
 			return served, err
 		}
-		if c != nil {
-			if err := c.Start(ctx); err != nil {
+		// The UNKNOWN records' gauges, read at each scrape of /metrics.
+		unregister := func() error { return nil }
+		if uc, ok := store.Idem().(idemdriver.UnknownCounter); ok {
+			reg, err := idemotel.NewUnknownGauges(uc, idemotel.WithMeterProvider(tel.MeterProvider()))
+			if err != nil {
 				return served, err
 			}
-			served.Close = func() error { c.Stop(); return nil }
+			unregister = reg.Unregister
+		}
+		served.Close = unregister
+		if c != nil {
+			if err := c.Start(ctx); err != nil {
+				return served, errors.Join(err, unregister())
+			}
+			served.Close = func() error { c.Stop(); return unregister() }
 		}
 	}
 	served.Attrs = []any{"psp", psp, "lease", o.Lease.String(), "write_mode", string(o.writeMode),

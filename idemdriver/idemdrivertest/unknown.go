@@ -26,7 +26,34 @@ func runUnknown(t *testing.T, h Harness) {
 		{"ResolveApplied", unknownResolveApplied},
 		{"ResolveNotApplied", unknownResolveNotApplied},
 		{"ResolveComparesAndSets", unknownResolveComparesAndSets},
+		{"Counted", unknownCounted},
 	})
+}
+
+// CountUnknown counts the UNKNOWN records and the oldest one's last change,
+// and nothing else.
+func unknownCounted(t *testing.T, h Harness) {
+	t.Parallel()
+	sd, first := stepsOn(t, h)
+	counter, ok := sd.Driver.(idemdriver.UnknownCounter)
+	require.True(t, ok, "%T implements idemdriver.UnknownCounter", sd.Driver)
+	ctx := context.Background()
+	n, oldest, now, err := counter.CountUnknown(ctx, 0)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.True(t, oldest.IsZero())
+	require.False(t, now.IsZero())
+
+	markUnknown(t, sd, first, "transfer")
+	sd.Clock.Advance(time.Minute)
+	res := claim(t, sd, params("acct", "k2", "body"))
+	markUnknown(t, sd, res.Record, "transfer")
+	claim(t, sd, params("acct", "k3", "body")) // PROCESSING: not counted
+	n, oldest, now, err = counter.CountUnknown(ctx, sd.Clock.Offset())
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	require.Equal(t, record(t, sd, "acct", "k").UpdatedAt.UnixMicro(), oldest.UnixMicro(), "the oldest's last change")
+	require.Greater(t, now.Sub(oldest), 59*time.Second)
 }
 
 func unknownRefusedOnPartitioned(t *testing.T, h Harness) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/metric"
 	"io"
 	"log/slog"
 	"net/http"
@@ -50,6 +51,10 @@ type Telemetry struct {
 	tracers *sdktrace.TracerProvider // nil without traces
 	tracerP trace.TracerProvider
 }
+
+// MeterProvider is the provider behind Metrics, for instruments of the
+// service's own (idemotel.NewUnknownGauges).
+func (t *Telemetry) MeterProvider() metric.MeterProvider { return t.meters }
 
 // NewTelemetry sets up the telemetry of the service name (the resource's
 // service.name). traces is --otel-traces: TracesNone (or "") for no spans,
