@@ -399,7 +399,7 @@ func (c *Completer) due(rec idemdriver.Record, now time.Time) bool {
 	n := max(rec.Attempts-1, 0)
 	wait := float64(c.cfg.Grace) * math.Pow(2, float64(min(n, 16)))
 	h := fnv.New32a()
-	fmt.Fprintf(h, "%s\x00%s\x00%d", rec.Scope, rec.Key, rec.Attempts)
+	_, _ = fmt.Fprintf(h, "%s\x00%s\x00%d", rec.Scope, rec.Key, rec.Attempts) // a hash.Hash never fails a write
 	wait *= 0.5 + float64(h.Sum32()%1000)/2000
 	return rec.UpdatedAt.Add(time.Duration(wait)).Before(now) || rec.Attempts >= c.cfg.MaxAttempts
 }
