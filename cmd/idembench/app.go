@@ -39,6 +39,8 @@ const (
 	routeHold      = "/hold/payments"           // idem; the handler waits for release (409s)
 	routeCached    = "/idem-cached/payments"    // idem with a replay cache; the handler writes in the claim's transaction
 	routeWait      = "/idem-wait/payments"      // idem in wait mode (Waiting.Wait); the handler writes in the claim's transaction
+	routeStep      = "/idem-step/payments"      // idem; a step (idem.Step) before the writes in the claim's transaction
+	routeStepKept  = "/idem-step-kept/payments" // the same with the request kept for a re-drive (Request.KeepForRedrive)
 )
 
 // The request of every variant: a payment as cmd/paymentsd takes it.
@@ -93,6 +95,7 @@ type app struct {
 	mw1c  *idem.Middleware // Options.Engine.OneCommit.Enabled
 	mwRC  *idem.Middleware // Options.Replay.Cache.Bytes
 	mwW   *idem.Middleware // Options.Engine.Waiting.Wait: waitModeWait
+	mwK   *idem.Middleware // Options.Request.KeepForRedrive
 	naive *naiveCache      // nil without Redis
 	hold  holdGate
 	log   *slog.Logger
@@ -115,7 +118,12 @@ func newApp(t *target, naive *naiveCache, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &app{t: t, mw: mw, mw1c: mw1c, mwRC: mwRC, mwW: mwW, naive: naive, log: log}, nil
+	mwK, err := idem.NewMiddleware(t.store, idem.Options{Engine: idem.EngineOptions{Logger: log}, Scope: scopeOf,
+		Request: idem.RequestOptions{KeepForRedrive: true}})
+	if err != nil {
+		return nil, err
+	}
+	return &app{t: t, mw: mw, mw1c: mw1c, mwRC: mwRC, mwW: mwW, mwK: mwK, naive: naive, log: log}, nil
 }
 
 func (a *app) routes() http.Handler {
@@ -126,6 +134,8 @@ func (a *app) routes() http.Handler {
 	mux.Handle("POST "+routeOneCommit, a.mw1c.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeCached, a.mwRC.Handler(http.HandlerFunc(a.createInClaimTx)))
 	mux.Handle("POST "+routeWait, a.mwW.Handler(http.HandlerFunc(a.createInClaimTx)))
+	mux.Handle("POST "+routeStep, a.mw.Handler(http.HandlerFunc(a.createAfterStep)))
+	mux.Handle("POST "+routeStepKept, a.mwK.Handler(http.HandlerFunc(a.createAfterStep)))
 	mux.Handle("POST "+routeFloor, http.HandlerFunc(a.createFloor))
 	mux.Handle("POST "+routeFloor1c, http.HandlerFunc(a.createFloor1c))
 	mux.Handle("POST "+routeFloorRead, http.HandlerFunc(a.floorReplay))
@@ -194,6 +204,18 @@ func (a *app) createOwnTx(w http.ResponseWriter, r *http.Request) { a.create(w, 
 // idem (durable-claim mode, CONTRACT section 6).
 func (a *app) createInClaimTx(w http.ResponseWriter, r *http.Request) {
 	a.create(w, r, a.t.claimTx, false)
+}
+
+// createAfterStep runs one step (idem.Step: its start and its result
+// committed, the function itself doing nothing, as a provider call that
+// costs no time), then writes in the claim's transaction as
+// createInClaimTx does: what a step adds to a first execution.
+func (a *app) createAfterStep(w http.ResponseWriter, r *http.Request) {
+	if _, err := idem.Step(r.Context(), "charge", func(context.Context) (string, error) { return "ch_bench", nil }); err != nil {
+		a.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	a.createInClaimTx(w, r)
 }
 
 // create writes the payment and its ledger row in the transaction open

@@ -60,6 +60,8 @@ const (
 	vCached422 = "422-cached"
 	vNaiveMiss = "naive-first"
 	vNaiveHit  = "naive-replay"
+	vStep      = "idem-step"
+	vStepKept  = "idem-step-kept"
 )
 
 // allVariants in the order of the report. bare is the denominator of every
@@ -68,6 +70,8 @@ var allVariants = []variant{
 	{id: vBare, label: "bare handler (no idempotency)", route: routeBare, body: paymentBody, want: http.StatusCreated},
 	{id: vClaimTx, label: "idem first execution, durable-claim mode (idem…Tx)", route: routeClaimTx, body: paymentBody, want: http.StatusCreated},
 	{id: vWait, label: "idem first execution, durable-claim mode in wait mode (Waiting.Wait), nobody waiting", route: routeWait, body: paymentBody, want: http.StatusCreated},
+	{id: vStep, label: "idem first execution, durable-claim mode, one step (idem.Step) before the writes", route: routeStep, body: paymentBody, want: http.StatusCreated},
+	{id: vStepKept, label: "idem first execution, durable-claim mode, one step, the request kept for a re-drive (Request.KeepForRedrive)", route: routeStepKept, body: paymentBody, want: http.StatusCreated},
 	{id: vOneCommit, label: "idem first execution, one-commit mode (OneCommit.Enabled)", route: routeOneCommit, body: paymentBody, want: http.StatusCreated},
 	{id: vOwnTx, label: "idem first execution, handler commits its own transaction", route: routeOwnTx, body: paymentBody, want: http.StatusCreated},
 	{id: vFloor, label: "the floor: idem's statements sent by hand (raw driver)", route: routeFloor, body: paymentBody, want: http.StatusCreated},
