@@ -69,9 +69,9 @@ func TestCompleterAfterProviderTimeout(t *testing.T) {
 }
 
 // TestCompleterAbandonedPayments: payments each sent once and never
-// retried, by a paymentsd that kills itself before and after some charges
-// (SIGKILL; started again after each), through a provider that withholds a
-// quarter of its answers (504). Then paymentsd is killed once more at a
+// retried, by a paymentsd that kills itself at every crash point of a
+// payment, a tenth of the time at each (SIGKILL; started again after
+// each), through a provider that withholds a quarter of its answers (504). Then paymentsd is killed once more at a
 // random moment and started without faults: within 40 s every charge the
 // provider made is booked exactly once (ledger = provider charges, each
 // payment recording its own charge), and no record is left PROCESSING.
@@ -80,7 +80,8 @@ func TestCompleterAbandonedPayments(t *testing.T) {
 	const payments = 12
 	forEachWorld(t, []string{"--timeout-rate", "0.25", "--hang", "10m"}, func(t *testing.T, w *world, db string, ins *inspector) {
 		faulty := append(append([]string(nil), completerArgs...), "--psp-timeout", "1s",
-			"--crash-before-charge", "0.2", "--crash-after-charge", "0.3")
+			"--crash-before-charge", "0.1", "--crash-in-charge", "0.1", "--crash-after-charge", "0.1",
+			"--crash-after-write", "0.1", "--crash-after-commit", "0.1")
 		pd := w.paymentsd("paymentsd", db, faulty...)
 		crashes := 0
 		for i := range payments {
