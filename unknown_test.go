@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -196,4 +198,35 @@ func TestResolvedUnknownResumes(t *testing.T) {
 			require.Equal(t, 2, runs)
 		}
 	}
+}
+
+// A duplicate sent in wait mode (Waiting.Wait) while the owner's
+// at-most-once step runs, which then ends uncertain, is answered
+// outcome-unknown too (whether it waited for the owner's end or read the
+// record after it), and the handler ran once.
+func TestOutcomeUnknownAnswersAWaitingDuplicate(t *testing.T) {
+	t.Parallel()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		_, err := idem.Step(r.Context(), "sms", func(context.Context) (bool, error) {
+			close(entered)
+			<-release
+			return false, errTimeout
+		}, idem.AtMostOnce())
+		http.Error(w, err.Error(), http.StatusGatewayTimeout)
+	})
+	mw := newMiddleware(t, nil, idem.Options{Engine: idem.EngineOptions{Waiting: idem.WaitOptions{Wait: time.Minute}}})
+	first := make(chan int)
+	go func() { first <- send(mw.Handler(h), "POST", "/v1/sms", "key-1", `{}`).Code }()
+	<-entered
+	second := make(chan *httptest.ResponseRecorder)
+	go func() { second <- send(mw.Handler(h), "POST", "/v1/sms", "key-1", `{}`) }()
+	close(release)
+	require.Equal(t, http.StatusConflict, <-first)
+	res := <-second
+	require.Equal(t, http.StatusConflict, res.Code)
+	require.Contains(t, res.Body.String(), "outcome-unknown")
+	require.EqualValues(t, 1, runs.Load())
 }

@@ -328,7 +328,7 @@ func (h *waitHub) awaitJoined(ctx context.Context, p idemdriver.ClaimParams, pay
 			return claimed{}, h.cfg.claimFailed(ctx, err)
 		}
 		switch d := idemdriver.Decide(rec, false, p); {
-		case d == idemdriver.DecisionReplay || d == idemdriver.DecisionKeyReused || d == idemdriver.DecisionDamaged:
+		case d == idemdriver.DecisionReplay || d == idemdriver.DecisionKeyReused || d == idemdriver.DecisionDamaged || d == idemdriver.DecisionUnknown:
 			return claimed{}, h.cfg.decideStored(ctx, *rec, p)
 		case d == idemdriver.DecisionInFlight:
 			v = h.cfg.decideStored(ctx, *rec, p)
