@@ -103,7 +103,9 @@ type Config struct {
 	Lease, Retention time.Duration
 
 	// LockTTL is how long the completer's lease outlives a holder that
-	// died. Default: 3 × Interval, at least 30 s.
+	// died: a process started after a crash becomes the completer within
+	// it. It elects only (every re-drive is decided by the claim), so it
+	// can be short. Default: 3 × Interval.
 	LockTTL time.Duration
 
 	// Holder names this process in the lease and as the owner of the
@@ -132,9 +134,7 @@ func (c Config) WithDefaults() Config {
 	c.Batch = cmp.Or(c.Batch, DefaultBatch)
 	c.Lease = cmp.Or(c.Lease, idem.DefaultLeaseDuration)
 	c.Retention = cmp.Or(c.Retention, idem.DefaultRetention)
-	if c.LockTTL == 0 {
-		c.LockTTL = max(3*c.Interval, 30*time.Second)
-	}
+	c.LockTTL = cmp.Or(c.LockTTL, 3*c.Interval)
 	if c.Holder == "" {
 		host, _ := os.Hostname()
 		c.Holder = fmt.Sprintf("%s:%d", host, os.Getpid())

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -80,6 +81,8 @@ func (f *resolveFlags) check(cmd *cobra.Command) error {
 		return usageError{errors.New("give one of --applied (with --result) and --not-applied")}
 	case f.applied && !json.Valid([]byte(f.result)):
 		return usageError{fmt.Errorf("--result must be the step's result as JSON (a string is quoted: '\"tr_123\"'), not %q", f.result)}
+	case f.applied && strings.TrimSpace(f.result) == "null":
+		return usageError{errors.New("--result null records no result: give the step's value as its handler's type encodes it")}
 	case f.notApplied && f.result != "":
 		return usageError{errors.New("--result goes with --applied only")}
 	case f.by == "" || f.why == "":

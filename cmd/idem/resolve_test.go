@@ -60,6 +60,8 @@ func TestResolve(t *testing.T) {
 
 			_, errOut, code := c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", "tr_1", "--by", "ops", "--why", "x")
 			require.Equal(t, 2, code, "a result that is not JSON: %s", errOut)
+			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", "null", "--by", "ops", "--why", "x")
+			require.Equal(t, 2, code, "a null result: %s", errOut)
 			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`)
 			require.Equal(t, 2, code, "--by and --why are required: %s", errOut)
 

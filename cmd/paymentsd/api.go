@@ -252,6 +252,12 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		// the execution no longer owns its record): 5xx, the retry runs it.
 		a.storeFailed(w, r, "recording the charge", err)
 		return
+	case charge.ID == "":
+		// A recorded result without a charge id (an operator's idem
+		// resolve --result that named no ID): never booked.
+		a.log.ErrorContext(ctx, "the charge step's recorded result has no charge id; the payment is not booked", "relay_key", relay)
+		svc.WriteProblem(w, service.ProblemInternal, http.StatusInternalServerError, "the recorded charge has no id; ask the operator")
+		return
 	}
 	// provider_called is false when an earlier execution's charge was
 	// recorded (the step's result); provider_replayed is what the provider

@@ -210,6 +210,10 @@ func (a *api) createPaymentIntent(w http.ResponseWriter, r *http.Request) {
 			"merchant", merchant, "relay_key", relay, "err", err)
 		apiError(http.StatusConflict, "the charge's outcome cannot be known; do not retry", false).write(w)
 		return
+	case err == nil && charge.ID == "":
+		a.log.ErrorContext(ctx, "the charge step's recorded result has no charge id; the payment intent is not booked", "relay_key", relay)
+		apiError(http.StatusInternalServerError, "the recorded charge has no id; ask the operator", false).write(w)
+		return
 	case err != nil && providerErr == nil:
 		a.log.ErrorContext(ctx, "recording the charge", "err", err)
 		apiError(http.StatusServiceUnavailable, "the service could not record the charge; retry with the same Idempotency-Key", true).write(w)
