@@ -30,6 +30,13 @@ var (
 	// the step's type (it changed incompatibly between deploys). The step
 	// is never run again for it: answer a 5xx; an operator decides.
 	ErrStepResultUndecodable = protocol.ErrStepResultUndecodable
+	// ErrStepUnreconciled: an AtMostOnce step started earlier without a
+	// result, and its Reconcile function could not tell what became of it
+	// (the callee did not answer). Its execution is recorded FAILED,
+	// whatever the handler answers (answer a 503): the next re-execution
+	// (the client's retry, the completer's re-drive) asks again; it never
+	// runs the step.
+	ErrStepUnreconciled = protocol.ErrStepUnreconciled
 	// ErrOutcomeUnknown: the outcome of the request cannot be known: an
 	// AtMostOnce step started and its result was not recorded, or a
 	// recorded result no longer decodes (docs/contract.md section 11.3).
@@ -71,14 +78,21 @@ func (atMostOnce) stepOption() {}
 
 // AtMostOnce declares a step whose callee has no idempotency (a bank
 // transfer file, an SMS, a provider that ignores keys): it never runs twice
-// (docs/contract.md section 11.3). A re-execution that finds it started
-// without a result does not run it: it asks the step's Reconcile function,
-// if it has one, and otherwise, or when that cannot tell, the record
-// becomes UNKNOWN; so does the run whose fn returns an uncertain error (not
-// StepFinal, not StepNotApplied). Step then returns an error matching
-// ErrOutcomeUnknown, and the request is answered 409 outcome-unknown,
-// whatever the handler writes, until an operator resolves it (`idem
-// resolve`).
+// (docs/contract.md sections 11.2 and 11.3).
+//
+// Without a Reconcile function, a step whose fn returns an uncertain error
+// (not StepFinal, not StepNotApplied: a timeout), or that a re-execution
+// finds started without a result (its process died), makes the record
+// UNKNOWN: Step returns an error matching ErrOutcomeUnknown, and every
+// request of the key is answered 409 outcome-unknown, whatever the handler
+// writes, until an operator resolves it (`idem resolve`).
+//
+// With a Reconcile function, such a step is held instead: the execution is
+// recorded FAILED whatever the handler answers, and the next re-execution
+// (the client's retry, or the completer's re-drive) asks Reconcile what
+// became of it, never running fn while the callee cannot tell
+// (ErrStepUnreconciled); the completer ends it UNKNOWN once its attempts
+// are spent.
 func AtMostOnce() StepOption { return atMostOnce{} }
 
 type reconcile[T any] struct {
@@ -89,10 +103,11 @@ func (reconcile[T]) stepOption() {}
 
 // Reconcile gives an at-most-once step (AtMostOnce) a function that asks
 // the callee what became of an earlier start whose result was not
-// recorded, given the step's relayed key (the reference the first run
-// sent): its result when the effect happened (a value, or StepFinal(err)),
-// StepNotApplied(err) when it did not (the step then runs), or any other
-// error while the callee cannot tell (the record becomes UNKNOWN). T must
+// recorded (a timeout, a crash), given the step's relayed key (the
+// reference the first run sent): its result when the effect happened (a
+// value, or StepFinal(err)), StepNotApplied(err) when it did not (the step
+// then runs), or any other error while the callee cannot tell (Step
+// returns ErrStepUnreconciled and a later re-execution asks again). T must
 // be the step's result type. Without AtMostOnce it is never called.
 func Reconcile[T any](f func(ctx context.Context, relayKey string) (T, error)) StepOption {
 	return reconcile[T]{f}
@@ -124,7 +139,7 @@ func Reconcile[T any](f func(ctx context.Context, relayKey string) (T, error)) S
 // Errors besides fn's: ErrNoExecution, ErrStepName, ErrStepNotAllowed (also
 // when the store's schema predates steps: apply its migrations),
 // ErrStepRepeated, ErrExecutionEnded, ErrLeaseLost (another worker owns the
-// record), ErrStepNotRecorded, ErrOutcomeUnknown (the record is UNKNOWN
+// record), ErrStepNotRecorded, ErrStepUnreconciled, ErrOutcomeUnknown (the record is UNKNOWN
 // now; a result that no longer decodes makes it so too, and matches
 // ErrStepResultUndecodable), ErrSealKeyMissing, ErrSealBroken, a
 // *StoreError; a result fn returns that JSON cannot encode is an error too,

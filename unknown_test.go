@@ -96,7 +96,7 @@ func TestAtMostOnceAfterADeadOwner(t *testing.T) {
 		{"not-applied", func(context.Context, string) (string, error) {
 			return "", idem.StepNotApplied(errors.New("the bank has no such transfer"))
 		}, 1, "tr_new"},
-		{"still-unknown", func(context.Context, string) (string, error) { return "", errors.New("the bank's API is down") }, 0, ""},
+		{"cannot-tell", func(context.Context, string) (string, error) { return "", errors.New("the bank's API is down") }, 0, "unreconciled"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -116,6 +116,11 @@ func TestAtMostOnceAfterADeadOwner(t *testing.T) {
 				return idem.Result{Body: []byte(id)}, err
 			})
 			require.Equal(t, tc.runs, runs, "the step ran")
+			if tc.want == "unreconciled" {
+				require.ErrorIs(t, err, idem.ErrStepUnreconciled)
+				require.Equal(t, idemdriver.StateFailed, record(t, d, "s", "k").State, "held FAILED: the next re-execution asks again")
+				return
+			}
 			if tc.want == "" {
 				require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 				require.Equal(t, idemdriver.StateUnknown, record(t, d, "s", "k").State)
@@ -229,4 +234,43 @@ func TestOutcomeUnknownAnswersAWaitingDuplicate(t *testing.T) {
 	require.Equal(t, http.StatusConflict, res.Code)
 	require.Contains(t, res.Body.String(), "outcome-unknown")
 	require.EqualValues(t, 1, runs.Load())
+}
+
+// An at-most-once step with a reconcile function whose call times out is
+// held, its execution FAILED whatever the handler answers; the next
+// re-executions ask the reconcile function, never running the step, until
+// it tells: here, once it can, that the transfer happened.
+func TestReconcileAfterATimeout(t *testing.T) {
+	t.Parallel()
+	g, d := newEngine(t, nil, idem.EngineOptions{})
+	var transfers, asked int
+	bankKnows := false
+	fn := func(ctx context.Context) (idem.Result, error) {
+		id, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) {
+			transfers++
+			return "", errTimeout
+		}, idem.AtMostOnce(), idem.Reconcile(func(_ context.Context, relay string) (string, error) {
+			asked++
+			if !bankKnows {
+				return "", errors.New("the bank's statement is not out yet")
+			}
+			return "tr_" + relay[:6], nil
+		}))
+		if err != nil {
+			return idem.Result{Status: 200}, nil // a handler that answers 200 anyway
+		}
+		return idem.Result{Status: 201, Body: []byte(id)}, nil
+	}
+	p := idem.DoParams{Scope: "s", Key: "k"}
+	for range 2 {
+		_, err := g.Do(t.Context(), p, fn)
+		require.ErrorIs(t, err, idem.ErrOutcomeFailed, "recorded FAILED, whatever the handler answered")
+		require.Equal(t, idemdriver.StateFailed, record(t, d, "s", "k").State)
+	}
+	bankKnows = true
+	out, err := g.Do(t.Context(), p, fn)
+	require.NoError(t, err)
+	require.Equal(t, 201, out.Status)
+	require.Equal(t, 1, transfers, "the transfer ran once")
+	require.Equal(t, 2, asked, "asked by each re-execution")
 }

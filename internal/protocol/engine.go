@@ -111,7 +111,7 @@ func (eng *Engine) record(e *Execution, j Job, status int, over Override, panick
 	switch {
 	case e.released():
 		outcome = Released
-	case failed || panicked:
+	case failed || panicked || e.stepHeld():
 		outcome = Failed
 	case over == OverrideSucceeded:
 		outcome = Succeeded

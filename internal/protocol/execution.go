@@ -110,6 +110,7 @@ type Execution struct {
 	releaseAsked bool
 	steps        map[string]bool // the names of the steps run (Step)
 	unknown      error           // an *UnknownError once this execution made its record UNKNOWN
+	held         bool            // an at-most-once step is held unreconciled: the outcome is FAILED
 	// redrive is the job's request kept for a re-drive (Job.Redrive),
 	// written before the first step; kept once it is.
 	redrive func() (seal.Request, bool)

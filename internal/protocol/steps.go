@@ -13,11 +13,12 @@ import (
 // The errors of steps (docs/contract.md section 11). The root package
 // re-exports each under the same name.
 var (
-	ErrStepNotAllowed  = errors.New("idem: steps are not allowed here")
-	ErrStepRepeated    = errors.New("idem: a step name met twice in one execution")
-	ErrStepName        = errors.New("idem: invalid step name")
-	ErrStepStarted     = errors.New("idem: a step of this execution has started; its key cannot be released")
-	ErrStepNotRecorded = errors.New("idem: the step ran but its result could not be recorded")
+	ErrStepNotAllowed   = errors.New("idem: steps are not allowed here")
+	ErrStepRepeated     = errors.New("idem: a step name met twice in one execution")
+	ErrStepName         = errors.New("idem: invalid step name")
+	ErrStepStarted      = errors.New("idem: a step of this execution has started; its key cannot be released")
+	ErrStepNotRecorded  = errors.New("idem: the step ran but its result could not be recorded")
+	ErrStepUnreconciled = errors.New("idem: an at-most-once step's earlier start is not reconciled yet")
 )
 
 // stepEnd says how a step's function ended (docs/contract.md section 11.1).
@@ -116,7 +117,10 @@ func (e *Execution) step(name, relay string, fn stepFunc, o StepOptions) ([]byte
 		result, end, rerr := o.Reconcile(e.ctx)
 		switch end {
 		case stepUncertain:
-			return nil, e.markUnknown(st, p, idemdriver.ReasonStepUnrecorded, rerr)
+			// The callee cannot tell yet: the next re-execution asks again
+			// (the completer's are bounded, then UNKNOWN).
+			e.holdStep()
+			return nil, fmt.Errorf("%w: step %q: %w", ErrStepUnreconciled, name, rerr)
 		case stepDone:
 			return e.finish(st, life, p, result)
 		}
@@ -137,8 +141,13 @@ func (e *Execution) step(name, relay string, fn stepFunc, o StepOptions) ([]byte
 				"scope", e.fence.Scope, "key", e.fence.Key, "err", err)
 		}
 		return nil, ferr
-	case end == stepUncertain && o.AtMostOnce:
+	case end == stepUncertain && o.AtMostOnce && o.Reconcile == nil:
 		return nil, e.markUnknown(st, p, idemdriver.ReasonStepUncertain, ferr)
+	case end == stepUncertain && o.AtMostOnce:
+		// Held: the next re-execution's reconcile function asks the
+		// callee what became of it.
+		e.holdStep()
+		return nil, ferr
 	case end == stepUncertain:
 		return nil, ferr
 	}
@@ -176,6 +185,22 @@ func (e *Execution) keepRedrive(st idemdriver.Stepper, life seal.Life) error {
 		return &StoreError{Op: "keep request", Err: err}
 	}
 	return nil
+}
+
+// holdStep forces e's outcome FAILED, whatever its job answers: an
+// at-most-once step is held unreconciled, and only a re-execution asks its
+// reconcile function again.
+func (e *Execution) holdStep() {
+	e.mu.Lock()
+	e.held = true
+	e.mu.Unlock()
+}
+
+// stepHeld reports whether holdStep was called.
+func (e *Execution) stepHeld() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.held
 }
 
 // finish records result as p's step's result and returns the one
