@@ -539,7 +539,11 @@ the server's, or the table's keys are not hashed.`,
 					return err
 				}
 				note := openRecord(&rec, g.keyring)
-				return printRecord(out, g.json, rec, now, recordView{body: body, request: request, seal: note})
+				steps, err := stepsOf(ctx, s, g.keyring, rec)
+				if err != nil {
+					return err
+				}
+				return printRecord(out, g.json, rec, now, recordView{body: body, request: request, seal: note, steps: steps})
 			})
 		},
 	}

@@ -257,10 +257,11 @@ func nextRequest(rec idemdriver.Record, now time.Time, n sealNote) string {
 }
 
 // recordView is what inspect prints of a record beyond its table: the
-// whole body, the kept request, and how its seal was opened.
+// whole body, the kept request, how its seal was opened, and its steps.
 type recordView struct {
 	body, request bool
 	seal          sealNote
+	steps         []stepView
 }
 
 // sealNote says how a record's seal was opened: key is the id that sealed
@@ -341,6 +342,13 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 		if view.request {
 			v["request"] = requestJSON(rec.Response, sealed)
 		}
+		if view.steps != nil {
+			steps := []map[string]any{}
+			for _, st := range view.steps {
+				steps = append(steps, st.json())
+			}
+			v["steps"] = steps
+		}
 		return writeJSON(out, v)
 	}
 	w := table(out)
@@ -369,7 +377,10 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 	row("updated at", ts(rec.UpdatedAt))
 	row("completed at", tsPtr(rec.CompletedAt))
 	expires := "expires in " + dur(rec.ExpiresAt.Sub(now))
-	if !rec.ExpiresAt.After(now) {
+	switch {
+	case rec.State == idemdriver.StateUnknown:
+		expires = "never: UNKNOWN until resolved"
+	case !rec.ExpiresAt.After(now):
 		expires = "expired " + dur(now.Sub(rec.ExpiresAt)) + " ago"
 	}
 	row("expires at", ts(rec.ExpiresAt)+" ("+expires+")")
@@ -406,6 +417,18 @@ func printRecord(out io.Writer, asJSON bool, rec idemdriver.Record, now time.Tim
 	row("now (database)", ts(now))
 	if err := w.flush(); err != nil {
 		return err
+	}
+	if len(view.steps) > 0 {
+		if _, err := fmt.Fprintln(out, "steps:"); err != nil {
+			return err
+		}
+		sw := table(out)
+		for _, st := range view.steps {
+			sw.Printf("  %s\t%s\n", st.Name, st.describe())
+		}
+		if err := sw.flush(); err != nil {
+			return err
+		}
 	}
 	if withBody && sealed {
 		if _, err := fmt.Fprintln(out, "\nthe body is sealed: give --seal-key to show it"); err != nil {
@@ -630,4 +653,55 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// stepView is a step of the record's life as inspect shows it: the step,
+// and its relayed key when it opens (sealed, without the key).
+type stepView struct {
+	idemdriver.Step
+	relay string
+}
+
+// state is started, done or cleared (a resolution's not applied).
+func (s stepView) state() string {
+	switch {
+	case s.Done:
+		return "done"
+	case s.StartedToken == 0:
+		return "cleared"
+	}
+	return "started"
+}
+
+// describe is s in one line of inspect's table.
+func (s stepView) describe() string {
+	parts := []string{s.state() + " (fencing token " + strconv.FormatInt(s.StartedToken, 10) + ", " + ts(s.StartedAt) + ")"}
+	if s.AtMostOnce {
+		parts = append(parts, "at-most-once")
+	}
+	if s.Reason != "" {
+		parts = append(parts, "UNKNOWN: "+s.Reason)
+	}
+	if !s.ResolvedAt.IsZero() {
+		parts = append(parts, fmt.Sprintf("resolved by %s at %s: %s", s.ResolvedBy, ts(s.ResolvedAt), s.ResolvedWhy))
+	}
+	if s.relay != "" && !strings.HasPrefix(s.Name, idemdriver.InternalStepPrefix) {
+		parts = append(parts, "relayed key "+s.relay)
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (s stepView) json() map[string]any {
+	v := map[string]any{"name": s.Name, "state": s.state(), "started_token": s.StartedToken, "started_at": s.StartedAt,
+		"at_most_once": s.AtMostOnce, "reason": s.Reason, "sealed": s.SealKey != ""}
+	if s.Done {
+		v["finished_at"] = s.FinishedAt
+	}
+	if !s.ResolvedAt.IsZero() {
+		v["resolved_by"], v["resolved_why"], v["resolved_at"] = s.ResolvedBy, s.ResolvedWhy, s.ResolvedAt
+	}
+	if s.relay != "" && !strings.HasPrefix(s.Name, idemdriver.InternalStepPrefix) {
+		v["relayed_key"] = s.relay
+	}
+	return v
 }

@@ -192,3 +192,29 @@ func unknownRecords(ctx context.Context, s *store, limit int) ([]unknownRecord, 
 	}
 	return out, nil
 }
+
+// stepsOf reads the steps of rec's life, each with its relayed key when
+// keyring opens it; none on a store without steps.
+func stepsOf(ctx context.Context, s *store, keyring *seal.Keyring, rec idemdriver.Record) ([]stepView, error) {
+	st, ok := s.Driver.(idemdriver.Stepper)
+	if !ok {
+		return nil, nil
+	}
+	steps, err := st.Steps(ctx, idemdriver.StepParams{Scope: rec.Scope, Key: rec.Key, CreatedAt: rec.CreatedAt})
+	if errors.Is(err, idemdriver.ErrStepsUnsupported) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	views := make([]stepView, 0, len(steps))
+	for _, step := range steps {
+		v := stepView{Step: step}
+		if plain, err := keyring.OpenStep(seal.Life{Scope: rec.Scope, Key: rec.Key, Created: rec.CreatedAt}, seal.PartStepRelay,
+			step.Name, step.SealKey, step.Relay); err == nil {
+			v.relay = string(plain)
+		}
+		views = append(views, v)
+	}
+	return views, nil
+}

@@ -72,6 +72,11 @@ func TestResolve(t *testing.T) {
 			require.Equal(t, 1, code)
 			require.Contains(t, errOut, "not UNKNOWN")
 
+			shown := c.ok("inspect", "--scope", "acct", "--key", "a")
+			require.Regexp(t, `(?m)^steps:\n  transfer\s+done \(fencing token \d+, [^)]*\); at-most-once; UNKNOWN: step-uncertain; resolved by ops@example.com at [^:]+:[^;]*: INC-7 statement; relayed key idr1_`, shown)
+			shownSteps := c.json("inspect", "--scope", "acct", "--key", "b")["steps"].([]any)
+			require.Equal(t, "cleared", shownSteps[0].(map[string]any)["state"])
+
 			got, err := do("a")
 			require.NoError(t, err)
 			require.Equal(t, "tr_bank", got, "the resolved result")
