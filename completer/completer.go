@@ -12,9 +12,12 @@
 // is the one kept at the execution's first step (idem's
 // RequestOptions.KeepForRedrive); Config.Context rebuilds what the
 // application's authentication put in its context from the record's scope,
-// and no credential is ever kept. What it cannot finish (no kept request,
-// or MaxAttempts reached) it ends UNKNOWN (idem.ErrOutcomeUnknown) for an
-// operator: a step started, so the effect may have happened.
+// and no credential is ever kept. What it cannot finish (a kept request
+// that does not open or was cut, or MaxAttempts reached) it ends UNKNOWN
+// (idem.ErrOutcomeUnknown) for an operator: a step started, so the effect
+// may have happened. An execution with no request kept (Do, gRPC, a route
+// without KeepForRedrive) is not its to finish: it leaves it to its
+// client's retry or its queue's redelivery.
 package completer
 
 //lint:file-ignore ST1005 validation errors start with the Config field they name
@@ -175,8 +178,10 @@ type Stats struct {
 	Leader bool
 	Cycles int64
 	// Redriven counts re-drives, Finished those answered 2xx, GaveUp the
-	// executions ended UNKNOWN, Ended those ended FAILED before any step.
-	Redriven, Finished, GaveUp, Ended int64
+	// executions ended UNKNOWN, Ended those ended FAILED before any step,
+	// Skipped the abandoned executions with no request kept (left to their
+	// clients).
+	Redriven, Finished, GaveUp, Ended, Skipped int64
 	Errors                            int64
 }
 
@@ -205,7 +210,7 @@ type Completer struct {
 	lock                                     idemdriver.MaintenanceLock
 	leader                                   atomic.Bool
 	cycles, redriven, finished, gaveUp, errs atomic.Int64
-	ended                                    atomic.Int64
+	ended, skipped                           atomic.Int64
 	busy                                     sync.Map // keys being re-driven
 
 	mu     sync.Mutex
@@ -263,7 +268,7 @@ func (c *Completer) Stop() {
 // Stats returns the running totals.
 func (c *Completer) Stats() Stats {
 	return Stats{Leader: c.leader.Load(), Cycles: c.cycles.Load(), Redriven: c.redriven.Load(),
-		Finished: c.finished.Load(), GaveUp: c.gaveUp.Load(), Ended: c.ended.Load(), Errors: c.errs.Load()}
+		Finished: c.finished.Load(), GaveUp: c.gaveUp.Load(), Ended: c.ended.Load(), Skipped: c.skipped.Load(), Errors: c.errs.Load()}
 }
 
 func (c *Completer) run(ctx context.Context) {
@@ -458,6 +463,14 @@ func (c *Completer) complete(ctx context.Context, rec idemdriver.Record) Outcome
 	if first == "" {
 		return o // its started step went (a release, a new life) since the read
 	}
+	if kept == nil {
+		// Not this completer's to finish: a route that keeps no request
+		// (Do, gRPC, an HTTP route without KeepForRedrive). Its client's
+		// retry, or its queue's redelivery, resumes it.
+		c.skipped.Add(1)
+		c.cfg.Logger.Debug("idem: completer: no request kept for a re-drive; left to its client", "scope", rec.Scope, "key", rec.Key)
+		return o
+	}
 	if rec.Attempts >= c.cfg.MaxAttempts {
 		return c.giveUp(ctx, rec, first, idemdriver.ReasonCompleterGaveUp, o)
 	}
@@ -480,9 +493,6 @@ func (c *Completer) complete(ctx context.Context, rec idemdriver.Record) Outcome
 
 // request rebuilds the request kept for a re-drive of rec.
 func (c *Completer) request(ctx context.Context, rec idemdriver.Record, kept *idemdriver.Step) (*http.Request, error) {
-	if kept == nil {
-		return nil, errors.New("no request was kept for it (RequestOptions.KeepForRedrive was off)")
-	}
 	plain, err := c.keyring.OpenStep(seal.Life{Scope: rec.Scope, Key: rec.Key, Created: rec.CreatedAt}, seal.PartStepRelay, kept.Name, kept.SealKey, kept.Relay)
 	if err != nil {
 		return nil, fmt.Errorf("the kept request does not open: %w", err)

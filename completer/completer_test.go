@@ -172,8 +172,7 @@ func TestCompleterConfig(t *testing.T) {
 	require.ErrorContains(t, err, "Grace not negative")
 }
 
-// Without a kept request, and after MaxAttempts, the completer ends the
-// execution UNKNOWN; a record with no started step is left alone.
+// After MaxAttempts the completer ends the execution UNKNOWN.
 func TestCompleterGivesUp(t *testing.T) {
 	onStores(t, func(t *testing.T, store func(t *testing.T) idem.Store) {
 		for _, tc := range []struct {
@@ -181,7 +180,6 @@ func TestCompleterGivesUp(t *testing.T) {
 			keep   bool
 			reason string
 		}{
-			{"not-kept", false, idemdriver.ReasonNotRedrivable},
 			{"max-attempts", true, idemdriver.ReasonCompleterGaveUp},
 		} {
 			s := newShop(t, store(t), tc.keep, nil)
@@ -257,5 +255,30 @@ func TestCompleterEndsStuckWithoutSteps(t *testing.T) {
 		require.EqualValues(t, 1, c.Stats().Ended)
 		require.Zero(t, c.Stats().Redriven)
 		require.Zero(t, s.runs.Load())
+	})
+}
+
+// An execution whose route keeps no request (here: KeepForRedrive off; Do
+// and gRPC alike) is left to its client: not re-driven, not ended, and the
+// client's retry resumes it. Regression: it was ended UNKNOWN
+// (not-redrivable), which turned a retry that would have succeeded into a
+// 409 outcome-unknown.
+func TestCompleterLeavesWhatItCannotRedrive(t *testing.T) {
+	onStores(t, func(t *testing.T, store func(t *testing.T) idem.Store) {
+		s := newShop(t, store(t), false, nil)
+		s.failWrites.Store(true)
+		require.Equal(t, http.StatusInternalServerError, s.send("acme", "pay-1").Code)
+		c := s.completer(t, completer.Config{MaxAttempts: 2, Grace: 1})
+		for range 3 {
+			cycle(t, c)
+		}
+		rec, err := s.store.Get(context.Background(), idemdriver.GetParams{Scope: "acme", Key: "pay-1"})
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateFailed, rec.State)
+		require.Zero(t, c.Stats().Redriven)
+		require.EqualValues(t, 3, c.Stats().Skipped)
+		s.failWrites.Store(false)
+		require.Equal(t, http.StatusCreated, s.send("acme", "pay-1").Code, "the client's retry resumes it")
+		require.Equal(t, int32(1), s.calls.Load())
 	})
 }

@@ -171,3 +171,20 @@ func answer(ctx context.Context, err error) error {
 	_ = grpc.SetTrailer(ctx, trailer) // outside a call (no stream): nothing to set
 	return st.Err()
 }
+
+// unreconciled is the answer to a call whose handler met
+// idem.ErrStepUnreconciled: Unavailable, with RetryInfo and the pushback
+// (retryAfterStore), and ErrorInfo reason STEP_UNRECONCILED,
+// new_key_safe false. The record is FAILED; a retry with the same key asks
+// the step's reconcile function again, and never runs the step.
+func unreconciled(ctx context.Context) error {
+	delay := retryAfterStore
+	st := status.New(codes.Unavailable, "an earlier attempt of this call made a call whose outcome is not known yet; "+
+		"retry with the same key after the pushback: it is asked again, never made twice")
+	info := &errdetails.ErrorInfo{Reason: "STEP_UNRECONCILED", Domain: ErrorDomain, Metadata: map[string]string{"new_key_safe": "false"}}
+	if with, err := st.WithDetails(info, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)}); err == nil {
+		st = with
+	}
+	_ = grpc.SetTrailer(ctx, metadata.Pairs(pushbackTrailer, strconv.FormatInt(delay.Milliseconds(), 10)))
+	return st.Err()
+}

@@ -553,3 +553,36 @@ func TestOutcomeUnknown(t *testing.T) {
 	}
 	require.EqualValues(t, 1, s.runs.Load())
 }
+
+// A handler that returns idem.ErrStepUnreconciled (an at-most-once step's
+// earlier start the callee cannot tell about yet) is answered Unavailable
+// with RetryInfo and the pushback, whatever its own error's code: the
+// record is FAILED and the retry asks again. Regression: the client got
+// Unknown with idem's internal text, which grpc-go's retry policy does not
+// retry. The step ran once.
+func TestStepUnreconciledIsUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var transfers, asked atomic.Int32
+	s := &service{answer: func(ctx context.Context, _ int64, _ proto.Message) (proto.Message, error) {
+		_, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) {
+			transfers.Add(1)
+			return "", errors.New("the bank did not answer")
+		}, idem.AtMostOnce(), idem.Reconcile(func(context.Context, string) (string, error) {
+			asked.Add(1)
+			return "", errors.New("the bank cannot tell yet")
+		}))
+		return nil, err
+	}}
+	s.serve(t, adaptertest.SQLite(t), idem.EngineOptions{})
+	s.call(ctx, charge, "k", 1000, nil) // the transfer, its answer lost: held
+	for range 2 {
+		r := s.call(ctx, charge, "k", 1000, nil)
+		st := requireCode(t, r, codes.Unavailable)
+		require.Equal(t, "STEP_UNRECONCILED", r.reason)
+		require.Equal(t, "1000", r.pushback)
+		require.EqualValues(t, 1000, retryDelay(st))
+	}
+	require.EqualValues(t, 1, transfers.Load(), "never made twice")
+	require.EqualValues(t, 2, asked.Load())
+}

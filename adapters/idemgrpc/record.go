@@ -137,6 +137,12 @@ func (e *execution) record(st *status.Status) idem.Result {
 func (e *execution) answer(ctx context.Context) (any, error) {
 	header, trailer := e.stream.held()
 	e.i.setMetadata(ctx, "the handler's", header, trailer)
+	if errors.Is(e.err, idem.ErrStepUnreconciled) {
+		// An at-most-once step's earlier start is not reconciled yet: the
+		// record is FAILED whatever the handler said, and a retry later
+		// asks again, so the client hears Unavailable with the pushback.
+		return nil, unreconciled(ctx)
+	}
 	return e.resp, e.err
 }
 

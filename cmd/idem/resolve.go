@@ -49,7 +49,10 @@ The record becomes FAILED with its retention running again: the next request
 of the key (the client's retry) resumes the execution in the same life, and
 gets the step's result without running it (applied), or runs it (not
 applied). --step names the step when the record has several; by default, the
-one that made it UNKNOWN.`,
+one that made it UNKNOWN. The result must decode into the step's type (the
+JSON its handler's type encodes, field names included): one that does not
+makes the record UNKNOWN again (step-result-undecodable), and resolve can
+then be run again.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.check(cmd); err != nil {
