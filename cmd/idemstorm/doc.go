@@ -47,7 +47,7 @@
 // --burst sends every logical payment once, all at the same moment, each
 // on a connection of its own, with no retry, duplicate, short deadline or
 // cancellation (--duplicates, --concurrency, --timeout-rate and
-// --cancel-rate do not apply; --chaos is refused). It is issue 32's burst:
+// --cancel-rate do not apply). It is issue 32's burst:
 // a process that takes more executions than it can renew the leases of
 // loses them to its own pool. Each payment must then be answered 201 or
 // refused before its claim (503 overloaded, paymentsd --max-in-flight);
@@ -56,6 +56,14 @@
 // URL, a completed payment's record must be SUCCEEDED and a refused one's
 // absent (nothing claimed). docs/deployment.md ("Leases under load") has
 // the command and its figures.
+//
+// --burst with --chaos (and --psp-url) is the storm of clients that never
+// retry: the payments of a killed server get no answer, and paymentsd's
+// completer (started with --completer-grace 1s) must finish them. After the
+// load, idemstorm waits (at most 2 minutes) until every charge the provider
+// made is booked and no key is left PROCESSING, then reconciles: ledger =
+// provider charges, no double charge or payment, no record PROCESSING or
+// UNKNOWN; answers are not required.
 //
 // # Reconciliation
 //

@@ -143,6 +143,10 @@ func startFleet(ctx context.Context, o *options, stderr io.Writer) (*fleet, func
 			f.args = append(f.args, "--redis-url", o.redisURL)
 		}
 	}
+	if o.burst && o.chaos {
+		// Its completer finishes what the kills leave, soon after.
+		f.args = append(f.args, "--completer-grace", completerGrace.String())
+	}
 	f.args = append(f.args, o.paymentsdArgs...) // last: a flag given twice takes the last value
 	for i := range o.servers {
 		var (

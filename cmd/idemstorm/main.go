@@ -140,7 +140,9 @@ func (o *options) validate() error {
 	check(o.deadline > 0, "--deadline must be positive")
 	check(o.killEvery >= 10*time.Millisecond, "--kill-every must be at least 10ms")
 	check(o.lease == 0 || o.lease >= time.Second, "--lease must be 0 or at least 1s")
-	check(!o.burst || !o.chaos, "--burst and --chaos do not go together: a burst's payments are sent once, and a killed server's are lost")
+	check(!o.burst || !o.chaos || o.pspURL != "", "--burst with --chaos needs --psp-url: a burst's payments are sent once, its clients never retry, "+
+		"and only the provider's charges say what paymentsd's completer must book")
+	check(!o.burst || !o.chaos || !o.naive, "--burst with --chaos relies on paymentsd's completer, which --naive has not")
 	if len(o.urls) > 0 {
 		check(!o.chaos, "--chaos kills the servers it starts: it cannot be used with --url")
 		check(o.paymentsdBin == "" && len(o.paymentsdArgs) == 0, "--paymentsd-bin and paymentsd flags apply to servers idemstorm starts, not to --url")
@@ -275,6 +277,13 @@ func storm(ctx context.Context, o options, stdout, stderr io.Writer) (*Report, e
 
 	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	if o.burst && o.chaos {
+		// The clients never retry: the completer books what the kills
+		// left, and the books are read once it has.
+		if err := settleBooks(rctx, newAPIClient(hosts), o.pspURL, o.databaseURL, plan, res.outcomes, completerSettle); err != nil {
+			return nil, err
+		}
+	}
 	rec, err := reconcile(rctx, newAPIClient(hosts), o.pspURL, plan, res.outcomes)
 	if err != nil {
 		return nil, fmt.Errorf("reconciliation: %w", err)

@@ -64,7 +64,8 @@ func TestParseFlagsURLs(t *testing.T) {
 		{"--max-retry-after", "0s"},
 		{"--lease", "500ms"},
 		{"--psp-url", "127.0.0.1:8090"},
-		{"--burst", "--chaos"},
+		{"--burst", "--chaos"}, // without --psp-url
+		{"--burst", "--chaos", "--psp-url", "http://127.0.0.1:8090", "--naive"},
 	} {
 		_, err := parseFlags(bad, io.Discard)
 		require.Error(t, err, "%q", bad)

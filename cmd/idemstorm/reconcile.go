@@ -404,3 +404,42 @@ func settledStats(ctx context.Context, api *apiClient, pspURL string) (*pspStats
 		}
 	}
 }
+
+// completerGrace is paymentsd's --completer-grace with --burst --chaos, and
+// completerSettle how long the storm waits for the completer to book
+// every charge the kills left unbooked.
+const (
+	completerGrace  = time.Second
+	completerSettle = 2 * time.Minute
+)
+
+// settleBooks waits, at most within, until every charge the provider made
+// for the plan's merchants is booked in the ledger (no unbooked charge)
+// and, with databaseURL, no key of the plan is left PROCESSING, reading
+// them every second; it returns nil then or when within has passed (the
+// reconciliation that follows reports what is left).
+func settleBooks(ctx context.Context, api *apiClient, pspURL, databaseURL string, p *plan, outcomes []outcome, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	for {
+		rec, err := reconcile(ctx, api, pspURL, p, outcomes)
+		processing := 0
+		if err == nil && databaseURL != "" {
+			var rc *RecordsCheck
+			if rc, err = checkRecords(ctx, databaseURL, p); err == nil {
+				processing = rc.ByState["PROCESSING"]
+			}
+		}
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			return fmt.Errorf("waiting for the completer: %w", err)
+		case rec.Provider != nil && rec.Provider.Unbooked == 0 && processing == 0:
+			return nil
+		}
+		if !sleepCtx(ctx, time.Second) {
+			return nil
+		}
+	}
+}

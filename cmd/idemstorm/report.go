@@ -186,7 +186,8 @@ func (r *Report) finish() {
 		}
 	}
 	rec := r.Reconciliation
-	if b := r.Burst; b != nil {
+	chaoticBurst := r.Burst != nil && r.Config.Chaos
+	if b := r.Burst; b != nil && !chaoticBurst { // under chaos, a killed server's payments get no answer, and no retry
 		add(int64(b.Other), "payments neither completed (201) nor refused before their claim (503 overloaded)")
 	}
 	if rec != nil {
@@ -211,11 +212,17 @@ func (r *Report) finish() {
 		}
 	}
 	if rc := r.Records; rc != nil && rc.Skipped == "" {
-		if b := r.Burst; b != nil {
+		switch b := r.Burst; {
+		case chaoticBurst:
+			// A killed claim ends FAILED by the completer (no charge), or
+			// is finished by it; none is left PROCESSING.
+			add(int64(rc.ByState["PROCESSING"]), "keys whose idem record is left PROCESSING")
+			add(int64(rc.ByState["UNKNOWN"]), "keys whose idem record is UNKNOWN")
+		case b != nil:
 			// Refused before its claim: no record. Completed: SUCCEEDED.
 			add(int64(rc.Checked-rc.ByState["SUCCEEDED"]-rc.ByState["ABSENT"]), "keys whose idem record is neither SUCCEEDED nor absent")
 			add(int64(abs(rc.ByState["ABSENT"]-b.Refused)), "keys whose record's absence disagrees with their refusal")
-		} else {
+		default:
 			add(int64(rc.Checked-rc.ByState["SUCCEEDED"]), "keys whose idem record is not SUCCEEDED")
 		}
 		add(int64(rc.Stuck), "records stuck in PROCESSING past their lease")
@@ -294,6 +301,8 @@ func printSummary(out io.Writer, r *Report) error {
 		}
 	}
 	switch {
+	case r.Verdict.OK && r.Burst != nil && c.Chaos:
+		row("verdict", "OK: no client retried, and every charge the provider made is booked once (by its request or by paymentsd's completer); none left PROCESSING")
 	case r.Verdict.OK && r.Burst != nil:
 		row("verdict", "OK: every payment completed once or was refused before its claim; nothing charged without a booked payment")
 	case r.Verdict.OK:

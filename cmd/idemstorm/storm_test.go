@@ -19,7 +19,7 @@ import (
 // The paymentsd binary under test, built once per test binary, as
 // idemstorm builds it: with its fault injection (-tags idemfaults), without
 // -race (see paymentsdBin).
-var binaries = supervise.Binaries{Names: []string{"paymentsd"}}
+var binaries = supervise.Binaries{Names: []string{"paymentsd", "fakepsp"}}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -179,4 +179,44 @@ func TestBurst(t *testing.T) {
 	require.Regexp(t, fmt.Sprintf(`never answered 201\s+%d \(%d refused before their claim\)`, b.Refused, b.Refused), out)
 	require.NotContains(t, out, "unfinished")
 	require.NotContains(t, out, " missing,")
+}
+
+// TestBurstChaosCompleter: a burst whose clients never retry, while chaos
+// kills paymentsd (SIGKILL about every 300 ms) during the provider's 400 ms
+// charges: the payments whose server died get no answer and no retry, and
+// paymentsd's completer books every charge the provider made. Ledger =
+// provider charges, no double charge, no double payment, no record left
+// PROCESSING.
+func TestBurstChaosCompleter(t *testing.T) {
+	t.Parallel()
+	paths, err := binaries.Paths()
+	require.NoError(t, err)
+	addr, err := supervise.FreeAddr()
+	require.NoError(t, err)
+	var logs supervise.Buffer
+	psp := &supervise.Process{Name: "fakepsp", Bin: paths[1], Addr: addr, Output: logs.Output,
+		Args: []string{"--database-url", "sqlite:" + filepath.Join(t.TempDir(), "psp.db"), "--latency", "400ms"}}
+	t.Cleanup(func() { psp.Kill(time.Minute) })
+	require.NoError(t, psp.Start(), "%s", logs.String())
+
+	const payments = 60
+	code, rep, out := runStorm(t, []string{
+		"--paymentsd-bin", paymentsdBin(t), "--database-url", "sqlite:" + filepath.Join(t.TempDir(), "storm.db"),
+		"--burst", "--chaos", "--kill-every", "300ms", "--lease", "2s", "--psp-url", "http://" + addr,
+		"--payments", fmt.Sprint(payments), "--deadline", "100s",
+	})
+	require.NotNil(t, rep, "no report")
+	require.Equal(t, exitOK, code, "%v", rep.Verdict.Failures)
+	require.Positive(t, rep.Servers.Kills, "chaos killed servers")
+	p := rep.Reconciliation.Provider
+	require.NotNil(t, p)
+	require.Positive(t, p.Charges)
+	require.EqualValues(t, p.Charges, rep.Reconciliation.LedgerPayments, "ledger = provider charges")
+	require.Zero(t, p.DoubleCharges)
+	require.Zero(t, p.Unbooked)
+	require.Zero(t, rep.Reconciliation.DoublePayments)
+	require.Zero(t, rep.Records.ByState["PROCESSING"])
+	require.Contains(t, out, "no client retried, and every charge the provider made is booked once")
+	t.Logf("%d of %d answered 201, %d without an answer; %d charged and booked; %d kills",
+		rep.Burst.Created, payments, rep.Burst.Other, p.Charges, rep.Servers.Kills)
 }
