@@ -17,7 +17,7 @@
 // HTTP header), or, with WithKeyField, a string field of the request message
 // (AIP-155's request_id; cleared before the fingerprint, so the record
 // holds no client key under KeyHashSecret). The scope, the key's owner, is the ScopeFunc given
-// to New, a required argument: an error or "" answers Unauthenticated, and
+// to NewInterceptor, a required argument: an error or "" answers Unauthenticated, and
 // keys of different scopes never meet. The record's method is "GRPC" and its
 // path the call's full method (/package.Service/Method): a key first used for
 // another method answers FailedPrecondition.
@@ -92,7 +92,7 @@
 // duplicate that finds its key in flight waits for the owner's outcome by
 // default (idem's wait mode, DoParams.Wait): up to WithWait (default 30 s)
 // and at most 90% of the time left before the call's deadline, then it gets
-// the replay, or Unavailable with the pushback if the owner still runs. New
+// the replay, or Unavailable with the pushback if the owner still runs. NewInterceptor
 // sets EngineOptions.Waiting.Max to that wait when the options set neither
 // Waiting.Wait nor Waiting.Max (on PostgreSQL an engine with Waiting.Max set
 // sends NOTIFY on its
@@ -161,7 +161,7 @@ type ScopeFunc func(ctx context.Context) (string, error)
 // handler does not run).
 type FingerprintFunc func(fullMethod string, req any) ([]byte, error)
 
-// Interceptor protects unary RPCs; New makes one.
+// Interceptor protects unary RPCs; NewInterceptor makes one.
 type Interceptor struct {
 	engine      *idem.Engine
 	scope       ScopeFunc
@@ -181,7 +181,7 @@ type options struct {
 	wait        time.Duration
 }
 
-// Option configures New.
+// Option configures NewInterceptor.
 type Option func(*options)
 
 // WithMatcher selects the calls idem protects: match reports whether a call
@@ -242,7 +242,7 @@ func WithCodec(c Codec) Option {
 
 // WithMetadata lists the header and trailer metadata names a replay carries,
 // any case (metadata names are lower-case); the others are not recorded.
-// grpc-* names, idempotency-key and idempotent-replayed are refused by New.
+// grpc-* names, idempotency-key and idempotent-replayed are refused by NewInterceptor.
 // Default: none.
 func WithMetadata(names ...string) Option {
 	return func(o *options) { o.metadata = append(o.metadata, names...) }
