@@ -11,10 +11,13 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/internal/service"
 	"github.com/idemgo/idem/completer"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/idemotel"
 	"github.com/idemgo/idem/seal"
 )
 
@@ -72,6 +75,9 @@ type handlerConfig struct {
 	// (idem's RequestOptions.KeepForRedrive) and configures the completer
 	// that finishes the payments whose client went away (newService).
 	Completer *completer.Config
+	// MeterProvider, when not nil, takes the completer's counter
+	// (idemotel.NewCompleterCounter).
+	MeterProvider metric.MeterProvider
 }
 
 // api serves the payments API.
@@ -138,6 +144,11 @@ func newService(cfg handlerConfig) (http.Handler, *completer.Completer, error) {
 			return service.WithMerchant(ctx, merchant), nil
 		}
 		cc.Keys, cc.Lease, cc.Logger = cfg.SealKeys, cfg.Lease, cfg.Logger
+		if cfg.MeterProvider != nil {
+			if cc.OnRedrive, err = idemotel.NewCompleterCounter(idemotel.WithMeterProvider(cfg.MeterProvider)); err != nil {
+				return nil, nil, err
+			}
+		}
 		if c, err = completer.New(cfg.Store.Idem(), cc); err != nil { // its own statements: no fault
 			return nil, nil, err
 		}

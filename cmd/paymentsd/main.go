@@ -222,7 +222,7 @@ func (o options) serve(ctx context.Context, log *slog.Logger, store Store, tel *
 		Store: store, Provider: provider, Logger: log, Lease: o.Lease,
 		RelaySecret: []byte(o.relaySecret), WriteMode: o.writeMode, Faults: flt, Wait: o.wait, MaxWait: o.maxWait, MaxInFlight: o.maxInFlight,
 		SealKeys: o.sealKeys, ReplayPlain: o.replayPlain, KeyHashSecret: o.keyHashSecret, KeepRequestBytes: o.keepRequest,
-		AtMostOnceCharge: o.atMostOnce, Observer: tel.Observer, Metrics: tel.Metrics,
+		AtMostOnceCharge: o.atMostOnce, Observer: tel.Observer, Metrics: tel.Metrics, MeterProvider: tel.MeterProvider(),
 	}
 	completerOn := o.completer && !o.naive.enabled
 	if completerOn && len(o.keyHashSecret) > 0 && len(o.sealKeys) == 0 {
