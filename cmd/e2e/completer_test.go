@@ -25,6 +25,7 @@ func requireBookedWithoutClient(t *testing.T, w *world, pd *proc, ins *inspector
 	t.Logf("booked %s after the restart", time.Since(start).Round(100*time.Millisecond))
 	w.requireOneCharge(pd, ins, merchant, amount)
 	require.Equal(t, 1, pd.waitLogged(t, 1, "idem: completer: re-drove an abandoned execution", "status", 201))
+	require.Regexp(t, `(?m)^idem_completer_executions_total\{[^}]*idem_completer_result="finished"[^}]*\} 1$`, metrics(t, pd))
 	late, err := pay(context.Background(), pd.url(), merchant, key, body(amount))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, late.status, "%s", late)
