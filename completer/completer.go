@@ -291,9 +291,11 @@ func (c *Completer) run(ctx context.Context) {
 	}
 }
 
-// Cycle runs one cycle now: it leads (or returns nil as a standby), reads
-// the abandoned executions and starts the re-drive of those due, without
-// waiting for them. Start calls it every Interval.
+// Cycle runs one cycle now: it leads (or returns nil as a standby), ends
+// FAILED the executions whose owner died before any step, reads the
+// abandoned executions and starts the re-drive of those due, without
+// waiting for them (Wait does). Start calls it every Interval; call it
+// yourself only on a Completer not started, one cycle at a time.
 func (c *Completer) Cycle(ctx context.Context) error {
 	c.cycles.Add(1)
 	if lead, err := c.lead(ctx); err != nil || !lead {
