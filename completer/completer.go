@@ -182,7 +182,7 @@ type Stats struct {
 	// Skipped the abandoned executions with no request kept (left to their
 	// clients).
 	Redriven, Finished, GaveUp, Ended, Skipped int64
-	Errors                            int64
+	Errors                                     int64
 }
 
 // Store is what a Completer needs of a store: every driver of this module
