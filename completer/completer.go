@@ -44,6 +44,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/seat"
 	"github.com/idemgo/idem/seal"
 )
 
@@ -207,8 +208,7 @@ type Completer struct {
 	limiter *rate.Limiter
 	slots   chan struct{}
 
-	lock                                     idemdriver.MaintenanceLock
-	leader                                   atomic.Bool
+	seat                                     *seat.Seat // the lease LockName
 	cycles, redriven, finished, gaveUp, errs atomic.Int64
 	ended, skipped                           atomic.Int64
 	busy                                     sync.Map // keys being re-driven
@@ -235,7 +235,9 @@ func New(store idemdriver.Driver, cfg Config) (*Completer, error) {
 		return nil, fmt.Errorf("completer: Keys: %w", err)
 	}
 	return &Completer{store: s, cfg: cfg, keyring: kr, limiter: rate.NewLimiter(rate.Limit(cfg.Rate), 1),
-		slots: make(chan struct{}, cfg.MaxInFlight)}, nil
+		slots: make(chan struct{}, cfg.MaxInFlight),
+		seat: seat.New(s, idemdriver.LockParams{Name: LockName, Holder: cfg.Holder, TTL: cfg.LockTTL, ClockOffset: cfg.ClockOffset},
+			"completer", cfg.Logger)}, nil
 }
 
 // Start runs the completer in the background until Stop or ctx's end.
@@ -267,13 +269,13 @@ func (c *Completer) Stop() {
 
 // Stats returns the running totals.
 func (c *Completer) Stats() Stats {
-	return Stats{Leader: c.leader.Load(), Cycles: c.cycles.Load(), Redriven: c.redriven.Load(),
+	return Stats{Leader: c.seat.Held(), Cycles: c.cycles.Load(), Redriven: c.redriven.Load(),
 		Finished: c.finished.Load(), GaveUp: c.gaveUp.Load(), Ended: c.ended.Load(), Skipped: c.skipped.Load(), Errors: c.errs.Load()}
 }
 
 func (c *Completer) run(ctx context.Context) {
 	defer close(c.done)
-	defer c.unlock()
+	defer c.seat.Leave("stopped")
 	defer c.wg.Wait()
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -298,7 +300,7 @@ func (c *Completer) run(ctx context.Context) {
 // yourself only on a Completer not started, one cycle at a time.
 func (c *Completer) Cycle(ctx context.Context) error {
 	c.cycles.Add(1)
-	if lead, err := c.lead(ctx); err != nil || !lead {
+	if lead, err := c.seat.Take(ctx); err != nil || !lead {
 		return err
 	}
 	if err := c.endStuck(ctx); err != nil {
@@ -409,42 +411,6 @@ func (c *Completer) due(rec idemdriver.Record, now time.Time) bool {
 	_, _ = fmt.Fprintf(h, "%s\x00%s\x00%d", rec.Scope, rec.Key, rec.Attempts) // a hash.Hash never fails a write
 	wait *= 0.5 + float64(h.Sum32()%1000)/2000
 	return rec.UpdatedAt.Add(time.Duration(wait)).Before(now) || rec.Attempts >= c.cfg.MaxAttempts
-}
-
-// lead takes or renews the completer's lease; false as a standby.
-func (c *Completer) lead(ctx context.Context) (bool, error) {
-	if c.lock != nil {
-		if err := c.lock.Refresh(ctx); err != nil {
-			c.unlock()
-			return false, err
-		}
-		return true, nil
-	}
-	l, err := c.store.TryLockMaintenance(ctx, idemdriver.LockParams{Name: LockName, Holder: c.cfg.Holder, TTL: c.cfg.LockTTL,
-		ClockOffset: c.cfg.ClockOffset})
-	if errors.Is(err, idemdriver.ErrLockHeld) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	c.lock = l
-	c.leader.Store(true)
-	c.cfg.Logger.Info("idem: completer: this process is now the completer", "holder", c.cfg.Holder)
-	return true, nil
-}
-
-func (c *Completer) unlock() {
-	if c.lock == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := c.lock.Release(ctx); err != nil {
-		c.cfg.Logger.Warn("idem: completer: releasing its lease", "err", err)
-	}
-	c.lock = nil
-	c.leader.Store(false)
 }
 
 // complete re-drives rec, or ends it UNKNOWN when it cannot.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
+	"github.com/idemgo/idem/internal/seat"
 )
 
 // Defaults of Config.
@@ -173,17 +174,14 @@ type Stats struct {
 //
 // Create it with NewMaintainer, run it with Start, end it with Stop.
 type Maintainer struct {
-	cfg     Config
-	locker  idemdriver.MaintenanceLocker
-	parts   idemdriver.Partitioner // nil unless the store is partitioned
-	lock    idemdriver.MaintenanceLock
-	refresh time.Time // when the lock was last confirmed
+	cfg   Config
+	seat  *seat.Seat             // the maintenance lock (its lease "maintainer")
+	parts idemdriver.Partitioner // nil unless the store is partitioned
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	leader                                                        atomic.Bool
 	cycles, leaderCycles, purged, batches, created, dropped, errs atomic.Int64
 }
 
@@ -202,7 +200,8 @@ func NewMaintainer(store idemdriver.Driver, cfg Config) (*Maintainer, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: %T does not implement idemdriver.MaintenanceLocker", ErrUnsupported, store)
 	}
-	m := &Maintainer{cfg: cfg, locker: locker}
+	m := &Maintainer{cfg: cfg, seat: seat.New(locker, idemdriver.LockParams{Holder: cfg.Holder, TTL: cfg.LockTTL,
+		ClockOffset: cfg.ClockOffset}, "maintainer", cfg.Logger)}
 	if p, ok := store.(idemdriver.Partitioner); ok && p.Partitioned() {
 		m.parts = p
 		// Claims need the partition of now + Retention, and Retention may
@@ -252,7 +251,7 @@ func (m *Maintainer) Stop() {
 // Stats returns the running totals.
 func (m *Maintainer) Stats() Stats {
 	return Stats{
-		Leader: m.leader.Load(), Cycles: m.cycles.Load(), LeaderCycles: m.leaderCycles.Load(),
+		Leader: m.seat.Held(), Cycles: m.cycles.Load(), LeaderCycles: m.leaderCycles.Load(),
 		Purged: m.purged.Load(), Batches: m.batches.Load(),
 		PartitionsCreated: m.created.Load(), PartitionsDropped: m.dropped.Load(), Errors: m.errs.Load(),
 	}
@@ -260,7 +259,7 @@ func (m *Maintainer) Stats() Stats {
 
 func (m *Maintainer) run(ctx context.Context, done chan struct{}) {
 	defer close(done)
-	defer m.unlock("stopped")
+	defer m.seat.Leave("stopped")
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -278,50 +277,10 @@ func (m *Maintainer) run(ctx context.Context, done chan struct{}) {
 	}
 }
 
-// unlock releases the lock, if held.
-func (m *Maintainer) unlock(why string) {
-	if m.lock == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := m.lock.Release(ctx); err != nil {
-		m.cfg.Logger.Warn("idem: maintainer: releasing the maintenance lock", "err", err)
-	}
-	m.lock = nil
-	m.leader.Store(false)
-	m.cfg.Logger.Info("idem: maintainer: no longer the maintainer", "holder", m.cfg.Holder, "reason", why)
-}
-
-// lead takes the lock, or confirms (and renews) it; false when another
-// process maintains.
-func (m *Maintainer) lead(ctx context.Context) (bool, error) {
-	if m.lock != nil {
-		if err := m.lock.Refresh(ctx); err != nil {
-			m.unlock("lock lost: " + err.Error())
-			return false, err
-		}
-		m.refresh = time.Now()
-		return true, nil
-	}
-	l, err := m.locker.TryLockMaintenance(ctx, idemdriver.LockParams{
-		Holder: m.cfg.Holder, TTL: m.cfg.LockTTL, ClockOffset: m.cfg.ClockOffset})
-	if errors.Is(err, idemdriver.ErrLockHeld) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	m.lock, m.refresh = l, time.Now()
-	m.leader.Store(true)
-	m.cfg.Logger.Info("idem: maintainer: this process is now the maintainer", "holder", m.cfg.Holder)
-	return true, nil
-}
-
 func (m *Maintainer) cycle(ctx context.Context) (c Cycle) {
 	start := time.Now()
 	defer func() { c.Duration = time.Since(start) }()
-	lead, err := m.lead(ctx)
+	lead, err := m.seat.Take(ctx)
 	if err != nil || !lead {
 		c.Err = err
 		return c
@@ -332,22 +291,22 @@ func (m *Maintainer) cycle(ctx context.Context) (c Cycle) {
 		return c
 	}
 	for c.Batches < m.cfg.MaxBatches {
-		if time.Since(m.refresh) > m.cfg.LockTTL/3 {
-			if _, err := m.lead(ctx); err != nil || m.lock == nil {
+		if time.Since(m.seat.Refreshed()) > m.cfg.LockTTL/3 {
+			if _, err := m.seat.Take(ctx); err != nil || m.seat.Lock() == nil {
 				c.Err = err
 				return c
 			}
 		}
-		n, err := m.lock.PurgeExpired(ctx, idemdriver.PurgeParams{
+		n, err := m.seat.Lock().PurgeExpired(ctx, idemdriver.PurgeParams{
 			Limit: m.cfg.Batch, OlderThan: m.cfg.OlderThan, ClockOffset: m.cfg.ClockOffset})
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
 				// Stop cancelled the batch (the driver may have closed the
 				// lock's connection to do it): a stop, not a lost election.
-				m.unlock("stopped")
+				m.seat.Leave("stopped")
 			case errors.Is(err, idemdriver.ErrLockLost):
-				m.unlock("lock lost during a purge")
+				m.seat.Leave("lock lost during a purge")
 			}
 			c.Err = err
 			return c
