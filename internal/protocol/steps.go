@@ -81,9 +81,7 @@ func (e *Execution) step(name, relay string, fn stepFunc, o StepOptions) ([]byte
 	if err != nil {
 		return nil, err
 	}
-	life := seal.Life{Scope: e.fence.Scope, Key: e.fence.Key, Created: e.fence.CreatedAt}
-	p := idemdriver.StepParams{Scope: e.fence.Scope, Key: e.fence.Key, CreatedAt: e.fence.CreatedAt,
-		FencingToken: e.fence.FencingToken, Name: name, ClockOffset: e.fence.ClockOffset}
+	life, p := e.life(), e.stepParams(name)
 	start := func() (idemdriver.Step, error) {
 		blob, keyID := e.cfg.Keyring.SealStep(life, seal.PartStepRelay, name, []byte(relay))
 		ctx, cancel := e.detached()
@@ -154,6 +152,17 @@ func (e *Execution) step(name, relay string, fn stepFunc, o StepOptions) ([]byte
 	return e.finish(st, life, p, result)
 }
 
+// life is e's record life, to which its steps are sealed.
+func (e *Execution) life() seal.Life {
+	return seal.Life{Scope: e.fence.Scope, Key: e.fence.Key, Created: e.fence.CreatedAt}
+}
+
+// stepParams names the step name of e's record life, under e's token.
+func (e *Execution) stepParams(name string) idemdriver.StepParams {
+	return idemdriver.StepParams{Scope: e.fence.Scope, Key: e.fence.Key, CreatedAt: e.fence.CreatedAt,
+		FencingToken: e.fence.FencingToken, Name: name, ClockOffset: e.fence.ClockOffset}
+}
+
 // keepRedrive writes, before e's first step, the request kept for a
 // re-drive (Job.Redrive) as the internal step idemdriver.KeptRequestStep:
 // its Relay, sealed like a step's; the first writer of the record life
@@ -171,8 +180,7 @@ func (e *Execution) keepRedrive(st idemdriver.Stepper, life seal.Life) error {
 		return nil
 	}
 	blob, keyID := e.cfg.Keyring.SealStep(life, seal.PartStepRelay, idemdriver.KeptRequestStep, seal.EncodeRequest(req))
-	p := idemdriver.StepParams{Scope: e.fence.Scope, Key: e.fence.Key, CreatedAt: e.fence.CreatedAt,
-		FencingToken: e.fence.FencingToken, Name: idemdriver.KeptRequestStep, ClockOffset: e.fence.ClockOffset}
+	p := e.stepParams(idemdriver.KeptRequestStep)
 	ctx, cancel := e.detached()
 	defer cancel()
 	_, err := st.StartStep(ctx, idemdriver.StartStepParams{StepParams: p, Relay: blob, SealKey: keyID})
@@ -301,7 +309,7 @@ func (e *Execution) stepsStarted() (bool, error) {
 	}
 	ctx, cancel := e.detached()
 	defer cancel()
-	list, err := st.Steps(ctx, idemdriver.StepParams{Scope: e.fence.Scope, Key: e.fence.Key, CreatedAt: e.fence.CreatedAt})
+	list, err := st.Steps(ctx, e.stepParams(""))
 	if errors.Is(err, idemdriver.ErrStepsUnsupported) {
 		return false, nil
 	}

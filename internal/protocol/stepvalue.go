@@ -66,31 +66,19 @@ func ended(err error, end stepEnd) error {
 // that no longer decodes makes the record UNKNOWN.
 func RunStep[T any](e *Execution, name, relay string, fn, reconcile func(context.Context) (T, error), atMostOnce bool) (T, error) {
 	var zero T
-	var fnErr error
-	encoded := func(f func(context.Context) (T, error)) stepFunc {
-		return func(ctx context.Context) ([]byte, stepEnd, error) {
-			b, end, err := encodeStep(name, f)(ctx)
-			var marked *endedError
-			if end == stepDone && errors.As(err, &marked) {
-				fnErr, err = marked.err, nil
-			}
-			return b, end, err
-		}
-	}
+	var fnErr error // a definite error (StepFinal) recorded by this run
 	o := StepOptions{AtMostOnce: atMostOnce}
 	if reconcile != nil && atMostOnce {
-		o.Reconcile = encoded(reconcile)
+		o.Reconcile = encodeStep(name, reconcile, &fnErr)
 	}
-	stored, err := e.step(name, relay, encoded(fn), o)
+	stored, err := e.step(name, relay, encodeStep(name, fn, &fnErr), o)
 	if err != nil {
 		return zero, err
 	}
 	v, err := decodeStep[T](name, stored, fnErr)
 	if errors.Is(err, ErrStepResultUndecodable) {
 		st, _ := e.cfg.Store.(idemdriver.Stepper) // step ran: the store has steps
-		p := idemdriver.StepParams{Scope: e.fence.Scope, Key: e.fence.Key, CreatedAt: e.fence.CreatedAt,
-			FencingToken: e.fence.FencingToken, Name: name, ClockOffset: e.fence.ClockOffset}
-		if uerr := e.markUnknown(st, p, idemdriver.ReasonStepResultUndecodable, err); !errors.Is(uerr, ErrOutcomeUnknown) {
+		if uerr := e.markUnknown(st, e.stepParams(name), idemdriver.ReasonStepResultUndecodable, err); !errors.Is(uerr, ErrOutcomeUnknown) {
 			return zero, fmt.Errorf("%w (%w)", err, uerr)
 		}
 		return zero, &UnknownError{Step: name, Reason: idemdriver.ReasonStepResultUndecodable, Err: err}
@@ -99,9 +87,9 @@ func RunStep[T any](e *Execution, name, relay string, fn, reconcile func(context
 }
 
 // encodeStep runs f and encodes how it ended: a value or a definite error
-// (StepFinal, returned marked so that the caller keeps fn's own error) is
-// a result to record; StepNotApplied and any other error are not.
-func encodeStep[T any](name string, f func(context.Context) (T, error)) stepFunc {
+// (StepFinal, whose own error goes to *final) is a result to record;
+// StepNotApplied and any other error are not.
+func encodeStep[T any](name string, f func(context.Context) (T, error), final *error) stepFunc {
 	return func(ctx context.Context) ([]byte, stepEnd, error) {
 		v, err := f(ctx)
 		var marked *endedError
@@ -112,7 +100,8 @@ func encodeStep[T any](name string, f func(context.Context) (T, error)) stepFunc
 			if jerr != nil {
 				return nil, stepUncertain, jerr
 			}
-			return b, stepDone, marked
+			*final = marked.err
+			return b, stepDone, nil
 		case errors.As(err, &marked):
 			return nil, marked.end, marked.err
 		case err != nil:
