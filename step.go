@@ -23,12 +23,15 @@ var (
 	ErrStepStarted = protocol.ErrStepStarted
 	// ErrStepNotRecorded: fn returned, its result could not be recorded (the
 	// store failed: the error wraps a *StoreError, so it matches
-	// ErrStoreUnavailable too). The step stays started: answer a 5xx, and
-	// the retry runs it again under the same relayed key.
+	// ErrStoreUnavailable too). The step stays started: answer a 5xx. The
+	// retry runs an ordinary step again under the same relayed key; an
+	// AtMostOnce one is never run again (see AtMostOnce).
 	ErrStepNotRecorded = protocol.ErrStepNotRecorded
 	// ErrStepResultUndecodable: the recorded result does not decode into
 	// the step's type (it changed incompatibly between deploys). The step
-	// is never run again for it: answer a 5xx; an operator decides.
+	// is never run again for it: the record becomes UNKNOWN (reason
+	// step-result-undecodable), and Step's error matches ErrOutcomeUnknown
+	// too, until an operator resolves it (`idem resolve`).
 	ErrStepResultUndecodable = protocol.ErrStepResultUndecodable
 	// ErrStepUnreconciled: an AtMostOnce step started earlier without a
 	// result, and its Reconcile function could not tell what became of it

@@ -156,7 +156,7 @@ type FinishStepParams struct {
 type Step struct {
 	Name string
 	// StartedToken is the fencing token of the execution that last
-	// started it.
+	// started it; 0 once ResolveStep cleared its start (not applied).
 	StartedToken int64
 	StartedAt    time.Time
 	Relay        []byte

@@ -133,7 +133,9 @@ retention of its records (purge, partitions), and what an operator needs to
 see at 3 a.m. without writing SQL (inspect, list, stuck, stats), and
 release, which deletes a record: a stuck or FAILED record needs no action
 (its next request takes it over under the same relayed key), and releasing
-one can make a provider charge again (see ` + "`idem release --help`" + `).
+one can make a provider charge again (see ` + "`idem release --help`" + `), and
+resolve, which ends an UNKNOWN record once you know what its at-most-once
+step did (see ` + "`idem resolve --help`" + `).
 
 Every time is the database's clock. Output is a table, or JSON with --json.
 
