@@ -132,7 +132,7 @@ func TestStepRefusals(t *testing.T) {
 	}
 	one := func(context.Context) (int, error) { return 1, nil }
 	require.NoError(t, do("names", func(ctx context.Context) error {
-		for _, bad := range []string{"", "a b", "é", string(bytes.Repeat([]byte("n"), 129))} {
+		for _, bad := range []string{"", "a b", "é", string(bytes.Repeat([]byte("n"), 129)), "idem:request", "idem:charge"} {
 			if _, err := idem.Step(ctx, bad, never); !errors.Is(err, idem.ErrStepName) {
 				return fmt.Errorf("name %q: %w", bad, err)
 			}
@@ -154,6 +154,12 @@ func TestStepRefusals(t *testing.T) {
 		_, err := idem.Step(ctx, "charge", never)
 		return err
 	}), idem.ErrStepNotAllowed, "SQLite: the claim's transaction holds the write lock")
+
+	require.ErrorContains(t, do("reconcile-type", func(ctx context.Context) error {
+		_, err := idem.Step(ctx, "transfer", never, idem.AtMostOnce(),
+			idem.Reconcile(func(context.Context, string) (string, error) { return "", nil })) // not the step's int
+		return err
+	}), "Reconcile's type must be the step's")
 
 	oneCommit, _ := newEngine(t, nil, idem.EngineOptions{OneCommit: idem.OneCommitOptions{Enabled: true}})
 	_, err = oneCommit.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k"}, func(ctx context.Context) (idem.Result, error) {
@@ -399,4 +405,27 @@ func TestStepNotRecordedStaysStarted(t *testing.T) {
 	for _, n := range relays {
 		require.Equal(t, 2, n, "run again on the retry")
 	}
+}
+
+// oldSchema is a SQLite store whose step statements meet a schema without
+// their table or columns, as a driver reports it (idemdriver.ErrSchemaTooOld;
+// each driver's own tests check that it does).
+type oldSchema struct{ *idemsqlite.Driver }
+
+func (oldSchema) StartStep(context.Context, idemdriver.StartStepParams) (idemdriver.Step, error) {
+	return idemdriver.Step{}, fmt.Errorf("idemsqlite: %w: no such column: at_most_once", idemdriver.ErrSchemaTooOld)
+}
+
+// A store whose schema predates steps refuses them before fn runs
+// (contract 11.3, rolling deploys): ErrStepNotAllowed, wrapping the
+// driver's ErrSchemaTooOld.
+func TestStepOnAnOldSchemaIsRefused(t *testing.T) {
+	t.Parallel()
+	g, _ := newEngine(t, oldSchema{openSQLite(t)}, idem.EngineOptions{})
+	_, err := g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k"}, func(ctx context.Context) (idem.Result, error) {
+		_, err := idem.Step(ctx, "charge", func(context.Context) (int, error) { panic("the step must not run") })
+		return idem.Result{}, err
+	})
+	require.ErrorIs(t, err, idem.ErrStepNotAllowed)
+	require.ErrorIs(t, err, idemdriver.ErrSchemaTooOld)
 }
