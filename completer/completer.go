@@ -449,13 +449,21 @@ func (c *Completer) complete(ctx context.Context, rec idemdriver.Record) Outcome
 	}
 	w := httptest.NewRecorder()
 	c.cfg.Handler.ServeHTTP(w, req)
+	problem := problemType(w)
+	if strings.HasSuffix(problem, "#key-reused") {
+		// The kept request does not match the record's fingerprint (or its
+		// route): the middleware refused it, and nothing ran. It will never
+		// match: the execution cannot be re-driven.
+		c.cfg.Logger.Warn("idem: completer: the kept request does not match its record", "scope", rec.Scope, "key", rec.Key)
+		return c.giveUp(ctx, rec, first, idemdriver.ReasonNotRedrivable, o)
+	}
 	c.redriven.Add(1)
 	o.Status = w.Code
 	if w.Code < 300 {
 		c.finished.Add(1)
 	}
 	c.cfg.Logger.Info("idem: completer: re-drove an abandoned execution", "scope", rec.Scope, "key", rec.Key,
-		"attempt", rec.Attempts+1, "status", w.Code, "problem", problemType(w))
+		"attempt", rec.Attempts+1, "status", w.Code, "problem", problem)
 	return o
 }
 

@@ -2,6 +2,7 @@ package completer_test
 
 import (
 	"context"
+	"database/sql"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -281,4 +282,46 @@ func TestCompleterLeavesWhatItCannotRedrive(t *testing.T) {
 		require.Equal(t, http.StatusCreated, s.send("acme", "pay-1").Code, "the client's retry resumes it")
 		require.Equal(t, int32(1), s.calls.Load())
 	})
+}
+
+// A kept request that no longer matches its record's fingerprint (here:
+// its body edited in the table) is refused by the middleware's claim
+// (422), never run, and the completer ends the execution UNKNOWN
+// (not-redrivable) instead of sending it again every cycle. Regression: it
+// was re-sent, and refused, at every cycle, forever.
+func TestCompleterGivesUpOnAMismatchedKeptRequest(t *testing.T) {
+	t.Parallel()
+	store := adaptertest.SQLite(t)
+	s := newShop(t, store, true, nil)
+	s.failWrites.Store(true)
+	require.Equal(t, http.StatusInternalServerError, s.send("acme", "pay-1").Code)
+	s.failWrites.Store(false)
+
+	ctx := context.Background()
+	rec, err := store.Get(ctx, idemdriver.GetParams{Scope: "acme", Key: "pay-1"})
+	require.NoError(t, err)
+	steps, err := store.(idemdriver.Stepper).Steps(ctx, idemdriver.StepParams{Scope: "acme", Key: "pay-1", CreatedAt: rec.CreatedAt})
+	require.NoError(t, err)
+	var kept idemdriver.Step
+	for _, st := range steps {
+		if st.Name == idemdriver.KeptRequestStep {
+			kept = st
+		}
+	}
+	req, err := seal.DecodeRequest(kept.Relay)
+	require.NoError(t, err)
+	req.Body, req.Size = []byte(`{"amount":900}`), 14
+	db := store.(interface{ DB() *sql.DB }).DB()
+	_, err = db.ExecContext(ctx, `UPDATE idem_steps SET relay = ? WHERE name = ?`, seal.EncodeRequest(req), idemdriver.KeptRequestStep)
+	require.NoError(t, err)
+
+	c := s.completer(t, completer.Config{Grace: 1})
+	cycle(t, c)
+	cycle(t, c)
+	rec, err = store.Get(ctx, idemdriver.GetParams{Scope: "acme", Key: "pay-1"})
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.StateUnknown, rec.State)
+	require.EqualValues(t, 1, c.Stats().GaveUp)
+	require.Zero(t, c.Stats().Redriven)
+	require.Equal(t, int32(1), s.runs.Load(), "the edited request never ran")
 }
