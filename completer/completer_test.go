@@ -23,9 +23,13 @@ import (
 
 type merchantKey struct{}
 
-// stores are the databases the completer is tested on (adaptertest's:
-// migrated SQLite and PostgreSQL).
-var stores = adaptertest.Stores
+// stores are the databases the completer is tested on: adaptertest's
+// (migrated SQLite and PostgreSQL) and PostgreSQL's partitioned table.
+var stores = map[string]func(t *testing.T) idem.Store{
+	"sqlite":               adaptertest.SQLite,
+	"postgres":             adaptertest.Postgres,
+	"postgres-partitioned": adaptertest.PostgresPartitioned,
+}
 
 // shop is a payments API behind idem whose merchant comes from its
 // authentication (a context value), with a provider that honours keys and

@@ -377,6 +377,24 @@ const releaseDelete = `DELETE FROM idem_keys` + fenced
 
 var releaseSQL = bind(fenceParams, releaseDelete)
 
+// withStepsGone is del, a DELETE of idem_keys rows (unaliased, without
+// RETURNING), that deletes the steps of the record lives it deletes in the
+// same statement: on the partitioned table no foreign key does
+// (migrations_partitioned/00006). extra is appended to its RETURNING list
+// (a notification). The statement returns one row per record deleted, so
+// its command tag counts them as the DELETE's would.
+func withStepsGone(del, extra string) string {
+	return `WITH gone AS (` + del + ` RETURNING idem_keys.scope, idem_keys.key, idem_keys.created_at` + extra + `)` + stepsGone
+}
+
+// stepsGone ends a statement whose CTE "gone" returns the (scope, key,
+// created_at) of deleted records: it deletes their steps and returns one row
+// per record.
+const stepsGone = `, steps_gone AS (
+	DELETE FROM idem_steps s USING gone g WHERE s.scope = g.scope AND s.key = g.key AND s.created_at = g.created_at
+)
+SELECT 1 FROM gone`
+
 // claimParams are the parameters of the claim statements (claimSQL,
 // claimPartitionedSQL), in claimArgs's order.
 // The first three are readSQL's.
@@ -782,7 +800,11 @@ func (d *Driver) Release(ctx context.Context, p idemdriver.FenceParams) (bool, e
 	if err := fenceTextable(p); err != nil {
 		return false, err
 	}
-	q, args := notifying(p, releaseStatements, fenceArgs(p))
+	statements := releaseStatements
+	if d.part != nil {
+		statements = releasePartStatements
+	}
+	q, args := notifying(p, statements, fenceArgs(p))
 	return execFenced(ctx, d.pool, d.q(q), args)
 }
 

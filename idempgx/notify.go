@@ -29,8 +29,10 @@ const NotifyChannel = "idem_keys"
 // statement's text (Driver.q), which made a literal channel
 // 'schema.idem_keys', where nobody listens.
 const (
-	notifyReturning       = ` RETURNING pg_notify(@channel, @notify)`
-	notifyMarkedReturning = ` RETURNING CASE WHEN waited THEN pg_notify(@channel, @notify)::text END`
+	notifyExpr            = `pg_notify(@channel, @notify)`
+	notifyMarkedExpr      = `CASE WHEN waited THEN pg_notify(@channel, @notify)::text END`
+	notifyReturning       = ` RETURNING ` + notifyExpr
+	notifyMarkedReturning = ` RETURNING ` + notifyMarkedExpr
 )
 
 // notifyStatements are a fenced write's statements: plain, notifying, and
@@ -54,6 +56,11 @@ var (
 		withNotify(failParams, failUpdate+notifyReturning), withNotify(failParams, failUpdate+notifyMarkedReturning)}
 	releaseStatements = notifyStatements{releaseSQL,
 		withNotify(fenceParams, releaseDelete+notifyReturning), withNotify(fenceParams, releaseDelete+notifyMarkedReturning)}
+	// releasePartStatements are releaseStatements on the partitioned table,
+	// which delete the life's steps too (withStepsGone).
+	releasePartStatements = notifyStatements{bind(fenceParams, withStepsGone(releaseDelete, "")),
+		withNotify(fenceParams, withStepsGone(releaseDelete, ", "+notifyExpr)),
+		withNotify(fenceParams, withStepsGone(releaseDelete, ", "+notifyMarkedExpr))}
 )
 
 // notifying returns the statement of s that p asks for (none, every time,

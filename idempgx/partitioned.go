@@ -282,7 +282,9 @@ func (d *Driver) dbNow(ctx context.Context, offset time.Duration) (time.Time, er
 // attached (ALTER TABLE idem_keys ATTACH PARTITION), which takes only a SHARE
 // UPDATE EXCLUSIVE lock on idem_keys: claims keep running meanwhile
 // (CREATE TABLE ... PARTITION OF would take ACCESS EXCLUSIVE). Concurrent
-// callers are serialized by a transaction-scoped advisory lock.
+// callers are serialized by a transaction-scoped advisory lock. It then
+// builds the completer's index of FAILED records on the partitions that
+// predate it (indexPartitions).
 func (d *Driver) EnsurePartitions(ctx context.Context, p idemdriver.PartitionParams) ([]idemdriver.Partition, error) {
 	if d.part == nil {
 		return nil, idemdriver.ErrNotPartitioned
@@ -307,7 +309,94 @@ func (d *Driver) EnsurePartitions(ctx context.Context, p idemdriver.PartitionPar
 			created = append(created, part)
 		}
 	}
+	if err := d.indexPartitions(ctx, p.ClockOffset); err != nil {
+		return created, fmt.Errorf("idempgx: index partitions: %w", err)
+	}
 	return created, nil
+}
+
+// unindexedSQL lists the partitions of idem_keys without an index attached
+// to the partitioned index idem_keys_failed (migrations_partitioned/00007,
+// created ON ONLY idem_keys): those that existed before that migration; a
+// partition attached since got its index at ATTACH. None before 00007.
+var unindexedSQL = `SELECT c.relname::text,
+		coalesce((SELECT x.indisvalid FROM pg_index x WHERE x.indexrelid = to_regclass(c.relname || '_failed')), true)
+	FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+	WHERE i.inhparent = to_regclass('idem_keys') AND to_regclass('idem_keys_failed') IS NOT NULL
+		AND NOT EXISTS (SELECT 1 FROM pg_inherits ii JOIN pg_index x ON x.indexrelid = ii.inhrelid
+			WHERE ii.inhparent = to_regclass('idem_keys_failed') AND x.indrelid = c.oid)`
+
+// indexPartitions builds idem_keys_failed's index on every partition that
+// has none (see unindexedSQL), CREATE INDEX CONCURRENTLY (claims and
+// completions go on meanwhile), and attaches it: once every partition's is
+// attached, PostgreSQL marks idem_keys_failed valid. An index left invalid
+// by an interrupted build is dropped and built again. Builders are
+// serialized by the lease "partitions index" in idem_locks (a build runs
+// outside a transaction, as DropPartitions's DETACH does); a process that
+// finds it held leaves the work to its holder.
+func (d *Driver) indexPartitions(ctx context.Context, offset time.Duration) (err error) {
+	todo, err := d.unindexed(ctx)
+	if err != nil || len(todo) == 0 {
+		return err
+	}
+	_, leases := d.db()
+	lease, err := leases.TryAcquire(ctx, idemmigrate.LeaseParams{Name: "partitions index", Holder: idemmigrate.Holder(),
+		TTL: 3 * detachLockTimeout, ClockOffset: offset})
+	if errors.Is(err, idemdriver.ErrLockHeld) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	kept, stop := lease.Keep(ctx) // a build can outlast the TTL
+	defer func() {
+		err = errors.Join(err, stop())
+		if rerr := lease.Release(context.WithoutCancel(ctx)); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("releasing the lease: %w", rerr))
+		}
+	}()
+	if todo, err = d.unindexed(kept); err != nil { // as they are under the lease
+		return err
+	}
+	for _, part := range todo {
+		index := pgx.Identifier{part.name + "_failed"}.Sanitize()
+		stmts := []string{
+			`CREATE INDEX CONCURRENTLY IF NOT EXISTS ` + index + ` ON ` + pgx.Identifier{part.name}.Sanitize() +
+				` (created_at) WHERE state = 'FAILED'`,
+			`ALTER INDEX idem_keys_failed ATTACH PARTITION ` + index,
+		}
+		if part.invalid {
+			stmts = append([]string{`DROP INDEX CONCURRENTLY ` + index}, stmts...)
+		}
+		for _, stmt := range stmts {
+			if _, err := d.pool.Exec(kept, stmt); err != nil {
+				return fmt.Errorf("partition %s: %w", part.name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// unindexedPartition is a row of unindexedSQL: a partition, and whether an
+// index of the name indexPartitions gives it exists and is invalid.
+type unindexedPartition struct {
+	name    string
+	invalid bool
+}
+
+// unindexed returns unindexedSQL's partitions.
+func (d *Driver) unindexed(ctx context.Context) ([]unindexedPartition, error) {
+	rows, err := d.pool.Query(ctx, unindexedSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (unindexedPartition, error) {
+		var p unindexedPartition
+		var valid bool
+		err := row.Scan(&p.name, &valid)
+		p.invalid = !valid
+		return p, err
+	})
 }
 
 // createPartition creates and attaches part unless it exists; it reports
@@ -399,6 +488,9 @@ func (d *Driver) partitions(ctx context.Context) ([]idemdriver.Partition, map[st
 // finished (DETACH PARTITION ... FINALIZE) before the drop. A lease that
 // cannot be released at the end is reported with the partitions dropped
 // (the next dropper waits until it runs out, at most 3 x detachLockTimeout).
+// Unless DryRun, it then sweeps the steps of record lives that no record
+// holds any more, DaysAhead days after they started (see sweepStepsSQL),
+// whether or not a partition was dropped.
 func (d *Driver) DropPartitions(ctx context.Context, p idemdriver.PartitionParams) (_ []idemdriver.Partition, err error) {
 	if d.part == nil {
 		return nil, idemdriver.ErrNotPartitioned
@@ -427,8 +519,11 @@ func (d *Driver) DropPartitions(ctx context.Context, p idemdriver.PartitionParam
 			doomed = append(doomed, part)
 		}
 	}
-	if p.DryRun || len(doomed) == 0 {
+	if p.DryRun {
 		return doomed, nil
+	}
+	if len(doomed) == 0 {
+		return nil, d.sweepSteps(ctx, p.ClockOffset)
 	}
 	// Droppers are serialized by the lease "partitions drop" in idem_locks
 	// (a row, not a session advisory lock: DETACH ... CONCURRENTLY cannot
@@ -467,5 +562,57 @@ func (d *Driver) DropPartitions(ctx context.Context, p idemdriver.PartitionParam
 		}
 		dropped = append(dropped, part)
 	}
-	return dropped, nil
+	return dropped, d.sweepSteps(ctx, p.ClockOffset)
+}
+
+// Sweeping the steps no record holds any more (sweepStepsSQL): at most
+// sweepBatches statements of sweepBatch rows per DropPartitions.
+const (
+	sweepBatch   = 1000
+	sweepBatches = 100
+)
+
+// sweepStepsSQL deletes one batch of steps whose record life is gone: its
+// record was in a dropped partition, or the key has begun a new life since
+// (a record deleted by a statement takes its steps with it: withStepsGone).
+// It looks only at steps started before @before, oldest first through
+// idem_steps_started_at, so that it does not walk the steps of the records
+// that live: a life that started before @before and still holds its record
+// (an UNKNOWN one, or a FAILED one claimed again and again) is seen and
+// kept. Rows another sweep holds are skipped. A record's life is found
+// through the primary key of every partition, whatever its expires_at.
+var sweepStepsSQL = `WITH doomed AS (
+	SELECT s.scope, s.key, s.created_at, s.name FROM idem_steps s
+	WHERE s.started_at < @before
+		AND NOT EXISTS (SELECT 1 FROM idem_keys k WHERE k.scope = s.scope AND k.key = s.key AND k.created_at = s.created_at)
+	ORDER BY s.started_at
+	LIMIT @limit
+	FOR UPDATE SKIP LOCKED
+)
+DELETE FROM idem_steps s USING doomed d
+WHERE s.scope = d.scope AND s.key = d.key AND s.created_at = d.created_at AND s.name = d.name`
+
+// sweepSteps deletes the steps of lives that started DaysAhead days or more
+// before the database's now moved by offset and hold no record (see
+// sweepStepsSQL). No record can come back to such a life: a claim gives a
+// new record a new created_at.
+func (d *Driver) sweepSteps(ctx context.Context, offset time.Duration) error {
+	now, err := d.dbNow(ctx, offset)
+	if err != nil {
+		return fmt.Errorf("idempgx: sweep steps: %w", err)
+	}
+	before := now.AddDate(0, 0, -d.part.DaysAhead)
+	for range sweepBatches {
+		tag, err := d.pool.Exec(ctx, sweepStepsSQL, pgx.NamedArgs{"before": before, "limit": sweepBatch})
+		if err = stepErr(err); errors.Is(err, idemdriver.ErrSchemaTooOld) {
+			return nil // no idem_steps yet: nothing to sweep
+		}
+		if err != nil {
+			return fmt.Errorf("idempgx: sweep steps: %w", err)
+		}
+		if tag.RowsAffected() < sweepBatch {
+			return nil
+		}
+	}
+	return nil
 }

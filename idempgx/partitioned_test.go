@@ -412,3 +412,56 @@ func TestPartitionedClaimRacingTheOwnersCompletion(t *testing.T) {
 	require.Equal(t, idemdriver.StateSucceeded, res.Record.State, "the replay, not the stale PROCESSING row")
 	require.NotNil(t, res.Record.Response)
 }
+
+// A step statement that waits on its record's row while another
+// transaction moves the row to another partition fails so (40001, "tuple
+// to be locked was already moved to another partition"); it is run again
+// and finds the row where it is now. Here the move keeps the token and the
+// state, as a heartbeat's would not: the start is written, then the record
+// is marked UNKNOWN across another move.
+func TestPartitionedStepsFollowAMovedRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newPartitioned(t)
+	owner, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct", Key: "k", Method: "POST", Path: "/",
+		Fingerprint: []byte("a"), LeaseDuration: 30 * time.Second, Retention: 24 * time.Hour})
+	require.NoError(t, err)
+	rec := owner.Record
+	life := idemdriver.StepParams{Scope: "acct", Key: "k", FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt, Name: "transfer"}
+
+	// moved runs write while another transaction, uncommitted, holds the
+	// record's row moved one day on, and commits it once write waits.
+	moved := func(write func() error) error {
+		tx, err := d.Pool().Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		tag, err := tx.Exec(ctx, `UPDATE idem_keys SET expires_at = expires_at + interval '1 day' WHERE scope = 'acct' AND key = 'k'`)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, tag.RowsAffected())
+		var xid string
+		require.NoError(t, tx.QueryRow(ctx, `SELECT txid_current()::text`).Scan(&xid))
+		done := make(chan error, 1)
+		go func() { done <- write() }()
+		require.Eventually(t, func() bool {
+			var waiting int
+			require.NoError(t, d.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks
+				WHERE locktype = 'transactionid' AND transactionid::text = $1 AND NOT granted`, xid).Scan(&waiting))
+			return waiting > 0
+		}, 30*time.Second, 5*time.Millisecond, "the step's statement waits for the row")
+		require.NoError(t, tx.Commit(ctx))
+		return <-done
+	}
+	require.NoError(t, moved(func() error {
+		_, err := d.StartStep(ctx, idemdriver.StartStepParams{StepParams: life, Relay: []byte("r"), AtMostOnce: true})
+		return err
+	}))
+	require.NoError(t, moved(func() error {
+		return d.MarkUnknown(ctx, idemdriver.UnknownParams{StepParams: life, Reason: idemdriver.ReasonStepUncertain})
+	}))
+	got, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "k"})
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.StateUnknown, got.State)
+	var partition string
+	require.NoError(t, d.Pool().QueryRow(ctx, `SELECT tableoid::regclass::text FROM idem_keys WHERE key = 'k'`).Scan(&partition))
+	require.Equal(t, "idem_keys_unknown", partition)
+}

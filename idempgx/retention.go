@@ -32,15 +32,25 @@ const purgeable = `expires_at <= ` + now + ` - @older::bigint * interval '1 micr
 // is re-checked against the condition on its latest version (READ COMMITTED)
 // and left alone. The join on the whole primary key serves the plain
 // (scope, key) and the partitioned (scope, key, expires_at) tables alike.
-var purgeSQL = `WITH doomed AS (
+var purgeSQL = purgeDoomed + `
+` + purgeDelete
+
+const (
+	purgeDoomed = `WITH doomed AS (
 	SELECT scope, key, expires_at FROM idem_keys
 	WHERE ` + purgeable + `
 	ORDER BY expires_at
 	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
-)
-DELETE FROM idem_keys AS k USING doomed AS d
+)`
+	purgeDelete = `DELETE FROM idem_keys AS k USING doomed AS d
 WHERE k.scope = d.scope AND k.key = d.key AND k.expires_at = d.expires_at`
+)
+
+// purgePartSQL is purgeSQL on the partitioned table: it deletes the purged
+// records' steps too (see withStepsGone).
+var purgePartSQL = purgeDoomed + `, gone AS (` + purgeDelete + `
+RETURNING k.scope, k.key, k.created_at)` + stepsGone
 
 var countExpiredSQL = `SELECT count(*) FROM idem_keys WHERE ` + purgeable
 
@@ -58,7 +68,11 @@ func (d *Driver) purge(ctx context.Context, db execer, p idemdriver.PurgeParams)
 	if p.Limit <= 0 {
 		return 0, fmt.Errorf("idempgx: purge: Limit %d must be positive", p.Limit)
 	}
-	tag, err := db.Exec(ctx, d.q(purgeSQL), purgeArgs(p))
+	q := purgeSQL
+	if d.part != nil {
+		q = purgePartSQL
+	}
+	tag, err := db.Exec(ctx, d.q(q), purgeArgs(p))
 	if err != nil {
 		return 0, fmt.Errorf("idempgx: purge: %w", err)
 	}
@@ -220,14 +234,22 @@ func (d *Driver) List(ctx context.Context, p idemdriver.ListParams) ([]idemdrive
 	return pgx.CollectRows(rows, scanWithRequest)
 }
 
-var removeSQL = `DELETE FROM idem_keys WHERE scope = @scope AND key = @key AND fencing_token = @token
+const removeDelete = `DELETE FROM idem_keys WHERE scope = @scope AND key = @key AND fencing_token = @token
 	AND created_at = @created AND state = @state`
+
+// removeSQL deletes one record (its steps by the foreign key); removePartSQL
+// on the partitioned table, its life's steps in the same statement.
+var removeSQL, removePartSQL = removeDelete, withStepsGone(removeDelete, "")
 
 // Remove implements idemdriver.Remover.
 func (d *Driver) Remove(ctx context.Context, p idemdriver.RemoveParams) (bool, error) {
 	if err := fenceTextable(p.FenceParams); err != nil {
 		return false, err
 	}
-	return execFenced(ctx, d.pool, d.q(removeSQL), []any{pgx.NamedArgs{"scope": p.Scope, "key": p.Key,
+	q := removeSQL
+	if d.part != nil {
+		q = removePartSQL
+	}
+	return execFenced(ctx, d.pool, d.q(q), []any{pgx.NamedArgs{"scope": p.Scope, "key": p.Key,
 		"token": p.FencingToken, "created": p.CreatedAt, "state": string(p.State)}})
 }

@@ -14,11 +14,6 @@ import (
 
 var _ idemdriver.Stepper = (*Driver)(nil)
 
-// errNoStepsPartitioned: the partitioned table's migrations have no
-// idem_steps yet (its partitions are dropped whole, which a foreign key
-// would refuse).
-var errNoStepsPartitioned = fmt.Errorf("idempgx: %w: a partitioned table keeps no steps yet", idemdriver.ErrStepsUnsupported)
-
 // lifeParams name a record life (fenceParams name it and its owner).
 var lifeParams = []string{"scope", "key", "created"}
 
@@ -105,10 +100,7 @@ func lifeArgs(p idemdriver.StepParams, extra ...any) []any {
 	return append([]any{p.Scope, p.Key, p.CreatedAt}, extra...)
 }
 
-func (d *Driver) stepsUsable(p idemdriver.StepParams) error {
-	if d.part != nil {
-		return errNoStepsPartitioned
-	}
+func stepsUsable(p idemdriver.StepParams) error {
 	return textable("scope", p.Scope, "key", p.Key, "step name", p.Name)
 }
 
@@ -128,20 +120,39 @@ func scanStep(row pgx.CollectableRow) (idemdriver.Step, error) {
 
 // oneStep runs q and returns its one step; found is false with no row.
 func (d *Driver) oneStep(ctx context.Context, q string, args []any) (s idemdriver.Step, found bool, err error) {
-	rows, err := d.pool.Query(ctx, d.q(q), args...)
-	if err != nil {
-		return s, false, stepErr(err)
+	err = d.again(func() error {
+		rows, err := d.pool.Query(ctx, d.q(q), args...)
+		if err != nil {
+			return err
+		}
+		s, err = pgx.CollectExactlyOneRow(rows, scanStep)
+		found = err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	return s, found, stepErr(err)
+}
+
+// again runs f, and runs it again (twice at most) after a serialization
+// failure or a deadlock: on the partitioned table, a statement that waited
+// on a record's row fails so (40001, "tuple to be locked was already moved
+// to another partition") when a claim or MarkUnknown moved the row to
+// another partition meanwhile; run again, it reads the row where it is now
+// (see execFenced).
+func (d *Driver) again(f func() error) error {
+	for try := 0; ; try++ {
+		err := f()
+		if err == nil || try == 2 || !retryable(err) {
+			return err
+		}
 	}
-	s, err = pgx.CollectExactlyOneRow(rows, scanStep)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return s, false, nil
-	}
-	return s, err == nil, stepErr(err)
 }
 
 // StartStep implements idemdriver.Stepper.
 func (d *Driver) StartStep(ctx context.Context, p idemdriver.StartStepParams) (idemdriver.Step, error) {
-	if err := d.stepsUsable(p.StepParams); err != nil {
+	if err := stepsUsable(p.StepParams); err != nil {
 		return idemdriver.Step{}, err
 	}
 	s, ok, err := d.oneStep(ctx, startStepSQL, []any{p.Scope, p.Key, p.FencingToken, p.CreatedAt, p.Name, p.ClockOffset.Microseconds(), p.Relay, p.SealKey, p.AtMostOnce})
@@ -157,7 +168,7 @@ func (d *Driver) StartStep(ctx context.Context, p idemdriver.StartStepParams) (i
 
 // FinishStep implements idemdriver.Stepper.
 func (d *Driver) FinishStep(ctx context.Context, p idemdriver.FinishStepParams) (idemdriver.Step, error) {
-	if err := d.stepsUsable(p.StepParams); err != nil {
+	if err := stepsUsable(p.StepParams); err != nil {
 		return idemdriver.Step{}, err
 	}
 	s, ok, err := d.oneStep(ctx, finishStepSQL, lifeArgs(p.StepParams, p.Name, p.ClockOffset.Microseconds(), p.Result, p.SealKey))
@@ -173,19 +184,21 @@ func (d *Driver) FinishStep(ctx context.Context, p idemdriver.FinishStepParams) 
 
 // ClearStep implements idemdriver.Stepper.
 func (d *Driver) ClearStep(ctx context.Context, p idemdriver.StepParams) (bool, error) {
-	if err := d.stepsUsable(p); err != nil {
+	if err := stepsUsable(p); err != nil {
 		return false, err
 	}
-	tag, err := d.pool.Exec(ctx, d.q(clearStepSQL), p.Scope, p.Key, p.FencingToken, p.CreatedAt, p.Name)
-	if err != nil {
-		return false, stepErr(err)
-	}
-	return tag.RowsAffected() == 1, nil
+	var cleared bool
+	err := d.again(func() error {
+		tag, err := d.pool.Exec(ctx, d.q(clearStepSQL), p.Scope, p.Key, p.FencingToken, p.CreatedAt, p.Name)
+		cleared = tag.RowsAffected() == 1
+		return err
+	})
+	return cleared, stepErr(err)
 }
 
 // Steps implements idemdriver.Stepper.
 func (d *Driver) Steps(ctx context.Context, p idemdriver.StepParams) ([]idemdriver.Step, error) {
-	if err := d.stepsUsable(p); err != nil {
+	if err := stepsUsable(p); err != nil {
 		return nil, err
 	}
 	rows, err := d.pool.Query(ctx, d.q(stepsSQL), lifeArgs(p)...)
@@ -197,15 +210,18 @@ func (d *Driver) Steps(ctx context.Context, p idemdriver.StepParams) ([]idemdriv
 
 // MarkUnknown implements idemdriver.Stepper.
 func (d *Driver) MarkUnknown(ctx context.Context, p idemdriver.UnknownParams) error {
-	if err := d.stepsUsable(p.StepParams); err != nil {
+	if err := stepsUsable(p.StepParams); err != nil {
 		return err
 	}
-	rows, err := d.pool.Query(ctx, d.q(markUnknownSQL), p.Scope, p.Key, p.FencingToken, p.CreatedAt, p.Name,
-		p.ClockOffset.Microseconds(), p.Reason, idemdriver.FarFuture)
-	if err != nil {
-		return stepErr(err)
-	}
-	_, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int32])
+	err := d.again(func() error {
+		rows, err := d.pool.Query(ctx, d.q(markUnknownSQL), p.Scope, p.Key, p.FencingToken, p.CreatedAt, p.Name,
+			p.ClockOffset.Microseconds(), p.Reason, idemdriver.FarFuture)
+		if err != nil {
+			return err
+		}
+		_, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int32])
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idemdriver.ErrFencedOut
 	}
@@ -214,7 +230,7 @@ func (d *Driver) MarkUnknown(ctx context.Context, p idemdriver.UnknownParams) er
 
 // ResolveStep implements idemdriver.Stepper.
 func (d *Driver) ResolveStep(ctx context.Context, p idemdriver.ResolveStepParams) error {
-	if err := d.stepsUsable(p.StepParams); err != nil {
+	if err := stepsUsable(p.StepParams); err != nil {
 		return err
 	}
 	if err := textable("resolver", p.By, "reason given", p.Why); err != nil {
@@ -258,9 +274,6 @@ var abandonedSQL = `SELECT ` + columns + `, ` + now + `
 
 // Abandoned implements idemdriver.AbandonedLister.
 func (d *Driver) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([]idemdriver.Record, time.Time, error) {
-	if d.part != nil {
-		return nil, time.Time{}, errNoStepsPartitioned
-	}
 	if p.Limit <= 0 || p.Grace < 0 {
 		return nil, time.Time{}, fmt.Errorf("idempgx: abandoned: Limit %d must be positive, Grace %s not negative", p.Limit, p.Grace)
 	}

@@ -16,9 +16,6 @@ import (
 // else: not a live lease, not one without a step (or with idem's internal
 // steps only), not SUCCEEDED, not UNKNOWN.
 func runAbandoned(t *testing.T, h Harness) {
-	if h.Partitioned {
-		return // no steps: nothing past a step
-	}
 	runCases(t, h, []suiteCase{
 		{"PastAStepOnly", abandonedPastAStepOnly},
 		{"GraceAndLimit", abandonedGraceAndLimit},

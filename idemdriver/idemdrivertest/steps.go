@@ -18,13 +18,8 @@ import (
 // runSteps holds an idemdriver.Stepper to CONTRACT section 11.1: a start
 // marker written only under the owning token, a result kept by its first
 // writer, a record life's steps apart from another life's and gone with
-// their record. A partitioned store keeps no steps yet and must say so
-// (idemdriver.ErrStepsUnsupported).
+// their record.
 func runSteps(t *testing.T, h Harness) {
-	if h.Partitioned {
-		runCases(t, h, []suiteCase{{"RefusedOnPartitioned", stepsRefusedOnPartitioned}})
-		return
-	}
 	runCases(t, h, []suiteCase{
 		{"EngineRunsEachStepOnce", stepsEngineRunsEachStepOnce},
 		{"StartThenFinish", stepsStartThenFinish},
@@ -35,6 +30,9 @@ func runSteps(t *testing.T, h Harness) {
 		{"GoWithTheRecord", stepsGoWithTheRecord},
 		{"GoWithAPurge", stepsGoWithAPurge},
 	})
+	if h.Partitioned {
+		runCases(t, h, []suiteCase{{"GoWithADroppedPartition", stepsGoWithADroppedPartition}})
+	}
 }
 
 // stepsOn returns a shifted driver whose store implements
@@ -45,28 +43,6 @@ func stepsOn(t *testing.T, h Harness) (*ShiftedDriver, idemdriver.Record) {
 	_, ok := d.(idemdriver.Stepper)
 	require.True(t, ok, "%T implements idemdriver.Stepper", d)
 	return setup(t, d, "PROCESSING", params("acct", "k", "body"))
-}
-
-// A partitioned store refuses every step statement, writing nothing.
-func stepsRefusedOnPartitioned(t *testing.T, h Harness) {
-	t.Parallel()
-	sd, rec := stepsOn(t, h)
-	ctx := context.Background()
-	_, err := sd.StartStep(ctx, startOf(rec, "charge"))
-	require.ErrorIs(t, err, idemdriver.ErrStepsUnsupported)
-	_, err = sd.FinishStep(ctx, finishOf(rec, "charge", "x"))
-	require.ErrorIs(t, err, idemdriver.ErrStepsUnsupported)
-	_, err = sd.ClearStep(ctx, stepOf(rec, "charge"))
-	require.ErrorIs(t, err, idemdriver.ErrStepsUnsupported)
-	_, err = sd.Steps(ctx, stepOf(rec, ""))
-	require.ErrorIs(t, err, idemdriver.ErrStepsUnsupported)
-
-	g, _ := newEngine(t, h, false, idem.EngineOptions{})
-	_, err = g.Do(ctx, idem.DoParams{Scope: "s", Key: "k"}, func(ctx context.Context) (idem.Result, error) {
-		_, err := idem.Step(ctx, "charge", func(context.Context) (int, error) { panic("must not run") })
-		return idem.Result{}, err
-	})
-	require.ErrorIs(t, err, idem.ErrStepNotAllowed, "idem.Step says so before the step runs")
 }
 
 // Through the engine: duplicates at once and retries after failures, on
@@ -312,4 +288,35 @@ func stepsGoWithAPurge(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	require.Empty(t, steps(t, sd, rec), "purged with the record")
+}
+
+// On a partitioned store, where no foreign key ties steps to records: the
+// steps of a record dropped with its partition are swept by the drop, once
+// their life started more than the partitions ahead ago; an UNKNOWN
+// record, in the far-future partition, is not dropped and keeps its step.
+func stepsGoWithADroppedPartition(t *testing.T, h Harness) {
+	t.Parallel()
+	sd, rec := stepsOn(t, h)
+	ctx := context.Background()
+	parts := need[idemdriver.Partitioner](t, sd.Driver, true)
+	ahead := need[idemdriver.RetentionLimiter](t, sd.Driver, true).MaxRetention() + 24*time.Hour // DaysAhead
+	startStep(t, sd, startOf(rec, "charge"))
+	finishStep(t, sd, finishOf(rec, "charge", "x"))
+	require.True(t, complete(t, sd, fence(rec), okResponse(`{}`)))
+	held := claim(t, sd, params("acct", "held", "body")).Record
+	markUnknown(t, sd, held, "transfer")
+
+	sd.Clock.Advance(ahead - time.Hour)
+	dropped, err := parts.DropPartitions(ctx, idemdriver.PartitionParams{ClockOffset: sd.Clock.Offset()})
+	require.NoError(t, err)
+	require.NotEmpty(t, dropped, "the completed record's partition")
+	requireGone(t, sd, rec.Scope, rec.Key)
+	require.Len(t, steps(t, sd, rec), 1, "kept until its life started the partitions ahead ago")
+
+	sd.Clock.Advance(2 * time.Hour)
+	_, err = parts.DropPartitions(ctx, idemdriver.PartitionParams{ClockOffset: sd.Clock.Offset()})
+	require.NoError(t, err)
+	require.Empty(t, steps(t, sd, rec), "swept")
+	require.Equal(t, idemdriver.StateUnknown, record(t, sd, held.Scope, held.Key).State, "never dropped")
+	require.Len(t, steps(t, sd, held), 1, "kept with its record")
 }

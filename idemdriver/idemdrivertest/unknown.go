@@ -13,12 +13,8 @@ import (
 // runUnknown holds an idemdriver.Stepper to CONTRACT section 11.3: an
 // at-most-once step is never started twice, an UNKNOWN record is never
 // claimed, taken over or purged, and only a compare-and-set resolution
-// ends it. A partitioned store keeps no steps, and so no UNKNOWN record.
+// ends it.
 func runUnknown(t *testing.T, h Harness) {
-	if h.Partitioned {
-		runCases(t, h, []suiteCase{{"RefusedOnPartitioned", unknownRefusedOnPartitioned}})
-		return
-	}
 	runCases(t, h, []suiteCase{
 		{"AtMostOnceNotStartedTwice", unknownAtMostOnceNotStartedTwice},
 		{"NeverClaimedNorPurged", unknownNeverClaimedNorPurged},
@@ -54,15 +50,6 @@ func unknownCounted(t *testing.T, h Harness) {
 	require.EqualValues(t, 2, n)
 	require.Equal(t, record(t, sd, "acct", "k").UpdatedAt.UnixMicro(), oldest.UnixMicro(), "the oldest's last change")
 	require.Greater(t, now.Sub(oldest), 59*time.Second)
-}
-
-func unknownRefusedOnPartitioned(t *testing.T, h Harness) {
-	t.Parallel()
-	sd, rec := stepsOn(t, h)
-	ctx := context.Background()
-	require.ErrorIs(t, sd.MarkUnknown(ctx, unknownOf(rec, "charge")), idemdriver.ErrStepsUnsupported)
-	require.ErrorIs(t, sd.ResolveStep(ctx, resolveOf(rec, "charge", true)), idemdriver.ErrStepsUnsupported)
-	require.Equal(t, idemdriver.StateProcessing, record(t, sd, rec.Scope, rec.Key).State, "nothing written")
 }
 
 func atMostOnceOf(rec idemdriver.Record, name string) idemdriver.StartStepParams {
@@ -155,6 +142,12 @@ func unknownNeverClaimedNorPurged(t *testing.T, h Harness) {
 			n, err := purger.PurgeExpired(context.Background(), idemdriver.PurgeParams{Limit: 10, ClockOffset: sd.Clock.Offset()})
 			require.NoError(t, err)
 			require.Zero(t, n, "%s later: never purged", later)
+		}
+		if parts, ok := sd.Driver.(idemdriver.Partitioner); ok && parts.Partitioned() {
+			_, err := parts.DropPartitions(context.Background(), idemdriver.PartitionParams{ClockOffset: sd.Clock.Offset()})
+			require.NoError(t, err)
+			require.Equal(t, idemdriver.StateUnknown, record(t, sd, rec.Scope, rec.Key).State, "%s later: never dropped", later)
+			require.Len(t, steps(t, sd, rec), 1, "%s later: its step never swept", later)
 		}
 	}
 	f := fence(rec)

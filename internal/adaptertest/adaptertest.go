@@ -157,6 +157,23 @@ func SQLite(t *testing.T) idem.Store {
 // connections: the server is shared, and requests beyond 4 wait for one.
 func Postgres(t *testing.T) idem.Store {
 	t.Helper()
+	s := idempgx.New(postgresPool(t))
+	require.NoError(t, s.Migrate(context.Background()))
+	return s
+}
+
+// PostgresPartitioned is Postgres with idem_keys partitioned by expires_at
+// (idempgx.NewPartitioned): its partition is found through the fresh
+// schema, the pool's search_path.
+func PostgresPartitioned(t *testing.T) idem.Store {
+	t.Helper()
+	s := idempgx.NewPartitioned(postgresPool(t), idempgx.PartitionConfig{})
+	require.NoError(t, s.Migrate(context.Background()))
+	return s
+}
+
+func postgresPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
 	url, _ := dbtest.PostgresURL(t)
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
@@ -164,9 +181,7 @@ func Postgres(t *testing.T) idem.Store {
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close) // before the schema's drop
-	s := idempgx.New(pool)
-	require.NoError(t, s.Migrate(context.Background()))
-	return s
+	return pool
 }
 
 // NewMiddleware returns idem's middleware on store, every request in Scope,
