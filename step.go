@@ -11,7 +11,8 @@ import (
 var (
 	// ErrStepNotAllowed: Step cannot run here, before fn ran: in one-commit
 	// mode, on SQLite once the claim's transaction was begun (idem.Tx), or
-	// on a store that keeps no steps (idempgx on a partitioned table).
+	// on a store that keeps no steps (a driver without idemdriver.Stepper,
+	// or a schema that predates steps: idemdriver.ErrSchemaTooOld).
 	ErrStepNotAllowed = protocol.ErrStepNotAllowed
 	// ErrStepRepeated: a step name met twice in one execution.
 	ErrStepRepeated = protocol.ErrStepRepeated

@@ -75,7 +75,8 @@ func TestCompleterAfterProviderTimeout(t *testing.T) {
 // each), through a provider that withholds a quarter of its answers (504). Then paymentsd is killed once more at a
 // random moment and started without faults: within 40 s every charge the
 // provider made is booked exactly once (ledger = provider charges, each
-// payment recording its own charge), and no record is left PROCESSING.
+// payment recording its own charge), and no record is left PROCESSING. On
+// the partitioned table too.
 func TestCompleterAbandonedPayments(t *testing.T) {
 	t.Parallel()
 	const payments = 12
@@ -114,7 +115,7 @@ func TestCompleterAbandonedPayments(t *testing.T) {
 			seen[row.chargeID] = true
 		}
 		t.Logf("%d of %d payments charged and booked", charges, payments)
-	})
+	}, partitioned)
 }
 
 // processing counts the records left PROCESSING.

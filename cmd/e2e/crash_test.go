@@ -19,12 +19,12 @@ const merchant = "acme"
 // forEachWorld runs f as a parallel subtest per target (forEachTarget), in
 // a new world whose fakepsp gets pspArgs, with a fresh paymentsd database
 // db and its inspector.
-func forEachWorld(t *testing.T, pspArgs []string, f func(t *testing.T, w *world, db string, ins *inspector)) {
+func forEachWorld(t *testing.T, pspArgs []string, f func(t *testing.T, w *world, db string, ins *inspector), extra ...target) {
 	forEachTarget(t, func(t *testing.T, tgt target) {
 		w := newWorld(t, tgt, pspArgs...)
 		db := tgt.newDB(t)
 		f(t, w, db, inspect(t, db))
-	})
+	}, extra...)
 }
 
 // body is a payment of amount JPY.

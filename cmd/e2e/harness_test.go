@@ -21,10 +21,12 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for inspection
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/internal/supervise"
+	"github.com/idemgo/idem/idempgx"
 	"github.com/idemgo/idem/idemmysql"
 	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dbtest"
@@ -90,9 +92,25 @@ var targets = []target{
 	{"mysql", mysqlDB, sqliteDB}, // MySQL or MariaDB; fakepsp has no MySQL store
 }
 
-// forEachTarget runs f as a parallel subtest per target.
-func forEachTarget(t *testing.T, f func(t *testing.T, tgt target)) {
-	for _, tgt := range targets {
+// partitioned is PostgreSQL with idem_keys partitioned by expires_at
+// (migrated so before paymentsd starts, which then opens it partitioned),
+// for the tests of what the partitioned table does differently: its steps
+// without a foreign key, its far-future partition of UNKNOWN records.
+var partitioned = target{"postgres-partitioned", postgresPartitionedDB, postgresDB}
+
+func postgresPartitionedDB(t *testing.T) string {
+	url, _ := dbtest.PostgresURL(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	require.NoError(t, err)
+	defer pool.Close()
+	require.NoError(t, idempgx.NewPartitioned(pool, idempgx.PartitionConfig{}).Migrate(context.Background()))
+	return url
+}
+
+// forEachTarget runs f as a parallel subtest per target, and per extra
+// target.
+func forEachTarget(t *testing.T, f func(t *testing.T, tgt target), extra ...target) {
+	for _, tgt := range append(targets[:len(targets):len(targets)], extra...) {
 		t.Run(tgt.name, func(t *testing.T) {
 			t.Parallel()
 			f(t, tgt)

@@ -21,7 +21,9 @@ import (
 // dead owner's lease runs, then outcome-unknown, without Retry-After) and
 // never calls the provider again: one charge. `idem resolve --applied` with
 // the charge the provider made ends it: the next retry books that charge
-// without calling the provider, and the one after replays it.
+// without calling the provider, and the one after replays it. On the
+// partitioned table too, where the UNKNOWN record moves to the far-future
+// partition and back.
 func TestAtMostOnceChargeHeldUnknown(t *testing.T) {
 	t.Parallel()
 	const key, amount = "order-amo-1", 5000
@@ -77,7 +79,7 @@ func TestAtMostOnceChargeHeldUnknown(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, again.replayed())
 		require.Equal(t, done.body, again.body)
-	})
+	}, partitioned)
 }
 
 // metrics is p's GET /metrics.
