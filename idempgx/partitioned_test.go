@@ -397,12 +397,7 @@ func TestPartitionedClaimRacingTheOwnersCompletion(t *testing.T) {
 		res, err := d.Claim(ctx, late)
 		done <- result{res, err}
 	}()
-	require.Eventually(t, func() bool {
-		var waiting int
-		require.NoError(t, d.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks
-			WHERE locktype = 'transactionid' AND transactionid::text = $1 AND NOT granted`, xid).Scan(&waiting))
-		return waiting > 0
-	}, 30*time.Second, 5*time.Millisecond, "the claim waits for the owner's row lock")
+	requireWaitedOn(t, d, xid, "the claim waits for the owner's row lock")
 	require.NoError(t, tx.Commit(ctx))
 
 	r := <-done
@@ -442,12 +437,7 @@ func TestPartitionedStepsFollowAMovedRow(t *testing.T) {
 		require.NoError(t, tx.QueryRow(ctx, `SELECT txid_current()::text`).Scan(&xid))
 		done := make(chan error, 1)
 		go func() { done <- write() }()
-		require.Eventually(t, func() bool {
-			var waiting int
-			require.NoError(t, d.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks
-				WHERE locktype = 'transactionid' AND transactionid::text = $1 AND NOT granted`, xid).Scan(&waiting))
-			return waiting > 0
-		}, 30*time.Second, 5*time.Millisecond, "the step's statement waits for the row")
+		requireWaitedOn(t, d, xid, "the step's statement waits for the row")
 		require.NoError(t, tx.Commit(ctx))
 		return <-done
 	}
@@ -464,4 +454,16 @@ func TestPartitionedStepsFollowAMovedRow(t *testing.T) {
 	var partition string
 	require.NoError(t, d.Pool().QueryRow(ctx, `SELECT tableoid::regclass::text FROM idem_keys WHERE key = 'k'`).Scan(&partition))
 	require.Equal(t, "idem_keys_unknown", partition)
+}
+
+// requireWaitedOn waits until a statement waits for the lock of the
+// transaction xid (polled, up to 30 s).
+func requireWaitedOn(t *testing.T, d *idempgx.Driver, xid, msg string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, d.Pool().QueryRow(context.Background(), `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'transactionid' AND transactionid::text = $1 AND NOT granted`, xid).Scan(&waiting))
+		return waiting > 0
+	}, 30*time.Second, 5*time.Millisecond, msg)
 }
