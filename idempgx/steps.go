@@ -120,7 +120,7 @@ func scanStep(row pgx.CollectableRow) (idemdriver.Step, error) {
 
 // oneStep runs q and returns its one step; found is false with no row.
 func (d *Driver) oneStep(ctx context.Context, q string, args []any) (s idemdriver.Step, found bool, err error) {
-	err = d.again(func() error {
+	err = again(func() error {
 		rows, err := d.pool.Query(ctx, d.q(q), args...)
 		if err != nil {
 			return err
@@ -141,7 +141,7 @@ func (d *Driver) oneStep(ctx context.Context, q string, args []any) (s idemdrive
 // to another partition") when a claim or MarkUnknown moved the row to
 // another partition meanwhile; run again, it reads the row where it is now
 // (see execFenced).
-func (d *Driver) again(f func() error) error {
+func again(f func() error) error {
 	for try := 0; ; try++ {
 		err := f()
 		if err == nil || try == 2 || !retryable(err) {
@@ -188,7 +188,7 @@ func (d *Driver) ClearStep(ctx context.Context, p idemdriver.StepParams) (bool, 
 		return false, err
 	}
 	var cleared bool
-	err := d.again(func() error {
+	err := again(func() error {
 		tag, err := d.pool.Exec(ctx, d.q(clearStepSQL), p.Scope, p.Key, p.FencingToken, p.CreatedAt, p.Name)
 		cleared = tag.RowsAffected() == 1
 		return err
@@ -213,7 +213,7 @@ func (d *Driver) MarkUnknown(ctx context.Context, p idemdriver.UnknownParams) er
 	if err := stepsUsable(p.StepParams); err != nil {
 		return err
 	}
-	err := d.again(func() error {
+	err := again(func() error {
 		rows, err := d.pool.Query(ctx, d.q(markUnknownSQL), p.Scope, p.Key, p.FencingToken, p.CreatedAt, p.Name,
 			p.ClockOffset.Microseconds(), p.Reason, idemdriver.FarFuture)
 		if err != nil {
