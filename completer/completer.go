@@ -387,11 +387,12 @@ func (c *Completer) claimOf(rec idemdriver.Record) idemdriver.ClaimParams {
 		ClockOffset: c.cfg.ClockOffset}
 }
 
-// firstStep is the name of the first of steps that is the application's,
-// "" for none.
+// firstStep is the name of the first of steps that is the application's
+// and started (a result or a start; not one cleared by an operator's
+// resolution, not applied), "" for none (see idemdriver.AbandonedLister).
 func firstStep(steps []idemdriver.Step) string {
 	for _, s := range steps {
-		if !strings.HasPrefix(s.Name, idemdriver.InternalStepPrefix) {
+		if !strings.HasPrefix(s.Name, idemdriver.InternalStepPrefix) && (s.Done || s.StartedToken != 0) {
 			return s.Name
 		}
 	}

@@ -207,7 +207,66 @@ func TestCompleterGivesUp(t *testing.T) {
 			require.Equal(t, int32(1), s.calls.Load(), "%s: one charge", tc.name)
 			late := s.send("acme", "pay-1")
 			require.Equal(t, http.StatusConflict, late.Code, tc.name)
+
+			// An operator resolves it applied, and the client never comes
+			// back: the resolution starts the attempts again, so the
+			// completer books the given charge. Regression: the record
+			// kept its attempts, and the completer gave up on it again
+			// at its next cycle (UNKNOWN, nothing booked).
+			resolve(t, s.store, "pay-1", true, `ch_from_the_dashboard`)
+			s.failWrites.Store(false)
+			cycle(t, c)
+			got, ok := s.ledger.Load("pay-1")
+			require.True(t, ok, "%s: booked after the resolution", tc.name)
+			require.Equal(t, "ch_from_the_dashboard", got)
+			require.Equal(t, int32(1), s.calls.Load(), "%s: the provider was not called again", tc.name)
 		}
+	})
+}
+
+// resolve ends key's UNKNOWN record with its charge step applied, result
+// its charge (`idem resolve --applied`), or not applied (`--not-applied`).
+func resolve(t *testing.T, store idemdriver.Driver, key string, applied bool, charge string) {
+	t.Helper()
+	ctx := context.Background()
+	rec, err := store.Get(ctx, idemdriver.GetParams{Scope: "acme", Key: key})
+	require.NoError(t, err)
+	result, err := idem.EncodeStepResult(charge)
+	require.NoError(t, err)
+	require.NoError(t, store.(idemdriver.Stepper).ResolveStep(ctx, idemdriver.ResolveStepParams{
+		StepParams: idemdriver.StepParams{Scope: "acme", Key: key, FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt, Name: "charge"},
+		Applied:    applied, Result: result, By: "ops@example.com", Why: "the provider's dashboard", Retention: time.Hour}))
+}
+
+// An UNKNOWN record resolved not applied (the charge did not happen) is no
+// longer past a started step: the completer leaves it to its client, as
+// it leaves one that never reached a step, and charges nobody. Regression:
+// the cleared step's row counted as started, and the completer charged
+// the customer anew without the client.
+func TestCompleterLeavesAResolutionNotApplied(t *testing.T) {
+	onStores(t, func(t *testing.T, store func(t *testing.T) idem.Store) {
+		s := newShop(t, store(t), true, nil)
+		s.failWrites.Store(true)
+		require.Equal(t, http.StatusInternalServerError, s.send("acme", "pay-1").Code)
+		c := s.completer(t, completer.Config{MaxAttempts: 2, Grace: 1})
+		for range 2 {
+			cycle(t, c)
+		}
+		rec, err := s.store.Get(context.Background(), idemdriver.GetParams{Scope: "acme", Key: "pay-1"})
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateUnknown, rec.State)
+		runs := s.runs.Load()
+
+		resolve(t, s.store, "pay-1", false, "")
+		s.failWrites.Store(false)
+		for range 3 {
+			cycle(t, c)
+		}
+		require.Equal(t, runs, s.runs.Load(), "not re-driven")
+		rec, err = s.store.Get(context.Background(), idemdriver.GetParams{Scope: "acme", Key: "pay-1"})
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateFailed, rec.State, "left to its client")
+		require.Equal(t, http.StatusCreated, s.send("acme", "pay-1").Code, "the client's retry runs it")
 	})
 }
 

@@ -213,7 +213,10 @@ const KeptRequestStep = InternalStepPrefix + "request"
 // AbandonedLister lists the executions a completer may finish (CONTRACT
 // section 11.4): abandoned (PROCESSING past its lease, or FAILED), untouched
 // for p.Grace, and past a started step (a step of the record's life whose
-// name does not begin with InternalStepPrefix). Optional: a completer needs
+// name does not begin with InternalStepPrefix, with a result or a start:
+// a start cleared by an operator's resolution, not applied, is none: the
+// record waits for its client, as one that never reached a step does).
+// Optional: a completer needs
 // it (and Stepper).
 type AbandonedLister interface {
 	// Abandoned returns at most p.Limit such records, least recently

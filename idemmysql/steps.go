@@ -80,9 +80,10 @@ var markUnknownKeySQL = "UPDATE idem_keys SET state = 'UNKNOWN', locked_until = 
 var markUnknownStepSQL = "UPDATE idem_steps SET reason = ? WHERE" + stepKey
 
 // resolveKeySQL ends an UNKNOWN life FAILED, a compare-and-set on its
-// token; it expires after the retention again. Args: offset, retention
+// token; it expires after the retention again, its attempts counted from 0
+// (a completer that gave up re-drives it). Args: offset, retention
 // (µs), offset, then scope, key, created_at (µs), token.
-var resolveKeySQL = "UPDATE idem_keys SET state = 'FAILED', expires_at = " + now + " + INTERVAL ? MICROSECOND, " + touch + "\n" +
+var resolveKeySQL = "UPDATE idem_keys SET state = 'FAILED', attempts = 0, expires_at = " + now + " + INTERVAL ? MICROSECOND, " + touch + "\n" +
 	"WHERE scope = ? AND `key` = ? AND created_at = " + at + " AND fencing_token = ? AND state = 'UNKNOWN'"
 
 // resolveAppliedSQL records the step's result, whatever it held. Args:
@@ -326,7 +327,7 @@ FROM ` + nowTable + `
 JOIN idem_keys AS k ON ((k.state = 'PROCESSING' AND k.locked_until <= n.now) OR k.state = 'FAILED')
 	AND k.updated_at <= n.now - INTERVAL ? MICROSECOND
 	AND EXISTS (SELECT 1 FROM idem_steps AS s WHERE s.scope = k.scope AND s.` + "`key`" + ` = k.` + "`key`" + `
-		AND s.created_at = k.created_at AND s.name NOT LIKE 'idem:%')
+		AND s.created_at = k.created_at AND s.name NOT LIKE 'idem:%' AND (s.done OR s.started_token <> 0))
 ORDER BY k.updated_at LIMIT ?`
 
 // Abandoned implements idemdriver.AbandonedLister: one SELECT.

@@ -65,10 +65,11 @@ SELECT 1 FROM k`)
 // resolveStepSQL ends an UNKNOWN life (compare-and-set on its token) with
 // its step applied (@applied: the result recorded) or not (the start
 // cleared); both statements of a transaction, the step first: each returns
-// a row when it took effect.
+// a row when it took effect. The record's attempts count from 0 again, so
+// that a completer that gave up (MaxAttempts) re-drives it.
 var (
 	resolveKeySQL = bind(append(lifeParams, "token", "offset", "retention"), `UPDATE idem_keys
-SET state = 'FAILED', expires_at = `+now+` + @retention::bigint * interval '1 microsecond', updated_at = `+now+`
+SET state = 'FAILED', attempts = 0, expires_at = `+now+` + @retention::bigint * interval '1 microsecond', updated_at = `+now+`
 WHERE scope = @scope AND key = @key AND created_at = @created AND fencing_token = @token AND state = 'UNKNOWN'
 RETURNING 1`)
 	resolveStepSQL = bind(append(lifeParams, "name", "offset", "applied", "result", "sealkey", "by", "why"), `UPDATE idem_steps s
@@ -262,14 +263,16 @@ func (d *Driver) ResolveStep(ctx context.Context, p idemdriver.ResolveStepParams
 
 var _ idemdriver.AbandonedLister = (*Driver)(nil)
 
-// abandonedSQL reads the abandoned records past a started step, through
-// the partial indexes of PROCESSING (by lease) and FAILED records.
+// abandonedSQL reads the abandoned records past a started step (one with
+// a result or a start: a start an operator cleared, resolving it not
+// applied, is none), through the partial indexes of PROCESSING (by lease)
+// and FAILED records.
 var abandonedSQL = `SELECT ` + columns + `, ` + now + `
 	FROM idem_keys k
 	WHERE ((k.state = 'PROCESSING' AND k.locked_until <= ` + now + `) OR k.state = 'FAILED')
 		AND k.updated_at <= ` + now + ` - @grace::bigint * interval '1 microsecond'
 		AND EXISTS (SELECT 1 FROM idem_steps s WHERE s.scope = k.scope AND s.key = k.key AND s.created_at = k.created_at
-			AND s.name NOT LIKE 'idem:%')
+			AND s.name NOT LIKE 'idem:%' AND (s.done OR s.started_token <> 0))
 	ORDER BY k.updated_at LIMIT @limit`
 
 // Abandoned implements idemdriver.AbandonedLister.

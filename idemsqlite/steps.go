@@ -57,8 +57,9 @@ var markUnknownKeySQL = `UPDATE idem_keys SET state = 'UNKNOWN', locked_until = 
 var markUnknownStepSQL = `UPDATE idem_steps SET reason = @reason WHERE` + stepKey
 
 // resolveKeySQL ends an UNKNOWN life, a compare-and-set on its token: FAILED
-// (locked_until stays NULL), expiring after @retention.
-var resolveKeySQL = `UPDATE idem_keys SET state = 'FAILED', expires_at = ` + now + ` + @retention, updated_at = ` + now + `
+// (locked_until stays NULL), expiring after @retention, its attempts
+// counted from 0 (a completer that gave up re-drives it).
+var resolveKeySQL = `UPDATE idem_keys SET state = 'FAILED', attempts = 0, expires_at = ` + now + ` + @retention, updated_at = ` + now + `
 WHERE scope = @scope AND key = @key AND created_at = @created AND fencing_token = @token AND state = 'UNKNOWN'`
 
 // resolveStepSQL records the step's resolution: applied, @result is its
@@ -224,7 +225,8 @@ func execTx(ctx context.Context, tx *sql.Tx, q string, args []any) (int64, error
 
 var _ idemdriver.AbandonedLister = (*Driver)(nil)
 
-// abandonedSQL reads the abandoned records past a started step. One
+// abandonedSQL reads the abandoned records past a started step (a result
+// or a start; a start an operator cleared is none). One
 // table of two SELECTs, which SQLite flattens into a compound, each arm
 // through a partial index (an OR of the two would scan idem_keys): the
 // PROCESSING records by lease up to now (idem_keys_processing), the FAILED
@@ -238,7 +240,7 @@ var abandonedSQL = `SELECT ` + columns + `, ` + now + `
 		UNION ALL SELECT * FROM idem_keys WHERE state = 'FAILED') AS k
 	WHERE k.updated_at <= ` + now + ` - @grace
 		AND EXISTS (SELECT 1 FROM idem_steps AS s WHERE s.scope = k.scope AND s.key = k.key AND s.created_at = k.created_at
-			AND s.name NOT GLOB 'idem:*')
+			AND s.name NOT GLOB 'idem:*' AND (s.done OR s.started_token <> 0))
 	ORDER BY k.updated_at LIMIT @limit`
 
 // Abandoned implements idemdriver.AbandonedLister.

@@ -24,7 +24,8 @@ func runAbandoned(t *testing.T, h Harness) {
 
 // abandonedOn claims key on sd, starts the steps named (none: no step),
 // and ends it as end says: "live", "dead" (its lease runs out with the
-// clock), "failed", "succeeded", "unknown".
+// clock), "failed", "succeeded", "unknown", "not-applied" (UNKNOWN, then
+// resolved not applied).
 func abandonedOn(t *testing.T, sd *ShiftedDriver, key, end string, steps ...string) idemdriver.Record {
 	t.Helper()
 	res := claim(t, sd, params("acct", key, "body"))
@@ -40,6 +41,9 @@ func abandonedOn(t *testing.T, sd *ShiftedDriver, key, end string, steps ...stri
 		require.True(t, complete(t, sd, fence(rec), okResponse(`{}`)))
 	case "unknown":
 		require.NoError(t, sd.MarkUnknown(context.Background(), unknownOf(rec, steps[0])))
+	case "not-applied": // resolved so by an operator: FAILED, its start cleared
+		require.NoError(t, sd.MarkUnknown(context.Background(), unknownOf(rec, steps[0])))
+		require.NoError(t, sd.ResolveStep(context.Background(), resolveOf(rec, steps[0], false)))
 	}
 	return rec
 }
@@ -70,6 +74,7 @@ func abandonedPastAStepOnly(t *testing.T, h Harness) {
 	abandonedOn(t, sd, "failed-internal", "failed", idemdriver.KeptRequestStep)
 	abandonedOn(t, sd, "succeeded", "succeeded", "charge")
 	abandonedOn(t, sd, "unknown", "unknown", "charge")
+	abandonedOn(t, sd, "not-applied", "not-applied", "charge") // a cleared start is no started step
 	sd.Clock.Advance(lease + time.Second)
 	abandonedOn(t, sd, "live", "live", "charge")
 	require.ElementsMatch(t, []string{"dead", "failed"}, abandoned(t, sd, 0, 10))

@@ -186,6 +186,7 @@ func unknownResolveApplied(t *testing.T, h Harness) {
 
 	got := record(t, sd, rec.Scope, rec.Key)
 	require.Equal(t, idemdriver.StateFailed, got.State)
+	require.Zero(t, got.Attempts, "attempts count from the resolution (a completer's MaxAttempts)")
 	require.True(t, got.CreatedAt.Equal(rec.CreatedAt), "the same life")
 	require.Less(t, got.ExpiresAt.Year(), 9999, "expires_at %s", got.ExpiresAt)
 	s := steps(t, sd, rec)[0]
