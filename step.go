@@ -97,6 +97,11 @@ func (atMostOnce) stepOption() {}
 // became of it, never running fn while the callee cannot tell
 // (ErrStepUnreconciled); the completer ends it UNKNOWN once its attempts
 // are spent.
+//
+// The promise holds within the record's retention: a request after it
+// starts a new life. So a completer (package completer) ends UNKNOWN a
+// start it cannot re-drive (Do, gRPC) shortly before its record expires;
+// without one, such a record expires as any other.
 func AtMostOnce() StepOption { return atMostOnce{} }
 
 type reconcile[T any] struct {

@@ -17,7 +17,10 @@
 // (idem.ErrOutcomeUnknown) for an operator: a step started, so the effect
 // may have happened. An execution with no request kept (Do, gRPC, a route
 // without KeepForRedrive) is not its to finish: it leaves it to its
-// client's retry or its queue's redelivery.
+// client's retry or its queue's redelivery; but an at-most-once step such
+// an execution started without a result is ended UNKNOWN near its
+// record's expiry, since a request after the expiry would start a new
+// life and run the step again.
 package completer
 
 //lint:file-ignore ST1005 validation errors start with the Config field they name
@@ -331,7 +334,7 @@ func (c *Completer) Cycle(ctx context.Context) error {
 		go func() {
 			defer c.wg.Done()
 			defer func() { <-c.slots; c.busy.Delete(rec.Scope + "\x00" + rec.Key) }()
-			o := c.complete(ctx, rec)
+			o := c.complete(ctx, rec, now)
 			if c.cfg.OnRedrive != nil {
 				c.cfg.OnRedrive(o)
 			}
@@ -402,6 +405,14 @@ func firstStep(steps []idemdriver.Step) string {
 // Wait waits for the re-drives a Cycle started.
 func (c *Completer) Wait() { c.wg.Wait() }
 
+// holdMargin is how long before rec's expiry the completer ends UNKNOWN a
+// held at-most-once start that it cannot re-drive: a tenth of the
+// record's retention (from its life's start), at most an hour, at least
+// ten intervals (so that a cycle sees it in time).
+func (c *Completer) holdMargin(rec idemdriver.Record) time.Duration {
+	return max(min(time.Hour, rec.ExpiresAt.Sub(rec.CreatedAt)/10), 10*c.cfg.Interval)
+}
+
 // due reports whether rec's next re-drive is due at now: untouched for
 // Grace × 2^(n-1), n its attempts past the client's first, with a jitter
 // of up to a half of that, fixed per (key, attempts).
@@ -415,7 +426,7 @@ func (c *Completer) due(rec idemdriver.Record, now time.Time) bool {
 }
 
 // complete re-drives rec, or ends it UNKNOWN when it cannot.
-func (c *Completer) complete(ctx context.Context, rec idemdriver.Record) Outcome {
+func (c *Completer) complete(ctx context.Context, rec idemdriver.Record, now time.Time) Outcome {
 	o := Outcome{Scope: rec.Scope, Key: rec.Key}
 	life := idemdriver.StepParams{Scope: rec.Scope, Key: rec.Key, CreatedAt: rec.CreatedAt, ClockOffset: c.cfg.ClockOffset}
 	steps, err := c.store.Steps(ctx, life)
@@ -435,7 +446,15 @@ func (c *Completer) complete(ctx context.Context, rec idemdriver.Record) Outcome
 	if kept == nil {
 		// Not this completer's to finish: a route that keeps no request
 		// (Do, gRPC, an HTTP route without KeepForRedrive). Its client's
-		// retry, or its queue's redelivery, resumes it.
+		// retry, or its queue's redelivery, resumes it; but a held
+		// at-most-once start must not expire with its record: a request
+		// after the expiry starts a new life, which would run the step
+		// again. Near its expiry, it is held UNKNOWN for an operator.
+		for _, s := range steps {
+			if idemdriver.StepHeld(s) && rec.ExpiresAt.Sub(now) <= c.holdMargin(rec) {
+				return c.giveUp(ctx, rec, s.Name, idemdriver.ReasonStepUnrecorded, o)
+			}
+		}
 		c.skipped.Add(1)
 		c.cfg.Logger.Debug("idem: completer: no request kept for a re-drive; left to its client", "scope", rec.Scope, "key", rec.Key)
 		return o

@@ -388,3 +388,41 @@ func TestCompleterGivesUpOnAMismatchedKeptRequest(t *testing.T) {
 	require.Zero(t, c.Stats().Redriven)
 	require.Equal(t, int32(1), s.runs.Load(), "the edited request never ran")
 }
+
+// An at-most-once step started without a result, on a route that keeps no
+// request (Do, gRPC): left to its client's retry or its queue's
+// redelivery, until its record nears its expiry; then held UNKNOWN
+// (step-unrecorded), because a request after the expiry would start a new
+// life and run the step again. Regression: found by a fresh user, the
+// record expired, and the next Do ran the step a second time.
+func TestCompleterHoldsAnExpiringAtMostOnceStart(t *testing.T) {
+	onStores(t, func(t *testing.T, store func(t *testing.T) idem.Store) {
+		s := newShop(t, store(t), false, nil)
+		ctx := context.Background()
+		res, err := s.store.Claim(ctx, idemdriver.ClaimParams{Scope: "acme", Key: "sms-1", Method: "DO",
+			Fingerprint: make([]byte, 32), LeaseDuration: time.Second, Retention: time.Hour})
+		require.NoError(t, err)
+		rec := res.Record
+		_, err = s.store.(idemdriver.Stepper).StartStep(ctx, idemdriver.StartStepParams{StepParams: idemdriver.StepParams{
+			Scope: "acme", Key: "sms-1", FencingToken: rec.FencingToken, CreatedAt: rec.CreatedAt, Name: "sms"},
+			Relay: []byte("relay"), AtMostOnce: true})
+		require.NoError(t, err)
+
+		early := s.completer(t, completer.Config{Grace: 1, ClockOffset: time.Minute})
+		cycle(t, early)
+		got, err := s.store.Get(ctx, idemdriver.GetParams{Scope: "acme", Key: "sms-1"})
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateProcessing, got.State, "well before its expiry: left to its client")
+		require.EqualValues(t, 1, early.Stats().Skipped)
+
+		late := s.completer(t, completer.Config{Grace: 1, ClockOffset: time.Hour - 5*time.Minute, Holder: "late"})
+		cycle(t, late)
+		got, err = s.store.Get(ctx, idemdriver.GetParams{Scope: "acme", Key: "sms-1"})
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.StateUnknown, got.State, "near its expiry: held for an operator")
+		require.True(t, got.CreatedAt.Equal(rec.CreatedAt), "the same life")
+		steps, err := s.store.(idemdriver.Stepper).Steps(ctx, idemdriver.StepParams{Scope: "acme", Key: "sms-1", CreatedAt: rec.CreatedAt})
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.ReasonStepUnrecorded, steps[0].Reason)
+	})
+}

@@ -190,7 +190,8 @@ var ErrFencedOut = errors.New("idemdriver: the execution no longer owns its reco
 var ErrSchemaTooOld = errors.New("idemdriver: the store's schema predates this statement; apply its migrations")
 
 // ErrStepsUnsupported is wrapped by a Stepper's error when its store keeps
-// no steps (idempgx on a partitioned table): nothing was written.
+// no steps (a driver's schema that predates them wraps ErrSchemaTooOld
+// instead): nothing was written.
 var ErrStepsUnsupported = errors.New("idemdriver: this store keeps no steps")
 
 // StepHeld reports whether s is an at-most-once start that StartStep never

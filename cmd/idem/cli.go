@@ -718,7 +718,8 @@ charge again.
 
 Release a record only when you know no side effect happened (a validation
 failure, say, that a client must retry with another body), or when you have
-reconciled with the provider. So every record needs --force:
+reconciled with the provider. So every record needs --force, and an UNKNOWN
+one is never released:
 
   PROCESSING past its lease       refused unless --force: the next request
                                   takes it over with the same relayed key
@@ -735,13 +736,20 @@ reconciled with the provider. So every record needs --force:
                                   would run again instead of being replayed
                                   (without its response, a damaged record,
                                   it is answered 500 response-missing until
-                                  released; its side effect did happen)`,
+                                  released; its side effect did happen)
+  UNKNOWN                         refused, even with --force: end it with
+                                  idem resolve (see its --help)`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if rf.key == "" || !cmd.Flags().Changed("scope") {
 				return usageError{errors.New("--scope and --key are required")}
 			}
 			return withRecord(cmd, g, out, rf, true, func(ctx context.Context, s *store, rec idemdriver.Record) error {
+				if rec.State == idemdriver.StateUnknown {
+					return errors.New("not released, even with --force: it is UNKNOWN (an at-most-once step started, and whether " +
+						"its effect happened cannot be told); released, the next request would run that step again. " +
+						"End it with `idem resolve --applied` or `--not-applied` once you know")
+				}
 				if why := releaseRefusal(rec); !force {
 					return fmt.Errorf("not released: %s. Released, the next request would run as new under a new relayed key, "+
 						"and a provider that already charged would charge again; give --force only when you know no side effect "+

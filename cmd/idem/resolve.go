@@ -45,14 +45,18 @@ then say it here:
 
 Either is a compare-and-set on the record as just read (its fencing token,
 created_at and state UNKNOWN) and keeps --by, --why and the time on the step.
-The record becomes FAILED with its retention running again: the next request
-of the key (the client's retry) resumes the execution in the same life, and
-gets the step's result without running it (applied), or runs it (not
-applied). --step names the step when the record has several; by default, the
-one that made it UNKNOWN. The result must decode into the step's type (the
-JSON its handler's type encodes, field names included): one that does not
-makes the record UNKNOWN again (step-result-undecodable), and resolve can
-then be run again.`,
+The record becomes FAILED with its retention running again and its attempts
+counted from 0: the next request of the key resumes the execution in the same
+life, and gets the step's result without running it (applied), or runs it (not
+applied). Applied, that request is the client's retry or the completer's
+re-drive; not applied, only the client's (the completer never starts a step
+that did not happen). --step names the step when the record has several; by
+default, the one that made it UNKNOWN. The result must decode into the step's
+type (the JSON its handler's type encodes, with its field names: a field of
+another name is ignored, and leaves the value empty): one that does not
+decode makes the record UNKNOWN again (step-result-undecodable), and resolve
+can then be run again. On a partitioned store, --retention is at most the
+store's longest retention (DaysAhead - 1 days).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.check(cmd); err != nil {
@@ -115,6 +119,9 @@ func resolve(ctx context.Context, g *globals, out io.Writer, s *store, rec idemd
 	step, err := unknownStep(steps, f.step)
 	if err != nil {
 		return err
+	}
+	if lim, ok := s.Driver.(idemdriver.RetentionLimiter); ok && f.retention > lim.MaxRetention() {
+		return usageError{fmt.Errorf("--retention %s exceeds this store's longest retention, %s (its partitions ahead)", f.retention, lim.MaxRetention())}
 	}
 	p := idemdriver.ResolveStepParams{StepParams: life, Applied: f.applied, By: f.by, Why: f.why, Retention: f.retention}
 	p.Name = step.Name

@@ -55,13 +55,21 @@ func TestResolve(t *testing.T) {
 			require.Len(t, unknown, 2)
 			require.Equal(t, "step-uncertain", unknown[0].(map[string]any)["reason"])
 
-			_, errOut, code := c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", "tr_1", "--by", "ops", "--why", "x")
+			_, errOut, code := c.run("release", "--scope", "acct", "--key", "a", "--force")
+			require.Equal(t, 1, code)
+			require.Contains(t, errOut, "not released, even with --force: it is UNKNOWN", "never released: its next life would run the step again")
+			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", "tr_1", "--by", "ops", "--why", "x")
 			require.Equal(t, 2, code, "a result that is not JSON: %s", errOut)
 			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", "null", "--by", "ops", "--why", "x")
 			require.Equal(t, 2, code, "a null result: %s", errOut)
 			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`)
 			require.Equal(t, 2, code, "--by and --why are required: %s", errOut)
 
+			if b.partitioned {
+				_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`, "--by", "ops", "--why", "x", "--retention", "200h")
+				require.Equal(t, 2, code)
+				require.Contains(t, errOut, "exceeds this store's longest retention, 144h0m0s", "not the database's 'no partition'")
+			}
 			out := c.ok("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`, "--by", "ops@example.com", "--why", "INC-7 statement")
 			require.Contains(t, out, "resolved acct/a step transfer: applied")
 			c.ok("resolve", "--scope", "acct", "--key", "b", "--not-applied", "--by", "ops@example.com", "--why", "not on the statement")
