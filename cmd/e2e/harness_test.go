@@ -20,14 +20,14 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for inspection
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for inspection
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/internal/supervise"
-	"github.com/idemgo/idem/idempgx"
 	"github.com/idemgo/idem/idemmysql"
+	"github.com/idemgo/idem/idempgx"
 	"github.com/idemgo/idem/idemsqlite"
 	"github.com/idemgo/idem/internal/dbtest"
 )
