@@ -746,9 +746,9 @@ one is never released:
 			}
 			return withRecord(cmd, g, out, rf, true, func(ctx context.Context, s *store, rec idemdriver.Record) error {
 				if rec.State == idemdriver.StateUnknown {
-					return errors.New("not released, even with --force: it is UNKNOWN (an at-most-once step started, and whether " +
-						"its effect happened cannot be told); released, the next request would run that step again. " +
-						"End it with `idem resolve --applied` or `--not-applied` once you know")
+					return errors.New("not released, even with --force: it is UNKNOWN (an at-most-once step started without a " +
+						"result, or the completer could not finish it: idem inspect shows its steps); released, the next request " +
+						"would run its steps again. End it with `idem resolve --applied` or `--not-applied` once you know")
 				}
 				if why := releaseRefusal(rec); !force {
 					return fmt.Errorf("not released: %s. Released, the next request would run as new under a new relayed key, "+

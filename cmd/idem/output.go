@@ -223,7 +223,7 @@ func nextRequest(rec idemdriver.Record, now time.Time, n sealNote) string {
 		return "500 record-damaged: the record is PROCESSING without a lease bound (locked_until NULL), so no request " +
 			"takes it over; release it once you know what its execution did"
 	case rec.State == idemdriver.StateUnknown:
-		return "409 outcome-unknown: an at-most-once step started and its outcome cannot be known; it is never run again " +
+		return "409 outcome-unknown: an at-most-once step started without a result, or the completer could not finish it (its step's reason says which); it is never run again " +
 			"nor purged: find out from the callee what happened, then `idem resolve`"
 	case !rec.ExpiresAt.After(now):
 		return "runs as a new request: the record expired " + dur(now.Sub(rec.ExpiresAt)) + " ago"
@@ -656,10 +656,11 @@ func orDash(s string) string {
 }
 
 // stepView is a step of the record's life as inspect shows it: the step,
-// and its relayed key when it opens (sealed, without the key).
+// and its relayed key and recorded result (the envelope Step records, JSON)
+// when they open (sealed, without the key: none).
 type stepView struct {
 	idemdriver.Step
-	relay string
+	relay, result string
 }
 
 // state is started, done or cleared (a resolution's not applied).
@@ -688,6 +689,9 @@ func (s stepView) describe() string {
 	if s.relay != "" && !strings.HasPrefix(s.Name, idemdriver.InternalStepPrefix) {
 		parts = append(parts, "relayed key "+s.relay)
 	}
+	if s.result != "" {
+		parts = append(parts, "result "+s.result)
+	}
 	return strings.Join(parts, "; ")
 }
 
@@ -702,6 +706,9 @@ func (s stepView) json() map[string]any {
 	}
 	if s.relay != "" && !strings.HasPrefix(s.Name, idemdriver.InternalStepPrefix) {
 		v["relayed_key"] = s.relay
+	}
+	if s.result != "" {
+		v["result"] = json.RawMessage(s.result)
 	}
 	return v
 }

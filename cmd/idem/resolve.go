@@ -28,20 +28,26 @@ type resolveFlags struct {
 func resolveCmd(g *globals, out io.Writer) *cobra.Command {
 	var f resolveFlags
 	c := &cobra.Command{
-		Use:   "resolve --scope S --key K (--applied --result JSON | --not-applied) --by WHO --why TEXT",
+		Use:   "resolve --scope S --key K (--applied [--result JSON] | --not-applied) --by WHO --why TEXT",
 		Short: "End an UNKNOWN record: its at-most-once step's effect happened (with its result) or did not",
 		Long: `End an UNKNOWN record (docs/contract.md section 11.3): an at-most-once step
-(idem.AtMostOnce) started and its outcome could not be known, so every request
-of the key is answered 409 outcome-unknown and nothing runs it again. Find out
-from the callee (the bank's statement, the SMS gateway's log) what happened,
-then say it here:
+(idem.AtMostOnce) started and its outcome could not be known, or an execution
+the completer could not finish (completer-gave-up, not-redrivable), so every
+request of the key is answered 409 outcome-unknown and nothing runs it again.
+idem inspect shows its steps, with the result of those that have one. Find
+out from the callee (the bank's statement, the SMS gateway's log) what
+happened, then say it here:
 
   --applied --result JSON   the effect happened; JSON is the step's result as
                             its handler's type encodes it ("tr_123", or an
                             object), recorded as the step's result (sealed
-                            with --seal-key when the store seals)
+                            with --seal-key when the store seals). Without
+                            --result, a step that has a recorded result
+                            keeps it
   --not-applied             the effect did not happen; the step's start is
-                            cleared, so the next execution runs it
+                            cleared, so the next execution runs it. Refused
+                            for a step with a recorded result: its effect
+                            happened
 
 Either is a compare-and-set on the record as just read (its fencing token,
 created_at and state UNKNOWN) and keeps --by, --why and the time on the step.
@@ -86,7 +92,7 @@ func (f *resolveFlags) check(cmd *cobra.Command) error {
 		return usageError{errors.New("--scope and --key are required")}
 	case f.applied == f.notApplied:
 		return usageError{errors.New("give one of --applied (with --result) and --not-applied")}
-	case f.applied && !json.Valid([]byte(f.result)):
+	case f.applied && f.result != "" && !json.Valid([]byte(f.result)):
 		return usageError{fmt.Errorf("--result must be the step's result as JSON (a string is quoted: '\"tr_123\"'), not %q", f.result)}
 	case f.applied && strings.TrimSpace(f.result) == "null":
 		return usageError{errors.New("--result null records no result: give the step's value as its handler's type encodes it")}
@@ -125,7 +131,20 @@ func resolve(ctx context.Context, g *globals, out io.Writer, s *store, rec idemd
 	}
 	p := idemdriver.ResolveStepParams{StepParams: life, Applied: f.applied, By: f.by, Why: f.why, Retention: f.retention}
 	p.Name = step.Name
-	if f.applied {
+	kept := ""
+	switch {
+	case step.Done && f.notApplied:
+		return fmt.Errorf("not resolved: step %q has a recorded result (see inspect): its effect happened. --not-applied would erase "+
+			"that result, and the next request would run the step again; resolve it --applied (without --result, the recorded "+
+			"result is kept)", step.Name)
+	case step.Done && f.applied && f.result == "":
+		p.Result, p.SealKey, kept = step.Result, step.SealKey, " (its recorded result kept)"
+	case step.Done && f.applied:
+		kept = " (its recorded result replaced by --result)"
+	case f.applied && f.result == "":
+		return usageError{fmt.Errorf("--result is required: step %q has no recorded result", step.Name)}
+	}
+	if f.applied && f.result != "" {
 		if step.SealKey != "" && g.keyring == nil {
 			return fmt.Errorf("not resolved: the record's steps are sealed (key %q): give --seal-key, so that the server can open the result", step.SealKey)
 		}
@@ -142,7 +161,7 @@ func resolve(ctx context.Context, g *globals, out io.Writer, s *store, rec idemd
 	}
 	what, next := "not applied", "runs the step"
 	if f.applied {
-		what, next = "applied", "gets the step's result without running it"
+		what, next = "applied"+kept, "gets the step's result without running it"
 	}
 	return printLine(out, g.json,
 		fmt.Sprintf("resolved %s/%s step %s: %s; the record is FAILED, and its next request resumes it and %s", rec.Scope, rec.Key, step.Name, what, next),
@@ -220,9 +239,13 @@ func stepsOf(ctx context.Context, s *store, keyring *seal.Keyring, rec idemdrive
 	views := make([]stepView, 0, len(steps))
 	for _, step := range steps {
 		v := stepView{Step: step}
-		if plain, err := keyring.OpenStep(seal.Life{Scope: rec.Scope, Key: rec.Key, Created: rec.CreatedAt}, seal.PartStepRelay,
-			step.Name, step.SealKey, step.Relay); err == nil {
+		life := seal.Life{Scope: rec.Scope, Key: rec.Key, Created: rec.CreatedAt}
+		if plain, err := keyring.OpenStep(life, seal.PartStepRelay, step.Name, step.SealKey, step.Relay); err == nil {
 			v.relay = string(plain)
+		}
+		if plain, err := keyring.OpenStep(life, seal.PartStepResult, step.Name, step.SealKey, step.Result); err == nil && step.Done &&
+			json.Valid(plain) {
+			v.result = string(plain)
 		}
 		views = append(views, v)
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -97,6 +98,40 @@ func TestResolve(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, "ops@example.com", steps[0].ResolvedBy)
 			require.True(t, strings.HasPrefix(steps[0].ResolvedWhy, "INC-7"))
+
+			// A record the completer gave up on after its step recorded a
+			// result (here: fn failed after the step, then the give-up):
+			// inspect shows that result, --not-applied is refused (it
+			// would erase it, and the retry would run the step again:
+			// a fresh user's second charge), --applied keeps it.
+			ctx := context.Background()
+			_, err = g.Do(ctx, idem.DoParams{Scope: "acct", Key: "c"}, func(ctx context.Context) (idem.Result, error) {
+				_, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) { runs["c"]++; return "tr_c", nil }, idem.AtMostOnce())
+				require.NoError(t, err)
+				return idem.Result{}, errors.New("the ledger write failed")
+			})
+			require.Error(t, err)
+			failed, err := d.Get(ctx, idemdriver.GetParams{Scope: "acct", Key: "c"})
+			require.NoError(t, err)
+			again, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct", Key: "c", Method: failed.Method, Path: failed.Path,
+				Fingerprint: failed.Fingerprint, LeaseDuration: time.Minute, Retention: time.Hour})
+			require.NoError(t, err)
+			require.True(t, again.Claimed)
+			require.NoError(t, d.(idemdriver.Stepper).MarkUnknown(ctx, idemdriver.UnknownParams{StepParams: idemdriver.StepParams{
+				Scope: "acct", Key: "c", FencingToken: again.Record.FencingToken, CreatedAt: failed.CreatedAt, Name: "transfer"},
+				Reason: idemdriver.ReasonCompleterGaveUp}))
+			require.Contains(t, c.ok("inspect", "--scope", "acct", "--key", "c"), `result {"v":1,"value":"tr_c"}`)
+			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "c", "--not-applied", "--by", "ops", "--why", "x")
+			require.Equal(t, 1, code)
+			require.Contains(t, errOut, `step "transfer" has a recorded result`)
+			require.Contains(t, c.ok("resolve", "--scope", "acct", "--key", "c", "--applied", "--by", "ops", "--why", "x"), "applied (its recorded result kept)")
+			booked, err := g.Do(ctx, idem.DoParams{Scope: "acct", Key: "c"}, func(ctx context.Context) (idem.Result, error) {
+				id, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) { runs["c"]++; return "tr_again", nil }, idem.AtMostOnce())
+				return idem.Result{Body: []byte(id)}, err
+			})
+			require.NoError(t, err)
+			require.Equal(t, "tr_c", string(booked.Body), "the recorded result")
+			require.Equal(t, 1, runs["c"], "the step ran once")
 		})
 	}
 }
