@@ -315,10 +315,10 @@ func (a *api) charge(ctx context.Context, in paymentInput, relay, merchant strin
 		if err == nil {
 			a.faults.inCharge(ctx, c.ID)
 		}
-		if pe := (*ProviderError)(nil); a.atMostOnce && errors.As(err, &pe) {
-			// The provider answered without a charge: nothing was
-			// applied, so the step may run again. A timeout or a broken
-			// connection stays uncertain.
+		if pe := (*ProviderError)(nil); a.atMostOnce && errors.As(err, &pe) && pe.NotCharged() {
+			// The provider said that it charged nothing: not applied, so
+			// the step may run again. A timeout, a broken connection or a
+			// gateway's 502 stays uncertain.
 			return c, idem.StepNotApplied(err)
 		}
 		return c, err

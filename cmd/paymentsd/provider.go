@@ -77,6 +77,15 @@ type ProviderError struct {
 	RetryAfter time.Duration
 }
 
+// NotCharged reports whether the answer says that nothing was charged: a
+// refusal (4xx), or the provider's own problem document with 503 (cmd/fakepsp
+// answers 503 only before it charges). Any other answer, a gateway's 502 or
+// 504 among them (its upstream may have charged, and the answer been cut),
+// leaves the outcome uncertain.
+func (e *ProviderError) NotCharged() bool {
+	return e.Status >= 400 && e.Status < 500 || e.Status == http.StatusServiceUnavailable && e.Type != ""
+}
+
 func (e *ProviderError) Error() string {
 	s := fmt.Sprintf("payment provider answered %d", e.Status)
 	if e.Type != "" {

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -43,4 +45,55 @@ func TestRecordedChargeWithoutIDIsNotBooked(t *testing.T) {
 	require.Equal(t, http.StatusInternalServerError, r.status, "%s", r.body)
 	require.Zero(t, s.balance("acme").Payments, "nothing booked")
 	require.EqualValues(t, 1, provider.calls.Load())
+}
+
+// answeringProvider answers every charge with its status and body, as a
+// provider, or a gateway in front of it, does.
+type answeringProvider struct {
+	calls atomic.Int32
+	err   *ProviderError
+}
+
+func (p *answeringProvider) Charge(context.Context, ChargeRequest) (Charge, error) {
+	p.calls.Add(1)
+	return Charge{}, p.err
+}
+
+// With the charge declared at-most-once, only an answer that says nothing
+// was charged clears the step's start (the retry charges again): a
+// refusal, or the provider's own 503 problem. A gateway's 502, which
+// carries no problem of the provider's (its upstream may have charged and
+// the answer been cut), holds the record UNKNOWN: the provider is never
+// called again. Regression: every non-2xx answer cleared the start, and a
+// fresh user's gateway got two charges for one payment.
+func TestAtMostOnceChargeClearedOnlyWhenNotCharged(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		err     *ProviderError
+		calls   int32
+		unknown bool
+	}{
+		{"gateway 502", &ProviderError{Status: http.StatusBadGateway}, 1, true},
+		{"provider 503", &ProviderError{Status: http.StatusServiceUnavailable, Type: "unavailable", Detail: "nothing was charged"}, 2, false},
+		{"declined 402", &ProviderError{Status: http.StatusPaymentRequired, Type: "card-declined"}, 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			store := newSQLiteStore(t)
+			provider := &answeringProvider{err: tc.err}
+			h, err := newHandler(handlerConfig{Store: store, Provider: provider, Logger: discardLogger(), AtMostOnceCharge: true})
+			require.NoError(t, err)
+			srv := httptest.NewServer(h)
+			t.Cleanup(srv.Close)
+			s := &testServer{t: t, url: srv.URL, store: store}
+			body := `{"amount":1000,"currency":"JPY","customer":"cus_42"}`
+			first := s.postJSON("acme", "k1", body)
+			s.postJSON("acme", "k1", body)
+			require.Equal(t, tc.calls, provider.calls.Load(), "provider calls")
+			rec, err := store.Idem().Get(t.Context(), idemdriver.GetParams{Scope: "acme", Key: "k1"})
+			require.NoError(t, err)
+			require.Equal(t, tc.unknown, rec.State == idemdriver.StateUnknown, "state %s; first answer %d %s", rec.State, first.status, first.body)
+		})
+	}
 }
