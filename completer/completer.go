@@ -190,7 +190,7 @@ type Stats struct {
 }
 
 // Store is what a Completer needs of a store: every driver of this module
-// but a partitioned PostgreSQL table.
+// (idempgx on a plain or a partitioned table, idemmysql, idemsqlite).
 type Store interface {
 	idemdriver.Driver
 	idemdriver.Stepper

@@ -190,7 +190,7 @@ func (d *Driver) claimPartitioned(ctx context.Context, args []any) (idemdriver.C
 			lastErr = err
 			continue
 		case errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition"):
-			return res, fmt.Errorf("%w (run `idem partitions ensure` or an retention.Maintainer; Retention at most %s): %v",
+			return res, fmt.Errorf("%w (run `idem partitions ensure` or a retention.Maintainer; Retention at most %s): %v",
 				ErrNoPartition, d.MaxRetention(), err)
 		default:
 			return res, err

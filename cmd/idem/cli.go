@@ -440,7 +440,7 @@ func partitionsCmd(g *globals, out io.Writer) *cobra.Command {
 		Long: `In partitioned mode (idempgx.NewPartitioned; ` + "`idem migrate up --partitioned`" + `),
 idem_keys is range partitioned by expires_at, one partition per UTC day
 (idem_keys_pYYYYMMDD). Partitions are created ahead and dropped once every
-record in them has expired; an retention.Maintainer does both every cycle.`,
+record in them has expired; a retention.Maintainer does both every cycle.`,
 		Args: noArgs,
 	}
 	var daysAhead int

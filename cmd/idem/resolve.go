@@ -61,8 +61,8 @@ default, the one that made it UNKNOWN. The result must decode into the step's
 type (the JSON its handler's type encodes, with its field names: a field of
 another name is ignored, and leaves the value empty): one that does not
 decode makes the record UNKNOWN again (step-result-undecodable), and resolve
-can then be run again. On a partitioned store, --retention is at most the
-store's longest retention (DaysAhead - 1 days).`,
+can then be run again. On a partitioned store, now + --retention must fall
+in a partition that exists.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.check(cmd); err != nil {
@@ -126,8 +126,8 @@ func resolve(ctx context.Context, g *globals, out io.Writer, s *store, rec idemd
 	if err != nil {
 		return err
 	}
-	if lim, ok := s.Driver.(idemdriver.RetentionLimiter); ok && f.retention > lim.MaxRetention() {
-		return usageError{fmt.Errorf("--retention %s exceeds this store's longest retention, %s (its partitions ahead)", f.retention, lim.MaxRetention())}
+	if err := partitionedRetention(ctx, s, f.retention); err != nil {
+		return err
 	}
 	p := idemdriver.ResolveStepParams{StepParams: life, Applied: f.applied, By: f.by, Why: f.why, Retention: f.retention}
 	p.Name = step.Name
@@ -167,6 +167,35 @@ func resolve(ctx context.Context, g *globals, out io.Writer, s *store, rec idemd
 		fmt.Sprintf("resolved %s/%s step %s: %s; the record is FAILED, and its next request resumes it and %s", rec.Scope, rec.Key, step.Name, what, next),
 		map[string]any{"resolved": map[string]any{"scope": rec.Scope, "key": rec.Key, "step": step.Name, "applied": f.applied,
 			"by": f.by, "why": f.why, "fencing_token": rec.FencingToken}})
+}
+
+// partitionedRetention refuses a retention whose expires_at (now +
+// retention) no partition of a partitioned store holds: the last
+// partition's end is the bound, whatever DaysAhead the application runs
+// with (this process cannot know it).
+func partitionedRetention(ctx context.Context, s *store, retention time.Duration) error {
+	parts, ok := s.Driver.(idemdriver.Partitioner)
+	insp, ok2 := s.Driver.(idemdriver.Inspector)
+	if !ok || !ok2 || !parts.Partitioned() {
+		return nil
+	}
+	list, err := parts.Partitions(ctx)
+	if err != nil {
+		return err
+	}
+	now, err := insp.Now(ctx, 0)
+	if err != nil {
+		return err
+	}
+	if len(list) == 0 || !now.Add(retention).Before(list[len(list)-1].To) {
+		end := "none"
+		if len(list) > 0 {
+			end = list[len(list)-1].To.Format(time.RFC3339) + ", " + list[len(list)-1].To.Sub(now).Truncate(time.Minute).String() + " from now"
+		}
+		return usageError{fmt.Errorf("--retention %s ends past this store's last partition (its end: %s); give a shorter one, "+
+			"or create partitions further ahead (idem partitions ensure --days-ahead N)", retention, end)}
+	}
+	return nil
 }
 
 // unknownStep picks the step to resolve: name, or the one that made the

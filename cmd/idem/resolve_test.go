@@ -69,7 +69,7 @@ func TestResolve(t *testing.T) {
 			if b.partitioned {
 				_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`, "--by", "ops", "--why", "x", "--retention", "200h")
 				require.Equal(t, 2, code)
-				require.Contains(t, errOut, "exceeds this store's longest retention, 144h0m0s", "not the database's 'no partition'")
+				require.Contains(t, errOut, "--retention 200h0m0s ends past this store's last partition", "not the database's 'no partition'")
 			}
 			out := c.ok("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`, "--by", "ops@example.com", "--why", "INC-7 statement")
 			require.Contains(t, out, "resolved acct/a step transfer: applied")
