@@ -750,7 +750,12 @@ one is never released:
 						"result, or the completer could not finish it: idem inspect shows its steps); released, the next request " +
 						"would run its steps again. End it with `idem resolve --applied` or `--not-applied` once you know")
 				}
-				if why := releaseRefusal(rec); !force {
+				why := releaseRefusal(rec)
+				if started := startedSteps(ctx, s, rec); started != "" {
+					why += "; and steps of its life started (" + started + "): released, the next request runs them again " +
+						"under new relayed keys (idem.ReleaseKey refuses for that reason)"
+				}
+				if !force {
 					return fmt.Errorf("not released: %s. Released, the next request would run as new under a new relayed key, "+
 						"and a provider that already charged would charge again; give --force only when you know no side effect "+
 						"happened (a validation failure, say) or have reconciled with the provider", why)
@@ -782,6 +787,27 @@ one is never released:
 	c.Flags().BoolVar(&force, "force", false,
 		"delete the record: only when no side effect happened or you have reconciled with the provider (see above)")
 	return c
+}
+
+// startedSteps names the application's steps of rec's life that started
+// or have a result ("charge: result recorded, sms: started"), "" for none
+// or when they cannot be read.
+func startedSteps(ctx context.Context, s *store, rec idemdriver.Record) string {
+	views, err := stepsOf(ctx, s, nil, rec)
+	if err != nil {
+		return ""
+	}
+	var names []string
+	for _, v := range views {
+		switch {
+		case strings.HasPrefix(v.Name, idemdriver.InternalStepPrefix):
+		case v.Done:
+			names = append(names, v.Name+": result recorded")
+		case v.StartedToken != 0:
+			names = append(names, v.Name+": started")
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 // releaseRefusal says why releasing rec needs --force, which every record

@@ -132,6 +132,9 @@ func TestResolve(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, "tr_c", string(booked.Body), "the recorded result")
 			require.Equal(t, 1, runs["c"], "the step ran once")
+			_, errOut, code = c.run("release", "--scope", "acct", "--key", "c")
+			require.Equal(t, 1, code)
+			require.Contains(t, errOut, "steps of its life started (transfer: result recorded)", "release names the steps it would run again")
 		})
 	}
 }
