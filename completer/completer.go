@@ -37,7 +37,6 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -142,10 +141,7 @@ func (c Config) WithDefaults() Config {
 	c.Lease = cmp.Or(c.Lease, idem.DefaultLeaseDuration)
 	c.Retention = cmp.Or(c.Retention, idem.DefaultRetention)
 	c.LockTTL = cmp.Or(c.LockTTL, 3*c.Interval)
-	if c.Holder == "" {
-		host, _ := os.Hostname()
-		c.Holder = fmt.Sprintf("%s:%d", host, os.Getpid())
-	}
+	c.Holder = cmp.Or(c.Holder, seat.Holder())
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

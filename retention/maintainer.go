@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,10 +100,7 @@ func (c Config) WithDefaults() Config {
 	if c.LockTTL == 0 {
 		c.LockTTL = max(3*c.Interval, DefaultLockTTLMin)
 	}
-	if c.Holder == "" {
-		host, _ := os.Hostname()
-		c.Holder = fmt.Sprintf("%s:%d", host, os.Getpid())
-	}
+	c.Holder = cmp.Or(c.Holder, seat.Holder())
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

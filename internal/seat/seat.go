@@ -7,12 +7,21 @@ package seat
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
 	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
 )
+
+// Holder names this process in a seat's lease, by default:
+// "hostname:pid".
+func Holder() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s:%d", host, os.Getpid())
+}
 
 // Seat is one role's lease, held by at most one process at a time. Its
 // methods but Held are not safe for concurrent use: one loop owns it.
