@@ -386,12 +386,11 @@ func (c *Completer) claimOf(rec idemdriver.Record) idemdriver.ClaimParams {
 		ClockOffset: c.cfg.ClockOffset}
 }
 
-// firstStep is the name of the first of steps that is the application's
-// and started (a result or a start; not one cleared by an operator's
-// resolution, not applied), "" for none (see idemdriver.AbandonedLister).
+// firstStep is the name of the first of steps that has started
+// (idemdriver.StepStarted), "" for none.
 func firstStep(steps []idemdriver.Step) string {
 	for _, s := range steps {
-		if !strings.HasPrefix(s.Name, idemdriver.InternalStepPrefix) && (s.Done || s.StartedToken != 0) {
+		if idemdriver.StepStarted(s) {
 			return s.Name
 		}
 	}
@@ -466,7 +465,7 @@ func (c *Completer) complete(ctx context.Context, rec idemdriver.Record, now tim
 	w := httptest.NewRecorder()
 	c.cfg.Handler.ServeHTTP(w, req)
 	problem := problemType(w)
-	if strings.HasSuffix(problem, "#key-reused") {
+	if problem == keyReused {
 		// The kept request does not match the record's fingerprint (or its
 		// route): the middleware refused it, and nothing ran. It will never
 		// match: the execution cannot be re-driven.
@@ -546,6 +545,9 @@ func (c *Completer) failed(o Outcome, err error) Outcome {
 	o.Err = err
 	return o
 }
+
+// keyReused is the problem type of idem's 422 (idem.ErrKeyReused).
+var keyReused = idem.ProblemFor(idem.ErrKeyReused, "").Type
 
 // problemType is the type of the problem w holds, "" for none.
 func problemType(w *httptest.ResponseRecorder) string {

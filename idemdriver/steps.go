@@ -3,6 +3,7 @@ package idemdriver
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 )
 
@@ -198,6 +199,14 @@ var ErrStepsUnsupported = errors.New("idemdriver: this store keeps no steps")
 // starts again: started (StartedToken not 0), without a result. Its effect
 // may have happened; only a reconcile function or ResolveStep ends it.
 func StepHeld(s Step) bool { return s.AtMostOnce && !s.Done && s.StartedToken != 0 }
+
+// StepStarted reports whether s is a started step of the application's
+// (CONTRACT section 11.4): not an internal one (InternalStepPrefix), with a
+// result or a start; a start cleared by ResolveStep, not applied, is none.
+// AbandonedLister's drivers state the same rule in SQL.
+func StepStarted(s Step) bool {
+	return !strings.HasPrefix(s.Name, InternalStepPrefix) && (s.Done || s.StartedToken != 0)
+}
 
 // InternalStepPrefix begins the names of the steps idem writes itself (the
 // request kept for a re-drive, KeptRequestStep); an application's step

@@ -800,10 +800,10 @@ func startedSteps(ctx context.Context, s *store, rec idemdriver.Record) string {
 	var names []string
 	for _, v := range views {
 		switch {
-		case strings.HasPrefix(v.Name, idemdriver.InternalStepPrefix):
+		case !idemdriver.StepStarted(v.Step):
 		case v.Done:
 			names = append(names, v.Name+": result recorded")
-		case v.StartedToken != 0:
+		default:
 			names = append(names, v.Name+": started")
 		}
 	}
