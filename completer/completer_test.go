@@ -194,8 +194,7 @@ func TestCompleterGivesUp(t *testing.T) {
 			for range 3 {
 				cycle(t, c)
 			}
-			rec, err := s.store.Get(context.Background(), idemdriver.GetParams{Scope: "acme", Key: "pay-1"})
-			require.NoError(t, err)
+			rec := record(t, s.store, "pay-1")
 			require.Equal(t, idemdriver.StateUnknown, rec.State, tc.name)
 			steps, err := s.store.(idemdriver.Stepper).Steps(context.Background(), idemdriver.StepParams{Scope: "acme", Key: "pay-1", CreatedAt: rec.CreatedAt})
 			require.NoError(t, err)
@@ -229,8 +228,7 @@ func TestCompleterGivesUp(t *testing.T) {
 func resolve(t *testing.T, store idemdriver.Driver, key string, applied bool, charge string) {
 	t.Helper()
 	ctx := context.Background()
-	rec, err := store.Get(ctx, idemdriver.GetParams{Scope: "acme", Key: key})
-	require.NoError(t, err)
+	rec := record(t, store, key)
 	result, err := idem.EncodeStepResult(charge)
 	require.NoError(t, err)
 	require.NoError(t, store.(idemdriver.Stepper).ResolveStep(ctx, idemdriver.ResolveStepParams{
@@ -252,8 +250,7 @@ func TestCompleterLeavesAResolutionNotApplied(t *testing.T) {
 		for range 2 {
 			cycle(t, c)
 		}
-		rec, err := s.store.Get(context.Background(), idemdriver.GetParams{Scope: "acme", Key: "pay-1"})
-		require.NoError(t, err)
+		rec := record(t, s.store, "pay-1")
 		require.Equal(t, idemdriver.StateUnknown, rec.State)
 		runs := s.runs.Load()
 
@@ -263,8 +260,7 @@ func TestCompleterLeavesAResolutionNotApplied(t *testing.T) {
 			cycle(t, c)
 		}
 		require.Equal(t, runs, s.runs.Load(), "not re-driven")
-		rec, err = s.store.Get(context.Background(), idemdriver.GetParams{Scope: "acme", Key: "pay-1"})
-		require.NoError(t, err)
+		rec = record(t, s.store, "pay-1")
 		require.Equal(t, idemdriver.StateFailed, rec.State, "left to its client")
 		require.Equal(t, http.StatusCreated, s.send("acme", "pay-1").Code, "the client's retry runs it")
 	})
@@ -313,8 +309,7 @@ func TestCompleterEndsStuckWithoutSteps(t *testing.T) {
 		require.True(t, res.Claimed)
 		c := s.completer(t, completer.Config{Grace: time.Minute, ClockOffset: time.Hour})
 		cycle(t, c)
-		rec, err := s.store.Get(ctx, idemdriver.GetParams{Scope: "acme", Key: "dead"})
-		require.NoError(t, err)
+		rec := record(t, s.store, "dead")
 		require.Equal(t, idemdriver.StateFailed, rec.State)
 		require.EqualValues(t, 1, c.Stats().Ended)
 		require.Zero(t, c.Stats().Redriven)
@@ -336,8 +331,7 @@ func TestCompleterLeavesWhatItCannotRedrive(t *testing.T) {
 		for range 3 {
 			cycle(t, c)
 		}
-		rec, err := s.store.Get(context.Background(), idemdriver.GetParams{Scope: "acme", Key: "pay-1"})
-		require.NoError(t, err)
+		rec := record(t, s.store, "pay-1")
 		require.Equal(t, idemdriver.StateFailed, rec.State)
 		require.Zero(t, c.Stats().Redriven)
 		require.EqualValues(t, 3, c.Stats().Skipped)
@@ -361,8 +355,7 @@ func TestCompleterGivesUpOnAMismatchedKeptRequest(t *testing.T) {
 	s.failWrites.Store(false)
 
 	ctx := context.Background()
-	rec, err := store.Get(ctx, idemdriver.GetParams{Scope: "acme", Key: "pay-1"})
-	require.NoError(t, err)
+	rec := record(t, store, "pay-1")
 	steps, err := store.(idemdriver.Stepper).Steps(ctx, idemdriver.StepParams{Scope: "acme", Key: "pay-1", CreatedAt: rec.CreatedAt})
 	require.NoError(t, err)
 	var kept idemdriver.Step
@@ -381,8 +374,7 @@ func TestCompleterGivesUpOnAMismatchedKeptRequest(t *testing.T) {
 	c := s.completer(t, completer.Config{Grace: 1})
 	cycle(t, c)
 	cycle(t, c)
-	rec, err = store.Get(ctx, idemdriver.GetParams{Scope: "acme", Key: "pay-1"})
-	require.NoError(t, err)
+	rec = record(t, store, "pay-1")
 	require.Equal(t, idemdriver.StateUnknown, rec.State)
 	require.EqualValues(t, 1, c.Stats().GaveUp)
 	require.Zero(t, c.Stats().Redriven)
@@ -410,19 +402,25 @@ func TestCompleterHoldsAnExpiringAtMostOnceStart(t *testing.T) {
 
 		early := s.completer(t, completer.Config{Grace: 1, ClockOffset: time.Minute})
 		cycle(t, early)
-		got, err := s.store.Get(ctx, idemdriver.GetParams{Scope: "acme", Key: "sms-1"})
-		require.NoError(t, err)
+		got := record(t, s.store, "sms-1")
 		require.Equal(t, idemdriver.StateProcessing, got.State, "well before its expiry: left to its client")
 		require.EqualValues(t, 1, early.Stats().Skipped)
 
 		late := s.completer(t, completer.Config{Grace: 1, ClockOffset: time.Hour - 5*time.Minute, Holder: "late"})
 		cycle(t, late)
-		got, err = s.store.Get(ctx, idemdriver.GetParams{Scope: "acme", Key: "sms-1"})
-		require.NoError(t, err)
+		got = record(t, s.store, "sms-1")
 		require.Equal(t, idemdriver.StateUnknown, got.State, "near its expiry: held for an operator")
 		require.True(t, got.CreatedAt.Equal(rec.CreatedAt), "the same life")
 		steps, err := s.store.(idemdriver.Stepper).Steps(ctx, idemdriver.StepParams{Scope: "acme", Key: "sms-1", CreatedAt: rec.CreatedAt})
 		require.NoError(t, err)
 		require.Equal(t, idemdriver.ReasonStepUnrecorded, steps[0].Reason)
 	})
+}
+
+// record is key's record in scope "acme" of store.
+func record(t *testing.T, store idemdriver.Driver, key string) idemdriver.Record {
+	t.Helper()
+	rec, err := store.Get(context.Background(), idemdriver.GetParams{Scope: "acme", Key: key})
+	require.NoError(t, err)
+	return rec
 }
