@@ -20,17 +20,12 @@ import (
 // of the same amount was answered with the first.
 func TestRecordedChargeWithoutIDIsNotBooked(t *testing.T) {
 	t.Parallel()
-	store := newSQLiteStore(t)
 	provider := &timingOutProvider{}
-	h, err := newHandler(handlerConfig{Store: store, Provider: provider, Logger: discardLogger(), AtMostOnceCharge: true})
-	require.NoError(t, err)
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	s := &testServer{t: t, url: srv.URL, store: store}
+	s := atMostOnceServer(t, provider)
 	body := `{"amount":1000,"currency":"JPY","customer":"cus_42"}`
 	require.Equal(t, http.StatusConflict, s.postJSON("acme", "k1", body).status)
 
-	d := store.Idem()
+	d := s.store.Idem()
 	key := "k1"
 	rec, err := d.Get(t.Context(), idemdriver.GetParams{Scope: "acme", Key: key})
 	require.NoError(t, err)
@@ -80,20 +75,27 @@ func TestAtMostOnceChargeClearedOnlyWhenNotCharged(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			store := newSQLiteStore(t)
 			provider := &answeringProvider{err: tc.err}
-			h, err := newHandler(handlerConfig{Store: store, Provider: provider, Logger: discardLogger(), AtMostOnceCharge: true})
-			require.NoError(t, err)
-			srv := httptest.NewServer(h)
-			t.Cleanup(srv.Close)
-			s := &testServer{t: t, url: srv.URL, store: store}
+			s := atMostOnceServer(t, provider)
 			body := `{"amount":1000,"currency":"JPY","customer":"cus_42"}`
 			first := s.postJSON("acme", "k1", body)
 			s.postJSON("acme", "k1", body)
 			require.Equal(t, tc.calls, provider.calls.Load(), "provider calls")
-			rec, err := store.Idem().Get(t.Context(), idemdriver.GetParams{Scope: "acme", Key: "k1"})
+			rec, err := s.store.Idem().Get(t.Context(), idemdriver.GetParams{Scope: "acme", Key: "k1"})
 			require.NoError(t, err)
 			require.Equal(t, tc.unknown, rec.State == idemdriver.StateUnknown, "state %s; first answer %d %s", rec.State, first.status, first.body)
 		})
 	}
+}
+
+// atMostOnceServer serves paymentsd's API with the charge declared
+// at-most-once, on a fresh SQLite store, through provider.
+func atMostOnceServer(t *testing.T, provider Provider) *testServer {
+	t.Helper()
+	store := newSQLiteStore(t)
+	h, err := newHandler(handlerConfig{Store: store, Provider: provider, Logger: discardLogger(), AtMostOnceCharge: true})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &testServer{t: t, url: srv.URL, store: store}
 }
