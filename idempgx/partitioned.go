@@ -173,6 +173,18 @@ const partContinues = `(k.method = @method AND k.path = @path AND k.fingerprint 
 // MaxRetention.
 var ErrNoPartition = errors.New("idempgx: no partition of idem_keys for this expires_at")
 
+// partitionErr wraps ErrNoPartition around PostgreSQL's error of a row
+// whose expires_at no partition holds (23514, "no partition of relation"),
+// saying what to do; other errors are returned as they are.
+func (d *Driver) partitionErr(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition") {
+		return fmt.Errorf("%w (run `idem partitions ensure` or a retention.Maintainer; Retention at most %s): %v",
+			ErrNoPartition, d.MaxRetention(), err)
+	}
+	return err
+}
+
 // errClaimRaced: the claim statement returned no row (see claimBatch).
 var errClaimRaced = errors.New("idempgx: the record changed during the claim")
 
@@ -182,18 +194,14 @@ func (d *Driver) claimPartitioned(ctx context.Context, args []any) (idemdriver.C
 	var lastErr error
 	for try := 0; try < maxClaimTries; try++ {
 		res, err := d.claimBatch(ctx, args)
-		var pgErr *pgconn.PgError
 		switch {
 		case err == nil:
 			return res, nil
 		case retryable(err), errors.Is(err, errClaimRaced):
 			lastErr = err
 			continue
-		case errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition"):
-			return res, fmt.Errorf("%w (run `idem partitions ensure` or a retention.Maintainer; Retention at most %s): %v",
-				ErrNoPartition, d.MaxRetention(), err)
 		default:
-			return res, err
+			return res, d.partitionErr(err)
 		}
 	}
 	return idemdriver.ClaimResult{}, fmt.Errorf("idempgx: claim gave no answer after %d tries: %w", maxClaimTries, lastErr)

@@ -301,6 +301,26 @@ func TestPartitionedMissingPartition(t *testing.T) {
 	require.Equal(t, 6*24*time.Hour, d.MaxRetention())
 }
 
+// A resolution whose retention ends past the partitions says so
+// (ErrNoPartition), and leaves the record UNKNOWN.
+func TestPartitionedResolveMissingPartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newPartitioned(t)
+	res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "a", Key: "k", Method: "POST", Path: "/",
+		Fingerprint: []byte("a"), LeaseDuration: time.Minute, Retention: time.Hour})
+	require.NoError(t, err)
+	life := idemdriver.StepParams{Scope: "a", Key: "k", FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt, Name: "sms"}
+	_, err = d.StartStep(ctx, idemdriver.StartStepParams{StepParams: life, Relay: []byte("r"), AtMostOnce: true})
+	require.NoError(t, err)
+	require.NoError(t, d.MarkUnknown(ctx, idemdriver.UnknownParams{StepParams: life, Reason: idemdriver.ReasonStepUncertain}))
+	err = d.ResolveStep(ctx, idemdriver.ResolveStepParams{StepParams: life, By: "ops", Why: "x", Retention: 30 * 24 * time.Hour})
+	require.ErrorIs(t, err, idempgx.ErrNoPartition)
+	got, err := d.Get(ctx, idemdriver.GetParams{Scope: "a", Key: "k"})
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.StateUnknown, got.State)
+}
+
 // The purge skips rows a transaction holds (FOR UPDATE SKIP LOCKED): it
 // neither waits for them nor deletes them.
 func TestPurgeSkipsLockedRows(t *testing.T) {

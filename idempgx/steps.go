@@ -258,7 +258,7 @@ func (d *Driver) ResolveStep(ctx context.Context, p idemdriver.ResolveStepParams
 	if errors.Is(err, idemdriver.ErrNotFound) {
 		return err
 	}
-	return stepErr(err)
+	return stepErr(d.partitionErr(err)) // p.Retention past the partitions ahead
 }
 
 var _ idemdriver.AbandonedLister = (*Driver)(nil)
