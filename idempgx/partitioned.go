@@ -167,10 +167,10 @@ SELECT false, `+columns+`, false FROM cur WHERE NOT claimable AND NOT EXISTS (SE
 const partContinues = `(k.method = @method AND k.path = @path AND k.fingerprint = @fingerprint
 		AND k.state IN ('FAILED', 'PROCESSING'))`
 
-// ErrNoPartition is wrapped by the error of a claim whose expires_at has no
-// partition: partition maintenance has not run (EnsurePartitions, an
-// retention.Maintainer, or `idem partitions ensure`), or Retention exceeds
-// MaxRetention.
+// ErrNoPartition is wrapped by the error of a claim, or of a resolution
+// (ResolveStep), whose expires_at has no partition: partition maintenance
+// has not run (EnsurePartitions, a retention.Maintainer, or `idem
+// partitions ensure`), or the retention exceeds MaxRetention.
 var ErrNoPartition = errors.New("idempgx: no partition of idem_keys for this expires_at")
 
 // partitionErr wraps ErrNoPartition around PostgreSQL's error of a row
