@@ -212,10 +212,8 @@ type Completer struct {
 	ended, skipped                           atomic.Int64
 	busy                                     sync.Map // keys being re-driven
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
-	wg     sync.WaitGroup
+	loop seat.Loop
+	wg   sync.WaitGroup // the re-drives under way
 }
 
 // New returns a Completer of store (an idemdriver.Driver that implements
@@ -242,29 +240,18 @@ func New(store idemdriver.Driver, cfg Config) (*Completer, error) {
 // Start runs the completer in the background until Stop or ctx's end.
 // Errors: already started.
 func (c *Completer) Start(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cancel != nil {
-		return errors.New("completer: already started")
+	if err := c.loop.Start(ctx, c.cfg.Interval, c.cycle, func() {
+		c.wg.Wait()
+		c.seat.Leave("stopped")
+	}); err != nil {
+		return fmt.Errorf("completer: %w", err)
 	}
-	ctx, c.cancel = context.WithCancel(ctx)
-	c.done = make(chan struct{})
-	go c.run(ctx)
 	return nil
 }
 
 // Stop ends the completer: it waits for the re-drives under way and
 // releases its lease.
-func (c *Completer) Stop() {
-	c.mu.Lock()
-	cancel, done := c.cancel, c.done
-	c.mu.Unlock()
-	if cancel == nil {
-		return
-	}
-	cancel()
-	<-done
-}
+func (c *Completer) Stop() { c.loop.Stop() }
 
 // Stats returns the running totals.
 func (c *Completer) Stats() Stats {
@@ -272,23 +259,10 @@ func (c *Completer) Stats() Stats {
 		Finished: c.finished.Load(), GaveUp: c.gaveUp.Load(), Ended: c.ended.Load(), Skipped: c.skipped.Load(), Errors: c.errs.Load()}
 }
 
-func (c *Completer) run(ctx context.Context) {
-	defer close(c.done)
-	defer c.seat.Leave("stopped")
-	defer c.wg.Wait()
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := c.Cycle(ctx); err != nil && ctx.Err() == nil {
-			c.errs.Add(1)
-			c.cfg.Logger.Warn("idem: completer: cycle", "err", err)
-		}
-		t.Reset(c.cfg.Interval)
+func (c *Completer) cycle(ctx context.Context) {
+	if err := c.Cycle(ctx); err != nil && ctx.Err() == nil {
+		c.errs.Add(1)
+		c.cfg.Logger.Warn("idem: completer: cycle", "err", err)
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -174,9 +173,7 @@ type Maintainer struct {
 	seat  *seat.Seat             // the maintenance lock (its lease "maintainer")
 	parts idemdriver.Partitioner // nil unless the store is partitioned
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	loop seat.Loop
 
 	cycles, leaderCycles, purged, batches, created, dropped, errs atomic.Int64
 }
@@ -219,30 +216,16 @@ func NewMaintainer(store idemdriver.Driver, cfg Config) (*Maintainer, error) {
 // called. The first cycle starts at once. It returns an error when called a
 // second time: a stopped Maintainer does not start again (make a new one).
 func (m *Maintainer) Start(ctx context.Context) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.done != nil {
-		return errors.New("idem: Maintainer already started")
+	if err := m.loop.Start(ctx, m.cfg.Interval, m.runCycle, func() { m.seat.Leave("stopped") }); err != nil {
+		return fmt.Errorf("idem: Maintainer %w", err)
 	}
-	ctx, m.cancel = context.WithCancel(ctx)
-	m.done = make(chan struct{})
-	go m.run(ctx, m.done)
 	return nil
 }
 
 // Stop ends the maintainer, waits for its current statement to return, and
 // releases the maintenance lock so that a standby takes over at its next
 // attempt. It may be called more than once, and before Start.
-func (m *Maintainer) Stop() {
-	m.mu.Lock()
-	cancel, done := m.cancel, m.done
-	m.mu.Unlock()
-	if cancel == nil {
-		return
-	}
-	cancel()
-	<-done
-}
+func (m *Maintainer) Stop() { m.loop.Stop() }
 
 // Stats returns the running totals.
 func (m *Maintainer) Stats() Stats {
@@ -253,24 +236,13 @@ func (m *Maintainer) Stats() Stats {
 	}
 }
 
-func (m *Maintainer) run(ctx context.Context, done chan struct{}) {
-	defer close(done)
-	defer m.seat.Leave("stopped")
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		c := m.cycle(ctx)
-		if ctx.Err() != nil && c.Err != nil {
-			return // stopped mid-cycle: not an error worth reporting
-		}
-		m.report(c)
-		t.Reset(m.cfg.Interval)
+// runCycle runs one cycle and reports it, unless Stop cut it short.
+func (m *Maintainer) runCycle(ctx context.Context) {
+	c := m.cycle(ctx)
+	if ctx.Err() != nil && c.Err != nil {
+		return // stopped mid-cycle: not an error worth reporting
 	}
+	m.report(c)
 }
 
 func (m *Maintainer) cycle(ctx context.Context) (c Cycle) {
