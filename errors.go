@@ -61,6 +61,48 @@ var (
 	ErrStoreUnavailable = protocol.ErrStoreUnavailable
 	// ErrExecutionTimeout is the context cause past MaxExecution.
 	ErrExecutionTimeout = protocol.ErrExecutionTimeout
+
+	// The errors of Step (docs/contract.md section 11).
+	// ErrStepNotAllowed: Step cannot run here, before fn ran: in one-commit
+	// mode, on SQLite once the claim's transaction was begun (idem.Tx), or
+	// on a store that keeps no steps (a driver without idemdriver.Stepper,
+	// or a schema that predates steps: idemdriver.ErrSchemaTooOld).
+	ErrStepNotAllowed = protocol.ErrStepNotAllowed
+	// ErrStepRepeated: a step name met twice in one execution.
+	ErrStepRepeated = protocol.ErrStepRepeated
+	// ErrStepName: a step name that is not 1 to 128 bytes of visible ASCII.
+	ErrStepName = protocol.ErrStepName
+	// ErrStepStarted is ReleaseKey's error once a step of the record's life
+	// has started: a released key starts a new life, which relays a new
+	// key, and the callee would apply the effect twice.
+	ErrStepStarted = protocol.ErrStepStarted
+	// ErrStepNotRecorded: fn returned, its result could not be recorded (the
+	// store failed: the error wraps a *StoreError, so it matches
+	// ErrStoreUnavailable too). The step stays started: answer a 5xx. The
+	// retry runs an ordinary step again under the same relayed key; an
+	// AtMostOnce one is never run again (see AtMostOnce).
+	ErrStepNotRecorded = protocol.ErrStepNotRecorded
+	// ErrStepResultUndecodable: the recorded result does not decode into
+	// the step's type (it changed incompatibly between deploys). The step
+	// is never run again for it: the record becomes UNKNOWN (reason
+	// step-result-undecodable), and Step's error matches ErrOutcomeUnknown
+	// too, until an operator resolves it (`idem resolve`).
+	ErrStepResultUndecodable = protocol.ErrStepResultUndecodable
+	// ErrStepUnreconciled: an AtMostOnce step started earlier without a
+	// result, and its Reconcile function could not tell what became of it
+	// (the callee did not answer). Its execution is recorded FAILED,
+	// whatever the handler answers (answer a 503): the next re-execution
+	// (the client's retry, the completer's re-drive) asks again; it never
+	// runs the step.
+	ErrStepUnreconciled = protocol.ErrStepUnreconciled
+	// ErrOutcomeUnknown: the outcome of the request cannot be known: an
+	// AtMostOnce step started and its result was not recorded, or a
+	// recorded result no longer decodes (docs/contract.md section 11.3).
+	// The record is UNKNOWN: never run again, never purged; every request
+	// of its key is answered 409 outcome-unknown (no Retry-After) until an
+	// operator resolves it (`idem resolve`). Step's error matches it as an
+	// *UnknownError; Do's does.
+	ErrOutcomeUnknown = protocol.ErrOutcomeUnknown
 )
 
 // StoreError is a failed store operation; it matches ErrStoreUnavailable.

@@ -271,13 +271,10 @@ func (d *Driver) ResolveStep(ctx context.Context, p idemdriver.ResolveStepParams
 	})
 }
 
-// txExec runs q in tx and returns its rows affected.
+// txExec runs q in tx and returns the rows it changed.
 func txExec(ctx context.Context, tx *sql.Tx, q string, args ...any) (int64, error) {
-	res, err := tx.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, stepErr(err)
-	}
-	return res.RowsAffected()
+	n, err := idemsql.Exec(ctx, tx, q, args...)
+	return n, stepErr(err)
 }
 
 // stepTx runs fn in a READ COMMITTED transaction and commits it when fn
@@ -287,7 +284,7 @@ func txExec(ctx context.Context, tx *sql.Tx, q string, args ...any) (int64, erro
 // (execFenced): each statement of fn checks its row again.
 func (d *Driver) stepTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	for try := 1; ; try++ {
-		err := d.stepTxOnce(ctx, fn)
+		err := idemsql.InTx(ctx, d.db, d.beginOpts, fn)
 		if k := classify(err); (k == kindDeadlock || k == kindChanged) && try < maxClaimTries && ctx.Err() == nil {
 			if err := sleepJitter(ctx); err != nil {
 				return err
@@ -296,21 +293,6 @@ func (d *Driver) stepTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 		}
 		return err
 	}
-}
-
-func (d *Driver) stepTxOnce(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	tx, err := d.db.BeginTx(ctx, d.beginOpts)
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		// After a failed statement the transaction is still open (or the
-		// server rolled it back): nothing of it commits. A rollback that
-		// fails on the wire marks the connection bad, and the pool drops it.
-		_ = tx.Rollback()
-		return err
-	}
-	return tx.Commit()
 }
 
 var _ idemdriver.AbandonedLister = (*Driver)(nil)
@@ -339,20 +321,12 @@ func (d *Driver) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([
 	if err != nil {
 		return nil, time.Time{}, stepErr(err)
 	}
-	var nowUS int64
-	recs, err := idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) {
+	recs, dbNow, err := idemsql.CollectRecords(rows, func(rows *sql.Rows, nowUS *int64) (idemdriver.Record, error) {
 		s, err := scanSnapshot(rows)
-		nowUS = s.nowUS
+		*nowUS = s.nowUS
 		return s.rec, err
 	})
-	if err != nil {
-		return nil, time.Time{}, stepErr(err)
-	}
-	var dbNow time.Time
-	if len(recs) > 0 {
-		dbNow = idemsql.MicrosTime(nowUS)
-	}
-	return recs, dbNow, nil
+	return recs, dbNow, stepErr(err)
 }
 
 var _ idemdriver.UnknownCounter = (*Driver)(nil)

@@ -32,16 +32,6 @@ func (s *rowScanner) ScanRow(rows pgx.Rows) error {
 	return nil
 }
 
-// Binary type OIDs the fast path decodes.
-const (
-	oidBool        = pgtype.BoolOID
-	oidBytea       = pgtype.ByteaOID
-	oidInt8        = pgtype.Int8OID
-	oidInt4        = pgtype.Int4OID
-	oidText        = pgtype.TextOID
-	oidTimestamptz = pgtype.TimestamptzOID
-)
-
 // decode decodes the row into s.dest, or reports false, leaving dest to be
 // scanned again, when the row is not one it decodes exactly as pgx would.
 func (s *rowScanner) decode(rows pgx.Rows) bool {
@@ -54,10 +44,10 @@ func (s *rowScanner) decode(rows pgx.Rows) bool {
 	for i, fd := range fds {
 		// A text value is the same bytes in either format; pgx asks for
 		// text in text.
-		if fd.Format != pgtype.BinaryFormatCode && fd.DataTypeOID != oidText {
+		if fd.Format != pgtype.BinaryFormatCode && fd.DataTypeOID != pgtype.TextOID {
 			return false
 		}
-		if fd.DataTypeOID == oidBytea {
+		if fd.DataTypeOID == pgtype.ByteaOID {
 			n += len(raw[i])
 		}
 	}
@@ -69,12 +59,12 @@ func (s *rowScanner) decode(rows pgx.Rows) bool {
 		src := raw[i]
 		switch d := s.dest[i].(type) {
 		case *string:
-			if fd.DataTypeOID != oidText || src == nil {
+			if fd.DataTypeOID != pgtype.TextOID || src == nil {
 				return false
 			}
 			*d = s.text(src)
 		case *[]byte:
-			if fd.DataTypeOID != oidBytea {
+			if fd.DataTypeOID != pgtype.ByteaOID {
 				return false
 			}
 			if src == nil {
@@ -85,12 +75,12 @@ func (s *rowScanner) decode(rows pgx.Rows) bool {
 			buf = append(buf, src...)
 			*d = buf[start:len(buf):len(buf)]
 		case *bool:
-			if fd.DataTypeOID != oidBool || len(src) != 1 {
+			if fd.DataTypeOID != pgtype.BoolOID || len(src) != 1 {
 				return false
 			}
 			*d = src[0] != 0
 		case *pgtype.Bool:
-			if fd.DataTypeOID != oidBool || (src != nil && len(src) != 1) {
+			if fd.DataTypeOID != pgtype.BoolOID || (src != nil && len(src) != 1) {
 				return false
 			}
 			*d = pgtype.Bool{Bool: src != nil && src[0] != 0, Valid: src != nil}
@@ -139,7 +129,7 @@ func plainTimestamps(rows pgx.Rows) bool {
 	if c == nil {
 		return false
 	}
-	t, ok := c.TypeMap().TypeForOID(oidTimestamptz)
+	t, ok := c.TypeMap().TypeForOID(pgtype.TimestamptzOID)
 	if !ok {
 		return false
 	}
@@ -151,10 +141,10 @@ func plainTimestamps(rows pgx.Rows) bool {
 func integer(oid uint32, src []byte) (int64, bool) {
 	switch {
 	case src == nil:
-		return 0, oid == oidInt8 || oid == oidInt4
-	case oid == oidInt8 && len(src) == 8:
+		return 0, oid == pgtype.Int8OID || oid == pgtype.Int4OID
+	case oid == pgtype.Int8OID && len(src) == 8:
 		return int64(binary.BigEndian.Uint64(src)), true
-	case oid == oidInt4 && len(src) == 4:
+	case oid == pgtype.Int4OID && len(src) == 4:
 		return int64(int32(binary.BigEndian.Uint32(src))), true
 	}
 	return 0, false
@@ -168,7 +158,7 @@ const microsecondsToY2K = 946_684_800 * 1_000_000
 // UTC) as pgx does: in the local zone (NULL: the zero time, true). The
 // infinities, which idem never writes, are left to pgx (false).
 func timestamptz(oid uint32, src []byte) (time.Time, bool) {
-	if oid != oidTimestamptz {
+	if oid != pgtype.TimestamptzOID {
 		return time.Time{}, false
 	}
 	if src == nil {

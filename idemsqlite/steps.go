@@ -162,10 +162,10 @@ func (d *Driver) MarkUnknown(ctx context.Context, p idemdriver.UnknownParams) er
 	return stepErr(d.inTx(ctx, func(tx *sql.Tx) error {
 		// The step first: on a schema without the column, that is the
 		// error (ErrSchemaTooOld), not the record's CHECK.
-		if _, err := execTx(ctx, tx, markUnknownStepSQL, args); err != nil {
+		if _, err := idemsql.Exec(ctx, tx, markUnknownStepSQL, args...); err != nil {
 			return err
 		}
-		switch n, err := execTx(ctx, tx, markUnknownKeySQL, args); {
+		switch n, err := idemsql.Exec(ctx, tx, markUnknownKeySQL, args...); {
 		case err != nil:
 			return err
 		case n != 1:
@@ -185,7 +185,7 @@ func (d *Driver) ResolveStep(ctx context.Context, p idemdriver.ResolveStepParams
 		// The step first: on a schema without its columns, that is the
 		// error (ErrSchemaTooOld), not a record that is not UNKNOWN.
 		for _, q := range []string{resolveStepSQL, resolveKeySQL} {
-			switch n, err := execTx(ctx, tx, q, args); {
+			switch n, err := idemsql.Exec(ctx, tx, q, args...); {
 			case err != nil:
 				return err
 			case n != 1:
@@ -201,26 +201,7 @@ func (d *Driver) ResolveStep(ctx context.Context, p idemdriver.ResolveStepParams
 // leaves nothing committed either); the whole is retried on SQLITE_BUSY
 // (retryBusy).
 func (d *Driver) inTx(ctx context.Context, f func(*sql.Tx) error) error {
-	return retryBusy(ctx, func() error {
-		tx, err := d.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if err := f(tx); err != nil {
-			_ = tx.Rollback()
-			return err
-		}
-		return tx.Commit()
-	})
-}
-
-// execTx runs q in tx and returns the rows it changed.
-func execTx(ctx context.Context, tx *sql.Tx, q string, args []any) (int64, error) {
-	res, err := tx.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
+	return retryBusy(ctx, func() error { return idemsql.InTx(ctx, d.db, nil, f) })
 }
 
 var _ idemdriver.AbandonedLister = (*Driver)(nil)
@@ -253,18 +234,10 @@ func (d *Driver) Abandoned(ctx context.Context, p idemdriver.AbandonedParams) ([
 	if err != nil {
 		return nil, time.Time{}, stepErr(err)
 	}
-	var nowUS int64
-	recs, err := idemsql.CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) {
-		return scanRecord(rows, nil, &nowUS)
+	recs, dbNow, err := idemsql.CollectRecords(rows, func(rows *sql.Rows, nowUS *int64) (idemdriver.Record, error) {
+		return scanRecord(rows, nil, nowUS)
 	})
-	if err != nil {
-		return nil, time.Time{}, stepErr(err)
-	}
-	var dbNow time.Time
-	if len(recs) > 0 {
-		dbNow = idemsql.MicrosTime(nowUS)
-	}
-	return recs, dbNow, nil
+	return recs, dbNow, stepErr(err)
 }
 
 var _ idemdriver.UnknownCounter = (*Driver)(nil)

@@ -1,6 +1,7 @@
 // Package idemsql holds what the SQL drivers (idempgx, idemmysql, idemsqlite)
-// write alike: the stored response's columns, the claim's SQL shapes, and
-// a database/sql business transaction. Not part of the seam's contract.
+// write alike: the stored response's columns, the claim's SQL shapes, a
+// database/sql business transaction, and the short transactions of the
+// database/sql drivers (InTx). Not part of the seam's contract.
 package idemsql
 
 import (

@@ -137,6 +137,21 @@ func CollectRows[T any](rows *sql.Rows, scan func(*sql.Rows) (T, error)) (out []
 	return out, rows.Err()
 }
 
+// CollectRecords reads rows of records that each carry the database's
+// now, in microseconds (scan sets it): the records and that now, zero when
+// no row came. It closes rows.
+func CollectRecords(rows *sql.Rows, scan func(rows *sql.Rows, nowUS *int64) (idemdriver.Record, error)) ([]idemdriver.Record, time.Time, error) {
+	var nowUS int64
+	recs, err := CollectRows(rows, func(rows *sql.Rows) (idemdriver.Record, error) { return scan(rows, &nowUS) })
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	if len(recs) == 0 {
+		return nil, time.Time{}, nil
+	}
+	return recs, MicrosTime(nowUS), nil
+}
+
 // MicrosTime is the UTC time of us, microseconds since the Unix epoch (the
 // timestamp columns of idemmysql and idemsqlite).
 func MicrosTime(us int64) time.Time { return time.UnixMicro(us).UTC() }
@@ -148,4 +163,31 @@ func NullMicrosTime(v sql.NullInt64) *time.Time {
 	}
 	t := MicrosTime(v.Int64)
 	return &t
+}
+
+// InTx runs fn in a transaction of db begun with opts (nil for the
+// driver's default), and commits it when fn returns nil. Otherwise it
+// rolls back and returns fn's error: after a failed statement the
+// transaction is still open, or the server rolled it back, and nothing of
+// it commits; a rollback that fails on the wire marks the connection bad,
+// and the pool drops it.
+func InTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// Exec runs q in tx and returns the rows it changed.
+func Exec(ctx context.Context, tx *sql.Tx, q string, args ...any) (int64, error) {
+	res, err := tx.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }

@@ -30,6 +30,15 @@ var (
 	ErrSealKeyMissing   = seal.ErrKeyMissing
 	ErrSealBroken       = seal.ErrBroken
 	ErrOutcomeUnknown   = errors.New("idem: the outcome of this request cannot be known; it is held for an operator")
+
+	// The errors of steps (docs/contract.md section 11).
+	ErrStepNotAllowed        = errors.New("idem: steps are not allowed here")
+	ErrStepRepeated          = errors.New("idem: a step name met twice in one execution")
+	ErrStepName              = errors.New("idem: invalid step name")
+	ErrStepStarted           = errors.New("idem: a step of this execution has started; its key cannot be released")
+	ErrStepNotRecorded       = errors.New("idem: the step ran but its result could not be recorded")
+	ErrStepUnreconciled      = errors.New("idem: an at-most-once step's earlier start is not reconciled yet")
+	ErrStepResultUndecodable = errors.New("idem: the step's recorded result does not decode into its type")
 	// ErrFnFailed is the Err of a job that returned OverrideFailed.
 	ErrFnFailed = errors.New("idem: fn failed")
 )

@@ -10,17 +10,6 @@ import (
 	"github.com/idemgo/idem/seal"
 )
 
-// The errors of steps (docs/contract.md section 11). The root package
-// re-exports each under the same name.
-var (
-	ErrStepNotAllowed   = errors.New("idem: steps are not allowed here")
-	ErrStepRepeated     = errors.New("idem: a step name met twice in one execution")
-	ErrStepName         = errors.New("idem: invalid step name")
-	ErrStepStarted      = errors.New("idem: a step of this execution has started; its key cannot be released")
-	ErrStepNotRecorded  = errors.New("idem: the step ran but its result could not be recorded")
-	ErrStepUnreconciled = errors.New("idem: an at-most-once step's earlier start is not reconciled yet")
-)
-
 // stepEnd says how a step's function ended (docs/contract.md section 11.1).
 type stepEnd int
 

@@ -9,10 +9,6 @@ import (
 	"github.com/idemgo/idem/idemdriver"
 )
 
-// ErrStepResultUndecodable: a recorded result does not decode into the
-// step's type (idem.ErrStepResultUndecodable).
-var ErrStepResultUndecodable = errors.New("idem: the step's recorded result does not decode into its type")
-
 // stepVersion versions the encoding of a recorded result.
 const stepVersion = 1
 
