@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/idemgo/idem/internal/protocol"
 )
@@ -70,13 +71,31 @@ func (reconcile[T]) stepOption() {}
 // the callee what became of an earlier start whose result was not
 // recorded (a timeout, a crash), given the step's relayed key (the
 // reference the first run sent): its result when the effect happened (a
-// value, or StepFinal(err)), StepNotApplied(err) when it did not (the step
-// then runs), or any other error while the callee cannot tell (Step
-// returns ErrStepUnreconciled and a later re-execution asks again). T must
-// be the step's result type. Without AtMostOnce it is never called.
+// value, or StepFinal(err)), StepNotApplied(err) when it did not and no
+// longer can (the step then runs; see SettlesWithin for a callee that may
+// still act on a call its caller gave up on), or any other error while the
+// callee cannot tell (Step returns ErrStepUnreconciled and a later
+// re-execution asks again). T must be the step's result type. Without
+// AtMostOnce it is never called.
 func Reconcile[T any](f func(ctx context.Context, relayKey string) (T, error)) StepOption {
 	return reconcile[T]{f}
 }
+
+type settlesWithin time.Duration
+
+func (settlesWithin) stepOption() {}
+
+// SettlesWithin says that the step's callee may still act on a call up to
+// d after it was sent, its caller gone (a bank that queues a transfer
+// before it shows up): a Reconcile function's not-applied answer is then
+// believed only once the earlier start is at least d old, on the
+// database's clock at this execution's claim; before that it counts as
+// "cannot tell" (ErrStepUnreconciled: the step is held, never run, and a
+// later re-execution asks again). An applied answer is believed at once.
+// Held re-executions count towards the completer's MaxAttempts: size it
+// and its Grace to outlast d (docs/contract.md section 11.2). Not
+// negative. Default: 0 (a not-applied answer is believed at once).
+func SettlesWithin(d time.Duration) StepOption { return settlesWithin(d) }
 
 // Step runs fn as the external step name of the execution under ctx (a
 // handler's or Do's fn's context) and returns its result (docs/contract.md
@@ -121,17 +140,23 @@ func Step[T any](ctx context.Context, name string, fn func(context.Context) (T, 
 	}
 	var once bool
 	var check func(context.Context) (T, error)
+	var settle time.Duration
 	for _, o := range opts {
 		switch o := o.(type) {
 		case atMostOnce:
 			once = true
 		case reconcile[T]:
 			check = func(ctx context.Context) (T, error) { return o.f(ctx, relay) }
+		case settlesWithin:
+			if o < 0 {
+				return zero, fmt.Errorf("idem: step %q: SettlesWithin %s is negative", name, time.Duration(o))
+			}
+			settle = time.Duration(o)
 		default:
 			return zero, fmt.Errorf("idem: step %q: %T is not an option of a step of %T (Reconcile's type must be the step's)", name, o, zero)
 		}
 	}
-	return protocol.RunStep(e, name, relay, fn, check, once)
+	return protocol.RunStep(e, name, relay, fn, check, once, settle)
 }
 
 // EncodeStepResult encodes v, a step's result, as Step records it: JSON in

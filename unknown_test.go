@@ -67,16 +67,80 @@ func TestAtMostOnceUncertainIsHeldUnknown(t *testing.T) {
 // that died during the call leaves it.
 func deadOwner(t *testing.T, d *idemsqlite.Driver, payload, name string) idemdriver.Record {
 	t.Helper()
+	return deadOwnerAgo(t, d, payload, name, time.Hour)
+}
+
+// deadOwnerAgo is deadOwner whose claim and step started ago (the
+// database's clock moved back by ago; its one-second lease long over).
+func deadOwnerAgo(t *testing.T, d *idemsqlite.Driver, payload, name string, ago time.Duration) idemdriver.Record {
+	t.Helper()
 	fp := sha256.Sum256([]byte(payload))
 	res, err := d.Claim(t.Context(), idemdriver.ClaimParams{Scope: "s", Key: "k", Method: "DO", Fingerprint: fp[:],
-		LeaseDuration: time.Second, Retention: 24 * time.Hour, ClockOffset: -time.Hour})
+		LeaseDuration: time.Second, Retention: 24 * time.Hour, ClockOffset: -ago})
 	require.NoError(t, err)
 	rec := res.Record
 	_, err = d.StartStep(t.Context(), idemdriver.StartStepParams{StepParams: idemdriver.StepParams{Scope: "s", Key: "k",
-		CreatedAt: rec.CreatedAt, FencingToken: rec.FencingToken, Name: name, ClockOffset: -time.Hour},
+		CreatedAt: rec.CreatedAt, FencingToken: rec.FencingToken, Name: name, ClockOffset: -ago},
 		Relay: []byte("r"), AtMostOnce: true})
 	require.NoError(t, err)
 	return rec
+}
+
+// A callee may still act on a call its caller gave up on (a queued
+// transfer): with SettlesWithin, a not-applied answer about a start younger
+// than the bound holds the step (never run), one about an older start runs
+// it, and an applied answer is believed at once. Found by a fresh user: a
+// transfer the bank made 12 s after its caller died, while the retry's
+// reconcile had been told "no such transfer" at 6 s and ran it again.
+func TestSettlesWithinHoldsAYoungNotApplied(t *testing.T) {
+	t.Parallel()
+	notApplied := func(context.Context, string) (string, error) {
+		return "", idem.StepNotApplied(errors.New("the bank has no such transfer"))
+	}
+	applied := func(context.Context, string) (string, error) { return "tr_found", nil }
+	for _, tc := range []struct {
+		name      string
+		ago       time.Duration // the earlier start's age
+		settle    time.Duration
+		reconcile func(context.Context, string) (string, error)
+		runs      int
+		want      string // the body, or "held"
+	}{
+		{"not-applied-too-young", 2 * time.Second, time.Minute, notApplied, 0, "held"},
+		{"not-applied-settled", 2 * time.Minute, time.Minute, notApplied, 1, "tr_new"},
+		{"applied-while-young", 2 * time.Second, time.Minute, applied, 0, "tr_found"},
+		{"no-bound", 2 * time.Second, 0, notApplied, 1, "tr_new"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			g, d := newEngine(t, nil, idem.EngineOptions{})
+			deadOwnerAgo(t, d, "p", "transfer", tc.ago)
+			runs := 0
+			out, err := g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k", Payload: []byte("p")}, func(ctx context.Context) (idem.Result, error) {
+				id, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) { runs++; return "tr_new", nil },
+					idem.AtMostOnce(), idem.Reconcile(tc.reconcile), idem.SettlesWithin(tc.settle))
+				return idem.Result{Body: []byte(id)}, err
+			})
+			require.Equal(t, tc.runs, runs, "the step ran")
+			if tc.want == "held" {
+				require.ErrorIs(t, err, idem.ErrStepUnreconciled)
+				require.ErrorContains(t, err, "SettlesWithin 1m0s")
+				require.Equal(t, idemdriver.StateFailed, record(t, d, "s", "k").State, "held FAILED: the next re-execution asks again")
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, string(out.Body))
+		})
+	}
+	t.Run("negative", func(t *testing.T) {
+		t.Parallel()
+		g, _ := newEngine(t, nil, idem.EngineOptions{})
+		_, err := g.Do(t.Context(), idem.DoParams{Scope: "s", Key: "k"}, func(ctx context.Context) (idem.Result, error) {
+			_, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) { return "", nil }, idem.SettlesWithin(-time.Second))
+			return idem.Result{}, err
+		})
+		require.ErrorContains(t, err, "SettlesWithin -1s is negative")
+	})
 }
 
 // A takeover that finds an at-most-once step started without a result never

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/seal"
@@ -49,6 +50,10 @@ type StepOptions struct {
 	// (stepDone), not applied (stepNotApplied: the step runs), or still
 	// unknown (stepUncertain). nil: none.
 	Reconcile stepFunc
+	// Settle is how long after its start an earlier call may still take
+	// effect at the callee: a not-applied answer about a younger start is
+	// still unknown (docs/contract.md section 11.2). 0: none.
+	Settle time.Duration
 }
 
 // step runs fn as the step name of e, relaying relay (the step's relayed
@@ -102,6 +107,10 @@ func (e *Execution) step(name, relay string, fn stepFunc, o StepOptions) ([]byte
 			return nil, e.markUnknown(st, p, idemdriver.ReasonStepUnrecorded, nil)
 		}
 		result, end, rerr := o.Reconcile(e.ctx)
+		if age := e.claimedAt().Sub(s.StartedAt); end == stepNotApplied && age < o.Settle {
+			end, rerr = stepUncertain, fmt.Errorf("the callee answers that it was not applied (%w), but the earlier start is %s old, "+
+				"under the step's SettlesWithin %s: the call may still take effect", rerr, age.Round(time.Millisecond), o.Settle)
+		}
 		switch end {
 		case stepUncertain:
 			// The callee cannot tell yet: the next re-execution asks again
@@ -139,6 +148,16 @@ func (e *Execution) step(name, relay string, fn stepFunc, o StepOptions) ([]byte
 		return nil, ferr
 	}
 	return e.finish(st, life, p, result)
+}
+
+// claimedAt is when e's claim was made, on the database's clock: its
+// lease's end less the lease.
+func (e *Execution) claimedAt() time.Time {
+	rec := e.c.res.Record
+	if rec.LockedUntil == nil { // a claim holds a lease; a damaged record would not be claimed
+		return rec.UpdatedAt
+	}
+	return rec.LockedUntil.Add(-e.p.LeaseDuration)
 }
 
 // life is e's record life, to which its steps are sealed.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemgo/idem/idemdriver"
 )
@@ -58,12 +59,13 @@ func ended(err error, end stepEnd) error {
 // RunStep runs fn as the step name of e (Execution.step) with T recorded
 // as JSON in a versioned envelope, and returns the recorded T or error
 // (idem.Step documents both). An at-most-once step (atMostOnce) asks
-// reconcile (nil: none) what became of an earlier start; a recorded result
-// that no longer decodes makes the record UNKNOWN.
-func RunStep[T any](e *Execution, name, relay string, fn, reconcile func(context.Context) (T, error), atMostOnce bool) (T, error) {
+// reconcile (nil: none) what became of an earlier start, and believes a
+// not-applied answer only about a start at least settle old; a recorded
+// result that no longer decodes makes the record UNKNOWN.
+func RunStep[T any](e *Execution, name, relay string, fn, reconcile func(context.Context) (T, error), atMostOnce bool, settle time.Duration) (T, error) {
 	var zero T
 	var fnErr error // a definite error (StepFinal) recorded by this run
-	o := StepOptions{AtMostOnce: atMostOnce}
+	o := StepOptions{AtMostOnce: atMostOnce, Settle: settle}
 	if reconcile != nil && atMostOnce {
 		o.Reconcile = encodeStep(name, reconcile, &fnErr)
 	}
