@@ -15,7 +15,8 @@ import (
 // respond writes the answer to rq, a read request: its refusal, or a, what
 // the protocol answered. What to answer is decided first, from the table
 // below; then it is written (internal/httpwrite) and observed. A panic of
-// the handler is raised again once observed.
+// the handler is logged and answered 500, or raised again once observed
+// under an adapter that recovers it (httpwrite.RaisePanics).
 func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request, a protocol.Answer) {
 	var pr Problem // of a refusal, or of an answer that is neither recorded nor replayed
 	var isProblem bool
@@ -53,8 +54,19 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 		}
 		h.Set(HeaderReplayed, "true")
 	}
+	raise := a.Panic != nil && httpwrite.RaisesPanics(r.Context())
 	switch {
-	case a.Panicked:
+	case raise: // an adapter's recovery answers it, in its framework's way
+	case a.Panic != nil:
+		// Answered, not left to net/http: a dropped connection makes Go's
+		// Transport resend a POST with an Idempotency-Key by itself, and
+		// the FAILED record runs again for one client call.
+		if a.Panic.Value != http.ErrAbortHandler {
+			m.o.Engine.Logger.ErrorContext(r.Context(), "idem: the handler panicked; recorded FAILED, answered 500",
+				"panic", fmt.Sprint(a.Panic.Value), "stack", string(a.Panic.Stack))
+		}
+		ev.Status = m.writeProblem(w, r, Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError),
+			Status: http.StatusInternalServerError})
 	case isProblem:
 		ev.Status = m.writeProblem(w, r, pr)
 	case a.Kind == protocol.KindReplay:
@@ -67,8 +79,8 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 	if ev.Kind != 0 {
 		m.eng.observer.Observe(r.Context(), ev)
 	}
-	if a.Panicked {
-		panic(a.Recovered)
+	if raise {
+		panic(a.Panic.Value)
 	}
 }
 
@@ -133,11 +145,18 @@ func (m *Middleware) route(r, hr *http.Request, next http.Handler) string {
 }
 
 // writeProblem writes pr through Options.ProblemWriter, or as RFC 9457
-// problem details; it returns the status sent.
+// problem details; it returns the status sent. For a ProblemWriter, the
+// answer's Retry-After (pr.RetryAfter) and Cache-Control: no-store are set
+// first: the writer sends them unless it removes them.
 func (m *Middleware) writeProblem(w http.ResponseWriter, r *http.Request, pr Problem) int {
 	if m.o.ProblemWriter == nil {
 		httpwrite.Problem(pr).Write(w)
 		return pr.Status
+	}
+	h := w.Header()
+	h.Set("Cache-Control", "no-store")
+	if pr.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.FormatInt(httpwrite.RetryAfterSeconds(pr.RetryAfter), 10))
 	}
 	return httpwrite.StatusOf(w, func(w http.ResponseWriter) { m.o.ProblemWriter(w, r, pr) })
 }

@@ -79,6 +79,35 @@ func TestReleasedAdvertisesNoExpiry(t *testing.T) {
 	require.Empty(t, got.Header().Get(idem.HeaderKeyExpires))
 }
 
+// A ProblemWriter that writes only its body still answers a 409 with
+// Retry-After and Cache-Control: no-store, which idem sets before calling it
+// (a fresh user's writer lost both, and every client its retry delay).
+func TestProblemWriterKeepsRetryAfter(t *testing.T) {
+	t.Parallel()
+	plain := func(w http.ResponseWriter, r *http.Request, p idem.Problem) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(p.Status)
+		_ = json.NewEncoder(w).Encode(map[string]any{"error": p.Title})
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	mw := newMiddleware(t, nil, idem.Options{ProblemWriter: plain})
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	}))
+	done := make(chan struct{})
+	go func() { defer close(done); send(h, "POST", "/x", "k", "{}") }()
+	<-started
+	got := send(h, "POST", "/x", "k", "{}")
+	close(release)
+	<-done
+	require.Equal(t, http.StatusConflict, got.Code)
+	require.Equal(t, "1", got.Header().Get("Retry-After"))
+	require.Equal(t, "no-store", got.Header().Get("Cache-Control"))
+	require.Equal(t, "application/json", got.Header().Get("Content-Type"))
+}
+
 // Config.ProblemWriter shapes idem's own error answers (here Stripe's
 // error object, in-flight as 429 lock_timeout); the handler's answers do
 // not go through it; Event.Status is the status it sent. Without it the

@@ -173,8 +173,8 @@ func (eng *Engine) DoReport(ctx context.Context, p DoParams, fn func(ctx context
 	eng.observer.Observe(ctx, ev)
 	rep := Report{Result: out, Replayed: a.Kind == protocol.KindReplay, NewKeySafe: !a.Ran && NewKeySafe(err)}
 	switch {
-	case a.Panicked:
-		panic(a.Recovered)
+	case a.Panic != nil:
+		panic(a.Panic.Value)
 	case errors.Is(err, protocol.ErrFnFailed):
 		return rep, j.err
 	case j.err != nil:

@@ -44,6 +44,9 @@ type Options struct {
 
 	// ProblemWriter writes idem's own answers in the API's error format,
 	// p.NewKeySafe included where the format has room (docs/problems.md).
+	// idem sets the answer's Retry-After (p.RetryAfter, in whole seconds)
+	// and Cache-Control: no-store on w before calling it. It also writes
+	// the 500 of a handler that panicked (an about:blank problem).
 	// Default: Problem.Write (RFC 9457; adapters/idemconnect recognises it).
 	ProblemWriter func(w http.ResponseWriter, r *http.Request, p Problem)
 

@@ -100,6 +100,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/httpwrite"
 )
 
 // HeaderProblemType carries the type URI of the idem problem a Connect error
@@ -141,7 +142,8 @@ func Handler(mw *idem.Middleware, h http.Handler) http.Handler {
 			}
 		}
 		st := &state{}
-		r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+		// A panic is answered below, connect-go's way (httpwrite.RaisePanics).
+		r = r.WithContext(httpwrite.RaisePanics(context.WithValue(r.Context(), stateKey{}, st)))
 		var tw *translator
 		defer func() {
 			if !st.protected {

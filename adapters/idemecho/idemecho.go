@@ -83,6 +83,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/httpwrite"
 )
 
 // Middleware returns echo middleware that runs the rest of the chain under
@@ -124,7 +125,7 @@ func Middleware(mw *idem.Middleware) echo.MiddlewareFunc {
 					// done here so the answer goes through idem's writer.
 					c.Error(err)
 				}
-			})).ServeHTTP(outerResp, outerReq)
+			})).ServeHTTP(outerResp, outerReq.WithContext(httpwrite.RaisePanics(outerReq.Context()))) // answered above, echo's way
 			return nil
 		}
 	}

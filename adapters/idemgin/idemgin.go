@@ -83,6 +83,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/httpwrite"
 )
 
 // Option configures Middleware.
@@ -150,7 +151,7 @@ func Middleware(mw *idem.Middleware, opts ...Option) gin.HandlerFunc {
 				o.errorHandler(c)
 			}
 			iw.WriteHeaderNow()
-		})).ServeHTTP(outerW, outerR)
+		})).ServeHTTP(outerW, outerR.WithContext(httpwrite.RaisePanics(outerR.Context()))) // answered below, gin's way
 		if !ran {
 			c.Abort() // idem answered by itself: the handler must not run
 		}

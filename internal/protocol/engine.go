@@ -48,8 +48,7 @@ func New(cfg Config) *Engine {
 // records the outcome. A replay or 422 the replay cache holds is answered
 // from there (Cached), before MaxInFlight counts the request. A panic in j
 // is recovered, its outcome recorded Failed, and reported in the Answer
-// (Panicked, Recovered) for the front to raise again once it has observed
-// it.
+// (Panic) for the front to answer or raise again once it has observed it.
 func (eng *Engine) Run(ctx context.Context, p idemdriver.ClaimParams, clientKey string, wait time.Duration, j Job) Answer {
 	if rec, opened, ok := eng.replays.get(p.Scope, p.Key); ok {
 		v := eng.cfg.decide(ctx, rec, p, opened)
@@ -88,18 +87,18 @@ func (eng *Engine) run(ctx context.Context, p idemdriver.ClaimParams, clientKey 
 	defer eng.mode.endRun(e)
 	stop := eng.mode.start(e, c.sent)
 	ran := time.Now()
-	status, over, panicked, recovered := e.runJob(j)
+	status, over, pan := e.runJob(j)
 	handler := time.Since(ran)
 	leaseRanOut := stop()
 
 	recording := time.Now()
-	v = eng.record(e, j, status, over, panicked, leaseRanOut)
+	v = eng.record(e, j, status, over, pan != nil, leaseRanOut)
 	v.Ran, v.TookOver, v.Waited, v.Attempt, v.Status = true, c.res.TookOver, c.waited, attempt, status
 	v.Claim, v.Handler, v.Completion = claim, handler, time.Since(recording)
 	if v.Record.Key == "" { // else the record a lost COMMIT was answered from
 		v.Record = c.res.Record
 	}
-	v.Panicked, v.Recovered = panicked, recovered
+	v.Panic = pan
 	return v
 }
 

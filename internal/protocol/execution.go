@@ -3,6 +3,7 @@ package protocol
 import (
 	"context"
 	"errors"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -153,15 +154,16 @@ const (
 	OverrideSucceeded
 )
 
-func (e *Execution) runJob(j Job) (status int, o Override, panicked bool, recovered any) {
-	panicked = true
+func (e *Execution) runJob(j Job) (status int, o Override, p *Panic) {
+	panicked := true
 	defer func() {
 		if panicked {
-			recovered = recover()
+			p = &Panic{Value: recover(), Stack: debug.Stack()}
 		}
 	}()
 	status, o = j.Run(e.ctx)
-	return status, o, false, nil
+	panicked = false
+	return status, o, nil
 }
 
 func (e *Execution) businessTx() (idemdriver.Tx, error) {

@@ -90,8 +90,14 @@ type Answer struct {
 	Attempt int
 	// Claim, Handler and Completion are how long each phase took.
 	Claim, Handler, Completion time.Duration
-	// Panicked reports that the job panicked with Recovered: its outcome
-	// was recorded Failed, and the front raises it again.
-	Panicked  bool
-	Recovered any
+	// Panic is the job's panic, nil when it did not panic: its outcome
+	// was recorded Failed, and the front answers or raises it.
+	Panic *Panic
+}
+
+// Panic is a job's panic: the value recovered and the stack of the
+// goroutine that panicked (runtime/debug.Stack).
+type Panic struct {
+	Value any
+	Stack []byte
 }
