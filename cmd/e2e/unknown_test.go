@@ -65,7 +65,7 @@ func TestAtMostOnceChargeHeldUnknown(t *testing.T) {
 		require.Regexp(t, `(?m)^idem_unknown_records(\{[^}]*\})? 1$`, metrics(t, pd), "the gauge an alert reads")
 
 		out := idemCLI(t, "--database-url", db, "resolve", "--scope", merchant, "--key", key, "--applied",
-			"--result", fmt.Sprintf(`{"ID":%q}`, chargeID), "--by", "ops@example.com", "--why", "the provider's dashboard shows the charge")
+			"--result", fmt.Sprintf(`{"ID":%q}`, chargeID), "--by", "ops@example.com", "--why", "the provider's dashboard shows the charge", "--retention", "24h")
 		require.Contains(t, out, "applied")
 		done, err := pay(context.Background(), pd.url(), merchant, key, body(amount))
 		require.NoError(t, err)

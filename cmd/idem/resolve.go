@@ -28,7 +28,7 @@ type resolveFlags struct {
 func resolveCmd(g *globals, out io.Writer) *cobra.Command {
 	var f resolveFlags
 	c := &cobra.Command{
-		Use:   "resolve --scope S --key K (--applied [--result JSON] | --not-applied) --by WHO --why TEXT",
+		Use:   "resolve --scope S --key K (--applied [--result JSON] | --not-applied) --by WHO --why TEXT --retention D",
 		Short: "End an UNKNOWN record: its at-most-once step's effect happened (with its result) or did not",
 		Long: `End an UNKNOWN record (docs/contract.md section 11.3): an at-most-once step
 (idem.AtMostOnce) started and its outcome could not be known, or an execution
@@ -61,8 +61,10 @@ default, the one that made it UNKNOWN. The result must decode into the step's
 type (the JSON its handler's type encodes, with its field names: a field of
 another name is ignored, and leaves the value empty): one that does not
 decode makes the record UNKNOWN again (step-result-undecodable), and resolve
-can then be run again. On a partitioned store, now + --retention must fall
-in a partition that exists.`,
+can then be run again. --retention is the server's Engine.Retention: a
+shorter one lets the record expire before its client's retries, and a retry
+after that starts a new life, which runs an at-most-once step again. On a
+partitioned store, now + --retention must fall in a partition that exists.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.check(cmd); err != nil {
@@ -81,7 +83,7 @@ in a partition that exists.`,
 	fl.BoolVar(&f.notApplied, "not-applied", false, "the step's effect did not happen: clear its start, so it runs again")
 	fl.StringVar(&f.by, "by", "", "who resolves it (kept on the step; at most 200 bytes)")
 	fl.StringVar(&f.why, "why", "", "why: the evidence (kept on the step; at most 200 bytes)")
-	fl.DurationVar(&f.retention, "retention", idem.DefaultRetention, "the resolved record's retention from now (the server's Retention)")
+	fl.DurationVar(&f.retention, "retention", 0, "the resolved record's retention from now: the server's Engine.Retention (required)")
 	return c
 }
 
@@ -102,6 +104,13 @@ func (f *resolveFlags) check(cmd *cobra.Command) error {
 		return usageError{errors.New("--by and --why are required: they are kept with the resolution")}
 	case len(f.by) > 200 || len(f.why) > 200:
 		return usageError{errors.New("--by and --why are at most 200 bytes each")}
+	case strings.HasPrefix(f.step, idemdriver.InternalStepPrefix):
+		return usageError{fmt.Errorf("--step %q is idem's own (the request kept for a re-drive), not one of the application's steps: "+
+			"name the step that made the record UNKNOWN (see inspect), or leave --step out", f.step)}
+	case !cmd.Flags().Changed("retention"):
+		return usageError{fmt.Errorf("--retention is required: the server's Engine.Retention (%s unless it sets another), so that "+
+			"the resolved record outlives its client's retries: a retry after it expires starts a new life, which runs an "+
+			"at-most-once step again", idem.DefaultRetention)}
 	case f.retention <= 0:
 		return usageError{errors.New("--retention must be positive")}
 	}

@@ -65,16 +65,26 @@ func TestResolve(t *testing.T) {
 			require.Equal(t, 2, code, "a null result: %s", errOut)
 			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`)
 			require.Equal(t, 2, code, "--by and --why are required: %s", errOut)
+			// A fresh user's operator resolved with the default 24h on a 72h
+			// server: the record expired before the client's retry, whose new
+			// life ran the at-most-once step again. --retention is required.
+			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`, "--by", "ops", "--why", "x")
+			require.Equal(t, 2, code, "--retention is required: %s", errOut)
+			require.Contains(t, errOut, "--retention is required")
+			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"x"`, "--by", "ops", "--why", "x",
+				"--retention", "24h", "--step", "idem:request")
+			require.Equal(t, 2, code, "idem's own step is not the application's to resolve: %s", errOut)
+			require.Contains(t, errOut, "idem's own")
 
 			if b.partitioned {
 				_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`, "--by", "ops", "--why", "x", "--retention", "200h")
 				require.Equal(t, 2, code)
 				require.Contains(t, errOut, "--retention 200h0m0s ends past this store's last partition", "not the database's 'no partition'")
 			}
-			out := c.ok("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`, "--by", "ops@example.com", "--why", "INC-7 statement")
+			out := c.ok("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`, "--by", "ops@example.com", "--why", "INC-7 statement", "--retention", "24h")
 			require.Contains(t, out, "resolved acct/a step transfer: applied")
-			c.ok("resolve", "--scope", "acct", "--key", "b", "--not-applied", "--by", "ops@example.com", "--why", "not on the statement")
-			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--not-applied", "--by", "ops", "--why", "again")
+			c.ok("resolve", "--scope", "acct", "--key", "b", "--not-applied", "--by", "ops@example.com", "--why", "not on the statement", "--retention", "24h")
+			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--not-applied", "--by", "ops", "--why", "again", "--retention", "24h")
 			require.Equal(t, 1, code)
 			require.Contains(t, errOut, "not UNKNOWN")
 
@@ -121,10 +131,10 @@ func TestResolve(t *testing.T) {
 				Scope: "acct", Key: "c", FencingToken: again.Record.FencingToken, CreatedAt: failed.CreatedAt, Name: "transfer"},
 				Reason: idemdriver.ReasonCompleterGaveUp}))
 			require.Contains(t, c.ok("inspect", "--scope", "acct", "--key", "c"), `result {"v":1,"value":"tr_c"}`)
-			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "c", "--not-applied", "--by", "ops", "--why", "x")
+			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "c", "--not-applied", "--by", "ops", "--why", "x", "--retention", "24h")
 			require.Equal(t, 1, code)
 			require.Contains(t, errOut, `step "transfer" has a recorded result`)
-			require.Contains(t, c.ok("resolve", "--scope", "acct", "--key", "c", "--applied", "--by", "ops", "--why", "x"), "applied (its recorded result kept)")
+			require.Contains(t, c.ok("resolve", "--scope", "acct", "--key", "c", "--applied", "--by", "ops", "--why", "x", "--retention", "24h"), "applied (its recorded result kept)")
 			booked, err := g.Do(ctx, idem.DoParams{Scope: "acct", Key: "c"}, func(ctx context.Context) (idem.Result, error) {
 				id, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) { runs["c"]++; return "tr_again", nil }, idem.AtMostOnce())
 				return idem.Result{Body: []byte(id)}, err
