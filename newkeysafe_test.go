@@ -67,6 +67,15 @@ func TestProblemSaysWhetherANewKeyIsSafe(t *testing.T) {
 	otherPath := send(h, http.MethodPost, "/refund", "k1", `{"a":1}`)
 	require.Equal(t, http.StatusUnprocessableEntity, otherPath.Code)
 	require.True(t, newKeySafe(t, otherPath), "key-reused, another path: the key's record is another request's")
+	// The same route, escaped otherwise or its method in another case: a
+	// router may take it as the same operation (a fresh user's ServeMux
+	// did, and the new key its 422 called safe charged twice).
+	escaped := send(h, http.MethodPost, "/%70ay", "k1", `{"a":1}`)
+	require.Equal(t, http.StatusUnprocessableEntity, escaped.Code)
+	require.False(t, newKeySafe(t, escaped), "key-reused, the same path escaped otherwise")
+	lower := send(h, "post", "/pay", "k1", `{"a":1}`)
+	require.Equal(t, http.StatusUnprocessableEntity, lower.Code)
+	require.False(t, newKeySafe(t, lower), "key-reused, the same method in another case")
 
 	noScope := newMiddleware(t, store, idem.Options{Scope: func(*http.Request) (string, error) { return "", nil }}).Handler(slow)
 	require.False(t, newKeySafe(t, send(noScope, http.MethodPost, "/pay", "k1", `{"a":1}`)), "missing-scope: an earlier, authenticated attempt may have run")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/idemgo/idem/idemdriver"
@@ -68,8 +70,12 @@ func (c *Config) decide(ctx context.Context, rec idemdriver.Record, p idemdriver
 		return Answer{Kind: KindOutcomeUnknown, Record: rec, Err: ErrOutcomeUnknown}
 	case idemdriver.DecisionKeyReused:
 		sameOp := rec.Method == p.Method && rec.Path == p.Path
+		// A method in another case, or a path escaped otherwise ("/%70ay"
+		// for "/pay"), may name the same operation (a router may take both
+		// alike): a new key is not safe for it either.
+		mayBeSameOp := sameOp || strings.EqualFold(rec.Method, p.Method) && unescapedPath(rec.Path) == unescapedPath(p.Path)
 		return Answer{Kind: KindKeyReused, Record: rec, SameOp: sameOp,
-			Err: &keyReusedError{method: rec.Method, path: rec.Path, sameOp: sameOp}}
+			Err: &keyReusedError{method: rec.Method, path: rec.Path, sameOp: mayBeSameOp}}
 	}
 	ra := c.inFlightRetryAfter(rec.LeaseLeft)
 	return Answer{Kind: KindInFlight, Record: rec, RetryAfter: ra, Err: &InFlightError{RetryAfter: ra}}
@@ -87,4 +93,13 @@ func (c *Config) claimFailed(ctx context.Context, err error) Answer {
 	serr := &StoreError{Op: "claim", Err: err}
 	c.Logger.ErrorContext(ctx, "idem: store unavailable", "err", serr)
 	return Answer{Kind: KindClaimFailed, Err: serr}
+}
+
+// unescapedPath is path with its percent-encoding undone, or path itself
+// when it does not decode.
+func unescapedPath(path string) string {
+	if u, err := url.PathUnescape(path); err == nil {
+		return u
+	}
+	return path
 }

@@ -74,7 +74,7 @@ func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }
 // only when it is read: an HTTP 422 sends a problem, and never reads it.
 type keyReusedError struct {
 	method, path string
-	sameOp       bool // the same method and path, another payload
+	sameOp       bool // the same method and path (or maybe: another case, another escaping), another payload
 }
 
 // NewKeySafe is false when the key was first used for the same method and
