@@ -118,8 +118,9 @@ type Config struct {
 	// records it ends. Default: "hostname:pid".
 	Holder string
 
-	// OnRedrive, when set, is called after each re-drive or give-up, from
-	// the completer's goroutines. Default: none.
+	// OnRedrive, when set, is called after each re-drive, give-up or
+	// failed attempt at either, from the completer's goroutines; not for
+	// an execution left to its client (Stats.Skipped). Default: none.
 	OnRedrive func(Outcome)
 
 	// Logger receives leadership changes, re-drives and errors. Default:
@@ -179,8 +180,9 @@ type Stats struct {
 	Cycles int64
 	// Redriven counts re-drives, Finished those answered 2xx, GaveUp the
 	// executions ended UNKNOWN, Ended those ended FAILED before any step,
-	// Skipped the abandoned executions with no request kept (left to their
-	// clients).
+	// Skipped the reads of abandoned executions with no request kept (left
+	// to their clients): one such execution counts once per cycle that
+	// reads it.
 	Redriven, Finished, GaveUp, Ended, Skipped int64
 	Errors                                     int64
 }
@@ -305,7 +307,7 @@ func (c *Completer) Cycle(ctx context.Context) error {
 			defer c.wg.Done()
 			defer func() { <-c.slots; c.busy.Delete(rec.Scope + "\x00" + rec.Key) }()
 			o := c.complete(ctx, rec, now)
-			if c.cfg.OnRedrive != nil {
+			if c.cfg.OnRedrive != nil && (o.Status != 0 || o.GaveUp != "" || o.Err != nil) { // not a record left alone
 				c.cfg.OnRedrive(o)
 			}
 		}()

@@ -327,14 +327,18 @@ func TestCompleterLeavesWhatItCannotRedrive(t *testing.T) {
 		s := newShop(t, store(t), false, nil)
 		s.failWrites.Store(true)
 		require.Equal(t, http.StatusInternalServerError, s.send("acme", "pay-1").Code)
-		c := s.completer(t, completer.Config{MaxAttempts: 2, Grace: 1})
+		var reported atomic.Int32
+		c := s.completer(t, completer.Config{MaxAttempts: 2, Grace: 1, OnRedrive: func(completer.Outcome) { reported.Add(1) }})
 		for range 3 {
 			cycle(t, c)
 		}
 		rec := record(t, s.store, "pay-1")
 		require.Equal(t, idemdriver.StateFailed, rec.State)
 		require.Zero(t, c.Stats().Redriven)
-		require.EqualValues(t, 3, c.Stats().Skipped)
+		require.EqualValues(t, 3, c.Stats().Skipped, "once per cycle that reads it")
+		// Regression (a fresh user's hook): OnRedrive was called each cycle
+		// for a record left alone, an Outcome with no status and no give-up.
+		require.Zero(t, reported.Load(), "nothing re-driven, nothing given up: not reported")
 		s.failWrites.Store(false)
 		require.Equal(t, http.StatusCreated, s.send("acme", "pay-1").Code, "the client's retry resumes it")
 		require.Equal(t, int32(1), s.calls.Load())
