@@ -342,6 +342,16 @@ func (o Options) validate(store Store) []error {
 			errs = append(errs, fmt.Errorf("Methods: %q is not a method (an RFC 9110 token)", m))
 		}
 	}
+	for _, h := range o.Replay.Headers {
+		switch k := http.CanonicalHeaderKey(h); {
+		case !httpread.IsToken(h):
+			errs = append(errs, fmt.Errorf("Replay.Headers: %q is not a header name (an RFC 9110 token)", h))
+		case neverReplayed[k]:
+			// Not refused: a list that names one always started; said once.
+			o.Engine.Logger.Warn("idem: Options.Replay.Headers names a header that is never replayed "+
+				"(a cookie, a hop-by-hop header, or one each answer sets for itself); remove it", "header", k)
+		}
+	}
 	if o.Scope == nil {
 		errs = append(errs, errors.New("Scope is required: name the owner of each request's key (idem.SingleTenant for an API with one owner)"))
 	}

@@ -103,6 +103,9 @@ func TestNewValidates(t *testing.T) {
 		"an empty method":                       {idem.Options{Methods: []string{"POST", ""}}, `"" is not a method`},
 		// Regression (a new user's try): settings that do nothing were accepted.
 		"a cache's TTL, no cache": {idem.Options{Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{TTL: time.Minute}}}, "Replay.Cache.TTL applies with Replay.Cache.Bytes only"},
+		// Regression (a fresh user's try): a name no header can have was
+		// accepted, and never replayed.
+		"a replayed header with a space": {idem.Options{Replay: idem.ReplayOptions{Headers: []string{"Content-Type", "bad header"}}}, `Replay.Headers: "bad header" is not a header name`},
 	} {
 		tc.cfg.Scope = idem.SingleTenant
 		_, err := idem.NewMiddleware(d, tc.cfg)

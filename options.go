@@ -74,8 +74,10 @@ type RequestOptions struct {
 	// It is kept once per record life, as an internal step
 	// (idemdriver.KeptRequestStep), sealed with Engine.Sealing.Keys, and
 	// goes with the record. With Engine.Sealing.KeyHashSecret it needs
-	// Sealing.Keys: the key is kept. Default: false (nothing kept; the
-	// completer ends such executions UNKNOWN instead).
+	// Sealing.Keys: the key is kept. Default: false (nothing kept: the
+	// completer leaves such executions to their clients' retries, and holds
+	// an at-most-once step's start UNKNOWN shortly before its record
+	// expires).
 	KeepForRedrive bool
 
 	// Redact removes from a kept request's headers (KeepForRedrive) what
@@ -105,7 +107,13 @@ type DrainOptions struct {
 
 // ReplayOptions says what of a response is replayed (Options.Replay).
 type ReplayOptions struct {
-	// Headers lists the replayed headers. Default: DefaultReplayHeaders().
+	// Headers lists the replayed headers; it replaces the default list,
+	// so add to it with append(idem.DefaultReplayHeaders(), "X-Charge-Id")
+	// (a list without Content-Type replays a body whose type net/http
+	// sniffs). NewMiddleware refuses a name that is not a header name, and
+	// logs one that is never replayed (Set-Cookie, hop-by-hop headers,
+	// Date, Content-Length, the headers idem sets for each answer). Default:
+	// DefaultReplayHeaders().
 	Headers []string
 
 	// Cache answers retries from memory.
