@@ -33,7 +33,9 @@ type Options struct {
 	// Methods lists the protected methods, any case. Default: POST, PATCH.
 	Methods []string
 
-	// KeyOptional lets a keyless request pass unprotected. Default: false (400).
+	// KeyOptional lets a keyless request pass unprotected: its handler runs
+	// with no execution (idem.Tx and Step return ErrNoExecution; it opens
+	// its own transaction). Default: false (400).
 	KeyOptional bool
 
 	// Request bounds what is read of a protected request.

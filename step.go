@@ -55,6 +55,10 @@ func (atMostOnce) stepOption() {}
 // (ErrStepUnreconciled); the completer ends it UNKNOWN once its attempts
 // are spent.
 //
+// A panic in fn leaves the step started, as an uncertain error does: the
+// execution is recorded FAILED, and the next re-execution finds the start
+// without a result (Reconcile, or UNKNOWN).
+//
 // The promise holds within the record's retention: a request after it
 // starts a new life. So a completer (package completer) ends UNKNOWN a
 // start it cannot re-drive (Do, gRPC) shortly before its record expires;

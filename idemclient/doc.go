@@ -2,8 +2,12 @@
 // that sends POST and PATCH requests with an Idempotency-Key
 // (draft-ietf-httpapi-idempotency-key-header) and retries them with that
 // same key when the server answers "in flight" (409), asks to slow down
-// (429, 502, 503, 504) or the connection fails, so the end user never sees a
-// conflict and the request runs at most once on an idem server.
+// (429, 502, 503, 504) or the connection fails, so the end user does not
+// see a conflict and the request runs at most once on an idem server. A
+// key whose request was in flight on a server that died is held until its
+// lease runs out (30 s by default), longer than the default attempts last:
+// raise Config.MaxAttempts to ride that out (docs/deployment.md, "Deploys
+// and restarts").
 //
 //	tr, err := idemclient.New(idemclient.Config{})
 //	if err != nil {

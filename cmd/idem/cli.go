@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/internal/command"
 	"github.com/idemgo/idem/idemdriver"
 	"github.com/idemgo/idem/seal"
@@ -250,6 +251,12 @@ func withRecord(cmd *cobra.Command, g *globals, out io.Writer, r recordFlags, sc
 	return withStore(cmd, g, func(ctx context.Context, s *store) error {
 		key := g.storedKey(r.key)
 		rec, err := findRecord(ctx, s, out, g.json, r.scope, scoped, key)
+		if v, perr := idem.ParseKey([]string{r.key}); errors.Is(err, errNoRecord) && perr == nil && v != r.key {
+			// The key as the header carried it, quoted (the echoed
+			// Idempotency-Key: "abc"): idem stores its value.
+			r.key, key = v, g.storedKey(v)
+			rec, err = findRecord(ctx, s, out, g.json, r.scope, scoped, key)
+		}
 		if errors.Is(err, errNoRecord) {
 			if hint := notFoundHint(ctx, s, len(g.hashSecret) > 0, r, scoped, key); hint != "" {
 				return fmt.Errorf("%w; %s", err, hint)

@@ -184,6 +184,9 @@ func TestCommands(t *testing.T) {
 			seed(t, d)
 
 			// inspect: one key's story
+			// Regression (a fresh user's operator): the key as the server
+			// echoes it, an sf-string, was not found; idem stores its value.
+			require.Contains(t, c.ok("inspect", "--scope", "acct_1", "--key", `"paid"`), hex.EncodeToString(fp("paid")))
 			out = c.ok("inspect", "--scope", "acct_1", "--key", "paid")
 			for _, want := range []string{"state", "SUCCEEDED", "replay of the stored 201 response",
 				"fingerprint", hex.EncodeToString(fp("paid")), "fencing token", "Content-Type: application/json",
