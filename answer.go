@@ -16,7 +16,7 @@ import (
 // the protocol answered. What to answer is decided first, from the table
 // below; then it is written (internal/httpwrite) and observed. A panic of
 // the handler is logged and answered 500, or raised again once observed
-// under an adapter that recovers it (httpwrite.RaisePanics).
+// under an adapter that recovers it (httpwrite.RaisePanics), its stack left there.
 func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request, a protocol.Answer) {
 	var pr Problem // of a refusal, or of an answer that is neither recorded nor replayed
 	var isProblem bool
@@ -54,9 +54,11 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 		}
 		h.Set(HeaderReplayed, "true")
 	}
-	raise := a.Panic != nil && httpwrite.RaisesPanics(r.Context())
+	raised := httpwrite.RaisedOf(r.Context())
+	raise := a.Panic != nil && raised != nil
 	switch {
-	case raise: // an adapter's recovery answers it, in its framework's way
+	case raise: // an adapter's recovery answers it, in its framework's way, and logs this stack
+		raised.Stack = a.Panic.Stack
 	case a.Panic != nil:
 		// Answered, not left to net/http: a dropped connection makes Go's
 		// Transport resend a POST with an Idempotency-Key by itself, and
@@ -67,6 +69,14 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 		}
 		ev.Status = m.writeProblem(w, r, Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError),
 			Status: http.StatusInternalServerError})
+	case a.Held:
+		// Recorded FAILED whatever the handler answered: its answer (a
+		// 2xx that ignored ErrStepUnreconciled) must not tell the client
+		// it is done.
+		p := ProblemFor(ErrStepUnreconciled, "an at-most-once step of this request was started, and whether it took effect cannot be told yet; "+
+			"it is not run again until the callee tells: retry after the Retry-After delay with the same key")
+		p.RetryAfter = m.o.Engine.RetryAfter.Store
+		ev.Status = m.writeProblem(w, r, p)
 	case isProblem:
 		ev.Status = m.writeProblem(w, r, pr)
 	case a.Kind == protocol.KindReplay:

@@ -90,10 +90,12 @@ var (
 	ErrStepResultUndecodable = protocol.ErrStepResultUndecodable
 	// ErrStepUnreconciled: an AtMostOnce step started earlier without a
 	// result, and its Reconcile function could not tell what became of it
-	// (the callee did not answer). Its execution is recorded FAILED,
-	// whatever the handler answers (answer a 503): the next re-execution
-	// (the client's retry, the completer's re-drive) asks again; it never
-	// runs the step.
+	// (the callee did not answer, or it answered not applied about a start
+	// younger than SettlesWithin); or this run's call of such a step ended
+	// uncertain. Its execution is recorded FAILED, whatever the handler
+	// answers, and over HTTP answered 503 step-unreconciled in the
+	// handler's place: the next re-execution (the client's retry, the
+	// completer's re-drive) asks again; it never runs the step.
 	ErrStepUnreconciled = protocol.ErrStepUnreconciled
 	// ErrOutcomeUnknown: the outcome of the request cannot be known: an
 	// AtMostOnce step started and its result was not recorded, or a

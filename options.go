@@ -48,7 +48,8 @@ type Options struct {
 	// p.NewKeySafe included where the format has room (docs/problems.md).
 	// idem sets the answer's Retry-After (p.RetryAfter, in whole seconds)
 	// and Cache-Control: no-store on w before calling it. It also writes
-	// the 500 of a handler that panicked (an about:blank problem).
+	// the 500 of a handler that panicked (an about:blank problem), but for
+	// a framework adapter's requests, which the adapter answers.
 	// Default: Problem.Write (RFC 9457; adapters/idemconnect recognises it).
 	ProblemWriter func(w http.ResponseWriter, r *http.Request, p Problem)
 

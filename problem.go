@@ -71,6 +71,7 @@ var problemKinds = []problemKind{
 	problemKindOf(ErrInvalidStatus, "invalid-status", "The server answered with an invalid status", http.StatusInternalServerError, false),
 	problemKindOf(ErrSealKeyMissing, "seal-key-missing", "The stored response for this Idempotency-Key is sealed with a key the server does not hold", http.StatusInternalServerError, false),
 	problemKindOf(ErrSealBroken, "seal-broken", "The stored response for this Idempotency-Key failed its integrity check", http.StatusInternalServerError, false),
+	problemKindOf(ErrStepUnreconciled, "step-unreconciled", "A step of this request is not reconciled yet", http.StatusServiceUnavailable, false),
 	problemKindOf(ErrStoreUnavailable, "store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable, false),
 	problemKindOf(ErrOverloaded, "overloaded", "Too many requests in progress", http.StatusServiceUnavailable, false),
 }

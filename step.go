@@ -30,7 +30,7 @@ func StepFinal(err error) error { return protocol.StepFinal(err) }
 // is cleared and a re-execution runs it again. nil stays nil.
 func StepNotApplied(err error) error { return protocol.StepNotApplied(err) }
 
-// StepOption is an option of Step: AtMostOnce, Reconcile.
+// StepOption is an option of Step: AtMostOnce, Reconcile, SettlesWithin.
 type StepOption interface{ stepOption() }
 
 type atMostOnce struct{}

@@ -304,6 +304,46 @@ func TestOutcomeUnknownAnswersAWaitingDuplicate(t *testing.T) {
 // held, its execution FAILED whatever the handler answers; the next
 // re-executions ask the reconcile function, never running the step, until
 // it tells: here, once it can, that the transfer happened.
+// Over HTTP, a held execution is answered 503 step-unreconciled whatever
+// its handler wrote: a fresh user's handler ignored ErrStepUnreconciled
+// and answered 201, which the client took for done while the record was
+// FAILED and a later retry answered another 201.
+func TestHeldStepIsAnswered503(t *testing.T) {
+	t.Parallel()
+	d := openSQLite(t)
+	var transfers, asked int
+	bankKnows := false
+	mw := newMiddleware(t, d, idem.Options{})
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := idem.Step(r.Context(), "transfer", func(context.Context) (string, error) {
+			transfers++
+			return "", errTimeout
+		}, idem.AtMostOnce(), idem.Reconcile(func(_ context.Context, relay string) (string, error) {
+			asked++
+			if !bankKnows {
+				return "", errors.New("the bank's statement is not out yet")
+			}
+			return "tr_" + relay[:6], nil
+		}))
+		_ = err // ignored: the handler answers 201 anyway
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(id))
+	}))
+	for range 2 {
+		got := send(h, "POST", "/transfers", "k", `{}`)
+		require.Equal(t, http.StatusServiceUnavailable, got.Code, "body: %s", got.Body)
+		require.Contains(t, got.Body.String(), idem.ProblemTypeBase+"step-unreconciled")
+		require.Equal(t, "1", got.Header().Get("Retry-After"))
+		require.Equal(t, idemdriver.StateFailed, record(t, d, idem.SingleTenantScope, "k").State)
+	}
+	bankKnows = true
+	got := send(h, "POST", "/transfers", "k", `{}`)
+	require.Equal(t, http.StatusCreated, got.Code)
+	require.True(t, strings.HasPrefix(got.Body.String(), "tr_"), "%s", got.Body)
+	require.Equal(t, 1, transfers, "the transfer ran once")
+	require.Equal(t, 2, asked)
+}
+
 func TestReconcileAfterATimeout(t *testing.T) {
 	t.Parallel()
 	g, d := newEngine(t, nil, idem.EngineOptions{})

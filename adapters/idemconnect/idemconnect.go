@@ -22,6 +22,7 @@
 //	| request-in-flight            | unavailable + retry | 503  |
 //	| response-not-stored          | already_exists      | 409  |
 //	| store-unavailable            | unavailable + retry | 503  |
+//	| step-unreconciled            | unavailable + retry | 503  |
 //	| about:blank (by its status)  | 400 invalid_argument, 401 unauthenticated, 413 resource_exhausted, 414 invalid_argument, 503 unavailable, others internal | |
 //
 // "+ retry" is a google.rpc.RetryInfo error detail whose retry_delay is idem's
@@ -143,14 +144,15 @@ func Handler(mw *idem.Middleware, h http.Handler) http.Handler {
 		}
 		st := &state{}
 		// A panic is answered below, connect-go's way (httpwrite.RaisePanics).
-		r = r.WithContext(httpwrite.RaisePanics(context.WithValue(r.Context(), stateKey{}, st)))
+		ctx, raised := httpwrite.RaisePanics(context.WithValue(r.Context(), stateKey{}, st))
+		r = r.WithContext(ctx)
 		var tw *translator
 		defer func() {
 			if !st.protected {
 				return // a panic of a request idem passed through: net/http's, as usual
 			}
 			if rec := recover(); rec != nil {
-				answerPanic(ew, w, r, tw, rec)
+				answerPanic(ew, w, r, tw, rec, raised.StackOr(debug.Stack))
 			}
 		}()
 		if !isConnect(ew, r) {
@@ -225,13 +227,13 @@ type stateKey struct{}
 // would drop the connection, and Go's http.Transport resends a keyed POST
 // whose reused connection broke before any response byte: one client call
 // would run the handler twice.
-func answerPanic(ew *connect.ErrorWriter, w http.ResponseWriter, r *http.Request, tw *translator, rec any) {
+func answerPanic(ew *connect.ErrorWriter, w http.ResponseWriter, r *http.Request, tw *translator, rec any, stack []byte) {
 	if rec != http.ErrAbortHandler { //nolint:errorlint // the sentinel itself, as net/http compares it
 		logf := log.Printf
 		if srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server); srv != nil && srv.ErrorLog != nil {
 			logf = srv.ErrorLog.Printf
 		}
-		logf("idemconnect: panic serving %s (the claim is recorded FAILED; a retry runs again): %v\n%s", r.URL.Path, rec, debug.Stack())
+		logf("idemconnect: panic serving %s (the claim is recorded FAILED; a retry runs again): %v\n%s", r.URL.Path, rec, stack)
 	}
 	if tw != nil && tw.wrote && !tw.problem {
 		return // idem holds a protected answer until it is recorded: not reached
@@ -320,6 +322,7 @@ var codes = map[string]connect.Code{
 	"request-in-flight":   connect.CodeUnavailable,
 	"response-not-stored": connect.CodeAlreadyExists,
 	"store-unavailable":   connect.CodeUnavailable,
+	"step-unreconciled":   connect.CodeUnavailable,
 }
 
 // Code returns the Connect code for an idem problem of type problemType

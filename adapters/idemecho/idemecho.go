@@ -104,13 +104,14 @@ func Middleware(mw *idem.Middleware) echo.MiddlewareFunc {
 				return next(c)
 			}
 			outerResp, outerReq := c.Response(), c.Request()
+			ctx, raised := httpwrite.RaisePanics(outerReq.Context()) // answered below, echo's way
 			protected := false
 			defer func() {
 				if !protected {
 					return // a panic of a request idem passed through: echo's, as usual
 				}
 				if rec := recover(); rec != nil {
-					answerPanic(c, rec)
+					answerPanic(c, rec, raised.StackOr(debug.Stack))
 				}
 			}()
 			mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -125,7 +126,7 @@ func Middleware(mw *idem.Middleware) echo.MiddlewareFunc {
 					// done here so the answer goes through idem's writer.
 					c.Error(err)
 				}
-			})).ServeHTTP(outerResp, outerReq.WithContext(httpwrite.RaisePanics(outerReq.Context()))) // answered above, echo's way
+			})).ServeHTTP(outerResp, outerReq.WithContext(ctx))
 			return nil
 		}
 	}
@@ -138,9 +139,9 @@ func Middleware(mw *idem.Middleware) echo.MiddlewareFunc {
 // Left to net/http, the panic would drop the connection, and Go's
 // http.Transport resends a keyed POST whose reused connection broke before
 // any response byte: one client call would run the handler twice.
-func answerPanic(c echo.Context, rec any) {
+func answerPanic(c echo.Context, rec any, stack []byte) {
 	if rec != http.ErrAbortHandler { //nolint:errorlint // the sentinel itself, as net/http compares it
-		c.Logger().Errorf("[PANIC RECOVER] idemecho (the claim is recorded FAILED; a retry runs again): %v %s", rec, debug.Stack())
+		c.Logger().Errorf("[PANIC RECOVER] idemecho (the claim is recorded FAILED; a retry runs again): %v %s", rec, stack)
 	}
 	if c.Response().Committed {
 		return // idem holds a protected answer until it is recorded: not reached

@@ -1,10 +1,12 @@
 package idemecho_test
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -101,6 +103,35 @@ func TestCustomHTTPErrorHandler(t *testing.T) {
 	require.Equal(t, "true", second.Header.Get(idem.HeaderReplayed))
 	require.EqualValues(t, 1, runs.Load())
 }
+
+// A panic's log shows the handler's stack, not the adapter's recover of
+// idem's raise (a fresh user found only idem's frames in it).
+func TestPanicLogsTheHandlersStack(t *testing.T) {
+	e := newEcho()
+	log := &syncBuffer{}
+	e.Logger.SetOutput(log)
+	url, _ := serve(t, e, func(c echo.Context) error { panicInTheHandler(); return nil })
+	first := adaptertest.Post(t, url, "k", `{"amount":1}`)
+	require.Equal(t, http.StatusInternalServerError, first.Status)
+	require.Contains(t, log.String(), "panicInTheHandler", "the handler's frame")
+}
+
+func panicInTheHandler() { panic("boom") }
+
+// syncBuffer is a bytes.Buffer the server's goroutines write and the test
+// reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 func TestPlainErrorIsRetryable(t *testing.T) {
 	// A plain error is echo's 500: FAILED, the retry runs again.

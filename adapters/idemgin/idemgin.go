@@ -129,13 +129,14 @@ func Middleware(mw *idem.Middleware, opts ...Option) gin.HandlerFunc {
 	}
 	return func(c *gin.Context) {
 		outerW, outerR := c.Writer, c.Request
+		ctx, raised := httpwrite.RaisePanics(outerR.Context()) // answered below, gin's way
 		ran, protected := false, false
 		defer func() {
 			if !protected {
 				return // a panic of a request idem passed through: gin's, as usual
 			}
 			if rec := recover(); rec != nil {
-				answerPanic(c, o.errorHandler, rec)
+				answerPanic(c, o.errorHandler, rec, raised.StackOr(debug.Stack))
 			}
 		}()
 		mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -151,7 +152,7 @@ func Middleware(mw *idem.Middleware, opts ...Option) gin.HandlerFunc {
 				o.errorHandler(c)
 			}
 			iw.WriteHeaderNow()
-		})).ServeHTTP(outerW, outerR.WithContext(httpwrite.RaisePanics(outerR.Context()))) // answered below, gin's way
+		})).ServeHTTP(outerW, outerR.WithContext(ctx))
 		if !ran {
 			c.Abort() // idem answered by itself: the handler must not run
 		}
@@ -164,9 +165,9 @@ func Middleware(mw *idem.Middleware, opts ...Option) gin.HandlerFunc {
 // net/http, the panic would drop the connection, and Go's http.Transport
 // resends a keyed POST whose reused connection broke before any response
 // byte: one client call would run the handler twice.
-func answerPanic(c *gin.Context, errorHandler gin.HandlerFunc, rec any) {
+func answerPanic(c *gin.Context, errorHandler gin.HandlerFunc, rec any, stack []byte) {
 	if rec != http.ErrAbortHandler { //nolint:errorlint // the sentinel itself, as net/http compares it
-		_, _ = fmt.Fprintf(gin.DefaultErrorWriter, "[idemgin] panic recovered (the claim is recorded FAILED; a retry runs again): %v\n%s\n", rec, debug.Stack())
+		_, _ = fmt.Fprintf(gin.DefaultErrorWriter, "[idemgin] panic recovered (the claim is recorded FAILED; a retry runs again): %v\n%s\n", rec, stack)
 	}
 	_ = c.Error(fmt.Errorf("idemgin: handler panic: %v", rec))
 	c.Abort()

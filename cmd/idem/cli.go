@@ -241,7 +241,7 @@ type recordFlags struct{ scope, key string }
 // add adds --scope (described by scopeUsage) and --key to c.
 func (r *recordFlags) add(c *cobra.Command, scopeUsage string) {
 	c.Flags().StringVar(&r.scope, "scope", "", scopeUsage)
-	c.Flags().StringVar(&r.key, "key", "", "the Idempotency-Key, unquoted (as the client sent it, also with --key-hash-secret)")
+	c.Flags().StringVar(&r.key, "key", "", "the Idempotency-Key as the client sent it, unquoted or as the header's quoted string (also with --key-hash-secret)")
 }
 
 // withRecord is withStore for a command about the record r names: f gets

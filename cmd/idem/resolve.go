@@ -62,8 +62,10 @@ type (the JSON its handler's type encodes, with its field names: a field of
 another name is ignored, and leaves the value empty): one that does not
 decode makes the record UNKNOWN again (step-result-undecodable), and resolve
 can then be run again. --retention is the server's Engine.Retention: a
-shorter one lets the record expire before its client's retries, and a retry
-after that starts a new life, which runs an at-most-once step again. On a
+shorter one lets the record expire early, and once a purge (or another
+request of the key) has removed it, the next request starts a new life,
+which runs an at-most-once step again. It is refused below 2s, shorter than
+any server's (Lease.MaxExecution + Lease.Duration, each at least 1s). On a
 partitioned store, now + --retention must fall in a partition that exists.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -109,13 +111,18 @@ func (f *resolveFlags) check(cmd *cobra.Command) error {
 			"name the step that made the record UNKNOWN (see inspect), or leave --step out", f.step)}
 	case !cmd.Flags().Changed("retention"):
 		return usageError{fmt.Errorf("--retention is required: the server's Engine.Retention (%s unless it sets another), so that "+
-			"the resolved record outlives its client's retries: a retry after it expires starts a new life, which runs an "+
-			"at-most-once step again", idem.DefaultRetention)}
-	case f.retention <= 0:
-		return usageError{errors.New("--retention must be positive")}
+			"the resolved record outlives its client's retries: once it has expired and a purge removed it, the next request "+
+			"starts a new life, which runs an at-most-once step again", idem.DefaultRetention)}
+	case f.retention < minRetention:
+		return usageError{fmt.Errorf("--retention %s is shorter than any server's Engine.Retention (at least %s: Lease.MaxExecution + "+
+			"Lease.Duration, each at least 1s): give the server's, so that the resolved record outlives its client's retries", f.retention, minRetention)}
 	}
 	return nil
 }
+
+// minRetention is the shortest Engine.Retention a server accepts:
+// Lease.MaxExecution + Lease.Duration, each at least 1 s.
+const minRetention = 2 * time.Second
 
 // resolve ends rec, an UNKNOWN record, as f says.
 func resolve(ctx context.Context, g *globals, out io.Writer, s *store, rec idemdriver.Record, f resolveFlags) error {

@@ -75,6 +75,12 @@ func TestResolve(t *testing.T) {
 				"--retention", "24h", "--step", "idem:request")
 			require.Equal(t, 2, code, "idem's own step is not the application's to resolve: %s", errOut)
 			require.Contains(t, errOut, "idem's own")
+			// Regression (the next fresh user): --retention 1ms was taken, and
+			// the record, purged at once, ran its at-most-once step again.
+			_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"x"`, "--by", "ops", "--why", "x",
+				"--retention", "1ms")
+			require.Equal(t, 2, code, "shorter than any server's retention: %s", errOut)
+			require.Contains(t, errOut, "shorter than any server's Engine.Retention")
 
 			if b.partitioned {
 				_, errOut, code = c.run("resolve", "--scope", "acct", "--key", "a", "--applied", "--result", `"tr_bank"`, "--by", "ops", "--why", "x", "--retention", "200h")

@@ -98,7 +98,7 @@ func (eng *Engine) run(ctx context.Context, p idemdriver.ClaimParams, clientKey 
 	if v.Record.Key == "" { // else the record a lost COMMIT was answered from
 		v.Record = c.res.Record
 	}
-	v.Panic = pan
+	v.Panic, v.Held = pan, v.Kind == KindRan && v.Outcome == Failed && e.stepHeld()
 	return v
 }
 

@@ -93,6 +93,10 @@ type Answer struct {
 	// Panic is the job's panic, nil when it did not panic: its outcome
 	// was recorded Failed, and the front answers or raises it.
 	Panic *Panic
+	// Held reports that an at-most-once step of the run is held
+	// unreconciled (ErrStepUnreconciled): its outcome was recorded Failed
+	// whatever the job answered, and the front answers so.
+	Held bool
 }
 
 // Panic is a job's panic: the value recovered and the stack of the
