@@ -69,14 +69,6 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 		}
 		ev.Status = m.writeProblem(w, r, Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError),
 			Status: http.StatusInternalServerError})
-	case a.Held:
-		// Recorded FAILED whatever the handler answered: its answer (a
-		// 2xx that ignored ErrStepUnreconciled) must not tell the client
-		// it is done.
-		p := ProblemFor(ErrStepUnreconciled, "an at-most-once step of this request was started, and whether it took effect cannot be told yet; "+
-			"it is not run again until the callee tells: retry after the Retry-After delay with the same key")
-		p.RetryAfter = m.o.Engine.RetryAfter.Store
-		ev.Status = m.writeProblem(w, r, p)
 	case isProblem:
 		ev.Status = m.writeProblem(w, r, pr)
 	case a.Kind == protocol.KindReplay:
@@ -123,7 +115,7 @@ func (m *Middleware) problem(r *http.Request, a *protocol.Answer) (Problem, bool
 	p := problemOf(*a, &m.o.Engine)
 	// A failed claim logged its own cause; a refusal (MaxInFlight) is load,
 	// counted by the observer, not a failure.
-	if p.Status == http.StatusServiceUnavailable && a.Kind != protocol.KindClaimFailed && a.Kind != protocol.KindOverloaded {
+	if p.Status == http.StatusServiceUnavailable && a.Kind != protocol.KindClaimFailed && a.Kind != protocol.KindOverloaded && a.Kind != protocol.KindStepHeld {
 		m.o.Engine.Logger.ErrorContext(r.Context(), "idem: outcome not recorded", "err", a.Err)
 	}
 	return p, true
@@ -248,6 +240,10 @@ var kinds = [protocol.Kinds]struct {
 	protocol.KindOutcomeUnknown: {ErrOutcomeUnknown, EventOutcomeUnknown, detailText("the request with this key made a call whose outcome cannot be known " +
 		"(it may have taken effect), and it is held for an operator: it will not run again, and retrying does not help; " +
 		"do not send it again under a new key either, as that could apply its effect twice")},
+	// Recorded FAILED whatever the handler answered: its answer (a 2xx that
+	// ignored ErrStepUnreconciled) must not tell the client it is done.
+	protocol.KindStepHeld: {ErrStepUnreconciled, EventExecuted, detailText("an at-most-once step of this request was started, and whether it took " +
+		"effect cannot be told yet; it is not run again until the callee tells: retry after the Retry-After delay with the same key")},
 	protocol.KindOverloaded: {ErrOverloaded, EventOverloaded, detailText("the server has as many requests in progress as it takes; this one was not processed " +
 		"(nothing was claimed or run): retry after the Retry-After delay with the same key")},
 }
@@ -270,7 +266,7 @@ func eventOf(a protocol.Answer) EventKind {
 		return k
 	}
 	switch a.Kind {
-	case protocol.KindRan, protocol.KindTimedOut, protocol.KindTxAborted:
+	case protocol.KindRan, protocol.KindTimedOut, protocol.KindTxAborted, protocol.KindStepHeld:
 		if a.TookOver {
 			return EventTakenOver
 		}

@@ -107,7 +107,9 @@ var ErrReleased = errors.New("idem: the execution was released; nothing was reco
 
 // ErrOutcomeFailed is returned by Do, with fn's Result, when its status was
 // recorded Failed (EngineOptions.Response.Outcome: a 5xx, 408, 425 or 429 by
-// default): nothing is replayed and the next call runs fn again.
+// default): nothing is replayed and the next call runs fn again. It wraps
+// ErrStepUnreconciled when an at-most-once step was held whatever fn
+// returned (docs/contract.md section 11.2).
 var ErrOutcomeFailed = errors.New("idem: the outcome was recorded FAILED; the next call runs fn again")
 
 // Do runs fn at most once to a recorded outcome for (p.Scope, p.Key)
@@ -181,6 +183,8 @@ func (eng *Engine) DoReport(ctx context.Context, p DoParams, fn func(ctx context
 		return rep, errors.Join(err, j.err)
 	case err == nil && a.Kind == protocol.KindRan && a.Outcome == protocol.Failed:
 		return rep, fmt.Errorf("%w (status %d)", ErrOutcomeFailed, protocol.OrOK(out.Status))
+	case a.Kind == protocol.KindStepHeld: // fn ignored ErrStepUnreconciled
+		return rep, fmt.Errorf("%w (status %d): %w", ErrOutcomeFailed, protocol.OrOK(out.Status), err)
 	}
 	return rep, err
 }
@@ -189,7 +193,7 @@ func (eng *Engine) DoReport(ctx context.Context, p DoParams, fn func(ctx context
 // (kinds's) of what happened.
 func (j *doJob) result(a protocol.Answer) (Result, error) {
 	switch a.Kind {
-	case protocol.KindRan:
+	case protocol.KindRan, protocol.KindStepHeld:
 		return j.out, a.Err
 	case protocol.KindReleased:
 		return j.out, ErrReleased

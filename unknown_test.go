@@ -300,10 +300,27 @@ func TestOutcomeUnknownAnswersAWaitingDuplicate(t *testing.T) {
 	require.EqualValues(t, 1, runs.Load())
 }
 
-// An at-most-once step with a reconcile function whose call times out is
-// held, its execution FAILED whatever the handler answers; the next
-// re-executions ask the reconcile function, never running the step, until
-// it tells: here, once it can, that the transfer happened.
+// bank is an at-most-once transfer whose call times out, and whose
+// reconcile function cannot tell until the bank knows.
+type bank struct {
+	transfers, asked int
+	knows            bool
+}
+
+// transfer runs the transfer step under ctx.
+func (b *bank) transfer(ctx context.Context) (string, error) {
+	return idem.Step(ctx, "transfer", func(context.Context) (string, error) {
+		b.transfers++
+		return "", errTimeout
+	}, idem.AtMostOnce(), idem.Reconcile(func(_ context.Context, relay string) (string, error) {
+		b.asked++
+		if !b.knows {
+			return "", errors.New("the bank's statement is not out yet")
+		}
+		return "tr_" + relay[:6], nil
+	}))
+}
+
 // Over HTTP, a held execution is answered 503 step-unreconciled whatever
 // its handler wrote: a fresh user's handler ignored ErrStepUnreconciled
 // and answered 201, which the client took for done while the record was
@@ -311,20 +328,10 @@ func TestOutcomeUnknownAnswersAWaitingDuplicate(t *testing.T) {
 func TestHeldStepIsAnswered503(t *testing.T) {
 	t.Parallel()
 	d := openSQLite(t)
-	var transfers, asked int
-	bankKnows := false
+	var b bank
 	mw := newMiddleware(t, d, idem.Options{})
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := idem.Step(r.Context(), "transfer", func(context.Context) (string, error) {
-			transfers++
-			return "", errTimeout
-		}, idem.AtMostOnce(), idem.Reconcile(func(_ context.Context, relay string) (string, error) {
-			asked++
-			if !bankKnows {
-				return "", errors.New("the bank's statement is not out yet")
-			}
-			return "tr_" + relay[:6], nil
-		}))
+		id, err := b.transfer(r.Context())
 		_ = err // ignored: the handler answers 201 anyway
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(id))
@@ -336,30 +343,24 @@ func TestHeldStepIsAnswered503(t *testing.T) {
 		require.Equal(t, "1", got.Header().Get("Retry-After"))
 		require.Equal(t, idemdriver.StateFailed, record(t, d, idem.SingleTenantScope, "k").State)
 	}
-	bankKnows = true
+	b.knows = true
 	got := send(h, "POST", "/transfers", "k", `{}`)
 	require.Equal(t, http.StatusCreated, got.Code)
 	require.True(t, strings.HasPrefix(got.Body.String(), "tr_"), "%s", got.Body)
-	require.Equal(t, 1, transfers, "the transfer ran once")
-	require.Equal(t, 2, asked)
+	require.Equal(t, 1, b.transfers, "the transfer ran once")
+	require.Equal(t, 2, b.asked)
 }
 
+// An at-most-once step with a reconcile function whose call times out is
+// held, its execution FAILED whatever the handler answers; the next
+// re-executions ask the reconcile function, never running the step, until
+// it tells: here, once it can, that the transfer happened.
 func TestReconcileAfterATimeout(t *testing.T) {
 	t.Parallel()
 	g, d := newEngine(t, nil, idem.EngineOptions{})
-	var transfers, asked int
-	bankKnows := false
+	var b bank
 	fn := func(ctx context.Context) (idem.Result, error) {
-		id, err := idem.Step(ctx, "transfer", func(context.Context) (string, error) {
-			transfers++
-			return "", errTimeout
-		}, idem.AtMostOnce(), idem.Reconcile(func(_ context.Context, relay string) (string, error) {
-			asked++
-			if !bankKnows {
-				return "", errors.New("the bank's statement is not out yet")
-			}
-			return "tr_" + relay[:6], nil
-		}))
+		id, err := b.transfer(ctx)
 		if err != nil {
 			return idem.Result{Status: 200}, nil // a handler that answers 200 anyway
 		}
@@ -369,12 +370,13 @@ func TestReconcileAfterATimeout(t *testing.T) {
 	for range 2 {
 		_, err := g.Do(t.Context(), p, fn)
 		require.ErrorIs(t, err, idem.ErrOutcomeFailed, "recorded FAILED, whatever the handler answered")
+		require.ErrorIs(t, err, idem.ErrStepUnreconciled, "and why")
 		require.Equal(t, idemdriver.StateFailed, record(t, d, "s", "k").State)
 	}
-	bankKnows = true
+	b.knows = true
 	out, err := g.Do(t.Context(), p, fn)
 	require.NoError(t, err)
 	require.Equal(t, 201, out.Status)
-	require.Equal(t, 1, transfers, "the transfer ran once")
-	require.Equal(t, 2, asked, "asked by each re-execution")
+	require.Equal(t, 1, b.transfers, "the transfer ran once")
+	require.Equal(t, 2, b.asked, "asked by each re-execution")
 }

@@ -367,7 +367,7 @@ func (i *Interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	case run.ran && (err == nil || errors.Is(err, errRunAgain) || errors.Is(err, idem.ErrReleased) || errors.Is(err, idem.ErrOutcomeFailed)):
 		// This call ran the handler: its own answer, recorded (or not,
 		// as the policy said).
-		return run.answer(ctx)
+		return run.answer(ctx, err)
 	case err == nil:
 		return i.replay(ctx, info.FullMethod, res)
 	}

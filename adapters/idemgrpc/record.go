@@ -133,14 +133,16 @@ func (e *execution) record(st *status.Status) idem.Result {
 	return res
 }
 
-// answer is the handler's own answer, with the metadata it set.
-func (e *execution) answer(ctx context.Context) (any, error) {
+// answer is the handler's own answer, with the metadata it set; doErr is
+// Do's error.
+func (e *execution) answer(ctx context.Context, doErr error) (any, error) {
 	header, trailer := e.stream.held()
 	e.i.setMetadata(ctx, "the handler's", header, trailer)
-	if errors.Is(e.err, idem.ErrStepUnreconciled) {
+	if errors.Is(e.err, idem.ErrStepUnreconciled) || errors.Is(doErr, idem.ErrStepUnreconciled) {
 		// An at-most-once step's earlier start is not reconciled yet: the
-		// record is FAILED whatever the handler said, and a retry later
-		// asks again, so the client hears Unavailable with the pushback.
+		// record is FAILED whatever the handler said (its success too), and
+		// a retry later asks again, so the client hears Unavailable with
+		// the pushback.
 		return nil, unreconciled(ctx)
 	}
 	return e.resp, e.err

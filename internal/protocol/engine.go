@@ -98,7 +98,7 @@ func (eng *Engine) run(ctx context.Context, p idemdriver.ClaimParams, clientKey 
 	if v.Record.Key == "" { // else the record a lost COMMIT was answered from
 		v.Record = c.res.Record
 	}
-	v.Panic, v.Held = pan, v.Kind == KindRan && v.Outcome == Failed && e.stepHeld()
+	v.Panic = pan
 	return v
 }
 
@@ -145,6 +145,8 @@ func (eng *Engine) record(e *Execution, j Job, status int, over Override, panick
 			return Answer{Kind: KindTimedOut, Err: cause, Outcome: Failed}
 		case failed:
 			return Answer{Kind: KindRan, Err: ErrFnFailed, Outcome: Failed}
+		case e.stepHeld() && !panicked:
+			return Answer{Kind: KindStepHeld, Err: ErrStepUnreconciled, Outcome: Failed}
 		}
 		return Answer{Kind: KindRan, Outcome: Failed}
 	case outcome == Released:

@@ -35,6 +35,7 @@ const (
 	KindRecordDamaged   // a record that cannot be a valid one (idemdriver.DecisionDamaged)
 	KindOverloaded      // refused before the claim: MaxInFlight executions in flight
 	KindOutcomeUnknown  // an UNKNOWN record, or this run made it one (docs/contract.md section 11.3)
+	KindStepHeld        // an at-most-once step is held unreconciled: recorded FAILED whatever the work answered (section 11.2)
 	kindEnd
 )
 
@@ -93,10 +94,6 @@ type Answer struct {
 	// Panic is the job's panic, nil when it did not panic: its outcome
 	// was recorded Failed, and the front answers or raises it.
 	Panic *Panic
-	// Held reports that an at-most-once step of the run is held
-	// unreconciled (ErrStepUnreconciled): its outcome was recorded Failed
-	// whatever the job answered, and the front answers so.
-	Held bool
 }
 
 // Panic is a job's panic: the value recovered and the stack of the
