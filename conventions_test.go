@@ -89,19 +89,9 @@ func TestProblemWriterKeepsRetryAfter(t *testing.T) {
 		w.WriteHeader(p.Status)
 		_ = json.NewEncoder(w).Encode(map[string]any{"error": p.Title})
 	}
-	started, release := make(chan struct{}), make(chan struct{})
-	mw := newMiddleware(t, nil, idem.Options{ProblemWriter: plain})
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		close(started)
-		<-release
-		w.WriteHeader(http.StatusCreated)
-	}))
-	done := make(chan struct{})
-	go func() { defer close(done); send(h, "POST", "/x", "k", "{}") }()
-	<-started
+	h, release := heldOwner(newMiddleware(t, nil, idem.Options{ProblemWriter: plain}), "k")
 	got := send(h, "POST", "/x", "k", "{}")
-	close(release)
-	<-done
+	release()
 	require.Equal(t, http.StatusConflict, got.Code)
 	require.Equal(t, "1", got.Header().Get("Retry-After"))
 	require.Equal(t, "no-store", got.Header().Get("Cache-Control"))

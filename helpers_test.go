@@ -88,3 +88,19 @@ func record(t testing.TB, store idem.Store, scope, key string) idemdriver.Record
 	require.NoError(t, err)
 	return rec
 }
+
+// heldOwner serves, in its own goroutine, a POST /x of key through mw whose
+// handler is held in flight until release is called; release then lets it
+// answer 201 and returns that answer. h is the handler, for duplicates.
+func heldOwner(mw *idem.Middleware, key string) (h http.Handler, release func() *httptest.ResponseRecorder) {
+	started, held := make(chan struct{}), make(chan struct{})
+	h = mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-held
+		w.WriteHeader(http.StatusCreated)
+	}))
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- send(h, "POST", "/x", key, "{}") }()
+	<-started
+	return h, func() *httptest.ResponseRecorder { close(held); return <-done }
+}

@@ -180,23 +180,13 @@ func statusOf(r *http.Request, def int) int {
 func TestObserverInFlight(t *testing.T) {
 	t.Parallel()
 	obs := &events{}
-	mw := newMiddleware(t, nil, idem.Options{Engine: idem.EngineOptions{Observer: obs}})
-	started, release := make(chan struct{}), make(chan struct{})
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		close(started)
-		<-release
-		w.WriteHeader(http.StatusCreated)
-	}))
-	done := make(chan struct{})
-	go func() { defer close(done); send(h, "POST", "/x", "k", "{}") }()
-	<-started
+	h, release := heldOwner(newMiddleware(t, nil, idem.Options{Engine: idem.EngineOptions{Observer: obs}}), "k")
 	require.Equal(t, http.StatusConflict, send(h, "POST", "/x", "k", "{}").Code)
 	ev := obs.takeOne(t, idem.EventInFlight)
 	require.Equal(t, http.StatusConflict, ev.Status)
 	require.Equal(t, 1, ev.Attempt)
 	require.Equal(t, "", ev.Route, "no pattern and no Config.Route: no route, never the path")
-	close(release)
-	<-done
+	release()
 	require.Equal(t, http.StatusCreated, obs.takeOne(t, idem.EventExecuted).Status)
 }
 
