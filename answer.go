@@ -54,8 +54,11 @@ func (m *Middleware) respond(w http.ResponseWriter, r *http.Request, rq request,
 		}
 		h.Set(HeaderReplayed, "true")
 	}
-	raised := httpwrite.RaisedOf(r.Context())
-	raise := a.Panic != nil && raised != nil
+	var raised *httpwrite.Raised // an adapter's, which answers a panic itself
+	if a.Panic != nil {
+		raised = httpwrite.RaisedOf(r.Context())
+	}
+	raise := raised != nil
 	switch {
 	case raise: // an adapter's recovery answers it, in its framework's way, and logs this stack
 		raised.Stack = a.Panic.Stack
