@@ -1,9 +1,11 @@
 package idem_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -115,6 +117,24 @@ func TestNewValidates(t *testing.T) {
 	require.NoError(t, err)
 	_, err = idem.NewMiddleware(d, idem.Options{Engine: idem.EngineOptions{Lease: idem.LeaseOptions{Duration: time.Second}, Retention: 2 * time.Second}, Scope: idem.SingleTenant})
 	require.NoError(t, err, "the default MaxExecution fits a short Retention")
+}
+
+// A Replay.Headers list that names a header idem never replays is taken,
+// and said once: the name does nothing, and the reader is told why.
+func TestNeverReplayedHeaderIsLogged(t *testing.T) {
+	t.Parallel()
+	var log bytes.Buffer // NewMiddleware logs before it returns
+	logger := slog.New(slog.NewTextHandler(&log, nil))
+	_, err := idem.NewMiddleware(openSQLite(t), idem.Options{Scope: idem.SingleTenant, Engine: idem.EngineOptions{Logger: logger},
+		Replay: idem.ReplayOptions{Headers: append(idem.DefaultReplayHeaders(), "set-cookie")}})
+	require.NoError(t, err)
+	require.Equal(t, 1, strings.Count(log.String(), "never replayed"), log.String())
+	require.Contains(t, log.String(), "header=Set-Cookie")
+
+	log.Reset()
+	_, err = idem.NewMiddleware(openSQLite(t), idem.Options{Scope: idem.SingleTenant, Engine: idem.EngineOptions{Logger: logger}})
+	require.NoError(t, err)
+	require.Empty(t, log.String(), "the default list names none")
 }
 
 func TestProblemFor(t *testing.T) {
