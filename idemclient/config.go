@@ -12,7 +12,7 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultMaxAttempts     = 8
+	DefaultMaxAttempts     = 60
 	DefaultBaseDelay       = 100 * time.Millisecond
 	DefaultMaxDelay        = 10 * time.Second
 	DefaultMaxRetryAfter   = 5 * time.Second
@@ -65,7 +65,9 @@ type Config struct {
 	NewKey func() (string, error)
 
 	// MaxAttempts bounds the attempts of one request, the first included; 1
-	// disables retries. Default: 8.
+	// disables retries. Default: 60, so that MaxElapsed bounds the retries
+	// of 409s at idem's 1 s Retry-After: they outlast a dead owner's lease
+	// (30 s by default, docs/deployment.md "Deploys and restarts").
 	MaxAttempts int
 
 	// BaseDelay is the backoff's base: the wait before retry n is drawn

@@ -5,9 +5,8 @@
 // (429, 502, 503, 504) or the connection fails, so the end user does not
 // see a conflict and the request runs at most once on an idem server. A
 // key whose request was in flight on a server that died is held until its
-// lease runs out (30 s by default), longer than the default attempts last:
-// raise Config.MaxAttempts to ride that out (docs/deployment.md, "Deploys
-// and restarts").
+// lease runs out (30 s by default); the default budget (60 attempts within
+// 60 s) rides that out (docs/deployment.md, "Deploys and restarts").
 //
 //	tr, err := idemclient.New(idemclient.Config{})
 //	if err != nil {
@@ -56,7 +55,7 @@
 //
 // # When it stops
 //
-// After Config.MaxAttempts attempts (8), or when the next wait would end
+// After Config.MaxAttempts attempts (60), or when the next wait would end
 // past Config.MaxElapsed (60 s after the first attempt began) or the request
 // context's deadline (an http.Client Timeout included): it then returns the
 // last response as is (a 409 or 503 the caller can read), or the last

@@ -258,7 +258,7 @@ func TestAttemptsBounded(t *testing.T) {
 		require.Len(t, ex.hits, 4)
 		require.Len(t, ex.waits, 3)
 	})
-	t.Run("default 8", func(t *testing.T) {
+	t.Run("default 60", func(t *testing.T) {
 		ex := post(t, idemclient.Config{}, statuses(nil, 409))
 		require.Equal(t, http.StatusConflict, ex.resp.StatusCode)
 		require.Len(t, ex.hits, idemclient.DefaultMaxAttempts)
@@ -281,6 +281,27 @@ func TestAttemptsBounded(t *testing.T) {
 		require.EqualValues(t, 3, attempts.Load())
 		require.Len(t, sl.Waits(), 2)
 	})
+}
+
+// Regression (a fresh user's try): the default budget, 8 attempts, gave up
+// after about 8 s of 409s at idem's 1 s Retry-After while a dead server's
+// claim held the key for its 30 s lease; the request then failed though its
+// retry a little later would have run it.
+func TestDefaultsOutlastADeadOwnersLease(t *testing.T) {
+	t.Parallel()
+	codes := make([]int, 31, 32) // one 409 a second for the whole default lease, and one more
+	for i := range codes {
+		codes[i] = http.StatusConflict
+	}
+	ex := post(t, idemclient.Config{}, statuses(http.Header{"Retry-After": {"1"}}, append(codes, http.StatusCreated)...))
+	require.Equal(t, http.StatusCreated, ex.resp.StatusCode)
+	require.Len(t, ex.hits, 32)
+	var waited time.Duration
+	for _, w := range ex.waits {
+		waited += w
+	}
+	require.Equal(t, 31*time.Second, waited)
+	require.Less(t, waited, idemclient.DefaultMaxElapsed, "MaxElapsed allows it")
 }
 
 func TestContextCancelStopsRetries(t *testing.T) {
@@ -673,7 +694,7 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, http.DefaultTransport, c.Transport)
 	require.Equal(t, idemclient.DefaultKeyMethods(), c.KeyMethods)
 	require.Equal(t, idemclient.DefaultRetryMethods(), c.RetryMethods)
-	require.Equal(t, 8, c.MaxAttempts)
+	require.Equal(t, 60, c.MaxAttempts)
 	require.Equal(t, 100*time.Millisecond, c.BaseDelay)
 	require.Equal(t, 10*time.Second, c.MaxDelay)
 	require.Equal(t, 5*time.Second, c.MaxRetryAfter)
