@@ -190,8 +190,10 @@ type LeaseOptions struct {
 
 	// MaxExecution bounds an execution: then the context is cancelled with
 	// ErrExecutionTimeout, and one that used the claim's transaction or outlived
-	// its lease is recorded FAILED (503). Between Lease.Duration and Retention -
-	// Lease.Duration. Default: 10 min, within those bounds.
+	// its lease is recorded FAILED (503); in one-commit mode its writes are
+	// rolled back, and its key is held until the handler returns (CONTRACT
+	// section 6). Between Lease.Duration and Retention - Lease.Duration.
+	// Default: 10 min, within those bounds.
 	MaxExecution time.Duration
 
 	// Owner names this process in its records, at most idemdriver.MaxOwnerBytes
