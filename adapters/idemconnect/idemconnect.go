@@ -48,6 +48,24 @@
 // which idem replays only when Options.Replay.Headers names them, so they are
 // not supported.
 //
+// # The fingerprint
+//
+// A retry must send the same message (CONTRACT section 2), but not always
+// the same bytes: connect-go's proto codec writes a map's entries in random
+// order, and a client may compress one attempt and not another. Before
+// idem reads a keyed unary Connect-protocol request, Handler puts its body
+// in one form: a gzip body is decompressed (and its Content-Encoding
+// removed), and a binary proto message (application/proto) is decoded and
+// encoded again deterministically (map entries sorted by key) when its
+// procedure, "/<package>.<Service>/<Method>", is a method of a service in
+// protoregistry.GlobalFiles, where generated code registers it. The handler
+// reads that form, and idem fingerprints it: a JSON message
+// (application/json) as every JSON body, canonicalized per RFC 8785 (package
+// fingerprint). A body over MaxCanonicalBytes, in another encoding, or of a
+// procedure the registry does not know passes as sent and is hashed as
+// sent: a message with a map then gets failed_precondition (key-reused) on
+// the retries whose bytes differ.
+//
 // # Metadata
 //
 // A replay carries the response headers, trailers and error metadata of the
@@ -160,6 +178,7 @@ func Handler(mw *idem.Middleware, h http.Handler) http.Handler {
 			return
 		}
 		tw = &translator{w: w}
+		r = canonical(r)
 		protected.ServeHTTP(tw, r)
 		if tw.problem {
 			writeProblem(ew, w, r, tw.status, tw.body.Bytes())
