@@ -240,8 +240,8 @@ var kinds = [protocol.Kinds]struct {
 		"so whether the first request is still running cannot be told; it will not run again: ask the operator")},
 	protocol.KindCommitFailed: {ErrStoreUnavailable, EventCompletionFailed, detailText("the idempotency store failed while committing the request's writes and result; " +
 		"retry with the same key: it gets the result if the commit took effect, or the request runs again")},
-	protocol.KindOutcomeUnknown: {ErrOutcomeUnknown, EventOutcomeUnknown, detailText("the request with this key made a call whose outcome cannot be known " +
-		"(it may have taken effect), and it is held for an operator: it will not run again, and retrying does not help; " +
+	protocol.KindOutcomeUnknown: {ErrOutcomeUnknown, EventOutcomeUnknown, detailText("the request with this key is held for an operator: it made a call whose outcome cannot be known " +
+		"(it may have taken effect), or its work could not be finished after its attempts; it will not run again, and retrying does not help; " +
 		"do not send it again under a new key either, as that could apply its effect twice")},
 	// Recorded FAILED whatever the handler answered: its answer (a 2xx that
 	// ignored ErrStepUnreconciled) must not tell the client it is done.

@@ -37,6 +37,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -90,9 +91,13 @@ type Config struct {
 	// with jitter. Default: 10 s.
 	Grace time.Duration
 
-	// MaxAttempts bounds a record's attempts (the client's and the
-	// completer's): an execution still unfinished at MaxAttempts is ended
-	// UNKNOWN (idemdriver.ReasonCompleterGaveUp). Default: 6.
+	// MaxAttempts bounds the completer's re-drives of one execution: the
+	// attempts its record gets from the cycle that first finds it
+	// abandoned on. Its client's attempts before do not count (a client
+	// that gave up after many 503s still gets its re-drives), nor do those
+	// of an earlier leader: a newly elected completer counts anew. An
+	// execution still unfinished after MaxAttempts re-drives is ended
+	// UNKNOWN (idemdriver.ReasonCompleterGaveUp). At least 1. Default: 6.
 	MaxAttempts int
 
 	// MaxInFlight is the most re-drives at once; Rate the most begun per
@@ -154,9 +159,9 @@ func (c Config) validate() error {
 	if c.Handler == nil || c.Context == nil {
 		errs = append(errs, errors.New("Handler and Context are required"))
 	}
-	if c.Interval <= 0 || c.Grace < 0 || c.MaxAttempts < 2 || c.MaxInFlight <= 0 || c.Rate <= 0 || c.Batch <= 0 ||
+	if c.Interval <= 0 || c.Grace < 0 || c.MaxAttempts < 1 || c.MaxInFlight <= 0 || c.Rate <= 0 || c.Batch <= 0 ||
 		c.Lease <= 0 || c.Retention <= 0 || c.LockTTL <= 0 {
-		errs = append(errs, errors.New("Interval, MaxInFlight, Rate, Batch, Lease, Retention and LockTTL must be positive, Grace not negative, MaxAttempts at least 2"))
+		errs = append(errs, errors.New("Interval, MaxInFlight, Rate, Batch, Lease, Retention and LockTTL must be positive, Grace not negative, MaxAttempts at least 1"))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("completer: invalid Config: %w", errors.Join(errs...))
@@ -213,6 +218,7 @@ type Completer struct {
 	cycles, redriven, finished, gaveUp, errs atomic.Int64
 	ended, skipped                           atomic.Int64
 	busy                                     sync.Map // keys being re-driven
+	found                                    sync.Map // lifeOf(rec) -> found: re-drives are counted from there
 
 	loop seat.Loop
 	wg   sync.WaitGroup // the re-drives under way
@@ -285,6 +291,7 @@ func (c *Completer) Cycle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.forget(now)
 	for _, rec := range recs {
 		if !c.due(rec, now) {
 			continue
@@ -384,16 +391,54 @@ func (c *Completer) holdMargin(rec idemdriver.Record) time.Duration {
 	return max(min(time.Hour, rec.ExpiresAt.Sub(rec.CreatedAt)/10), 10*c.cfg.Interval)
 }
 
+// found is where the completer first found an execution's life
+// abandoned: its record's attempts then, and when it last read it.
+type found struct {
+	attempts int
+	seen     time.Time
+}
+
+// lifeOf names rec's execution life.
+func lifeOf(rec idemdriver.Record) string {
+	return rec.Scope + "\x00" + rec.Key + "\x00" + strconv.FormatInt(rec.CreatedAt.UnixNano(), 10)
+}
+
+// redrives is how many times rec was attempted since this completer
+// first found its life abandoned (read at now). A record whose attempts
+// went back (an operator's resolution counts them from 0 again) is found
+// anew.
+func (c *Completer) redrives(rec idemdriver.Record, now time.Time) int {
+	v, _ := c.found.LoadOrStore(lifeOf(rec), found{attempts: rec.Attempts})
+	f := v.(found)
+	if rec.Attempts < f.attempts {
+		f.attempts = rec.Attempts
+	}
+	f.seen = now
+	c.found.Store(lifeOf(rec), f)
+	return rec.Attempts - f.attempts
+}
+
+// forget drops what it found of lives not read for a Retention: their
+// records have expired, or finished long ago.
+func (c *Completer) forget(now time.Time) {
+	c.found.Range(func(k, v any) bool {
+		if now.Sub(v.(found).seen) > c.cfg.Retention {
+			c.found.Delete(k)
+		}
+		return true
+	})
+}
+
 // due reports whether rec's next re-drive is due at now: untouched for
-// Grace × 2^(n-1), n its attempts past the client's first, with a jitter
-// of up to a half of that, fixed per (key, attempts).
+// Grace × 2^n, n its re-drives so far (redrives), with a jitter of up to
+// a half of that, fixed per (key, attempts); or its re-drives are spent.
 func (c *Completer) due(rec idemdriver.Record, now time.Time) bool {
-	n := max(rec.Attempts-1, 0)
+	n := c.redrives(rec, now)
 	wait := float64(c.cfg.Grace) * math.Pow(2, float64(min(n, 16)))
 	h := fnv.New32a()
 	_, _ = fmt.Fprintf(h, "%s\x00%s\x00%d", rec.Scope, rec.Key, rec.Attempts) // a hash.Hash never fails a write
 	wait *= 0.5 + float64(h.Sum32()%1000)/2000
-	return rec.UpdatedAt.Add(time.Duration(wait)).Before(now) || rec.Attempts >= c.cfg.MaxAttempts
+	return rec.UpdatedAt.Add(time.Duration(wait)).Before(now) || n >= c.cfg.MaxAttempts
 }
 
 // complete re-drives rec, or ends it UNKNOWN when it cannot.
@@ -430,7 +475,7 @@ func (c *Completer) complete(ctx context.Context, rec idemdriver.Record, now tim
 		c.cfg.Logger.Debug("idem: completer: no request kept for a re-drive; left to its client", "scope", rec.Scope, "key", rec.Key)
 		return o
 	}
-	if rec.Attempts >= c.cfg.MaxAttempts {
+	if n := c.redrives(rec, now); n >= c.cfg.MaxAttempts {
 		return c.giveUp(ctx, rec, first, idemdriver.ReasonCompleterGaveUp, o)
 	}
 	req, err := c.request(ctx, rec, kept)

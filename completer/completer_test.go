@@ -177,7 +177,7 @@ func TestCompleterConfig(t *testing.T) {
 	require.ErrorContains(t, err, "Grace not negative")
 }
 
-// After MaxAttempts the completer ends the execution UNKNOWN.
+// After MaxAttempts re-drives the completer ends the execution UNKNOWN.
 func TestCompleterGivesUp(t *testing.T) {
 	onStores(t, func(t *testing.T, store func(t *testing.T) idem.Store) {
 		for _, tc := range []struct {
@@ -193,7 +193,10 @@ func TestCompleterGivesUp(t *testing.T) {
 			c := s.completer(t, completer.Config{MaxAttempts: 3, Grace: 1})
 			for range 3 {
 				cycle(t, c)
+				require.Equal(t, idemdriver.StateFailed, record(t, s.store, "pay-1").State, "%s: re-driven, not given up", tc.name)
 			}
+			require.EqualValues(t, 3, c.Stats().Redriven, tc.name)
+			cycle(t, c)
 			rec := record(t, s.store, "pay-1")
 			require.Equal(t, idemdriver.StateUnknown, rec.State, tc.name)
 			steps, err := s.store.(idemdriver.Stepper).Steps(context.Background(), idemdriver.StepParams{Scope: "acme", Key: "pay-1", CreatedAt: rec.CreatedAt})
@@ -223,6 +226,30 @@ func TestCompleterGivesUp(t *testing.T) {
 	})
 }
 
+// Regression (a fresh user's try): MaxAttempts counted the client's
+// attempts, so a client that retried eight 503s (a ledger down) and went
+// away left the completer nothing: it held the execution UNKNOWN at its
+// first cycle without one re-drive, its charge made and recorded but never
+// booked. Its re-drives are now its own.
+func TestCompleterRedrivesAfterTheClientsAttempts(t *testing.T) {
+	onStores(t, func(t *testing.T, store func(t *testing.T) idem.Store) {
+		s := newShop(t, store(t), true, nil)
+		s.failWrites.Store(true)
+		for range 8 {
+			require.Equal(t, http.StatusInternalServerError, s.send("acme", "pay-1").Code)
+		}
+		require.Equal(t, 8, record(t, s.store, "pay-1").Attempts)
+		s.failWrites.Store(false) // the ledger is back; the client is gone
+		c := s.completer(t, completer.Config{Grace: 1})
+		cycle(t, c)
+		require.Equal(t, idemdriver.StateSucceeded, record(t, s.store, "pay-1").State)
+		_, booked := s.ledger.Load("pay-1")
+		require.True(t, booked)
+		require.Equal(t, int32(1), s.calls.Load(), "one charge")
+		require.Zero(t, c.Stats().GaveUp)
+	})
+}
+
 // resolve ends key's UNKNOWN record with its charge step applied, result
 // its charge (`idem resolve --applied`), or not applied (`--not-applied`).
 func resolve(t *testing.T, store idemdriver.Driver, key string, applied bool, charge string) {
@@ -247,7 +274,7 @@ func TestCompleterLeavesAResolutionNotApplied(t *testing.T) {
 		s.failWrites.Store(true)
 		require.Equal(t, http.StatusInternalServerError, s.send("acme", "pay-1").Code)
 		c := s.completer(t, completer.Config{MaxAttempts: 2, Grace: 1})
-		for range 2 {
+		for range 3 {
 			cycle(t, c)
 		}
 		rec := record(t, s.store, "pay-1")

@@ -67,8 +67,8 @@ var kinds = []kind{
 	// First: its error may wrap the cause of an unknown outcome (a store
 	// error among them), and the outcome is what the client must hear.
 	{idem.ErrOutcomeUnknown, codes.FailedPrecondition, "outcome-unknown", false,
-		"this call made a call whose outcome cannot be known (it may have taken effect), and it is held for an operator: " +
-			"it will not run again and retrying does not help; do not send it again under a new key either"},
+		"this call is held for an operator: it made a call whose outcome cannot be known (it may have taken effect), " +
+			"or its work could not be finished after its attempts; it will not run again and retrying does not help; do not send it again under a new key either"},
 	{idem.ErrMissingKey, codes.InvalidArgument, "missing-key", false,
 		"an idempotency key is required for this method (the idempotency-key metadata)"},
 	{idem.ErrInvalidKey, codes.InvalidArgument, "invalid-key", false,
