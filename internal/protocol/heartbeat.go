@@ -3,6 +3,7 @@ package protocol
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -151,6 +152,44 @@ func (hb *heartbeat) ranPastMaxExecution() {
 	e.cfg.Logger.WarnContext(e.parent, "idem: execution ran past Lease.MaxExecution; no longer renewing its lease",
 		"scope", e.fence.Scope, "key", e.fence.Key, "max_execution", e.cfg.MaxExecution)
 	e.cancel(ErrExecutionTimeout)
+}
+
+// errLeaseRanOut is the cause that ends a guard's context.
+var errLeaseRanOut = fmt.Errorf("%w: a whole lease passed on this process's clock since the store last confirmed a renewal", ErrLeaseLost)
+
+// guard returns a context of parent that ends, with cause errLeaseRanOut,
+// once the lease may have run out on this process's clock: a whole lease
+// since the latest renewal the store confirmed (or the claim) was sent; a
+// renewal in flight does not count until confirmed. The renewals learn a
+// lost lease from the store, a round trip after their next tick: a process
+// paused past its lease (a GC pause, a frozen VM, SIGSTOP) and resumed
+// meanwhile acts as the owner, while another may have taken the key over.
+// The guard ends at once as it resumes, without a round trip. Its own
+// goroutine ends with stop, which the caller calls when done.
+func (hb *heartbeat) guard(parent context.Context) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	left := func() time.Duration {
+		hb.mu.Lock()
+		defer hb.mu.Unlock()
+		return hb.lease - time.Since(hb.lastOK)
+	}
+	if left() <= 0 {
+		cancel(errLeaseRanOut)
+		return ctx, func() { cancel(context.Canceled) }
+	}
+	go func() {
+		for d := left(); d > 0; d = left() {
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		cancel(errLeaseRanOut)
+	}()
+	return ctx, func() { cancel(context.Canceled) }
 }
 
 // leaseRanOut reports, after stop, whether the lease may have run out.

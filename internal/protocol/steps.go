@@ -129,7 +129,23 @@ func (e *Execution) step(name, relay string, fn stepFunc, o StepOptions) ([]byte
 			return nil, e.markUnknown(st, p, idemdriver.ReasonStepUnrecorded, nil) // another writer meanwhile
 		}
 	}
-	result, end, ferr := fn(e.ctx)
+	fctx := e.ctx
+	if o.AtMostOnce {
+		// No callee of an at-most-once step can fence a stale owner: its
+		// call is made only while the lease is live on this process's clock
+		// too, and its context ends when it may no longer be (guard).
+		var stop func()
+		fctx, stop = e.hb.guard(e.ctx)
+		defer stop()
+		if fctx.Err() != nil { // not called: its start is cleared, if still the owner's
+			if err := e.clear(st, p); err != nil {
+				e.cfg.Logger.WarnContext(e.parent, "idem: clearing a step not called; it stays started", "step", name,
+					"scope", e.fence.Scope, "key", e.fence.Key, "err", err)
+			}
+			return nil, fmt.Errorf("step %q not called: %w", name, context.Cause(fctx))
+		}
+	}
+	result, end, ferr := fn(fctx)
 	switch {
 	case end == stepNotApplied:
 		if err := e.clear(st, p); err != nil {
