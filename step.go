@@ -55,11 +55,12 @@ func (atMostOnce) stepOption() {}
 // (ErrStepUnreconciled); the completer ends it UNKNOWN once its attempts
 // are spent.
 //
-// fn's context ends (cause ErrLeaseLost) once a whole lease has passed on
-// this process's clock since the store last confirmed a renewal, and fn is
-// not called at all past that: a process paused past its lease and resumed
-// after another took the key over does not make the call (docs/contract.md
-// section 11.2, "A stale owner does not make the call").
+// fn is called after a renewal of the lease that the store confirms (one
+// statement), and its context ends (cause ErrLeaseLost) once a whole lease
+// has passed on this process's clock since the store last confirmed one: a
+// process paused past its lease and resumed after another took the key
+// over does not make the call (docs/contract.md section 11.2, "A stale owner
+// does not make the call").
 //
 // A panic in fn leaves the step started, as an uncertain error does: the
 // execution is recorded FAILED, and the next re-execution finds the start

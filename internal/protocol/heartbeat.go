@@ -154,6 +154,19 @@ func (hb *heartbeat) ranPastMaxExecution() {
 	e.cancel(ErrExecutionTimeout)
 }
 
+// confirm renews the lease at once, as a tick would (settle): an
+// at-most-once call then starts with a whole lease on this process's clock
+// (guard), or not at all when the lease was lost (the execution's context
+// is cancelled, ErrLeaseLost).
+func (hb *heartbeat) confirm() {
+	e := hb.e
+	sent := time.Now()
+	ctx, cancel := context.WithTimeout(e.ctx, hb.lease/3)
+	ok, err := e.cfg.Store.Heartbeat(ctx, e.fence)
+	cancel()
+	hb.settle(sent, ok, err)
+}
+
 // errLeaseRanOut is the cause that ends a guard's context.
 var errLeaseRanOut = fmt.Errorf("%w: a whole lease passed on this process's clock since the store last confirmed a renewal", ErrLeaseLost)
 

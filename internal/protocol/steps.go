@@ -135,6 +135,7 @@ func (e *Execution) step(name, relay string, fn stepFunc, o StepOptions) ([]byte
 		// call is made only while the lease is live on this process's clock
 		// too, and its context ends when it may no longer be (guard).
 		var stop func()
+		e.hb.confirm()
 		fctx, stop = e.hb.guard(e.ctx)
 		defer stop()
 		if fctx.Err() != nil { // not called: its start is cleared, if still the owner's
