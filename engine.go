@@ -153,6 +153,9 @@ type Report struct {
 // DoReport is Do, saying in its Report whether the Result was replayed;
 // fn's own Result is never changed to say it. Errors: Do's.
 func (eng *Engine) DoReport(ctx context.Context, p DoParams, fn func(ctx context.Context) (Result, error)) (Report, error) {
+	if fn == nil {
+		return Report{}, errors.New("idem: Do needs a function to run; nothing was claimed")
+	}
 	cp, err := eng.doParams(p)
 	if err != nil {
 		return Report{NewKeySafe: NewKeySafe(err)}, err
@@ -178,6 +181,8 @@ func (eng *Engine) DoReport(ctx context.Context, p DoParams, fn func(ctx context
 	case a.Panic != nil:
 		panic(a.Panic.Value)
 	case errors.Is(err, protocol.ErrFnFailed):
+		return rep, j.err
+	case j.err != nil && errors.Is(j.err, err): // fn returned what happened (Step's UNKNOWN)
 		return rep, j.err
 	case j.err != nil:
 		return rep, errors.Join(err, j.err)

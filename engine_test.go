@@ -275,3 +275,27 @@ func TestDoFailedOutcomeIsAnError(t *testing.T) {
 	}
 	require.Equal(t, 2, runs, "nothing was replayed")
 }
+
+// Regression (a fresh user's try): a nil function panicked inside Do after
+// its record was claimed, and the record was left FAILED.
+func TestDoNeedsAFunction(t *testing.T) {
+	t.Parallel()
+	g, d := newEngine(t, nil, idem.EngineOptions{})
+	_, err := g.Do(context.Background(), idem.DoParams{Scope: "s", Key: "k"}, nil)
+	require.ErrorContains(t, err, "Do needs a function")
+	_, err = d.Get(context.Background(), idemdriver.GetParams{Scope: "s", Key: "k"})
+	require.ErrorIs(t, err, idemdriver.ErrNotFound, "nothing claimed")
+}
+
+// Regression (a fresh user's try): a function that returned Step's
+// UNKNOWN error got it back from Do twice over, joined.
+func TestDoReturnsAStepsUnknownOnce(t *testing.T) {
+	t.Parallel()
+	g, _ := newEngine(t, nil, idem.EngineOptions{})
+	_, err := g.Do(context.Background(), idem.DoParams{Scope: "s", Key: "k"}, func(ctx context.Context) (idem.Result, error) {
+		_, err := idem.Step(ctx, "sms", func(context.Context) (string, error) { return "", errors.New("the gateway timed out") }, idem.AtMostOnce())
+		return idem.Result{}, err
+	})
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.Equal(t, 1, strings.Count(err.Error(), "cannot be known"), err.Error())
+}
