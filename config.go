@@ -114,6 +114,10 @@ func ReleaseValidationFailures(status int) Outcome {
 // MaxScopeLength is the longest scope, in bytes.
 const MaxScopeLength = protocol.MaxScopeLength
 
+// MaxMethodLength is the longest method, in bytes, of Options.Methods and
+// DoParams.Method: what every store holds (MariaDB's column is 255 bytes).
+const MaxMethodLength = 255
+
 // MaxPathLength is the longest escaped path, in bytes, of a protected
 // request; longer is answered 414 before any claim.
 const MaxPathLength = 4096
@@ -340,6 +344,8 @@ func (o Options) validate(store Store) []error {
 	for _, m := range o.Methods {
 		if !httpread.IsToken(m) {
 			errs = append(errs, fmt.Errorf("Methods: %q is not a method (an RFC 9110 token)", m))
+		} else if len(m) > MaxMethodLength {
+			errs = append(errs, fmt.Errorf("Methods: a method is %d bytes; at most MaxMethodLength (%d)", len(m), MaxMethodLength))
 		}
 	}
 	for _, h := range o.Replay.Headers {

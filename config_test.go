@@ -103,6 +103,9 @@ func TestNewValidates(t *testing.T) {
 		"one-commit wait in durable-claim mode": {idem.Options{Engine: idem.EngineOptions{OneCommit: idem.OneCommitOptions{Wait: time.Second}}}, "Engine.OneCommit.Wait applies to the one-commit mode"},
 		"a method with a space":                 {idem.Options{Methods: []string{"PO ST"}}, `"PO ST" is not a method`},
 		"an empty method":                       {idem.Options{Methods: []string{"POST", ""}}, `"" is not a method`},
+		// Regression (a fresh user's try): MariaDB refused a 256-byte method as
+		// a scope it cannot store; SQLite and PostgreSQL took it.
+		"a method too long": {idem.Options{Methods: []string{strings.Repeat("P", 256)}}, "at most MaxMethodLength (255)"},
 		// Regression (a new user's try): settings that do nothing were accepted.
 		"a cache's TTL, no cache": {idem.Options{Replay: idem.ReplayOptions{Cache: idem.ReplayCacheOptions{TTL: time.Minute}}}, "Replay.Cache.TTL applies with Replay.Cache.Bytes only"},
 		// Regression (a fresh user's try): a name no header can have was

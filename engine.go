@@ -76,9 +76,9 @@ type DoParams struct {
 	// Key is 1 to MaxKeyLength visible ASCII characters, as an Idempotency-Key
 	// header carries it bare (no leading '"', no ','). Default: none (required).
 	Key string
-	// Method and Route are the record's method and path (Route at most
-	// MaxPathLength bytes); a retry naming others gets ErrKeyReused. Default:
-	// "DO" and "".
+	// Method and Route are the record's method and path (Method at most
+	// MaxMethodLength bytes, Route at most MaxPathLength); a retry naming
+	// others gets ErrKeyReused. Default: "DO" and "".
 	Method, Route string
 	// Fingerprint is a 32-byte SHA-256; a retry with another gets ErrKeyReused.
 	// Default: the SHA-256 of Payload.
@@ -287,6 +287,8 @@ func (eng *Engine) doParams(p DoParams) (idemdriver.ClaimParams, error) {
 	method := p.Method
 	if method == "" {
 		method = "DO"
+	} else if len(method) > MaxMethodLength {
+		return idemdriver.ClaimParams{}, fmt.Errorf("idem: DoParams.Method is %d bytes; at most MaxMethodLength (%d)", len(method), MaxMethodLength)
 	}
 	return eng.proto.Params(p.Scope, p.Key, method, p.Route, fp), nil
 }

@@ -287,6 +287,19 @@ func TestDoNeedsAFunction(t *testing.T) {
 	require.ErrorIs(t, err, idemdriver.ErrNotFound, "nothing claimed")
 }
 
+// Regression (a fresh user's try): MariaDB answered a 256-byte method
+// ErrScopeUnstorable, blaming the scope; SQLite and PostgreSQL took it.
+func TestDoMethodLength(t *testing.T) {
+	t.Parallel()
+	g, _ := newEngine(t, nil, idem.EngineOptions{})
+	ok := func(context.Context) (idem.Result, error) { return idem.Result{Status: 200}, nil }
+	_, err := g.Do(context.Background(), idem.DoParams{Scope: "s", Key: "k", Method: strings.Repeat("M", 256)}, ok)
+	require.ErrorContains(t, err, "at most MaxMethodLength (255)")
+	require.NotErrorIs(t, err, idem.ErrScopeUnstorable)
+	_, err = g.Do(context.Background(), idem.DoParams{Scope: "s", Key: "k", Method: strings.Repeat("M", 255)}, ok)
+	require.NoError(t, err)
+}
+
 // Regression (a fresh user's try): a function that returned Step's
 // UNKNOWN error got it back from Do twice over, joined.
 func TestDoReturnsAStepsUnknownOnce(t *testing.T) {
