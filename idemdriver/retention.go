@@ -227,10 +227,20 @@ type Migrator interface {
 	// created that are gone (Migration.Missing).
 	MigrationStatus(ctx context.Context) ([]Migration, error)
 	// MigrateDown rolls back the most recent applied migration and returns
-	// it. Rolling back the first one drops idem_keys and every record in it.
-	// It returns an error when no migration is applied.
+	// it. It returns an error when no migration is applied, and one
+	// wrapping ErrDropsRecords, rolling back nothing, when the rollback
+	// would drop a table of records (idem_keys, idem_steps, a partition of
+	// idem_keys) that holds rows: the first migration's drops idem_keys,
+	// the steps' migration idem_steps.
 	MigrateDown(ctx context.Context) (Migration, error)
 }
+
+// ErrDropsRecords is MigrateDown's refusal of a rollback that would drop
+// a table holding records or steps: each keeps a request from running
+// again (an at-most-once step's start among them). The idem CLI's
+// `migrate down --force` rolls back regardless (a driver's
+// MigrateDownDroppingRecords).
+var ErrDropsRecords = errors.New("idemdriver: the rollback would drop records or steps; a request they recorded would run again")
 
 // Partition is one range partition of a partitioned idem_keys table.
 type Partition struct {

@@ -274,6 +274,17 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 	return m.Down(ctx)
 }
 
+// MigrateDownDroppingRecords is MigrateDown without its refusal
+// (idemdriver.ErrDropsRecords): the records or steps the rollback drops
+// are lost.
+func (d *Driver) MigrateDownDroppingRecords(ctx context.Context) (idemdriver.Migration, error) {
+	m, err := d.embedded(ctx)
+	if err != nil {
+		return idemdriver.Migration{}, err
+	}
+	return m.DownDroppingRecords(ctx)
+}
+
 // listSQL reads one page of records in primary-key order, each filter off
 // when its parameter is empty. Args: offset, state twice, scope twice, key
 // twice, after scope, after key, limit.

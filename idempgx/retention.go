@@ -215,6 +215,19 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 	return mig, poolerErr(err)
 }
 
+// MigrateDownDroppingRecords is MigrateDown without its refusal
+// (idemdriver.ErrDropsRecords): the records or steps the rollback drops
+// are lost.
+func (d *Driver) MigrateDownDroppingRecords(ctx context.Context) (idemdriver.Migration, error) {
+	fsys, table := d.migrationSet()
+	m, err := d.migrator(ctx, fsys, table)
+	if err != nil {
+		return idemdriver.Migration{}, err
+	}
+	mig, err := m.DownDroppingRecords(ctx)
+	return mig, poolerErr(err)
+}
+
 // listSQL reads one page of records (idemsql.ListSQL).
 var listSQL = idemsql.ListSQL(columns + ", request")
 

@@ -190,6 +190,17 @@ func (d *Driver) MigrateDown(ctx context.Context) (idemdriver.Migration, error) 
 	return m.Down(ctx)
 }
 
+// MigrateDownDroppingRecords is MigrateDown without its refusal
+// (idemdriver.ErrDropsRecords): the records or steps the rollback drops
+// are lost.
+func (d *Driver) MigrateDownDroppingRecords(ctx context.Context) (idemdriver.Migration, error) {
+	m, err := d.migrator(embedded(), SchemaVersionTable)
+	if err != nil {
+		return idemdriver.Migration{}, err
+	}
+	return m.DownDroppingRecords(ctx)
+}
+
 // listSQL reads one page of records (idemsql.ListSQL).
 var listSQL = idemsql.ListSQL(columns + ", request")
 

@@ -358,21 +358,7 @@ func migrateCmd(g *globals, out io.Writer) *cobra.Command {
 				return status(ctx, s)
 			})
 		},
-	}, &cobra.Command{
-		Use:   "down",
-		Short: "Roll back the most recent migration (rolling back the first drops idem_keys and every record)",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withStore(cmd, g, func(ctx context.Context, s *store) error {
-				done, err := s.Driver.MigrateDown(ctx)
-				if err != nil {
-					return err
-				}
-				return printLine(out, g.json, fmt.Sprintf("rolled back %d %s", done.Version, done.Name),
-					map[string]any{"rolled_back": map[string]any{"version": done.Version, "name": done.Name}})
-			})
-		},
-	}, &cobra.Command{
+	}, downCmd(g, out), &cobra.Command{
 		Use:   "status",
 		Short: "List the migrations and whether each is applied",
 		Args:  noArgs,
@@ -380,6 +366,50 @@ func migrateCmd(g *globals, out io.Writer) *cobra.Command {
 			return withStore(cmd, g, status)
 		},
 	})
+	return c
+}
+
+// downCmd is `idem migrate down`: it refuses a rollback that drops records
+// or steps (idemdriver.ErrDropsRecords) unless --force.
+func downCmd(g *globals, out io.Writer) *cobra.Command {
+	var force bool
+	c := &cobra.Command{
+		Use:   "down",
+		Short: "Roll back the most recent migration; refused while it would drop records or steps (--force)",
+		Long: `Roll back the most recent applied migration.
+
+A rollback that would drop a table holding records or steps is refused:
+rolling back the first migration drops idem_keys, the steps' migration
+drops idem_steps. A record keeps its request from running twice, and a
+step its call: without them a retry runs again, and an at-most-once step
+(a transfer, an SMS) is made a second time. Roll such a table back only
+when its rows can be lost (a test database, a table no client retries
+against any more), with --force.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withStore(cmd, g, func(ctx context.Context, s *store) error {
+				down := s.Driver.MigrateDown
+				if force {
+					dropping, ok := s.Driver.(interface {
+						MigrateDownDroppingRecords(context.Context) (idemdriver.Migration, error)
+					})
+					if !ok {
+						return fmt.Errorf("--force: the driver %T cannot roll back past its records", s.Driver)
+					}
+					down = dropping.MigrateDownDroppingRecords
+				}
+				done, err := down(ctx)
+				if errors.Is(err, idemdriver.ErrDropsRecords) {
+					return fmt.Errorf("%w; nothing was rolled back (idem migrate down --help: --force)", err)
+				} else if err != nil {
+					return err
+				}
+				return printLine(out, g.json, fmt.Sprintf("rolled back %d %s", done.Version, done.Name),
+					map[string]any{"rolled_back": map[string]any{"version": done.Version, "name": done.Name}})
+			})
+		},
+	}
+	c.Flags().BoolVar(&force, "force", false, "roll back even a migration that drops records or steps, and lose them")
 	return c
 }
 

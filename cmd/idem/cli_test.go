@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -724,4 +725,45 @@ func TestStuckListsDamaged(t *testing.T) {
 		require.Contains(t, c.ok("release", "--scope", "acct_1", "--key", "busy", "--force"), "released acct_1/busy (PROCESSING")
 		require.NotContains(t, c.ok("stuck"), "busy")
 	})
+}
+
+// Regression (a fresh user's operator): migrate down dropped idem_steps,
+// and idem_keys, with their rows and no warning; after migrate up, the
+// retry of a recorded execution ran its at-most-once step (an SMS) a second
+// time. A rollback that drops records or steps is now refused, and rolls
+// back only with --force.
+func TestMigrateDownKeepsRecordsAndSteps(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			url, d := b.setup(t, b.partitioned)
+			c := cli{t: t, url: url}
+			c.ok(b.migrateUp()...)
+			ctx := context.Background()
+			res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct_1", Key: "sms-1", Method: "POST", Path: "/v1/sms",
+				Fingerprint: fp("sms"), LeaseDuration: time.Minute, Retention: time.Hour})
+			require.NoError(t, err)
+			_, err = d.(idemdriver.Stepper).StartStep(ctx, idemdriver.StartStepParams{StepParams: idemdriver.StepParams{Scope: "acct_1", Key: "sms-1",
+				FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt, Name: "sms"}, Relay: []byte("r"), AtMostOnce: true})
+			require.NoError(t, err)
+
+			var refused []string
+			for range 20 {
+				_, errOut, code := c.run("migrate", "down")
+				if code == 0 {
+					continue
+				}
+				if strings.Contains(errOut, "no migration is applied") {
+					break
+				}
+				require.Contains(t, errOut, "which holds rows", errOut)
+				require.Contains(t, errOut, "nothing was rolled back", errOut)
+				table := regexp.MustCompile(`drops (\w+),`).FindStringSubmatch(errOut)
+				require.NotNil(t, table, errOut)
+				refused = append(refused, table[1])
+				require.Contains(t, c.ok("migrate", "down", "--force"), "rolled back")
+			}
+			require.Equal(t, []string{"idem_steps", "idem_keys"}, refused)
+		})
+	}
 }

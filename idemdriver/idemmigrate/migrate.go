@@ -326,10 +326,29 @@ func (m *Migrator) markMissing(ctx context.Context, list []idemdriver.Migration,
 }
 
 // Down rolls back the most recent applied migration, under the migration
-// lease, and returns it. It returns an error when no migration is applied.
+// lease, and returns it. It returns an error when no migration is applied,
+// and one wrapping idemdriver.ErrDropsRecords, rolling back nothing, when
+// the rollback would drop a table of records (idem_keys, idem_steps or one
+// of idem_keys's partitions) that holds a row.
 func (m *Migrator) Down(ctx context.Context) (idemdriver.Migration, error) {
+	return m.down(ctx, false)
+}
+
+// DownDroppingRecords is Down, but it rolls back a migration whose
+// rollback drops a table of records that holds rows, and those rows with
+// it.
+func (m *Migrator) DownDroppingRecords(ctx context.Context) (idemdriver.Migration, error) {
+	return m.down(ctx, true)
+}
+
+func (m *Migrator) down(ctx context.Context, dropRecords bool) (idemdriver.Migration, error) {
 	var out idemdriver.Migration
 	err := m.locked(ctx, nil, func(ctx context.Context, p *goose.Provider) error {
+		if !dropRecords {
+			if err := m.keepsRecords(ctx, p); err != nil {
+				return err
+			}
+		}
 		res, err := p.Down(ctx)
 		if err != nil {
 			if errors.Is(err, goose.ErrNoNextVersion) || errors.Is(err, goose.ErrNoCurrentVersion) {
@@ -346,8 +365,47 @@ func (m *Migrator) Down(ctx context.Context) (idemdriver.Migration, error) {
 var (
 	createTableRE = regexp.MustCompile(`(?im)^\s*CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([A-Za-z_][\w.]*)`)
 	dropTableRE   = regexp.MustCompile(`(?im)^\s*DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?([A-Za-z_][\w.]*)`)
-	upSectionRE   = regexp.MustCompile(`(?m)^--\s*\+goose\s+(Up|Down)\b`)
+	sectionRE     = regexp.MustCompile(`(?m)^--\s*\+goose\s+(Up|Down)\b`)
 )
+
+// keepsRecords returns an error wrapping idemdriver.ErrDropsRecords when
+// rolling back p's most recent applied migration would drop a table of
+// records that holds a row: a record or a step, whose loss lets a retry
+// run again what it recorded (an at-most-once step among them).
+func (m *Migrator) keepsRecords(ctx context.Context, p *goose.Provider) error {
+	v, err := p.GetDBVersion(ctx)
+	if err != nil || v == 0 {
+		return nil // p.Down says what is wrong
+	}
+	for _, src := range p.ListSources() {
+		if src.Version != v {
+			continue
+		}
+		b, err := fs.ReadFile(m.cfg.FS, path.Base(src.Path))
+		if err != nil {
+			return err
+		}
+		for _, mm := range dropTableRE.FindAllStringSubmatch(sectionOf(string(b), "Down"), -1) {
+			t := mm[1]
+			if !strings.HasPrefix(t, "idem_keys") && !strings.HasPrefix(t, "idem_steps") {
+				continue
+			}
+			if ok, err := TableExists(ctx, m.cfg.DB, m.cfg.Dialect, t); err != nil || !ok {
+				continue // made by the rollback itself (a table rebuilt), or gone
+			}
+			var one int
+			switch err := m.cfg.DB.QueryRowContext(ctx, "SELECT 1 FROM "+t+" LIMIT 1").Scan(&one); {
+			case errors.Is(err, sql.ErrNoRows):
+			case err != nil:
+				return fmt.Errorf("%s: migrate down: reading %s: %w", m.cfg.Prefix, t, err)
+			default:
+				return fmt.Errorf("%s: migrate down: rolling back %d (%s) drops %s, which holds rows: %w",
+					m.cfg.Prefix, v, path.Base(src.Path), t, idemdriver.ErrDropsRecords)
+			}
+		}
+	}
+	return nil
+}
 
 // upTables reads the tables that a migration's Up section creates and
 // drops, from its statements that begin a line (not those inside a
@@ -357,7 +415,7 @@ func upTables(fsys fs.FS, name string) (created, dropped []string, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	up := upSection(string(b))
+	up := sectionOf(string(b), "Up")
 	for _, mm := range createTableRE.FindAllStringSubmatch(up, -1) {
 		created = append(created, mm[1])
 	}
@@ -367,12 +425,13 @@ func upTables(fsys fs.FS, name string) (created, dropped []string, err error) {
 	return created, dropped, nil
 }
 
-// upSection is the text of the Up section, without StatementBegin blocks.
-func upSection(s string) string {
+// sectionOf is the text of a migration's Up or Down section (which), without
+// its StatementBegin blocks.
+func sectionOf(s, which string) string {
 	var b strings.Builder
 	section, block := "", false
 	for _, line := range strings.Split(s, "\n") {
-		if mm := upSectionRE.FindStringSubmatch(line); mm != nil {
+		if mm := sectionRE.FindStringSubmatch(line); mm != nil {
 			section = mm[1]
 			continue
 		}
@@ -381,7 +440,7 @@ func upSection(s string) string {
 			block = true
 		case strings.HasPrefix(t, "-- +goose StatementEnd"):
 			block = false
-		case section == "Up" && !block && !strings.HasPrefix(t, "--"):
+		case section == which && !block && !strings.HasPrefix(t, "--"):
 			b.WriteString(line)
 			b.WriteByte('\n')
 		}
