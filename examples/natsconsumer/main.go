@@ -21,13 +21,16 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -174,16 +177,45 @@ type handler struct {
 }
 
 // key is the message's idempotency key: its Nats-Msg-Id header, else the
-// "id" member of its JSON payload.
+// "id" member of its JSON payload, else its stream sequence ("seq-N",
+// stable across redeliveries). An id that is not a valid key as it is
+// (longer than idem.MaxKeyLength, or with a space, a comma, a leading
+// quote or a byte outside visible ASCII) is hashed into one: JetStream
+// takes any id, and such a message must not be lost for its id's shape.
 func key(msg jetstream.Msg) string {
-	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
+	id := msg.Headers().Get(jetstream.MsgIDHeader)
+	if id == "" {
+		var body struct {
+			ID string `json:"id"`
+		}
+		_ = json.Unmarshal(msg.Data(), &body)
+		id = body.ID
+	}
+	if id == "" {
+		if meta, err := msg.Metadata(); err == nil {
+			return fmt.Sprintf("seq-%d", meta.Sequence.Stream)
+		}
+	}
+	if validKey(id) {
 		return id
 	}
-	var body struct {
-		ID string `json:"id"`
+	sum := sha256.Sum256([]byte(id))
+	return "sha256-" + hex.EncodeToString(sum[:])
+}
+
+// validKey reports whether id is a key Do takes as it is: 1 to
+// idem.MaxKeyLength visible ASCII characters, without a leading '"' or a
+// ','.
+func validKey(id string) bool {
+	if id == "" || len(id) > idem.MaxKeyLength || id[0] == '"' || strings.Contains(id, ",") {
+		return false
 	}
-	_ = json.Unmarshal(msg.Data(), &body)
-	return body.ID
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 func (h *handler) handle(ctx context.Context, msg jetstream.Msg) {
@@ -216,10 +248,21 @@ func (h *handler) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 	case errors.As(err, &inFlight):
 		_ = msg.NakWithDelay(inFlight.RetryAfter)
-	case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrKeyReused):
-		// No retry can cure it: park it rather than redeliver forever.
+	case errors.Is(err, idem.ErrResponseNotStored):
+		// Done: its outcome was recorded, too large to keep.
+		if err := msg.DoubleAck(ctx); err != nil {
+			h.log.Warn("ack", "key", k, "err", err)
+		}
+	case errors.Is(err, idem.ErrKeyReused):
+		// Another payload under this id: a producer's bug no retry cures.
 		h.log.Error("refusing message", "key", k, "err", err)
 		_ = msg.Term()
+	case errors.Is(err, idem.ErrOutcomeUnknown), errors.Is(err, idem.ErrRecordDamaged),
+		errors.Is(err, idem.ErrSealKeyMissing), errors.Is(err, idem.ErrSealBroken):
+		// Held for an operator (idem resolve, a sealing key): kept, and
+		// redelivered slowly, so that it runs once resolved.
+		h.log.Error("held for an operator; redelivering slowly", "key", k, "err", err)
+		_ = msg.NakWithDelay(time.Minute)
 	default:
 		h.log.Warn("not processed; redelivering", "key", k, "err", err)
 		_ = msg.Nak()

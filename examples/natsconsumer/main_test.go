@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -184,4 +185,46 @@ func TestRouteIsBoundedAcrossSubjects(t *testing.T) {
 	var distinct int
 	require.NoError(t, store.DB().QueryRowContext(ctx, `SELECT count(DISTINCT subject) FROM effects`).Scan(&distinct))
 	require.Equal(t, len(subjects), distinct, "the messages came on %d subjects", len(subjects))
+}
+
+// Regression (a fresh user's try): a message whose id is not a valid
+// Idempotency-Key as it is (300 characters, or a space) was refused and
+// terminated: JetStream had taken it, and it was never processed. Each is
+// now processed once, under a key hashed from its id, and so is a message
+// with no id at all, under its stream sequence.
+func TestEveryMessageIsProcessedWhateverItsID(t *testing.T) {
+	natsConn(t) // skips (or fails under CI) without a server
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	stream := fmt.Sprintf("IDEMIDS%d", time.Now().UnixNano())
+	store, err := idemsqlite.Open(ctx, filepath.Join(t.TempDir(), "consumer.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	require.NoError(t, store.Migrate(ctx))
+	_, err = store.DB().ExecContext(ctx, schema)
+	require.NoError(t, err)
+	c := consumerConfig{natsURL: env("NATS_URL", nats.DefaultURL), stream: stream, subject: stream + ".>",
+		durable: "idstest", ackWait: 5 * time.Second}
+	cc, err := start(ctx, c, store, nil, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	require.NoError(t, err)
+	t.Cleanup(cc.stop)
+	js, err := jetstream.New(natsConn(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
+
+	ids := []string{"order-ok-1", strings.Repeat("x", 300), "order 2", `"quoted"`}
+	for _, id := range ids {
+		for range 2 { // a duplicate publish, deduplicated by JetStream or by idem
+			_, err := js.Publish(ctx, stream+".orders", []byte(`{"n":1}`), jetstream.WithMsgID(id))
+			require.NoError(t, err)
+		}
+	}
+	_, err = js.Publish(ctx, stream+".orders", []byte(`{"n":2}`)) // no id at all
+	require.NoError(t, err)
+	want := len(ids) + 1
+	var n int
+	require.Eventually(t, func() bool {
+		return store.DB().QueryRowContext(ctx, `SELECT count(*) FROM effects`).Scan(&n) == nil && n >= want
+	}, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, want, n, "each message once")
 }
