@@ -399,9 +399,13 @@ against any more), with --force.`,
 					down = dropping.MigrateDownDroppingRecords
 				}
 				done, err := down(ctx)
-				if errors.Is(err, idemdriver.ErrDropsRecords) {
+				switch {
+				case errors.Is(err, idemdriver.ErrDropsRecords):
 					return fmt.Errorf("%w; nothing was rolled back (idem migrate down --help: --force)", err)
-				} else if err != nil {
+				case err != nil && strings.Contains(err.Error(), "idem_keys_state"):
+					// PostgreSQL's and MariaDB's CHECK (SQLite names its own).
+					return fmt.Errorf("%w; an UNKNOWN record remains: resolve it (idem stuck, idem resolve) before migrating down", err)
+				case err != nil:
 					return err
 				}
 				return printLine(out, g.json, fmt.Sprintf("rolled back %d %s", done.Version, done.Name),
