@@ -177,24 +177,21 @@ var errLeaseRanOut = fmt.Errorf("%w: a whole lease passed on this process's cloc
 // lost lease from the store, a round trip after their next tick: a process
 // paused past its lease (a GC pause, a frozen VM, SIGSTOP) and resumed
 // meanwhile acts as the owner, while another may have taken the key over.
-// The guard ends at once as it resumes, without a round trip. Its own
-// goroutine ends with stop, which the caller calls when done.
+// The guard's Err and Done read the clock themselves, so the first look at
+// the context after the pause finds it ended, whichever goroutine runs
+// first; a goroutine of its own ends it too, for a select that looked
+// before. stop releases it.
 func (hb *heartbeat) guard(parent context.Context) (ctx context.Context, stop func()) {
-	ctx, cancel := context.WithCancelCause(parent)
-	left := func() time.Duration {
-		hb.mu.Lock()
-		defer hb.mu.Unlock()
-		return hb.lease - time.Since(hb.lastOK)
-	}
-	if left() <= 0 {
-		cancel(errLeaseRanOut)
-		return ctx, func() { cancel(context.Canceled) }
+	inner, cancel := context.WithCancelCause(parent)
+	g := &guarded{Context: inner, hb: hb, cancel: cancel}
+	if g.expired() {
+		return g, func() { cancel(context.Canceled) }
 	}
 	go func() {
-		for d := left(); d > 0; d = left() {
+		for d := hb.leaseLeft(); d > 0; d = hb.leaseLeft() {
 			t := time.NewTimer(d)
 			select {
-			case <-ctx.Done():
+			case <-inner.Done():
 				t.Stop()
 				return
 			case <-t.C:
@@ -202,7 +199,42 @@ func (hb *heartbeat) guard(parent context.Context) (ctx context.Context, stop fu
 		}
 		cancel(errLeaseRanOut)
 	}()
-	return ctx, func() { cancel(context.Canceled) }
+	return g, func() { cancel(context.Canceled) }
+}
+
+// leaseLeft is what is left of the lease on this process's clock.
+func (hb *heartbeat) leaseLeft() time.Duration {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.lease - time.Since(hb.lastOK)
+}
+
+// guarded is guard's context: its Err and Done end it first when the
+// lease ran out on this process's clock.
+type guarded struct {
+	context.Context
+	hb     *heartbeat
+	cancel context.CancelCauseFunc
+}
+
+// expired ends g, cause errLeaseRanOut, when the lease ran out; it reports
+// whether it did.
+func (g *guarded) expired() bool {
+	if g.hb.leaseLeft() > 0 {
+		return false
+	}
+	g.cancel(errLeaseRanOut)
+	return true
+}
+
+func (g *guarded) Done() <-chan struct{} {
+	g.expired()
+	return g.Context.Done()
+}
+
+func (g *guarded) Err() error {
+	g.expired()
+	return g.Context.Err()
 }
 
 // leaseRanOut reports, after stop, whether the lease may have run out.
