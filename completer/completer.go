@@ -91,13 +91,13 @@ type Config struct {
 	// with jitter. Default: 10 s.
 	Grace time.Duration
 
-	// MaxAttempts bounds the completer's re-drives of one execution: the
-	// attempts its record gets from the cycle that first finds it
-	// abandoned on. Its client's attempts before do not count (a client
-	// that gave up after many 503s still gets its re-drives), nor do those
-	// of an earlier leader: a newly elected completer counts anew. An
-	// execution still unfinished after MaxAttempts re-drives is ended
-	// UNKNOWN (idemdriver.ReasonCompleterGaveUp). At least 1. Default: 6.
+	// MaxAttempts bounds the completer's own re-drives of one execution;
+	// its client's attempts do not count, before or between them (a client
+	// that gave up after many 503s still gets its re-drives, and one still
+	// retrying spends none), nor do an earlier leader's: a newly elected
+	// completer counts anew. An execution still unfinished after
+	// MaxAttempts re-drives is ended UNKNOWN
+	// (idemdriver.ReasonCompleterGaveUp). At least 1. Default: 6.
 	MaxAttempts int
 
 	// MaxInFlight is the most re-drives at once; Rate the most begun per
@@ -218,7 +218,8 @@ type Completer struct {
 	cycles, redriven, finished, gaveUp, errs atomic.Int64
 	ended, skipped                           atomic.Int64
 	busy                                     sync.Map // keys being re-driven
-	found                                    sync.Map // lifeOf(rec) -> found: re-drives are counted from there
+	foundMu                                  sync.Mutex
+	found                                    map[string]*found // by lifeOf: its re-drives
 
 	loop seat.Loop
 	wg   sync.WaitGroup // the re-drives under way
@@ -391,11 +392,12 @@ func (c *Completer) holdMargin(rec idemdriver.Record) time.Duration {
 	return max(min(time.Hour, rec.ExpiresAt.Sub(rec.CreatedAt)/10), 10*c.cfg.Interval)
 }
 
-// found is where the completer first found an execution's life
-// abandoned: its record's attempts then, and when it last read it.
+// found is what the completer counts of an execution life it found
+// abandoned: its own re-drives, the record's attempts when last read, and
+// when that was.
 type found struct {
-	attempts int
-	seen     time.Time
+	redrives, attempts int
+	seen               time.Time
 }
 
 // lifeOf names rec's execution life.
@@ -403,30 +405,44 @@ func lifeOf(rec idemdriver.Record) string {
 	return rec.Scope + "\x00" + rec.Key + "\x00" + strconv.FormatInt(rec.CreatedAt.UnixNano(), 10)
 }
 
-// redrives is how many times rec was attempted since this completer
-// first found its life abandoned (read at now). A record whose attempts
-// went back (an operator's resolution counts them from 0 again) is found
-// anew.
+// redrives is how many times this completer re-drove rec's life (read at
+// now); its client's attempts, before or between, do not count. A record
+// whose attempts went back (an operator's resolution counts them from 0
+// again) is counted anew.
 func (c *Completer) redrives(rec idemdriver.Record, now time.Time) int {
-	v, _ := c.found.LoadOrStore(lifeOf(rec), found{attempts: rec.Attempts})
-	f := v.(found)
-	if rec.Attempts < f.attempts {
-		f.attempts = rec.Attempts
+	c.foundMu.Lock()
+	defer c.foundMu.Unlock()
+	if c.found == nil {
+		c.found = map[string]*found{}
 	}
-	f.seen = now
-	c.found.Store(lifeOf(rec), f)
-	return rec.Attempts - f.attempts
+	f := c.found[lifeOf(rec)]
+	if f == nil || rec.Attempts < f.attempts {
+		f = &found{}
+		c.found[lifeOf(rec)] = f
+	}
+	f.attempts, f.seen = rec.Attempts, now
+	return f.redrives
 }
 
-// forget drops what it found of lives not read for a Retention: their
+// redrove counts one re-drive of rec's life.
+func (c *Completer) redrove(rec idemdriver.Record) {
+	c.foundMu.Lock()
+	defer c.foundMu.Unlock()
+	if f := c.found[lifeOf(rec)]; f != nil {
+		f.redrives++
+	}
+}
+
+// forget drops what it counted of lives not read for a Retention: their
 // records have expired, or finished long ago.
 func (c *Completer) forget(now time.Time) {
-	c.found.Range(func(k, v any) bool {
-		if now.Sub(v.(found).seen) > c.cfg.Retention {
-			c.found.Delete(k)
+	c.foundMu.Lock()
+	defer c.foundMu.Unlock()
+	for k, f := range c.found {
+		if now.Sub(f.seen) > c.cfg.Retention {
+			delete(c.found, k)
 		}
-		return true
-	})
+	}
 }
 
 // due reports whether rec's next re-drive is due at now: untouched for
@@ -484,6 +500,7 @@ func (c *Completer) complete(ctx context.Context, rec idemdriver.Record, now tim
 		return c.giveUp(ctx, rec, first, idemdriver.ReasonNotRedrivable, o)
 	}
 	w := httptest.NewRecorder()
+	c.redrove(rec)
 	c.cfg.Handler.ServeHTTP(w, req)
 	problem := problemType(w)
 	if problem == keyReused {

@@ -250,6 +250,30 @@ func TestCompleterRedrivesAfterTheClientsAttempts(t *testing.T) {
 	})
 }
 
+// Regression (a second fresh user's try): the re-drives were counted as
+// the record's attempts since the completer first found it, so a client
+// still retrying between them spent the completer's budget: it re-drove
+// once, then held UNKNOWN an execution whose step result was recorded,
+// and the client's next retry, which would have succeeded, got 409.
+func TestCompleterCountsOnlyItsOwnRedrives(t *testing.T) {
+	onStores(t, func(t *testing.T, store func(t *testing.T) idem.Store) {
+		s := newShop(t, store(t), true, nil)
+		s.failWrites.Store(true)
+		require.Equal(t, http.StatusInternalServerError, s.send("acme", "pay-1").Code)
+		c := s.completer(t, completer.Config{MaxAttempts: 2, Grace: 1})
+		cycle(t, c) // re-drive 1: the ledger still fails
+		require.EqualValues(t, 1, c.Stats().Redriven)
+		for range 5 { // the client still retries
+			require.Equal(t, http.StatusInternalServerError, s.send("acme", "pay-1").Code)
+		}
+		s.failWrites.Store(false)
+		cycle(t, c) // re-drive 2, not a give-up
+		require.Zero(t, c.Stats().GaveUp)
+		require.Equal(t, idemdriver.StateSucceeded, record(t, s.store, "pay-1").State)
+		require.Equal(t, int32(1), s.calls.Load(), "one charge")
+	})
+}
+
 // resolve ends key's UNKNOWN record with its charge step applied, result
 // its charge (`idem resolve --applied`), or not applied (`--not-applied`).
 func resolve(t *testing.T, store idemdriver.Driver, key string, applied bool, charge string) {
