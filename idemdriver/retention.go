@@ -230,8 +230,9 @@ type Migrator interface {
 	// it. It returns an error when no migration is applied, and one
 	// wrapping ErrDropsRecords, rolling back nothing, when the rollback
 	// would drop a table of records (idem_keys, idem_steps, a partition of
-	// idem_keys) that holds rows: the first migration's drops idem_keys,
-	// the steps' migration idem_steps.
+	// idem_keys) that holds rows (the first migration's drops idem_keys,
+	// the steps' migration idem_steps), or idem_steps's at_most_once while
+	// an at-most-once step is started without a result.
 	MigrateDown(ctx context.Context) (Migration, error)
 }
 

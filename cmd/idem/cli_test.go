@@ -731,7 +731,9 @@ func TestStuckListsDamaged(t *testing.T) {
 // and idem_keys, with their rows and no warning; after migrate up, the
 // retry of a recorded execution ran its at-most-once step (an SMS) a second
 // time. A rollback that drops records or steps is now refused, and rolls
-// back only with --force.
+// back only with --force. So is (a second fresh user's operator) the
+// rollback of the migration that brought at_most_once while such a step is
+// started without a result: the retry ran it again as an ordinary step.
 func TestMigrateDownKeepsRecordsAndSteps(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
@@ -756,14 +758,17 @@ func TestMigrateDownKeepsRecordsAndSteps(t *testing.T) {
 				if strings.Contains(errOut, "no migration is applied") {
 					break
 				}
-				require.Contains(t, errOut, "which holds rows", errOut)
 				require.Contains(t, errOut, "nothing was rolled back", errOut)
-				table := regexp.MustCompile(`drops (\w+),`).FindStringSubmatch(errOut)
+				table := regexp.MustCompile(`drops ([\w.]+)[, ]`).FindStringSubmatch(errOut)
 				require.NotNil(t, table, errOut)
 				refused = append(refused, table[1])
 				require.Contains(t, c.ok("migrate", "down", "--force"), "rolled back")
 			}
-			require.Equal(t, []string{"idem_steps", "idem_keys"}, refused)
+			want := []string{"idem_steps.at_most_once", "idem_steps", "idem_keys"}
+			if b.partitioned { // its idem_steps had at_most_once from the start
+				want = want[1:]
+			}
+			require.Equal(t, want, refused)
 		})
 	}
 }
@@ -794,9 +799,15 @@ func TestMigrateDownNamesAnUnknownRecord(t *testing.T) {
 				}
 				if b.partitioned { // its UNKNOWN records have a partition of their own
 					require.Contains(t, errOut, "drops idem_keys_unknown, which holds rows")
-				} else {
-					require.Contains(t, errOut, "an UNKNOWN record remains")
+					return
 				}
+				if strings.Contains(errOut, "drops idem_steps.at_most_once") {
+					// Its at-most-once step's start is refused first; --force
+					// overrides that, never the UNKNOWN record.
+					_, errOut, code = c.run("migrate", "down", "--force")
+					require.NotZero(t, code)
+				}
+				require.Contains(t, errOut, "an UNKNOWN record remains")
 				return
 			}
 			t.Fatal("migrate down never refused")

@@ -329,7 +329,8 @@ func (m *Migrator) markMissing(ctx context.Context, list []idemdriver.Migration,
 // lease, and returns it. It returns an error when no migration is applied,
 // and one wrapping idemdriver.ErrDropsRecords, rolling back nothing, when
 // the rollback would drop a table of records (idem_keys, idem_steps or one
-// of idem_keys's partitions) that holds a row.
+// of idem_keys's partitions) that holds a row, or idem_steps's
+// at_most_once while an at-most-once step is started without a result.
 func (m *Migrator) Down(ctx context.Context) (idemdriver.Migration, error) {
 	return m.down(ctx, false)
 }
@@ -403,8 +404,30 @@ func (m *Migrator) keepsRecords(ctx context.Context, p *goose.Provider) error {
 					m.cfg.Prefix, v, path.Base(src.Path), t, idemdriver.ErrDropsRecords)
 			}
 		}
+		if strings.Contains(sectionOf(string(b), "Up"), "at_most_once") {
+			return m.keepsAtMostOnce(ctx, v, path.Base(src.Path))
+		}
 	}
 	return nil
+}
+
+// keepsAtMostOnce returns an error wrapping idemdriver.ErrDropsRecords
+// when rolling back version v (name), which brought idem_steps's
+// at_most_once, would turn an at-most-once step started without a result
+// into an ordinary one, which a retry runs again.
+func (m *Migrator) keepsAtMostOnce(ctx context.Context, v int64, name string) error {
+	if ok, err := TableExists(ctx, m.cfg.DB, m.cfg.Dialect, "idem_steps"); err != nil || !ok {
+		return nil
+	}
+	var one int
+	switch err := m.cfg.DB.QueryRowContext(ctx, "SELECT 1 FROM idem_steps WHERE at_most_once AND NOT done AND started_token <> 0 LIMIT 1").Scan(&one); {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("%s: migrate down: reading idem_steps: %w", m.cfg.Prefix, err)
+	}
+	return fmt.Errorf("%s: migrate down: rolling back %d (%s) drops idem_steps.at_most_once while an at-most-once step is started "+
+		"without a result (a retry would run it again as an ordinary step): %w", m.cfg.Prefix, v, name, idemdriver.ErrDropsRecords)
 }
 
 // upTables reads the tables that a migration's Up section creates and
