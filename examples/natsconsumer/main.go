@@ -1,7 +1,8 @@
 // Command natsconsumer is an example consumer of NATS JetStream that
 // processes each message exactly once with idem's engine (idem.Engine.Do):
-// the scope is the stream and subject, the key the message's Nats-Msg-Id
-// header (or the "id" member of its JSON payload), the route (Event.Route,
+// the scope is the stream and subject, the key made from the message's
+// Nats-Msg-Id header (or the "id" member of its JSON payload; see key), the
+// route (Event.Route,
 // a metric attribute) the consumer's subject filter, one value whatever the
 // subjects, and the side effect (a
 // row in the effects table) is written in the claim's transaction, so it
@@ -30,7 +31,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -176,12 +176,17 @@ type handler struct {
 	log   *slog.Logger
 }
 
-// key is the message's idempotency key: its Nats-Msg-Id header, else the
-// "id" member of its JSON payload, else its stream sequence ("seq-N",
-// stable across redeliveries). An id that is not a valid key as it is
-// (longer than idem.MaxKeyLength, or with a space, a comma, a leading
-// quote or a byte outside visible ASCII) is hashed into one: JetStream
-// takes any id, and such a message must not be lost for its id's shape.
+// key is the message's idempotency key, from its id: its Nats-Msg-Id
+// header, else the "id" member of its JSON payload (the two name one
+// message: a producer sets either). An id is kept readable, "id:<id>",
+// when it can be, and hashed, "id#<hex SHA-256>", when it cannot (longer
+// than idem.MaxKeyLength less its prefix, or with a space, a comma, a
+// leading quote or a byte outside visible ASCII): JetStream takes any id,
+// and such a message must not be lost for its id's shape. A message with
+// no id is its own: "seq:<stream sequence>:<publish time>", stable across
+// redeliveries and unique across a stream deleted and made again. The
+// prefixes keep the three kinds apart: no id can be taken for another's
+// key.
 func key(msg jetstream.Msg) string {
 	id := msg.Headers().Get(jetstream.MsgIDHeader)
 	if id == "" {
@@ -191,27 +196,24 @@ func key(msg jetstream.Msg) string {
 		_ = json.Unmarshal(msg.Data(), &body)
 		id = body.ID
 	}
-	if id == "" {
+	switch {
+	case id == "":
 		if meta, err := msg.Metadata(); err == nil {
-			return fmt.Sprintf("seq-%d", meta.Sequence.Stream)
+			return fmt.Sprintf("seq:%d:%d", meta.Sequence.Stream, meta.Timestamp.UnixNano())
 		}
-	}
-	if validKey(id) {
-		return id
+		return "" // not a JetStream message: Do refuses it (ErrInvalidKey)
+	case len(id) <= idem.MaxKeyLength-len("id:") && visibleASCII(id):
+		return "id:" + id
 	}
 	sum := sha256.Sum256([]byte(id))
-	return "sha256-" + hex.EncodeToString(sum[:])
+	return "id#" + hex.EncodeToString(sum[:])
 }
 
-// validKey reports whether id is a key Do takes as it is: 1 to
-// idem.MaxKeyLength visible ASCII characters, without a leading '"' or a
-// ','.
-func validKey(id string) bool {
-	if id == "" || len(id) > idem.MaxKeyLength || id[0] == '"' || strings.Contains(id, ",") {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if id[i] < 0x21 || id[i] > 0x7e {
+// visibleASCII reports whether s is visible ASCII without a ',': what an
+// Idempotency-Key holds after its prefix.
+func visibleASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e || s[i] == ',' {
 			return false
 		}
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"os"
@@ -191,7 +193,7 @@ func TestRouteIsBoundedAcrossSubjects(t *testing.T) {
 // Idempotency-Key as it is (300 characters, or a space) was refused and
 // terminated: JetStream had taken it, and it was never processed. Each is
 // now processed once, under a key hashed from its id, and so is a message
-// with no id at all, under its stream sequence.
+// with no id at all, under its stream sequence and publish time.
 func TestEveryMessageIsProcessedWhateverItsID(t *testing.T) {
 	natsConn(t) // skips (or fails under CI) without a server
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -212,16 +214,24 @@ func TestEveryMessageIsProcessedWhateverItsID(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
 
-	ids := []string{"order-ok-1", strings.Repeat("x", 300), "order 2", `"quoted"`}
+	spaced := sha256.Sum256([]byte("has space"))
+	// Each its own message, whatever its shape, and whichever id looks like
+	// another's key (a second fresh user's try: "seq-2" and "sha256-<hex>"
+	// took the keys made up for a message without an id and for "has space").
+	ids := []string{"order-ok-1", strings.Repeat("x", 300), "order 2", `"quoted"`,
+		"has space", "id#" + hex.EncodeToString(spaced[:]), "sha256-" + hex.EncodeToString(spaced[:]), "x", "id:x",
+		"seq-11", "seq-12"} // the stream sequences of the two messages without an id, published next
 	for _, id := range ids {
 		for range 2 { // a duplicate publish, deduplicated by JetStream or by idem
 			_, err := js.Publish(ctx, stream+".orders", []byte(`{"n":1}`), jetstream.WithMsgID(id))
 			require.NoError(t, err)
 		}
 	}
-	_, err = js.Publish(ctx, stream+".orders", []byte(`{"n":2}`)) // no id at all
-	require.NoError(t, err)
-	want := len(ids) + 1
+	for i := range 2 { // no id at all: each its own message
+		_, err = js.Publish(ctx, stream+".orders", []byte(fmt.Sprintf(`{"n":%d}`, i+2)))
+		require.NoError(t, err)
+	}
+	want := len(ids) + 2
 	var n int
 	require.Eventually(t, func() bool {
 		return store.DB().QueryRowContext(ctx, `SELECT count(*) FROM effects`).Scan(&n) == nil && n >= want
