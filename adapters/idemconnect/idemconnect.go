@@ -64,7 +64,8 @@
 // fingerprint). A body over MaxCanonicalBytes, in another encoding, or of a
 // procedure the registry does not know passes as sent and is hashed as
 // sent: a message with a map then gets failed_precondition (key-reused) on
-// the retries whose bytes differ.
+// the retries whose bytes differ. So does a map inside a google.protobuf.Any
+// packed again for a retry: an Any's value is kept as its packer's bytes.
 //
 // # Metadata
 //
