@@ -727,6 +727,20 @@ func TestStuckListsDamaged(t *testing.T) {
 	})
 }
 
+// startSMS claims acct_1's key sms-1 on d and starts its at-most-once step
+// "sms", which gets no result; it returns the step.
+func startSMS(t *testing.T, d idemdriver.Driver) idemdriver.StepParams {
+	t.Helper()
+	ctx := context.Background()
+	res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct_1", Key: "sms-1", Method: "POST", Path: "/v1/sms",
+		Fingerprint: fp("sms"), LeaseDuration: time.Minute, Retention: time.Hour})
+	require.NoError(t, err)
+	sp := idemdriver.StepParams{Scope: "acct_1", Key: "sms-1", FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt, Name: "sms"}
+	_, err = d.(idemdriver.Stepper).StartStep(ctx, idemdriver.StartStepParams{StepParams: sp, Relay: []byte("r"), AtMostOnce: true})
+	require.NoError(t, err)
+	return sp
+}
+
 // Regression (a fresh user's operator): migrate down dropped idem_steps,
 // and idem_keys, with their rows and no warning; after migrate up, the
 // retry of a recorded execution ran its at-most-once step (an SMS) a second
@@ -741,13 +755,7 @@ func TestMigrateDownKeepsRecordsAndSteps(t *testing.T) {
 			url, d := b.setup(t, b.partitioned)
 			c := cli{t: t, url: url}
 			c.ok(b.migrateUp()...)
-			ctx := context.Background()
-			res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct_1", Key: "sms-1", Method: "POST", Path: "/v1/sms",
-				Fingerprint: fp("sms"), LeaseDuration: time.Minute, Retention: time.Hour})
-			require.NoError(t, err)
-			_, err = d.(idemdriver.Stepper).StartStep(ctx, idemdriver.StartStepParams{StepParams: idemdriver.StepParams{Scope: "acct_1", Key: "sms-1",
-				FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt, Name: "sms"}, Relay: []byte("r"), AtMostOnce: true})
-			require.NoError(t, err)
+			startSMS(t, d)
 
 			var refused []string
 			for range 20 {
@@ -783,15 +791,8 @@ func TestMigrateDownNamesAnUnknownRecord(t *testing.T) {
 			url, d := b.setup(t, b.partitioned)
 			c := cli{t: t, url: url}
 			c.ok(b.migrateUp()...)
-			ctx := context.Background()
-			res, err := d.Claim(ctx, idemdriver.ClaimParams{Scope: "acct_1", Key: "sms-1", Method: "POST", Path: "/v1/sms",
-				Fingerprint: fp("sms"), LeaseDuration: time.Minute, Retention: time.Hour})
-			require.NoError(t, err)
-			sp := idemdriver.StepParams{Scope: "acct_1", Key: "sms-1", FencingToken: res.Record.FencingToken, CreatedAt: res.Record.CreatedAt, Name: "sms"}
-			st := d.(idemdriver.Stepper)
-			_, err = st.StartStep(ctx, idemdriver.StartStepParams{StepParams: sp, Relay: []byte("r"), AtMostOnce: true})
-			require.NoError(t, err)
-			require.NoError(t, st.MarkUnknown(ctx, idemdriver.UnknownParams{StepParams: sp, Reason: idemdriver.ReasonStepUncertain}))
+			sp := startSMS(t, d)
+			require.NoError(t, d.(idemdriver.Stepper).MarkUnknown(context.Background(), idemdriver.UnknownParams{StepParams: sp, Reason: idemdriver.ReasonStepUncertain}))
 			for range 20 {
 				_, errOut, code := c.run("migrate", "down")
 				if code == 0 {

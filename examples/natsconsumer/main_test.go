@@ -142,12 +142,7 @@ func TestRouteIsBoundedAcrossSubjects(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	stream := fmt.Sprintf("IDEMROUTE%d", time.Now().UnixNano())
-	store, err := idemsqlite.Open(ctx, filepath.Join(t.TempDir(), "consumer.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = store.Close() })
-	require.NoError(t, store.Migrate(ctx))
-	_, err = store.DB().ExecContext(ctx, schema)
-	require.NoError(t, err)
+	store := consumerStore(t)
 
 	var (
 		mu     sync.Mutex
@@ -160,14 +155,7 @@ func TestRouteIsBoundedAcrossSubjects(t *testing.T) {
 		routes[e.Route]++
 		events++
 	})
-	c := consumerConfig{natsURL: env("NATS_URL", nats.DefaultURL), stream: stream, subject: stream + ".>",
-		durable: "routetest", ackWait: 5 * time.Second}
-	cc, err := start(ctx, c, store, observer, slog.New(slog.NewTextHandler(os.Stderr, nil)))
-	require.NoError(t, err)
-	t.Cleanup(cc.stop)
-	js, err := jetstream.New(natsConn(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
+	js := startConsumer(t, ctx, stream, "routetest", store, observer)
 
 	subjects := []string{stream + ".orders.cust-1", stream + ".orders.cust-2", stream + ".orders.cust-3"}
 	const perSubject = 3
@@ -199,20 +187,8 @@ func TestEveryMessageIsProcessedWhateverItsID(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	stream := fmt.Sprintf("IDEMIDS%d", time.Now().UnixNano())
-	store, err := idemsqlite.Open(ctx, filepath.Join(t.TempDir(), "consumer.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = store.Close() })
-	require.NoError(t, store.Migrate(ctx))
-	_, err = store.DB().ExecContext(ctx, schema)
-	require.NoError(t, err)
-	c := consumerConfig{natsURL: env("NATS_URL", nats.DefaultURL), stream: stream, subject: stream + ".>",
-		durable: "idstest", ackWait: 5 * time.Second}
-	cc, err := start(ctx, c, store, nil, slog.New(slog.NewTextHandler(os.Stderr, nil)))
-	require.NoError(t, err)
-	t.Cleanup(cc.stop)
-	js, err := jetstream.New(natsConn(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
+	store := consumerStore(t)
+	js := startConsumer(t, ctx, stream, "idstest", store, nil)
 
 	spaced := sha256.Sum256([]byte("has space"))
 	// Each its own message, whatever its shape, and whichever id looks like
@@ -228,7 +204,7 @@ func TestEveryMessageIsProcessedWhateverItsID(t *testing.T) {
 		}
 	}
 	for i := range 2 { // no id at all: each its own message
-		_, err = js.Publish(ctx, stream+".orders", []byte(fmt.Sprintf(`{"n":%d}`, i+2)))
+		_, err := js.Publish(ctx, stream+".orders", []byte(fmt.Sprintf(`{"n":%d}`, i+2)))
 		require.NoError(t, err)
 	}
 	want := len(ids) + 2
@@ -237,4 +213,33 @@ func TestEveryMessageIsProcessedWhateverItsID(t *testing.T) {
 		return store.DB().QueryRowContext(ctx, `SELECT count(*) FROM effects`).Scan(&n) == nil && n >= want
 	}, 30*time.Second, 20*time.Millisecond)
 	require.Equal(t, want, n, "each message once")
+}
+
+// consumerStore is a migrated SQLite store with the effects table, in a
+// temporary directory of t.
+func consumerStore(t *testing.T) *idemsqlite.Driver {
+	t.Helper()
+	store, err := idemsqlite.Open(t.Context(), filepath.Join(t.TempDir(), "consumer.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	require.NoError(t, store.Migrate(t.Context()))
+	_, err = store.DB().ExecContext(t.Context(), schema)
+	require.NoError(t, err)
+	return store
+}
+
+// startConsumer starts the consumer durable of stream (every subject of
+// it) on store, with observer, until t ends, and returns JetStream, the
+// stream deleted when t ends.
+func startConsumer(t *testing.T, ctx context.Context, stream, durable string, store *idemsqlite.Driver, observer idem.Observer) jetstream.JetStream {
+	t.Helper()
+	c := consumerConfig{natsURL: env("NATS_URL", nats.DefaultURL), stream: stream, subject: stream + ".>",
+		durable: durable, ackWait: 5 * time.Second}
+	cc, err := start(ctx, c, store, observer, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	require.NoError(t, err)
+	t.Cleanup(cc.stop)
+	js, err := jetstream.New(natsConn(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
+	return js
 }
