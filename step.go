@@ -60,7 +60,9 @@ func (atMostOnce) stepOption() {}
 // has passed on this process's clock since the store last confirmed one: a
 // process paused past its lease and resumed after another took the key
 // over does not make the call (docs/contract.md section 11.2, "A stale owner
-// does not make the call").
+// does not make the call"). Before a call that takes no context, look at
+// fn's own context (its Err reads the clock), not one derived from it
+// earlier.
 //
 // A panic in fn leaves the step started, as an uncertain error does: the
 // execution is recorded FAILED, and the next re-execution finds the start

@@ -404,7 +404,7 @@ func (m *Migrator) keepsRecords(ctx context.Context, p *goose.Provider) error {
 					m.cfg.Prefix, v, path.Base(src.Path), t, idemdriver.ErrDropsRecords)
 			}
 		}
-		if strings.Contains(sectionOf(string(b), "Up"), "at_most_once") {
+		if up := sectionOf(string(b), "Up"); strings.Contains(up, "at_most_once") || strings.Contains(up, "'UNKNOWN'") {
 			return m.keepsAtMostOnce(ctx, v, path.Base(src.Path))
 		}
 	}
@@ -412,9 +412,11 @@ func (m *Migrator) keepsRecords(ctx context.Context, p *goose.Provider) error {
 }
 
 // keepsAtMostOnce returns an error wrapping idemdriver.ErrDropsRecords
-// when rolling back version v (name), which brought idem_steps's
-// at_most_once, would turn an at-most-once step started without a result
-// into an ordinary one, which a retry runs again.
+// when rolling back version v (name), which brought what keeps an
+// at-most-once step from running twice (idem_steps's at_most_once, or the
+// UNKNOWN state its uncertain start ends in), while such a step is started
+// without a result: as an ordinary step, or one whose record cannot become
+// UNKNOWN, a retry would run it again, or fail with a 503 after its call.
 func (m *Migrator) keepsAtMostOnce(ctx context.Context, v int64, name string) error {
 	if ok, err := TableExists(ctx, m.cfg.DB, m.cfg.Dialect, "idem_steps"); err != nil || !ok {
 		return nil
@@ -426,8 +428,8 @@ func (m *Migrator) keepsAtMostOnce(ctx context.Context, v int64, name string) er
 	case err != nil:
 		return fmt.Errorf("%s: migrate down: reading idem_steps: %w", m.cfg.Prefix, err)
 	}
-	return fmt.Errorf("%s: migrate down: rolling back %d (%s) drops idem_steps.at_most_once while an at-most-once step is started "+
-		"without a result (a retry would run it again as an ordinary step): %w", m.cfg.Prefix, v, name, idemdriver.ErrDropsRecords)
+	return fmt.Errorf("%s: migrate down: rolling back %d (%s) takes away what keeps an at-most-once step from running twice "+
+		"(its at_most_once mark, or the UNKNOWN state) while one is started without a result: %w", m.cfg.Prefix, v, name, idemdriver.ErrDropsRecords)
 }
 
 // upTables reads the tables that a migration's Up section creates and
