@@ -191,10 +191,12 @@ func key(msg jetstream.Msg) string {
 	id := msg.Headers().Get(jetstream.MsgIDHeader)
 	if id == "" {
 		var body struct {
-			ID string `json:"id"`
+			ID json.RawMessage `json:"id"`
 		}
 		_ = json.Unmarshal(msg.Data(), &body)
-		id = body.ID
+		if err := json.Unmarshal(body.ID, &id); err != nil && len(body.ID) > 0 && string(body.ID) != "null" {
+			id = string(body.ID) // a number, as written: {"id":42} is "42"
+		}
 	}
 	switch {
 	case id == "":
