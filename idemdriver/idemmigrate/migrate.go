@@ -391,7 +391,9 @@ func (m *Migrator) keepsRecords(ctx context.Context, p *goose.Provider) error {
 			if !strings.HasPrefix(t, "idem_keys") && !strings.HasPrefix(t, "idem_steps") {
 				continue
 			}
-			if ok, err := TableExists(ctx, m.cfg.DB, m.cfg.Dialect, t); err != nil || !ok {
+			if ok, err := TableExists(ctx, m.cfg.DB, m.cfg.Dialect, t); err != nil {
+				return fmt.Errorf("%s: migrate down: table %s: %w", m.cfg.Prefix, t, err)
+			} else if !ok {
 				continue // made by the rollback itself (a table rebuilt), or gone
 			}
 			var one int
@@ -418,7 +420,9 @@ func (m *Migrator) keepsRecords(ctx context.Context, p *goose.Provider) error {
 // without a result: as an ordinary step, or one whose record cannot become
 // UNKNOWN, a retry would run it again, or fail with a 503 after its call.
 func (m *Migrator) keepsAtMostOnce(ctx context.Context, v int64, name string) error {
-	if ok, err := TableExists(ctx, m.cfg.DB, m.cfg.Dialect, "idem_steps"); err != nil || !ok {
+	if ok, err := TableExists(ctx, m.cfg.DB, m.cfg.Dialect, "idem_steps"); err != nil {
+		return fmt.Errorf("%s: migrate down: table idem_steps: %w", m.cfg.Prefix, err)
+	} else if !ok {
 		return nil
 	}
 	var one int
