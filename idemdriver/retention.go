@@ -231,8 +231,8 @@ type Migrator interface {
 	// wrapping ErrDropsRecords, rolling back nothing, when the rollback
 	// would drop a table of records (idem_keys, idem_steps, a partition of
 	// idem_keys) that holds rows (the first migration's drops idem_keys,
-	// the steps' migration idem_steps), or idem_steps's at_most_once while
-	// an at-most-once step is started without a result.
+	// the steps' migration idem_steps), or idem_steps's at_most_once or the
+	// UNKNOWN state while an at-most-once step is started without a result.
 	MigrateDown(ctx context.Context) (Migration, error)
 }
 

@@ -381,8 +381,9 @@ func downCmd(g *globals, out io.Writer) *cobra.Command {
 A rollback that would drop a table holding records or steps is refused:
 rolling back the first migration drops idem_keys, the steps' migration
 drops idem_steps. So is the rollback of the migration that brought
-at-most-once steps while one is started without a result: it would
-become an ordinary step, which a retry runs again. A record keeps its request from running twice, and a
+at-most-once steps, or the UNKNOWN state, while one is started without a
+result: it would become an ordinary step, which a retry runs again, or
+one whose uncertain call cannot be held. A record keeps its request from running twice, and a
 step its call: without them a retry runs again, and an at-most-once step
 (a transfer, an SMS) is made a second time. Roll such a table back only
 when its rows can be lost (a test database, a table no client retries

@@ -330,7 +330,8 @@ func (m *Migrator) markMissing(ctx context.Context, list []idemdriver.Migration,
 // and one wrapping idemdriver.ErrDropsRecords, rolling back nothing, when
 // the rollback would drop a table of records (idem_keys, idem_steps or one
 // of idem_keys's partitions) that holds a row, or idem_steps's
-// at_most_once while an at-most-once step is started without a result.
+// at_most_once or the UNKNOWN state while an at-most-once step is started
+// without a result.
 func (m *Migrator) Down(ctx context.Context) (idemdriver.Migration, error) {
 	return m.down(ctx, false)
 }
